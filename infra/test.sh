@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole test suite, from nothing: installs and starts the local MariaDB and RabbitMQ if
+# needed (infra/local/start.sh), sweeps what crashed test runs left behind, then checks
+# formatting and lints and runs every test against the real services.
+#
+# Extra arguments go to the test runner, e.g. `infra/test.sh -E 'test(doctor)'`.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+infra/local/start.sh
+# shellcheck source=local/env.sh
+source infra/local/env.sh
+
+# Per-test databases and vhosts are dropped by the harness; a killed test run leaves its own.
+# Nothing else runs tests against these private instances, so everything matching goes.
+leftover_dbs=$(mariadb -uroot -S "$PAYBUS_MARIADB_DIR/sock" -N -e \
+  "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'paybus\\_t\\_%'")
+for db in $leftover_dbs; do
+  mariadb -uroot -S "$PAYBUS_MARIADB_DIR/sock" -e "DROP DATABASE \`$db\`"
+done
+api="$PAYBUS_RABBITMQ_MGMT_URL/api"
+export PAYBUS_TEST_RABBITMQ_API="$api"
+leftover_vhosts=$(curl -fsS -u guest:guest "$api/vhosts?columns=name" \
+  | grep -o '"name":"paybus_t_[0-9a-f]*"' | cut -d'"' -f4 || true)
+for vhost in $leftover_vhosts; do
+  curl -fsS -u guest:guest -X DELETE "$api/vhosts/$vhost" >/dev/null
+done
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast "$@"
+else
+  cargo test --workspace --locked --no-fail-fast "$@"
+fi

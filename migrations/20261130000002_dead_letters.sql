@@ -1,0 +1,26 @@
+-- Terminal failures, one row per dead-lettered delivery (SPEC §3, principle 9): what ops query,
+-- group by function and reason, replay (dry-run first) and archive.
+--
+-- status: NEW (written by the consumer runtime) -> REPLAYED (by `paybus dead-letters replay`)
+--         or ARCHIVED (by `paybus dead-letters archive`).
+CREATE TABLE dead_letters (
+    id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+    function_name   VARCHAR(64)     NOT NULL,
+    -- NULL when the body was not even a readable envelope.
+    message_id      VARCHAR(64)     NULL,
+    correlation_id  VARCHAR(64)     NULL,
+    routing_key     VARCHAR(190)    NOT NULL,
+    reason          VARCHAR(64)     NOT NULL,
+    error           TEXT            NOT NULL,
+    attempts        INT UNSIGNED    NOT NULL DEFAULT 0,
+    body            MEDIUMBLOB      NOT NULL,
+    headers         TEXT            NULL,
+    failed_at       TIMESTAMP(6)    NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    status          VARCHAR(16)     NOT NULL DEFAULT 'NEW',
+    replayed_at     TIMESTAMP(6)    NULL,
+    archived_at     TIMESTAMP(6)    NULL,
+    PRIMARY KEY (id),
+    KEY index_dead_letters_by_function_reason (function_name, reason, status),
+    KEY index_dead_letters_by_message (message_id),
+    KEY index_dead_letters_by_status_time (status, failed_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;

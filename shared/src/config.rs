@@ -1,0 +1,269 @@
+//! Typed configuration, read once at start-up from `PAYBUS_*` environment variables.
+//!
+//! Every setting has a default that points at the local services started by
+//! `infra/local/start.sh`, so a developer needs no configuration at all. A malformed value is
+//! an error that names the variable and the expected form; an unset safety switch falls back
+//! to the safe behaviour (SPEC principle 10).
+
+use std::{collections::HashMap, fmt, net::SocketAddr, str::FromStr, time::Duration};
+
+use url::Url;
+
+pub const DEFAULT_DATABASE_URL: &str = "mysql://root@127.0.0.1:13306/paybus";
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5682/%2f";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid configuration: {variable}={value:?}: expected {expected}")]
+pub struct ConfigError {
+    pub variable: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// How log lines are written: human-readable text locally, JSON in Lambda or on request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseSettings {
+    /// `mysql://user:password@host:port/database`; the password is never logged.
+    pub url: Url,
+    /// Upper bound of the connection pool; size it for the consumers' prefetch.
+    pub max_connections: u32,
+    /// How long to wait for a free connection (or a first connect) before giving up.
+    pub acquire_timeout: Duration,
+}
+
+impl fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &crate::redact::url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish()
+    }
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct BrokerSettings {
+    /// `amqp://user:password@host:port/vhost` (vhost URL-encoded, `%2f` is `/`).
+    pub url: Url,
+    /// Deliveries in flight per consumer: bounds each function's concurrency.
+    pub prefetch: u16,
+}
+
+impl fmt::Debug for BrokerSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BrokerSettings")
+            .field("url", &crate::redact::url(&self.url))
+            .field("prefetch", &self.prefetch)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub broker: BrokerSettings,
+    pub http_addr: SocketAddr,
+    pub log_format: LogFormat,
+    /// Seed 000 §0: off unless explicitly switched on; a missing value must never turn the
+    /// worker path on by accident.
+    pub async_matching_enabled: bool,
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(std::env::vars().collect())
+    }
+
+    /// Reads the given variables only (tests pass their own map instead of mutating the
+    /// process environment).
+    pub fn from_vars(vars: HashMap<String, String>) -> Result<Self, ConfigError> {
+        let env = Vars(vars);
+        Ok(Self {
+            database: DatabaseSettings {
+                url: env.url(
+                    "PAYBUS_DATABASE_URL",
+                    DEFAULT_DATABASE_URL,
+                    &["mysql", "mariadb"],
+                    "a URL like mysql://user:password@host:3306/database",
+                )?,
+                max_connections: env.parse(
+                    "PAYBUS_DB_MAX_CONNECTIONS",
+                    32,
+                    "a positive integer (connections)",
+                    |n: &u32| *n > 0,
+                )?,
+                acquire_timeout: Duration::from_millis(env.parse(
+                    "PAYBUS_DB_ACQUIRE_TIMEOUT_MS",
+                    5_000,
+                    "a positive integer (milliseconds)",
+                    |n: &u64| *n > 0,
+                )?),
+            },
+            broker: BrokerSettings {
+                url: env.url(
+                    "PAYBUS_AMQP_URL",
+                    DEFAULT_AMQP_URL,
+                    &["amqp", "amqps"],
+                    "a URL like amqp://user:password@host:5672/%2f",
+                )?,
+                prefetch: env.parse(
+                    "PAYBUS_PREFETCH",
+                    64,
+                    "an integer from 1 to 65535 (deliveries in flight per consumer)",
+                    |n: &u16| *n > 0,
+                )?,
+            },
+            http_addr: env.parse(
+                "PAYBUS_HTTP_ADDR",
+                SocketAddr::from(([127, 0, 0, 1], 8080)),
+                "a socket address like 127.0.0.1:8080",
+                |_| true,
+            )?,
+            log_format: match env.get("PAYBUS_LOG_FORMAT") {
+                None => LogFormat::Text,
+                Some(v) if v.eq_ignore_ascii_case("text") => LogFormat::Text,
+                Some(v) if v.eq_ignore_ascii_case("json") => LogFormat::Json,
+                Some(v) => return Err(env.error("PAYBUS_LOG_FORMAT", v, "`text` or `json`")),
+            },
+            async_matching_enabled: env.switch("PAYBUS_ASYNC_MATCHING_ENABLED")?,
+        })
+    }
+}
+
+struct Vars(HashMap<String, String>);
+
+impl Vars {
+    /// An empty value counts as unset: `FOO= cmd` is how people "unset" in shells and
+    /// deployment templates.
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+    }
+
+    fn error(&self, variable: &'static str, value: &str, expected: &'static str) -> ConfigError {
+        ConfigError {
+            variable,
+            value: value.to_owned(),
+            expected,
+        }
+    }
+
+    fn parse<T: FromStr>(
+        &self,
+        variable: &'static str,
+        default: T,
+        expected: &'static str,
+        valid: impl Fn(&T) -> bool,
+    ) -> Result<T, ConfigError> {
+        match self.get(variable) {
+            None => Ok(default),
+            Some(raw) => raw
+                .parse::<T>()
+                .ok()
+                .filter(|v| valid(v))
+                .ok_or_else(|| self.error(variable, raw, expected)),
+        }
+    }
+
+    fn url(
+        &self,
+        variable: &'static str,
+        default: &str,
+        schemes: &[&str],
+        expected: &'static str,
+    ) -> Result<Url, ConfigError> {
+        let raw = self.get(variable).unwrap_or(default);
+        match Url::parse(raw) {
+            Ok(url) if schemes.contains(&url.scheme()) && url.host().is_some() => Ok(url),
+            // Never echo a credential back into a log line, even a malformed one.
+            _ => Err(self.error(variable, &crate::redact::text(raw), expected)),
+        }
+    }
+
+    /// A safety switch is on only when it says so explicitly.
+    fn switch(&self, variable: &'static str) -> Result<bool, ConfigError> {
+        match self.get(variable).map(str::to_ascii_lowercase).as_deref() {
+            None | Some("false" | "0" | "no" | "off") => Ok(false),
+            Some("true" | "1" | "yes" | "on") => Ok(true),
+            Some(other) => Err(self.error(variable, other, "`true` or `false`")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_point_at_the_local_services() {
+        let s = Settings::from_vars(HashMap::new()).expect("defaults are valid");
+        assert_eq!(s.database.url.as_str(), DEFAULT_DATABASE_URL);
+        assert_eq!(s.database.url.port(), Some(13306));
+        assert_eq!(s.broker.url.port(), Some(5682));
+        assert_eq!(s.broker.prefetch, 64);
+        assert_eq!(s.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn unset_or_empty_safety_switch_is_off() {
+        assert!(
+            !Settings::from_vars(HashMap::new())
+                .unwrap()
+                .async_matching_enabled
+        );
+        let empty = vars(&[("PAYBUS_ASYNC_MATCHING_ENABLED", "")]);
+        assert!(!Settings::from_vars(empty).unwrap().async_matching_enabled);
+        let on = vars(&[("PAYBUS_ASYNC_MATCHING_ENABLED", "TRUE")]);
+        assert!(Settings::from_vars(on).unwrap().async_matching_enabled);
+    }
+
+    #[test]
+    fn malformed_switch_is_an_error_naming_the_variable() {
+        let err =
+            Settings::from_vars(vars(&[("PAYBUS_ASYNC_MATCHING_ENABLED", "maybe")])).unwrap_err();
+        assert_eq!(err.variable, "PAYBUS_ASYNC_MATCHING_ENABLED");
+        assert!(err.to_string().contains("`true` or `false`"), "{err}");
+    }
+
+    #[test]
+    fn malformed_number_names_variable_and_form() {
+        let err = Settings::from_vars(vars(&[("PAYBUS_PREFETCH", "0")])).unwrap_err();
+        assert_eq!(err.variable, "PAYBUS_PREFETCH");
+        assert!(err.to_string().contains("1 to 65535"), "{err}");
+    }
+
+    #[test]
+    fn wrong_scheme_is_rejected_without_echoing_the_password() {
+        let err = Settings::from_vars(vars(&[(
+            "PAYBUS_DATABASE_URL",
+            "postgres://app:s3cret@db:5432/x",
+        )]))
+        .unwrap_err();
+        assert_eq!(err.variable, "PAYBUS_DATABASE_URL");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        assert!(err.to_string().contains("mysql://"), "{err}");
+    }
+
+    #[test]
+    fn debug_output_hides_credentials() {
+        let s = Settings::from_vars(vars(&[(
+            "PAYBUS_AMQP_URL",
+            "amqp://user:hunter2@mq:5672/%2f",
+        )]))
+        .unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

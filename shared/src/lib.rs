@@ -1,0 +1,13 @@
+//! What every paybus function shares: typed configuration, the database pool and migrations,
+//! the broker connection, and telemetry. Workflow logic never lives here.
+
+pub mod broker;
+pub mod config;
+pub mod db;
+pub mod redact;
+pub mod telemetry;
+
+#[cfg(feature = "test-harness")]
+pub mod testing;
+
+pub use config::{ConfigError, Settings};

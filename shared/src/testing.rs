@@ -1,0 +1,187 @@
+//! The one test harness: every test gets a fresh database (migrations applied) and its own
+//! RabbitMQ vhost, so tests run in parallel and see nothing of each other. Both are removed
+//! when the [`TestEnv`] is dropped; `infra/test.sh` also sweeps leftovers of crashed runs.
+//!
+//! Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`, `PAYBUS_AMQP_URL`
+//! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
+
+use std::{collections::HashMap, time::Duration};
+
+use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};
+use url::Url;
+
+use crate::{Settings, config::LogFormat, db};
+
+pub const DEFAULT_RABBITMQ_API: &str = "http://127.0.0.1:15682/api";
+/// Every per-test database and vhost starts with this, so leftovers are easy to sweep.
+pub const TEST_NAME_PREFIX: &str = "paybus_t_";
+
+pub struct TestEnv {
+    /// Settings pointing at this test's own database and vhost.
+    pub settings: Settings,
+    pub db: MySqlPool,
+    pub db_name: String,
+    pub vhost: String,
+    server_url: Url,
+    rabbitmq_api: Url,
+}
+
+impl TestEnv {
+    /// A fresh database with every migration applied, and a fresh vhost.
+    pub async fn new() -> Self {
+        let env = Self::unmigrated().await;
+        db::migrate(&env.db)
+            .await
+            .expect("migrations apply to a fresh database");
+        env
+    }
+
+    /// A fresh, empty database (no migrations) and a fresh vhost.
+    pub async fn unmigrated() -> Self {
+        if std::env::var_os("TEST_LOG").is_some() {
+            crate::telemetry::init(LogFormat::Text);
+        }
+        let base = Settings::from_env().expect("test configuration is valid");
+        let name = format!("{TEST_NAME_PREFIX}{}", uuid::Uuid::new_v4().simple());
+        let name = &name[..TEST_NAME_PREFIX.len() + 16];
+
+        let mut server_url = base.database.url.clone();
+        server_url.set_path("");
+        let mut admin = MySqlConnection::connect(server_url.as_str())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach MariaDB at {} ({e}); start it with infra/local/start.sh",
+                    crate::redact::url(&server_url)
+                )
+            });
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .await
+            .expect("create the test database");
+        let _ = admin.close().await;
+
+        let rabbitmq_api = Url::parse(
+            &std::env::var("PAYBUS_TEST_RABBITMQ_API")
+                .unwrap_or_else(|_| DEFAULT_RABBITMQ_API.to_owned()),
+        )
+        .expect("PAYBUS_TEST_RABBITMQ_API is a URL like http://127.0.0.1:15682/api");
+        create_vhost(&rabbitmq_api, &base.broker.url, name).await;
+
+        let mut settings = base;
+        settings.database.url.set_path(&format!("/{name}"));
+        settings.broker.url.set_path(&format!("/{name}"));
+        let db = db::connect(&settings.database)
+            .await
+            .expect("connect to the test database");
+        Self {
+            settings,
+            db,
+            db_name: name.to_owned(),
+            vhost: name.to_owned(),
+            server_url,
+            rabbitmq_api,
+        }
+    }
+
+    /// `PAYBUS_*` variables that point a child process (the `paybus` binary, a function
+    /// binary) at this test's database and vhost.
+    pub fn env_vars(&self) -> HashMap<String, String> {
+        HashMap::from([
+            (
+                "PAYBUS_DATABASE_URL".to_owned(),
+                self.settings.database.url.to_string(),
+            ),
+            (
+                "PAYBUS_AMQP_URL".to_owned(),
+                self.settings.broker.url.to_string(),
+            ),
+        ])
+    }
+}
+
+fn management_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("build an HTTP client")
+}
+
+fn api_url(api: &Url, segments: &[&str]) -> Url {
+    let mut url = api.clone();
+    url.path_segments_mut()
+        .expect("the RabbitMQ API URL is hierarchical")
+        .pop_if_empty()
+        .extend(segments);
+    url
+}
+
+async fn create_vhost(api: &Url, amqp: &Url, vhost: &str) {
+    let client = management_client();
+    let user = amqp.username();
+    let password = amqp.password().unwrap_or_default();
+    let response = client
+        .put(api_url(api, &["vhosts", vhost]))
+        .basic_auth(user, Some(password))
+        .json(&serde_json::json!({"description": "paybus test"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot reach the RabbitMQ management API at {api} ({e}); start it with infra/local/start.sh")
+        });
+    assert!(
+        response.status().is_success(),
+        "create vhost {vhost}: {}",
+        response.status()
+    );
+    let response = client
+        .put(api_url(api, &["permissions", vhost, user]))
+        .basic_auth(user, Some(password))
+        .json(&serde_json::json!({"configure": ".*", "write": ".*", "read": ".*"}))
+        .send()
+        .await
+        .expect("grant vhost permissions");
+    assert!(
+        response.status().is_success(),
+        "grant permissions on {vhost}: {}",
+        response.status()
+    );
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        let server_url = self.server_url.clone();
+        let api = self.rabbitmq_api.clone();
+        let amqp = self.settings.broker.url.clone();
+        let name = self.db_name.clone();
+        // Drop cannot await, and the test's runtime may be shutting down: clean up on a
+        // runtime of our own. Failures here only leave a leftover for the sweep.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                // The pool belongs to the test's runtime, which this thread must not touch;
+                // idle connections hold no metadata lock, and the timeout bounds the wait for
+                // a connection a test leaked mid-transaction.
+                if let Ok(mut admin) = MySqlConnection::connect(server_url.as_str()).await {
+                    let _ = admin.execute("SET SESSION lock_wait_timeout = 5").await;
+                    let _ = admin
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS `{name}`"
+                        )))
+                        .await;
+                }
+                let _ = management_client()
+                    .delete(api_url(&api, &["vhosts", &name]))
+                    .basic_auth(amqp.username(), Some(amqp.password().unwrap_or_default()))
+                    .send()
+                    .await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}

@@ -1,0 +1,134 @@
+//! The platform's foundation against the real services: migrations and per-test isolation.
+
+use lapin::{
+    BasicProperties, Connection, ConnectionProperties,
+    options::{BasicPublishOptions, QueueDeclareOptions},
+    types::FieldTable,
+};
+use paybus_shared::{db, testing::TestEnv};
+
+async fn table_names(env: &TestEnv) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+         WHERE table_schema = DATABASE() ORDER BY table_name",
+    )
+    .fetch_all(&env.db)
+    .await
+    .expect("list tables")
+}
+
+#[tokio::test]
+async fn migrations_apply_to_an_empty_database_and_are_idempotent() {
+    let env = TestEnv::unmigrated().await;
+    assert!(table_names(&env).await.is_empty());
+    let known = db::MIGRATOR.iter().count();
+    let mut conn = env.db.acquire().await.unwrap();
+    assert_eq!(db::pending_migrations(&mut conn).await.unwrap(), known);
+
+    db::migrate(&env.db).await.expect("first run applies");
+    let tables = table_names(&env).await;
+    for table in ["outbox_messages", "dead_letters", "_sqlx_migrations"] {
+        assert!(
+            tables.contains(&table.to_owned()),
+            "{table} missing: {tables:?}"
+        );
+    }
+    assert_eq!(db::pending_migrations(&mut conn).await.unwrap(), 0);
+
+    db::migrate(&env.db).await.expect("second run is a no-op");
+    let recorded: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(recorded, i64::try_from(known).unwrap());
+    assert_eq!(table_names(&env).await, tables);
+}
+
+async fn amqp(env: &TestEnv) -> Connection {
+    Connection::connect(
+        env.settings.broker.url.as_str(),
+        ConnectionProperties::default(),
+    )
+    .await
+    .expect("connect to the test vhost")
+}
+
+#[tokio::test]
+async fn two_tests_at_once_see_neither_rows_nor_queues_of_the_other() {
+    let (a, b) = tokio::join!(TestEnv::new(), TestEnv::new());
+    assert_ne!(a.db_name, b.db_name);
+
+    sqlx::query(
+        "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body) \
+         VALUES (UUID(), 'test.isolation', UUID(), 'x')",
+    )
+    .execute(&a.db)
+    .await
+    .unwrap();
+    let count =
+        |pool| sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM outbox_messages").fetch_one(pool);
+    assert_eq!(count(&a.db).await.unwrap(), 1);
+    assert_eq!(count(&b.db).await.unwrap(), 0);
+
+    // The same queue name in both namespaces is two different queues.
+    let (conn_a, conn_b) = (amqp(&a).await, amqp(&b).await);
+    let (ch_a, ch_b) = (
+        conn_a.create_channel().await.unwrap(),
+        conn_b.create_channel().await.unwrap(),
+    );
+    let declare = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch_a.queue_declare("paybus.isolation".into(), declare, FieldTable::default())
+        .await
+        .unwrap();
+    ch_a.basic_publish(
+        "".into(),
+        "paybus.isolation".into(),
+        BasicPublishOptions::default(),
+        b"hello",
+        BasicProperties::default(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let in_b = ch_b
+        .queue_declare("paybus.isolation".into(), declare, FieldTable::default())
+        .await
+        .unwrap();
+    assert_eq!(in_b.message_count(), 0);
+    let in_a = ch_a
+        .queue_declare("paybus.isolation".into(), declare, FieldTable::default())
+        .await
+        .unwrap();
+    assert_eq!(in_a.message_count(), 1);
+}
+
+#[tokio::test]
+async fn dropping_the_environment_removes_its_database_and_vhost() {
+    let env = TestEnv::new().await;
+    let name = env.db_name.clone();
+    let mut settings = env.settings.clone();
+    drop(env);
+
+    settings.database.url.set_path("");
+    let server = db::connect(&settings.database).await.unwrap();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+    )
+    .bind(&name)
+    .fetch_one(&server)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "database {name} was left behind");
+
+    let error = Connection::connect(
+        settings.broker.url.as_str(),
+        ConnectionProperties::default(),
+    )
+    .await
+    .err();
+    assert!(error.is_some(), "vhost {name} still accepts connections");
+}
