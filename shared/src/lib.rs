@@ -2,8 +2,10 @@
 //! the broker connection, and telemetry. Workflow logic never lives here.
 
 pub mod broker;
+pub mod bus;
 pub mod config;
 pub mod db;
+pub mod ledger;
 pub mod redact;
 pub mod telemetry;
 

@@ -1,0 +1,6 @@
+//! The canary function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    paybus_shared::bus::function::run(|_services| paybus_canary::Canary).await
+}

@@ -1,0 +1,23 @@
+//! The bus runtime every function uses: envelope, topology, confirmed publishing, the
+//! transactional outbox and its relay, the consumer runtime with outcomes, dead letters, the
+//! Lambda adapter, the sweeper and the all-in-one runner.
+
+pub mod consumer;
+pub mod dead_letter;
+pub mod envelope;
+pub mod function;
+pub mod handler;
+pub mod lambda;
+pub mod metrics;
+pub mod outbox;
+pub mod publisher;
+pub mod runner;
+pub mod services;
+pub mod sweeper;
+pub mod topology;
+
+pub use envelope::{Envelope, Message, OutgoingMessage};
+pub use handler::{Context, Handler, HandlerError, Outcome};
+pub use outbox::{Outbox, UnitOfWork};
+pub use runner::Runner;
+pub use services::{Services, StartupError, shutdown_on_signal};

@@ -1,0 +1,161 @@
+//! The local transport: a lapin consumer per function queue.
+//!
+//! Semantics (also in the README): a delivery is acked only after its handler's transaction
+//! committed, or after its dead letter was confirmed by the broker; prefetch bounds how many
+//! are in flight; an infrastructure error requeues it after a back-off pause. SIGTERM (the
+//! shutdown token) stops taking deliveries, lets in-flight ones finish, then returns.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use futures_util::StreamExt;
+use lapin::{
+    Connection,
+    message::Delivery,
+    options::{
+        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
+        BasicRejectOptions,
+    },
+    types::FieldTable,
+};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use super::{
+    dead_letter,
+    handler::{Disposition, Handler, IncomingDelivery, process},
+    outbox::Outbox,
+    publisher::Publisher,
+    topology,
+};
+
+/// Turns a delivery into a disposition; implemented by every function's handler (through
+/// [`HandlerProcessor`]) and by the dead-letter recorder.
+pub trait Processor: Send + Sync + 'static {
+    /// The function this processor belongs to (its dead letters are routed by it).
+    fn function(&self) -> &str;
+    fn queue(&self) -> String;
+    fn process(&self, delivery: &IncomingDelivery) -> impl Future<Output = Disposition> + Send;
+}
+
+pub struct HandlerProcessor<H> {
+    handler: H,
+    outbox: Outbox,
+}
+
+impl<H: Handler> HandlerProcessor<H> {
+    pub fn new(handler: H, outbox: Outbox) -> Self {
+        Self { handler, outbox }
+    }
+}
+
+impl<H: Handler> Processor for HandlerProcessor<H> {
+    fn function(&self) -> &str {
+        H::FUNCTION
+    }
+
+    fn queue(&self) -> String {
+        topology::queue_name(H::FUNCTION)
+    }
+
+    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
+        process(&self.handler, &self.outbox, delivery).await
+    }
+}
+
+/// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
+pub async fn consume<P: Processor>(
+    connection: &Connection,
+    processor: Arc<P>,
+    publisher: Publisher,
+    prefetch: u16,
+    shutdown: CancellationToken,
+) -> Result<(), lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let tag = format!("{}-{}", processor.function(), uuid::Uuid::new_v4().simple());
+    let mut deliveries = channel
+        .basic_consume(
+            processor.queue().as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    tracing::info!(function = processor.function(), queue = %processor.queue(), prefetch, "consuming");
+    let in_flight = TaskTracker::new();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            next = deliveries.next() => match next {
+                Some(Ok(delivery)) => {
+                    let processor = processor.clone();
+                    let publisher = publisher.clone();
+                    in_flight.spawn(async move { settle(&*processor, &publisher, delivery).await });
+                }
+                Some(Err(error)) => {
+                    // A connection drop surfaces here; lapin recovers the channel and the
+                    // consumer, and deliveries resume on the same stream.
+                    tracing::warn!(function = processor.function(), %error, "consumer interrupted; waiting for recovery");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                None => break,
+            }
+        }
+    }
+    let _ = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    in_flight.close();
+    in_flight.wait().await;
+    tracing::info!(
+        function = processor.function(),
+        "consumer stopped; in-flight deliveries finished"
+    );
+    // Prefetched deliveries that were never started go back to the queue with the channel.
+    let _ = channel.close(200, "shutdown".into()).await;
+    Ok(())
+}
+
+async fn settle<P: Processor>(processor: &P, publisher: &Publisher, delivery: Delivery) {
+    let incoming = IncomingDelivery {
+        body: delivery.data,
+        routing_key: delivery.routing_key.to_string(),
+        properties: delivery.properties,
+    };
+    let requeue = match processor.process(&incoming).await {
+        Disposition::Ack => None,
+        Disposition::DeadLetter(dead) => {
+            match dead_letter::publish(publisher, processor.function(), &incoming, &dead).await {
+                Ok(()) => None,
+                Err(error) => Some((
+                    super::handler::requeue_backoff(incoming.delivery_count()),
+                    format!("dead letter not confirmed: {error}"),
+                )),
+            }
+        }
+        Disposition::Requeue { after, error } => Some((after, error)),
+    };
+    let result = match requeue {
+        None => delivery.acker.ack(BasicAckOptions::default()).await,
+        Some((after, error)) => {
+            tracing::debug!(function = processor.function(), ?after, %error, "requeue after pause");
+            tokio::time::sleep(after).await;
+            // `reject` (not `nack`) so the requeue counts towards the delivery limit on every
+            // RabbitMQ version (4.3 stopped counting nacks).
+            delivery
+                .acker
+                .reject(BasicRejectOptions { requeue: true })
+                .await
+        }
+    };
+    match result {
+        Ok(true) => {}
+        // The channel dropped under us: the broker redelivers it, handlers are idempotent.
+        Ok(false) | Err(_) => tracing::warn!(
+            function = processor.function(),
+            message_id = incoming.message_id().unwrap_or_default(),
+            "could not settle delivery (channel closed); the broker will redeliver it"
+        ),
+    }
+}

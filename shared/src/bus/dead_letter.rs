@@ -1,0 +1,228 @@
+//! Dead letters: publishing them (with the `x-paybus-*` headers of SPEC §3) and recording
+//! every message of every `paybus.<function>.dlq` in the `dead_letters` table, where ops query,
+//! group, replay and archive them.
+
+use lapin::types::{AMQPValue, FieldTable};
+use sqlx::MySqlPool;
+
+use super::{
+    consumer::Processor,
+    handler::{DeadLetter, Disposition, IncomingDelivery, header_integer, header_text, requeue_backoff},
+    publisher::{PublishError, Publisher, integer_header, now_rfc3339, text_header},
+    topology::{DEAD_LETTER_EXCHANGE, dead_letter_queue_name},
+};
+
+pub const H_FUNCTION: &str = "x-paybus-function";
+pub const H_REASON: &str = "x-paybus-reason";
+pub const H_ERROR: &str = "x-paybus-error";
+pub const H_ATTEMPTS: &str = "x-paybus-attempts";
+pub const H_FAILED_AT: &str = "x-paybus-failed-at";
+pub const H_ROUTING_KEY: &str = "x-paybus-routing-key";
+pub const H_DEAD_LETTER_ID: &str = "x-paybus-dead-letter-id";
+
+/// Longest error text carried in a header (the table keeps the same).
+const MAX_ERROR_LEN: usize = 4_000;
+
+/// Publishes `delivery` to `paybus.dlx` (→ `paybus.<function>.dlq`) and waits for the confirm.
+pub async fn publish(
+    publisher: &Publisher,
+    function: &str,
+    delivery: &IncomingDelivery,
+    dead: &DeadLetter,
+) -> Result<(), PublishError> {
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    // The DLQ counts its own deliveries; an inherited count would read as redeliveries.
+    let mut inner = headers.inner().clone();
+    inner.remove("x-delivery-count");
+    headers = FieldTable::from(inner);
+    let error: String = dead.error.chars().take(MAX_ERROR_LEN).collect();
+    text_header(&mut headers, H_FUNCTION, function);
+    text_header(&mut headers, H_REASON, dead.reason.as_str());
+    text_header(&mut headers, H_ERROR, &error);
+    integer_header(
+        &mut headers,
+        H_ATTEMPTS,
+        i64::from(delivery.delivery_count()) + 1,
+    );
+    text_header(&mut headers, H_FAILED_AT, &now_rfc3339());
+    text_header(&mut headers, H_ROUTING_KEY, &delivery.routing_key);
+    text_header(
+        &mut headers,
+        H_DEAD_LETTER_ID,
+        &uuid::Uuid::now_v7().to_string(),
+    );
+    let properties = delivery.properties.clone().with_headers(headers);
+    publisher
+        .publish_raw(DEAD_LETTER_EXCHANGE, function, &delivery.body, properties)
+        .await
+}
+
+/// Drains one function's DLQ into `dead_letters` (one row per dead letter, even when the DLQ
+/// redelivers it).
+pub struct DeadLetterRecorder {
+    function: String,
+    pool: MySqlPool,
+}
+
+impl DeadLetterRecorder {
+    pub fn new(function: &str, pool: MySqlPool) -> Self {
+        Self {
+            function: function.to_owned(),
+            pool,
+        }
+    }
+}
+
+/// A dead letter as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterRow {
+    pub dead_letter_id: String,
+    pub function_name: String,
+    pub message_id: Option<String>,
+    pub correlation_id: Option<String>,
+    pub routing_key: String,
+    pub reason: String,
+    pub error: String,
+    pub attempts: u32,
+}
+
+/// Reads the dead letter's facts from its headers. A message the broker dead-lettered on its
+/// own (delivery limit after crashes) has no `x-paybus-*` headers, only `x-death`.
+pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
+    let headers = delivery.properties.headers().as_ref();
+    let message_id = delivery.message_id();
+    let correlation_id = delivery
+        .properties
+        .correlation_id()
+        .as_ref()
+        .map(|s| s.to_string());
+    match header_text(headers, H_DEAD_LETTER_ID) {
+        Some(id) => DeadLetterRow {
+            dead_letter_id: id,
+            function_name: header_text(headers, H_FUNCTION).unwrap_or_else(|| function.to_owned()),
+            message_id,
+            correlation_id,
+            routing_key: header_text(headers, H_ROUTING_KEY)
+                .unwrap_or_else(|| delivery.routing_key.clone()),
+            reason: header_text(headers, H_REASON).unwrap_or_else(|| "unknown".to_owned()),
+            error: header_text(headers, H_ERROR).unwrap_or_default(),
+            attempts: header_integer(headers, H_ATTEMPTS)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+        },
+        None => {
+            let death = first_death(headers);
+            let reason = header_text(headers, "x-first-death-reason")
+                .unwrap_or_else(|| "broker".to_owned());
+            let count = death.as_ref().and_then(|d| d.count).unwrap_or(0);
+            DeadLetterRow {
+                dead_letter_id: format!(
+                    "broker:{}:{}:{count}",
+                    message_id.as_deref().unwrap_or("no-id"),
+                    reason
+                ),
+                function_name: function.to_owned(),
+                message_id,
+                correlation_id,
+                routing_key: death
+                    .and_then(|d| d.routing_key)
+                    .unwrap_or_else(|| delivery.routing_key.clone()),
+                reason: if reason == "delivery_limit" {
+                    "delivery_limit".to_owned()
+                } else {
+                    format!("broker_{reason}")
+                },
+                error: format!("dead-lettered by the broker ({reason}) after {count} death(s)"),
+                attempts: u32::try_from(count).unwrap_or(0),
+            }
+        }
+    }
+}
+
+struct Death {
+    count: Option<i64>,
+    routing_key: Option<String>,
+}
+
+fn first_death(headers: Option<&FieldTable>) -> Option<Death> {
+    let AMQPValue::FieldArray(deaths) = headers?.inner().get("x-death")? else {
+        return None;
+    };
+    let AMQPValue::FieldTable(death) = deaths.as_slice().first()? else {
+        return None;
+    };
+    let routing_key = match death.inner().get("routing-keys") {
+        Some(AMQPValue::FieldArray(keys)) => keys.as_slice().first().and_then(|k| match k {
+            AMQPValue::LongString(s) => Some(s.to_string()),
+            _ => None,
+        }),
+        _ => None,
+    };
+    Some(Death {
+        count: header_integer(Some(death), "count"),
+        routing_key,
+    })
+}
+
+fn headers_json(delivery: &IncomingDelivery) -> String {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| serde_json::to_string(h).ok())
+        .unwrap_or_default()
+}
+
+/// Inserts the dead letter unless it is already recorded; true when this call recorded it.
+pub async fn record(
+    pool: &MySqlPool,
+    function: &str,
+    delivery: &IncomingDelivery,
+) -> Result<bool, sqlx::Error> {
+    let row = describe(function, delivery);
+    let inserted = sqlx::query(
+        "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
+         correlation_id, routing_key, reason, error, attempts, body, headers) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&row.dead_letter_id)
+    .bind(&row.function_name)
+    .bind(&row.message_id)
+    .bind(&row.correlation_id)
+    .bind(&row.routing_key)
+    .bind(&row.reason)
+    .bind(&row.error)
+    .bind(row.attempts)
+    .bind(&delivery.body)
+    .bind(headers_json(delivery))
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        tracing::warn!(
+            function = %row.function_name, message_id = row.message_id.as_deref().unwrap_or(""),
+            reason = %row.reason, error = %row.error, "dead letter recorded"
+        );
+    }
+    Ok(inserted == 1)
+}
+
+impl Processor for DeadLetterRecorder {
+    fn function(&self) -> &str {
+        &self.function
+    }
+
+    fn queue(&self) -> String {
+        dead_letter_queue_name(&self.function)
+    }
+
+    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
+        match record(&self.pool, &self.function, delivery).await {
+            Ok(_) => Disposition::Ack,
+            Err(error) => Disposition::Requeue {
+                after: requeue_backoff(delivery.delivery_count()),
+                error: format!("recording dead letter: {error}"),
+            },
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The message envelope every paybus message travels in (SPEC §3).
+
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use uuid::Uuid;
+
+/// A message's data, tied to the routing key it travels under.
+pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The envelope's `type`, which is also the routing key on `paybus.events`.
+    const TYPE: &'static str;
+}
+
+/// `{"id", "type", "occurred_at", "correlation_id", "data"}`. `id` identifies this message (and
+/// is the AMQP `message_id`); `correlation_id` follows one business flow across messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    pub id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub occurred_at: DateTime<Utc>,
+    pub correlation_id: Uuid,
+    pub data: T,
+}
+
+impl<T: Message> Envelope<T> {
+    /// A message that starts a new flow (its correlation id is its own id).
+    pub fn new(data: T) -> Self {
+        let mut envelope = Self::with_correlation(Uuid::nil(), data);
+        envelope.correlation_id = envelope.id;
+        envelope
+    }
+
+    /// A message caused by another one: it carries the same correlation id.
+    pub fn with_correlation(correlation_id: Uuid, data: T) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            kind: T::TYPE.to_owned(),
+            // MySQL keeps microseconds; rounding here keeps a stored and a sent copy equal.
+            occurred_at: Utc::now().trunc_subsecs(6),
+            correlation_id,
+            data,
+        }
+    }
+
+    /// The serialised form, ready for the outbox or the publisher.
+    pub fn to_outgoing(&self) -> Result<OutgoingMessage, serde_json::Error> {
+        Ok(OutgoingMessage {
+            id: self.id,
+            routing_key: self.kind.clone(),
+            correlation_id: self.correlation_id,
+            occurred_at: self.occurred_at,
+            body: serde_json::to_vec(self)?,
+        })
+    }
+}
+
+/// A serialised envelope and what the AMQP properties need from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutgoingMessage {
+    pub id: Uuid,
+    pub routing_key: String,
+    pub correlation_id: Uuid,
+    pub occurred_at: DateTime<Utc>,
+    pub body: Vec<u8>,
+}
+
+/// The part of an envelope that can be read without knowing its data type: enough to route,
+/// log and dead-letter a message whose data is malformed.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EnvelopeHead {
+    pub id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub correlation_id: Uuid,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Ping {
+        n: u32,
+    }
+    impl Message for Ping {
+        const TYPE: &'static str = "test.ping";
+    }
+
+    #[test]
+    fn a_new_flow_correlates_with_itself_and_round_trips() {
+        let envelope = Envelope::new(Ping { n: 7 });
+        assert_eq!(envelope.correlation_id, envelope.id);
+        let outgoing = envelope.to_outgoing().unwrap();
+        assert_eq!(outgoing.routing_key, "test.ping");
+        let json: serde_json::Value = serde_json::from_slice(&outgoing.body).unwrap();
+        assert_eq!(json["type"], "test.ping");
+        assert_eq!(json["data"]["n"], 7);
+        let back: Envelope<Ping> = serde_json::from_slice(&outgoing.body).unwrap();
+        assert_eq!(back, envelope);
+    }
+
+    #[test]
+    fn a_caused_message_keeps_the_correlation_id() {
+        let first = Envelope::new(Ping { n: 1 });
+        let second = Envelope::with_correlation(first.correlation_id, Ping { n: 2 });
+        assert_ne!(second.id, first.id);
+        assert_eq!(second.correlation_id, first.correlation_id);
+    }
+}

@@ -1,0 +1,1 @@
+//! The Lambda adapter (written by a helper; see the task).

@@ -1,0 +1,304 @@
+//! The transactional outbox (SPEC §3, principle 5).
+//!
+//! A producer opens a [`UnitOfWork`], changes state and adds messages in that one
+//! transaction; `commit()` commits, then publishes the messages at once (the fast path). If
+//! the process dies or the broker is down in between, the rows stay unpublished and the
+//! [`Relay`] publishes them later: a broker outage delays messages, it never loses them.
+//! Consumers are idempotent, so the rare double publish (fast path and relay racing after a
+//! crash) is harmless.
+
+use std::{
+    ops::{Deref, DerefMut},
+    time::Duration,
+};
+
+use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Transaction};
+use uuid::Uuid;
+
+use super::{
+    envelope::{Envelope, Message, OutgoingMessage},
+    publisher::Publisher,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("message cannot be serialised: {0}")]
+    Serialise(#[from] serde_json::Error),
+}
+
+/// Where messages go: the database (always) and the broker (when reachable).
+#[derive(Clone)]
+pub struct Outbox {
+    pool: MySqlPool,
+    publisher: Publisher,
+}
+
+impl Outbox {
+    pub fn new(pool: MySqlPool, publisher: Publisher) -> Self {
+        Self { pool, publisher }
+    }
+
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// The one way to open a transaction that may produce messages.
+    pub async fn begin(&self) -> Result<UnitOfWork<'_>, sqlx::Error> {
+        Ok(UnitOfWork {
+            tx: self.pool.begin().await?,
+            staged: Vec::new(),
+            outbox: self,
+        })
+    }
+
+    /// Publishes messages whose rows are committed, then marks the rows published. Failures
+    /// are logged and left to the relay.
+    pub async fn publish_committed(&self, staged: Vec<(u64, OutgoingMessage)>) {
+        if staged.is_empty() {
+            return;
+        }
+        let (ids, messages): (Vec<u64>, Vec<OutgoingMessage>) = staged.into_iter().unzip();
+        let results = self.publisher.publish_events(&messages).await;
+        let mut published = Vec::with_capacity(ids.len());
+        for ((id, message), result) in ids.iter().zip(&messages).zip(results) {
+            match result {
+                Ok(()) => published.push(*id),
+                Err(error) => tracing::warn!(
+                    message_id = %message.id, routing_key = %message.routing_key, %error,
+                    "publish after commit failed; the outbox relay will retry"
+                ),
+            }
+        }
+        let marked = match self.pool.acquire().await {
+            Ok(mut conn) => mark_published(&mut conn, &published).await,
+            Err(e) => Err(e),
+        };
+        if let Err(error) = marked {
+            tracing::warn!(%error, count = published.len(),
+                "marking outbox rows published failed; the relay may publish them again");
+        }
+    }
+}
+
+/// A database transaction plus the messages it will publish once committed. Derefs to the
+/// connection, so queries run on it as on a `Transaction`.
+pub struct UnitOfWork<'a> {
+    tx: Transaction<'static, MySql>,
+    staged: Vec<(u64, OutgoingMessage)>,
+    outbox: &'a Outbox,
+}
+
+impl UnitOfWork<'_> {
+    /// Writes the message into the outbox inside this transaction.
+    pub async fn send<T: Message>(&mut self, envelope: &Envelope<T>) -> Result<(), OutboxError> {
+        let message = envelope.to_outgoing()?;
+        let id = insert(&mut self.tx, &message).await?;
+        self.staged.push((id, message));
+        Ok(())
+    }
+
+    /// Commits, then publishes what this transaction sent.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await?;
+        self.outbox.publish_committed(self.staged).await;
+        Ok(())
+    }
+
+    /// Rolls back; nothing staged is ever published.
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+}
+
+impl Deref for UnitOfWork<'_> {
+    type Target = MySqlConnection;
+    fn deref(&self) -> &MySqlConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for UnitOfWork<'_> {
+    fn deref_mut(&mut self) -> &mut MySqlConnection {
+        &mut self.tx
+    }
+}
+
+async fn insert(conn: &mut MySqlConnection, message: &OutgoingMessage) -> Result<u64, sqlx::Error> {
+    let result = sqlx::query(
+        "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body, created_at) \
+         VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(message.id.to_string())
+    .bind(&message.routing_key)
+    .bind(message.correlation_id.to_string())
+    .bind(&message.body)
+    .bind(message.occurred_at)
+    .execute(conn)
+    .await?;
+    Ok(result.last_insert_id())
+}
+
+async fn mark_published(conn: &mut MySqlConnection, ids: &[u64]) -> Result<(), sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut query = QueryBuilder::<MySql>::new(
+        "UPDATE outbox_messages SET published_at = NOW(6) WHERE published_at IS NULL AND id IN (",
+    );
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(")");
+    query.build().execute(conn).await?;
+    Ok(())
+}
+
+/// The relay's settings; the defaults suit both the local runner and a scheduled Lambda.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows claimed per transaction.
+    pub batch_size: u32,
+    /// A row younger than this is left to its producer's publish-after-commit, so the relay
+    /// does not double-publish in the normal case.
+    pub grace: Duration,
+    /// Published rows are deleted after this.
+    pub retention: Duration,
+    /// Rows deleted per prune statement (keeps each delete short).
+    pub prune_batch: u32,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            grace: Duration::from_secs(2),
+            retention: Duration::from_secs(24 * 3600),
+            prune_batch: 5_000,
+        }
+    }
+}
+
+/// What one relay pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RelayReport {
+    pub published: u64,
+    pub failed: u64,
+}
+
+/// Publishes committed rows the fast path missed. Several relays may run at once: each
+/// claims its rows with `FOR UPDATE SKIP LOCKED`, so a row is published by one of them.
+#[derive(Clone)]
+pub struct Relay {
+    outbox: Outbox,
+    config: RelayConfig,
+}
+
+#[derive(sqlx::FromRow)]
+struct PendingRow {
+    id: u64,
+    message_id: String,
+    routing_key: String,
+    correlation_id: String,
+    body: Vec<u8>,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl Relay {
+    pub fn new(outbox: Outbox, config: RelayConfig) -> Self {
+        Self { outbox, config }
+    }
+
+    pub fn batch_size(&self) -> u32 {
+        self.config.batch_size
+    }
+
+    /// One batch: claim, publish with confirms, mark. The claim's row locks are held while
+    /// publishing (milliseconds with pipelined confirms); only relays ever wait on them.
+    #[tracing::instrument(skip_all, name = "outbox_relay")]
+    pub async fn run_once(&self) -> Result<RelayReport, OutboxError> {
+        let mut tx = self.outbox.pool.begin().await?;
+        let rows: Vec<PendingRow> = sqlx::query_as(
+            "SELECT id, message_id, routing_key, correlation_id, body, created_at \
+             FROM outbox_messages \
+             WHERE published_at IS NULL AND created_at < NOW(6) - INTERVAL ? MICROSECOND \
+             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind(u64::try_from(self.config.grace.as_micros()).unwrap_or(u64::MAX))
+        .bind(self.config.batch_size)
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            return Ok(RelayReport::default());
+        }
+        let messages: Vec<OutgoingMessage> = rows
+            .iter()
+            .map(|row| OutgoingMessage {
+                id: Uuid::parse_str(&row.message_id).unwrap_or_default(),
+                routing_key: row.routing_key.clone(),
+                correlation_id: Uuid::parse_str(&row.correlation_id).unwrap_or_default(),
+                occurred_at: row.created_at,
+                body: row.body.clone(),
+            })
+            .collect();
+        let results = self.outbox.publisher.publish_events(&messages).await;
+        let mut report = RelayReport::default();
+        let mut published = Vec::new();
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    report.published += 1;
+                    published.push(row.id);
+                }
+                Err(error) => {
+                    report.failed += 1;
+                    sqlx::query(
+                        "UPDATE outbox_messages SET publish_attempts = publish_attempts + 1, \
+                         last_error = LEFT(?, 1000) WHERE id = ?",
+                    )
+                    .bind(error.to_string())
+                    .bind(row.id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
+        mark_published(&mut tx, &published).await?;
+        tx.commit().await?;
+        if report.published > 0 || report.failed > 0 {
+            tracing::info!(
+                published = report.published,
+                failed = report.failed,
+                "outbox relay pass"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Deletes published rows older than the retention, in short batches.
+    pub async fn prune(&self) -> Result<u64, sqlx::Error> {
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(
+                "DELETE FROM outbox_messages \
+                 WHERE created_at < NOW(6) - INTERVAL ? SECOND AND published_at IS NOT NULL \
+                 LIMIT ?",
+            )
+            .bind(self.config.retention.as_secs())
+            .bind(self.config.prune_batch)
+            .execute(&self.outbox.pool)
+            .await?
+            .rows_affected();
+            total += deleted;
+            if deleted < u64::from(self.config.prune_batch) {
+                return Ok(total);
+            }
+        }
+    }
+}

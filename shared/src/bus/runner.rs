@@ -1,0 +1,110 @@
+//! Runs functions as local consumers, with their dead-letter recorders and the sweeper, in
+//! one process: a single function binary uses it for one handler, `paybus run` for all.
+
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    consumer::{HandlerProcessor, consume},
+    dead_letter::DeadLetterRecorder,
+    handler::Handler,
+    outbox::{Relay, RelayConfig},
+    services::{Services, StartupError},
+    sweeper::{self, Job, OutboxRelayJob},
+    topology::FunctionQueue,
+};
+
+type Task = Pin<Box<dyn Future<Output = Result<(), lapin::Error>> + Send>>;
+type Starter = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
+
+pub struct Runner {
+    services: Services,
+    queues: Vec<FunctionQueue>,
+    starters: Vec<Starter>,
+    jobs: Vec<Arc<dyn Job>>,
+}
+
+impl Runner {
+    /// A runner with the outbox relay job already registered.
+    pub fn new(services: Services) -> Self {
+        let relay = Relay::new(services.outbox.clone(), RelayConfig::default());
+        Self {
+            jobs: vec![Arc::new(OutboxRelayJob::new(relay, Duration::from_secs(1)))],
+            services,
+            queues: Vec::new(),
+            starters: Vec::new(),
+        }
+    }
+
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
+    /// Adds a function's consumer and the recorder of its dead-letter queue.
+    pub fn add_function<H: Handler>(&mut self, handler: H) -> &mut Self {
+        self.queues.push(H::queue());
+        let processor = Arc::new(HandlerProcessor::new(handler, self.services.outbox.clone()));
+        self.add_consumer(processor);
+        let recorder = Arc::new(DeadLetterRecorder::new(H::FUNCTION, self.services.pool.clone()));
+        self.add_consumer(recorder);
+        self
+    }
+
+    fn add_consumer<P: super::consumer::Processor>(&mut self, processor: Arc<P>) {
+        let services = self.services.clone();
+        self.starters.push(Box::new(move |shutdown| {
+            Box::pin(async move {
+                consume(
+                    &services.connection,
+                    processor,
+                    services.publisher().clone(),
+                    services.settings.broker.prefetch,
+                    shutdown,
+                )
+                .await
+            })
+        }));
+    }
+
+    pub fn add_job(&mut self, job: Arc<dyn Job>) -> &mut Self {
+        self.jobs.push(job);
+        self
+    }
+
+    /// Declares the topology, starts everything and runs until `shutdown` is cancelled; then
+    /// every consumer finishes its in-flight messages before this returns.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartupError> {
+        self.services.declare_topology(&self.queues).await?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for start in self.starters {
+            tasks.spawn(start(shutdown.clone()));
+        }
+        let jobs = self.jobs;
+        let sweeper_shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            sweeper::run(jobs, sweeper_shutdown).await;
+            Ok(())
+        });
+        let mut first_error = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(())) => {}
+                Ok(Err(source)) => {
+                    // One consumer that cannot start (e.g. a queue declared with other
+                    // arguments) stops the whole process: half a system is worse than none.
+                    shutdown.cancel();
+                    first_error.get_or_insert(StartupError::Amqp {
+                        doing: "consuming",
+                        source,
+                    });
+                }
+                Err(join_error) => {
+                    shutdown.cancel();
+                    tracing::error!(%join_error, "a consumer task panicked");
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

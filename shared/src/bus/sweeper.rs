@@ -1,0 +1,114 @@
+//! Periodic maintenance jobs (outbox relay first; due retries, reapers and expiry come with
+//! their workflows). Locally each job runs on its own timer; in AWS one scheduled Lambda runs
+//! [`run_all_once`]. A failing job backs off (doubling its interval, at most 30 s extra) so a
+//! dead broker or database is not hammered, and resumes its pace once it succeeds.
+
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+use super::outbox::Relay;
+
+pub type JobError = Box<dyn std::error::Error + Send + Sync>;
+pub type JobFuture<'a> = Pin<Box<dyn Future<Output = Result<JobReport, JobError>> + Send + 'a>>;
+
+/// What one pass changed; a job logs only when something did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct JobReport {
+    pub changed: u64,
+}
+
+pub trait Job: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn interval(&self) -> Duration;
+    fn run_once(&self) -> JobFuture<'_>;
+}
+
+/// Runs every job on its own timer until `shutdown` is cancelled.
+pub async fn run(jobs: Vec<Arc<dyn Job>>, shutdown: CancellationToken) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for job in jobs {
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            let mut failures: u32 = 0;
+            loop {
+                let pause = match job.run_once().await {
+                    Ok(_) => {
+                        failures = 0;
+                        job.interval()
+                    }
+                    Err(error) => {
+                        failures = failures.saturating_add(1);
+                        let backoff = Duration::from_millis(250 * (1u64 << failures.min(7)))
+                            .min(Duration::from_secs(30));
+                        tracing::warn!(job = job.name(), %error, failures, ?backoff, "job failed; backing off");
+                        job.interval() + backoff
+                    }
+                };
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One pass of every job (the scheduled-Lambda form). Returns each job's result.
+pub async fn run_all_once(jobs: &[Arc<dyn Job>]) -> Vec<(&'static str, Result<JobReport, JobError>)> {
+    let mut results = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        results.push((job.name(), job.run_once().await));
+    }
+    results
+}
+
+/// The outbox relay as a job: drains due rows batch by batch, then prunes old published rows.
+pub struct OutboxRelayJob {
+    relay: Relay,
+    interval: Duration,
+}
+
+impl OutboxRelayJob {
+    pub fn new(relay: Relay, interval: Duration) -> Self {
+        Self { relay, interval }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{failed} outbox message(s) could not be published (broker down?)")]
+pub struct RelayStalled {
+    pub failed: u64,
+}
+
+impl Job for OutboxRelayJob {
+    fn name(&self) -> &'static str {
+        "outbox-relay"
+    }
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    fn run_once(&self) -> JobFuture<'_> {
+        Box::pin(async move {
+            let mut changed = 0;
+            loop {
+                let report = self.relay.run_once().await?;
+                changed += report.published;
+                if report.failed > 0 {
+                    return Err(RelayStalled {
+                        failed: report.failed,
+                    }
+                    .into());
+                }
+                if report.published < u64::from(self.relay.batch_size()) {
+                    break;
+                }
+            }
+            changed += self.relay.prune().await?;
+            Ok(JobReport { changed })
+        })
+    }
+}

@@ -1,0 +1,1 @@
+//! The ledger (W2): balance gate rows, entries with idempotency keys, audit.
