@@ -28,6 +28,14 @@ for vhost in $leftover_vhosts; do
   curl -fsS -u guest:guest -X DELETE "$api/vhosts/$vhost" >/dev/null
 done
 
+# Private RabbitMQ nodes of fault tests that were killed before they could clean up.
+for dir in "${TMPDIR:-/tmp}"/paybus-broker-*; do
+  [[ -d $dir ]] || continue
+  PAYBUS_STATE_DIR="$dir" PAYBUS_RABBITMQ_NODENAME="paybus-${dir##*/paybus-broker-}@localhost" \
+    infra/local/stop.sh --kill rabbitmq >/dev/null 2>&1 || true
+  rm -rf "$dir"
+done
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -1,12 +1,17 @@
 //! `paybus`: the operator's command line.
 
 mod doctor;
+mod functions;
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use paybus_shared::{Settings, db, telemetry};
+use paybus_shared::{
+    Settings,
+    bus::{Runner, Services, shutdown_on_signal, topology as bus_topology},
+    db, telemetry,
+};
 
 #[derive(Parser)]
 #[command(
@@ -25,6 +30,24 @@ enum Command {
     Migrate,
     /// Check that the database and the broker answer; exits non-zero with one line per problem.
     Doctor,
+    /// Declare the exchanges and every function's queues (idempotent).
+    Topology {
+        /// Print the topology as a RabbitMQ definitions document instead of declaring it.
+        #[arg(long)]
+        definitions: bool,
+        /// The vhost named in the definitions document.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+    },
+    /// Run every function's consumer, the dead-letter recorders and the sweeper in this
+    /// process until SIGTERM or Ctrl-C.
+    Run,
+    /// Send a canary ping through outbox, broker and consumer, and wait for its pong.
+    Ping {
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
 }
 
 #[tokio::main]
@@ -41,6 +64,9 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Migrate => migrate(&settings).await,
         Command::Doctor => doctor::run(&settings).await,
+        Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
+        Command::Run => run(settings).await,
+        Command::Ping { timeout } => ping(settings, timeout).await,
     };
     match result {
         Ok(code) => code,
@@ -62,4 +88,52 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
         paybus_shared::redact::url(&settings.database.url)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+async fn topology(settings: &Settings, definitions: bool, vhost: &str) -> anyhow::Result<ExitCode> {
+    let queues = functions::queues();
+    if definitions {
+        let document = bus_topology::definitions(vhost, &queues);
+        println!("{}", serde_json::to_string_pretty(&document)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let services = Services::connect(settings.clone()).await?;
+    services.declare_topology(&queues).await?;
+    println!(
+        "topology declared: {} function queue(s) with their dead-letter queues",
+        queues.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
+    let services = Services::connect(settings)
+        .await
+        .context("while connecting to the database and the broker")?;
+    let mut runner = Runner::new(services);
+    functions::register(&mut runner);
+    tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
+    runner.run(shutdown_on_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
+    let services = Services::connect(settings).await?;
+    let started = std::time::Instant::now();
+    let ping_id = paybus_canary::send_ping(&services.outbox).await?;
+    let deadline = started + std::time::Duration::from_secs(timeout);
+    while std::time::Instant::now() < deadline {
+        if paybus_canary::is_ponged(&services.pool, ping_id).await? {
+            println!(
+                "pong: ping {ping_id} went through outbox, broker and consumer in {:?}",
+                started.elapsed()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "no pong for ping {ping_id} within {timeout}s: is `paybus run` (or the canary function) running?"
+    );
+    Ok(ExitCode::FAILURE)
 }

@@ -1,4 +1,5 @@
 //! `paybus doctor` run as a real process against the real services, and against dead ports.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{net::TcpListener, process::Output};
 

@@ -93,3 +93,17 @@ pub async fn pending_migrations(conn: &mut MySqlConnection) -> Result<usize, sql
         .filter(|m| !applied.contains(&m.version))
         .count())
 }
+
+/// A READ COMMITTED transaction, for claiming queue-like rows with `FOR UPDATE SKIP LOCKED`:
+/// under REPEATABLE READ the claim also takes gap locks, and two claimers that then update
+/// the claimed rows' indexed columns deadlock on each other's gaps.
+pub async fn begin_read_committed(
+    pool: &MySqlPool,
+) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    // Applies to the next transaction on this connection only.
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::Transaction::begin(conn, None).await
+}

@@ -1,1 +1,23 @@
-//! The ledger (W2): balance gate rows, entries with idempotency keys, audit.
+//! The ledger (W2, seed 001): every movement of a partner's balance is one append-only row of
+//! `ledger_entries`, posted under the partner's balance gate row, so the `balance_after` chain
+//! never forks and `partner_balances` always equals the sum of the entries.
+//!
+//! Two layers keep a confirmation from moving money twice (seed 001 §2):
+//! 1. the caller's conditional status transition (affected rows decide), and
+//! 2. the last line of defence here: [`IdemKey`] on the three paths where one reference must
+//!    produce exactly one entry; a repeat returns [`Posted::AlreadyRecorded`], not an error.
+//!
+//! [`post`] runs inside the caller's transaction; the caller commits. [`audit::run`] checks the
+//! invariants with plain SQL (`paybus audit`).
+//!
+//! Amounts are [`rust_decimal::Decimal`], which holds 28 significant digits while the columns
+//! are `DECIMAL(36,18)`: balances are read as text and parsed exactly, so a balance beyond
+//! rust_decimal's range is refused loudly ([`LedgerError::Unrepresentable`]) instead of being
+//! rounded silently (as sqlx's own `Decimal` decoding would).
+
+pub mod audit;
+mod idem_key;
+mod posting;
+
+pub use idem_key::IdemKey;
+pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, post};

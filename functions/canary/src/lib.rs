@@ -40,10 +40,11 @@ impl Handler for Canary {
             tx.commit().await?;
             return Ok(Outcome::Done);
         }
-        let status: Option<String> = sqlx::query_scalar("SELECT status FROM canary_pings WHERE id = ?")
-            .bind(ping_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM canary_pings WHERE id = ?")
+                .bind(ping_id)
+                .fetch_optional(&mut *tx)
+                .await?;
         tx.rollback().await?;
         Ok(match status {
             Some(status) => Outcome::Skipped(format!("ping {ping_id} is already {status}")),
@@ -62,4 +63,13 @@ pub async fn send_ping(outbox: &Outbox) -> Result<u64, HandlerError> {
     tx.send(&Envelope::new(Ping { ping_id })).await?;
     tx.commit().await?;
     Ok(ping_id)
+}
+
+/// Whether the canary function has handled the ping.
+pub async fn is_ponged(pool: &sqlx::MySqlPool, ping_id: u64) -> Result<bool, sqlx::Error> {
+    let status: Option<String> = sqlx::query_scalar("SELECT status FROM canary_pings WHERE id = ?")
+        .bind(ping_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(status.as_deref() == Some("PONGED"))
 }

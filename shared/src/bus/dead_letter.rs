@@ -7,7 +7,9 @@ use sqlx::MySqlPool;
 
 use super::{
     consumer::Processor,
-    handler::{DeadLetter, Disposition, IncomingDelivery, header_integer, header_text, requeue_backoff},
+    handler::{
+        DeadLetter, Disposition, IncomingDelivery, header_integer, header_text, requeue_backoff,
+    },
     publisher::{PublishError, Publisher, integer_header, now_rfc3339, text_header},
     topology::{DEAD_LETTER_EXCHANGE, dead_letter_queue_name},
 };
@@ -112,8 +114,8 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
         },
         None => {
             let death = first_death(headers);
-            let reason = header_text(headers, "x-first-death-reason")
-                .unwrap_or_else(|| "broker".to_owned());
+            let reason =
+                header_text(headers, "x-first-death-reason").unwrap_or_else(|| "broker".to_owned());
             let count = death.as_ref().and_then(|d| d.count).unwrap_or(0);
             DeadLetterRow {
                 dead_letter_id: format!(

@@ -291,7 +291,15 @@ pub async fn process<H: Handler>(
             Some(error.to_string()),
         ),
     };
-    finish::<H>(delivery, Some(&head), started, attempt, disposition, label, detail)
+    finish::<H>(
+        delivery,
+        Some(&head),
+        started,
+        attempt,
+        disposition,
+        label,
+        detail,
+    )
 }
 
 /// The one log line and the metric of a delivery.
@@ -310,7 +318,9 @@ fn finish<H: Handler>(
         .map(|h| h.id.to_string())
         .or_else(|| delivery.message_id())
         .unwrap_or_default();
-    let correlation_id = head.map(|h| h.correlation_id.to_string()).unwrap_or_default();
+    let correlation_id = head
+        .map(|h| h.correlation_id.to_string())
+        .unwrap_or_default();
     let detail = detail.unwrap_or_default();
     let duration_ms = elapsed.as_secs_f64() * 1000.0;
     match &disposition {

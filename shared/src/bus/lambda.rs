@@ -1,1 +1,464 @@
-//! The Lambda adapter (written by a helper; see the task).
+//! The Lambda transport: the same [`Handler`] on Amazon MQ for RabbitMQ events.
+//!
+//! Amazon MQ hands a Lambda a batch of messages (bodies base64) and has no partial-batch
+//! response: if the function returns an error, the *whole* batch is delivered again. So every
+//! message's outcome is settled here, message by message, exactly as the local consumer does
+//! (commit, or a confirmed dead letter), and the invocation fails only for infrastructure
+//! faults (database or broker unreachable), after the rest of the batch has been processed.
+//! Re-running the messages already done is harmless: handlers are idempotent, and attempts
+//! live in the database rows, not in the broker.
+//!
+//! Topology is not declared here (round trips on every cold start): the deployment declares
+//! it (`infra/rabbitmq/definitions.json` or `paybus topology`). Dead letters need `paybus.dlx`
+//! bound to the function's `.dlq`; without it they are not confirmed and the batch fails.
+//!
+//! A dead letter published here and the batch then failing for another message means the
+//! retried batch dead-letters that message again: `dead_letters` gets one row per publish.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use aws_lambda_events::event::rabbitmq::{RabbitMqBasicProperties, RabbitMqEvent, RabbitMqMessage};
+use base64::Engine;
+use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+use lapin::{
+    BasicProperties,
+    types::{AMQPValue, FieldArray, FieldTable, ShortString},
+};
+use serde::{Deserialize, Serialize};
+use tracing::Instrument;
+
+use super::{
+    dead_letter,
+    handler::{DeadLetter, DeadLetterReason, Disposition, Handler, IncomingDelivery, process},
+    metrics,
+    services::Services,
+};
+
+/// The Lambda's response for a batch that settled every message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchSummary {
+    /// Messages in the batch (`acked + dead_lettered`).
+    pub processed: usize,
+    /// Done, skipped or scheduled for a retry by the handler.
+    pub acked: usize,
+    /// Published (confirmed) to the function's dead-letter queue.
+    pub dead_lettered: usize,
+}
+
+/// A message whose outcome could not be settled: an infrastructure fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageFault {
+    /// The `queueName::vhost` key of the event.
+    pub queue: String,
+    pub message_id: Option<String>,
+    pub error: String,
+}
+
+/// Some messages hit an infrastructure fault: the invocation fails, so Amazon MQ delivers the
+/// whole batch again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} of {} messages hit an infrastructure fault, the batch will be retried; first: {}",
+    faults.len(), summary.processed + faults.len(),
+    faults.first().map(|f| f.error.as_str()).unwrap_or("none")
+)]
+pub struct BatchError {
+    /// What was settled anyway (it will be seen again, and skipped, on the retry).
+    pub summary: BatchSummary,
+    pub faults: Vec<MessageFault>,
+}
+
+impl From<BatchError> for Diagnostic {
+    fn from(error: BatchError) -> Self {
+        Diagnostic {
+            error_type: "paybus.BatchError".to_owned(),
+            error_message: error.to_string(),
+        }
+    }
+}
+
+/// Runs `handler` under the Lambda runtime until the execution environment ends. The process
+/// has already set up tracing (lambda_runtime's own set-up would panic on a second
+/// subscriber).
+pub async fn run<H: Handler>(handler: H, services: Services) -> Result<(), lambda_runtime::Error> {
+    let handler = &handler;
+    let services = &services;
+    tracing::info!(function = H::FUNCTION, "lambda runtime starting");
+    lambda_runtime::run(service_fn(
+        move |event: LambdaEvent<RabbitMqEvent>| async move {
+            handle_event(handler, services, event.payload).await
+        },
+    ))
+    .await
+}
+
+/// Settles every message of one Amazon MQ event: ack (nothing to do), or a confirmed dead
+/// letter. Fails, after processing the whole batch, if any message hit an infrastructure fault.
+pub async fn handle_event<H: Handler>(
+    handler: &H,
+    services: &Services,
+    event: RabbitMqEvent,
+) -> Result<BatchSummary, BatchError> {
+    let mut summary = BatchSummary::default();
+    let mut faults = Vec::new();
+    for (queue, messages) in &event.messages_by_queue {
+        for (index, message) in messages.iter().enumerate() {
+            let span = tracing::info_span!(
+                "rabbitmq_message",
+                function = H::FUNCTION,
+                queue = %queue,
+                index,
+                redelivered = message.redelivered,
+            );
+            match handle_message(handler, services, message)
+                .instrument(span)
+                .await
+            {
+                Ok(Settled::Acked) => summary.acked += 1,
+                Ok(Settled::DeadLettered) => summary.dead_lettered += 1,
+                Err(error) => faults.push(MessageFault {
+                    queue: queue.clone(),
+                    message_id: message.basic_properties.message_id.clone(),
+                    error,
+                }),
+            }
+        }
+    }
+    summary.processed = summary.acked + summary.dead_lettered;
+    if faults.is_empty() {
+        tracing::info!(
+            function = H::FUNCTION,
+            processed = summary.processed,
+            acked = summary.acked,
+            dead_lettered = summary.dead_lettered,
+            "batch processed"
+        );
+        Ok(summary)
+    } else {
+        let error = BatchError { summary, faults };
+        tracing::error!(function = H::FUNCTION, %error, "batch failed");
+        Err(error)
+    }
+}
+
+enum Settled {
+    Acked,
+    DeadLettered,
+}
+
+/// One message: decode, process, settle. `Err` is an infrastructure fault.
+async fn handle_message<H: Handler>(
+    handler: &H,
+    services: &Services,
+    message: &RabbitMqMessage,
+) -> Result<Settled, String> {
+    let Decoded {
+        delivery,
+        malformed,
+    } = decode(message);
+    let disposition = match malformed {
+        None => process(handler, &services.outbox, &delivery).await,
+        Some(error) => {
+            metrics::record(H::FUNCTION, "malformed", Duration::ZERO);
+            tracing::warn!(
+                function = H::FUNCTION,
+                message_id = delivery.message_id().unwrap_or_default(),
+                outcome = "malformed",
+                detail = %error,
+                "message processed"
+            );
+            Disposition::DeadLetter(DeadLetter {
+                reason: DeadLetterReason::Malformed,
+                error,
+            })
+        }
+    };
+    match disposition {
+        Disposition::Ack => Ok(Settled::Acked),
+        Disposition::DeadLetter(dead) => {
+            dead_letter::publish(services.publisher(), H::FUNCTION, &delivery, &dead)
+                .await
+                .map_err(|e| format!("dead letter not confirmed: {e}"))?;
+            Ok(Settled::DeadLettered)
+        }
+        Disposition::Requeue { error, .. } => Err(error),
+    }
+}
+
+/// A message of the event as the runtime sees it.
+struct Decoded {
+    /// Body decoded from base64; for an undecodable one, the raw `data` text, so the dead
+    /// letter shows what arrived.
+    delivery: IncomingDelivery,
+    /// Why the body could not be decoded: the message is malformed.
+    malformed: Option<String>,
+}
+
+/// Decodes the base64 body and converts the properties and headers.
+fn decode(message: &RabbitMqMessage) -> Decoded {
+    let properties = basic_properties(&message.basic_properties);
+    let from_properties = message.basic_properties.type_.clone();
+    let (body, malformed) = match message.data.as_deref() {
+        None => (Vec::new(), Some("the event message has no data".to_owned())),
+        Some(data) => match base64::engine::general_purpose::STANDARD.decode(data) {
+            Ok(body) => (body, None),
+            Err(e) => (
+                data.as_bytes().to_vec(),
+                Some(format!("the event message's data is not base64: {e}")),
+            ),
+        },
+    };
+    let routing_key = match (&from_properties, &malformed) {
+        (Some(kind), _) => kind.clone(),
+        (None, None) => envelope_type(&body).unwrap_or_default(),
+        (None, Some(_)) => String::new(),
+    };
+    Decoded {
+        delivery: IncomingDelivery {
+            body,
+            routing_key,
+            properties,
+        },
+        malformed,
+    }
+}
+
+/// The envelope's `type` (= the routing key it was published with), for an event whose AMQP
+/// properties lack `type`: the Amazon MQ event does not carry the routing key.
+fn envelope_type(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Kind {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    serde_json::from_slice::<Kind>(body).ok().map(|k| k.kind)
+}
+
+/// The AMQP properties worth keeping. Left out on purpose: `expiration` (it would make the dead
+/// letter expire), `user_id` (RabbitMQ rejects a publish whose user id is not the publisher's),
+/// `cluster_id` (deprecated) and `timestamp` (a locale-formatted string in the event).
+fn basic_properties(p: &RabbitMqBasicProperties) -> BasicProperties {
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(p.delivery_mode)
+        .with_priority(p.priority)
+        .with_headers(field_table(p.headers.iter()));
+    let short = |s: &Option<String>| s.as_deref().and_then(|s| ShortString::try_new(s).ok());
+    if let Some(v) = short(&p.message_id) {
+        properties = properties.with_message_id(v);
+    }
+    if let Some(v) = short(&p.correlation_id) {
+        properties = properties.with_correlation_id(v);
+    }
+    if let Some(v) = short(&p.type_) {
+        properties = properties.with_type(v);
+    }
+    if let Some(v) = short(&p.content_type) {
+        properties = properties.with_content_type(v);
+    }
+    if let Some(v) = short(&p.content_encoding) {
+        properties = properties.with_content_encoding(v);
+    }
+    if let Some(v) = short(&p.reply_to) {
+        properties = properties.with_reply_to(v);
+    }
+    if let Some(v) = short(&p.app_id) {
+        properties = properties.with_app_id(v);
+    }
+    properties
+}
+
+/// Headers as they arrive in the event (strings as `{"bytes": [...]}`) back to AMQP values.
+/// Names longer than an AMQP short string are dropped.
+fn field_table<'a>(
+    entries: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
+) -> FieldTable {
+    let map: BTreeMap<ShortString, AMQPValue> = entries
+        .filter_map(|(name, value)| {
+            Some((ShortString::try_new(name.as_str()).ok()?, amqp_value(value)))
+        })
+        .collect();
+    FieldTable::from(map)
+}
+
+fn amqp_value(value: &serde_json::Value) -> AMQPValue {
+    use serde_json::Value;
+    match value {
+        Value::Null => AMQPValue::Void,
+        Value::Bool(b) => AMQPValue::Boolean(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => AMQPValue::LongLongInt(i),
+            (None, Some(f)) => AMQPValue::Double(f),
+            (None, None) => AMQPValue::LongString(n.to_string().into()),
+        },
+        Value::String(s) => AMQPValue::LongString(s.as_str().into()),
+        Value::Array(items) => AMQPValue::FieldArray(FieldArray::from(
+            items.iter().map(amqp_value).collect::<Vec<_>>(),
+        )),
+        Value::Object(map) => match string_bytes(map) {
+            Some(bytes) => AMQPValue::LongString(bytes.into()),
+            None => AMQPValue::FieldTable(field_table(map.iter())),
+        },
+    }
+}
+
+/// `{"bytes": [118, 97, ...]}`: how the event encodes an AMQP long string.
+fn string_bytes(map: &serde_json::Map<String, serde_json::Value>) -> Option<Vec<u8>> {
+    if map.len() != 1 {
+        return None;
+    }
+    map.get("bytes")?
+        .as_array()?
+        .iter()
+        .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::handler::{header_integer, header_text};
+
+    fn ok(decoded: Decoded) -> IncomingDelivery {
+        assert_eq!(decoded.malformed, None);
+        decoded.delivery
+    }
+
+    fn message(json: serde_json::Value) -> RabbitMqMessage {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn props(extra: serde_json::Value) -> serde_json::Value {
+        let mut p = serde_json::json!({
+            "contentType": "application/json", "contentEncoding": null, "deliveryMode": 2,
+            "priority": 0, "correlationId": "c-1", "replyTo": null, "expiration": "60000",
+            "messageId": "m-1", "timestamp": "Jan 1, 1970, 12:33:41 AM", "type": null,
+            "userId": "AIDACKCEVSQ6C2EXAMPLE", "appId": null, "clusterId": null, "bodySize": 2
+        });
+        if let (Some(p), Some(extra)) = (p.as_object_mut(), extra.as_object()) {
+            p.extend(extra.clone());
+        }
+        p
+    }
+
+    #[test]
+    fn decodes_body_headers_and_properties() {
+        let m = message(serde_json::json!({
+            "basicProperties": props(serde_json::json!({
+                "type": "canary.ping",
+                "headers": {
+                    "x-delivery-count": 3,
+                    "x-paybus-reason": {"bytes": [102, 97, 105, 108, 101, 100]},
+                    "flag": true,
+                    "nested": {"a": 1},
+                    "list": [{"bytes": [104]}, 2]
+                }
+            })),
+            "redelivered": true,
+            "data": "e30="
+        }));
+        let d = ok(decode(&m));
+        assert_eq!(d.body, b"{}");
+        assert_eq!(d.routing_key, "canary.ping");
+        assert_eq!(d.delivery_count(), 3);
+        assert_eq!(d.message_id().as_deref(), Some("m-1"));
+        let headers = d.properties.headers().as_ref();
+        assert_eq!(
+            header_text(headers, "x-paybus-reason").as_deref(),
+            Some("failed")
+        );
+        assert_eq!(header_integer(headers, "x-delivery-count"), Some(3));
+        let inner = headers.unwrap().inner();
+        assert_eq!(inner.get("flag"), Some(&AMQPValue::Boolean(true)));
+        let Some(AMQPValue::FieldTable(nested)) = inner.get("nested") else {
+            panic!("nested is a table: {inner:?}");
+        };
+        assert_eq!(header_integer(Some(nested), "a"), Some(1));
+        let Some(AMQPValue::FieldArray(list)) = inner.get("list") else {
+            panic!("list is an array: {inner:?}");
+        };
+        assert_eq!(list.as_slice()[0], AMQPValue::LongString("h".into()));
+        assert_eq!(
+            d.properties.correlation_id().as_ref().map(|s| s.as_str()),
+            Some("c-1")
+        );
+        assert_eq!(*d.properties.delivery_mode(), Some(2));
+        // Never carried into a dead letter.
+        assert_eq!(*d.properties.expiration(), None);
+        assert_eq!(*d.properties.user_id(), None);
+    }
+
+    #[test]
+    fn routing_key_falls_back_to_the_envelope_type() {
+        let body = base64::engine::general_purpose::STANDARD.encode(br#"{"type":"canary.ping"}"#);
+        let m = message(serde_json::json!({
+            "basicProperties": props(serde_json::json!({})), "redelivered": false, "data": body
+        }));
+        assert_eq!(ok(decode(&m)).routing_key, "canary.ping");
+    }
+
+    #[test]
+    fn missing_or_undecodable_data_is_malformed() {
+        for data in [serde_json::Value::Null, serde_json::json!("not base64!")] {
+            let m = message(serde_json::json!({
+                "basicProperties": props(serde_json::json!({})), "redelivered": false, "data": data
+            }));
+            let decoded = decode(&m);
+            assert!(decoded.malformed.is_some(), "{data} must be malformed");
+            assert_eq!(decoded.delivery.message_id().as_deref(), Some("m-1"));
+        }
+    }
+
+    #[test]
+    fn an_overlong_message_id_is_dropped_not_a_panic() {
+        let m = message(serde_json::json!({
+            "basicProperties": props(serde_json::json!({"messageId": "x".repeat(300)})),
+            "redelivered": false, "data": "e30="
+        }));
+        assert_eq!(ok(decode(&m)).message_id(), None);
+    }
+
+    const CRATE_FIXTURE: &str = r#"{"eventSource":"aws:rmq","eventSourceArn":"arn:aws:mq:us-west-2:112556298976:broker:test:b-9bcfa592-423a-4942-879d-eb284b418fc8","rmqMessagesByQueue":{"test::/":[{"basicProperties":{"contentType":"text/plain","contentEncoding":null,"headers":{"header1":{"bytes":[118,97,108,117,101,49]},"header2":{"bytes":[118,97,108,117,101,50]},"numberInHeader":10},"deliveryMode":1,"priority":34,"correlationId":null,"replyTo":null,"expiration":"60000","messageId":null,"timestamp":"Jan 1, 1970, 12:33:41 AM","type":null,"userId":"AIDACKCEVSQ6C2EXAMPLE","appId":null,"clusterId":null,"bodySize":80},"redelivered":false,"data":"eyJ0aW1lb3V0IjowLCJkYXRhIjoiQ1pybWYwR3c4T3Y0YnFMUXhENEUifQ=="}]}}"#;
+
+    #[test]
+    fn the_crate_fixture_decodes() {
+        // aws_lambda_events' own `src/fixtures/example-rabbitmq-event.json`, verbatim.
+        let event: RabbitMqEvent = serde_json::from_str(CRATE_FIXTURE).unwrap();
+        let messages = &event.messages_by_queue["test::/"];
+        let d = ok(decode(&messages[0]));
+        assert!(d.body.starts_with(b"{\"timeout\":0"));
+        let headers = d.properties.headers().as_ref();
+        assert_eq!(header_text(headers, "header1").as_deref(), Some("value1"));
+        assert_eq!(header_integer(headers, "numberInHeader"), Some(10));
+    }
+
+    #[test]
+    fn a_batch_error_names_the_first_fault() {
+        let error = BatchError {
+            summary: BatchSummary {
+                processed: 2,
+                acked: 1,
+                dead_lettered: 1,
+            },
+            faults: vec![MessageFault {
+                queue: "q::/".into(),
+                message_id: None,
+                error: "database: pool timed out".into(),
+            }],
+        };
+        let text = error.to_string();
+        assert!(text.contains("1 of 3"), "{text}");
+        assert!(text.contains("pool timed out"), "{text}");
+        let diagnostic = Diagnostic::from(error);
+        assert_eq!(diagnostic.error_type, "paybus.BatchError");
+        let summary = serde_json::to_value(BatchSummary {
+            processed: 3,
+            acked: 2,
+            dead_lettered: 1,
+        })
+        .unwrap();
+        assert_eq!(
+            summary,
+            serde_json::json!({"processed": 3, "acked": 2, "dead_lettered": 1})
+        );
+    }
+}

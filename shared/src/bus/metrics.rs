@@ -23,7 +23,9 @@ fn registry() -> &'static Mutex<BTreeMap<Key, Stat>> {
 
 pub fn record(function: &str, outcome: &'static str, elapsed: Duration) {
     let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-    let mut map = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut map = registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let stat = map.entry((function.to_owned(), outcome)).or_default();
     stat.count += 1;
     stat.total_micros = stat.total_micros.saturating_add(micros);
@@ -32,7 +34,9 @@ pub fn record(function: &str, outcome: &'static str, elapsed: Duration) {
 
 /// (function, outcome) → stat, sorted.
 pub fn snapshot() -> Vec<(String, &'static str, Stat)> {
-    let map = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let map = registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     map.iter().map(|((f, o), s)| (f.clone(), *o, *s)).collect()
 }
 

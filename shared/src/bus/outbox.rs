@@ -223,7 +223,7 @@ impl Relay {
     /// publishing (milliseconds with pipelined confirms); only relays ever wait on them.
     #[tracing::instrument(skip_all, name = "outbox_relay")]
     pub async fn run_once(&self) -> Result<RelayReport, OutboxError> {
-        let mut tx = self.outbox.pool.begin().await?;
+        let mut tx = crate::db::begin_read_committed(&self.outbox.pool).await?;
         let rows: Vec<PendingRow> = sqlx::query_as(
             "SELECT id, message_id, routing_key, correlation_id, body, created_at \
              FROM outbox_messages \

@@ -3,9 +3,8 @@
 
 use chrono::Utc;
 use lapin::{
-    BasicProperties, Channel, Connection,
+    BasicProperties, Channel, Confirmation, Connection, PublisherConfirm,
     options::{BasicPublishOptions, ConfirmSelectOptions},
-    Confirmation, PublisherConfirm,
     types::{AMQPValue, FieldTable, ShortString},
 };
 
@@ -17,7 +16,9 @@ pub enum PublishError {
     Broker(#[from] lapin::Error),
     #[error("broker refused (nack) message {message_id}")]
     Nacked { message_id: String },
-    #[error("no queue is bound for routing key {routing_key:?} on {exchange} (message {message_id})")]
+    #[error(
+        "no queue is bound for routing key {routing_key:?} on {exchange} (message {message_id})"
+    )]
     Unroutable {
         exchange: String,
         routing_key: String,
@@ -70,7 +71,10 @@ impl Publisher {
         results
     }
 
-    async fn send_event(&self, message: &OutgoingMessage) -> Result<PublisherConfirm, PublishError> {
+    async fn send_event(
+        &self,
+        message: &OutgoingMessage,
+    ) -> Result<PublisherConfirm, PublishError> {
         Ok(self
             .channel
             .basic_publish(

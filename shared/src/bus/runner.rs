@@ -46,7 +46,10 @@ impl Runner {
         self.queues.push(H::queue());
         let processor = Arc::new(HandlerProcessor::new(handler, self.services.outbox.clone()));
         self.add_consumer(processor);
-        let recorder = Arc::new(DeadLetterRecorder::new(H::FUNCTION, self.services.pool.clone()));
+        let recorder = Arc::new(DeadLetterRecorder::new(
+            H::FUNCTION,
+            self.services.pool.clone(),
+        ));
         self.add_consumer(recorder);
         self
     }

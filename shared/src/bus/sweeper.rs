@@ -56,7 +56,9 @@ pub async fn run(jobs: Vec<Arc<dyn Job>>, shutdown: CancellationToken) {
 }
 
 /// One pass of every job (the scheduled-Lambda form). Returns each job's result.
-pub async fn run_all_once(jobs: &[Arc<dyn Job>]) -> Vec<(&'static str, Result<JobReport, JobError>)> {
+pub async fn run_all_once(
+    jobs: &[Arc<dyn Job>],
+) -> Vec<(&'static str, Result<JobReport, JobError>)> {
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
         results.push((job.name(), job.run_once().await));

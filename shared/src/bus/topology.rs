@@ -58,7 +58,10 @@ fn queue_arguments(function: &str) -> FieldTable {
         ShortString::from("x-dead-letter-exchange"),
         text(DEAD_LETTER_EXCHANGE),
     );
-    args.insert(ShortString::from("x-dead-letter-routing-key"), text(function));
+    args.insert(
+        ShortString::from("x-dead-letter-routing-key"),
+        text(function),
+    );
     args.insert(
         ShortString::from("x-delivery-limit"),
         AMQPValue::LongInt(DELIVERY_LIMIT),

@@ -1,0 +1,12 @@
+//! Every function this build of paybus runs: the one list `paybus run` and `paybus topology`
+//! read, so the queues declared and the consumers started cannot drift apart.
+
+use paybus_shared::bus::{Handler, Runner, topology::FunctionQueue};
+
+pub fn queues() -> Vec<FunctionQueue> {
+    vec![paybus_canary::Canary::queue()]
+}
+
+pub fn register(runner: &mut Runner) {
+    runner.add_function(paybus_canary::Canary);
+}

@@ -1,0 +1,433 @@
+//! Posting one ledger entry under the partner's balance gate lock (seed 001 §4-3).
+
+use std::fmt;
+
+use rust_decimal::Decimal;
+use sqlx::{MySqlConnection, error::DatabaseError};
+
+use super::IdemKey;
+
+/// The columns' scale: `DECIMAL(36,18)`.
+const MAX_SCALE: u32 = 18;
+/// The unique key behind [`IdemKey`]. MariaDB names it `'uk_ledger_idem_key'` in the duplicate
+/// message, MySQL 8 `'ledger_entries.uk_ledger_idem_key'`.
+const IDEM_KEY_INDEX: &str = "uk_ledger_idem_key";
+
+/// How an entry moves the balance: CREDIT adds, DEBIT and FEE subtract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryType {
+    Debit,
+    Credit,
+    Fee,
+}
+
+impl EntryType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryType::Debit => "DEBIT",
+            EntryType::Credit => "CREDIT",
+            EntryType::Fee => "FEE",
+        }
+    }
+
+    /// The entry's effect on the balance: `amount` for a CREDIT, `-amount` otherwise.
+    pub fn signed(self, amount: Decimal) -> Decimal {
+        match self {
+            EntryType::Credit => amount,
+            EntryType::Debit | EntryType::Fee => -amount,
+        }
+    }
+}
+
+impl fmt::Display for EntryType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an entry is about: `reference_type` + `reference_id` name the row that caused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReferenceType {
+    /// `withdrawals.id`: the confirmation DEBIT, and P2P legs / corrections on a withdrawal.
+    Withdrawal,
+    /// `deposits.id`: the confirmation CREDIT and FEE.
+    Deposit,
+    /// A P2P match's settlement (CREDIT and FEE per match).
+    P2pSettlement,
+    /// Settlement inflow.
+    Settlement,
+    /// A manual correction or a migrated balance (seed 001: ledger 12282 MIGRATION CREDIT).
+    Migration,
+}
+
+impl ReferenceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReferenceType::Withdrawal => "WITHDRAWAL",
+            ReferenceType::Deposit => "DEPOSIT",
+            ReferenceType::P2pSettlement => "P2P_SETTLEMENT",
+            ReferenceType::Settlement => "SETTLEMENT",
+            ReferenceType::Migration => "MIGRATION",
+        }
+    }
+}
+
+impl fmt::Display for ReferenceType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One entry to post. `amount` is positive; the [`EntryType`] gives the direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Posting {
+    pub partner_id: u64,
+    /// An upper-case currency code such as `USDT` (see [`LedgerError::InvalidCurrency`]).
+    pub currency: String,
+    pub entry_type: EntryType,
+    pub amount: Decimal,
+    pub reference_type: ReferenceType,
+    pub reference_id: u64,
+    /// `Some` only on the three once-only paths; see [`IdemKey`].
+    pub idem_key: Option<IdemKey>,
+    pub memo: Option<String>,
+}
+
+impl Posting {
+    /// An un-keyed posting without a memo; add them with [`Posting::idem_key`] and
+    /// [`Posting::memo`].
+    pub fn new(
+        partner_id: u64,
+        currency: impl Into<String>,
+        entry_type: EntryType,
+        amount: Decimal,
+        reference_type: ReferenceType,
+        reference_id: u64,
+    ) -> Self {
+        Self {
+            partner_id,
+            currency: currency.into(),
+            entry_type,
+            amount,
+            reference_type,
+            reference_id,
+            idem_key: None,
+            memo: None,
+        }
+    }
+
+    pub fn idem_key(mut self, key: IdemKey) -> Self {
+        self.idem_key = Some(key);
+        self
+    }
+
+    pub fn memo(mut self, memo: impl Into<String>) -> Self {
+        self.memo = Some(memo.into());
+        self
+    }
+
+    /// Everything that can be checked without the database.
+    fn validate(&self) -> Result<(), LedgerError> {
+        if self.amount <= Decimal::ZERO {
+            return Err(LedgerError::InvalidAmount {
+                amount: self.amount,
+                reason: "it must be greater than zero",
+            });
+        }
+        if self.amount.normalize().scale() > MAX_SCALE {
+            return Err(LedgerError::InvalidAmount {
+                amount: self.amount,
+                reason: "it has more than 18 decimal places",
+            });
+        }
+        let valid_code = (1..=16).contains(&self.currency.len())
+            && self
+                .currency
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+        if !valid_code {
+            return Err(LedgerError::InvalidCurrency {
+                currency: self.currency.clone(),
+            });
+        }
+        if let Some(key) = &self.idem_key
+            && !key.fits(self.entry_type, self.reference_type, self.reference_id)
+        {
+            return Err(LedgerError::MisplacedIdemKey {
+                idem_key: key.clone(),
+                entry_type: self.entry_type,
+                reference_type: self.reference_type,
+                reference_id: self.reference_id,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of [`post`]; both are success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Posted {
+    /// This call wrote the entry and moved the balance.
+    Recorded {
+        entry_id: u64,
+        balance_after: Decimal,
+    },
+    /// An entry with this key already exists (written earlier, or by a concurrent transaction
+    /// that committed first): nothing was written and the transaction is still usable.
+    AlreadyRecorded { idem_key: IdemKey },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger amount {amount} is not valid: {reason}")]
+    InvalidAmount {
+        amount: Decimal,
+        reason: &'static str,
+    },
+    #[error("{currency:?} is not a currency code (1 to 16 of A-Z, 0-9, '-', '_', '.')")]
+    InvalidCurrency { currency: String },
+    #[error(
+        "idempotency key {idem_key} does not belong on a {entry_type} of {reference_type} {reference_id}"
+    )]
+    MisplacedIdemKey {
+        idem_key: IdemKey,
+        entry_type: EntryType,
+        reference_type: ReferenceType,
+        reference_id: u64,
+    },
+    #[error(
+        "balance of partner {partner_id} in {currency} is {value}, beyond the 28 significant \
+         digits the ledger computes with exactly"
+    )]
+    Unrepresentable {
+        partner_id: u64,
+        currency: String,
+        value: String,
+    },
+    #[error("ledger database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Posts one entry inside the caller's transaction and moves the partner's balance with it.
+///
+/// Lock order, as seed 001 §4-3 fixes it: the `(partner, currency)` gate row of
+/// `partner_balances` first (created if missing, then `SELECT ... FOR UPDATE`), then the
+/// entry `INSERT` with its `balance_after`, then the balance `UPDATE`. Postings of one
+/// partner and currency therefore run one at a time and the chain stays gap-free; a
+/// transaction that posts to several gates should take them in a fixed order
+/// (partner id, currency) to avoid deadlocks.
+///
+/// A duplicate [`IdemKey`] (`uk_ledger_idem_key`) is the expected outcome of a repeated
+/// confirmation: it is logged at WARN and returned as [`Posted::AlreadyRecorded`]. The failed
+/// `INSERT` is the only statement MySQL rolls back, so the transaction stays usable and the
+/// caller may write and commit other rows. Any other database error, including a duplicate on
+/// some other unique key, is returned as [`LedgerError::Database`].
+///
+/// The balance may go negative: the ledger records what happened on chain, it does not refuse
+/// it. A caller that needs a floor checks it itself.
+#[tracing::instrument(
+    skip_all,
+    fields(
+        partner_id = posting.partner_id,
+        currency = %posting.currency,
+        entry_type = %posting.entry_type,
+        reference_type = %posting.reference_type,
+        reference_id = posting.reference_id,
+        idem_key = posting.idem_key.as_ref().map(IdemKey::as_str),
+    )
+)]
+pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Posted, LedgerError> {
+    posting.validate()?;
+
+    // 1. The gate: create the balance row on the first posting, then lock and read it. The
+    //    upsert already takes the row's exclusive lock; the locking read makes it explicit.
+    sqlx::query(
+        "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (?, ?, 0) \
+         ON DUPLICATE KEY UPDATE balance = balance",
+    )
+    .bind(posting.partner_id)
+    .bind(&posting.currency)
+    .execute(&mut *conn)
+    .await?;
+    // Read as text: sqlx's Decimal decoding silently rounds beyond 28 significant digits.
+    let balance_text: String = sqlx::query_scalar(
+        "SELECT CAST(balance AS CHAR) FROM partner_balances \
+         WHERE partner_id = ? AND currency = ? FOR UPDATE",
+    )
+    .bind(posting.partner_id)
+    .bind(&posting.currency)
+    .fetch_one(&mut *conn)
+    .await?;
+    let balance_after = parse_exact(&balance_text)
+        .and_then(|balance| balance.checked_add(posting.entry_type.signed(posting.amount)))
+        .ok_or_else(|| LedgerError::Unrepresentable {
+            partner_id: posting.partner_id,
+            currency: posting.currency.clone(),
+            value: balance_text.clone(),
+        })?;
+
+    // 2. The entry. A duplicate idem_key fails this statement alone.
+    let inserted = sqlx::query(
+        "INSERT INTO ledger_entries \
+         (partner_id, currency, entry_type, amount, balance_after, reference_type, reference_id, \
+          idem_key, memo) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(posting.partner_id)
+    .bind(&posting.currency)
+    .bind(posting.entry_type.as_str())
+    .bind(posting.amount)
+    .bind(balance_after)
+    .bind(posting.reference_type.as_str())
+    .bind(posting.reference_id)
+    .bind(posting.idem_key.as_ref().map(IdemKey::as_str))
+    .bind(posting.memo.as_deref())
+    .execute(&mut *conn)
+    .await;
+    let entry_id = match inserted {
+        Ok(done) => done.last_insert_id(),
+        Err(sqlx::Error::Database(error)) if is_idem_key_duplicate(error.as_ref()) => {
+            if let Some(idem_key) = &posting.idem_key {
+                tracing::warn!(
+                    idem_key = idem_key.as_str(),
+                    reference_type = %posting.reference_type,
+                    reference_id = posting.reference_id,
+                    "ledger entry already recorded"
+                );
+                return Ok(Posted::AlreadyRecorded {
+                    idem_key: idem_key.clone(),
+                });
+            }
+            // A NULL key cannot collide; if the server says otherwise, do not hide it.
+            return Err(sqlx::Error::Database(error).into());
+        }
+        Err(error) => return Err(error.into()),
+    };
+
+    // 3. The balance follows the entry it belongs to.
+    sqlx::query(
+        "UPDATE partner_balances SET balance = ?, updated_at = NOW(6) \
+         WHERE partner_id = ? AND currency = ?",
+    )
+    .bind(balance_after)
+    .bind(posting.partner_id)
+    .bind(&posting.currency)
+    .execute(&mut *conn)
+    .await?;
+
+    tracing::debug!(entry_id, %balance_after, "ledger entry recorded");
+    Ok(Posted::Recorded {
+        entry_id,
+        balance_after,
+    })
+}
+
+/// A duplicate on `uk_ledger_idem_key` itself, not on any other unique key: the key name ends
+/// the server's message (`... for key 'uk_ledger_idem_key'` on MariaDB,
+/// `... for key 'ledger_entries.uk_ledger_idem_key'` on MySQL 8).
+fn is_idem_key_duplicate(error: &dyn DatabaseError) -> bool {
+    error.is_unique_violation()
+        && error
+            .message()
+            .trim_end_matches(['\'', '`', '"'])
+            .ends_with(IDEM_KEY_INDEX)
+}
+
+/// Parses a `DECIMAL` rendered as text without rounding: `None` when rust_decimal cannot hold
+/// it exactly. Trailing zeros of the fraction carry no value, so they are dropped first
+/// (`DECIMAL(36,18)` renders 18 decimals, which alone would exceed the exact range).
+fn parse_exact(text: &str) -> Option<Decimal> {
+    let significant = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        text
+    };
+    Decimal::from_str_exact(significant).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    fn d(text: &str) -> Decimal {
+        Decimal::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn decimal_text_is_parsed_exactly_or_not_at_all() {
+        assert_eq!(parse_exact("100.500000000000000000"), Some(d("100.5")));
+        assert_eq!(parse_exact("-0.000000000000000001"), Some(d("-1e-18")));
+        assert_eq!(parse_exact("0.000000000000000000"), Some(Decimal::ZERO));
+        assert_eq!(parse_exact("120"), Some(d("120")));
+        // 31 significant digits: rust_decimal would round it, so it is refused.
+        assert_eq!(parse_exact("1000000000000.000000000000000001"), None);
+    }
+
+    #[test]
+    fn credit_adds_and_debit_and_fee_subtract() {
+        assert_eq!(EntryType::Credit.signed(d("2")), d("2"));
+        assert_eq!(EntryType::Debit.signed(d("2")), d("-2"));
+        assert_eq!(EntryType::Fee.signed(d("2")), d("-2"));
+    }
+
+    #[test]
+    fn postings_are_validated_before_touching_the_database() {
+        let ok = Posting::new(
+            1,
+            "USDT",
+            EntryType::Debit,
+            d("1"),
+            ReferenceType::Withdrawal,
+            7,
+        );
+        assert!(ok.validate().is_ok());
+        assert!(
+            ok.clone()
+                .idem_key(IdemKey::withdrawal_confirm(7))
+                .validate()
+                .is_ok()
+        );
+
+        for amount in ["0", "-1", "0.0000000000000000001"] {
+            let posting = Posting {
+                amount: d(amount),
+                ..ok.clone()
+            };
+            assert!(
+                matches!(posting.validate(), Err(LedgerError::InvalidAmount { .. })),
+                "{amount}"
+            );
+        }
+        // Trailing zeros beyond 18 places are not extra precision.
+        let padded = Posting {
+            amount: d("1.00000000000000000000"),
+            ..ok.clone()
+        };
+        assert!(padded.validate().is_ok());
+
+        for currency in ["", "usdt", "USDT ", "ABCDEFGHIJKLMNOPQ"] {
+            let posting = Posting {
+                currency: currency.to_owned(),
+                ..ok.clone()
+            };
+            assert!(
+                matches!(posting.validate(), Err(LedgerError::InvalidCurrency { .. })),
+                "{currency:?}"
+            );
+        }
+
+        let other_withdrawal = ok.clone().idem_key(IdemKey::withdrawal_confirm(8));
+        let credit_with_debit_key = Posting {
+            entry_type: EntryType::Credit,
+            ..ok.clone().idem_key(IdemKey::withdrawal_confirm(7))
+        };
+        for posting in [other_withdrawal, credit_with_debit_key] {
+            assert!(matches!(
+                posting.validate(),
+                Err(LedgerError::MisplacedIdemKey { .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! The bus runtime end to end, against the real broker and database, with the canary as the
+//! function under test.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{sync::Arc, time::Duration};
+
+use lapin::{
+    BasicProperties,
+    options::{QueueBindOptions, QueueDeclareOptions},
+    types::FieldTable,
+};
+use paybus_canary::{Canary, Ping, send_ping};
+use paybus_shared::{
+    Settings,
+    bus::{
+        Envelope, Handler, Runner, Services, metrics,
+        outbox::{Relay, RelayConfig},
+        topology,
+    },
+    testing::{PrivateBroker, TestEnv},
+};
+use tokio_util::sync::CancellationToken;
+
+/// Polls `check` until it returns true or `timeout` passes; false on timeout.
+async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check().await
+}
+
+async fn services(settings: &Settings) -> Services {
+    let services = Services::connect(settings.clone()).await.expect("connect");
+    services
+        .declare_topology(&[Canary::queue()])
+        .await
+        .expect("declare topology");
+    services
+}
+
+fn relay(services: &Services) -> Relay {
+    Relay::new(
+        services.outbox.clone(),
+        RelayConfig {
+            grace: Duration::ZERO,
+            ..RelayConfig::default()
+        },
+    )
+}
+
+/// A queue of the test's own bound to `canary.ping`, to count what reaches the broker.
+async fn tap(services: &Services, name: &str) -> lapin::Channel {
+    let channel = services.connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            name.into(),
+            topology::EVENTS_EXCHANGE.into(),
+            "canary.ping".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+}
+
+async fn message_count(channel: &lapin::Channel, name: &str) -> u32 {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+        .message_count()
+}
+
+async fn scalar(env: &TestEnv, sql: &'static str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(&env.db)
+        .await
+        .unwrap()
+}
+
+async fn insert_pings(env: &TestEnv, n: usize) -> Vec<u64> {
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(
+            sqlx::query("INSERT INTO canary_pings () VALUES ()")
+                .execute(&env.db)
+                .await
+                .unwrap()
+                .last_insert_id(),
+        );
+    }
+    ids
+}
+
+async fn publish_raw(services: &Services, routing_key: &str, body: &[u8]) {
+    services
+        .publisher()
+        .publish_raw(
+            topology::EVENTS_EXCHANGE,
+            routing_key,
+            body,
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish");
+}
+
+fn start_runner(services: &Services) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(Canary);
+    let token = shutdown.clone();
+    let handle = tokio::spawn(async move { runner.run(token).await.expect("runner") });
+    (shutdown, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolled_back_unit_of_work_publishes_nothing() {
+    let env = TestEnv::new().await;
+    let services = services(&env.settings).await;
+    let channel = tap(&services, "test.tap").await;
+
+    let mut tx = services.outbox.begin().await.unwrap();
+    tx.send(&Envelope::new(Ping { ping_id: 1 })).await.unwrap();
+    tx.rollback().await.unwrap();
+    let report = relay(&services).run_once().await.unwrap();
+
+    assert_eq!(report.published, 0);
+    assert_eq!(
+        scalar(&env, "SELECT COUNT(*) FROM outbox_messages").await,
+        0
+    );
+    assert_eq!(message_count(&channel, "test.tap").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_committed_unit_of_work_is_published_at_once_and_marked() {
+    let env = TestEnv::new().await;
+    let services = services(&env.settings).await;
+    let channel = tap(&services, "test.tap").await;
+
+    let mut tx = services.outbox.begin().await.unwrap();
+    tx.send(&Envelope::new(Ping { ping_id: 1 })).await.unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!(message_count(&channel, "test.tap").await, 1);
+    assert_eq!(
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_together_publish_each_row_once() {
+    let env = TestEnv::new().await;
+    let services = services(&env.settings).await;
+    let channel = tap(&services, "test.tap").await;
+    // Rows committed by producers that died before publishing.
+    for i in 0..2_000u64 {
+        let envelope = Envelope::new(Ping { ping_id: i }).to_outgoing().unwrap();
+        sqlx::query(
+            "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body) \
+             VALUES (?, ?, ?, ?)",
+        )
+        .bind(envelope.id.to_string())
+        .bind(&envelope.routing_key)
+        .bind(envelope.correlation_id.to_string())
+        .bind(&envelope.body)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    }
+
+    let (a, b) = (relay(&services), relay(&services));
+    let drain = |relay: Relay| async move {
+        let mut published = 0;
+        loop {
+            let report = relay.run_once().await.unwrap();
+            published += report.published;
+            if report.published == 0 {
+                return published;
+            }
+        }
+    };
+    let (by_a, by_b) = tokio::join!(drain(a), drain(b));
+
+    assert_eq!(by_a + by_b, 2_000, "a: {by_a}, b: {by_b}");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            message_count(&channel, "test.tap").await == 2_000
+        })
+        .await,
+        "broker holds {} messages",
+        message_count(&channel, "test.tap").await
+    );
+    assert_eq!(
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL"
+        )
+        .await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects() {
+    let env = TestEnv::new().await;
+    let services = services(&env.settings).await;
+    let ids = insert_pings(&env, 1_000).await;
+    // Two consumers of the same queue in parallel.
+    let (stop_a, run_a) = start_runner(&services);
+    let (stop_b, run_b) = start_runner(&services);
+
+    let messages: Vec<_> = ids
+        .iter()
+        .flat_map(|&ping_id| {
+            let outgoing = Envelope::new(Ping { ping_id }).to_outgoing().unwrap();
+            [outgoing.clone(), outgoing]
+        })
+        .collect();
+    for result in services.publisher().publish_events(&messages).await {
+        result.expect("confirmed");
+    }
+
+    let all_ponged = eventually(Duration::from_secs(60), || async {
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
+        )
+        .await
+            == 1_000
+    })
+    .await;
+    let handled = eventually(Duration::from_secs(30), || async {
+        metrics::count("canary", "done") + metrics::count("canary", "skipped") == 2_000
+    })
+    .await;
+    stop_a.cancel();
+    stop_b.cancel();
+    run_a.await.unwrap();
+    run_b.await.unwrap();
+
+    assert!(all_ponged);
+    assert!(
+        handled,
+        "done {} skipped {}",
+        metrics::count("canary", "done"),
+        metrics::count("canary", "skipped")
+    );
+    assert_eq!(
+        scalar(&env, "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings").await,
+        1_000
+    );
+    assert_eq!(metrics::count("canary", "done"), 1_000);
+    assert_eq!(metrics::count("canary", "skipped"), 1_000);
+}
+
+async fn dead_letter_rows(env: &TestEnv) -> Vec<(String, String, String, String)> {
+    sqlx::query_as(
+        "SELECT function_name, reason, error, COALESCE(headers, '') FROM dead_letters ORDER BY id",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_malformed_message_is_dead_lettered_at_once_and_the_rest_flow() {
+    let env = TestEnv::new().await;
+    let services = services(&env.settings).await;
+    let ids = insert_pings(&env, 20).await;
+    let (stop, run) = start_runner(&services);
+
+    publish_raw(&services, "canary.ping", b"{not json").await;
+    publish_raw(
+        &services,
+        "canary.ping",
+        br#"{"id":"0191d7d6-3a5e-7c39-9a55-3c1b8e1f0d2a","type":"canary.ping","occurred_at":"2026-11-30T00:00:00Z","correlation_id":"0191d7d6-3a5e-7c39-9a55-3c1b8e1f0d2a","data":{"ping_id":"seven"}}"#,
+    )
+    .await;
+    for &ping_id in &ids {
+        let outgoing = Envelope::new(Ping { ping_id }).to_outgoing().unwrap();
+        services.publisher().publish_event(&outgoing).await.unwrap();
+    }
+
+    let recorded = eventually(Duration::from_secs(30), || async {
+        dead_letter_rows(&env).await.len() == 2
+            && scalar(
+                &env,
+                "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
+            )
+            .await
+                == 20
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+
+    assert!(recorded, "dead letters: {:?}", dead_letter_rows(&env).await);
+    for (function, reason, error, _) in dead_letter_rows(&env).await {
+        assert_eq!(function, "canary");
+        assert_eq!(reason, "malformed");
+        assert!(!error.is_empty());
+    }
+    // Dead-lettered at once: one delivery each, no requeue.
+    assert_eq!(metrics::count("canary", "requeued"), 0);
+    assert_eq!(metrics::count("canary", "malformed"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_outcome_makes_exactly_one_dead_letter_with_all_headers() {
+    let env = TestEnv::new().await;
+    let services = services(&env.settings).await;
+    let (stop, run) = start_runner(&services);
+    let envelope = Envelope::new(Ping { ping_id: 424_242 });
+    let outgoing = envelope.to_outgoing().unwrap();
+    // Delivered twice: still one dead letter per delivery decision, each recorded once.
+    services.publisher().publish_event(&outgoing).await.unwrap();
+
+    let recorded = eventually(Duration::from_secs(30), || async {
+        dead_letter_rows(&env).await.len() == 1
+    })
+    .await;
+    // Give the recorder time to (wrongly) record more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    run.await.unwrap();
+
+    assert!(recorded);
+    let rows = dead_letter_rows(&env).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (function, reason, error, headers) = &rows[0];
+    assert_eq!((function.as_str(), reason.as_str()), ("canary", "failed"));
+    assert!(error.contains("424242 does not exist"), "{error}");
+    let headers: serde_json::Value = serde_json::from_str(headers).unwrap();
+    for name in [
+        "x-paybus-function",
+        "x-paybus-reason",
+        "x-paybus-error",
+        "x-paybus-attempts",
+        "x-paybus-failed-at",
+        "x-paybus-routing-key",
+        "x-paybus-dead-letter-id",
+    ] {
+        assert!(
+            headers.to_string().contains(name),
+            "{name} missing in {headers}"
+        );
+    }
+    let message_id: String = sqlx::query_scalar("SELECT message_id FROM dead_letters")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(message_id, envelope.id.to_string());
+}
+
+fn settings_on(env: &TestEnv, broker: &PrivateBroker) -> Settings {
+    let mut settings = env.settings.clone();
+    settings.broker.url = broker.url.clone();
+    settings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_returns() {
+    let env = TestEnv::new().await;
+    let broker = tokio::task::spawn_blocking(PrivateBroker::start)
+        .await
+        .unwrap();
+    let services = services(&settings_on(&env, &broker)).await;
+    let channel = tap(&services, "test.tap").await;
+    let broker = Arc::new(broker);
+
+    let down = broker.clone();
+    tokio::task::spawn_blocking(move || down.stop())
+        .await
+        .unwrap();
+    let mut committed = 0;
+    for _ in 0..200 {
+        send_ping(&services.outbox)
+            .await
+            .expect("the database still takes work");
+        committed += 1;
+    }
+    assert_eq!(
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL"
+        )
+        .await,
+        committed
+    );
+    let up = broker.clone();
+    tokio::task::spawn_blocking(move || up.start_again())
+        .await
+        .unwrap();
+
+    let relay = relay(&services);
+    let drained = eventually(Duration::from_secs(60), || async {
+        let _ = relay.run_once().await;
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL",
+        )
+        .await
+            == 0
+    })
+    .await;
+    assert!(
+        drained,
+        "relay did not drain the outbox after the broker returned"
+    );
+    // The tap queue was declared before the crash; quorum queues survive it.
+    let count = message_count(&channel, "test.tap").await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            message_count(&channel, "test.tap").await == 200
+        })
+        .await,
+        "broker holds {count}, expected 200"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
+    let env = TestEnv::new().await;
+    let broker = Arc::new(
+        tokio::task::spawn_blocking(PrivateBroker::start)
+            .await
+            .unwrap(),
+    );
+    let services = services(&settings_on(&env, &broker)).await;
+    let (stop, run) = start_runner(&services);
+
+    let producer_services = services.clone();
+    let producer = tokio::spawn(async move {
+        let mut sent = 0u64;
+        for _ in 0..300 {
+            // Through the outbox: a commit is a promise, whatever the broker does.
+            if send_ping(&producer_services.outbox).await.is_ok() {
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sent
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let restart = broker.clone();
+    tokio::task::spawn_blocking(move || {
+        restart.stop();
+        restart.start_again();
+    })
+    .await
+    .unwrap();
+    let sent = producer.await.unwrap();
+
+    let all_ponged = eventually(Duration::from_secs(120), || async {
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
+        )
+        .await
+            == i64::try_from(sent).unwrap()
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+
+    assert_eq!(sent, 300);
+    assert!(
+        all_ponged,
+        "ponged {} of {sent}",
+        scalar(
+            &env,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
+        )
+        .await
+    );
+    assert_eq!(
+        scalar(&env, "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings").await,
+        300
+    );
+}

@@ -1,0 +1,570 @@
+//! The ledger against real MariaDB: the idempotency key is the last line of defence against a
+//! double DEBIT (seed 001), postings serialise on the balance gate row, and the
+//! `balance_after` chain stays exact.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{str::FromStr, sync::Arc};
+
+use paybus_shared::{
+    db,
+    ledger::{self, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType, audit},
+    testing::TestEnv,
+};
+use rust_decimal::Decimal;
+use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
+use tokio::{sync::Barrier, task::JoinSet};
+
+fn dec(text: &str) -> Decimal {
+    Decimal::from_str(text).expect("a decimal literal")
+}
+
+async fn new_partner(pool: &MySqlPool) -> u64 {
+    sqlx::query("INSERT INTO partners (name, webhook_secret) VALUES ('partner', 'secret')")
+        .execute(pool)
+        .await
+        .expect("insert a partner")
+        .last_insert_id()
+}
+
+/// A withdrawal already CONFIRMED (the caller's own transition is not under test here).
+async fn confirmed_withdrawal(pool: &MySqlPool, partner_id: u64, amount: &str) -> u64 {
+    sqlx::query(
+        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, \
+         tx_hash, confirmed_at) \
+         VALUES (?, 'NORMAL', 'CONFIRMED', 'USDT', ?, 'T-address', '0xfeed', NOW(6))",
+    )
+    .bind(partner_id)
+    .bind(dec(amount))
+    .execute(pool)
+    .await
+    .expect("insert a withdrawal")
+    .last_insert_id()
+}
+
+fn confirm_debit(partner_id: u64, withdrawal_id: u64, amount: &str) -> Posting {
+    Posting::new(
+        partner_id,
+        "USDT",
+        EntryType::Debit,
+        dec(amount),
+        ReferenceType::Withdrawal,
+        withdrawal_id,
+    )
+    .idem_key(IdemKey::withdrawal_confirm(withdrawal_id))
+}
+
+fn migration_credit(partner_id: u64, amount: &str) -> Posting {
+    Posting::new(
+        partner_id,
+        "USDT",
+        EntryType::Credit,
+        dec(amount),
+        ReferenceType::Migration,
+        0,
+    )
+    .memo("opening balance")
+}
+
+/// Posts in a transaction of its own: committed on success, rolled back on an error (at once,
+/// so no lock outlives the test).
+async fn post_committed(pool: &MySqlPool, posting: &Posting) -> Result<Posted, LedgerError> {
+    let mut tx = pool.begin().await.expect("run the posting transaction");
+    match ledger::post(&mut tx, posting).await {
+        Ok(posted) => {
+            tx.commit().await.expect("run the posting transaction");
+            Ok(posted)
+        }
+        Err(error) => {
+            tx.rollback().await.expect("run the posting transaction");
+            Err(error)
+        }
+    }
+}
+
+async fn balance(pool: &MySqlPool, partner_id: u64, currency: &str) -> Option<Decimal> {
+    sqlx::query_scalar("SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ?")
+        .bind(partner_id)
+        .bind(currency)
+        .fetch_optional(pool)
+        .await
+        .expect("read the balance")
+}
+
+/// (entry_type, amount, balance_after, idem_key) of a partner's entries in one currency, in
+/// posting order.
+async fn entries(
+    pool: &MySqlPool,
+    partner_id: u64,
+    currency: &str,
+) -> Vec<(String, Decimal, Decimal, Option<String>)> {
+    sqlx::query_as(
+        "SELECT entry_type, amount, balance_after, idem_key FROM ledger_entries \
+         WHERE partner_id = ? AND currency = ? ORDER BY id",
+    )
+    .bind(partner_id)
+    .bind(currency)
+    .fetch_all(pool)
+    .await
+    .expect("read the entries")
+}
+
+async fn audit_violations(pool: &MySqlPool) -> Vec<String> {
+    let mut conn = pool.acquire().await.expect("run the audit");
+    audit::run(&mut conn)
+        .await
+        .expect("run the audit")
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_keyed_debit_is_recorded_once_and_the_repeat_is_already_recorded() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    post_committed(&env.db, &migration_credit(partner, "500"))
+        .await
+        .unwrap();
+    let withdrawal = confirmed_withdrawal(&env.db, partner, "100").await;
+    let debit = confirm_debit(partner, withdrawal, "100");
+
+    let first = post_committed(&env.db, &debit).await.unwrap();
+    let second = post_committed(&env.db, &debit).await.unwrap();
+
+    assert!(
+        matches!(first, Posted::Recorded { balance_after, .. } if balance_after == dec("400")),
+        "{first:?}"
+    );
+    assert_eq!(
+        second,
+        Posted::AlreadyRecorded {
+            idem_key: IdemKey::withdrawal_confirm(withdrawal)
+        }
+    );
+    let debits: Vec<_> = entries(&env.db, partner, "USDT")
+        .await
+        .into_iter()
+        .filter(|(entry_type, ..)| entry_type == "DEBIT")
+        .collect();
+    assert_eq!(
+        debits,
+        [(
+            "DEBIT".to_owned(),
+            dec("100"),
+            dec("400"),
+            Some(format!("WDR_CONFIRM:{withdrawal}"))
+        )]
+    );
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("400")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn after_a_duplicate_hit_the_same_transaction_still_writes_and_commits() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    let withdrawal = confirmed_withdrawal(&env.db, partner, "100").await;
+    let debit = confirm_debit(partner, withdrawal, "100");
+    post_committed(&env.db, &debit).await.unwrap();
+
+    let mut tx = env.db.begin().await.unwrap();
+    let repeat = ledger::post(&mut tx, &debit).await.unwrap();
+    // Other writes after the hit: a plain row, and another posting on the same gate.
+    sqlx::query(
+        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status, reason) \
+         VALUES (?, 'BROADCASTING', 'CONFIRMED', 'after the duplicate hit')",
+    )
+    .bind(withdrawal)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let credit = ledger::post(&mut tx, &migration_credit(partner, "30"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    assert!(
+        matches!(repeat, Posted::AlreadyRecorded { .. }),
+        "{repeat:?}"
+    );
+    assert!(matches!(credit, Posted::Recorded { .. }), "{credit:?}");
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM withdrawal_status_history WHERE withdrawal_id = ?")
+            .bind(withdrawal)
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(reasons, ["after the duplicate hit"]);
+    let chain: Vec<(String, Decimal)> = entries(&env.db, partner, "USDT")
+        .await
+        .into_iter()
+        .map(|(entry_type, _, balance_after, _)| (entry_type, balance_after))
+        .collect();
+    assert_eq!(
+        chain,
+        [
+            ("DEBIT".to_owned(), dec("-100")),
+            ("CREDIT".to_owned(), dec("-70"))
+        ]
+    );
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("-70")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_repeat_inside_the_same_transaction_is_already_recorded_too() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    let withdrawal = confirmed_withdrawal(&env.db, partner, "100").await;
+    let debit = confirm_debit(partner, withdrawal, "100");
+
+    let mut tx = env.db.begin().await.unwrap();
+    let first = ledger::post(&mut tx, &debit).await.unwrap();
+    let second = ledger::post(&mut tx, &debit).await.unwrap();
+    tx.commit().await.unwrap();
+
+    assert!(matches!(first, Posted::Recorded { .. }), "{first:?}");
+    assert!(
+        matches!(second, Posted::AlreadyRecorded { .. }),
+        "{second:?}"
+    );
+    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("-100")));
+}
+
+#[tokio::test]
+async fn entries_without_a_key_may_repeat_for_one_reference() {
+    // Seed 001 §3: P2P legs and safety-net corrections write several DEBITs per withdrawal.
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    let leg = Posting::new(
+        partner,
+        "USDT",
+        EntryType::Debit,
+        dec("10"),
+        ReferenceType::Withdrawal,
+        348,
+    );
+
+    for _ in 0..3 {
+        let posted = post_committed(&env.db, &leg).await.unwrap();
+        assert!(matches!(posted, Posted::Recorded { .. }), "{posted:?}");
+    }
+
+    let legs = entries(&env.db, partner, "USDT").await;
+    assert_eq!(legs.len(), 3);
+    assert!(legs.iter().all(|(.., idem_key)| idem_key.is_none()));
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("-30")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn balance_after_chains_through_credits_debits_and_fees_per_currency() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    let posting = |currency: &str, entry_type, amount: &str| {
+        Posting::new(
+            partner,
+            currency,
+            entry_type,
+            dec(amount),
+            ReferenceType::Settlement,
+            1,
+        )
+    };
+    let sequence = [
+        posting("USDT", EntryType::Credit, "100"),
+        posting("BTC", EntryType::Credit, "0.5"),
+        posting("USDT", EntryType::Debit, "30.5"),
+        posting("USDT", EntryType::Fee, "0.25"),
+        posting("BTC", EntryType::Fee, "0.00000001"),
+        posting("USDT", EntryType::Credit, "0.000000000000000001"),
+    ];
+
+    let mut returned = Vec::new();
+    for posting in &sequence {
+        match post_committed(&env.db, posting).await.unwrap() {
+            Posted::Recorded { balance_after, .. } => returned.push(balance_after),
+            other => panic!("expected Recorded, got {other:?}"),
+        }
+    }
+
+    assert_eq!(
+        returned,
+        [
+            "100",
+            "0.5",
+            "69.5",
+            "69.25",
+            "0.49999999",
+            "69.250000000000000001"
+        ]
+        .map(dec)
+    );
+    let usdt: Vec<(String, Decimal)> = entries(&env.db, partner, "USDT")
+        .await
+        .into_iter()
+        .map(|(entry_type, _, balance_after, _)| (entry_type, balance_after))
+        .collect();
+    assert_eq!(
+        usdt,
+        [
+            ("CREDIT".to_owned(), dec("100")),
+            ("DEBIT".to_owned(), dec("69.5")),
+            ("FEE".to_owned(), dec("69.25")),
+            ("CREDIT".to_owned(), dec("69.250000000000000001")),
+        ]
+    );
+    assert_eq!(
+        balance(&env.db, partner, "USDT").await,
+        Some(dec("69.250000000000000001"))
+    );
+    assert_eq!(
+        balance(&env.db, partner, "BTC").await,
+        Some(dec("0.49999999"))
+    );
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn zero_or_negative_amounts_are_rejected_before_anything_is_written() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+
+    for amount in ["0", "-5"] {
+        let posting = Posting::new(
+            partner,
+            "USDT",
+            EntryType::Credit,
+            dec(amount),
+            ReferenceType::Migration,
+            0,
+        );
+        let result = post_committed(&env.db, &posting).await;
+        assert!(
+            matches!(result, Err(LedgerError::InvalidAmount { .. })),
+            "{amount}: {result:?}"
+        );
+    }
+
+    assert!(entries(&env.db, partner, "USDT").await.is_empty());
+    assert_eq!(balance(&env.db, partner, "USDT").await, None);
+}
+
+#[tokio::test]
+async fn a_key_on_the_wrong_entry_is_rejected() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    // A P2P leg of withdrawal 7 must not borrow withdrawal 7's confirmation key.
+    let leg = Posting::new(
+        partner,
+        "USDT",
+        EntryType::Credit,
+        dec("1"),
+        ReferenceType::Withdrawal,
+        7,
+    )
+    .idem_key(IdemKey::withdrawal_confirm(7));
+
+    let result = post_committed(&env.db, &leg).await;
+
+    assert!(
+        matches!(result, Err(LedgerError::MisplacedIdemKey { .. })),
+        "{result:?}"
+    );
+    assert!(entries(&env.db, partner, "USDT").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_balance_beyond_exact_decimal_range_is_refused_not_rounded() {
+    // DECIMAL(36,18) holds 31 significant digits here; rust_decimal holds 28 and sqlx's own
+    // decoding would round the last digits away. The ledger refuses instead of guessing.
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    post_committed(&env.db, &migration_credit(partner, "1"))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE partner_balances SET balance = '1000000000000.000000000000000001' \
+         WHERE partner_id = ?",
+    )
+    .bind(partner)
+    .execute(&env.db)
+    .await
+    .unwrap();
+
+    let result = post_committed(&env.db, &migration_credit(partner, "1")).await;
+
+    assert!(
+        matches!(&result, Err(LedgerError::Unrepresentable { value, .. })
+            if value == "1000000000000.000000000000000001"),
+        "{result:?}"
+    );
+    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_missing_table_is_a_database_error_not_already_recorded() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    sqlx::query("DROP TABLE ledger_entries")
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    let result = post_committed(&env.db, &confirm_debit(partner, 1, "100")).await;
+
+    match result {
+        Err(LedgerError::Database(sqlx::Error::Database(error))) => {
+            assert!(!error.is_unique_violation(), "{error}");
+            assert!(error.message().contains("ledger_entries"), "{error}");
+        }
+        other => panic!("expected a database error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_posting_for_an_unknown_partner_is_a_database_error() {
+    let env = TestEnv::new().await;
+
+    let result = post_committed(&env.db, &confirm_debit(999_999, 1, "100")).await;
+
+    match result {
+        Err(LedgerError::Database(sqlx::Error::Database(error))) => {
+            assert!(error.is_foreign_key_violation(), "{error}");
+        }
+        other => panic!("expected a foreign key violation, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_on_another_unique_key_is_a_database_error_not_already_recorded() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    // Some other unique key on the table: its duplicates are real errors, even for a keyed
+    // posting, which would otherwise be reported as "already recorded".
+    sqlx::query("ALTER TABLE ledger_entries ADD UNIQUE KEY uk_test_memo (memo)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    post_committed(&env.db, &confirm_debit(partner, 1, "100").memo("same memo"))
+        .await
+        .unwrap();
+
+    let result = post_committed(&env.db, &confirm_debit(partner, 2, "100").memo("same memo")).await;
+
+    match result {
+        Err(LedgerError::Database(sqlx::Error::Database(error))) => {
+            assert!(error.is_unique_violation(), "{error}");
+            assert!(error.message().contains("uk_test_memo"), "{error}");
+        }
+        other => panic!("expected a unique violation on uk_test_memo, got {other:?}"),
+    }
+    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_confirmations_debit_once() {
+    const TASKS: usize = 20;
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    post_committed(&env.db, &migration_credit(partner, "1000"))
+        .await
+        .unwrap();
+    let withdrawal = confirmed_withdrawal(&env.db, partner, "100").await;
+    let debit = confirm_debit(partner, withdrawal, "100");
+    // Every task holds its own open transaction before any of them posts.
+    let start = Arc::new(Barrier::new(TASKS));
+
+    let mut tasks = JoinSet::new();
+    for _ in 0..TASKS {
+        let (pool, start, debit) = (env.db.clone(), start.clone(), debit.clone());
+        tasks.spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            start.wait().await;
+            let posted = ledger::post(&mut tx, &debit).await;
+            tx.commit().await.unwrap();
+            posted
+        });
+    }
+    let outcomes = tasks.join_all().await;
+
+    let recorded = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Ok(Posted::Recorded { .. })))
+        .count();
+    let already = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Ok(Posted::AlreadyRecorded { .. })))
+        .count();
+    assert_eq!((recorded, already), (1, TASKS - 1), "{outcomes:?}");
+    let debits: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM ledger_entries WHERE reference_type = 'WITHDRAWAL' \
+         AND reference_id = ? AND entry_type = 'DEBIT'",
+    )
+    .bind(withdrawal)
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(debits, 1);
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("900")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_credits_serialise_on_the_gate_row() {
+    const TASKS: usize = 50;
+    let env = TestEnv::new().await;
+    // A connection per task, so all fifty transactions are open at once; the gate row does not
+    // exist yet, so they also race to create it.
+    let pool = MySqlPoolOptions::new()
+        .max_connections(u32::try_from(TASKS).unwrap())
+        .connect_with(db::connect_options(&env.settings.database).unwrap())
+        .await
+        .unwrap();
+    let partner = new_partner(&pool).await;
+    let credit = Posting::new(
+        partner,
+        "USDT",
+        EntryType::Credit,
+        dec("1.000000000000000001"),
+        ReferenceType::Settlement,
+        1,
+    );
+    let start = Arc::new(Barrier::new(TASKS));
+
+    let mut tasks = JoinSet::new();
+    for _ in 0..TASKS {
+        let (pool, start, credit) = (pool.clone(), start.clone(), credit.clone());
+        tasks.spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            start.wait().await;
+            let posted = ledger::post(&mut tx, &credit).await;
+            tx.commit().await.unwrap();
+            posted
+        });
+    }
+    let outcomes = tasks.join_all().await;
+
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(Posted::Recorded { .. }))),
+        "{outcomes:?}"
+    );
+    let chain: Vec<Decimal> = entries(&pool, partner, "USDT")
+        .await
+        .into_iter()
+        .map(|(_, _, balance_after, _)| balance_after)
+        .collect();
+    let expected: Vec<Decimal> = (1..=TASKS)
+        .map(|n| dec("1.000000000000000001") * Decimal::from(n))
+        .collect();
+    assert_eq!(chain, expected);
+    assert_eq!(
+        balance(&pool, partner, "USDT").await,
+        Some(dec("50.00000000000000005"))
+    );
+    assert_eq!(audit_violations(&pool).await, Vec::<String>::new());
+    pool.close().await;
+}
