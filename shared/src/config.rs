@@ -73,6 +73,31 @@ pub struct Settings {
     /// Seed 000 §0: off unless explicitly switched on; a missing value must never turn the
     /// worker path on by accident.
     pub async_matching_enabled: bool,
+    /// Shared secret the chain monitor signs its webhooks with. Unset: the intake endpoints
+    /// refuse everything (503) rather than accept unsigned confirmations.
+    pub chain_monitor_secret: Option<Secret>,
+    /// Bearer token of the admin API. Unset: the admin API is closed.
+    pub admin_token: Option<Secret>,
+}
+
+/// A secret value: usable, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 impl Settings {
@@ -133,6 +158,8 @@ impl Settings {
                 Some(v) => return Err(env.error("PAYBUS_LOG_FORMAT", v, "`text` or `json`")),
             },
             async_matching_enabled: env.switch("PAYBUS_ASYNC_MATCHING_ENABLED")?,
+            chain_monitor_secret: env.secret("PAYBUS_CHAIN_MONITOR_SECRET", 16)?,
+            admin_token: env.secret("PAYBUS_ADMIN_TOKEN", 16)?,
         })
     }
 }
@@ -183,6 +210,15 @@ impl Vars {
             Ok(url) if schemes.contains(&url.scheme()) && url.host().is_some() => Ok(url),
             // Never echo a credential back into a log line, even a malformed one.
             _ => Err(self.error(variable, &crate::redact::text(raw), expected)),
+        }
+    }
+
+    /// A secret is optional, but a short one is a mistake worth stopping for.
+    fn secret(&self, variable: &'static str, min_len: usize) -> Result<Option<Secret>, ConfigError> {
+        match self.get(variable) {
+            None => Ok(None),
+            Some(v) if v.len() >= min_len => Ok(Some(Secret::new(v))),
+            Some(_) => Err(self.error(variable, "***", "a secret of at least 16 characters")),
         }
     }
 
@@ -255,6 +291,19 @@ mod tests {
         assert_eq!(err.variable, "PAYBUS_DATABASE_URL");
         assert!(!err.to_string().contains("s3cret"), "{err}");
         assert!(err.to_string().contains("mysql://"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_optional_long_and_never_printed() {
+        let s = Settings::from_vars(HashMap::new()).unwrap();
+        assert!(s.chain_monitor_secret.is_none() && s.admin_token.is_none());
+        let short = Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "abc")])).unwrap_err();
+        assert_eq!(short.variable, "PAYBUS_ADMIN_TOKEN");
+        assert!(!short.to_string().contains("abc"));
+        let s = Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "0123456789abcdef-tok")]))
+            .unwrap();
+        assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some("0123456789abcdef-tok"));
+        assert!(!format!("{s:?}").contains("0123456789abcdef-tok"));
     }
 
     #[test]

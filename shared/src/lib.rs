@@ -6,10 +6,12 @@ pub mod bus;
 pub mod config;
 pub mod db;
 pub mod ledger;
+pub mod notifications;
 pub mod redact;
+pub mod signature;
 pub mod telemetry;
 
 #[cfg(feature = "test-harness")]
 pub mod testing;
 
-pub use config::{ConfigError, Settings};
+pub use config::{ConfigError, Secret, Settings};
