@@ -28,7 +28,12 @@ for vhost in $leftover_vhosts; do
   curl -fsS -u guest:guest -X DELETE "$api/vhosts/$vhost" >/dev/null
 done
 
-# Private RabbitMQ nodes of fault tests that were killed before they could clean up.
+# Private MariaDB and RabbitMQ instances of fault tests killed before they could clean up.
+for dir in "${TMPDIR:-/tmp}"/paybus-mariadb-*; do
+  [[ -d $dir ]] || continue
+  PAYBUS_STATE_DIR="$dir" infra/local/stop.sh --kill mariadb >/dev/null 2>&1 || true
+  rm -rf "$dir"
+done
 for dir in "${TMPDIR:-/tmp}"/paybus-broker-*; do
   [[ -d $dir ]] || continue
   PAYBUS_STATE_DIR="$dir" PAYBUS_RABBITMQ_NODENAME="paybus-${dir##*/paybus-broker-}@localhost" \

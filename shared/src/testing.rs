@@ -203,14 +203,19 @@ impl Drop for TestEnv {
     }
 }
 
-/// A RabbitMQ node of the test's own (own state folder, ports and node name), started with
-/// the same `infra/local` scripts, for fault tests that stop and restart the broker without
-/// disturbing every other test. Stopped (killed) and removed on drop.
-pub struct PrivateBroker {
+/// A RabbitMQ node or MariaDB server of the test's own (own state folder, ports and name),
+/// started with the same `infra/local` scripts, for fault tests that stop and restart a
+/// service without disturbing every other test. Killed and removed on drop.
+pub struct PrivateService {
+    /// `amqp://...` or `mysql://...` of this instance.
     pub url: Url,
+    service: &'static str,
     state_dir: std::path::PathBuf,
     vars: Vec<(String, String)>,
 }
+
+/// Kept for readability at call sites: a private RabbitMQ node.
+pub type PrivateBroker = PrivateService;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -225,18 +230,17 @@ fn local_script(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-impl PrivateBroker {
-    /// Starts the node (about 6 s); blocks the calling thread, so call it from
-    /// `spawn_blocking` or before the runtime matters.
+impl PrivateService {
+    /// Starts a RabbitMQ node (about 6 s). Blocks the calling thread: call it from
+    /// `spawn_blocking`.
     pub fn start() -> Self {
+        Self::start_rabbitmq()
+    }
+
+    pub fn start_rabbitmq() -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let state_dir = std::env::temp_dir().join(format!("paybus-broker-{}", &id[..12]));
         let amqp_port = free_port();
         let vars = vec![
-            (
-                "PAYBUS_STATE_DIR".to_owned(),
-                state_dir.display().to_string(),
-            ),
             ("PAYBUS_AMQP_PORT".to_owned(), amqp_port.to_string()),
             (
                 "PAYBUS_RABBITMQ_MGMT_PORT".to_owned(),
@@ -251,14 +255,46 @@ impl PrivateBroker {
                 format!("paybus-{}@localhost", &id[..12]),
             ),
         ];
-        let broker = Self {
-            url: Url::parse(&format!("amqp://guest:guest@127.0.0.1:{amqp_port}/%2f"))
-                .expect("broker URL"),
+        Self::launch(
+            "rabbitmq",
+            format!("paybus-broker-{}", &id[..12]),
+            vars,
+            &format!("amqp://guest:guest@127.0.0.1:{amqp_port}/%2f"),
+        )
+    }
+
+    /// Starts a MariaDB server (a few seconds) with an empty `paybus` database.
+    pub fn start_mariadb() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let port = free_port();
+        let vars = vec![("PAYBUS_MARIADB_PORT".to_owned(), port.to_string())];
+        Self::launch(
+            "mariadb",
+            format!("paybus-mariadb-{}", &id[..12]),
+            vars,
+            &format!("mysql://root@127.0.0.1:{port}/paybus"),
+        )
+    }
+
+    fn launch(
+        service: &'static str,
+        dir_name: String,
+        mut vars: Vec<(String, String)>,
+        url: &str,
+    ) -> Self {
+        let state_dir = std::env::temp_dir().join(dir_name);
+        vars.push((
+            "PAYBUS_STATE_DIR".to_owned(),
+            state_dir.display().to_string(),
+        ));
+        let node = Self {
+            url: Url::parse(url).expect("service URL"),
+            service,
             state_dir,
             vars,
         };
-        broker.script("start.sh", &["rabbitmq"]);
-        broker
+        node.script("start.sh", &[service]);
+        node
     }
 
     fn script(&self, name: &str, args: &[&str]) {
@@ -275,22 +311,22 @@ impl PrivateBroker {
         );
     }
 
-    /// Stops the node (a clean shutdown, as a rolling restart or maintenance would) and waits
-    /// until it is gone. RabbitMQ 3.10 single-node quorum queues sometimes elect no leader
-    /// after a SIGKILL, so crash tests of our code use the clean path.
+    /// Stops the service cleanly and waits until it is gone. (RabbitMQ 3.10 single-node
+    /// quorum queues sometimes elect no leader after a SIGKILL, so the tests of our recovery
+    /// use the clean path.)
     pub fn stop(&self) {
-        self.script("stop.sh", &["rabbitmq"]);
+        self.script("stop.sh", &[self.service]);
     }
 
     pub fn start_again(&self) {
-        self.script("start.sh", &["rabbitmq"]);
+        self.script("start.sh", &[self.service]);
     }
 }
 
-impl Drop for PrivateBroker {
+impl Drop for PrivateService {
     fn drop(&mut self) {
         let _ = std::process::Command::new(local_script("stop.sh"))
-            .args(["--kill", "rabbitmq"])
+            .args(["--kill", self.service])
             .envs(self.vars.iter().cloned())
             .output();
         let _ = std::fs::remove_dir_all(&self.state_dir);

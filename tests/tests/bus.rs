@@ -17,7 +17,7 @@ use paybus_shared::{
         outbox::{Relay, RelayConfig},
         topology,
     },
-    testing::{PrivateBroker, TestEnv},
+    testing::{PrivateBroker, PrivateService, TestEnv},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -511,4 +511,77 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
         scalar(&env, "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings").await,
         300
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
+    // The broker namespace of a TestEnv, the database of a private server we can stop.
+    let env = TestEnv::new().await;
+    let database = Arc::new(
+        tokio::task::spawn_blocking(PrivateService::start_mariadb)
+            .await
+            .unwrap(),
+    );
+    let mut settings = env.settings.clone();
+    settings.database.url = database.url.clone();
+    settings.database.acquire_timeout = Duration::from_secs(2);
+    let services = services(&settings).await;
+    paybus_shared::db::migrate(&services.pool).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        ids.push(
+            sqlx::query("INSERT INTO canary_pings () VALUES ()")
+                .execute(&services.pool)
+                .await
+                .unwrap()
+                .last_insert_id(),
+        );
+    }
+    let (stop, run) = start_runner(&services);
+
+    let down = database.clone();
+    tokio::task::spawn_blocking(move || down.stop())
+        .await
+        .unwrap();
+    let messages: Vec<_> = ids
+        .iter()
+        .map(|&ping_id| Envelope::new(Ping { ping_id }).to_outgoing().unwrap())
+        .collect();
+    for result in services.publisher().publish_events(&messages).await {
+        result.expect("the broker still takes messages");
+    }
+    // Let every delivery fail against the dead database at least once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requeued_while_down = metrics::count("canary", "requeued");
+    let up = database.clone();
+    tokio::task::spawn_blocking(move || up.start_again())
+        .await
+        .unwrap();
+
+    let pool = services.pool.clone();
+    let ponged = |pool: sqlx::MySqlPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(-1)
+    };
+    let done = eventually(Duration::from_secs(90), || async {
+        ponged(pool.clone()).await == 100
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+
+    assert!(requeued_while_down > 0, "no delivery met the outage");
+    assert!(done, "ponged {} of 100", ponged(pool.clone()).await);
+    let pongs: i64 = sqlx::query_scalar("SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pongs, 100);
+    let dead: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0, "an outage is a delay, not a failure");
 }

@@ -51,12 +51,33 @@ pub async fn publish(
     text_header(
         &mut headers,
         H_DEAD_LETTER_ID,
-        &uuid::Uuid::now_v7().to_string(),
+        &dead_letter_id(function, delivery, dead),
     );
     let properties = delivery.properties.clone().with_headers(headers);
     publisher
         .publish_raw(DEAD_LETTER_EXCHANGE, function, &delivery.body, properties)
         .await
+}
+
+/// The same decision about the same message gets the same id, so a dead letter published
+/// again (a crash between the confirm and the ack, a Lambda batch retried for another
+/// message's fault) is recorded once. Messages without an id are keyed by their body's hash.
+fn dead_letter_id(function: &str, delivery: &IncomingDelivery, dead: &DeadLetter) -> String {
+    use sha2::{Digest, Sha256};
+    let message = delivery
+        .message_id()
+        .unwrap_or_else(|| hex::encode(&Sha256::digest(&delivery.body)[..16]));
+    bounded_id(format!("{function}:{message}:{}", dead.reason.as_str()))
+}
+
+/// The column holds 100 characters; a hostile message id must not break the insert.
+fn bounded_id(id: String) -> String {
+    use sha2::{Digest, Sha256};
+    if id.len() <= 100 {
+        id
+    } else {
+        format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
+    }
 }
 
 /// Drains one function's DLQ into `dead_letters` (one row per dead letter, even when the DLQ
@@ -100,7 +121,7 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
         .map(|s| s.to_string());
     match header_text(headers, H_DEAD_LETTER_ID) {
         Some(id) => DeadLetterRow {
-            dead_letter_id: id,
+            dead_letter_id: bounded_id(id),
             function_name: header_text(headers, H_FUNCTION).unwrap_or_else(|| function.to_owned()),
             message_id,
             correlation_id,
@@ -118,11 +139,11 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
                 header_text(headers, "x-first-death-reason").unwrap_or_else(|| "broker".to_owned());
             let count = death.as_ref().and_then(|d| d.count).unwrap_or(0);
             DeadLetterRow {
-                dead_letter_id: format!(
+                dead_letter_id: bounded_id(format!(
                     "broker:{}:{}:{count}",
                     message_id.as_deref().unwrap_or("no-id"),
                     reason
-                ),
+                )),
                 function_name: function.to_owned(),
                 message_id,
                 correlation_id,
