@@ -42,6 +42,9 @@ enum Command {
     /// Run every function's consumer, the dead-letter recorders and the sweeper in this
     /// process until SIGTERM or Ctrl-C.
     Run,
+    /// Check the ledger's invariants (seed 001 §7 and more); exits non-zero listing each
+    /// violation.
+    Audit,
     /// Send a canary ping through outbox, broker and consumer, and wait for its pong.
     Ping {
         /// Give up after this many seconds.
@@ -66,6 +69,7 @@ async fn main() -> ExitCode {
         Command::Doctor => doctor::run(&settings).await,
         Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
         Command::Run => run(settings).await,
+        Command::Audit => audit(&settings).await,
         Command::Ping { timeout } => ping(settings, timeout).await,
     };
     match result {
@@ -135,5 +139,24 @@ async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
     eprintln!(
         "no pong for ping {ping_id} within {timeout}s: is `paybus run` (or the canary function) running?"
     );
+    Ok(ExitCode::FAILURE)
+}
+
+async fn audit(settings: &Settings) -> anyhow::Result<ExitCode> {
+    let pool = db::connect(&settings.database).await?;
+    // One snapshot for every check, so they agree with each other.
+    let mut tx = pool.begin().await?;
+    let violations = paybus_shared::ledger::audit::run(&mut tx)
+        .await
+        .context("while running the ledger audit")?;
+    tx.rollback().await?;
+    if violations.is_empty() {
+        println!("audit: clean (no ledger violations)");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for violation in &violations {
+        println!("violation [{}]: {violation}", violation.check());
+    }
+    eprintln!("audit: {} violation(s)", violations.len());
     Ok(ExitCode::FAILURE)
 }

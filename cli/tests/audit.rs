@@ -1,0 +1,51 @@
+//! `paybus audit` as operators run it: clean is exit 0, each violation is a line and exit 1.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use paybus_shared::testing::TestEnv;
+
+fn audit(env: &TestEnv) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
+        .arg("audit")
+        .envs(env.env_vars())
+        .output()
+        .expect("run paybus audit")
+}
+
+#[tokio::test]
+async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
+    let env = TestEnv::new().await;
+    let clean = audit(&env);
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+    assert!(String::from_utf8_lossy(&clean.stdout).contains("clean"));
+
+    // The 2026-09-08 incident, planted by hand: withdrawal 1989 debited twice, once keyed
+    // and once by a path that bypassed the key.
+    for sql in [
+        "INSERT INTO partners (id, name, webhook_secret) VALUES (45, 'partner45', 'secret')",
+        "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (45, 'USDT', -200)",
+        "INSERT INTO ledger_entries (partner_id, currency, entry_type, amount, balance_after, \
+         reference_type, reference_id, idem_key) \
+         VALUES (45, 'USDT', 'DEBIT', 100, -100, 'WITHDRAWAL', 1989, 'WDR_CONFIRM:1989')",
+        "INSERT INTO ledger_entries (partner_id, currency, entry_type, amount, balance_after, \
+         reference_type, reference_id, idem_key) \
+         VALUES (45, 'USDT', 'DEBIT', 100, -150, 'WITHDRAWAL', 1989, NULL)",
+    ] {
+        sqlx::query(sql).execute(&env.db).await.unwrap();
+    }
+    let dirty = audit(&env);
+    let stdout = String::from_utf8_lossy(&dirty.stdout);
+
+    assert_eq!(dirty.status.code(), Some(1), "{stdout}");
+    let violations: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("violation"))
+        .collect();
+    assert!(!violations.is_empty(), "{stdout}");
+    // The second entry's balance_after (-150) does not follow from the first (-100 - 100).
+    assert!(stdout.contains("1989") || stdout.contains("45"), "{stdout}");
+    assert!(String::from_utf8_lossy(&dirty.stderr).contains("violation(s)"));
+}
