@@ -9,4 +9,7 @@ pub fn queues() -> Vec<FunctionQueue> {
 
 pub fn register(runner: &mut Runner) {
     runner.add_function(paybus_canary::Canary);
+    for job in paybus_sweeper::jobs(runner.services()) {
+        runner.add_job(job);
+    }
 }

@@ -15,6 +15,13 @@ use super::{
     topology::FunctionQueue,
 };
 
+/// The relay every process runs: each local process relays its own leftovers (several relays
+/// are safe), and the scheduled sweeper Lambda runs it in AWS.
+pub fn outbox_relay_job(services: &Services) -> Arc<dyn Job> {
+    let relay = Relay::new(services.outbox.clone(), RelayConfig::default());
+    Arc::new(OutboxRelayJob::new(relay, Duration::from_secs(1)))
+}
+
 type Task = Pin<Box<dyn Future<Output = Result<(), lapin::Error>> + Send>>;
 type Starter = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 
@@ -28,9 +35,8 @@ pub struct Runner {
 impl Runner {
     /// A runner with the outbox relay job already registered.
     pub fn new(services: Services) -> Self {
-        let relay = Relay::new(services.outbox.clone(), RelayConfig::default());
         Self {
-            jobs: vec![Arc::new(OutboxRelayJob::new(relay, Duration::from_secs(1)))],
+            jobs: vec![outbox_relay_job(&services)],
             services,
             queues: Vec::new(),
             starters: Vec::new(),

@@ -1,0 +1,11 @@
+//! Every workflow's maintenance jobs (due retries, reapers, expiry), in one list that the
+//! scheduled sweeper Lambda and `paybus run` both read. The outbox relay is added by the
+//! runtime itself (`paybus_shared::bus::runner::outbox_relay_job`).
+
+use std::sync::Arc;
+
+use paybus_shared::bus::{Services, sweeper::Job};
+
+pub fn jobs(_services: &Services) -> Vec<Arc<dyn Job>> {
+    Vec::new()
+}

@@ -1,0 +1,7 @@
+//! The sweeper binary: a scheduled Lambda (EventBridge) in AWS, timers locally.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    paybus_shared::bus::function::run_sweeper(paybus_sweeper::jobs).await?;
+    Ok(())
+}
