@@ -1,5 +1,6 @@
 //! `paybus`: the operator's command line.
 
+mod bench;
 mod doctor;
 mod functions;
 
@@ -45,6 +46,9 @@ enum Command {
     /// Check the ledger's invariants (seed 001 §7 and more); exits non-zero listing each
     /// violation.
     Audit,
+    /// Benchmark a workflow through the broker against the same transactions driven directly
+    /// on the database (build with --release for meaningful figures).
+    Bench(bench::BenchArgs),
     /// Send a canary ping through outbox, broker and consumer, and wait for its pong.
     Ping {
         /// Give up after this many seconds.
@@ -70,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
         Command::Run => run(settings).await,
         Command::Audit => audit(&settings).await,
+        Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Ping { timeout } => ping(settings, timeout).await,
     };
     match result {
@@ -114,10 +119,17 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let services = Services::connect(settings)
         .await
         .context("while connecting to the database and the broker")?;
+    let shutdown = shutdown_on_signal();
+    let api = tokio::spawn(paybus_api::serve(services.clone(), shutdown.clone()));
     let mut runner = Runner::new(services);
     functions::register(&mut runner);
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
-    runner.run(shutdown_on_signal()).await?;
+    let consumers = runner.run(shutdown.clone()).await;
+    // Whichever stops first (a signal, or a part that could not start) stops the other.
+    shutdown.cancel();
+    let api = api.await.context("the HTTP API task panicked")?;
+    consumers?;
+    api.context("the HTTP API stopped")?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -214,7 +214,11 @@ impl Vars {
     }
 
     /// A secret is optional, but a short one is a mistake worth stopping for.
-    fn secret(&self, variable: &'static str, min_len: usize) -> Result<Option<Secret>, ConfigError> {
+    fn secret(
+        &self,
+        variable: &'static str,
+        min_len: usize,
+    ) -> Result<Option<Secret>, ConfigError> {
         match self.get(variable) {
             None => Ok(None),
             Some(v) if v.len() >= min_len => Ok(Some(Secret::new(v))),
@@ -300,9 +304,12 @@ mod tests {
         let short = Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "abc")])).unwrap_err();
         assert_eq!(short.variable, "PAYBUS_ADMIN_TOKEN");
         assert!(!short.to_string().contains("abc"));
-        let s = Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "0123456789abcdef-tok")]))
-            .unwrap();
-        assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some("0123456789abcdef-tok"));
+        let s =
+            Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "0123456789abcdef-tok")])).unwrap();
+        assert_eq!(
+            s.admin_token.as_ref().map(Secret::expose),
+            Some("0123456789abcdef-tok")
+        );
         assert!(!format!("{s:?}").contains("0123456789abcdef-tok"));
     }
 

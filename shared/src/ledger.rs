@@ -20,4 +20,4 @@ mod idem_key;
 mod posting;
 
 pub use idem_key::IdemKey;
-pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, post};
+pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, parse_exact, post};

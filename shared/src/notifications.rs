@@ -54,7 +54,8 @@ pub async fn enqueue(
         Ok(done) => done.last_insert_id(),
         Err(sqlx::Error::Database(e))
             if e.is_unique_violation()
-                && e.message().contains("uk_partner_notifications_event_reference") =>
+                && e.message()
+                    .contains("uk_partner_notifications_event_reference") =>
         {
             tracing::warn!(
                 event = notification.event,

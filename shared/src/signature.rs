@@ -86,7 +86,13 @@ mod tests {
     fn a_signed_body_verifies() {
         let header = sign(b"secret", NOW, b"{\"a\":1}");
         assert_eq!(
-            verify(b"secret", Some(&header), b"{\"a\":1}", NOW + 10, DEFAULT_TOLERANCE),
+            verify(
+                b"secret",
+                Some(&header),
+                b"{\"a\":1}",
+                NOW + 10,
+                DEFAULT_TOLERANCE
+            ),
             Ok(())
         );
     }
@@ -105,9 +111,15 @@ mod tests {
     fn an_old_or_future_timestamp_is_stale() {
         let header = sign(b"s", NOW, b"x");
         let late = verify(b"s", Some(&header), b"x", NOW + 301, DEFAULT_TOLERANCE);
-        assert!(matches!(late, Err(SignatureError::Stale { .. })), "{late:?}");
+        assert!(
+            matches!(late, Err(SignatureError::Stale { .. })),
+            "{late:?}"
+        );
         let early = verify(b"s", Some(&header), b"x", NOW - 301, DEFAULT_TOLERANCE);
-        assert!(matches!(early, Err(SignatureError::Stale { .. })), "{early:?}");
+        assert!(
+            matches!(early, Err(SignatureError::Stale { .. })),
+            "{early:?}"
+        );
     }
 
     #[test]
@@ -116,6 +128,9 @@ mod tests {
         assert_eq!(v(None), Err(SignatureError::Missing));
         assert_eq!(v(Some("nonsense")), Err(SignatureError::Malformed));
         assert_eq!(v(Some("t=abc,v1=00")), Err(SignatureError::Malformed));
-        assert_eq!(v(Some(&format!("t={NOW},v1=zz"))), Err(SignatureError::Malformed));
+        assert_eq!(
+            v(Some(&format!("t={NOW},v1=zz"))),
+            Err(SignatureError::Malformed)
+        );
     }
 }

@@ -96,6 +96,8 @@ impl TestEnv {
                 "PAYBUS_AMQP_URL".to_owned(),
                 self.settings.broker.url.to_string(),
             ),
+            // Tests run in parallel: any API a child starts takes a free port.
+            ("PAYBUS_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
         ])
     }
 }

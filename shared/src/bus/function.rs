@@ -53,23 +53,25 @@ pub async fn run_sweeper(
         return Ok(());
     }
     let jobs = &jobs;
-    lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {
-        let mut report = serde_json::Map::new();
-        let mut failed = Vec::new();
-        for (name, result) in sweeper::run_all_once(jobs).await {
-            match result {
-                Ok(done) => {
-                    report.insert(name.to_owned(), done.changed.into());
+    lambda_runtime::run(service_fn(
+        move |_: LambdaEvent<serde_json::Value>| async move {
+            let mut report = serde_json::Map::new();
+            let mut failed = Vec::new();
+            for (name, result) in sweeper::run_all_once(jobs).await {
+                match result {
+                    Ok(done) => {
+                        report.insert(name.to_owned(), done.changed.into());
+                    }
+                    Err(error) => failed.push(format!("{name}: {error}")),
                 }
-                Err(error) => failed.push(format!("{name}: {error}")),
             }
-        }
-        if failed.is_empty() {
-            Ok(serde_json::Value::Object(report))
-        } else {
-            Err(lambda_runtime::Error::from(failed.join("; ")))
-        }
-    }))
+            if failed.is_empty() {
+                Ok(serde_json::Value::Object(report))
+            } else {
+                Err(lambda_runtime::Error::from(failed.join("; ")))
+            }
+        },
+    ))
     .await
     .map_err(FunctionError::Lambda)
 }

@@ -336,7 +336,7 @@ fn is_idem_key_duplicate(error: &dyn DatabaseError) -> bool {
 /// Parses a `DECIMAL` rendered as text without rounding: `None` when rust_decimal cannot hold
 /// it exactly. Trailing zeros of the fraction carry no value, so they are dropped first
 /// (`DECIMAL(36,18)` renders 18 decimals, which alone would exceed the exact range).
-fn parse_exact(text: &str) -> Option<Decimal> {
+pub fn parse_exact(text: &str) -> Option<Decimal> {
     let significant = if text.contains('.') {
         text.trim_end_matches('0').trim_end_matches('.')
     } else {

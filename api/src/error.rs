@@ -1,0 +1,153 @@
+//! The API's one error type. A client mistake answers with a message that names the problem;
+//! an internal fault answers `500 {"error": "internal error"}` and logs its cause chain, so no
+//! SQL, hostname or driver text ever reaches a response.
+
+use std::{error::Error as _, net::SocketAddr};
+
+use axum::{
+    Json,
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use paybus_shared::bus::outbox::OutboxError;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: malformed JSON, a missing or ill-typed field, a value out of range.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: a missing, malformed, stale or wrong webhook signature.
+    #[error("{0}")]
+    BadSignature(String),
+    /// 401 with `WWW-Authenticate: Bearer`: a missing or wrong admin token.
+    #[error("{0}")]
+    BadToken(&'static str),
+    /// 404: the row (or the route) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: the request conflicts with a row that exists.
+    #[error("{0}")]
+    Conflict(String),
+    /// 413: the body is larger than [`crate::BODY_LIMIT`].
+    #[error("request body is larger than {limit} bytes", limit = crate::BODY_LIMIT)]
+    PayloadTooLarge,
+    /// 503: the endpoint is switched off because its secret is not configured.
+    #[error("{0}")]
+    Disabled(&'static str),
+
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("outbox error")]
+    Outbox(#[from] OutboxError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadSignature(_) | ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Disabled(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Database(_)
+            | ApiError::Outbox(_)
+            | ApiError::Bind { .. }
+            | ApiError::Serve(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// `self: cause: cause ...`, for the log.
+    pub fn cause_chain(&self) -> String {
+        let mut chain = self.to_string();
+        let mut source = self.source();
+        while let Some(cause) = source {
+            chain.push_str(": ");
+            chain.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        chain
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let message = if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(error = %self.cause_chain(), "request failed");
+            "internal error".to_owned()
+        } else {
+            tracing::debug!(status = status.as_u16(), error = %self, "request refused");
+            self.to_string()
+        };
+        let mut response = (status, Json(json!({ "error": message }))).into_response();
+        if matches!(self, ApiError::BadToken(_)) {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"paybus-admin\""),
+            );
+        }
+        response
+    }
+}
+
+/// MySQL / MariaDB constraint violations a client can cause.
+pub(crate) fn is_foreign_key_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|e| e.is_foreign_key_violation())
+}
+
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|e| e.is_unique_violation())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_internal_error_answers_500_without_its_cause() {
+        let error = ApiError::Database(sqlx::Error::Protocol(
+            "secret host db-7.internal refused".into(),
+        ));
+        assert!(error.cause_chain().contains("db-7.internal"));
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .expect("body");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).expect("json"),
+            json!({"error": "internal error"})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_error_answers_with_its_message() {
+        let response = ApiError::BadRequest("amount: not a decimal".into()).into_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .expect("body");
+        assert_eq!(&body[..], br#"{"error":"amount: not a decimal"}"#);
+    }
+
+    #[test]
+    fn a_bad_token_carries_a_bearer_challenge() {
+        let response = ApiError::BadToken("missing").into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(response.headers().contains_key(header::WWW_AUTHENTICATE));
+    }
+}

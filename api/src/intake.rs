@@ -1,0 +1,144 @@
+//! Chain-monitor intake: confirmations signed with `PAYBUS_CHAIN_MONITOR_SECRET`
+//! (`X-Paybus-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256("<t>.<body>")>`, see
+//! `paybus_shared::signature`) become outbox messages, answered 202.
+//!
+//! The intake checks who sent the request and the shape of what was sent, nothing more: it
+//! does not look the withdrawal or deposit up. The function behind the bus decides (a
+//! conditional UPDATE), an unknown id ends as a dead letter, and a duplicate — the monitor
+//! re-sends after 60 s, sometimes while the first is still in flight — is accepted again and
+//! skipped by the consumer.
+//!
+//! Order of checks: intake enabled (503) → body size (413) → signature (401) → JSON (400) →
+//! field values (400) → one outbox transaction → 202.
+
+pub mod messages;
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{State, rejection::BytesRejection},
+    http::{HeaderMap, StatusCode},
+    routing::post,
+};
+use paybus_shared::{
+    Secret,
+    bus::{Envelope, Message, Outbox},
+    signature::{self, SignatureError},
+};
+use serde::Serialize;
+use uuid::Uuid;
+
+use self::messages::{DepositTxConfirmed, WithdrawalTxConfirmed};
+use crate::{ApiError, AppState, body, chain};
+
+/// `withdrawals.tx_hash` is `VARCHAR(128)`.
+const TX_HASH_MAX_LEN: usize = 128;
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/v1/chain-monitor/withdrawal-confirmations",
+            post(withdrawal_confirmation),
+        )
+        .route(
+            "/v1/chain-monitor/deposit-confirmations",
+            post(deposit_confirmation),
+        )
+}
+
+/// The 202 answer: the confirmation is durably queued under this message id.
+#[derive(Debug, Serialize)]
+pub struct Accepted {
+    pub accepted: bool,
+    pub message_id: Uuid,
+}
+
+#[tracing::instrument(skip_all, fields(withdrawal_id, message_id))]
+async fn withdrawal_confirmation(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    let body = authenticate(&state, &headers, body)?;
+    let request: WithdrawalTxConfirmed = body::json(&body)?;
+    let message = WithdrawalTxConfirmed {
+        withdrawal_id: chain::id("withdrawal_id", request.withdrawal_id)?,
+        tx_hash: chain::identifier("tx_hash", &request.tx_hash, TX_HASH_MAX_LEN)?,
+    };
+    tracing::Span::current().record("withdrawal_id", message.withdrawal_id);
+    enqueue(&state.outbox, message).await
+}
+
+#[tracing::instrument(skip_all, fields(deposit_id, message_id))]
+async fn deposit_confirmation(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    let body = authenticate(&state, &headers, body)?;
+    let request: DepositTxConfirmed = body::json(&body)?;
+    let message = DepositTxConfirmed {
+        deposit_id: chain::id("deposit_id", request.deposit_id)?,
+    };
+    tracing::Span::current().record("deposit_id", message.deposit_id);
+    enqueue(&state.outbox, message).await
+}
+
+/// The intake is enabled, the body fits, and its signature is good and fresh.
+fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    let secret: &Secret = state
+        .chain_monitor_secret
+        .as_ref()
+        .ok_or(ApiError::Disabled(
+            "intake disabled: PAYBUS_CHAIN_MONITOR_SECRET is not set",
+        ))?;
+    let body = body::bytes(body)?;
+    // A header that is not even visible ASCII cannot be a valid signature: verify() calls it
+    // malformed.
+    let header = headers
+        .get(signature::HEADER)
+        .map(|value| value.to_str().unwrap_or(""));
+    let now = chrono::Utc::now().timestamp();
+    signature::verify(
+        secret.expose().as_bytes(),
+        header,
+        &body,
+        now,
+        state.signature_tolerance,
+    )
+    .map_err(|error| {
+        tracing::warn!(%error, "chain-monitor request refused");
+        ApiError::BadSignature(match error {
+            SignatureError::Missing => "missing X-Paybus-Signature header".to_owned(),
+            SignatureError::Stale { .. } => format!("stale signature: {error}"),
+            SignatureError::Malformed | SignatureError::Mismatch => {
+                format!("invalid signature: {error}")
+            }
+        })
+    })?;
+    Ok(body)
+}
+
+/// One transaction: the outbox row; published right after commit (or later by the relay).
+async fn enqueue<T: Message>(
+    outbox: &Outbox,
+    message: T,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    let envelope = Envelope::new(message);
+    tracing::Span::current().record("message_id", tracing::field::display(envelope.id));
+    let mut work = outbox.begin().await?;
+    work.send(&envelope).await?;
+    work.commit().await?;
+    tracing::info!(message_id = %envelope.id, r#type = T::TYPE, "confirmation accepted");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            accepted: true,
+            message_id: envelope.id,
+        }),
+    ))
+}

@@ -1,0 +1,333 @@
+//! The admin API through the router: the bearer token, creating and reading back partners,
+//! withdrawals and deposits, and clear 4xx answers for client mistakes.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+mod support;
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode, header},
+};
+use serde_json::{Value, json};
+use support::*;
+
+async fn create(api: &Api, path: &str, body: Value) -> u64 {
+    let (status, answer) = api.call(admin_post(path, &body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{path} {body}: {answer}");
+    answer["id"].as_u64().unwrap()
+}
+
+async fn partner(api: &Api) -> u64 {
+    create(
+        api,
+        "/v1/admin/partners",
+        json!({"name": "Partner 45", "webhook_url": "http://127.0.0.1:9/hooks",
+               "webhook_secret": "partner-45-signing-secret"}),
+    )
+    .await
+}
+
+fn withdrawal(partner_id: u64) -> Value {
+    json!({"partner_id": partner_id, "kind": "NORMAL", "status": "BROADCASTING",
+           "currency": "USDT", "amount": "100", "to_address": "TQn9Y2khEsLJW1ChVWFMSMeRDow5KcbLSE",
+           "tx_hash": "0xf16c3335"})
+}
+
+#[tokio::test]
+async fn health_needs_no_token() {
+    let api = Api::new().await;
+    let (status, body) = api
+        .call(Request::get("/health").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn admin_without_a_token_or_with_a_wrong_one_is_401() {
+    let api = Api::new().await;
+    let no_token = Request::get("/v1/admin/withdrawals/1")
+        .body(Body::empty())
+        .unwrap();
+    let wrong = Request::post("/v1/admin/partners")
+        .header(
+            header::AUTHORIZATION,
+            "Bearer admin-token-for-tests-0123456788",
+        )
+        .body(Body::from(
+            r#"{"name": "x", "webhook_secret": "0123456789abcdef"}"#,
+        ))
+        .unwrap();
+    let basic = Request::get("/v1/admin/withdrawals/1")
+        .header(header::AUTHORIZATION, format!("Basic {ADMIN_TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+
+    for (request, expected) in [
+        (no_token, "missing admin token"),
+        (wrong, "invalid admin token"),
+        (basic, "missing admin token"),
+    ] {
+        let response = tower::ServiceExt::oneshot(api.router(), request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(response.headers().contains_key(header::WWW_AUTHENTICATE));
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert!(error_of(&body).starts_with(expected), "{body}");
+    }
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM partners").await, 0);
+}
+
+#[tokio::test]
+async fn without_a_configured_token_the_admin_api_is_disabled_with_503() {
+    let api = Api::with(|settings| settings.admin_token = None).await;
+
+    let (status, body) = api.call(admin_get("/v1/admin/deposits/1")).await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(error_of(&body).starts_with("admin API disabled"), "{body}");
+}
+
+#[tokio::test]
+async fn admin_creates_a_partner_a_withdrawal_and_a_deposit_and_reads_them_back() {
+    let api = Api::new().await;
+
+    let partner_id = partner(&api).await;
+    let withdrawal_id = create(&api, "/v1/admin/withdrawals", withdrawal(partner_id)).await;
+    let deposit_id = create(
+        &api,
+        "/v1/admin/deposits",
+        json!({"partner_id": partner_id, "currency": "usdt", "amount": "250.5", "fee": "0.25",
+               "tx_hash": "0xDEADBEEF", "to_address": "0xAbC0000000000000000000000000000000000001"}),
+    )
+    .await;
+
+    let (status, p) = api
+        .call(admin_get(&format!("/v1/admin/partners/{partner_id}")))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(p["name"], "Partner 45");
+    assert_eq!(p["webhook_url"], "http://127.0.0.1:9/hooks");
+    assert!(
+        p.get("webhook_secret").is_none(),
+        "the secret is write-only: {p}"
+    );
+
+    let (status, w) = api
+        .call(admin_get(&format!("/v1/admin/withdrawals/{withdrawal_id}")))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(w["id"], withdrawal_id);
+    assert_eq!(w["partner_id"], partner_id);
+    assert_eq!(w["kind"], "NORMAL");
+    assert_eq!(w["status"], "BROADCASTING");
+    assert_eq!(w["currency"], "USDT");
+    assert_eq!(w["amount"], "100");
+    assert_eq!(w["tx_hash"], "0xf16c3335");
+    assert_eq!(w["confirmed_at"], Value::Null);
+    assert_eq!(
+        w["history"],
+        json!([{"from_status": null, "to_status": "BROADCASTING",
+                "reason": "created by the admin API", "created_at": w["history"][0]["created_at"]}])
+    );
+
+    let (status, d) = api
+        .call(admin_get(&format!("/v1/admin/deposits/{deposit_id}")))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(d["status"], "DETECTED");
+    assert_eq!(d["currency"], "USDT");
+    assert_eq!(d["amount"], "250.5");
+    assert_eq!(d["fee"], "0.25");
+    assert_eq!(d["tx_hash"], "0xdeadbeef", "hex is lower-cased");
+    assert_eq!(
+        d["to_address"],
+        "0xabc0000000000000000000000000000000000001"
+    );
+}
+
+#[tokio::test]
+async fn amounts_are_kept_exactly() {
+    let api = Api::new().await;
+    let partner_id = partner(&api).await;
+    let mut body = withdrawal(partner_id);
+    body["amount"] = json!("123456789012345678.000000000000000001");
+    // 36 significant digits do not fit an exact decimal here: refused, never rounded.
+    let (status, answer) = api.call(admin_post("/v1/admin/withdrawals", &body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+
+    body["amount"] = json!("0.000000000000000001");
+    let id = create(&api, "/v1/admin/withdrawals", body).await;
+    let stored: String =
+        sqlx::query_scalar("SELECT CAST(amount AS CHAR) FROM withdrawals WHERE id = ?")
+            .bind(id)
+            .fetch_one(&api.env.db)
+            .await
+            .unwrap();
+    assert_eq!(stored, "0.000000000000000001");
+}
+
+#[tokio::test]
+async fn a_bad_amount_is_400_with_the_reason() {
+    let api = Api::new().await;
+    let partner_id = partner(&api).await;
+    for (amount, expected) in [
+        (
+            json!("abc"),
+            "amount: \"abc\" is not a plain decimal number",
+        ),
+        (
+            json!(100.5),
+            "amount: invalid type: floating point `100.5`, expected a decimal amount as a string",
+        ),
+        (json!("-5"), "amount: \"-5\" is negative"),
+        (json!("0"), "amount must be greater than 0"),
+        (
+            json!("1.0000000000000000001"),
+            "more than 18 decimal places",
+        ),
+    ] {
+        let mut body = withdrawal(partner_id);
+        body["amount"] = amount.clone();
+        let (status, answer) = api.call(admin_post("/v1/admin/withdrawals", &body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{amount}: {answer}");
+        assert!(error_of(&answer).contains(expected), "{amount}: {answer}");
+    }
+    let (status, answer) = api
+        .call(admin_post(
+            "/v1/admin/deposits",
+            &json!({"partner_id": partner_id, "currency": "USDT", "amount": "1", "fee": "2",
+                    "tx_hash": "0x01", "to_address": "T1"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&answer), "fee must not exceed amount");
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM withdrawals").await, 0);
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM deposits").await, 0);
+}
+
+#[tokio::test]
+async fn a_bad_kind_status_or_field_is_400_naming_it() {
+    let api = Api::new().await;
+    let partner_id = partner(&api).await;
+    let with = |key: &str, value: Value| {
+        let mut body = withdrawal(partner_id);
+        body[key] = value;
+        body
+    };
+    for (body, expected) in [
+        (
+            with("kind", json!("P2P")),
+            "kind: unknown variant `P2P`, expected one of `NORMAL`",
+        ),
+        (
+            with("status", json!("broadcasting")),
+            "status: unknown variant `broadcasting`",
+        ),
+        (
+            with("status", json!("CONFIRMED")),
+            "CONFIRMED and FAILED are reached only through the workflow",
+        ),
+        (with("stauts", json!("STALE")), "unknown field `stauts`"),
+        (with("currency", json!("US DT")), "currency must be"),
+        (
+            with("to_address", json!("")),
+            "to_address must not be empty",
+        ),
+        (with("partner_id", json!("7")), "partner_id: invalid type"),
+    ] {
+        let (status, answer) = api.call(admin_post("/v1/admin/withdrawals", &body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert!(error_of(&answer).contains(expected), "{body}: {answer}");
+    }
+    let (status, answer) = api
+        .call(admin_post(
+            "/v1/admin/partners",
+            &json!({"name": "p", "webhook_url": "ftp://x", "webhook_secret": "0123456789abcdef"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error_of(&answer).starts_with("webhook_url must be"),
+        "{answer}"
+    );
+    let (status, answer) = api
+        .call(admin_post(
+            "/v1/admin/partners",
+            &json!({"name": "p", "webhook_secret": "short"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error_of(&answer).starts_with("webhook_secret must be"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_partner_is_404_not_500() {
+    let api = Api::new().await;
+
+    let (status, answer) = api
+        .call(admin_post("/v1/admin/withdrawals", &withdrawal(424242)))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(error_of(&answer), "partner 424242 not found");
+
+    let (status, answer) = api
+        .call(admin_post(
+            "/v1/admin/deposits",
+            &json!({"partner_id": 424242, "currency": "USDT", "amount": "1",
+                    "tx_hash": "0x01", "to_address": "T1"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(error_of(&answer), "partner 424242 not found");
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM withdrawal_status_history")
+            .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_second_active_deposit_for_the_same_tx_and_address_is_409() {
+    let api = Api::new().await;
+    let partner_id = partner(&api).await;
+    let deposit = json!({"partner_id": partner_id, "currency": "USDT", "amount": "10",
+                         "tx_hash": "0xAA01", "to_address": "T1"});
+    let first = create(&api, "/v1/admin/deposits", deposit.clone()).await;
+
+    // Same tx in another hex case: the same deposit.
+    let mut again = deposit;
+    again["tx_hash"] = json!("0xaa01");
+    let (status, answer) = api.call(admin_post("/v1/admin/deposits", &again)).await;
+
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        error_of(&answer).contains(&format!("(deposit {first})")),
+        "{answer}"
+    );
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM deposits").await, 1);
+}
+
+#[tokio::test]
+async fn unknown_ids_are_404_and_bad_ids_400() {
+    let api = Api::new().await;
+    for (path, status) in [
+        ("/v1/admin/withdrawals/999", StatusCode::NOT_FOUND),
+        ("/v1/admin/deposits/999", StatusCode::NOT_FOUND),
+        ("/v1/admin/partners/999", StatusCode::NOT_FOUND),
+        ("/v1/admin/withdrawals/abc", StatusCode::BAD_REQUEST),
+        ("/v1/admin/deposits/0", StatusCode::BAD_REQUEST),
+        ("/v1/nothing-here", StatusCode::NOT_FOUND),
+    ] {
+        let (got, answer) = api.call(admin_get(path)).await;
+        assert_eq!(got, status, "{path}: {answer}");
+        assert!(!error_of(&answer).is_empty());
+    }
+}

@@ -1,0 +1,194 @@
+//! The API tests' harness: a fresh database and vhost per test (`TestEnv`), the services the
+//! API runs on with both secrets configured, and requests driven through the router with
+//! `oneshot`.
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+use axum::{
+    Router,
+    body::Body,
+    http::{Request, StatusCode, header},
+};
+use paybus_api::{AppState, router};
+use paybus_shared::{
+    Secret, Settings,
+    bus::{Services, topology},
+    signature,
+    testing::TestEnv,
+};
+use serde_json::Value;
+use tower::ServiceExt;
+
+pub const MONITOR_SECRET: &str = "chain-monitor-secret-for-tests";
+pub const ADMIN_TOKEN: &str = "admin-token-for-tests-0123456789";
+
+pub const WITHDRAWAL_CONFIRMATIONS: &str = "/v1/chain-monitor/withdrawal-confirmations";
+pub const DEPOSIT_CONFIRMATIONS: &str = "/v1/chain-monitor/deposit-confirmations";
+
+/// Fields drop in order: the services' pool and connection go before the test database.
+pub struct Api {
+    pub state: AppState,
+    pub services: Services,
+    pub env: TestEnv,
+}
+
+impl Api {
+    /// Intake and admin API both enabled.
+    pub async fn new() -> Self {
+        Self::with(|_| {}).await
+    }
+
+    /// Secrets set, then `configure` may change the settings (e.g. unset one).
+    pub async fn with(configure: impl FnOnce(&mut Settings)) -> Self {
+        let env = TestEnv::new().await;
+        let mut settings = env.settings.clone();
+        settings.chain_monitor_secret = Some(Secret::new(MONITOR_SECRET));
+        settings.admin_token = Some(Secret::new(ADMIN_TOKEN));
+        configure(&mut settings);
+        let services = Services::connect(settings).await.expect("connect");
+        services
+            .declare_topology(&[])
+            .await
+            .expect("declare the exchanges");
+        Self {
+            state: AppState::new(&services),
+            services,
+            env,
+        }
+    }
+
+    pub fn router(&self) -> Router {
+        router(self.state.clone())
+    }
+
+    /// Sends one request through a fresh router; the status and the JSON body (Null if empty).
+    pub async fn call(&self, request: Request<Body>) -> (StatusCode, Value) {
+        let response = self.router().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("read the body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("response is not JSON ({e}): {bytes:?}"))
+        };
+        (status, body)
+    }
+
+    pub async fn scalar(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.env.db)
+            .await
+            .expect("query")
+    }
+}
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64
+}
+
+/// A POST with `body` signed by `secret` at `timestamp`.
+pub fn signed_at(path: &str, body: &str, secret: &str, timestamp: i64) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(
+            signature::HEADER,
+            signature::sign(secret.as_bytes(), timestamp, body.as_bytes()),
+        )
+        .body(Body::from(body.to_owned()))
+        .expect("request")
+}
+
+/// A POST signed the way the chain monitor does, now.
+pub fn signed(path: &str, body: &str) -> Request<Body> {
+    signed_at(path, body, MONITOR_SECRET, now())
+}
+
+pub fn unsigned(path: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("request")
+}
+
+pub fn admin_post(path: &str, body: &Value) -> Request<Body> {
+    Request::post(path)
+        .header(header::AUTHORIZATION, format!("Bearer {ADMIN_TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request")
+}
+
+pub fn admin_get(path: &str) -> Request<Body> {
+    Request::get(path)
+        .header(header::AUTHORIZATION, format!("Bearer {ADMIN_TOKEN}"))
+        .body(Body::empty())
+        .expect("request")
+}
+
+/// The `error` field of an error answer.
+pub fn error_of(body: &Value) -> &str {
+    body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error field in {body}"))
+}
+
+/// A queue of the test's own bound to `routing_key` on `paybus.events`, to see what reached
+/// the broker.
+pub async fn tap(services: &Services, name: &str, routing_key: &str) -> lapin::Channel {
+    use lapin::{
+        options::{QueueBindOptions, QueueDeclareOptions},
+        types::FieldTable,
+    };
+    let channel = services.connection.create_channel().await.expect("channel");
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the tap");
+    channel
+        .queue_bind(
+            name.into(),
+            topology::EVENTS_EXCHANGE.into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind the tap");
+    channel
+}
+
+/// Messages waiting in the tap, polled until `expected` arrive or 5 s pass.
+pub async fn tap_count(channel: &lapin::Channel, name: &str, expected: u32) -> u32 {
+    use lapin::{options::QueueDeclareOptions, types::FieldTable};
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let count = channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("inspect the tap")
+            .message_count();
+        if count >= expected || tokio::time::Instant::now() > deadline {
+            return count;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,9 @@
+//! The confirm-withdrawal function binary: a local consumer, or a Lambda when
+//! `AWS_LAMBDA_RUNTIME_API` is set.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    paybus_shared::bus::function::run(|_services| paybus_confirm_withdrawal::ConfirmWithdrawal)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,561 @@
+//! confirm-withdrawal against the real MariaDB and RabbitMQ: seed 001 §5 as database tests of
+//! `confirm_if_in_flight`, and the handler's outcomes.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{str::FromStr, sync::Arc};
+
+use lapin::{
+    options::{QueueBindOptions, QueueDeclareOptions},
+    types::FieldTable,
+};
+use paybus_confirm_withdrawal::{
+    ConfirmError, ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalStatus,
+    WithdrawalTxConfirmed, confirm_if_in_flight,
+};
+use paybus_shared::{
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, topology},
+    ledger::{self, EntryType, IdemKey, Posted, Posting, ReferenceType, audit},
+    notifications::NotificationCreated,
+    testing::TestEnv,
+};
+use rust_decimal::Decimal;
+use tokio::{sync::Barrier, task::JoinSet};
+use uuid::Uuid;
+
+const TAP: &str = "test.notifications";
+
+fn dec(text: &str) -> Decimal {
+    Decimal::from_str(text).unwrap()
+}
+
+/// A test's database and vhost, the services a handler gets, and one partner.
+struct World {
+    env: TestEnv,
+    services: Services,
+    partner_id: u64,
+}
+
+async fn world() -> World {
+    let env = TestEnv::new().await;
+    let services = Services::connect(env.settings.clone()).await.unwrap();
+    services
+        .declare_topology(&[ConfirmWithdrawal::queue()])
+        .await
+        .unwrap();
+    // A queue of the test's own for `partner.notification.created`, standing in for
+    // deliver-webhook's, so the notification messages are routable and can be counted.
+    let channel = services.connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            TAP.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            TAP.into(),
+            topology::EVENTS_EXCHANGE.into(),
+            <NotificationCreated as paybus_shared::bus::Message>::TYPE.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let partner_id = sqlx::query(
+        "INSERT INTO partners (name, webhook_url, webhook_secret) \
+         VALUES ('partner 45', 'http://127.0.0.1:9/webhook', 'secret')",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap()
+    .last_insert_id();
+    World {
+        env,
+        services,
+        partner_id,
+    }
+}
+
+impl World {
+    /// A 100 USDT withdrawal of this kind in this status (broadcast as `0xbroadcast`).
+    async fn withdrawal(&self, kind: &str, status: &str) -> u64 {
+        let confirmed = status == "CONFIRMED";
+        sqlx::query(
+            "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, \
+             tx_hash, confirmed_at) \
+             VALUES (?, ?, ?, 'USDT', ?, 'T-partner-wallet', ?, IF(?, NOW(6), NULL))",
+        )
+        .bind(self.partner_id)
+        .bind(kind)
+        .bind(status)
+        .bind(dec("100"))
+        .bind((status != "REQUESTED").then_some("0xbroadcast"))
+        .bind(confirmed)
+        .execute(&self.env.db)
+        .await
+        .unwrap()
+        .last_insert_id()
+    }
+
+    /// Runs `confirm_if_in_flight` in a transaction of its own, committed when it
+    /// transitioned and rolled back otherwise (also on an error, explicitly).
+    async fn confirm(
+        &self,
+        withdrawal_id: u64,
+        tx_hash: &str,
+    ) -> Result<Confirmation, ConfirmError> {
+        let mut uow = self.services.outbox.begin().await.unwrap();
+        let result = confirm_if_in_flight(&mut uow, withdrawal_id, tx_hash, Uuid::now_v7()).await;
+        match &result {
+            Ok(Confirmation::Transitioned(_)) => uow.commit().await.unwrap(),
+            _ => uow.rollback().await.unwrap(),
+        }
+        result
+    }
+
+    async fn handle(&self, withdrawal_id: u64, tx_hash: &str) -> Result<Outcome, HandlerError> {
+        let ctx = Context {
+            outbox: &self.services.outbox,
+            attempt: 1,
+        };
+        ConfirmWithdrawal
+            .handle(
+                Envelope::new(WithdrawalTxConfirmed {
+                    withdrawal_id,
+                    tx_hash: tx_hash.to_owned(),
+                }),
+                &ctx,
+            )
+            .await
+    }
+
+    async fn count(&self, sql: &'static str, withdrawal_id: u64) -> i64 {
+        sqlx::query_scalar(sql)
+            .bind(withdrawal_id)
+            .fetch_one(&self.env.db)
+            .await
+            .unwrap()
+    }
+
+    /// (idem_key, amount) of every DEBIT of this withdrawal.
+    async fn debits(&self, withdrawal_id: u64) -> Vec<(Option<String>, Decimal)> {
+        sqlx::query_as(
+            "SELECT idem_key, amount FROM ledger_entries \
+             WHERE entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' AND reference_id = ? \
+             ORDER BY id",
+        )
+        .bind(withdrawal_id)
+        .fetch_all(&self.env.db)
+        .await
+        .unwrap()
+    }
+
+    async fn ledger_entries(&self) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM ledger_entries")
+            .fetch_one(&self.env.db)
+            .await
+            .unwrap()
+    }
+
+    async fn history(&self, withdrawal_id: u64) -> i64 {
+        self.count(
+            "SELECT COUNT(*) FROM withdrawal_status_history WHERE withdrawal_id = ?",
+            withdrawal_id,
+        )
+        .await
+    }
+
+    async fn notifications(&self, withdrawal_id: u64) -> i64 {
+        self.count(
+            "SELECT COUNT(*) FROM partner_notifications \
+             WHERE event = 'WITHDRAWAL_CONFIRMED' AND reference_type = 'WITHDRAWAL' \
+               AND reference_id = ?",
+            withdrawal_id,
+        )
+        .await
+    }
+
+    async fn status(&self, withdrawal_id: u64) -> (String, Option<String>) {
+        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ?")
+            .bind(withdrawal_id)
+            .fetch_one(&self.env.db)
+            .await
+            .unwrap()
+    }
+
+    /// Messages that reached the broker for deliver-webhook.
+    async fn notification_messages(&self) -> u32 {
+        let channel = self.services.connection.create_channel().await.unwrap();
+        let queue = channel
+            .queue_declare(
+                TAP.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        queue.message_count()
+    }
+
+    async fn assert_audit_clean(&self) {
+        let mut conn = self.env.db.acquire().await.unwrap();
+        let violations = audit::run(&mut conn).await.unwrap();
+        assert!(violations.is_empty(), "audit: {violations:#?}");
+    }
+}
+
+fn transitioned(confirmation: Confirmation) -> Confirmed {
+    match confirmation {
+        Confirmation::Transitioned(confirmed) => confirmed,
+        other => panic!("expected a transition, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confirming_a_broadcasting_withdrawal_debits_once_with_its_key() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+
+    let confirmed = transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
+
+    assert!(
+        matches!(confirmed.debit, Some(Posted::Recorded { .. })),
+        "{confirmed:?}"
+    );
+    assert_eq!(confirmed.kind, WithdrawalKind::Normal);
+    assert_eq!(
+        confirmed.previous_status,
+        Some(WithdrawalStatus::Broadcasting)
+    );
+    assert_eq!(
+        world.debits(id).await,
+        vec![(Some(format!("WDR_CONFIRM:{id}")), dec("100"))]
+    );
+    assert_eq!(
+        world.status(id).await,
+        ("CONFIRMED".to_owned(), Some("0xconfirmed".to_owned()))
+    );
+    let (from, to): (Option<String>, String) = sqlx::query_as(
+        "SELECT from_status, to_status FROM withdrawal_status_history WHERE withdrawal_id = ?",
+    )
+    .bind(id)
+    .fetch_one(&world.env.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        (from.as_deref(), to.as_str()),
+        (Some("BROADCASTING"), "CONFIRMED")
+    );
+    let balance: Decimal = sqlx::query_scalar(
+        "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = 'USDT'",
+    )
+    .bind(world.partner_id)
+    .fetch_one(&world.env.db)
+    .await
+    .unwrap();
+    assert_eq!(balance, dec("-100"));
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processing_and_stale_withdrawals_confirm_too() {
+    let world = world().await;
+    for status in ["PROCESSING", "STALE"] {
+        let id = world.withdrawal("NORMAL", status).await;
+
+        let confirmed = transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
+
+        assert_eq!(
+            confirmed.previous_status.map(WithdrawalStatus::as_str),
+            Some(status)
+        );
+        assert_eq!(world.debits(id).await.len(), 1, "{status}");
+        assert_eq!(world.status(id).await.0, "CONFIRMED", "{status}");
+    }
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_confirmation_writes_no_debit_no_history_and_no_notification() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+    transitioned(world.confirm(id, "0xfirst").await.unwrap());
+
+    let second = world.confirm(id, "0xsecond").await.unwrap();
+
+    assert_eq!(
+        second,
+        Confirmation::NotTransitioned {
+            status: WithdrawalStatus::Confirmed
+        }
+    );
+    assert_eq!(world.debits(id).await.len(), 1);
+    assert_eq!(world.history(id).await, 1);
+    assert_eq!(world.notifications(id).await, 1);
+    // The first confirmation's tx stays recorded.
+    assert_eq!(world.status(id).await.1.as_deref(), Some("0xfirst"));
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn withdrawals_not_in_flight_are_left_alone() {
+    let world = world().await;
+    for (status, expected) in [
+        ("REQUESTED", WithdrawalStatus::Requested),
+        ("FAILED", WithdrawalStatus::Failed),
+    ] {
+        let id = world.withdrawal("NORMAL", status).await;
+
+        let confirmation = world.confirm(id, "0xconfirmed").await.unwrap();
+
+        assert_eq!(
+            confirmation,
+            Confirmation::NotTransitioned { status: expected }
+        );
+        assert_eq!(world.status(id).await.0, status);
+        assert!(world.debits(id).await.is_empty());
+        assert_eq!(world.history(id).await, 0);
+        assert_eq!(world.notifications(id).await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settlement_withdrawals_and_self_transfers_never_debit() {
+    let world = world().await;
+    for (kind, expected) in [
+        ("SETTLEMENT_WITHDRAW", WithdrawalKind::SettlementWithdraw),
+        ("SELF_TRANSFER", WithdrawalKind::SelfTransfer),
+    ] {
+        let id = world.withdrawal(kind, "BROADCASTING").await;
+
+        let confirmed = transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
+
+        assert_eq!(confirmed.kind, expected);
+        assert_eq!(confirmed.debit, None, "{kind}");
+        assert_eq!(world.status(id).await.0, "CONFIRMED");
+        assert_eq!(world.history(id).await, 1);
+        assert_eq!(world.notifications(id).await, 1);
+    }
+    assert_eq!(world.ledger_entries().await, 0);
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_partner_is_notified_only_by_the_confirmation_that_transitions() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+
+    let first = transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
+    let second = world.confirm(id, "0xconfirmed").await.unwrap();
+    let third = world.confirm(id, "0xconfirmed").await.unwrap();
+
+    let notification_id = first.notification_id.expect("a notification row");
+    assert!(matches!(second, Confirmation::NotTransitioned { .. }));
+    assert!(matches!(third, Confirmation::NotTransitioned { .. }));
+    assert_eq!(world.notifications(id).await, 1);
+    let (event, payload): (String, String) =
+        sqlx::query_as("SELECT event, payload FROM partner_notifications WHERE id = ?")
+            .bind(notification_id)
+            .fetch_one(&world.env.db)
+            .await
+            .unwrap();
+    assert_eq!(event, "WITHDRAWAL_CONFIRMED");
+    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    assert_eq!(payload["withdrawal_id"], id);
+    assert_eq!(payload["partner_id"], world.partner_id);
+    assert_eq!(payload["amount"], "100");
+    assert_eq!(payload["currency"], "USDT");
+    assert_eq!(payload["tx_hash"], "0xconfirmed");
+    assert!(
+        payload["confirmed_at"].as_str().unwrap().ends_with('Z'),
+        "{payload}"
+    );
+    // One message for deliver-webhook, published after the commit.
+    assert_eq!(world.notification_messages().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_debit_already_in_the_ledger_is_already_recorded_and_the_rest_commits() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+    // Some other path wrote the keyed DEBIT already (the last line of defence must hold).
+    let mut tx = world.env.db.begin().await.unwrap();
+    let earlier = ledger::post(
+        &mut tx,
+        &Posting::new(
+            world.partner_id,
+            "USDT",
+            EntryType::Debit,
+            dec("100"),
+            ReferenceType::Withdrawal,
+            id,
+        )
+        .idem_key(IdemKey::withdrawal_confirm(id)),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(matches!(earlier, Posted::Recorded { .. }));
+
+    let confirmed = transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
+
+    assert_eq!(
+        confirmed.debit,
+        Some(Posted::AlreadyRecorded {
+            idem_key: IdemKey::withdrawal_confirm(id)
+        })
+    );
+    // Committed: the transition, its history and its notification, and still one DEBIT.
+    assert_eq!(world.status(id).await.0, "CONFIRMED");
+    assert_eq!(world.history(id).await, 1);
+    assert_eq!(world.notifications(id).await, 1);
+    assert_eq!(world.debits(id).await.len(), 1);
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn other_database_errors_propagate_and_nothing_is_kept() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+    sqlx::query("DROP TABLE withdrawal_status_history")
+        .execute(&world.env.db)
+        .await
+        .unwrap();
+
+    let result = world.confirm(id, "0xconfirmed").await;
+
+    let error = result.unwrap_err();
+    assert!(matches!(error, ConfirmError::Database(_)), "{error:?}");
+    assert!(error.is_retryable());
+    // The helper rolled back: no half-confirmation survives.
+    assert_eq!(world.status(id).await.0, "BROADCASTING");
+    assert!(world.debits(id).await.is_empty());
+    assert_eq!(world.notifications(id).await, 0);
+    // Through the handler the same fault is an error (requeue), not a Skipped.
+    let handled = world.handle(id, "0xconfirmed").await;
+    assert!(
+        matches!(handled, Err(HandlerError::Database(_))),
+        "{handled:?}"
+    );
+    assert_eq!(world.status(id).await.0, "BROADCASTING");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_confirmations_that_all_saw_broadcasting_debit_once() {
+    const WITHDRAWALS: usize = 10;
+    const COPIES: usize = 3;
+    let world = Arc::new(world().await);
+    let mut ids = Vec::new();
+    for _ in 0..WITHDRAWALS {
+        ids.push(world.withdrawal("NORMAL", "BROADCASTING").await);
+    }
+
+    let mut tasks = JoinSet::new();
+    for &id in &ids {
+        // Every copy takes its snapshot (status BROADCASTING) before any copy updates: the
+        // schedule of seed 001's incident.
+        let snapshots_taken = Arc::new(Barrier::new(COPIES));
+        for _ in 0..COPIES {
+            let (world, snapshots_taken) = (world.clone(), snapshots_taken.clone());
+            tasks.spawn(async move {
+                let mut uow = world.services.outbox.begin().await.unwrap();
+                let seen: String =
+                    sqlx::query_scalar("SELECT status FROM withdrawals WHERE id = ?")
+                        .bind(id)
+                        .fetch_one(&mut *uow)
+                        .await
+                        .unwrap();
+                snapshots_taken.wait().await;
+                let result =
+                    confirm_if_in_flight(&mut uow, id, "0xconfirmed", Uuid::now_v7()).await;
+                let transitioned = matches!(result, Ok(Confirmation::Transitioned(_)));
+                if transitioned {
+                    uow.commit().await.unwrap();
+                } else {
+                    uow.rollback().await.unwrap();
+                }
+                result.unwrap();
+                (seen, transitioned)
+            });
+        }
+    }
+    let mut transitions = 0;
+    while let Some(joined) = tasks.join_next().await {
+        let (seen, transitioned) = joined.unwrap();
+        assert_eq!(seen, "BROADCASTING");
+        transitions += usize::from(transitioned);
+    }
+
+    assert_eq!(transitions, WITHDRAWALS);
+    for &id in &ids {
+        assert_eq!(world.debits(id).await.len(), 1);
+        assert_eq!(world.history(id).await, 1);
+        assert_eq!(world.notifications(id).await, 1);
+    }
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_messages_are_done_once_then_skipped_with_the_status() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+
+    let first = world.handle(id, "0xconfirmed").await.unwrap();
+    let second = world.handle(id, "0xconfirmed").await.unwrap();
+
+    assert_eq!(first, Outcome::Done);
+    assert_eq!(
+        second,
+        Outcome::Skipped(format!("withdrawal {id} is already CONFIRMED"))
+    );
+    assert_eq!(world.debits(id).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_confirmation_of_a_failed_withdrawal_is_skipped_with_its_status() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "FAILED").await;
+
+    let outcome = world.handle(id, "0xconfirmed").await.unwrap();
+
+    assert_eq!(
+        outcome,
+        Outcome::Skipped(format!("withdrawal {id} is FAILED, not in flight"))
+    );
+    assert!(world.debits(id).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unknown_withdrawal_is_a_dead_letter() {
+    let world = world().await;
+
+    let outcome = world.handle(424_242, "0xconfirmed").await.unwrap();
+
+    assert_eq!(
+        outcome,
+        Outcome::Failed("withdrawal 424242 does not exist".to_owned())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_confirmation_without_a_tx_hash_is_a_dead_letter_and_changes_nothing() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+
+    let outcome = world.handle(id, "").await.unwrap();
+
+    assert!(
+        matches!(&outcome, Outcome::Failed(reason) if reason.contains("tx hash")),
+        "{outcome:?}"
+    );
+    assert_eq!(world.status(id).await.0, "BROADCASTING");
+    assert!(world.debits(id).await.is_empty());
+}

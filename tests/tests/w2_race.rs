@@ -1,0 +1,544 @@
+//! W2 acceptance race (seed 001): 200 withdrawals in BROADCASTING, each confirmation arriving
+//! three times at once. Through the broker with four consumers, confirm-withdrawal debits
+//! each exactly once; the seed's original "read status, then update" design, driven through
+//! the same schedule on the same database, debits them three times — so the hazard is real
+//! here and the conditional transition is what removes it.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{future::Future, str::FromStr, sync::Arc, time::Duration};
+
+use lapin::{
+    options::{QueueBindOptions, QueueDeclareOptions},
+    types::FieldTable,
+};
+use paybus_confirm_withdrawal::{
+    ConfirmWithdrawal, Confirmation, WithdrawalTxConfirmed, confirm_if_in_flight,
+};
+use paybus_shared::{
+    bus::{Envelope, Handler, Message, Outbox, Runner, Services, metrics, topology},
+    db,
+    ledger::{self, EntryType, Posting, ReferenceType, audit},
+    notifications::NotificationCreated,
+    testing::TestEnv,
+};
+use rust_decimal::Decimal;
+use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
+use tokio::{sync::Barrier, task::JoinSet, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+const WITHDRAWALS: usize = 200;
+/// Deliveries of each confirmation (the chain monitor re-sends while the first is in flight).
+const COPIES: usize = 3;
+const CONSUMERS: usize = 4;
+const OPENING_BALANCE: &str = "1000000";
+const TAP: &str = "test.notifications";
+
+fn dec(text: &str) -> Decimal {
+    Decimal::from_str(text).unwrap()
+}
+
+/// Polls `check` until it returns true or `timeout` passes; false on timeout.
+async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check().await
+}
+
+async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// One partner with a webhook URL (delivery is deliver-webhook's job, not under test here) and
+/// an opening balance, and `WITHDRAWALS` NORMAL withdrawals in BROADCASTING with distinct
+/// amounts. Returns the partner, the withdrawal ids and the sum of their amounts.
+async fn broadcasting_withdrawals(pool: &MySqlPool) -> (u64, Vec<u64>, Decimal) {
+    let partner_id = sqlx::query(
+        "INSERT INTO partners (name, webhook_url, webhook_secret) \
+         VALUES ('partner 45', 'http://127.0.0.1:9/partner-webhook', 'secret')",
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .last_insert_id();
+    let mut tx = pool.begin().await.unwrap();
+    ledger::post(
+        &mut tx,
+        &Posting::new(
+            partner_id,
+            "USDT",
+            EntryType::Credit,
+            dec(OPENING_BALANCE),
+            ReferenceType::Migration,
+            0,
+        )
+        .memo("opening balance"),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let amounts: Vec<Decimal> = (1..=WITHDRAWALS).map(|n| dec(&format!("{n}.25"))).collect();
+    let mut insert = QueryBuilder::<MySql>::new(
+        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) ",
+    );
+    insert.push_values(amounts.iter().enumerate(), |mut row, (n, amount)| {
+        row.push_bind(partner_id)
+            .push_bind("NORMAL")
+            .push_bind("BROADCASTING")
+            .push_bind("USDT")
+            .push_bind(*amount)
+            .push_bind("T-partner-wallet")
+            .push_bind(tx_hash(n));
+    });
+    insert.build().execute(pool).await.unwrap();
+    let ids: Vec<u64> = sqlx::query_scalar("SELECT id FROM withdrawals ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), WITHDRAWALS);
+    (partner_id, ids, amounts.iter().sum())
+}
+
+fn tx_hash(n: usize) -> String {
+    format!("0x{n:064x}")
+}
+
+async fn confirmation_debits(pool: &MySqlPool) -> i64 {
+    scalar(
+        pool,
+        "SELECT COUNT(*) FROM ledger_entries \
+         WHERE entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL'",
+    )
+    .await
+}
+
+/// Seed 001 §7: withdrawals debited more than once.
+async fn withdrawals_debited_twice(pool: &MySqlPool) -> i64 {
+    scalar(
+        pool,
+        "SELECT COUNT(*) FROM ( \
+             SELECT reference_id FROM ledger_entries \
+             WHERE reference_type = 'WITHDRAWAL' AND entry_type = 'DEBIT' \
+             GROUP BY reference_id HAVING COUNT(*) > 1) doubled",
+    )
+    .await
+}
+
+async fn balance(pool: &MySqlPool, partner_id: u64) -> Decimal {
+    sqlx::query_scalar(
+        "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = 'USDT'",
+    )
+    .bind(partner_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A queue of the test's own for `partner.notification.created`, standing in for
+/// deliver-webhook's: the notification messages are routable and can be counted.
+async fn notification_tap(services: &Services) -> lapin::Channel {
+    let channel = services.connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            TAP.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            TAP.into(),
+            topology::EVENTS_EXCHANGE.into(),
+            NotificationCreated::TYPE.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+}
+
+async fn queue_counts(channel: &lapin::Channel, queue: &str) -> (u32, u32) {
+    let queue = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (queue.message_count(), queue.consumer_count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit_exactly_once() {
+    let env = TestEnv::new().await;
+    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db).await;
+    let services = Services::connect(env.settings.clone()).await.unwrap();
+    services
+        .declare_topology(&[ConfirmWithdrawal::queue()])
+        .await
+        .unwrap();
+    let tap = notification_tap(&services).await;
+    // Four consumers, each a process of its own as far as the broker and the database can
+    // tell: its own connection, channel, prefetch (the default) and pool.
+    let shutdown = CancellationToken::new();
+    let mut consumers = JoinSet::new();
+    for _ in 0..CONSUMERS {
+        let mut runner = Runner::new(Services::connect(env.settings.clone()).await.unwrap());
+        runner.add_function(ConfirmWithdrawal);
+        let token = shutdown.clone();
+        consumers.spawn(async move { runner.run(token).await.unwrap() });
+    }
+    let queue = ConfirmWithdrawal::queue().queue();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            queue_counts(&tap, &queue).await.1 >= u32::try_from(CONSUMERS).unwrap()
+        })
+        .await,
+        "the consumers did not start"
+    );
+
+    // Copies of one confirmation are adjacent, so the broker hands them to different
+    // consumers at the same moment. Each copy is its own message, as a re-sent webhook is.
+    let messages: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .flat_map(|(n, &withdrawal_id)| {
+            (0..COPIES).map(move |_| {
+                Envelope::new(WithdrawalTxConfirmed {
+                    withdrawal_id,
+                    tx_hash: tx_hash(n),
+                })
+                .to_outgoing()
+                .unwrap()
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    for result in services.publisher().publish_events(&messages).await {
+        result.expect("the broker confirmed the publish");
+    }
+    let handled = eventually(Duration::from_secs(120), || async {
+        metrics::count("confirm-withdrawal", "done")
+            + metrics::count("confirm-withdrawal", "skipped")
+            >= u64::try_from(WITHDRAWALS * COPIES).unwrap()
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let notified = eventually(Duration::from_secs(30), || async {
+        queue_counts(&tap, TAP).await.0 >= u32::try_from(WITHDRAWALS).unwrap()
+    })
+    .await;
+    shutdown.cancel();
+    while let Some(joined) = consumers.join_next().await {
+        joined.unwrap();
+    }
+    eprintln!(
+        "{} deliveries handled in {elapsed:?} (done {}, skipped {}, requeued {})",
+        WITHDRAWALS * COPIES,
+        metrics::count("confirm-withdrawal", "done"),
+        metrics::count("confirm-withdrawal", "skipped"),
+        metrics::count("confirm-withdrawal", "requeued"),
+    );
+
+    assert!(handled, "not every delivery was handled in time");
+    assert_eq!(
+        metrics::count("confirm-withdrawal", "done"),
+        u64::try_from(WITHDRAWALS).unwrap()
+    );
+    assert_eq!(
+        metrics::count("confirm-withdrawal", "skipped"),
+        u64::try_from(WITHDRAWALS * (COPIES - 1)).unwrap()
+    );
+    let expected = i64::try_from(WITHDRAWALS).unwrap();
+    assert_eq!(confirmation_debits(&env.db).await, expected);
+    assert_eq!(withdrawals_debited_twice(&env.db).await, 0);
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(DISTINCT idem_key) FROM ledger_entries \
+             WHERE entry_type = 'DEBIT' AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)"
+        )
+        .await,
+        expected
+    );
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM withdrawals WHERE status = 'CONFIRMED'"
+        )
+        .await,
+        expected
+    );
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM withdrawal_status_history").await,
+        expected
+    );
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM partner_notifications WHERE event = 'WITHDRAWAL_CONFIRMED'"
+        )
+        .await,
+        expected
+    );
+    assert!(
+        notified,
+        "notification messages: {:?}",
+        queue_counts(&tap, TAP).await
+    );
+    assert_eq!(
+        queue_counts(&tap, TAP).await.0,
+        u32::try_from(WITHDRAWALS).unwrap()
+    );
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
+        0
+    );
+    assert_eq!(
+        balance(&env.db, partner_id).await,
+        dec(OPENING_BALANCE) - total
+    );
+    let mut conn = env.db.acquire().await.unwrap();
+    let violations = audit::run(&mut conn).await.unwrap();
+    assert!(violations.is_empty(), "audit: {violations:#?}");
+}
+
+/// How one copy of a confirmation is processed in the three-copy race below.
+#[derive(Clone, Copy)]
+enum Design {
+    /// The seed's original `onTxConfirmed`: decide on the snapshot, overwrite, DEBIT unkeyed.
+    ReadThenUpdate,
+    /// confirm-withdrawal's `confirm_if_in_flight`.
+    ConditionalUpdate,
+}
+
+/// The seed's original design, kept here only to prove the hazard on this database:
+/// `findById` (a plain read: the REPEATABLE READ snapshot), `status == BROADCASTING`, then an
+/// unconditional overwrite (`modify()`), a DEBIT without idempotency key, the history row
+/// and the notification. Returns whether it debited.
+async fn read_then_update(
+    conn: &mut MySqlConnection,
+    withdrawal_id: u64,
+    tx_hash: &str,
+    snapshots_taken: &Barrier,
+) -> bool {
+    let (status, partner_id, amount): (String, u64, Decimal) =
+        sqlx::query_as("SELECT status, partner_id, amount FROM withdrawals WHERE id = ?")
+            .bind(withdrawal_id)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    // Every copy has read before any writes: the incident's 64-second window, made certain.
+    snapshots_taken.wait().await;
+    if !["BROADCASTING", "PROCESSING", "STALE"].contains(&status.as_str()) {
+        return false;
+    }
+    sqlx::query(
+        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = NOW(6) \
+         WHERE id = ?",
+    )
+    .bind(tx_hash)
+    .bind(withdrawal_id)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    ledger::post(
+        conn,
+        &Posting::new(
+            partner_id,
+            "USDT",
+            EntryType::Debit,
+            amount,
+            ReferenceType::Withdrawal,
+            withdrawal_id,
+        ),
+    )
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status) \
+         VALUES (?, ?, 'CONFIRMED')",
+    )
+    .bind(withdrawal_id)
+    .bind(&status)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    // The seed's table had no unique key here and sent two webhooks; ours ignores the copy.
+    sqlx::query(
+        "INSERT IGNORE INTO partner_notifications \
+         (partner_id, event, reference_type, reference_id, payload) \
+         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, '{}')",
+    )
+    .bind(partner_id)
+    .bind(withdrawal_id)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    true
+}
+
+/// Runs `COPIES` concurrent transactions per withdrawal, on separate connections, each first
+/// reading the withdrawal (its snapshot) and waiting until every copy has read, then
+/// processing it with `design` and committing. Withdrawals go in waves, so the pool always has
+/// a connection for every copy of a wave. Returns how many copies debited.
+async fn race_copies(outbox: &Outbox, ids: &[u64], design: Design) -> usize {
+    const WAVE: usize = 16;
+    let mut debited = 0;
+    for (wave, chunk) in ids.chunks(WAVE).enumerate() {
+        let mut copies = JoinSet::new();
+        for (i, &withdrawal_id) in chunk.iter().enumerate() {
+            let tx_hash = tx_hash(wave * WAVE + i);
+            let snapshots_taken = Arc::new(Barrier::new(COPIES));
+            for _ in 0..COPIES {
+                let (outbox, tx_hash, snapshots_taken) =
+                    (outbox.clone(), tx_hash.clone(), snapshots_taken.clone());
+                copies.spawn(async move {
+                    let mut uow = outbox.begin().await.unwrap();
+                    let debited = match design {
+                        Design::ReadThenUpdate => {
+                            read_then_update(&mut uow, withdrawal_id, &tx_hash, &snapshots_taken)
+                                .await
+                        }
+                        Design::ConditionalUpdate => {
+                            let _snapshot: String =
+                                sqlx::query_scalar("SELECT status FROM withdrawals WHERE id = ?")
+                                    .bind(withdrawal_id)
+                                    .fetch_one(&mut *uow)
+                                    .await
+                                    .unwrap();
+                            snapshots_taken.wait().await;
+                            let confirmation = confirm_if_in_flight(
+                                &mut uow,
+                                withdrawal_id,
+                                &tx_hash,
+                                uuid::Uuid::now_v7(),
+                            )
+                            .await
+                            .unwrap();
+                            matches!(confirmation, Confirmation::Transitioned(_))
+                        }
+                    };
+                    match design {
+                        // Its writes are the point: commit them.
+                        Design::ReadThenUpdate => uow.commit().await.unwrap(),
+                        Design::ConditionalUpdate if debited => uow.commit().await.unwrap(),
+                        Design::ConditionalUpdate => uow.rollback().await.unwrap(),
+                    }
+                    debited
+                });
+            }
+        }
+        while let Some(joined) = copies.join_next().await {
+            debited += usize::from(joined.unwrap());
+        }
+    }
+    debited
+}
+
+/// The race harness's own pool, large enough for every copy of a wave, and an outbox on it.
+async fn race_outbox(env: &TestEnv) -> (MySqlPool, Services, Outbox) {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(u32::try_from(16 * COPIES).unwrap())
+        .connect_with(db::connect_options(&env.settings.database).unwrap())
+        .await
+        .unwrap();
+    let services = Services::connect(env.settings.clone()).await.unwrap();
+    services
+        .declare_topology(&[ConfirmWithdrawal::queue()])
+        .await
+        .unwrap();
+    notification_tap(&services).await;
+    let outbox = Outbox::new(pool.clone(), services.publisher().clone());
+    (pool, services, outbox)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_seeds_read_then_update_design_debits_twice_under_the_same_race() {
+    let env = TestEnv::new().await;
+    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db).await;
+    let (pool, _services, outbox) = race_outbox(&env).await;
+
+    let debited = tokio::time::timeout(
+        Duration::from_secs(120),
+        race_copies(&outbox, &ids, Design::ReadThenUpdate),
+    )
+    .await
+    .expect("the race finished");
+
+    // Every copy read BROADCASTING from its snapshot, waited for the row lock, overwrote the
+    // confirmation and debited again.
+    let debits = confirmation_debits(&pool).await;
+    eprintln!("read-then-update: {debits} DEBITs for {WITHDRAWALS} withdrawals");
+    assert!(debits > i64::try_from(WITHDRAWALS).unwrap(), "{debits}");
+    assert_eq!(debits, i64::try_from(WITHDRAWALS * COPIES).unwrap());
+    assert_eq!(debited, WITHDRAWALS * COPIES);
+    assert_eq!(
+        withdrawals_debited_twice(&pool).await,
+        i64::try_from(WITHDRAWALS).unwrap()
+    );
+    // The ledger now says the partner paid three times what left on chain.
+    assert_eq!(
+        balance(&pool, partner_id).await,
+        dec(OPENING_BALANCE) - total * Decimal::from(COPIES)
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT COUNT(*) FROM withdrawal_status_history").await,
+        i64::try_from(WITHDRAWALS * COPIES).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_conditional_update_debits_once_under_the_same_race() {
+    let env = TestEnv::new().await;
+    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db).await;
+    let (pool, _services, outbox) = race_outbox(&env).await;
+
+    let debited = tokio::time::timeout(
+        Duration::from_secs(120),
+        race_copies(&outbox, &ids, Design::ConditionalUpdate),
+    )
+    .await
+    .expect("the race finished");
+
+    let expected = i64::try_from(WITHDRAWALS).unwrap();
+    assert_eq!(debited, WITHDRAWALS);
+    assert_eq!(confirmation_debits(&pool).await, expected);
+    assert_eq!(withdrawals_debited_twice(&pool).await, 0);
+    assert_eq!(
+        scalar(&pool, "SELECT COUNT(*) FROM withdrawal_status_history").await,
+        expected
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT COUNT(*) FROM partner_notifications").await,
+        expected
+    );
+    assert_eq!(
+        balance(&pool, partner_id).await,
+        dec(OPENING_BALANCE) - total
+    );
+    let mut conn = pool.acquire().await.unwrap();
+    let violations = audit::run(&mut conn).await.unwrap();
+    assert!(violations.is_empty(), "audit: {violations:#?}");
+}
