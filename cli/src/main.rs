@@ -122,7 +122,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signal();
     let api = tokio::spawn(paybus_api::serve(services.clone(), shutdown.clone()));
     let mut runner = Runner::new(services);
-    functions::register(&mut runner);
+    functions::register(&mut runner)?;
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;
     // Whichever stops first (a signal, or a part that could not start) stops the other.

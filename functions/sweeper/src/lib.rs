@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use paybus_shared::bus::{Services, sweeper::Job};
 
-pub fn jobs(_services: &Services) -> Vec<Arc<dyn Job>> {
-    Vec::new()
+pub fn jobs(services: &Services) -> Vec<Arc<dyn Job>> {
+    // W2: re-publish partner notifications whose retry is due.
+    paybus_deliver_webhook::jobs(services)
 }

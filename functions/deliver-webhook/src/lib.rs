@@ -1,0 +1,188 @@
+//! The deliver-webhook function: `partner.notification.created {notification_id}` → one signed
+//! POST of the notification to its partner, after the transition that owes it has committed
+//! (principle 8), retried with backoff recorded on the row and given up at a limit
+//! (principle 9).
+//!
+//! One message, three steps, no transaction or lock held across the POST (principle 3):
+//!
+//! 1. **claim** (short transaction): a conditional UPDATE takes a due PENDING row, counts the
+//!    attempt and pushes `next_attempt_at` out by a lease, so a concurrent duplicate message or
+//!    a re-published one is `Skipped` while this POST is in flight. 0 rows → `Skipped` with the
+//!    row's state as the reason; unknown id → `Failed` (dead letter); partner without a
+//!    webhook URL → SKIPPED row, `Skipped`.
+//! 2. **POST** the frozen payload with `X-Paybus-Signature`, `X-Paybus-Event` and
+//!    `X-Paybus-Notification-Id` (the partner's idempotency key); see [`delivery`].
+//! 3. **settle** (short transaction, conditional on the claim): 2xx → DELIVERED, `Done`;
+//!    failure below the limit → PENDING with `last_error` and `next_attempt_at` = backoff,
+//!    `Retry`; at the limit → FAILED, `Failed` (the runtime dead-letters the message).
+//!
+//! Retries come back as messages re-published by [`DueNotificationsJob`] when due.
+//!
+//! Delivery to the partner is at least once: a 2xx whose settle failed (database down) is
+//! requeued, skipped while its lease holds, and sent again after it, with the same
+//! `X-Paybus-Notification-Id`.
+//!
+//! In Lambda the adapter handles a batch's messages one after another, so a batch to a dead
+//! partner takes up to batch size × `timeout`: keep the event source mapping's batch size
+//! small (e.g. 10 with the 10 s default timeout) or the function timeout large enough.
+//!
+//! TLS: reqwest's `rustls` feature (aws-lc-rs provider). `rustls-no-provider` with ring
+//! would avoid that second crypto build, but cargo unifies the feature across the workspace,
+//! and every other reqwest client (the test harness's, the API tests') then panics unless a
+//! provider was installed before it was built.
+
+pub mod config;
+pub mod delivery;
+pub mod due;
+pub mod notification;
+pub mod retry;
+
+use std::sync::Arc;
+
+use paybus_shared::{
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
+    notifications::NotificationCreated,
+};
+
+pub use config::WebhookConfig;
+pub use delivery::Attempt;
+pub use due::{DueNotificationsConfig, DueNotificationsJob, DueNotificationsReport};
+pub use retry::{RetryDecision, RetryPolicy};
+
+use notification::{Claim, ClaimedNotification, NotificationState, Settled};
+
+/// The handler. Build it once at start-up (it owns the HTTP client and its connection pool).
+#[derive(Clone)]
+pub struct DeliverWebhook {
+    http: reqwest::Client,
+    config: WebhookConfig,
+}
+
+impl DeliverWebhook {
+    /// Builds the HTTP client (timeouts, TLS with the ring provider, no redirects).
+    pub fn new(config: WebhookConfig) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: delivery::client(&config)?,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &WebhookConfig {
+        &self.config
+    }
+}
+
+impl Handler for DeliverWebhook {
+    type Message = NotificationCreated;
+    const FUNCTION: &'static str = "deliver-webhook";
+
+    async fn handle(
+        &self,
+        message: Envelope<NotificationCreated>,
+        ctx: &Context<'_>,
+    ) -> Result<Outcome, HandlerError> {
+        let id = message.data.notification_id;
+        let pool = ctx.outbox.pool();
+        let claimed = match notification::claim(pool, id, self.config.lease()).await? {
+            Claim::Claimed(claimed) => claimed,
+            Claim::SkippedNoWebhook { partner_id } => {
+                return Ok(Outcome::Skipped(format!(
+                    "notification {id}: partner {partner_id} has no webhook_url; marked SKIPPED"
+                )));
+            }
+            Claim::NotClaimed(state) => return Ok(not_claimed(id, &state, ctx.attempt)),
+            Claim::Missing => {
+                return Ok(Outcome::Failed(format!("notification {id} does not exist")));
+            }
+        };
+
+        // No transaction is open here: the claim committed, the lease keeps others off.
+        let signed_at = chrono::Utc::now().timestamp();
+        let attempt = delivery::post(&self.http, self.config.timeout, &claimed, signed_at).await;
+
+        match attempt {
+            Attempt::Delivered { status } => {
+                match notification::settle_delivered(pool, &claimed).await? {
+                    Settled::Yes => Ok(Outcome::Done),
+                    Settled::ClaimLost => Ok(claim_lost(&claimed, &format!("HTTP {status}"))),
+                }
+            }
+            Attempt::Failed(error) => {
+                let max = self.config.retry.max_attempts();
+                let n = claimed.attempts;
+                match self.config.retry.after_failure(n) {
+                    RetryDecision::RetryAfter(delay) => {
+                        match notification::settle_retry(pool, &claimed, delay, &error).await? {
+                            Settled::Yes => Ok(Outcome::Retry {
+                                after: delay,
+                                error: format!("notification {id}, attempt {n}/{max}: {error}"),
+                            }),
+                            Settled::ClaimLost => Ok(claim_lost(&claimed, &error)),
+                        }
+                    }
+                    RetryDecision::GiveUp => {
+                        match notification::settle_failed(pool, &claimed, &error).await? {
+                            Settled::Yes => Ok(Outcome::Failed(format!(
+                                "notification {id} to partner {}: gave up after {n} attempts; \
+                                 last error: {error}",
+                                claimed.partner_id
+                            ))),
+                            Settled::ClaimLost => Ok(claim_lost(&claimed, &error)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Why a message found nothing to send.
+fn not_claimed(id: u64, state: &NotificationState, delivery_attempt: u32) -> Outcome {
+    match state.status.as_str() {
+        // A redelivery of a message that failed the row: its dead letter may not have been
+        // confirmed (broker trouble), so it is failed again. The dead letter's id is derived
+        // from the message id, so a dead letter that did get through is still recorded once.
+        // A first delivery (a late duplicate) is only skipped: the row has its dead letter.
+        "FAILED" if delivery_attempt > 1 => Outcome::Failed(format!(
+            "notification {id} is FAILED after {} attempts; last error: {}",
+            state.attempts,
+            state.last_error.as_deref().unwrap_or("none recorded")
+        )),
+        "PENDING" => match state.next_attempt_at {
+            Some(at) if at > state.now => Outcome::Skipped(format!(
+                "notification {id} is in flight or not due (attempt {} holds it until {})",
+                state.attempts,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            )),
+            _ => Outcome::Skipped(format!(
+                "notification {id} was claimed concurrently (attempt {})",
+                state.attempts
+            )),
+        },
+        status => Outcome::Skipped(format!("notification {id} is already {status}")),
+    }
+}
+
+/// The settle found another attempt's claim in place (our lease ran out mid-request): that
+/// attempt owns the row now, so this one writes nothing.
+fn claim_lost(claimed: &ClaimedNotification, result: &str) -> Outcome {
+    tracing::warn!(
+        notification_id = claimed.id,
+        attempt = claimed.attempts,
+        result,
+        "the claim ran out before the settle; another attempt owns the row"
+    );
+    Outcome::Skipped(format!(
+        "notification {}: attempt {} ended ({result}) after its claim had been taken over",
+        claimed.id, claimed.attempts
+    ))
+}
+
+/// The maintenance jobs this function needs: the due-retries sweep, with its defaults.
+/// Register them with the runner (`paybus run`) and the scheduled sweeper.
+pub fn jobs(services: &Services) -> Vec<Arc<dyn Job>> {
+    vec![Arc::new(DueNotificationsJob::new(
+        services.outbox.clone(),
+        DueNotificationsConfig::default(),
+    ))]
+}

@@ -1,0 +1,934 @@
+//! deliver-webhook against the real database and broker, with a real HTTP server (wiremock)
+//! standing in for the partner.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use paybus_deliver_webhook::{
+    DeliverWebhook, DueNotificationsConfig, DueNotificationsJob, RetryPolicy, WebhookConfig,
+    delivery::{HEADER_EVENT, HEADER_NOTIFICATION_ID, HEADER_SIGNATURE},
+    notification::{self, Claim, Settled},
+};
+use paybus_shared::{
+    bus::{Context, Envelope, Handler, Outcome, Runner, Services},
+    notifications::{NewNotification, NotificationCreated, enqueue},
+    signature,
+    testing::TestEnv,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
+
+const SECRET: &str = "whsec_partner_test_secret";
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+async fn services(env: &TestEnv) -> Services {
+    let services = Services::connect(env.settings.clone()).await.unwrap();
+    services
+        .declare_topology(&[DeliverWebhook::queue()])
+        .await
+        .unwrap();
+    services
+}
+
+/// Short timeouts and delays, so nothing waits for minutes.
+fn config(max_attempts: u32, backoff_ms: &[u64]) -> WebhookConfig {
+    WebhookConfig {
+        timeout: Duration::from_secs(2),
+        retry: RetryPolicy::new(
+            max_attempts,
+            backoff_ms
+                .iter()
+                .map(|&ms| Duration::from_millis(ms))
+                .collect(),
+        )
+        .unwrap(),
+        ..WebhookConfig::default()
+    }
+}
+
+fn fast_sweep() -> DueNotificationsConfig {
+    DueNotificationsConfig {
+        interval: Duration::from_millis(50),
+        ..DueNotificationsConfig::default()
+    }
+}
+
+async fn insert_partner(env: &TestEnv, name: &str, webhook_url: Option<&str>) -> u64 {
+    sqlx::query("INSERT INTO partners (name, webhook_url, webhook_secret) VALUES (?, ?, ?)")
+        .bind(name)
+        .bind(webhook_url)
+        .bind(SECRET)
+        .execute(&env.db)
+        .await
+        .unwrap()
+        .last_insert_id()
+}
+
+fn payload(reference_id: u64) -> serde_json::Value {
+    serde_json::json!({
+        "event": "WITHDRAWAL_CONFIRMED",
+        "withdrawal_id": reference_id,
+        "amount": "100.000000",
+        "currency": "USDT",
+    })
+}
+
+/// A notification row as a confirming transition writes it, with its message (outbox).
+async fn notify(services: &Services, partner_id: u64, reference_id: u64) -> u64 {
+    let mut uow = services.outbox.begin().await.unwrap();
+    let payload = payload(reference_id);
+    let id = enqueue(
+        &mut uow,
+        &NewNotification {
+            partner_id,
+            event: "WITHDRAWAL_CONFIRMED",
+            reference_type: "WITHDRAWAL",
+            reference_id,
+            payload: &payload,
+        },
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    uow.commit().await.unwrap();
+    id
+}
+
+/// A notification row only (no message), for tests that call the handler themselves.
+async fn insert_notification(env: &TestEnv, partner_id: u64, reference_id: u64) -> u64 {
+    sqlx::query(
+        "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, payload) \
+         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, ?)",
+    )
+    .bind(partner_id)
+    .bind(reference_id)
+    .bind(payload(reference_id).to_string())
+    .execute(&env.db)
+    .await
+    .unwrap()
+    .last_insert_id()
+}
+
+async fn handle(
+    handler: &DeliverWebhook,
+    services: &Services,
+    notification_id: u64,
+    attempt: u32,
+) -> Outcome {
+    let ctx = Context {
+        outbox: &services.outbox,
+        attempt,
+    };
+    handler
+        .handle(Envelope::new(NotificationCreated { notification_id }), &ctx)
+        .await
+        .unwrap()
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Row {
+    status: String,
+    attempts: u32,
+    last_error: Option<String>,
+    next_attempt_at: Option<DateTime<Utc>>,
+    delivered_at: Option<DateTime<Utc>>,
+    updated_at: DateTime<Utc>,
+    payload: String,
+}
+
+async fn row(env: &TestEnv, id: u64) -> Row {
+    sqlx::query_as(
+        "SELECT status, attempts, last_error, next_attempt_at, delivered_at, updated_at, payload \
+         FROM partner_notifications WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(&env.db)
+    .await
+    .unwrap()
+}
+
+async fn count(env: &TestEnv, sql: &'static str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(&env.db)
+        .await
+        .unwrap()
+}
+
+/// Polls `check` until it holds or `timeout` passes; false on timeout.
+async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check().await
+}
+
+/// The function's consumer, its dead-letter recorder, the outbox relay and the due sweep.
+fn start(
+    services: &Services,
+    handler: DeliverWebhook,
+    sweep: DueNotificationsConfig,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(handler);
+    runner.add_job(Arc::new(DueNotificationsJob::new(
+        services.outbox.clone(),
+        sweep,
+    )));
+    let token = shutdown.clone();
+    let run = tokio::spawn(async move { runner.run(token).await.unwrap() });
+    (shutdown, run)
+}
+
+async fn stop(stop: CancellationToken, run: tokio::task::JoinHandle<()>) {
+    stop.cancel();
+    run.await.unwrap();
+}
+
+async fn partner_ok(server: &MockServer) {
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(server)
+        .await;
+}
+
+async fn requests(server: &MockServer) -> Vec<Request> {
+    server.received_requests().await.unwrap()
+}
+
+fn header<'r>(request: &'r Request, name: &str) -> Option<&'r str> {
+    request.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn notification_id_of(request: &Request) -> u64 {
+    header(request, HEADER_NOTIFICATION_ID)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn assert_signed(request: &Request) {
+    let verified = signature::verify(
+        SECRET.as_bytes(),
+        header(request, HEADER_SIGNATURE),
+        &request.body,
+        Utc::now().timestamp(),
+        signature::DEFAULT_TOLERANCE,
+    );
+    assert_eq!(verified, Ok(()), "signature of {request:?}");
+}
+
+/// Answers 500 to the first `failures` requests, then 200, and records when each came.
+#[derive(Clone)]
+struct DownForAWhile {
+    failures: usize,
+    seen: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Respond for DownForAWhile {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let mut seen = self.seen.lock().unwrap();
+        seen.push(Instant::now());
+        if seen.len() <= self.failures {
+            ResponseTemplate::new(500).set_body_string("partner down for maintenance")
+        } else {
+            ResponseTemplate::new(200)
+        }
+    }
+}
+
+/// An address where nothing listens (connection refused).
+fn closed_port_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}/hooks/paybus")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delivery
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_notification_is_delivered_once_with_a_valid_signature() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    partner_ok(&partner).await;
+    let partner_id =
+        insert_partner(&env, "p", Some(&format!("{}/hooks/paybus", partner.uri()))).await;
+    let (halt, run) = start(
+        &services,
+        DeliverWebhook::new(config(8, &[100])).unwrap(),
+        fast_sweep(),
+    );
+
+    let id = notify(&services, partner_id, 1989).await;
+    let delivered = eventually(Duration::from_secs(20), || async {
+        row(&env, id).await.status == "DELIVERED"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // room for a (wrong) second POST
+    stop(halt, run).await;
+
+    assert!(delivered, "{:?}", row(&env, id).await);
+    let received = requests(&partner).await;
+    assert_eq!(received.len(), 1, "{received:?}");
+    let request = &received[0];
+    assert_eq!(request.url.path(), "/hooks/paybus");
+    assert_eq!(header(request, "content-type"), Some("application/json"));
+    assert_eq!(header(request, HEADER_EVENT), Some("WITHDRAWAL_CONFIRMED"));
+    assert_eq!(notification_id_of(request), id);
+    assert_signed(request);
+    let stored = row(&env, id).await;
+    assert_eq!(
+        request.body,
+        stored.payload.as_bytes(),
+        "the frozen payload, byte for byte"
+    );
+    assert_eq!(stored.attempts, 1);
+    assert!(stored.delivered_at.is_some());
+    assert_eq!(stored.next_attempt_at, None);
+    assert_eq!(stored.last_error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_message_handled_three_times_at_once_posts_once() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    // Slow enough that the duplicates arrive while the first POST is in flight.
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(204).set_delay(Duration::from_millis(500)))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let id = insert_notification(&env, partner_id, 7).await;
+    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+
+    let (a, b, c) = tokio::join!(
+        handle(&handler, &services, id, 1),
+        handle(&handler, &services, id, 1),
+        handle(&handler, &services, id, 1),
+    );
+
+    let outcomes = [a, b, c];
+    let done = outcomes.iter().filter(|o| **o == Outcome::Done).count();
+    let skipped = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Skipped(_)))
+        .count();
+    assert_eq!((done, skipped), (1, 2), "{outcomes:?}");
+    assert_eq!(requests(&partner).await.len(), 1);
+    let stored = row(&env, id).await;
+    assert_eq!((stored.status.as_str(), stored.attempts), ("DELIVERED", 1));
+    // A late duplicate is skipped too, with the reason.
+    let late = handle(&handler, &services, id, 1).await;
+    assert_eq!(
+        late,
+        Outcome::Skipped(format!("notification {id} is already DELIVERED"))
+    );
+    assert_eq!(requests(&partner).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_messages_across_two_consumers_post_each_notification_once() {
+    let env = TestEnv::new().await;
+    let services_a = services(&env).await;
+    let services_b = services(&env).await;
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(30)))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let mut ids = Vec::new();
+    for reference in 0..40 {
+        ids.push(insert_notification(&env, partner_id, reference).await);
+    }
+    let webhook = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let (halt_a, run_a) = start(&services_a, webhook.clone(), fast_sweep());
+    let (halt_b, run_b) = start(&services_b, webhook, fast_sweep());
+
+    // Every message three times: the same envelope, so the same message id.
+    for &notification_id in &ids {
+        let outgoing = Envelope::new(NotificationCreated { notification_id })
+            .to_outgoing()
+            .unwrap();
+        for _ in 0..3 {
+            services_a
+                .publisher()
+                .publish_event(&outgoing)
+                .await
+                .unwrap();
+        }
+    }
+    let all_delivered = eventually(Duration::from_secs(30), || async {
+        count(
+            &env,
+            "SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'",
+        )
+        .await
+            == 40
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop(halt_a, run_a).await;
+    stop(halt_b, run_b).await;
+
+    assert!(all_delivered);
+    let received = requests(&partner).await;
+    let distinct: HashSet<u64> = received.iter().map(notification_id_of).collect();
+    assert_eq!(received.len(), 40, "one POST per notification");
+    assert_eq!(distinct, ids.iter().copied().collect::<HashSet<_>>());
+    assert_eq!(
+        count(
+            &env,
+            "SELECT COUNT(*) FROM partner_notifications WHERE attempts <> 1"
+        )
+        .await,
+        0
+    );
+    assert_eq!(count(&env, "SELECT COUNT(*) FROM dead_letters").await, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failed attempts and retries
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_attempt_records_the_error_and_the_next_attempt_on_the_row() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503).set_body_string("upstream\nunavailable"))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(config(8, &[10_000, 30_000])).unwrap();
+
+    let outcome = handle(&handler, &services, id, 1).await;
+
+    let expected_error = "HTTP 503 Service Unavailable: upstream unavailable";
+    assert_eq!(
+        outcome,
+        Outcome::Retry {
+            after: Duration::from_secs(10),
+            error: format!("notification {id}, attempt 1/8: {expected_error}"),
+        }
+    );
+    let stored = row(&env, id).await;
+    assert_eq!(stored.status, "PENDING");
+    assert_eq!(stored.attempts, 1);
+    assert_eq!(stored.last_error.as_deref(), Some(expected_error));
+    // Written in one statement: next attempt = that statement's NOW(6) + the backoff.
+    assert_eq!(
+        stored.next_attempt_at.unwrap() - stored.updated_at,
+        chrono::Duration::seconds(10)
+    );
+    // Not due: a duplicate message now is skipped and sends nothing.
+    let duplicate = handle(&handler, &services, id, 1).await;
+    assert!(
+        matches!(&duplicate, Outcome::Skipped(reason) if reason.contains("not due")),
+        "{duplicate:?}"
+    );
+    assert_eq!(requests(&partner).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partner_down_for_a_while_is_retried_with_backoff_then_delivered() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    let responder = DownForAWhile {
+        failures: 3,
+        seen: Arc::default(),
+    };
+    Mock::given(method("POST"))
+        .respond_with(responder.clone())
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let backoff_ms = [300, 600, 900];
+    let (halt, run) = start(
+        &services,
+        DeliverWebhook::new(config(8, &backoff_ms)).unwrap(),
+        fast_sweep(),
+    );
+
+    let id = notify(&services, partner_id, 42).await;
+    // While the partner is down the row carries the failure and its next attempt.
+    let recorded = eventually(Duration::from_secs(20), || async {
+        let stored = row(&env, id).await;
+        stored.status == "PENDING"
+            && stored.attempts >= 1
+            && stored
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("HTTP 500 Internal Server Error: partner down"))
+            && stored
+                .next_attempt_at
+                .is_some_and(|at| at > stored.updated_at)
+    })
+    .await;
+    let delivered = eventually(Duration::from_secs(30), || async {
+        row(&env, id).await.status == "DELIVERED"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop(halt, run).await;
+
+    assert!(recorded, "{:?}", row(&env, id).await);
+    assert!(delivered, "{:?}", row(&env, id).await);
+    let stored = row(&env, id).await;
+    assert_eq!(stored.attempts, 4);
+    assert!(stored.delivered_at.is_some());
+    let received = requests(&partner).await;
+    assert_eq!(received.len(), 4, "3 refused + 1 delivered");
+    for request in &received {
+        assert_eq!(notification_id_of(request), id);
+        assert_signed(request);
+    }
+    // Each retry waited at least its backoff, and was picked up promptly after it.
+    let seen = responder.seen.lock().unwrap().clone();
+    for (i, pause) in backoff_ms.iter().enumerate() {
+        let gap = seen[i + 1] - seen[i];
+        let pause = Duration::from_millis(*pause);
+        assert!(gap >= pause, "retry {i} after {gap:?}, backoff {pause:?}");
+        assert!(
+            gap < pause + Duration::from_secs(3),
+            "retry {i} after {gap:?}"
+        );
+    }
+    assert_eq!(count(&env, "SELECT COUNT(*) FROM dead_letters").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partner_down_for_good_ends_failed_with_one_dead_letter_and_others_are_delivered() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let broken = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("boom"))
+        .mount(&broken)
+        .await;
+    let healthy = MockServer::start().await;
+    partner_ok(&healthy).await;
+    let broken_partner = insert_partner(&env, "broken", Some(&broken.uri())).await;
+    let gone_partner = insert_partner(&env, "gone", Some(&closed_port_url())).await;
+    let healthy_partner = insert_partner(&env, "healthy", Some(&healthy.uri())).await;
+    let (halt, run) = start(
+        &services,
+        DeliverWebhook::new(config(3, &[100, 200])).unwrap(),
+        fast_sweep(),
+    );
+
+    let to_broken = notify(&services, broken_partner, 1).await;
+    let to_gone = notify(&services, gone_partner, 2).await;
+    let mut to_healthy = Vec::new();
+    for reference in 10..15 {
+        to_healthy.push(notify(&services, healthy_partner, reference).await);
+    }
+    let settled = eventually(Duration::from_secs(30), || async {
+        row(&env, to_broken).await.status == "FAILED"
+            && row(&env, to_gone).await.status == "FAILED"
+            && count(&env, "SELECT COUNT(*) FROM dead_letters").await == 2
+            && count(
+                &env,
+                "SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'",
+            )
+            .await
+                == 5
+    })
+    .await;
+    // Several more sweeps: nothing is re-published, re-sent or dead-lettered again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop(halt, run).await;
+
+    assert!(
+        settled,
+        "{:?} / {:?}",
+        row(&env, to_broken).await,
+        row(&env, to_gone).await
+    );
+    let broken_row = row(&env, to_broken).await;
+    assert_eq!(broken_row.attempts, 3);
+    assert_eq!(
+        broken_row.last_error.as_deref(),
+        Some("HTTP 500 Internal Server Error: boom")
+    );
+    assert_eq!(broken_row.next_attempt_at, None);
+    let gone_row = row(&env, to_gone).await;
+    assert_eq!(gone_row.attempts, 3);
+    assert!(
+        gone_row
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("connection failed")),
+        "{gone_row:?}"
+    );
+    assert_eq!(requests(&broken).await.len(), 3);
+    assert_eq!(requests(&healthy).await.len(), 5);
+
+    let dead: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT function_name, reason, error FROM dead_letters ORDER BY id")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for (function, reason, _) in &dead {
+        assert_eq!(
+            (function.as_str(), reason.as_str()),
+            ("deliver-webhook", "failed")
+        );
+    }
+    for id in [to_broken, to_gone] {
+        let mine: Vec<_> = dead
+            .iter()
+            .filter(|(_, _, error)| error.starts_with(&format!("notification {id} ")))
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "one dead letter for notification {id}: {dead:?}"
+        );
+        assert!(mine[0].2.contains("gave up after 3 attempts"), "{mine:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timeout_counts_as_a_failed_attempt() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(3)))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "slow", Some(&partner.uri())).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(WebhookConfig {
+        timeout: Duration::from_millis(300),
+        ..config(8, &[10_000])
+    })
+    .unwrap();
+
+    let started = Instant::now();
+    let outcome = handle(&handler, &services, id, 1).await;
+
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        outcome,
+        Outcome::Retry {
+            after: Duration::from_secs(10),
+            error: format!("notification {id}, attempt 1/8: timed out after 300ms"),
+        }
+    );
+    let stored = row(&env, id).await;
+    assert_eq!((stored.status.as_str(), stored.attempts), ("PENDING", 1));
+    assert_eq!(stored.last_error.as_deref(), Some("timed out after 300ms"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(301).insert_header("location", "/elsewhere"))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "moved", Some(&partner.uri())).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(config(8, &[10_000])).unwrap();
+
+    let outcome = handle(&handler, &services, id, 1).await;
+
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    assert_eq!(
+        requests(&partner).await.len(),
+        1,
+        "the redirect is not followed"
+    );
+    assert_eq!(
+        row(&env, id).await.last_error.as_deref(),
+        Some("HTTP 301 Moved Permanently")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nothing to send
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partner_without_webhook_url_is_skipped() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner_id = insert_partner(&env, "no hooks", None).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+
+    let outcome = handle(&handler, &services, id, 1).await;
+
+    assert_eq!(
+        outcome,
+        Outcome::Skipped(format!(
+            "notification {id}: partner {partner_id} has no webhook_url; marked SKIPPED"
+        ))
+    );
+    let stored = row(&env, id).await;
+    assert_eq!((stored.status.as_str(), stored.attempts), ("SKIPPED", 0));
+    assert_eq!(stored.next_attempt_at, None);
+    assert_eq!(
+        handle(&handler, &services, id, 1).await,
+        Outcome::Skipped(format!("notification {id} is already SKIPPED"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unknown_notification_is_failed() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+
+    let outcome = handle(&handler, &services, 4242, 1).await;
+
+    assert_eq!(
+        outcome,
+        Outcome::Failed("notification 4242 does not exist".to_owned())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_row_is_failed_again_only_on_a_redelivery() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(config(1, &[100])).unwrap();
+    let first = handle(&handler, &services, id, 1).await;
+    assert_eq!(
+        first,
+        Outcome::Failed(format!(
+            "notification {id} to partner {partner_id}: gave up after 1 attempts; \
+             last error: HTTP 500 Internal Server Error"
+        ))
+    );
+
+    // A late duplicate: the row already has its dead letter.
+    let duplicate = handle(&handler, &services, id, 1).await;
+    // The same message again (its dead letter was not confirmed): failed again, so the dead
+    // letter is not lost (recorded once: its id derives from the message id).
+    let redelivered = handle(&handler, &services, id, 2).await;
+
+    assert_eq!(
+        duplicate,
+        Outcome::Skipped(format!("notification {id} is already FAILED"))
+    );
+    assert!(
+        matches!(&redelivered, Outcome::Failed(reason) if reason.contains("is FAILED after 1 attempts")),
+        "{redelivered:?}"
+    );
+    assert_eq!(requests(&partner).await.len(), 1, "nothing is sent again");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The due-retries sweep
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&partner)
+        .await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let retrying = insert_notification(&env, partner_id, 1).await;
+    let fresh = insert_notification(&env, partner_id, 2).await;
+    let handler = DeliverWebhook::new(config(8, &[200])).unwrap();
+    let sweep =
+        DueNotificationsJob::new(services.outbox.clone(), DueNotificationsConfig::default());
+    let outbox_rows = || count(&env, "SELECT COUNT(*) FROM outbox_messages");
+
+    assert!(matches!(
+        handle(&handler, &services, retrying, 1).await,
+        Outcome::Retry { .. }
+    ));
+    let before_due = sweep.run_once().await.unwrap().republished;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let when_due = sweep.run_once().await.unwrap().republished;
+    let again = sweep.run_once().await.unwrap().republished;
+
+    assert_eq!(before_due, 0, "not due yet");
+    assert_eq!(
+        when_due, 1,
+        "the due retry, not the fresh row (its message is on its way)"
+    );
+    assert_eq!(
+        again, 0,
+        "one message per arming, however often the sweep runs"
+    );
+    assert_eq!(outbox_rows().await, 1);
+    let body: String = sqlx::query_scalar("SELECT CAST(body AS CHAR) FROM outbox_messages")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    let message: Envelope<NotificationCreated> = serde_json::from_str(&body).unwrap();
+    assert_eq!(message.data.notification_id, retrying);
+    assert_eq!(row(&env, fresh).await.attempts, 0);
+
+    // The re-published message claims it (attempt 2), which re-arms it for a later sweep.
+    assert!(matches!(
+        handle(&handler, &services, retrying, 1).await,
+        Outcome::Retry { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sweep.run_once().await.unwrap().republished, 1);
+    assert_eq!(row(&env, retrying).await.attempts, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_due_row_left_unclaimed_is_republished_again_after_stale_after() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner_id = insert_partner(&env, "p", Some("http://127.0.0.1:9/unused")).await;
+    // A fresh row whose message never arrived (lost, or consumers down).
+    let id = insert_notification(&env, partner_id, 1).await;
+    let sweep = DueNotificationsJob::new(
+        services.outbox.clone(),
+        DueNotificationsConfig {
+            stale_after: Duration::from_millis(300),
+            ..DueNotificationsConfig::default()
+        },
+    );
+
+    let at_once = sweep.run_once().await.unwrap().republished;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stale = sweep.run_once().await.unwrap().republished;
+    let right_after = sweep.run_once().await.unwrap().republished;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stale_again = sweep.run_once().await.unwrap().republished;
+
+    assert_eq!((at_once, stale, right_after, stale_again), (0, 1, 0, 1));
+    assert_eq!(row(&env, id).await.status, "PENDING");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_https_partner_gets_a_tls_handshake() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    // A plain-HTTP server behind an https:// URL: the client must speak TLS to it (and fail
+    // the handshake), which proves TLS is built in.
+    let partner = MockServer::start().await;
+    partner_ok(&partner).await;
+    let url = partner.uri().replacen("http://", "https://", 1);
+    let partner_id = insert_partner(&env, "tls", Some(&url)).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(config(8, &[10_000])).unwrap();
+
+    let outcome = handle(&handler, &services, id, 1).await;
+
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    let error = row(&env, id).await.last_error.unwrap();
+    // rustls's own words for an HTTP answer to its ClientHello.
+    assert!(
+        error.starts_with("connection failed") && error.contains("InvalidContentType"),
+        "{error}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crashes mid-delivery
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_whose_process_died_is_sent_again_once_its_lease_runs_out() {
+    let env = TestEnv::new().await;
+    let services = services(&env).await;
+    let partner = MockServer::start().await;
+    partner_ok(&partner).await;
+    let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let sweep =
+        DueNotificationsJob::new(services.outbox.clone(), DueNotificationsConfig::default());
+    // A claim whose process then died: nothing settles it.
+    let lease = Duration::from_millis(300);
+    let claim = notification::claim(&env.db, id, lease).await.unwrap();
+    assert!(matches!(claim, Claim::Claimed(_)), "{claim:?}");
+
+    let while_held = handle(&handler, &services, id, 1).await;
+    let swept_while_held = sweep.run_once().await.unwrap().republished;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let swept_after = sweep.run_once().await.unwrap().republished;
+    let retried = handle(&handler, &services, id, 1).await;
+
+    assert!(
+        matches!(&while_held, Outcome::Skipped(reason) if reason.contains("in flight")),
+        "{while_held:?}"
+    );
+    assert_eq!((swept_while_held, swept_after), (0, 1));
+    assert_eq!(retried, Outcome::Done);
+    let stored = row(&env, id).await;
+    assert_eq!((stored.status.as_str(), stored.attempts), ("DELIVERED", 2));
+    assert_eq!(requests(&partner).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_settle_after_the_claim_was_taken_over_writes_nothing() {
+    let env = TestEnv::new().await;
+    let partner_id = insert_partner(&env, "p", Some("http://127.0.0.1:9/unused")).await;
+    let id = insert_notification(&env, partner_id, 1).await;
+    let Claim::Claimed(first) = notification::claim(&env.db, id, Duration::from_millis(100))
+        .await
+        .unwrap()
+    else {
+        panic!("first claim")
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let Claim::Claimed(second) = notification::claim(&env.db, id, Duration::from_secs(60))
+        .await
+        .unwrap()
+    else {
+        panic!("second claim after the lease")
+    };
+
+    let late_failure =
+        notification::settle_failed(&env.db, &first, "HTTP 500 from a slow attempt").await;
+    let late_success = notification::settle_delivered(&env.db, &first).await;
+    let current = notification::settle_delivered(&env.db, &second).await;
+
+    assert_eq!((first.attempts, second.attempts), (1, 2));
+    assert_eq!(late_failure.unwrap(), Settled::ClaimLost);
+    assert_eq!(late_success.unwrap(), Settled::ClaimLost);
+    assert_eq!(current.unwrap(), Settled::Yes);
+    let stored = row(&env, id).await;
+    assert_eq!((stored.status.as_str(), stored.attempts), ("DELIVERED", 2));
+    assert_eq!(stored.last_error, None);
+}
