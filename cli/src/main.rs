@@ -119,6 +119,9 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let services = Services::connect(settings)
         .await
         .context("while connecting to the database and the broker")?;
+    // Before the API takes its first webhook: a message published before its queue exists
+    // would be unroutable and wait for the relay.
+    services.declare_topology(&functions::queues()).await?;
     let shutdown = shutdown_on_signal();
     let api = tokio::spawn(paybus_api::serve(services.clone(), shutdown.clone()));
     let mut runner = Runner::new(services);

@@ -7,31 +7,28 @@
 
 use std::{future::Future, str::FromStr, sync::Arc, time::Duration};
 
-use lapin::{
-    options::{QueueBindOptions, QueueDeclareOptions},
-    types::FieldTable,
-};
+use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_confirm_withdrawal::{
     ConfirmWithdrawal, Confirmation, WithdrawalTxConfirmed, confirm_if_in_flight,
 };
+use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
 use paybus_shared::{
-    bus::{Envelope, Handler, Message, Outbox, Runner, Services, metrics, topology},
+    bus::{Envelope, Handler, Outbox, Runner, Services, metrics},
     db,
     ledger::{self, EntryType, Posting, ReferenceType, audit},
-    notifications::NotificationCreated,
     testing::TestEnv,
 };
 use rust_decimal::Decimal;
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
+use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
 const WITHDRAWALS: usize = 200;
 /// Deliveries of each confirmation (the chain monitor re-sends while the first is in flight).
 const COPIES: usize = 3;
 const CONSUMERS: usize = 4;
 const OPENING_BALANCE: &str = "1000000";
-const TAP: &str = "test.notifications";
 
 fn dec(text: &str) -> Decimal {
     Decimal::from_str(text).unwrap()
@@ -60,14 +57,15 @@ async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
         .unwrap()
 }
 
-/// One partner with a webhook URL (delivery is deliver-webhook's job, not under test here) and
-/// an opening balance, and `WITHDRAWALS` NORMAL withdrawals in BROADCASTING with distinct
-/// amounts. Returns the partner, the withdrawal ids and the sum of their amounts.
-async fn broadcasting_withdrawals(pool: &MySqlPool) -> (u64, Vec<u64>, Decimal) {
+/// One partner with a webhook URL and an opening balance, and `WITHDRAWALS` NORMAL
+/// withdrawals in BROADCASTING with distinct amounts. Returns the partner, the withdrawal ids
+/// and the sum of their amounts.
+async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, Vec<u64>, Decimal) {
     let partner_id = sqlx::query(
         "INSERT INTO partners (name, webhook_url, webhook_secret) \
-         VALUES ('partner 45', 'http://127.0.0.1:9/partner-webhook', 'secret')",
+         VALUES ('partner 45', ?, 'partner-45-webhook-secret')",
     )
+    .bind(webhook_url)
     .execute(pool)
     .await
     .unwrap()
@@ -146,34 +144,6 @@ async fn balance(pool: &MySqlPool, partner_id: u64) -> Decimal {
     .unwrap()
 }
 
-/// A queue of the test's own for `partner.notification.created`, standing in for
-/// deliver-webhook's: the notification messages are routable and can be counted.
-async fn notification_tap(services: &Services) -> lapin::Channel {
-    let channel = services.connection.create_channel().await.unwrap();
-    channel
-        .queue_declare(
-            TAP.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            TAP.into(),
-            topology::EVENTS_EXCHANGE.into(),
-            NotificationCreated::TYPE.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-}
-
 async fn queue_counts(channel: &lapin::Channel, queue: &str) -> (u32, u32) {
     let queue = channel
         .queue_declare(
@@ -192,13 +162,20 @@ async fn queue_counts(channel: &lapin::Channel, queue: &str) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit_exactly_once() {
     let env = TestEnv::new().await;
-    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db).await;
+    // The partner: a real HTTP server that answers 200 and remembers every webhook.
+    let partner = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&partner)
+        .await;
+    let webhook_url = format!("{}/partner-webhook", partner.uri());
+    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db, &webhook_url).await;
     let services = Services::connect(env.settings.clone()).await.unwrap();
     services
-        .declare_topology(&[ConfirmWithdrawal::queue()])
+        .declare_topology(&[ConfirmWithdrawal::queue(), DeliverWebhook::queue()])
         .await
         .unwrap();
-    let tap = notification_tap(&services).await;
+    let tap = services.connection.create_channel().await.unwrap();
     // Four consumers, each a process of its own as far as the broker and the database can
     // tell: its own connection, channel, prefetch (the default) and pool.
     let shutdown = CancellationToken::new();
@@ -206,6 +183,7 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
     for _ in 0..CONSUMERS {
         let mut runner = Runner::new(Services::connect(env.settings.clone()).await.unwrap());
         runner.add_function(ConfirmWithdrawal);
+        runner.add_function(DeliverWebhook::new(WebhookConfig::default()).unwrap());
         let token = shutdown.clone();
         consumers.spawn(async move { runner.run(token).await.unwrap() });
     }
@@ -245,10 +223,13 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
     })
     .await;
     let elapsed = started.elapsed();
-    let notified = eventually(Duration::from_secs(30), || async {
-        queue_counts(&tap, TAP).await.0 >= u32::try_from(WITHDRAWALS).unwrap()
+    let webhooks = || async { partner.received_requests().await.unwrap_or_default() };
+    let notified = eventually(Duration::from_secs(60), || async {
+        webhooks().await.len() >= WITHDRAWALS
     })
     .await;
+    // Room for a (wrong) second webhook to arrive before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     shutdown.cancel();
     while let Some(joined) = consumers.join_next().await {
         joined.unwrap();
@@ -304,12 +285,23 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
     );
     assert!(
         notified,
-        "notification messages: {:?}",
-        queue_counts(&tap, TAP).await
+        "the partner got {} webhooks",
+        webhooks().await.len()
     );
+    let received = webhooks().await;
+    assert_eq!(received.len(), WITHDRAWALS, "one webhook per withdrawal");
+    let distinct: std::collections::HashSet<_> = received
+        .iter()
+        .filter_map(|r| r.headers.get("x-paybus-notification-id"))
+        .collect();
+    assert_eq!(distinct.len(), WITHDRAWALS);
     assert_eq!(
-        queue_counts(&tap, TAP).await.0,
-        u32::try_from(WITHDRAWALS).unwrap()
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'"
+        )
+        .await,
+        expected
     );
     assert_eq!(
         scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
@@ -465,11 +457,11 @@ async fn race_outbox(env: &TestEnv) -> (MySqlPool, Services, Outbox) {
         .await
         .unwrap();
     let services = Services::connect(env.settings.clone()).await.unwrap();
+    // deliver-webhook's queue makes the notification messages routable; nobody consumes it.
     services
-        .declare_topology(&[ConfirmWithdrawal::queue()])
+        .declare_topology(&[ConfirmWithdrawal::queue(), DeliverWebhook::queue()])
         .await
         .unwrap();
-    notification_tap(&services).await;
     let outbox = Outbox::new(pool.clone(), services.publisher().clone());
     (pool, services, outbox)
 }
@@ -477,7 +469,8 @@ async fn race_outbox(env: &TestEnv) -> (MySqlPool, Services, Outbox) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_seeds_read_then_update_design_debits_twice_under_the_same_race() {
     let env = TestEnv::new().await;
-    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db).await;
+    let (partner_id, ids, total) =
+        broadcasting_withdrawals(&env.db, "http://127.0.0.1:9/not-under-test").await;
     let (pool, _services, outbox) = race_outbox(&env).await;
 
     let debited = tokio::time::timeout(
@@ -512,7 +505,8 @@ async fn the_seeds_read_then_update_design_debits_twice_under_the_same_race() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_conditional_update_debits_once_under_the_same_race() {
     let env = TestEnv::new().await;
-    let (partner_id, ids, total) = broadcasting_withdrawals(&env.db).await;
+    let (partner_id, ids, total) =
+        broadcasting_withdrawals(&env.db, "http://127.0.0.1:9/not-under-test").await;
     let (pool, _services, outbox) = race_outbox(&env).await;
 
     let debited = tokio::time::timeout(

@@ -178,7 +178,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         Self {
             batch_size: 500,
-            grace: Duration::from_secs(2),
+            grace: Duration::from_secs(10),
             retention: Duration::from_secs(24 * 3600),
             prune_batch: 5_000,
         }
