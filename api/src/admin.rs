@@ -5,6 +5,7 @@
 //! read. Missing or wrong → 401; token not configured → 503. There is one token and it
 //! carries the ADMIN role, so no request here is ever 403 yet; roles come with a token store.
 
+mod audit;
 mod deposits;
 mod partners;
 mod withdrawals;
@@ -28,6 +29,7 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
         .route("/v1/admin/withdrawals/{id}", get(withdrawals::show))
         .route("/v1/admin/deposits", post(deposits::create))
         .route("/v1/admin/deposits/{id}", get(deposits::show))
+        .route("/v1/admin/audit", get(audit::run))
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(state, require_admin))
 }

@@ -331,3 +331,35 @@ async fn unknown_ids_are_404_and_bad_ids_400() {
         assert!(!error_of(&answer).is_empty());
     }
 }
+
+#[tokio::test]
+async fn the_audit_endpoint_reports_clean_then_a_planted_double_debit() {
+    let api = Api::new().await;
+    let (status, body) = api.call(admin_get("/v1/admin/audit")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["clean"], json!(true));
+
+    for sql in [
+        "INSERT INTO partners (id, name, webhook_secret) VALUES (45, 'p45', 'secret')",
+        "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (45, 'USDT', -100)",
+        "INSERT INTO ledger_entries (partner_id, currency, entry_type, amount, balance_after, \
+         reference_type, reference_id, idem_key) \
+         VALUES (45, 'USDT', 'DEBIT', 100, -100, 'WITHDRAWAL', 1989, 'WDR_CONFIRM:1989')",
+        "INSERT INTO ledger_entries (partner_id, currency, entry_type, amount, balance_after, \
+         reference_type, reference_id, idem_key) \
+         VALUES (45, 'USDT', 'DEBIT', 100, -200, 'WITHDRAWAL', 1989, NULL)",
+    ] {
+        sqlx::query(sql).execute(&api.env.db).await.unwrap();
+    }
+    let (status, body) = api.call(admin_get("/v1/admin/audit")).await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["clean"], json!(false), "{body}");
+    let violations = body["violations"].as_array().unwrap();
+    assert!(!violations.is_empty());
+    assert!(
+        violations
+            .iter()
+            .all(|v| v["check"].is_string() && v["description"].is_string())
+    );
+}
