@@ -12,11 +12,12 @@ pub struct BrokerUnreachable {
     pub source: lapin::Error,
 }
 
-/// Opens a connection that recovers by itself after a broker restart (lapin ≥ 4.12.3
-/// restores channels, QoS, topology and consumers).
+/// Opens one connection. Recovery after a drop is the bus link's job
+/// (`bus::link::BrokerLink`), not lapin's: lapin's auto-recovery sometimes gave up after a
+/// clean broker restart, and sometimes finished after we had replaced the connection, leaving
+/// a recovered consumer holding prefetched deliveries nobody read. One mechanism, ours.
 pub async fn connect(settings: &BrokerSettings) -> Result<Connection, BrokerUnreachable> {
-    let properties = ConnectionProperties::default().enable_auto_recover();
-    Connection::connect(settings.url.as_str(), properties)
+    Connection::connect(settings.url.as_str(), ConnectionProperties::default())
         .await
         .map_err(|source| BrokerUnreachable {
             url: crate::redact::url(&settings.url),

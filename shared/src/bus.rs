@@ -8,6 +8,7 @@ pub mod envelope;
 pub mod function;
 pub mod handler;
 pub mod lambda;
+pub mod link;
 pub mod metrics;
 pub mod outbox;
 pub mod publisher;

@@ -58,7 +58,7 @@ fn relay(services: &Services) -> Relay {
 
 /// A queue of the test's own bound to `canary.ping`, to count what reaches the broker.
 async fn tap(services: &Services, name: &str) -> lapin::Channel {
-    let channel = services.connection.create_channel().await.unwrap();
+    let channel = services.connection().create_channel().await.unwrap();
     channel
         .queue_declare(
             name.into(),
@@ -441,7 +441,10 @@ async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_
         drained,
         "relay did not drain the outbox after the broker returned"
     );
-    // The tap queue was declared before the crash; quorum queues survive it.
+    // The tap queue was declared before the restart and survives it; the channel does not:
+    // take one on the connection the link re-established.
+    drop(channel);
+    let channel = services.connection().create_channel().await.unwrap();
     let count = message_count(&channel, "test.tap").await;
     assert!(
         eventually(Duration::from_secs(10), || async {

@@ -175,7 +175,7 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
         .declare_topology(&[ConfirmWithdrawal::queue(), DeliverWebhook::queue()])
         .await
         .unwrap();
-    let tap = services.connection.create_channel().await.unwrap();
+    let tap = services.connection().create_channel().await.unwrap();
     // Four consumers, each a process of its own as far as the broker and the database can
     // tell: its own connection, channel, prefetch (the default) and pool.
     let shutdown = CancellationToken::new();

@@ -144,7 +144,11 @@ pub async fn tap(services: &Services, name: &str, routing_key: &str) -> lapin::C
         options::{QueueBindOptions, QueueDeclareOptions},
         types::FieldTable,
     };
-    let channel = services.connection.create_channel().await.expect("channel");
+    let channel = services
+        .connection()
+        .create_channel()
+        .await
+        .expect("channel");
     channel
         .queue_declare(
             name.into(),

@@ -135,7 +135,7 @@ async fn an_event_pongs_each_ping_once_and_a_replayed_batch_changes_nothing() {
     assert_eq!(ping(&env, 1).await, ("PONGED".to_owned(), 1));
     assert_eq!(ping(&env, 2).await, ("PONGED".to_owned(), 1));
 
-    let channel = services.connection.create_channel().await.unwrap();
+    let channel = services.connection().create_channel().await.unwrap();
     assert!(drain_dlq(&channel).await.is_empty(), "no dead letters");
 }
 
@@ -159,7 +159,7 @@ async fn bad_messages_are_dead_lettered_with_their_reason_and_the_batch_succeeds
     // `other.thing` names ping 1 but is not the canary's type: nothing touched it.
     assert_eq!(ping(&env, 1).await, ("PENDING".to_owned(), 0));
 
-    let channel = services.connection.create_channel().await.unwrap();
+    let channel = services.connection().create_channel().await.unwrap();
     let dead: HashMap<String, lapin::message::Delivery> = drain_dlq(&channel)
         .await
         .into_iter()

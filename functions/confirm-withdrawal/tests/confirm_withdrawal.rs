@@ -44,7 +44,7 @@ async fn world() -> World {
         .unwrap();
     // A queue of the test's own for `partner.notification.created`, standing in for
     // deliver-webhook's, so the notification messages are routable and can be counted.
-    let channel = services.connection.create_channel().await.unwrap();
+    let channel = services.connection().create_channel().await.unwrap();
     channel
         .queue_declare(
             TAP.into(),
@@ -190,7 +190,7 @@ impl World {
 
     /// Messages that reached the broker for deliver-webhook.
     async fn notification_messages(&self) -> u32 {
-        let channel = self.services.connection.create_channel().await.unwrap();
+        let channel = self.services.connection().create_channel().await.unwrap();
         let queue = channel
             .queue_declare(
                 TAP.into(),

@@ -17,11 +17,13 @@ use lapin::{
     },
     types::FieldTable,
 };
+use tokio::sync::watch;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
     dead_letter,
     handler::{Disposition, Handler, IncomingDelivery, process},
+    link::BrokerLink,
     outbox::Outbox,
     publisher::Publisher,
     topology,
@@ -62,13 +64,70 @@ impl<H: Handler> Processor for HandlerProcessor<H> {
 }
 
 /// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
+/// Follows the link: when it replaces the connection, consuming resumes on the new one.
 pub async fn consume<P: Processor>(
-    connection: &Connection,
+    link: &BrokerLink,
     processor: Arc<P>,
     publisher: Publisher,
     prefetch: u16,
     shutdown: CancellationToken,
 ) -> Result<(), lapin::Error> {
+    let in_flight = TaskTracker::new();
+    let mut generation = link.generation();
+    let mut first = true;
+    loop {
+        let live = link.current();
+        generation.borrow_and_update();
+        let subscribed = consume_on(
+            &live.connection,
+            &processor,
+            &publisher,
+            prefetch,
+            &shutdown,
+            &mut generation,
+            &in_flight,
+        )
+        .await;
+        match subscribed {
+            Ok(Ended::Shutdown) => break,
+            Ok(Ended::ConnectionReplaced) => {}
+            // The first subscription failing is a configuration error (no such queue, other
+            // arguments): fail loudly. Later ones follow an outage: wait for the link.
+            Err(error) if first => return Err(error),
+            Err(error) => {
+                tracing::warn!(function = processor.function(), %error, "cannot consume yet; waiting for the broker link");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = generation.changed() => {}
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        }
+        first = false;
+    }
+    in_flight.close();
+    in_flight.wait().await;
+    tracing::info!(
+        function = processor.function(),
+        "consumer stopped; in-flight deliveries finished"
+    );
+    Ok(())
+}
+
+enum Ended {
+    Shutdown,
+    ConnectionReplaced,
+}
+
+async fn consume_on<P: Processor>(
+    connection: &Connection,
+    processor: &Arc<P>,
+    publisher: &Publisher,
+    prefetch: u16,
+    shutdown: &CancellationToken,
+    generation: &mut watch::Receiver<u64>,
+    in_flight: &TaskTracker,
+) -> Result<Ended, lapin::Error> {
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
@@ -83,10 +142,10 @@ pub async fn consume<P: Processor>(
         )
         .await?;
     tracing::info!(function = processor.function(), queue = %processor.queue(), prefetch, "consuming");
-    let in_flight = TaskTracker::new();
-    loop {
+    let ended = loop {
         tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = shutdown.cancelled() => break Ended::Shutdown,
+            _ = generation.changed() => break Ended::ConnectionReplaced,
             next = deliveries.next() => match next {
                 Some(Ok(delivery)) => {
                     let processor = processor.clone();
@@ -94,27 +153,32 @@ pub async fn consume<P: Processor>(
                     in_flight.spawn(async move { settle(&*processor, &publisher, delivery).await });
                 }
                 Some(Err(error)) => {
-                    // A connection drop surfaces here; lapin recovers the channel and the
-                    // consumer, and deliveries resume on the same stream.
+                    // A connection drop surfaces here; lapin usually recovers the channel and
+                    // the consumer on this stream, else the link replaces the connection.
                     tracing::warn!(function = processor.function(), %error, "consumer interrupted; waiting for recovery");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                None => break,
+                // The consumer is gone for good (cancelled by the broker, channel closed).
+                None => {
+                    tokio::select! {
+                        () = shutdown.cancelled() => break Ended::Shutdown,
+                        _ = generation.changed() => break Ended::ConnectionReplaced,
+                    }
+                }
             }
         }
+    };
+    if matches!(ended, Ended::Shutdown) {
+        let _ = channel
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+            .await;
+        // Let in-flight deliveries settle on this channel before it closes; prefetched
+        // ones never started go back to the queue with the channel.
+        in_flight.close();
+        in_flight.wait().await;
+        let _ = channel.close(200, "shutdown".into()).await;
     }
-    let _ = channel
-        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-        .await;
-    in_flight.close();
-    in_flight.wait().await;
-    tracing::info!(
-        function = processor.function(),
-        "consumer stopped; in-flight deliveries finished"
-    );
-    // Prefetched deliveries that were never started go back to the queue with the channel.
-    let _ = channel.close(200, "shutdown".into()).await;
-    Ok(())
+    Ok(ended)
 }
 
 async fn settle<P: Processor>(processor: &P, publisher: &Publisher, delivery: Delivery) {

@@ -3,12 +3,12 @@
 
 use chrono::Utc;
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, PublisherConfirm,
-    options::{BasicPublishOptions, ConfirmSelectOptions},
+    BasicProperties, Channel, Confirmation, PublisherConfirm,
+    options::BasicPublishOptions,
     types::{AMQPValue, FieldTable, ShortString},
 };
 
-use super::{envelope::OutgoingMessage, topology::EVENTS_EXCHANGE};
+use super::{envelope::OutgoingMessage, link::BrokerLink, topology::EVENTS_EXCHANGE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -26,24 +26,25 @@ pub enum PublishError {
     },
 }
 
-/// One confirm-mode channel. Cheap to clone; publishes from many tasks pipeline on it.
+/// Publishes on the link's confirm-mode channel (whichever connection is live). Cheap to
+/// clone; publishes from many tasks pipeline on it.
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
+    link: BrokerLink,
 }
 
 impl Publisher {
-    pub async fn open(connection: &Connection) -> Result<Self, lapin::Error> {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok(Self { channel })
+    pub fn new(link: BrokerLink) -> Self {
+        Self { link }
+    }
+
+    fn channel(&self) -> Channel {
+        self.link.current().publish_channel.clone()
     }
 
     /// Publishes one event to `paybus.events` and waits for the broker's confirm.
     pub async fn publish_event(&self, message: &OutgoingMessage) -> Result<(), PublishError> {
-        let pending = self.send_event(message).await?;
+        let pending = send_event(&self.channel(), message).await?;
         confirmed(EVENTS_EXCHANGE, message, pending.await?)
     }
 
@@ -54,9 +55,10 @@ impl Publisher {
         &self,
         messages: &[OutgoingMessage],
     ) -> Vec<Result<(), PublishError>> {
+        let channel = self.channel();
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {
-            pending.push(self.send_event(message).await);
+            pending.push(send_event(&channel, message).await);
         }
         let mut results = Vec::with_capacity(messages.len());
         for (message, sent) in messages.iter().zip(pending) {
@@ -70,26 +72,27 @@ impl Publisher {
         }
         results
     }
+}
 
-    async fn send_event(
-        &self,
-        message: &OutgoingMessage,
-    ) -> Result<PublisherConfirm, PublishError> {
-        Ok(self
-            .channel
-            .basic_publish(
-                EVENTS_EXCHANGE.into(),
-                message.routing_key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &message.body,
-                properties(message, FieldTable::default()),
-            )
-            .await?)
-    }
+async fn send_event(
+    channel: &Channel,
+    message: &OutgoingMessage,
+) -> Result<PublisherConfirm, PublishError> {
+    Ok(channel
+        .basic_publish(
+            EVENTS_EXCHANGE.into(),
+            message.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &message.body,
+            properties(message, FieldTable::default()),
+        )
+        .await?)
+}
 
+impl Publisher {
     /// Publishes a raw body to any exchange (dead letters, replays) and waits for the confirm.
     pub async fn publish_raw(
         &self,
@@ -104,7 +107,7 @@ impl Publisher {
             .map(|id| id.to_string())
             .unwrap_or_default();
         let confirmation = self
-            .channel
+            .channel()
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),

@@ -65,7 +65,7 @@ impl Runner {
         self.starters.push(Box::new(move |shutdown| {
             Box::pin(async move {
                 consume(
-                    &services.connection,
+                    &services.link,
                     processor,
                     services.publisher().clone(),
                     services.settings.broker.prefetch,

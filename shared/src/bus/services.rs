@@ -7,10 +7,10 @@ use lapin::Connection;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{outbox::Outbox, publisher::Publisher, topology};
+use super::{link::BrokerLink, outbox::Outbox, publisher::Publisher, topology};
 use crate::{
     Settings,
-    broker::{self, BrokerUnreachable},
+    broker::BrokerUnreachable,
     db::{self, DbError},
 };
 
@@ -31,27 +31,26 @@ pub enum StartupError {
 pub struct Services {
     pub settings: Settings,
     pub pool: MySqlPool,
-    pub connection: Arc<Connection>,
+    pub link: BrokerLink,
     pub outbox: Outbox,
 }
 
 impl Services {
     pub async fn connect(settings: Settings) -> Result<Self, StartupError> {
         let pool = db::connect(&settings.database).await?;
-        let connection = Arc::new(broker::connect(&settings.broker).await?);
-        let publisher =
-            Publisher::open(&connection)
-                .await
-                .map_err(|source| StartupError::Amqp {
-                    doing: "opening the publisher channel",
-                    source,
-                })?;
+        let link = BrokerLink::connect(&settings.broker).await?;
         Ok(Self {
-            outbox: Outbox::new(pool.clone(), publisher),
+            outbox: Outbox::new(pool.clone(), Publisher::new(link.clone())),
             settings,
             pool,
-            connection,
+            link,
         })
+    }
+
+    /// The live broker connection (it may be replaced after an outage: take it anew rather
+    /// than keeping it).
+    pub fn connection(&self) -> Arc<Connection> {
+        self.link.current().connection.clone()
     }
 
     pub fn publisher(&self) -> &Publisher {
@@ -63,14 +62,13 @@ impl Services {
         &self,
         functions: &[topology::FunctionQueue],
     ) -> Result<(), StartupError> {
-        let amqp = |source| StartupError::Amqp {
-            doing: "declaring the topology",
-            source,
-        };
-        let channel = self.connection.create_channel().await.map_err(amqp)?;
-        topology::declare(&channel, functions).await.map_err(amqp)?;
-        let _ = channel.close(200, "topology declared".into()).await;
-        Ok(())
+        self.link
+            .declare(functions)
+            .await
+            .map_err(|source| StartupError::Amqp {
+                doing: "declaring the topology",
+                source,
+            })
     }
 }
 
