@@ -72,27 +72,7 @@ impl Publisher {
         }
         results
     }
-}
 
-async fn send_event(
-    channel: &Channel,
-    message: &OutgoingMessage,
-) -> Result<PublisherConfirm, PublishError> {
-    Ok(channel
-        .basic_publish(
-            EVENTS_EXCHANGE.into(),
-            message.routing_key.as_str().into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..Default::default()
-            },
-            &message.body,
-            properties(message, FieldTable::default()),
-        )
-        .await?)
-}
-
-impl Publisher {
     /// Publishes a raw body to any exchange (dead letters, replays) and waits for the confirm.
     pub async fn publish_raw(
         &self,
@@ -122,6 +102,24 @@ impl Publisher {
             .await?;
         check(exchange, routing_key, &message_id, confirmation)
     }
+}
+
+async fn send_event(
+    channel: &Channel,
+    message: &OutgoingMessage,
+) -> Result<PublisherConfirm, PublishError> {
+    Ok(channel
+        .basic_publish(
+            EVENTS_EXCHANGE.into(),
+            message.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &message.body,
+            properties(message, FieldTable::default()),
+        )
+        .await?)
 }
 
 /// AMQP properties of an envelope (SPEC §3).
