@@ -1,6 +1,8 @@
 //! Publishing with publisher confirms: a message counts as sent only when the broker has
 //! confirmed it. A nack, or a mandatory message returned as unroutable, is an error.
 
+use std::time::Duration;
+
 use chrono::Utc;
 use lapin::{
     BasicProperties, Channel, Confirmation, PublisherConfirm,
@@ -24,6 +26,28 @@ pub enum PublishError {
         routing_key: String,
         message_id: String,
     },
+    #[error("the broker did not confirm within {0:?}")]
+    Unconfirmed(Duration),
+}
+
+/// A confirm that does not come is a failed publish: callers (the outbox fast path, the
+/// relay holding its claimed rows, a dead letter before its ack) must not wait forever on a
+/// broker that accepted the TCP bytes and went silent.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + CONFIRM_TIMEOUT
+}
+
+/// Waits for one confirm until `deadline` (one deadline for a whole pipelined batch).
+async fn confirmation(
+    pending: PublisherConfirm,
+    deadline: tokio::time::Instant,
+) -> Result<Confirmation, PublishError> {
+    match tokio::time::timeout_at(deadline, pending).await {
+        Ok(confirmed) => Ok(confirmed?),
+        Err(_) => Err(PublishError::Unconfirmed(CONFIRM_TIMEOUT)),
+    }
 }
 
 /// Publishes on the link's confirm-mode channel (whichever connection is live). Cheap to
@@ -45,7 +69,11 @@ impl Publisher {
     /// Publishes one event to `paybus.events` and waits for the broker's confirm.
     pub async fn publish_event(&self, message: &OutgoingMessage) -> Result<(), PublishError> {
         let pending = send_event(&self.channel(), message).await?;
-        confirmed(EVENTS_EXCHANGE, message, pending.await?)
+        confirmed(
+            EVENTS_EXCHANGE,
+            message,
+            confirmation(pending, deadline()).await?,
+        )
     }
 
     /// Publishes all of them before waiting for any confirm (a confirm round trip per message
@@ -60,12 +88,13 @@ impl Publisher {
         for message in messages {
             pending.push(send_event(&channel, message).await);
         }
+        let deadline = deadline();
         let mut results = Vec::with_capacity(messages.len());
         for (message, sent) in messages.iter().zip(pending) {
             results.push(match sent {
-                Ok(confirm) => match confirm.await {
+                Ok(pending) => match confirmation(pending, deadline).await {
                     Ok(confirmation) => confirmed(EVENTS_EXCHANGE, message, confirmation),
-                    Err(e) => Err(e.into()),
+                    Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
             });
@@ -86,7 +115,7 @@ impl Publisher {
             .as_ref()
             .map(|id| id.to_string())
             .unwrap_or_default();
-        let confirmation = self
+        let pending = self
             .channel()
             .basic_publish(
                 exchange.into(),
@@ -98,9 +127,13 @@ impl Publisher {
                 body,
                 properties,
             )
-            .await?
             .await?;
-        check(exchange, routing_key, &message_id, confirmation)
+        check(
+            exchange,
+            routing_key,
+            &message_id,
+            confirmation(pending, deadline()).await?,
+        )
     }
 }
 
