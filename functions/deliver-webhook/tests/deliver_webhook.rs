@@ -772,7 +772,8 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let retrying = insert_notification(&env, partner_id, 1).await;
     let fresh = insert_notification(&env, partner_id, 2).await;
-    let handler = DeliverWebhook::new(config(8, &[200])).unwrap();
+    // Waits long enough that "before due" stays before due on a loaded CI machine.
+    let handler = DeliverWebhook::new(config(8, &[1_500])).unwrap();
     let sweep =
         DueNotificationsJob::new(services.outbox.clone(), DueNotificationsConfig::default());
     let outbox_rows = || count(&env, "SELECT COUNT(*) FROM outbox_messages");
@@ -782,7 +783,7 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
         Outcome::Retry { .. }
     ));
     let before_due = sweep.run_once().await.unwrap().republished;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
     let when_due = sweep.run_once().await.unwrap().republished;
     let again = sweep.run_once().await.unwrap().republished;
 
@@ -809,7 +810,7 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
         handle(&handler, &services, retrying, 1).await,
         Outcome::Retry { .. }
     ));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
     assert_eq!(sweep.run_once().await.unwrap().republished, 1);
     assert_eq!(row(&env, retrying).await.attempts, 2);
 }
@@ -824,16 +825,17 @@ async fn a_due_row_left_unclaimed_is_republished_again_after_stale_after() {
     let sweep = DueNotificationsJob::new(
         services.outbox.clone(),
         DueNotificationsConfig {
-            stale_after: Duration::from_millis(300),
+            // Long enough that "right after" stays right after on a loaded CI machine.
+            stale_after: Duration::from_secs(2),
             ..DueNotificationsConfig::default()
         },
     );
 
     let at_once = sweep.run_once().await.unwrap().republished;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
     let stale = sweep.run_once().await.unwrap().republished;
     let right_after = sweep.run_once().await.unwrap().republished;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
     let stale_again = sweep.run_once().await.unwrap().republished;
 
     assert_eq!((at_once, stale, right_after, stale_again), (0, 1, 0, 1));
@@ -879,13 +881,14 @@ async fn a_delivery_whose_process_died_is_sent_again_once_its_lease_runs_out() {
     let sweep =
         DueNotificationsJob::new(services.outbox.clone(), DueNotificationsConfig::default());
     // A claim whose process then died: nothing settles it.
-    let lease = Duration::from_millis(300);
+    // Long enough that the "while held" steps stay inside it on a loaded CI machine.
+    let lease = Duration::from_millis(1_500);
     let claim = notification::claim(&env.db, id, lease).await.unwrap();
     assert!(matches!(claim, Claim::Claimed(_)), "{claim:?}");
 
     let while_held = handle(&handler, &services, id, 1).await;
     let swept_while_held = sweep.run_once().await.unwrap().republished;
-    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
     let swept_after = sweep.run_once().await.unwrap().republished;
     let retried = handle(&handler, &services, id, 1).await;
 
