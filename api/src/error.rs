@@ -9,7 +9,7 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use paybus_shared::bus::outbox::OutboxError;
+use paybus_platform::bus::outbox::OutboxError;
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]

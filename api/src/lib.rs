@@ -26,7 +26,7 @@ use axum::{
     response::Response,
     routing::get,
 };
-use paybus_shared::{
+use paybus_platform::{
     Secret,
     bus::{Outbox, Services},
     signature,

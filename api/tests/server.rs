@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use paybus_shared::signature;
+use paybus_platform::signature;
 use support::*;
 use tokio_util::sync::CancellationToken;
 

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
-use paybus_shared::{
+use paybus_platform::{
     bus::{Envelope, Runner, Services, metrics},
     testing::TestEnv,
 };
@@ -221,7 +221,7 @@ async fn confirm_withdrawal(args: &BenchArgs) -> anyhow::Result<()> {
     .fetch_one(&services.pool)
     .await?;
     let mut conn = services.pool.acquire().await?;
-    let violations = paybus_shared::ledger::audit::run(&mut conn).await?;
+    let violations = paybus_platform::ledger::audit::run(&mut conn).await?;
     if debits != i64::try_from(2 * args.items)? || !violations.is_empty() {
         bail!(
             "exactly-once broken: {debits} debits for {} withdrawals, audit: {violations:?}",

@@ -5,7 +5,7 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use paybus_shared::{Settings, broker, db, redact};
+use paybus_platform::{Settings, broker, db, redact};
 
 /// A dependency that does not answer within this is reported as down.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
-use paybus_shared::bus::{Handler, Runner, topology::FunctionQueue};
+use paybus_platform::bus::{Handler, Runner, topology::FunctionQueue};
 
 pub fn queues() -> Vec<FunctionQueue> {
     vec![

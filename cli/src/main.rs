@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use paybus_shared::{
+use paybus_platform::{
     Settings,
     bus::{Runner, Services, shutdown_on_signal, topology as bus_topology},
     db, telemetry,
@@ -94,7 +94,7 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     println!(
         "migrations: {} known, all applied to {}",
         db::MIGRATOR.iter().count(),
-        paybus_shared::redact::url(&settings.database.url)
+        paybus_platform::redact::url(&settings.database.url)
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -161,7 +161,7 @@ async fn audit(settings: &Settings) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
     // One snapshot for every check, so they agree with each other.
     let mut tx = pool.begin().await?;
-    let violations = paybus_shared::ledger::audit::run(&mut tx)
+    let violations = paybus_platform::ledger::audit::run(&mut tx)
         .await
         .context("while running the ledger audit")?;
     tx.rollback().await?;

@@ -1,7 +1,7 @@
 //! `paybus audit` as operators run it: clean is exit 0, each violation is a line and exit 1.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_shared::testing::TestEnv;
+use paybus_platform::testing::TestEnv;
 
 fn audit(env: &TestEnv) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_shared::testing::TestEnv;
+use paybus_platform::testing::TestEnv;
 
 fn paybus(env: &TestEnv) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));

@@ -1,7 +1,7 @@
 //! The topology declared by code and the shipped definitions file are the same thing.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_shared::testing::TestEnv;
+use paybus_platform::testing::TestEnv;
 
 fn paybus(env: &TestEnv, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))

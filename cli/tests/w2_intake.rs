@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_shared::{signature, testing::TestEnv};
+use paybus_platform::{signature, testing::TestEnv};
 
 const SECRET: &str = "chain-monitor-secret-e2e-0123";
 

@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 
-use paybus_shared::{
+use paybus_platform::{
     ledger::{
         self, EntryType, IdemKey, Posted, Posting, ReferenceType,
         audit::{self, Violation},

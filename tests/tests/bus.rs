@@ -10,7 +10,7 @@ use lapin::{
     types::FieldTable,
 };
 use paybus_canary::{Canary, Ping, send_ping};
-use paybus_shared::{
+use paybus_platform::{
     Settings,
     bus::{
         Envelope, Handler, Runner, Services, metrics,
@@ -529,7 +529,7 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
     settings.database.url = database.url.clone();
     settings.database.acquire_timeout = Duration::from_secs(2);
     let services = services(&settings).await;
-    paybus_shared::db::migrate(&services.pool).await.unwrap();
+    paybus_platform::db::migrate(&services.pool).await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..100 {
         ids.push(

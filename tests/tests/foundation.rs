@@ -6,7 +6,7 @@ use lapin::{
     options::{BasicPublishOptions, QueueDeclareOptions},
     types::FieldTable,
 };
-use paybus_shared::{db, testing::TestEnv};
+use paybus_platform::{db, testing::TestEnv};
 
 async fn table_names(env: &TestEnv) -> Vec<String> {
     sqlx::query_scalar(

@@ -5,7 +5,7 @@
 
 use std::{str::FromStr, sync::Arc};
 
-use paybus_shared::{
+use paybus_platform::{
     db,
     ledger::{self, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType, audit},
     testing::TestEnv,

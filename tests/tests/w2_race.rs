@@ -12,7 +12,7 @@ use paybus_confirm_withdrawal::{
     ConfirmWithdrawal, Confirmation, WithdrawalTxConfirmed, confirm_if_in_flight,
 };
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
-use paybus_shared::{
+use paybus_platform::{
     bus::{Envelope, Handler, Outbox, Runner, Services, metrics},
     db,
     ledger::{self, EntryType, Posting, ReferenceType, audit},

@@ -2,7 +2,7 @@
 //! console and for ops without a shell.
 
 use axum::{Json, extract::State};
-use paybus_shared::ledger::audit::{self, Violation};
+use paybus_platform::ledger::audit::{self, Violation};
 use serde::Serialize;
 
 use crate::{ApiError, AppState};

@@ -6,7 +6,7 @@ pub use paybus_confirm_withdrawal::WithdrawalTxConfirmed;
 
 #[cfg(test)]
 mod tests {
-    use paybus_shared::bus::Envelope;
+    use paybus_platform::bus::Envelope;
     use serde_json::json;
 
     use super::*;

@@ -9,7 +9,7 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::{AppState, router};
-use paybus_shared::{
+use paybus_platform::{
     Secret, Settings,
     bus::{Services, topology},
     signature,

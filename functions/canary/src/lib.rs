@@ -3,7 +3,7 @@
 //! The smallest real function: it shows the shape every workflow step has (a conditional
 //! UPDATE decides, 0 rows means someone else did it) and lets ops prove the whole path works.
 
-use paybus_shared::bus::{Context, Envelope, Handler, HandlerError, Message, Outbox, Outcome};
+use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outbox, Outcome};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,6 +2,6 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    paybus_shared::bus::function::run(|_services| paybus_canary::Canary).await?;
+    paybus_platform::bus::function::run(|_services| paybus_canary::Canary).await?;
     Ok(())
 }

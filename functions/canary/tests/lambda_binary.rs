@@ -15,7 +15,7 @@ use axum::{
     routing::{get, post},
 };
 use paybus_canary::Canary;
-use paybus_shared::{
+use paybus_platform::{
     bus::{Handler, Services},
     testing::TestEnv,
 };

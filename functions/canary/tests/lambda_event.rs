@@ -7,7 +7,7 @@ use aws_lambda_events::event::rabbitmq::RabbitMqEvent;
 use base64::Engine;
 use lapin::{Channel, options::BasicGetOptions};
 use paybus_canary::{Canary, Ping};
-use paybus_shared::{
+use paybus_platform::{
     Settings,
     bus::{
         Envelope, Handler, Message, Services,

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use paybus_shared::{
+use paybus_platform::{
     bus::{HandlerError, UnitOfWork, outbox::OutboxError},
     ledger::{self, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType},
     notifications::{self, NewNotification},

@@ -21,7 +21,7 @@ pub use confirmation::{
     ConfirmError, Confirmation, Confirmed, DEPOSIT_CONFIRMED, DepositStatus, confirm_if_detected,
 };
 
-use paybus_shared::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome};
+use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome};
 use serde::{Deserialize, Serialize};
 
 /// `deposit.tx_confirmed`: the chain monitor saw the deposit's transaction confirmed.

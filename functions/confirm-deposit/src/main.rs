@@ -3,6 +3,6 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    paybus_shared::bus::function::run(|_services| paybus_confirm_deposit::ConfirmDeposit).await?;
+    paybus_platform::bus::function::run(|_services| paybus_confirm_deposit::ConfirmDeposit).await?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use paybus_confirm_deposit::{
     ConfirmDeposit, ConfirmError, Confirmation, Confirmed, DepositStatus, DepositTxConfirmed,
     confirm_if_detected,
 };
-use paybus_shared::{
+use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
     ledger::{self, EntryType, IdemKey, Posted, Posting, ReferenceType, audit},
     testing::TestEnv,

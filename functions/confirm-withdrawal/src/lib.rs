@@ -22,7 +22,7 @@ pub use confirmation::{
     confirm_if_in_flight,
 };
 
-use paybus_shared::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome};
+use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome};
 use serde::{Deserialize, Serialize};
 
 /// `withdrawal.tx_confirmed`: the chain monitor saw the withdrawal's transaction confirmed.

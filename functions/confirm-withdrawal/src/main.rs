@@ -3,7 +3,7 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    paybus_shared::bus::function::run(|_services| paybus_confirm_withdrawal::ConfirmWithdrawal)
+    paybus_platform::bus::function::run(|_services| paybus_confirm_withdrawal::ConfirmWithdrawal)
         .await?;
     Ok(())
 }

@@ -12,7 +12,7 @@ use paybus_confirm_withdrawal::{
     ConfirmError, ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalStatus,
     WithdrawalTxConfirmed, confirm_if_in_flight,
 };
-use paybus_shared::{
+use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, topology},
     ledger::{self, EntryType, IdemKey, Posted, Posting, ReferenceType, audit},
     notifications::NotificationCreated,
@@ -60,7 +60,7 @@ async fn world() -> World {
         .queue_bind(
             TAP.into(),
             topology::EVENTS_EXCHANGE.into(),
-            <NotificationCreated as paybus_shared::bus::Message>::TYPE.into(),
+            <NotificationCreated as paybus_platform::bus::Message>::TYPE.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )

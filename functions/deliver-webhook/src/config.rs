@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, str::FromStr, time::Duration};
 
-use paybus_shared::ConfigError;
+use paybus_platform::ConfigError;
 
 use crate::retry::RetryPolicy;
 

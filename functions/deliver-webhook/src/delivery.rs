@@ -21,7 +21,7 @@
 
 use std::{error::Error as _, time::Duration};
 
-use paybus_shared::signature;
+use paybus_platform::signature;
 
 use crate::{config::WebhookConfig, notification::ClaimedNotification};
 

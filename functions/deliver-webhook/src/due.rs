@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use paybus_shared::{
+use paybus_platform::{
     bus::{
         Envelope, Outbox,
         outbox::OutboxError,

@@ -39,7 +39,7 @@ pub mod retry;
 
 use std::sync::Arc;
 
-use paybus_shared::{
+use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
     notifications::NotificationCreated,
 };

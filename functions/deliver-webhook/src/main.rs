@@ -17,6 +17,6 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
     };
     let handler = DeliverWebhook::new(config).context("while building the HTTP client")?;
-    paybus_shared::bus::function::run(move |_services| handler).await?;
+    paybus_platform::bus::function::run(move |_services| handler).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -84,7 +84,7 @@ pub enum Claim {
 /// every read sees the latest committed row.
 #[tracing::instrument(skip_all, fields(notification_id = id))]
 pub async fn claim(pool: &MySqlPool, id: u64, lease: Duration) -> Result<Claim, sqlx::Error> {
-    let mut tx = paybus_shared::db::begin_read_committed(pool).await?;
+    let mut tx = paybus_platform::db::begin_read_committed(pool).await?;
     let row: Option<NotificationRow> = sqlx::query_as(
         "SELECT n.status, n.attempts, n.next_attempt_at, n.last_error, NOW(6) AS now, \
                 n.event, n.payload, n.partner_id, p.webhook_url, p.webhook_secret \

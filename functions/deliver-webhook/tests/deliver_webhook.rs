@@ -14,7 +14,7 @@ use paybus_deliver_webhook::{
     delivery::{HEADER_EVENT, HEADER_NOTIFICATION_ID, HEADER_SIGNATURE},
     notification::{self, Claim, Settled},
 };
-use paybus_shared::{
+use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
     notifications::{NewNotification, NotificationCreated, enqueue},
     signature,

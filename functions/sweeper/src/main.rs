@@ -2,6 +2,6 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    paybus_shared::bus::function::run_sweeper(paybus_sweeper::jobs).await?;
+    paybus_platform::bus::function::run_sweeper(paybus_sweeper::jobs).await?;
     Ok(())
 }

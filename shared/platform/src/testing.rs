@@ -228,7 +228,7 @@ fn free_port() -> u16 {
 
 fn local_script(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../infra/local")
+        .join("../../infra/local")
         .join(name)
 }
 

@@ -15,7 +15,7 @@ use crate::config::DatabaseSettings;
 
 /// Every migration under `migrations/`, compiled into each binary so a deployed Lambda or
 /// `paybus migrate` never depends on files next to it.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
