@@ -1,40 +1,19 @@
-//! The admin API: create and read the rows the W2 workflow works on (partners, withdrawals,
-//! deposits), for tests, the demo and ops.
+//! What every admin route shares: the bearer-token guard and path ids.
 //!
 //! Authentication: `Authorization: Bearer <PAYBUS_ADMIN_TOKEN>`, checked before the body is
 //! read. Missing or wrong → 401; token not configured → 503. There is one token and it
 //! carries the ADMIN role, so no request here is ever 403 yet; roles come with a token store.
 
-mod audit;
-mod deposits;
-mod partners;
-mod withdrawals;
-
 use axum::{
-    Router,
     extract::{Path, Request, State, rejection::PathRejection},
     http::header,
-    middleware::{self, Next},
+    middleware::Next,
     response::Response,
-    routing::{get, post},
 };
 
 use crate::{ApiError, AppState};
 
-pub(crate) fn routes(state: AppState) -> Router<AppState> {
-    Router::new()
-        .route("/v1/admin/partners", post(partners::create))
-        .route("/v1/admin/partners/{id}", get(partners::show))
-        .route("/v1/admin/withdrawals", post(withdrawals::create))
-        .route("/v1/admin/withdrawals/{id}", get(withdrawals::show))
-        .route("/v1/admin/deposits", post(deposits::create))
-        .route("/v1/admin/deposits/{id}", get(deposits::show))
-        .route("/v1/admin/audit", get(audit::run))
-        // route_layer: only matched routes are guarded, so an unknown path stays a 404.
-        .route_layer(middleware::from_fn_with_state(state, require_admin))
-}
-
-async fn require_admin(
+pub(crate) async fn require_admin(
     State(state): State<AppState>,
     request: Request,
     next: Next,
@@ -71,27 +50,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// A `{id}` path segment: a positive integer, else 400.
-fn path_id(path: Result<Path<u64>, PathRejection>) -> Result<u64, ApiError> {
+pub(crate) fn path_id(path: Result<Path<u64>, PathRejection>) -> Result<u64, ApiError> {
     match path {
         Ok(Path(id)) if id > 0 => Ok(id),
         _ => Err(ApiError::BadRequest(
             "the id in the path must be a positive integer".to_owned(),
         )),
     }
-}
-
-/// A required text field: trimmed, non-empty, at most `max_chars` characters.
-fn text(field: &str, value: &str, max_chars: usize) -> Result<String, ApiError> {
-    let value = value.trim();
-    if value.is_empty() {
-        return Err(ApiError::BadRequest(format!("{field} must not be empty")));
-    }
-    if value.chars().count() > max_chars {
-        return Err(ApiError::BadRequest(format!(
-            "{field} is longer than {max_chars} characters"
-        )));
-    }
-    Ok(value.to_owned())
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
+use paybus_confirmations::CreateError;
 use paybus_platform::bus::outbox::OutboxError;
 use serde_json::json;
 
@@ -38,6 +39,9 @@ pub enum ApiError {
 
     #[error("database error")]
     Database(#[from] sqlx::Error),
+    /// Any other fault of ours (e.g. a row the domain cannot read).
+    #[error("internal error")]
+    Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("outbox error")]
     Outbox(#[from] OutboxError),
     #[error("cannot listen on {addr}")]
@@ -60,6 +64,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Disabled(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Database(_)
+            | ApiError::Internal(_)
             | ApiError::Outbox(_)
             | ApiError::Bind { .. }
             | ApiError::Serve(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -100,17 +105,15 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// MySQL / MariaDB constraint violations a client can cause.
-pub(crate) fn is_foreign_key_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|e| e.is_foreign_key_violation())
-}
-
-pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|e| e.is_unique_violation())
+impl From<CreateError> for ApiError {
+    fn from(error: CreateError) -> Self {
+        match error {
+            CreateError::UnknownPartner(_) => ApiError::NotFound(error.to_string()),
+            CreateError::NotInitial => ApiError::BadRequest(error.to_string()),
+            CreateError::DuplicateActive { .. } => ApiError::Conflict(error.to_string()),
+            CreateError::Database(e) => ApiError::Database(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,22 +1,28 @@
 //! The paybus HTTP API (SPEC §1: the producer side of the bus).
 //!
-//! - Chain-monitor intake (`/v1/chain-monitor/*`): HMAC-signed confirmations are written to the
-//!   transactional outbox and answered 202; the functions behind the bus decide what they mean.
-//! - Admin API (`/v1/admin/*`, bearer token): create and read partners, withdrawals and
-//!   deposits (tests, the demo, ops).
-//! - `GET /health`: liveness, no authentication.
+//! Routes live by workflow, next to the domain crate they use:
 //!
+//! | module | routes | domain |
+//! | --- | --- | --- |
+//! | [`confirmations`] | W2: chain-monitor intake (`/v1/chain-monitor/*`, HMAC-signed, into the outbox, 202) and admin withdrawals / deposits | `paybus_confirmations` |
+//! | `partners` | admin partners | `paybus_partners` |
+//! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
+//!
+//! Admin routes (`/v1/admin/*`) take a bearer token (`admin`); `GET /health` is liveness.
 //! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
-//! [`serve`] binds `PAYBUS_HTTP_ADDR` and runs it until the shutdown token is cancelled.
+//! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
 
-pub mod admin;
+mod admin;
 mod amount;
+mod audit;
 mod body;
 mod chain;
+pub mod config;
+pub mod confirmations;
 pub mod error;
-pub mod intake;
+mod partners;
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
     Json, Router,
@@ -28,6 +34,7 @@ use axum::{
 };
 use paybus_platform::{
     Secret,
+    audit::Check,
     bus::{Outbox, Services},
     signature,
 };
@@ -37,6 +44,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub use config::ApiConfig;
 pub use error::ApiError;
 
 /// The largest request body accepted (413 beyond). Confirmations and admin requests are a few
@@ -54,16 +62,19 @@ pub struct AppState {
     pub admin_token: Option<Secret>,
     /// How far a signature's timestamp may be from now (default 300 s).
     pub signature_tolerance: Duration,
+    /// The invariants `GET /v1/admin/audit` checks (every workflow's: the catalog's list).
+    pub audit: Arc<[Check]>,
 }
 
 impl AppState {
-    pub fn new(services: &Services) -> Self {
+    pub fn new(services: &Services, config: &ApiConfig, audit: Vec<Check>) -> Self {
         Self {
             pool: services.pool.clone(),
             outbox: services.outbox.clone(),
-            chain_monitor_secret: services.settings.chain_monitor_secret.clone(),
-            admin_token: services.settings.admin_token.clone(),
+            chain_monitor_secret: config.chain_monitor_secret.clone(),
+            admin_token: config.admin_token.clone(),
             signature_tolerance: signature::DEFAULT_TOLERANCE,
+            audit: audit.into(),
         }
     }
 }
@@ -71,24 +82,36 @@ impl AppState {
 /// The whole API. Admin routes check the bearer token before their body is read; every body
 /// is capped at [`BODY_LIMIT`].
 pub fn router(state: AppState) -> Router {
+    let admin = Router::new()
+        .merge(partners::admin_routes())
+        .merge(confirmations::admin_routes())
+        .merge(audit::admin_routes())
+        // route_layer: only matched routes are guarded, so an unknown path stays a 404.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_admin,
+        ));
     Router::new()
         .route("/health", get(health))
-        .merge(intake::routes())
-        .merge(admin::routes(state.clone()))
+        .merge(confirmations::intake_routes())
+        .merge(admin)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
 }
 
-/// Binds `settings.http_addr` and serves until `shutdown` is cancelled; requests in flight
-/// are finished before it returns.
-pub async fn serve(services: Services, shutdown: CancellationToken) -> Result<(), ApiError> {
-    let addr = services.settings.http_addr;
+/// Binds `addr` and serves until `shutdown` is cancelled; requests in flight are finished
+/// before it returns.
+pub async fn serve(
+    addr: SocketAddr,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> Result<(), ApiError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ApiError::Bind { addr, source })?;
-    serve_on(listener, AppState::new(&services), shutdown).await
+    serve_on(listener, state, shutdown).await
 }
 
 /// [`serve`] on a listener the caller bound (e.g. port 0 in tests).

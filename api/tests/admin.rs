@@ -84,7 +84,7 @@ async fn admin_without_a_token_or_with_a_wrong_one_is_401() {
 
 #[tokio::test]
 async fn without_a_configured_token_the_admin_api_is_disabled_with_503() {
-    let api = Api::with(|settings| settings.admin_token = None).await;
+    let api = Api::with(|config| config.admin_token = None).await;
 
     let (status, body) = api.call(admin_get("/v1/admin/deposits/1")).await;
 

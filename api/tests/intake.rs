@@ -288,7 +288,7 @@ async fn a_body_over_64_kib_is_refused_with_413() {
 
 #[tokio::test]
 async fn without_a_configured_secret_the_intake_is_disabled_with_503() {
-    let api = Api::with(|settings| settings.chain_monitor_secret = None).await;
+    let api = Api::with(|config| config.chain_monitor_secret = None).await;
 
     let (status, answer) = api
         .call(signed(DEPOSIT_CONFIRMATIONS, r#"{"deposit_id": 7}"#))

@@ -1,4 +1,4 @@
-//! The API on a real socket: `serve` binds `PAYBUS_HTTP_ADDR`, answers over HTTP/1.1 and
+//! The API on a real socket: `serve` binds its address (`PAYBUS_HTTP_ADDR`), answers over HTTP/1.1 and
 //! stops when its shutdown token is cancelled.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
@@ -21,9 +21,13 @@ fn free_port() -> u16 {
 #[tokio::test]
 async fn serve_answers_on_its_address_and_stops_on_shutdown() {
     let port = free_port();
-    let api = Api::with(|settings| settings.http_addr = ([127, 0, 0, 1], port).into()).await;
+    let api = Api::with(|config| config.http_addr = ([127, 0, 0, 1], port).into()).await;
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(paybus_api::serve(api.services.clone(), shutdown.clone()));
+    let server = tokio::spawn(paybus_api::serve(
+        api.config.http_addr,
+        api.state.clone(),
+        shutdown.clone(),
+    ));
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     let mut health = None;
@@ -78,9 +82,14 @@ async fn serve_answers_on_its_address_and_stops_on_shutdown() {
 async fn serve_reports_an_address_in_use() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
-    let api = Api::with(|settings| settings.http_addr = addr).await;
+    let api = Api::with(|config| config.http_addr = addr).await;
 
-    let result = paybus_api::serve(api.services.clone(), CancellationToken::new()).await;
+    let result = paybus_api::serve(
+        api.config.http_addr,
+        api.state.clone(),
+        CancellationToken::new(),
+    )
+    .await;
 
     let error = result.unwrap_err();
     assert!(error.to_string().contains(&addr.to_string()), "{error}");

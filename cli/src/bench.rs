@@ -81,9 +81,7 @@ async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::Result<Servi
     // Every in-flight handler holds a connection; a smaller pool would measure the pool.
     settings.database.max_connections = u32::from(concurrency) + 8;
     let services = Services::connect(settings).await?;
-    services
-        .declare_topology(&crate::functions::queues())
-        .await?;
+    services.declare_topology(&paybus_catalog::queues()).await?;
     Ok(services)
 }
 
@@ -149,7 +147,7 @@ async fn confirm_withdrawal(args: &BenchArgs) -> anyhow::Result<()> {
                 let outcome =
                     confirm_if_in_flight(&mut uow, id, "0xbench", uuid::Uuid::now_v7()).await;
                 match outcome {
-                    Ok(paybus_confirm_withdrawal::Confirmation::Transitioned(_)) => {
+                    Ok(paybus_platform::transition::Transition::Transitioned(_)) => {
                         uow.commit().await?
                     }
                     Ok(_) => uow.rollback().await?,
@@ -221,7 +219,8 @@ async fn confirm_withdrawal(args: &BenchArgs) -> anyhow::Result<()> {
     .fetch_one(&services.pool)
     .await?;
     let mut conn = services.pool.acquire().await?;
-    let violations = paybus_platform::ledger::audit::run(&mut conn).await?;
+    let violations =
+        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
     if debits != i64::try_from(2 * args.items)? || !violations.is_empty() {
         bail!(
             "exactly-once broken: {debits} debits for {} withdrawals, audit: {violations:?}",

@@ -2,14 +2,14 @@
 
 mod bench;
 mod doctor;
-mod functions;
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use paybus_api::{ApiConfig, AppState};
 use paybus_platform::{
-    Settings,
+    Settings, audit,
     bus::{Runner, Services, shutdown_on_signal, topology as bus_topology},
     db, telemetry,
 };
@@ -43,9 +43,11 @@ enum Command {
     /// Run every function's consumer, the dead-letter recorders and the sweeper in this
     /// process until SIGTERM or Ctrl-C.
     Run,
-    /// Check the ledger's invariants (seed 001 §7 and more); exits non-zero listing each
-    /// violation.
+    /// Check every workflow's invariants (the ledger's, seed 001 §7, and more); exits non-zero
+    /// listing each violation.
     Audit,
+    /// Print the function catalog as the README's markdown table.
+    Catalog,
     /// Benchmark a workflow through the broker against the same transactions driven directly
     /// on the database (build with --release for meaningful figures).
     Bench(bench::BenchArgs),
@@ -73,7 +75,11 @@ async fn main() -> ExitCode {
         Command::Doctor => doctor::run(&settings).await,
         Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
         Command::Run => run(settings).await,
-        Command::Audit => audit(&settings).await,
+        Command::Audit => run_audit(&settings).await,
+        Command::Catalog => {
+            print!("{}", paybus_catalog::markdown_table());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Ping { timeout } => ping(settings, timeout).await,
     };
@@ -100,7 +106,7 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
 }
 
 async fn topology(settings: &Settings, definitions: bool, vhost: &str) -> anyhow::Result<ExitCode> {
-    let queues = functions::queues();
+    let queues = paybus_catalog::queues();
     if definitions {
         let document = bus_topology::definitions(vhost, &queues);
         println!("{}", serde_json::to_string_pretty(&document)?);
@@ -116,16 +122,22 @@ async fn topology(settings: &Settings, definitions: bool, vhost: &str) -> anyhow
 }
 
 async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
+    let api_config = ApiConfig::from_env()?;
     let services = Services::connect(settings)
         .await
         .context("while connecting to the database and the broker")?;
+    let mut runner = Runner::new(services.clone());
+    paybus_catalog::register(&mut runner)?;
     // Before the API takes its first webhook: a message published before its queue exists
     // would be unroutable and wait for the relay.
-    services.declare_topology(&functions::queues()).await?;
+    services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
-    let api = tokio::spawn(paybus_api::serve(services.clone(), shutdown.clone()));
-    let mut runner = Runner::new(services);
-    functions::register(&mut runner)?;
+    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks());
+    let api = tokio::spawn(paybus_api::serve(
+        api_config.http_addr,
+        state,
+        shutdown.clone(),
+    ));
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;
     // Whichever stops first (a signal, or a part that could not start) stops the other.
@@ -157,20 +169,20 @@ async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::FAILURE)
 }
 
-async fn audit(settings: &Settings) -> anyhow::Result<ExitCode> {
+async fn run_audit(settings: &Settings) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
     // One snapshot for every check, so they agree with each other.
     let mut tx = pool.begin().await?;
-    let violations = paybus_platform::ledger::audit::run(&mut tx)
+    let violations = audit::run(&mut tx, &paybus_catalog::audit_checks())
         .await
-        .context("while running the ledger audit")?;
+        .context("while running the audit")?;
     tx.rollback().await?;
     if violations.is_empty() {
-        println!("audit: clean (no ledger violations)");
+        println!("audit: clean (no violations)");
         return Ok(ExitCode::SUCCESS);
     }
     for violation in &violations {
-        println!("violation [{}]: {violation}", violation.check());
+        println!("violation [{}]: {violation}", violation.check);
     }
     eprintln!("audit: {} violation(s)", violations.len());
     Ok(ExitCode::FAILURE)

@@ -2,28 +2,23 @@
 //! the violation planted for it by raw SQL.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::str::FromStr;
-
-use paybus_platform::{
-    ledger::{
-        self, EntryType, IdemKey, Posted, Posting, ReferenceType,
-        audit::{self, Violation},
-    },
-    testing::TestEnv,
+use paybus_confirmations::{
+    audit::Violation as W2,
+    testing::{deposit as new_deposit, withdrawal},
+    withdrawal::{WithdrawalKind, WithdrawalStatus},
 };
-use rust_decimal::Decimal;
+use paybus_ledger::{
+    self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType, audit::Violation as Ledger,
+};
+use paybus_partners::testing::partner;
+use paybus_platform::{
+    audit::{self, Violation},
+    testing::{TestEnv, dec},
+};
 use sqlx::MySqlPool;
 
-fn dec(text: &str) -> Decimal {
-    Decimal::from_str(text).expect("a decimal literal")
-}
-
 async fn new_partner(pool: &MySqlPool) -> u64 {
-    sqlx::query("INSERT INTO partners (name, webhook_secret) VALUES ('partner', 'secret')")
-        .execute(pool)
-        .await
-        .expect("insert a partner")
-        .last_insert_id()
+    partner(pool, "partner", None).await
 }
 
 async fn new_withdrawal(
@@ -33,46 +28,9 @@ async fn new_withdrawal(
     status: &str,
     amount: &str,
 ) -> u64 {
-    let confirmed = status == "CONFIRMED";
-    sqlx::query(
-        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, \
-         tx_hash, confirmed_at) \
-         VALUES (?, ?, ?, 'USDT', ?, 'T-address', IF(?, '0xfeed', NULL), IF(?, NOW(6), NULL))",
-    )
-    .bind(partner_id)
-    .bind(kind)
-    .bind(status)
-    .bind(dec(amount))
-    .bind(confirmed)
-    .bind(confirmed)
-    .execute(pool)
-    .await
-    .expect("insert a withdrawal")
-    .last_insert_id()
-}
-
-async fn new_deposit(
-    pool: &MySqlPool,
-    partner_id: u64,
-    status: &str,
-    amount: &str,
-    fee: &str,
-) -> u64 {
-    sqlx::query(
-        "INSERT INTO deposits (partner_id, currency, amount, fee, tx_hash, to_address, status, \
-         confirmed_at) \
-         VALUES (?, 'USDT', ?, ?, ?, 'D-address', ?, IF(? = 'CONFIRMED', NOW(6), NULL))",
-    )
-    .bind(partner_id)
-    .bind(dec(amount))
-    .bind(dec(fee))
-    .bind(format!("0x{}", uuid::Uuid::new_v4().simple()))
-    .bind(status)
-    .bind(status)
-    .execute(pool)
-    .await
-    .expect("insert a deposit")
-    .last_insert_id()
+    let kind: WithdrawalKind = kind.parse().expect("a withdrawal kind");
+    let status: WithdrawalStatus = status.parse().expect("a withdrawal status");
+    withdrawal(pool, partner_id, kind, status, amount).await
 }
 
 /// Posts through the ledger (so balance and chain stay right) and returns the entry id.
@@ -135,13 +93,21 @@ fn credit(partner_id: u64, amount: &str) -> Posting {
     )
 }
 
+/// Every check `paybus audit` runs: a check deleted from the catalog fails its test here.
 async fn violations(pool: &MySqlPool) -> Vec<Violation> {
     let mut conn = pool.acquire().await.expect("run the audit");
-    audit::run(&mut conn).await.expect("run the audit")
+    audit::run(&mut conn, &paybus_catalog::audit_checks())
+        .await
+        .expect("run the audit")
 }
 
 fn checks(violations: &[Violation]) -> Vec<&'static str> {
-    violations.iter().map(Violation::check).collect()
+    violations.iter().map(|v| v.check).collect()
+}
+
+/// Typed findings as the audit reports them.
+fn reported<V: Into<Violation>, const N: usize>(findings: [V; N]) -> Vec<Violation> {
+    findings.into_iter().map(Into::into).collect()
 }
 
 #[tokio::test]
@@ -216,21 +182,21 @@ async fn two_keyed_debits_on_one_withdrawal_are_reported() {
 
     assert_eq!(
         found,
-        [
-            Violation::DuplicateKeyedEntries {
+        reported([
+            Ledger::DuplicateKeyedEntries {
                 reference_type: "WITHDRAWAL".to_owned(),
                 reference_id: withdrawal,
                 entry_type: "DEBIT".to_owned(),
                 entry_ids: vec![first, second],
             },
-            Violation::MisplacedIdemKey {
+            Ledger::MisplacedIdemKey {
                 entry_id: second,
                 idem_key: format!("WDR_CONFIRM:{withdrawal}-retry"),
                 entry_type: "DEBIT".to_owned(),
                 reference_type: "WITHDRAWAL".to_owned(),
                 reference_id: withdrawal,
             },
-        ]
+        ])
     );
     assert_eq!(
         found[0].to_string(),
@@ -280,12 +246,12 @@ async fn a_balance_that_disagrees_with_its_entries_is_reported() {
 
     assert_eq!(
         found,
-        [Violation::BalanceMismatch {
+        reported([Ledger::BalanceMismatch {
             partner_id: partner,
             currency: "USDT".to_owned(),
             balance: Some("121.000000000000000000".to_owned()),
             entries_sum: "120.000000000000000000".to_owned(),
-        }]
+        }])
     );
     assert_eq!(
         found[0].to_string(),
@@ -316,16 +282,18 @@ async fn entries_without_a_balance_row_are_reported() {
         .await
         .unwrap();
 
-    let found = audit::run(&mut conn).await.unwrap();
+    let found = audit::run(&mut conn, &paybus_catalog::audit_checks())
+        .await
+        .unwrap();
 
     assert_eq!(
         found,
-        [Violation::BalanceMismatch {
+        reported([Ledger::BalanceMismatch {
             partner_id: partner,
             currency: "USDT".to_owned(),
             balance: None,
             entries_sum: "100.000000000000000000".to_owned(),
-        }]
+        }])
     );
 }
 
@@ -345,7 +313,7 @@ async fn a_broken_balance_after_chain_is_reported_at_the_break() {
 
     let found = violations(&env.db).await;
 
-    let chain = |entry_id, balance_after: &str, expected: &str| Violation::BrokenChain {
+    let chain = |entry_id, balance_after: &str, expected: &str| Ledger::BrokenChain {
         entry_id,
         partner_id: partner,
         currency: "USDT".to_owned(),
@@ -354,10 +322,10 @@ async fn a_broken_balance_after_chain_is_reported_at_the_break() {
     };
     assert_eq!(
         found,
-        [
+        reported([
             chain(second, "111.000000000000000000", "110.000000000000000000"),
             chain(third, "111.000000000000000000", "112.000000000000000000"),
-        ]
+        ])
     );
     assert!(
         found
@@ -397,9 +365,9 @@ async fn a_confirmed_normal_withdrawal_without_its_debit_is_reported() {
 
     assert_eq!(
         found,
-        [Violation::WithdrawalDebitMissing {
+        reported([W2::WithdrawalDebitMissing {
             withdrawal_id: withdrawal
-        }]
+        }])
     );
     assert_eq!(
         found[0].to_string(),
@@ -420,12 +388,12 @@ async fn a_confirmation_debit_that_disagrees_with_its_withdrawal_is_reported() {
 
     assert_eq!(
         found,
-        [Violation::WithdrawalDebitMismatch {
+        reported([W2::WithdrawalDebitMismatch {
             withdrawal_id: withdrawal,
             entry_id: entry,
             expected: format!("100.000000000000000000 USDT of partner {partner}"),
             found: format!("DEBIT 90.000000000000000000 USDT of partner {partner}"),
-        }]
+        }])
     );
 }
 
@@ -444,7 +412,7 @@ async fn a_confirmation_debit_on_a_withdrawal_that_must_not_have_one_is_reported
     let found = violations(&env.db).await;
 
     let unexpected =
-        |entry_id, withdrawal_id, kind: &str, status: &str| Violation::UnexpectedWithdrawalDebit {
+        |entry_id, withdrawal_id, kind: &str, status: &str| W2::UnexpectedWithdrawalDebit {
             entry_id,
             withdrawal_id,
             kind: Some(kind.to_owned()),
@@ -452,11 +420,11 @@ async fn a_confirmation_debit_on_a_withdrawal_that_must_not_have_one_is_reported
         };
     assert_eq!(
         found,
-        [
+        reported([
             unexpected(e1, self_transfer, "SELF_TRANSFER", "CONFIRMED"),
             unexpected(e2, settlement, "SETTLEMENT_WITHDRAW", "CONFIRMED"),
             unexpected(e3, failed, "NORMAL", "FAILED"),
-        ]
+        ])
     );
     assert_eq!(
         found[0].to_string(),
@@ -480,17 +448,17 @@ async fn a_confirmed_deposit_without_its_credit_or_fee_is_reported() {
 
     assert_eq!(
         found,
-        [
-            Violation::DepositCreditMissing {
+        reported([
+            W2::DepositCreditMissing {
                 deposit_id: nothing
             },
-            Violation::DepositFeeMissing {
+            W2::DepositFeeMissing {
                 deposit_id: nothing
             },
-            Violation::DepositFeeMissing {
+            W2::DepositFeeMissing {
                 deposit_id: credit_only
             },
-        ]
+        ])
     );
 }
 
@@ -506,13 +474,13 @@ async fn a_fee_entry_on_a_deposit_without_fee_is_reported() {
 
     assert_eq!(
         found,
-        [Violation::DepositEntryMismatch {
+        reported([W2::DepositEntryMismatch {
             deposit_id: deposit,
             entry_id: fee,
             idem_key: format!("DEP_FEE:{deposit}"),
             expected: format!("FEE 0.000000000000000000 USDT of partner {partner}"),
             found: format!("FEE 1.000000000000000000 USDT of partner {partner}"),
-        }]
+        }])
     );
 }
 
@@ -526,7 +494,7 @@ async fn deposit_entries_of_an_unconfirmed_deposit_are_reported() {
 
     let found = violations(&env.db).await;
 
-    let unexpected = |entry_id, idem_key: String| Violation::UnexpectedDepositEntry {
+    let unexpected = |entry_id, idem_key: String| W2::UnexpectedDepositEntry {
         entry_id,
         idem_key,
         deposit_id: detected,
@@ -534,9 +502,9 @@ async fn deposit_entries_of_an_unconfirmed_deposit_are_reported() {
     };
     assert_eq!(
         found,
-        [
+        reported([
             unexpected(credit, format!("DEP_CREDIT:{detected}")),
             unexpected(fee, format!("DEP_FEE:{detected}")),
-        ]
+        ])
     );
 }

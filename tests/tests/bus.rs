@@ -17,34 +17,9 @@ use paybus_platform::{
         outbox::{Relay, RelayConfig},
         topology,
     },
-    testing::{PrivateBroker, PrivateService, TestEnv},
+    testing::{PrivateBroker, PrivateService, TestEnv, eventually, scalar, services_on},
 };
 use tokio_util::sync::CancellationToken;
-
-/// Polls `check` until it returns true or `timeout` passes; false on timeout.
-async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    check().await
-}
-
-async fn services(settings: &Settings) -> Services {
-    let services = Services::connect(settings.clone()).await.expect("connect");
-    services
-        .declare_topology(&[Canary::queue()])
-        .await
-        .expect("declare topology");
-    services
-}
 
 fn relay(services: &Services) -> Relay {
     Relay::new(
@@ -98,13 +73,6 @@ async fn message_count(channel: &lapin::Channel, name: &str) -> u32 {
         .message_count()
 }
 
-async fn scalar(env: &TestEnv, sql: &'static str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(&env.db)
-        .await
-        .unwrap()
-}
-
 async fn insert_pings(env: &TestEnv, n: usize) -> Vec<u64> {
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
@@ -144,7 +112,7 @@ fn start_runner(services: &Services) -> (CancellationToken, tokio::task::JoinHan
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolled_back_unit_of_work_publishes_nothing() {
     let env = TestEnv::new().await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     let channel = tap(&services, "test.tap").await;
 
     let mut tx = services.outbox.begin().await.unwrap();
@@ -154,7 +122,7 @@ async fn a_rolled_back_unit_of_work_publishes_nothing() {
 
     assert_eq!(report.published, 0);
     assert_eq!(
-        scalar(&env, "SELECT COUNT(*) FROM outbox_messages").await,
+        scalar(&env.db, "SELECT COUNT(*) FROM outbox_messages").await,
         0
     );
     assert_eq!(message_count(&channel, "test.tap").await, 0);
@@ -163,7 +131,7 @@ async fn a_rolled_back_unit_of_work_publishes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_committed_unit_of_work_is_published_at_once_and_marked() {
     let env = TestEnv::new().await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     let channel = tap(&services, "test.tap").await;
 
     let mut tx = services.outbox.begin().await.unwrap();
@@ -173,7 +141,7 @@ async fn a_committed_unit_of_work_is_published_at_once_and_marked() {
     assert_eq!(message_count(&channel, "test.tap").await, 1);
     assert_eq!(
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NOT NULL"
         )
         .await,
@@ -184,7 +152,7 @@ async fn a_committed_unit_of_work_is_published_at_once_and_marked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_together_publish_each_row_once() {
     let env = TestEnv::new().await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     let channel = tap(&services, "test.tap").await;
     // Rows committed by producers that died before publishing.
     for i in 0..2_000u64 {
@@ -226,7 +194,7 @@ async fn two_relays_together_publish_each_row_once() {
     );
     assert_eq!(
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL"
         )
         .await,
@@ -237,7 +205,7 @@ async fn two_relays_together_publish_each_row_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects() {
     let env = TestEnv::new().await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     let ids = insert_pings(&env, 1_000).await;
     // Two consumers of the same queue in parallel.
     let (stop_a, run_a) = start_runner(&services);
@@ -256,7 +224,7 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
 
     let all_ponged = eventually(Duration::from_secs(60), || async {
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
         )
         .await
@@ -280,7 +248,11 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
         metrics::count("canary", "skipped")
     );
     assert_eq!(
-        scalar(&env, "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings").await,
+        scalar(
+            &env.db,
+            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
+        )
+        .await,
         1_000
     );
     assert_eq!(metrics::count("canary", "done"), 1_000);
@@ -299,7 +271,7 @@ async fn dead_letter_rows(env: &TestEnv) -> Vec<(String, String, String, String)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_malformed_message_is_dead_lettered_at_once_and_the_rest_flow() {
     let env = TestEnv::new().await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     let ids = insert_pings(&env, 20).await;
     let (stop, run) = start_runner(&services);
 
@@ -318,7 +290,7 @@ async fn a_malformed_message_is_dead_lettered_at_once_and_the_rest_flow() {
     let recorded = eventually(Duration::from_secs(30), || async {
         dead_letter_rows(&env).await.len() == 2
             && scalar(
-                &env,
+                &env.db,
                 "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
             )
             .await
@@ -342,7 +314,7 @@ async fn a_malformed_message_is_dead_lettered_at_once_and_the_rest_flow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_outcome_makes_exactly_one_dead_letter_with_all_headers() {
     let env = TestEnv::new().await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     let (stop, run) = start_runner(&services);
     let envelope = Envelope::new(Ping { ping_id: 424_242 });
     let outgoing = envelope.to_outgoing().unwrap();
@@ -398,7 +370,7 @@ async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_
     let broker = tokio::task::spawn_blocking(PrivateBroker::start)
         .await
         .unwrap();
-    let services = services(&settings_on(&env, &broker)).await;
+    let services = services_on(&settings_on(&env, &broker), &[Canary::queue()]).await;
     let channel = tap(&services, "test.tap").await;
     let broker = Arc::new(broker);
 
@@ -415,7 +387,7 @@ async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_
     }
     assert_eq!(
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL"
         )
         .await,
@@ -430,7 +402,7 @@ async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_
     let drained = eventually(Duration::from_secs(60), || async {
         let _ = relay.run_once().await;
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL",
         )
         .await
@@ -463,7 +435,7 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
             .await
             .unwrap(),
     );
-    let services = services(&settings_on(&env, &broker)).await;
+    let services = services_on(&settings_on(&env, &broker), &[Canary::queue()]).await;
     let (stop, run) = start_runner(&services);
 
     let producer_services = services.clone();
@@ -490,7 +462,7 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
 
     let all_ponged = eventually(Duration::from_secs(120), || async {
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
         )
         .await
@@ -505,13 +477,17 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
         all_ponged,
         "ponged {} of {sent}",
         scalar(
-            &env,
+            &env.db,
             "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
         )
         .await
     );
     assert_eq!(
-        scalar(&env, "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings").await,
+        scalar(
+            &env.db,
+            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
+        )
+        .await,
         300
     );
 }
@@ -528,7 +504,7 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
     let mut settings = env.settings.clone();
     settings.database.url = database.url.clone();
     settings.database.acquire_timeout = Duration::from_secs(2);
-    let services = services(&settings).await;
+    let services = services_on(&settings, &[Canary::queue()]).await;
     paybus_platform::db::migrate(&services.pool).await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..100 {

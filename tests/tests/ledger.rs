@@ -3,20 +3,18 @@
 //! `balance_after` chain stays exact.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{str::FromStr, sync::Arc};
+use std::sync::Arc;
 
+use paybus_ledger::{
+    self as ledger, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType,
+};
 use paybus_platform::{
-    db,
-    ledger::{self, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType, audit},
-    testing::TestEnv,
+    audit, db,
+    testing::{TestEnv, dec},
 };
 use rust_decimal::Decimal;
 use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet};
-
-fn dec(text: &str) -> Decimal {
-    Decimal::from_str(text).expect("a decimal literal")
-}
 
 async fn new_partner(pool: &MySqlPool) -> u64 {
     sqlx::query("INSERT INTO partners (name, webhook_secret) VALUES ('partner', 'secret')")
@@ -110,7 +108,7 @@ async fn entries(
 
 async fn audit_violations(pool: &MySqlPool) -> Vec<String> {
     let mut conn = pool.acquire().await.expect("run the audit");
-    audit::run(&mut conn)
+    audit::run(&mut conn, &paybus_catalog::audit_checks())
         .await
         .expect("run the audit")
         .iter()

@@ -5,18 +5,18 @@
 //! here and the conditional transition is what removes it.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{future::Future, str::FromStr, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
-use paybus_confirm_withdrawal::{
-    ConfirmWithdrawal, Confirmation, WithdrawalTxConfirmed, confirm_if_in_flight,
-};
+use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
+use paybus_confirmations::testing::assert_audit_clean;
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
+use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_platform::{
     bus::{Envelope, Handler, Outbox, Runner, Services, metrics},
     db,
-    ledger::{self, EntryType, Posting, ReferenceType, audit},
-    testing::TestEnv,
+    testing::{TestEnv, dec, eventually, scalar},
+    transition::Transition,
 };
 use rust_decimal::Decimal;
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
@@ -29,33 +29,6 @@ const WITHDRAWALS: usize = 200;
 const COPIES: usize = 3;
 const CONSUMERS: usize = 4;
 const OPENING_BALANCE: &str = "1000000";
-
-fn dec(text: &str) -> Decimal {
-    Decimal::from_str(text).unwrap()
-}
-
-/// Polls `check` until it returns true or `timeout` passes; false on timeout.
-async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    check().await
-}
-
-async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
 
 /// One partner with a webhook URL and an opening balance, and `WITHDRAWALS` NORMAL
 /// withdrawals in BROADCASTING with distinct amounts. Returns the partner, the withdrawal ids
@@ -311,9 +284,7 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
         balance(&env.db, partner_id).await,
         dec(OPENING_BALANCE) - total
     );
-    let mut conn = env.db.acquire().await.unwrap();
-    let violations = audit::run(&mut conn).await.unwrap();
-    assert!(violations.is_empty(), "audit: {violations:#?}");
+    assert_audit_clean(&env.db).await;
 }
 
 /// How one copy of a confirmation is processed in the three-copy race below.
@@ -429,7 +400,7 @@ async fn race_copies(outbox: &Outbox, ids: &[u64], design: Design) -> usize {
                             )
                             .await
                             .unwrap();
-                            matches!(confirmation, Confirmation::Transitioned(_))
+                            matches!(confirmation, Transition::Transitioned(_))
                         }
                     };
                     match design {
@@ -532,7 +503,5 @@ async fn the_conditional_update_debits_once_under_the_same_race() {
         balance(&pool, partner_id).await,
         dec(OPENING_BALANCE) - total
     );
-    let mut conn = pool.acquire().await.unwrap();
-    let violations = audit::run(&mut conn).await.unwrap();
-    assert!(violations.is_empty(), "audit: {violations:#?}");
+    assert_audit_clean(&pool).await;
 }

@@ -8,9 +8,9 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::{AppState, router};
+use paybus_api::{ApiConfig, AppState, router};
 use paybus_platform::{
-    Secret, Settings,
+    Secret,
     bus::{Services, topology},
     signature,
     testing::TestEnv,
@@ -26,6 +26,7 @@ pub const DEPOSIT_CONFIRMATIONS: &str = "/v1/chain-monitor/deposit-confirmations
 
 /// Fields drop in order: the services' pool and connection go before the test database.
 pub struct Api {
+    pub config: ApiConfig,
     pub state: AppState,
     pub services: Services,
     pub env: TestEnv,
@@ -37,20 +38,19 @@ impl Api {
         Self::with(|_| {}).await
     }
 
-    /// Secrets set, then `configure` may change the settings (e.g. unset one).
-    pub async fn with(configure: impl FnOnce(&mut Settings)) -> Self {
+    /// Secrets set, then `configure` may change the API's settings (e.g. unset one).
+    pub async fn with(configure: impl FnOnce(&mut ApiConfig)) -> Self {
         let env = TestEnv::new().await;
-        let mut settings = env.settings.clone();
-        settings.chain_monitor_secret = Some(Secret::new(MONITOR_SECRET));
-        settings.admin_token = Some(Secret::new(ADMIN_TOKEN));
-        configure(&mut settings);
-        let services = Services::connect(settings).await.expect("connect");
-        services
-            .declare_topology(&[])
-            .await
-            .expect("declare the exchanges");
+        let mut config = ApiConfig {
+            chain_monitor_secret: Some(Secret::new(MONITOR_SECRET)),
+            admin_token: Some(Secret::new(ADMIN_TOKEN)),
+            ..ApiConfig::default()
+        };
+        configure(&mut config);
+        let services = env.services(&[]).await;
         Self {
-            state: AppState::new(&services),
+            state: AppState::new(&services, &config, paybus_catalog::audit_checks()),
+            config,
             services,
             env,
         }

@@ -3,7 +3,10 @@
 //! The smallest real function: it shows the shape every workflow step has (a conditional
 //! UPDATE decides, 0 rows means someone else did it) and lets ops prove the whole path works.
 
-use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outbox, Outcome};
+use paybus_platform::{
+    bus::{Context, Envelope, Handler, HandlerError, Message, Outbox, Outcome, Services},
+    function::{BuildError, Function},
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +53,12 @@ impl Handler for Canary {
             Some(status) => Outcome::Skipped(format!("ping {ping_id} is already {status}")),
             None => Outcome::Failed(format!("ping {ping_id} does not exist")),
         })
+    }
+}
+
+impl Function for Canary {
+    fn build(_: &Services) -> Result<Self, BuildError> {
+        Ok(Canary)
     }
 }
 

@@ -1,7 +1,5 @@
 //! The canary function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    paybus_platform::bus::function::run(|_services| paybus_canary::Canary).await?;
-    Ok(())
+fn main() -> std::process::ExitCode {
+    paybus_platform::function::main::<paybus_canary::Canary>()
 }

@@ -8,14 +8,13 @@ use base64::Engine;
 use lapin::{Channel, options::BasicGetOptions};
 use paybus_canary::{Canary, Ping};
 use paybus_platform::{
-    Settings,
     bus::{
         Envelope, Handler, Message, Services,
         dead_letter::{H_ATTEMPTS, H_FUNCTION, H_REASON, H_ROUTING_KEY},
-        handler::{header_integer, header_text},
+        headers::{header_integer, header_text},
         lambda::{BatchSummary, handle_event},
     },
-    testing::TestEnv,
+    testing::{TestEnv, services_on},
 };
 
 const PINGS_EVENT: &str = include_str!("fixtures/canary-pings-event.json");
@@ -23,15 +22,6 @@ const BAD_MESSAGES_EVENT: &str = include_str!("fixtures/canary-bad-messages-even
 
 fn event(json: &str) -> RabbitMqEvent {
     serde_json::from_str(json).expect("the fixture is a RabbitMqEvent")
-}
-
-async fn services(settings: &Settings) -> Services {
-    let services = Services::connect(settings.clone()).await.expect("connect");
-    services
-        .declare_topology(&[Canary::queue()])
-        .await
-        .expect("declare topology");
-    services
 }
 
 /// Inserts `n` pending pings; a fresh database numbers them 1..=n, as the fixtures expect.
@@ -111,7 +101,7 @@ fn fixture_bodies_are_real_canary_envelopes() {
 async fn an_event_pongs_each_ping_once_and_a_replayed_batch_changes_nothing() {
     let env = TestEnv::new().await;
     create_pings(&env, 2).await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
 
     let summary = handle_event(&Canary, &services, event(PINGS_EVENT))
         .await
@@ -143,7 +133,7 @@ async fn an_event_pongs_each_ping_once_and_a_replayed_batch_changes_nothing() {
 async fn bad_messages_are_dead_lettered_with_their_reason_and_the_batch_succeeds() {
     let env = TestEnv::new().await;
     create_pings(&env, 1).await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
 
     let summary = handle_event(&Canary, &services, event(BAD_MESSAGES_EVENT))
         .await
@@ -221,7 +211,7 @@ async fn bad_messages_are_dead_lettered_with_their_reason_and_the_batch_succeeds
 async fn an_infrastructure_fault_fails_the_batch_after_settling_the_rest() {
     let env = TestEnv::new().await;
     create_pings(&env, 2).await;
-    let services = services(&env.settings).await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
     // The database becomes unreachable for this process.
     services.pool.close().await;
 

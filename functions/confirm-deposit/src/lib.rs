@@ -17,22 +17,14 @@
 
 mod confirmation;
 
-pub use confirmation::{
-    ConfirmError, Confirmation, Confirmed, DEPOSIT_CONFIRMED, DepositStatus, confirm_if_detected,
+pub use confirmation::{Confirmation, Confirmed, DEPOSIT_CONFIRMED, confirm_if_detected};
+pub use paybus_confirmations::{DepositTxConfirmed, deposit::DepositStatus};
+
+use paybus_platform::{
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
+    function::{BuildError, Function},
+    transition::Transition,
 };
-
-use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome};
-use serde::{Deserialize, Serialize};
-
-/// `deposit.tx_confirmed`: the chain monitor saw the deposit's transaction confirmed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DepositTxConfirmed {
-    pub deposit_id: u64,
-}
-
-impl Message for DepositTxConfirmed {
-    const TYPE: &'static str = "deposit.tx_confirmed";
-}
 
 /// The handler: one transaction per message, committed only when it made the transition.
 pub struct ConfirmDeposit;
@@ -48,39 +40,20 @@ impl Handler for ConfirmDeposit {
     ) -> Result<Outcome, HandlerError> {
         let deposit_id = message.data.deposit_id;
         let mut uow = ctx.outbox.begin().await?;
-        let confirmation = confirm_if_detected(&mut uow, deposit_id, message.correlation_id).await;
-        match confirmation {
-            Ok(Confirmation::Transitioned(_)) => {
-                uow.commit().await?;
-                Ok(Outcome::Done)
-            }
-            Ok(Confirmation::NotTransitioned { status }) => {
-                uow.rollback().await?;
-                Ok(Outcome::Skipped(match status {
-                    DepositStatus::Confirmed => {
-                        format!("deposit {deposit_id} is already CONFIRMED")
-                    }
-                    other => format!("deposit {deposit_id} is {other}, not DETECTED"),
-                }))
-            }
-            Ok(Confirmation::NotFound) => {
-                uow.rollback().await?;
-                Ok(Outcome::Failed(format!(
-                    "deposit {deposit_id} does not exist"
-                )))
-            }
-            Err(error) => {
-                // Explicitly, so no lock outlives the attempt; the error that matters is the
-                // first one.
-                if let Err(rollback) = uow.rollback().await {
-                    tracing::warn!(%rollback, "rolling back a failed confirmation failed");
-                }
-                if error.is_retryable() {
-                    Err(error.into())
-                } else {
-                    Ok(Outcome::Failed(error.to_string()))
-                }
-            }
+        let result = confirm_if_detected(&mut uow, deposit_id, message.correlation_id).await;
+        match Transition::commit_or_rollback(uow, result).await {
+            Ok(confirmation) => Ok(confirmation.outcome(
+                format_args!("deposit {deposit_id}"),
+                DepositStatus::Confirmed,
+                "DETECTED",
+            )),
+            Err(error) => error.into_outcome(),
         }
+    }
+}
+
+impl Function for ConfirmDeposit {
+    fn build(_: &Services) -> Result<Self, BuildError> {
+        Ok(ConfirmDeposit)
     }
 }

@@ -3,24 +3,24 @@
 //! confirmation arrives.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{str::FromStr, sync::Arc};
+use std::sync::Arc;
 
 use paybus_confirm_deposit::{
-    ConfirmDeposit, ConfirmError, Confirmation, Confirmed, DepositStatus, DepositTxConfirmed,
-    confirm_if_detected,
+    ConfirmDeposit, Confirmation, Confirmed, DepositStatus, DepositTxConfirmed, confirm_if_detected,
 };
+use paybus_confirmations::{
+    ConfirmError,
+    testing::{assert_audit_clean, deposit},
+};
+use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_partners::testing::partner;
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
-    ledger::{self, EntryType, IdemKey, Posted, Posting, ReferenceType, audit},
-    testing::TestEnv,
+    testing::{TestEnv, dec},
 };
 use rust_decimal::Decimal;
 use tokio::{sync::Barrier, task::JoinSet};
 use uuid::Uuid;
-
-fn dec(text: &str) -> Decimal {
-    Decimal::from_str(text).unwrap()
-}
 
 /// A test's database and vhost, the services a handler gets, and one partner.
 struct World {
@@ -31,19 +31,8 @@ struct World {
 
 async fn world() -> World {
     let env = TestEnv::new().await;
-    let services = Services::connect(env.settings.clone()).await.unwrap();
-    services
-        .declare_topology(&[ConfirmDeposit::queue()])
-        .await
-        .unwrap();
-    let partner_id = sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret) \
-         VALUES ('partner 45', 'http://127.0.0.1:9/webhook', 'secret')",
-    )
-    .execute(&env.db)
-    .await
-    .unwrap()
-    .last_insert_id();
+    let services = env.services(&[ConfirmDeposit::queue()]).await;
+    let partner_id = partner(&env.db, "partner 45", Some("http://127.0.0.1:9/webhook")).await;
     World {
         env,
         services,
@@ -54,21 +43,7 @@ async fn world() -> World {
 impl World {
     /// A deposit of `amount` USDT with `fee`, in `status`, on a tx of its own.
     async fn deposit(&self, amount: &str, fee: &str, status: &str) -> u64 {
-        sqlx::query(
-            "INSERT INTO deposits (partner_id, currency, amount, fee, tx_hash, to_address, \
-             status, confirmed_at) \
-             VALUES (?, 'USDT', ?, ?, ?, 'T-partner-address', ?, IF(? = 'CONFIRMED', NOW(6), NULL))",
-        )
-        .bind(self.partner_id)
-        .bind(dec(amount))
-        .bind(dec(fee))
-        .bind(format!("0x{}", Uuid::new_v4().simple()))
-        .bind(status)
-        .bind(status)
-        .execute(&self.env.db)
-        .await
-        .unwrap()
-        .last_insert_id()
+        deposit(&self.env.db, self.partner_id, status, amount, fee).await
     }
 
     /// Runs `confirm_if_detected` in a transaction of its own, committed when it
@@ -136,9 +111,7 @@ impl World {
     }
 
     async fn assert_audit_clean(&self) {
-        let mut conn = self.env.db.acquire().await.unwrap();
-        let violations = audit::run(&mut conn).await.unwrap();
-        assert!(violations.is_empty(), "audit: {violations:#?}");
+        assert_audit_clean(&self.env.db).await;
     }
 }
 
@@ -343,7 +316,7 @@ async fn a_failed_deposit_is_skipped_and_nothing_is_credited() {
     assert_eq!(
         confirmation,
         Confirmation::NotTransitioned {
-            status: DepositStatus::Failed
+            current: DepositStatus::Failed
         }
     );
     assert_eq!(
@@ -378,7 +351,7 @@ async fn other_database_errors_propagate_and_nothing_is_kept() {
 
     let error = world.confirm(id).await.unwrap_err();
 
-    assert!(error.is_retryable(), "{error:?}");
+    assert!(HandlerError::from(error).is_transient());
     assert_eq!(world.status(id).await, "DETECTED");
     assert!(world.entries(id).await.is_empty());
     let handled = world.handle(id).await;

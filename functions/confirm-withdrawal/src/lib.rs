@@ -17,24 +17,17 @@
 
 mod confirmation;
 
-pub use confirmation::{
-    ConfirmError, Confirmation, Confirmed, WITHDRAWAL_CONFIRMED, WithdrawalKind, WithdrawalStatus,
-    confirm_if_in_flight,
+pub use confirmation::{Confirmation, Confirmed, WITHDRAWAL_CONFIRMED, confirm_if_in_flight};
+pub use paybus_confirmations::{
+    WithdrawalTxConfirmed,
+    withdrawal::{WithdrawalKind, WithdrawalStatus},
 };
 
-use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome};
-use serde::{Deserialize, Serialize};
-
-/// `withdrawal.tx_confirmed`: the chain monitor saw the withdrawal's transaction confirmed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WithdrawalTxConfirmed {
-    pub withdrawal_id: u64,
-    pub tx_hash: String,
-}
-
-impl Message for WithdrawalTxConfirmed {
-    const TYPE: &'static str = "withdrawal.tx_confirmed";
-}
+use paybus_platform::{
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
+    function::{BuildError, Function},
+    transition::Transition,
+};
 
 /// The handler: one transaction per message, committed only when it made the transition.
 pub struct ConfirmWithdrawal;
@@ -52,42 +45,22 @@ impl Handler for ConfirmWithdrawal {
             withdrawal_id,
             tx_hash,
         } = &message.data;
-        let withdrawal_id = *withdrawal_id;
         let mut uow = ctx.outbox.begin().await?;
-        let confirmation =
-            confirm_if_in_flight(&mut uow, withdrawal_id, tx_hash, message.correlation_id).await;
-        match confirmation {
-            Ok(Confirmation::Transitioned(_)) => {
-                uow.commit().await?;
-                Ok(Outcome::Done)
-            }
-            Ok(Confirmation::NotTransitioned { status }) => {
-                uow.rollback().await?;
-                Ok(Outcome::Skipped(match status {
-                    WithdrawalStatus::Confirmed => {
-                        format!("withdrawal {withdrawal_id} is already CONFIRMED")
-                    }
-                    other => format!("withdrawal {withdrawal_id} is {other}, not in flight"),
-                }))
-            }
-            Ok(Confirmation::NotFound) => {
-                uow.rollback().await?;
-                Ok(Outcome::Failed(format!(
-                    "withdrawal {withdrawal_id} does not exist"
-                )))
-            }
-            Err(error) => {
-                // Explicitly, so no lock outlives the attempt; the error that matters is the
-                // first one.
-                if let Err(rollback) = uow.rollback().await {
-                    tracing::warn!(%rollback, "rolling back a failed confirmation failed");
-                }
-                if error.is_retryable() {
-                    Err(error.into())
-                } else {
-                    Ok(Outcome::Failed(error.to_string()))
-                }
-            }
+        let result =
+            confirm_if_in_flight(&mut uow, *withdrawal_id, tx_hash, message.correlation_id).await;
+        match Transition::commit_or_rollback(uow, result).await {
+            Ok(confirmation) => Ok(confirmation.outcome(
+                format_args!("withdrawal {withdrawal_id}"),
+                WithdrawalStatus::Confirmed,
+                "in flight",
+            )),
+            Err(error) => error.into_outcome(),
         }
+    }
+}
+
+impl Function for ConfirmWithdrawal {
+    fn build(_: &Services) -> Result<Self, BuildError> {
+        Ok(ConfirmWithdrawal)
     }
 }

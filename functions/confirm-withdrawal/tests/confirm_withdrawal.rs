@@ -2,31 +2,31 @@
 //! `confirm_if_in_flight`, and the handler's outcomes.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{str::FromStr, sync::Arc};
+use std::sync::Arc;
 
 use lapin::{
     options::{QueueBindOptions, QueueDeclareOptions},
     types::FieldTable,
 };
 use paybus_confirm_withdrawal::{
-    ConfirmError, ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalStatus,
+    ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalStatus,
     WithdrawalTxConfirmed, confirm_if_in_flight,
 };
+use paybus_confirmations::{
+    ConfirmError,
+    testing::{assert_audit_clean, withdrawal},
+};
+use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_partners::{NotificationCreated, testing::partner};
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, topology},
-    ledger::{self, EntryType, IdemKey, Posted, Posting, ReferenceType, audit},
-    notifications::NotificationCreated,
-    testing::TestEnv,
+    testing::{TestEnv, dec},
 };
 use rust_decimal::Decimal;
 use tokio::{sync::Barrier, task::JoinSet};
 use uuid::Uuid;
 
 const TAP: &str = "test.notifications";
-
-fn dec(text: &str) -> Decimal {
-    Decimal::from_str(text).unwrap()
-}
 
 /// A test's database and vhost, the services a handler gets, and one partner.
 struct World {
@@ -37,11 +37,7 @@ struct World {
 
 async fn world() -> World {
     let env = TestEnv::new().await;
-    let services = Services::connect(env.settings.clone()).await.unwrap();
-    services
-        .declare_topology(&[ConfirmWithdrawal::queue()])
-        .await
-        .unwrap();
+    let services = env.services(&[ConfirmWithdrawal::queue()]).await;
     // A queue of the test's own for `partner.notification.created`, standing in for
     // deliver-webhook's, so the notification messages are routable and can be counted.
     let channel = services.connection().create_channel().await.unwrap();
@@ -66,14 +62,7 @@ async fn world() -> World {
         )
         .await
         .unwrap();
-    let partner_id = sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret) \
-         VALUES ('partner 45', 'http://127.0.0.1:9/webhook', 'secret')",
-    )
-    .execute(&env.db)
-    .await
-    .unwrap()
-    .last_insert_id();
+    let partner_id = partner(&env.db, "partner 45", Some("http://127.0.0.1:9/webhook")).await;
     World {
         env,
         services,
@@ -84,22 +73,8 @@ async fn world() -> World {
 impl World {
     /// A 100 USDT withdrawal of this kind in this status (broadcast as `0xbroadcast`).
     async fn withdrawal(&self, kind: &str, status: &str) -> u64 {
-        let confirmed = status == "CONFIRMED";
-        sqlx::query(
-            "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, \
-             tx_hash, confirmed_at) \
-             VALUES (?, ?, ?, 'USDT', ?, 'T-partner-wallet', ?, IF(?, NOW(6), NULL))",
-        )
-        .bind(self.partner_id)
-        .bind(kind)
-        .bind(status)
-        .bind(dec("100"))
-        .bind((status != "REQUESTED").then_some("0xbroadcast"))
-        .bind(confirmed)
-        .execute(&self.env.db)
-        .await
-        .unwrap()
-        .last_insert_id()
+        let (kind, status) = (kind.parse().unwrap(), status.parse().unwrap());
+        withdrawal(&self.env.db, self.partner_id, kind, status, "100").await
     }
 
     /// Runs `confirm_if_in_flight` in a transaction of its own, committed when it
@@ -206,9 +181,7 @@ impl World {
     }
 
     async fn assert_audit_clean(&self) {
-        let mut conn = self.env.db.acquire().await.unwrap();
-        let violations = audit::run(&mut conn).await.unwrap();
-        assert!(violations.is_empty(), "audit: {violations:#?}");
+        assert_audit_clean(&self.env.db).await;
     }
 }
 
@@ -294,7 +267,7 @@ async fn a_second_confirmation_writes_no_debit_no_history_and_no_notification() 
     assert_eq!(
         second,
         Confirmation::NotTransitioned {
-            status: WithdrawalStatus::Confirmed
+            current: WithdrawalStatus::Confirmed
         }
     );
     assert_eq!(world.debits(id).await.len(), 1);
@@ -318,7 +291,7 @@ async fn withdrawals_not_in_flight_are_left_alone() {
 
         assert_eq!(
             confirmation,
-            Confirmation::NotTransitioned { status: expected }
+            Confirmation::NotTransitioned { current: expected }
         );
         assert_eq!(world.status(id).await.0, status);
         assert!(world.debits(id).await.is_empty());
@@ -433,8 +406,8 @@ async fn other_database_errors_propagate_and_nothing_is_kept() {
     let result = world.confirm(id, "0xconfirmed").await;
 
     let error = result.unwrap_err();
-    assert!(matches!(error, ConfirmError::Database(_)), "{error:?}");
-    assert!(error.is_retryable());
+    assert!(matches!(error, ConfirmError::Database { .. }), "{error:?}");
+    assert!(HandlerError::from(error).is_transient());
     // The helper rolled back: no half-confirmation survives.
     assert_eq!(world.status(id).await.0, "BROADCASTING");
     assert!(world.debits(id).await.is_empty());

@@ -1,10 +1,26 @@
 //! The delivery's settings: typed, with documented defaults, read once at start-up.
 
-use std::{collections::HashMap, str::FromStr, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
-use paybus_platform::ConfigError;
+use paybus_platform::{
+    ConfigError,
+    config::Vars,
+    retry::{Backoff, RetryPolicy},
+};
 
-use crate::retry::RetryPolicy;
+/// The default schedule: pauses after the 1st, 2nd, … failed attempt. Past its end the last
+/// pause repeats (the cap).
+pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
+    Duration::from_secs(10),
+    Duration::from_secs(30),
+    Duration::from_secs(2 * 60),
+    Duration::from_secs(10 * 60),
+    Duration::from_secs(30 * 60),
+    Duration::from_secs(60 * 60),
+]);
+
+/// Attempts in all, the first one included.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
 
 /// Whole-request timeout of one POST by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,8 +44,11 @@ pub struct WebhookConfig {
     /// long enough that no second claim starts while a POST is in flight, short enough that
     /// a delivery whose process died is tried again within a minute.
     pub lease_margin: Duration,
-    /// Attempts and backoff (default: [`RetryPolicy::default`]; the attempt limit from
-    /// `PAYBUS_WEBHOOK_MAX_ATTEMPTS`).
+    /// Attempts and backoff. Default: 8 attempts; after failed attempt 1..=7 wait 10 s, 30 s,
+    /// 2 min, 10 min, 30 min, 1 h, 1 h; the 8th failure is terminal (FAILED + dead letter). A
+    /// partner that is down for good is given up about 2 h 43 min after the first attempt
+    /// (plus the attempts' own time). The attempt limit comes from
+    /// `PAYBUS_WEBHOOK_MAX_ATTEMPTS`.
     pub retry: RetryPolicy,
 }
 
@@ -39,9 +58,14 @@ impl Default for WebhookConfig {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lease_margin: DEFAULT_LEASE_MARGIN,
-            retry: RetryPolicy::default(),
+            retry: default_retry(),
         }
     }
+}
+
+fn default_retry() -> RetryPolicy {
+    RetryPolicy::new(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF)
+        .unwrap_or_else(|_| unreachable!("the default policy has attempts and pauses"))
 }
 
 impl WebhookConfig {
@@ -51,48 +75,36 @@ impl WebhookConfig {
     }
 
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_vars(std::env::vars().collect())
+        Self::read(&Vars::from_env())
     }
 
     /// The defaults, overridden by the variables that are set (an empty value counts as
     /// unset). A malformed value names the variable and the expected form.
     pub fn from_vars(vars: HashMap<String, String>) -> Result<Self, ConfigError> {
-        let mut config = Self::default();
-        if let Some(ms) = parse::<u64>(&vars, VAR_TIMEOUT_MS, "milliseconds, at least 1")? {
-            if ms == 0 {
-                return Err(invalid(VAR_TIMEOUT_MS, "0", "milliseconds, at least 1"));
-            }
-            config.timeout = Duration::from_millis(ms);
-        }
-        if let Some(n) = parse::<u32>(&vars, VAR_MAX_ATTEMPTS, "an attempt count, at least 1")? {
-            config.retry = config
-                .retry
-                .with_max_attempts(n)
-                .map_err(|_| invalid(VAR_MAX_ATTEMPTS, &n.to_string(), "at least 1"))?;
-        }
-        Ok(config)
+        Self::read(&Vars::new(vars))
     }
-}
 
-fn parse<T: FromStr>(
-    vars: &HashMap<String, String>,
-    variable: &'static str,
-    expected: &'static str,
-) -> Result<Option<T>, ConfigError> {
-    match vars.get(variable).map(|v| v.trim()) {
-        None | Some("") => Ok(None),
-        Some(value) => value
-            .parse()
-            .map(Some)
-            .map_err(|_| invalid(variable, value, expected)),
-    }
-}
-
-fn invalid(variable: &'static str, value: &str, expected: &'static str) -> ConfigError {
-    ConfigError {
-        variable,
-        value: value.to_owned(),
-        expected,
+    pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
+        let timeout = Duration::from_millis(vars.parse(
+            VAR_TIMEOUT_MS,
+            u64::try_from(DEFAULT_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+            "milliseconds, at least 1",
+            |ms: &u64| *ms > 0,
+        )?);
+        let attempts = vars.parse(
+            VAR_MAX_ATTEMPTS,
+            DEFAULT_MAX_ATTEMPTS,
+            "an attempt count, at least 1",
+            |n: &u32| *n > 0,
+        )?;
+        let retry = default_retry()
+            .with_max_attempts(attempts)
+            .map_err(|_| vars.error(VAR_MAX_ATTEMPTS, &attempts.to_string(), "at least 1"))?;
+        Ok(Self {
+            timeout,
+            retry,
+            ..Self::default()
+        })
     }
 }
 
@@ -101,6 +113,26 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn the_default_schedule_backs_off_then_caps_at_an_hour() {
+        let policy = WebhookConfig::default().retry;
+        let pauses: Vec<u64> = (1..=7).map(|n| policy.delay(n).as_secs()).collect();
+        assert_eq!(pauses, [10, 30, 120, 600, 1800, 3600, 3600]);
+        assert_eq!(policy.delay(100), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn the_eighth_failure_gives_up_by_default() {
+        use paybus_platform::retry::RetryDecision;
+        let policy = WebhookConfig::default().retry;
+        assert_eq!(
+            policy.after_failure(7),
+            RetryDecision::RetryAfter(Duration::from_secs(3600))
+        );
+        assert_eq!(policy.after_failure(8), RetryDecision::GiveUp);
+        assert_eq!(policy.after_failure(9), RetryDecision::GiveUp);
+    }
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

@@ -23,7 +23,9 @@ use std::{error::Error as _, time::Duration};
 
 use paybus_platform::signature;
 
-use crate::{config::WebhookConfig, notification::ClaimedNotification};
+use paybus_partners::notifications::ClaimedNotification;
+
+use crate::config::WebhookConfig;
 
 pub const HEADER_EVENT: &str = "x-paybus-event";
 pub const HEADER_NOTIFICATION_ID: &str = "x-paybus-notification-id";

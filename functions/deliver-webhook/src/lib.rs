@@ -16,7 +16,9 @@
 //!    failure below the limit → PENDING with `last_error` and `next_attempt_at` = backoff,
 //!    `Retry`; at the limit → FAILED, `Failed` (the runtime dead-letters the message).
 //!
-//! Retries come back as messages re-published by [`DueNotificationsJob`] when due.
+//! Retries come back as messages re-published when due by the platform's due sweep over
+//! `partner_notifications` ([`jobs`]). The claim, the settles and the sweep are the platform's
+//! retry kit (`paybus_platform::retry`) on `paybus_partners::notifications::NOTIFICATIONS`.
 //!
 //! Delivery to the partner is at least once: a 2xx whose settle failed (database down) is
 //! requeued, skipped while its lease holds, and sent again after it, with the same
@@ -26,45 +28,50 @@
 //! partner takes up to batch size × `timeout`: keep the event source mapping's batch size
 //! small (e.g. 10 with the 10 s default timeout) or the function timeout large enough.
 //!
-//! TLS: reqwest's `rustls` feature (aws-lc-rs provider). `rustls-no-provider` with ring
-//! would avoid that second crypto build, but cargo unifies the feature across the workspace,
-//! and every other reqwest client (the test harness's, the API tests') then panics unless a
-//! provider was installed before it was built.
+//! TLS: reqwest's `rustls` feature, with its default crypto provider (aws-lc-rs). A ring-only
+//! build (`rustls-no-provider`) would save that second crypto build, but cargo unifies the
+//! feature across the workspace, and every other reqwest client (the test harness's, the API
+//! tests') would then panic unless a provider had been installed before it was built.
 
 pub mod config;
 pub mod delivery;
-pub mod due;
-pub mod notification;
-pub mod retry;
 
 use std::sync::Arc;
 
+use paybus_partners::notifications::{
+    self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated,
+};
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
-    notifications::NotificationCreated,
+    function::{BuildError, Function},
+    retry::{AfterFailure, Clock, DueSweep, DueSweepConfig, RowState, Settled},
 };
 
 pub use config::WebhookConfig;
 pub use delivery::Attempt;
-pub use due::{DueNotificationsConfig, DueNotificationsJob, DueNotificationsReport};
-pub use retry::{RetryDecision, RetryPolicy};
-
-use notification::{Claim, ClaimedNotification, NotificationState, Settled};
 
 /// The handler. Build it once at start-up (it owns the HTTP client and its connection pool).
 #[derive(Clone)]
 pub struct DeliverWebhook {
     http: reqwest::Client,
     config: WebhookConfig,
+    clock: Clock,
 }
 
 impl DeliverWebhook {
-    /// Builds the HTTP client (timeouts, TLS with the ring provider, no redirects).
+    /// Builds the HTTP client (timeouts, TLS, no redirects).
     pub fn new(config: WebhookConfig) -> Result<Self, reqwest::Error> {
         Ok(Self {
             http: delivery::client(&config)?,
             config,
+            clock: Clock::Database,
         })
+    }
+
+    /// The same handler on another clock (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn config(&self) -> &WebhookConfig {
@@ -83,15 +90,18 @@ impl Handler for DeliverWebhook {
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.notification_id;
         let pool = ctx.outbox.pool();
-        let claimed = match notification::claim(pool, id, self.config.lease()).await? {
-            Claim::Claimed(claimed) => claimed,
-            Claim::SkippedNoWebhook { partner_id } => {
+        let claimed = match notifications::claim(pool, id, self.config.lease(), &self.clock).await?
+        {
+            DeliveryClaim::Claimed(claimed) => claimed,
+            DeliveryClaim::SkippedNoWebhook { partner_id } => {
                 return Ok(Outcome::Skipped(format!(
                     "notification {id}: partner {partner_id} has no webhook_url; marked SKIPPED"
                 )));
             }
-            Claim::NotClaimed(state) => return Ok(not_claimed(id, &state, ctx.attempt)),
-            Claim::Missing => {
+            DeliveryClaim::NotClaimed(state) => {
+                return Ok(not_claimed(id, &state, ctx.attempt));
+            }
+            DeliveryClaim::Missing => {
                 return Ok(Outcome::Failed(format!("notification {id} does not exist")));
             }
         };
@@ -102,7 +112,7 @@ impl Handler for DeliverWebhook {
 
         match attempt {
             Attempt::Delivered { status } => {
-                match notification::settle_delivered(pool, &claimed).await? {
+                match notifications::settle_delivered(pool, &claimed).await? {
                     Settled::Yes => Ok(Outcome::Done),
                     Settled::ClaimLost => Ok(claim_lost(&claimed, &format!("HTTP {status}"))),
                 }
@@ -110,34 +120,66 @@ impl Handler for DeliverWebhook {
             Attempt::Failed(error) => {
                 let max = self.config.retry.max_attempts();
                 let n = claimed.attempts;
-                match self.config.retry.after_failure(n) {
-                    RetryDecision::RetryAfter(delay) => {
-                        match notification::settle_retry(pool, &claimed, delay, &error).await? {
-                            Settled::Yes => Ok(Outcome::Retry {
-                                after: delay,
-                                error: format!("notification {id}, attempt {n}/{max}: {error}"),
-                            }),
-                            Settled::ClaimLost => Ok(claim_lost(&claimed, &error)),
-                        }
-                    }
-                    RetryDecision::GiveUp => {
-                        match notification::settle_failed(pool, &claimed, &error).await? {
-                            Settled::Yes => Ok(Outcome::Failed(format!(
-                                "notification {id} to partner {}: gave up after {n} attempts; \
-                                 last error: {error}",
-                                claimed.partner_id
-                            ))),
-                            Settled::ClaimLost => Ok(claim_lost(&claimed, &error)),
-                        }
-                    }
-                }
+                let settled = notifications::settle_failure(
+                    pool,
+                    &claimed,
+                    &self.config.retry,
+                    &error,
+                    &self.clock,
+                )
+                .await?;
+                Ok(match settled {
+                    AfterFailure::Retry { after, .. } => Outcome::Retry {
+                        after,
+                        error: format!("notification {id}, attempt {n}/{max}: {error}"),
+                    },
+                    AfterFailure::Failed { .. } => Outcome::Failed(format!(
+                        "notification {id} to partner {}: gave up after {n} attempts; \
+                         last error: {error}",
+                        claimed.partner_id
+                    )),
+                    AfterFailure::ClaimLost => claim_lost(&claimed, &error),
+                })
             }
         }
     }
 }
 
+impl Function for DeliverWebhook {
+    fn build(_: &Services) -> Result<Self, BuildError> {
+        let config = WebhookConfig::from_env()?;
+        DeliverWebhook::new(config).map_err(|source| BuildError::Client {
+            what: "the webhook HTTP client",
+            source: source.into(),
+        })
+    }
+
+    /// The due-retries sweep: re-publishes partner notifications whose retry is due (and
+    /// deliveries whose process died, once their lease runs out).
+    fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
+        Ok(vec![Arc::new(due_notifications(
+            services,
+            DueSweepConfig::default(),
+        ))])
+    }
+}
+
+/// The due sweep over `partner_notifications`, as deliver-webhook's job runs it.
+pub fn due_notifications(
+    services: &Services,
+    config: DueSweepConfig,
+) -> DueSweep<NotificationCreated> {
+    DueSweep::new(
+        "due-notifications",
+        &NOTIFICATIONS,
+        |notification_id| NotificationCreated { notification_id },
+        services.outbox.clone(),
+        config,
+    )
+}
+
 /// Why a message found nothing to send.
-fn not_claimed(id: u64, state: &NotificationState, delivery_attempt: u32) -> Outcome {
+fn not_claimed(id: u64, state: &RowState, delivery_attempt: u32) -> Outcome {
     match state.status.as_str() {
         // A redelivery of a message that failed the row: its dead letter may not have been
         // confirmed (broker trouble), so it is failed again. The dead letter's id is derived
@@ -176,13 +218,4 @@ fn claim_lost(claimed: &ClaimedNotification, result: &str) -> Outcome {
         "notification {}: attempt {} ended ({result}) after its claim had been taken over",
         claimed.id, claimed.attempts
     ))
-}
-
-/// The maintenance jobs this function needs: the due-retries sweep, with its defaults.
-/// Register them with the runner (`paybus run`) and the scheduled sweeper.
-pub fn jobs(services: &Services) -> Vec<Arc<dyn Job>> {
-    vec![Arc::new(DueNotificationsJob::new(
-        services.outbox.clone(),
-        DueNotificationsConfig::default(),
-    ))]
 }

@@ -10,39 +10,32 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use paybus_deliver_webhook::{
-    DeliverWebhook, DueNotificationsConfig, DueNotificationsJob, RetryPolicy, WebhookConfig,
+    DeliverWebhook, WebhookConfig,
     delivery::{HEADER_EVENT, HEADER_NOTIFICATION_ID, HEADER_SIGNATURE},
-    notification::{self, Claim, Settled},
+    due_notifications,
+};
+use paybus_partners::{
+    notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
+    testing::{PARTNER_SECRET as SECRET, partner},
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
-    notifications::{NewNotification, NotificationCreated, enqueue},
+    retry::{AfterFailure, Clock, DueSweepConfig, RetryPolicy, Settled},
     signature,
-    testing::TestEnv,
+    testing::{TestEnv, eventually},
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
 
-const SECRET: &str = "whsec_partner_test_secret";
-
 // ---------------------------------------------------------------------------------------------
 // Harness
-
-async fn services(env: &TestEnv) -> Services {
-    let services = Services::connect(env.settings.clone()).await.unwrap();
-    services
-        .declare_topology(&[DeliverWebhook::queue()])
-        .await
-        .unwrap();
-    services
-}
 
 /// Short timeouts and delays, so nothing waits for minutes.
 fn config(max_attempts: u32, backoff_ms: &[u64]) -> WebhookConfig {
     WebhookConfig {
         timeout: Duration::from_secs(2),
-        retry: RetryPolicy::new(
+        retry: RetryPolicy::with_schedule(
             max_attempts,
             backoff_ms
                 .iter()
@@ -54,22 +47,15 @@ fn config(max_attempts: u32, backoff_ms: &[u64]) -> WebhookConfig {
     }
 }
 
-fn fast_sweep() -> DueNotificationsConfig {
-    DueNotificationsConfig {
+fn fast_sweep() -> DueSweepConfig {
+    DueSweepConfig {
         interval: Duration::from_millis(50),
-        ..DueNotificationsConfig::default()
+        ..DueSweepConfig::default()
     }
 }
 
 async fn insert_partner(env: &TestEnv, name: &str, webhook_url: Option<&str>) -> u64 {
-    sqlx::query("INSERT INTO partners (name, webhook_url, webhook_secret) VALUES (?, ?, ?)")
-        .bind(name)
-        .bind(webhook_url)
-        .bind(SECRET)
-        .execute(&env.db)
-        .await
-        .unwrap()
-        .last_insert_id()
+    partner(&env.db, name, webhook_url).await
 }
 
 fn payload(reference_id: u64) -> serde_json::Value {
@@ -163,35 +149,31 @@ async fn count(env: &TestEnv, sql: &'static str) -> i64 {
         .unwrap()
 }
 
-/// Polls `check` until it holds or `timeout` passes; false on timeout.
-async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// Claims the notification for delivery as deliver-webhook does; `None` when not claimed.
+async fn claimed(
+    env: &TestEnv,
+    id: u64,
+    lease: Duration,
+) -> Option<notifications::ClaimedNotification> {
+    match notifications::claim(&env.db, id, lease, &Clock::Database)
+        .await
+        .unwrap()
+    {
+        DeliveryClaim::Claimed(claimed) => Some(claimed),
+        _ => None,
     }
-    check().await
 }
 
 /// The function's consumer, its dead-letter recorder, the outbox relay and the due sweep.
 fn start(
     services: &Services,
     handler: DeliverWebhook,
-    sweep: DueNotificationsConfig,
+    sweep: DueSweepConfig,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
     runner.add_function(handler);
-    runner.add_job(Arc::new(DueNotificationsJob::new(
-        services.outbox.clone(),
-        sweep,
-    )));
+    runner.add_job(Arc::new(due_notifications(services, sweep)));
     let token = shutdown.clone();
     let run = tokio::spawn(async move { runner.run(token).await.unwrap() });
     (shutdown, run)
@@ -268,7 +250,7 @@ fn closed_port_url() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_notification_is_delivered_once_with_a_valid_signature() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     partner_ok(&partner).await;
     let partner_id =
@@ -311,7 +293,7 @@ async fn a_notification_is_delivered_once_with_a_valid_signature() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_message_handled_three_times_at_once_posts_once() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     // Slow enough that the duplicates arrive while the first POST is in flight.
     Mock::given(method("POST"))
@@ -350,8 +332,8 @@ async fn the_same_message_handled_three_times_at_once_posts_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_messages_across_two_consumers_post_each_notification_once() {
     let env = TestEnv::new().await;
-    let services_a = services(&env).await;
-    let services_b = services(&env).await;
+    let services_a = env.services(&[DeliverWebhook::queue()]).await;
+    let services_b = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(30)))
@@ -414,7 +396,7 @@ async fn duplicate_messages_across_two_consumers_post_each_notification_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_attempt_records_the_error_and_the_next_attempt_on_the_row() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(503).set_body_string("upstream\nunavailable"))
@@ -455,7 +437,7 @@ async fn a_failed_attempt_records_the_error_and_the_next_attempt_on_the_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partner_down_for_a_while_is_retried_with_backoff_then_delivered() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     let responder = DownForAWhile {
         failures: 3,
@@ -523,7 +505,7 @@ async fn a_partner_down_for_a_while_is_retried_with_backoff_then_delivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partner_down_for_good_ends_failed_with_one_dead_letter_and_others_are_delivered() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let broken = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(500).set_body_string("boom"))
@@ -616,7 +598,7 @@ async fn a_partner_down_for_good_ends_failed_with_one_dead_letter_and_others_are
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_timeout_counts_as_a_failed_attempt() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(3)))
@@ -653,7 +635,7 @@ async fn a_timeout_counts_as_a_failed_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(301).insert_header("location", "/elsewhere"))
@@ -683,7 +665,7 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partner_without_webhook_url_is_skipped() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner_id = insert_partner(&env, "no hooks", None).await;
     let id = insert_notification(&env, partner_id, 1).await;
     let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
@@ -708,7 +690,7 @@ async fn a_partner_without_webhook_url_is_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unknown_notification_is_failed() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
 
     let outcome = handle(&handler, &services, 4242, 1).await;
@@ -722,7 +704,7 @@ async fn an_unknown_notification_is_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_row_is_failed_again_only_on_a_redelivery() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(500))
@@ -763,7 +745,7 @@ async fn a_failed_row_is_failed_again_only_on_a_redelivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(500))
@@ -774,18 +756,17 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
     let fresh = insert_notification(&env, partner_id, 2).await;
     // Waits long enough that "before due" stays before due on a loaded CI machine.
     let handler = DeliverWebhook::new(config(8, &[1_500])).unwrap();
-    let sweep =
-        DueNotificationsJob::new(services.outbox.clone(), DueNotificationsConfig::default());
+    let sweep = due_notifications(&services, DueSweepConfig::default());
     let outbox_rows = || count(&env, "SELECT COUNT(*) FROM outbox_messages");
 
     assert!(matches!(
         handle(&handler, &services, retrying, 1).await,
         Outcome::Retry { .. }
     ));
-    let before_due = sweep.run_once().await.unwrap().republished;
+    let before_due = sweep.run_once().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    let when_due = sweep.run_once().await.unwrap().republished;
-    let again = sweep.run_once().await.unwrap().republished;
+    let when_due = sweep.run_once().await.unwrap();
+    let again = sweep.run_once().await.unwrap();
 
     assert_eq!(before_due, 0, "not due yet");
     assert_eq!(
@@ -811,32 +792,32 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
         Outcome::Retry { .. }
     ));
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    assert_eq!(sweep.run_once().await.unwrap().republished, 1);
+    assert_eq!(sweep.run_once().await.unwrap(), 1);
     assert_eq!(row(&env, retrying).await.attempts, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_due_row_left_unclaimed_is_republished_again_after_stale_after() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner_id = insert_partner(&env, "p", Some("http://127.0.0.1:9/unused")).await;
     // A fresh row whose message never arrived (lost, or consumers down).
     let id = insert_notification(&env, partner_id, 1).await;
-    let sweep = DueNotificationsJob::new(
-        services.outbox.clone(),
-        DueNotificationsConfig {
+    let sweep = due_notifications(
+        &services,
+        DueSweepConfig {
             // Long enough that "right after" stays right after on a loaded CI machine.
             stale_after: Duration::from_secs(2),
-            ..DueNotificationsConfig::default()
+            ..DueSweepConfig::default()
         },
     );
 
-    let at_once = sweep.run_once().await.unwrap().republished;
+    let at_once = sweep.run_once().await.unwrap();
     tokio::time::sleep(Duration::from_millis(2_200)).await;
-    let stale = sweep.run_once().await.unwrap().republished;
-    let right_after = sweep.run_once().await.unwrap().republished;
+    let stale = sweep.run_once().await.unwrap();
+    let right_after = sweep.run_once().await.unwrap();
     tokio::time::sleep(Duration::from_millis(2_200)).await;
-    let stale_again = sweep.run_once().await.unwrap().republished;
+    let stale_again = sweep.run_once().await.unwrap();
 
     assert_eq!((at_once, stale, right_after, stale_again), (0, 1, 0, 1));
     assert_eq!(row(&env, id).await.status, "PENDING");
@@ -845,7 +826,7 @@ async fn a_due_row_left_unclaimed_is_republished_again_after_stale_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_https_partner_gets_a_tls_handshake() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     // A plain-HTTP server behind an https:// URL: the client must speak TLS to it (and fail
     // the handshake), which proves TLS is built in.
     let partner = MockServer::start().await;
@@ -872,24 +853,25 @@ async fn an_https_partner_gets_a_tls_handshake() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_delivery_whose_process_died_is_sent_again_once_its_lease_runs_out() {
     let env = TestEnv::new().await;
-    let services = services(&env).await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner = MockServer::start().await;
     partner_ok(&partner).await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 1).await;
     let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
-    let sweep =
-        DueNotificationsJob::new(services.outbox.clone(), DueNotificationsConfig::default());
+    let sweep = due_notifications(&services, DueSweepConfig::default());
     // A claim whose process then died: nothing settles it.
     // Long enough that the "while held" steps stay inside it on a loaded CI machine.
     let lease = Duration::from_millis(1_500);
-    let claim = notification::claim(&env.db, id, lease).await.unwrap();
-    assert!(matches!(claim, Claim::Claimed(_)), "{claim:?}");
+    let claim = notifications::claim(&env.db, id, lease, &Clock::Database)
+        .await
+        .unwrap();
+    assert!(matches!(claim, DeliveryClaim::Claimed(_)), "{claim:?}");
 
     let while_held = handle(&handler, &services, id, 1).await;
-    let swept_while_held = sweep.run_once().await.unwrap().republished;
+    let swept_while_held = sweep.run_once().await.unwrap();
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
-    let swept_after = sweep.run_once().await.unwrap().republished;
+    let swept_after = sweep.run_once().await.unwrap();
     let retried = handle(&handler, &services, id, 1).await;
 
     assert!(
@@ -908,27 +890,28 @@ async fn a_settle_after_the_claim_was_taken_over_writes_nothing() {
     let env = TestEnv::new().await;
     let partner_id = insert_partner(&env, "p", Some("http://127.0.0.1:9/unused")).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let Claim::Claimed(first) = notification::claim(&env.db, id, Duration::from_millis(100))
-        .await
-        .unwrap()
-    else {
+    let Some(first) = claimed(&env, id, Duration::from_millis(100)).await else {
         panic!("first claim")
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let Claim::Claimed(second) = notification::claim(&env.db, id, Duration::from_secs(60))
-        .await
-        .unwrap()
-    else {
+    let Some(second) = claimed(&env, id, Duration::from_secs(60)).await else {
         panic!("second claim after the lease")
     };
 
-    let late_failure =
-        notification::settle_failed(&env.db, &first, "HTTP 500 from a slow attempt").await;
-    let late_success = notification::settle_delivered(&env.db, &first).await;
-    let current = notification::settle_delivered(&env.db, &second).await;
+    let give_up_now = RetryPolicy::with_schedule(1, vec![Duration::from_secs(1)]).unwrap();
+    let late_failure = notifications::settle_failure(
+        &env.db,
+        &first,
+        &give_up_now,
+        "HTTP 500 from a slow attempt",
+        &Clock::Database,
+    )
+    .await;
+    let late_success = notifications::settle_delivered(&env.db, &first).await;
+    let current = notifications::settle_delivered(&env.db, &second).await;
 
     assert_eq!((first.attempts, second.attempts), (1, 2));
-    assert_eq!(late_failure.unwrap(), Settled::ClaimLost);
+    assert_eq!(late_failure.unwrap(), AfterFailure::ClaimLost);
     assert_eq!(late_success.unwrap(), Settled::ClaimLost);
     assert_eq!(current.unwrap(), Settled::Yes);
     let stored = row(&env, id).await;

@@ -1,7 +1,6 @@
-//! The sweeper binary: a scheduled Lambda (EventBridge) in AWS, timers locally.
+//! The sweeper binary: the outbox relay and every function's maintenance jobs, from the
+//! catalog. A scheduled Lambda (EventBridge) in AWS, timers locally.
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    paybus_platform::bus::function::run_sweeper(paybus_sweeper::jobs).await?;
-    Ok(())
+fn main() -> std::process::ExitCode {
+    paybus_platform::function::sweeper_main(paybus_catalog::jobs)
 }

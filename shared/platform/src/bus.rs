@@ -4,9 +4,10 @@
 
 pub mod consumer;
 pub mod dead_letter;
+pub mod delivery;
 pub mod envelope;
-pub mod function;
 pub mod handler;
+pub mod headers;
 pub mod lambda;
 pub mod link;
 pub mod metrics;

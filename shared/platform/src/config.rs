@@ -5,7 +5,7 @@
 //! an error that names the variable and the expected form; an unset safety switch falls back
 //! to the safe behaviour (SPEC principle 10).
 
-use std::{collections::HashMap, fmt, net::SocketAddr, str::FromStr, time::Duration};
+use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
 
 use url::Url;
 
@@ -68,16 +68,7 @@ impl fmt::Debug for BrokerSettings {
 pub struct Settings {
     pub database: DatabaseSettings,
     pub broker: BrokerSettings,
-    pub http_addr: SocketAddr,
     pub log_format: LogFormat,
-    /// Seed 000 §0: off unless explicitly switched on; a missing value must never turn the
-    /// worker path on by accident.
-    pub async_matching_enabled: bool,
-    /// Shared secret the chain monitor signs its webhooks with. Unset: the intake endpoints
-    /// refuse everything (503) rather than accept unsigned confirmations.
-    pub chain_monitor_secret: Option<Secret>,
-    /// Bearer token of the admin API. Unset: the admin API is closed.
-    pub admin_token: Option<Secret>,
 }
 
 /// A secret value: usable, never printed.
@@ -103,13 +94,16 @@ impl fmt::Debug for Secret {
 impl Settings {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_vars(std::env::vars().collect())
+        Self::read(&Vars::from_env())
     }
 
     /// Reads the given variables only (tests pass their own map instead of mutating the
     /// process environment).
     pub fn from_vars(vars: HashMap<String, String>) -> Result<Self, ConfigError> {
-        let env = Vars(vars);
+        Self::read(&Vars(vars))
+    }
+
+    pub fn read(env: &Vars) -> Result<Self, ConfigError> {
         Ok(Self {
             database: DatabaseSettings {
                 url: env.url(
@@ -145,35 +139,51 @@ impl Settings {
                     |n: &u16| *n > 0,
                 )?,
             },
-            http_addr: env.parse(
-                "PAYBUS_HTTP_ADDR",
-                SocketAddr::from(([127, 0, 0, 1], 8080)),
-                "a socket address like 127.0.0.1:8080",
-                |_| true,
-            )?,
             log_format: match env.get("PAYBUS_LOG_FORMAT") {
                 None => LogFormat::Text,
                 Some(v) if v.eq_ignore_ascii_case("text") => LogFormat::Text,
                 Some(v) if v.eq_ignore_ascii_case("json") => LogFormat::Json,
                 Some(v) => return Err(env.error("PAYBUS_LOG_FORMAT", v, "`text` or `json`")),
             },
-            async_matching_enabled: env.switch("PAYBUS_ASYNC_MATCHING_ENABLED")?,
-            chain_monitor_secret: env.secret("PAYBUS_CHAIN_MONITOR_SECRET", 16)?,
-            admin_token: env.secret("PAYBUS_ADMIN_TOKEN", 16)?,
         })
     }
 }
 
-struct Vars(HashMap<String, String>);
+/// Environment variables as settings are read from them: the one parser every crate's own
+/// settings use (so every malformed value is a [`ConfigError`] naming the variable and the
+/// expected form, and an empty value counts as unset everywhere).
+#[derive(Clone, Default)]
+pub struct Vars(HashMap<String, String>);
+
+impl fmt::Debug for Vars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Values may be secrets: names only.
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
 
 impl Vars {
+    /// The process environment.
+    pub fn from_env() -> Self {
+        Vars(std::env::vars().collect())
+    }
+
+    pub fn new(vars: HashMap<String, String>) -> Self {
+        Vars(vars)
+    }
+
     /// An empty value counts as unset: `FOO= cmd` is how people "unset" in shells and
     /// deployment templates.
-    fn get(&self, name: &str) -> Option<&str> {
+    pub fn get(&self, name: &str) -> Option<&str> {
         self.0.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
     }
 
-    fn error(&self, variable: &'static str, value: &str, expected: &'static str) -> ConfigError {
+    pub fn error(
+        &self,
+        variable: &'static str,
+        value: &str,
+        expected: &'static str,
+    ) -> ConfigError {
         ConfigError {
             variable,
             value: value.to_owned(),
@@ -181,7 +191,8 @@ impl Vars {
         }
     }
 
-    fn parse<T: FromStr>(
+    /// `default` when unset; else the parsed value if `valid` accepts it.
+    pub fn parse<T: FromStr>(
         &self,
         variable: &'static str,
         default: T,
@@ -198,7 +209,7 @@ impl Vars {
         }
     }
 
-    fn url(
+    pub fn url(
         &self,
         variable: &'static str,
         default: &str,
@@ -214,7 +225,7 @@ impl Vars {
     }
 
     /// A secret is optional, but a short one is a mistake worth stopping for.
-    fn secret(
+    pub fn secret(
         &self,
         variable: &'static str,
         min_len: usize,
@@ -227,7 +238,7 @@ impl Vars {
     }
 
     /// A safety switch is on only when it says so explicitly.
-    fn switch(&self, variable: &'static str) -> Result<bool, ConfigError> {
+    pub fn switch(&self, variable: &'static str) -> Result<bool, ConfigError> {
         match self.get(variable).map(str::to_ascii_lowercase).as_deref() {
             None | Some("false" | "0" | "no" | "off") => Ok(false),
             Some("true" | "1" | "yes" | "on") => Ok(true),
@@ -258,23 +269,19 @@ mod tests {
     }
 
     #[test]
-    fn unset_or_empty_safety_switch_is_off() {
-        assert!(
-            !Settings::from_vars(HashMap::new())
-                .unwrap()
-                .async_matching_enabled
-        );
-        let empty = vars(&[("PAYBUS_ASYNC_MATCHING_ENABLED", "")]);
-        assert!(!Settings::from_vars(empty).unwrap().async_matching_enabled);
-        let on = vars(&[("PAYBUS_ASYNC_MATCHING_ENABLED", "TRUE")]);
-        assert!(Settings::from_vars(on).unwrap().async_matching_enabled);
+    fn an_unset_or_empty_switch_is_off() {
+        let switch = |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).switch("PAYBUS_SOME_SWITCH");
+        assert_eq!(switch(&[]), Ok(false));
+        assert_eq!(switch(&[("PAYBUS_SOME_SWITCH", "")]), Ok(false));
+        assert_eq!(switch(&[("PAYBUS_SOME_SWITCH", "TRUE")]), Ok(true));
     }
 
     #[test]
-    fn malformed_switch_is_an_error_naming_the_variable() {
-        let err =
-            Settings::from_vars(vars(&[("PAYBUS_ASYNC_MATCHING_ENABLED", "maybe")])).unwrap_err();
-        assert_eq!(err.variable, "PAYBUS_ASYNC_MATCHING_ENABLED");
+    fn a_malformed_switch_is_an_error_naming_the_variable() {
+        let err = Vars::new(vars(&[("PAYBUS_SOME_SWITCH", "maybe")]))
+            .switch("PAYBUS_SOME_SWITCH")
+            .unwrap_err();
+        assert_eq!(err.variable, "PAYBUS_SOME_SWITCH");
         assert!(err.to_string().contains("`true` or `false`"), "{err}");
     }
 
@@ -299,18 +306,18 @@ mod tests {
 
     #[test]
     fn secrets_are_optional_long_and_never_printed() {
-        let s = Settings::from_vars(HashMap::new()).unwrap();
-        assert!(s.chain_monitor_secret.is_none() && s.admin_token.is_none());
-        let short = Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "abc")])).unwrap_err();
-        assert_eq!(short.variable, "PAYBUS_ADMIN_TOKEN");
+        let secret =
+            |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).secret("PAYBUS_SOME_TOKEN", 16);
+        assert_eq!(secret(&[]), Ok(None));
+        let short = secret(&[("PAYBUS_SOME_TOKEN", "abc")]).unwrap_err();
+        assert_eq!(short.variable, "PAYBUS_SOME_TOKEN");
         assert!(!short.to_string().contains("abc"));
-        let s =
-            Settings::from_vars(vars(&[("PAYBUS_ADMIN_TOKEN", "0123456789abcdef-tok")])).unwrap();
+        let long = secret(&[("PAYBUS_SOME_TOKEN", "0123456789abcdef-tok")]).unwrap();
         assert_eq!(
-            s.admin_token.as_ref().map(Secret::expose),
+            long.as_ref().map(Secret::expose),
             Some("0123456789abcdef-tok")
         );
-        assert!(!format!("{s:?}").contains("0123456789abcdef-tok"));
+        assert!(!format!("{long:?}").contains("0123456789abcdef-tok"));
     }
 
     #[test]

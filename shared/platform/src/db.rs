@@ -107,3 +107,72 @@ pub async fn begin_read_committed(
         .await?;
     sqlx::Transaction::begin(conn, None).await
 }
+
+/// MySQL / MariaDB error numbers that no retry can fix: the statement itself is refused for
+/// what it writes (a constraint, a value that does not fit) or is malformed.
+const PERMANENT_ERRORS: &[u16] = &[
+    1048, // column cannot be null
+    1062, // duplicate entry
+    1064, // syntax error
+    1264, // out of range value
+    1265, // data truncated
+    1292, // truncated incorrect value
+    1364, // field has no default value
+    1366, // incorrect value for column
+    1406, // data too long
+    1451, // foreign key: row is referenced
+    1452, // foreign key: no parent row
+    1586, // duplicate entry (with key name)
+    1690, // value out of range (BIGINT UNSIGNED arithmetic)
+    3819, // MySQL: check constraint violated
+    4025, // MariaDB: CONSTRAINT ... failed
+];
+
+/// The server's error number, when the error came from the server.
+pub fn error_number(error: &sqlx::Error) -> Option<u16> {
+    match error {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    }
+}
+
+/// Whether trying the same work again can succeed: the one classification of database errors
+/// (the consumer runtime requeues transient ones and dead-letters the rest at once).
+///
+/// Transient: the connection, the pool, a deadlock or lock wait timeout, and any server error
+/// not known to be permanent (a table not migrated yet may be, after the deploy finishes).
+/// Permanent: constraint violations and values that do not fit their column
+/// ([`PERMANENT_ERRORS`]), and errors about our own code or data (decoding a column, a row
+/// that must exist and does not).
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(_) => {
+            error_number(error).is_none_or(|number| !PERMANENT_ERRORS.contains(&number))
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// A duplicate-key error on exactly the unique key `key` (not on any other): the key name
+/// ends the server's message (`... for key 'uk_x'` on MariaDB, `... for key 'table.uk_x'` on
+/// MySQL 8). The failed statement is the only thing rolled back: the transaction stays usable.
+pub fn is_duplicate_on(error: &sqlx::Error, key: &str) -> bool {
+    let sqlx::Error::Database(e) = error else {
+        return false;
+    };
+    if !e.is_unique_violation() {
+        return false;
+    }
+    let message = e.message().trim_end_matches(['\'', '`', '"']);
+    message
+        .strip_suffix(key)
+        .is_some_and(|rest| rest.ends_with(['\'', '`', '"', '.']))
+}

@@ -1,15 +1,19 @@
-//! What every paybus function shares: typed configuration, the database pool and migrations,
-//! the broker connection, and telemetry. Workflow logic never lives here.
+//! The paybus platform: typed configuration, the database pool and migrations, the bus
+//! runtime (envelope, outbox, consumers, dead letters, Lambda adapter, sweeper), the
+//! row-backed retry kit, the audit framework and telemetry. It names no workflow table:
+//! workflows live in their domain crates (`shared/<domain>`) and functions (`functions/<name>`).
 
+pub mod audit;
 pub mod broker;
 pub mod bus;
 pub mod config;
 pub mod db;
-pub mod ledger;
-pub mod notifications;
+pub mod function;
 pub mod redact;
+pub mod retry;
 pub mod signature;
 pub mod telemetry;
+pub mod transition;
 
 #[cfg(feature = "test-harness")]
 pub mod testing;

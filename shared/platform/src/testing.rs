@@ -5,12 +5,68 @@
 //! Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`, `PAYBUS_AMQP_URL`
 //! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, future::Future, str::FromStr, time::Duration};
 
+use rust_decimal::Decimal;
 use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};
 use url::Url;
 
-use crate::{Settings, config::LogFormat, db};
+use crate::{
+    Settings, audit,
+    bus::{Services, topology::FunctionQueue},
+    config::LogFormat,
+    db,
+};
+
+/// Polls `check` every 100 ms until it returns true or `timeout` passes; false on timeout.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check().await
+}
+
+/// The services a process builds with `settings` (e.g. pointing at a private broker), with
+/// the exchanges and `functions`' queues declared.
+pub async fn services_on(settings: &Settings, functions: &[FunctionQueue]) -> Services {
+    let services = Services::connect(settings.clone())
+        .await
+        .expect("connect to the test's database and broker");
+    services
+        .declare_topology(functions)
+        .await
+        .expect("declare the topology");
+    services
+}
+
+/// A decimal literal of a test.
+pub fn dec(text: &str) -> Decimal {
+    Decimal::from_str(text).expect("a decimal literal")
+}
+
+/// One integer a query counts (`SELECT COUNT(*) ...`).
+pub async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Runs `checks` (a domain's `CHECKS`, or several) and fails the test on any violation.
+pub async fn assert_audit_clean(pool: &MySqlPool, checks: &[&[audit::Check]]) {
+    let checks: Vec<audit::Check> = checks.iter().flat_map(|c| c.iter().copied()).collect();
+    let mut conn = pool.acquire().await.expect("a connection for the audit");
+    let violations = audit::run(&mut conn, &checks).await.expect("run the audit");
+    assert!(violations.is_empty(), "audit: {violations:#?}");
+}
 
 pub const DEFAULT_RABBITMQ_API: &str = "http://127.0.0.1:15682/api";
 /// Every per-test database and vhost starts with this, so leftovers are easy to sweep.
@@ -82,6 +138,12 @@ impl TestEnv {
             server_url,
             rabbitmq_api,
         }
+    }
+
+    /// The services a process builds, on this test's database and vhost, with the exchanges
+    /// and `functions`' queues declared.
+    pub async fn services(&self, functions: &[FunctionQueue]) -> Services {
+        services_on(&self.settings, functions).await
     }
 
     /// `PAYBUS_*` variables that point a child process (the `paybus` binary, a function

@@ -5,7 +5,7 @@
 //! are in flight; an infrastructure error requeues it after a back-off pause. SIGTERM (the
 //! shutdown token) stops taking deliveries, lets in-flight ones finish, then returns.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use futures_util::StreamExt;
 use lapin::{
@@ -22,46 +22,10 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
     dead_letter,
-    handler::{Disposition, Handler, IncomingDelivery, process},
+    delivery::{Disposition, IncomingDelivery, Processor},
     link::BrokerLink,
-    outbox::Outbox,
     publisher::Publisher,
-    topology,
 };
-
-/// Turns a delivery into a disposition; implemented by every function's handler (through
-/// [`HandlerProcessor`]) and by the dead-letter recorder.
-pub trait Processor: Send + Sync + 'static {
-    /// The function this processor belongs to (its dead letters are routed by it).
-    fn function(&self) -> &str;
-    fn queue(&self) -> String;
-    fn process(&self, delivery: &IncomingDelivery) -> impl Future<Output = Disposition> + Send;
-}
-
-pub struct HandlerProcessor<H> {
-    handler: H,
-    outbox: Outbox,
-}
-
-impl<H: Handler> HandlerProcessor<H> {
-    pub fn new(handler: H, outbox: Outbox) -> Self {
-        Self { handler, outbox }
-    }
-}
-
-impl<H: Handler> Processor for HandlerProcessor<H> {
-    fn function(&self) -> &str {
-        H::FUNCTION
-    }
-
-    fn queue(&self) -> String {
-        topology::queue_name(H::FUNCTION)
-    }
-
-    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
-        process(&self.handler, &self.outbox, delivery).await
-    }
-}
 
 /// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
 /// Follows the link: when it replaces the connection, consuming resumes on the new one.
@@ -193,7 +157,7 @@ async fn settle<P: Processor>(processor: &P, publisher: &Publisher, delivery: De
             match dead_letter::publish(publisher, processor.function(), &incoming, &dead).await {
                 Ok(()) => None,
                 Err(error) => Some((
-                    super::handler::requeue_backoff(incoming.delivery_count()),
+                    incoming.requeue_after(),
                     format!("dead letter not confirmed: {error}"),
                 )),
             }

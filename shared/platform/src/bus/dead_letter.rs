@@ -6,11 +6,9 @@ use lapin::types::{AMQPValue, FieldTable};
 use sqlx::MySqlPool;
 
 use super::{
-    consumer::Processor,
-    handler::{
-        DeadLetter, Disposition, IncomingDelivery, header_integer, header_text, requeue_backoff,
-    },
-    publisher::{PublishError, Publisher, integer_header, now_rfc3339, text_header},
+    delivery::{DeadLetter, Disposition, IncomingDelivery, Processor},
+    headers::{header_integer, header_text, integer_header, text_header},
+    publisher::{PublishError, Publisher},
     topology::{DEAD_LETTER_EXCHANGE, dead_letter_queue_name},
 };
 
@@ -46,7 +44,11 @@ pub async fn publish(
         H_ATTEMPTS,
         i64::from(delivery.delivery_count()) + 1,
     );
-    text_header(&mut headers, H_FAILED_AT, &now_rfc3339());
+    text_header(
+        &mut headers,
+        H_FAILED_AT,
+        &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    );
     text_header(&mut headers, H_ROUTING_KEY, &delivery.routing_key);
     text_header(
         &mut headers,
@@ -243,7 +245,7 @@ impl Processor for DeadLetterRecorder {
         match record(&self.pool, &self.function, delivery).await {
             Ok(_) => Disposition::Ack,
             Err(error) => Disposition::Requeue {
-                after: requeue_backoff(delivery.delivery_count()),
+                after: delivery.requeue_after(),
                 error: format!("recording dead letter: {error}"),
             },
         }

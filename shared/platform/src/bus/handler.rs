@@ -4,19 +4,17 @@
 
 use std::{future::Future, time::Duration};
 
-use lapin::{
-    BasicProperties,
-    types::{AMQPValue, FieldTable},
-};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{
+    delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery, Processor},
     envelope::{Envelope, EnvelopeHead, Message},
     metrics,
     outbox::{Outbox, OutboxError},
-    topology::{DELIVERY_LIMIT, FunctionQueue},
+    topology::{self, DELIVERY_LIMIT, FunctionQueue},
 };
+use crate::db;
 
 /// What a handler made of a message. Every variant ends the delivery (it is acked); only an
 /// `Err(HandlerError)` puts it back on the queue.
@@ -44,16 +42,47 @@ impl Outcome {
     }
 }
 
-/// An infrastructure fault (database unreachable, deadlock, broker error): the message is
-/// requeued and tried again. Business failures are [`Outcome`]s, not errors.
+/// A handler that could not reach an outcome. [`HandlerError::is_transient`] is the one place
+/// errors are classified: a transient fault (database unreachable, deadlock, broker error) is
+/// requeued and tried again; anything else (a constraint violation, a value that does not fit,
+/// bad data) can never succeed and is dead-lettered at once instead of burning the delivery
+/// limit. Business failures are [`Outcome`]s, not errors.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     #[error("outbox: {0}")]
     Outbox(#[from] OutboxError),
+    /// The message can never be applied as it is (bad data, a refused posting).
     #[error("{0}")]
-    Infrastructure(String),
+    Rejected(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl HandlerError {
+    /// A domain error that no retry can fix.
+    pub fn rejected(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError::Rejected(error.into())
+    }
+
+    /// Whether trying the same message again can succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HandlerError::Database(e) | HandlerError::Outbox(OutboxError::Database(e)) => {
+                db::is_transient(e)
+            }
+            HandlerError::Outbox(OutboxError::Serialise(_)) | HandlerError::Rejected(_) => false,
+        }
+    }
+
+    /// What a handler that hit this error answers: a transient error stays an error (the
+    /// message is requeued), anything else is `Failed` (a dead letter with this text).
+    pub fn into_outcome(self) -> Result<Outcome, HandlerError> {
+        if self.is_transient() {
+            Err(self)
+        } else {
+            Ok(Outcome::Failed(self.to_string()))
+        }
+    }
 }
 
 /// What a handler gets besides its message.
@@ -85,97 +114,6 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// A delivery as the runtime sees it, whichever way it arrived.
-#[derive(Debug, Clone)]
-pub struct IncomingDelivery {
-    pub body: Vec<u8>,
-    pub routing_key: String,
-    pub properties: BasicProperties,
-}
-
-impl IncomingDelivery {
-    /// Earlier deliveries of this message (RabbitMQ's quorum queues count them in
-    /// `x-delivery-count`; absent on the first delivery).
-    pub fn delivery_count(&self) -> u32 {
-        header_integer(self.properties.headers().as_ref(), "x-delivery-count")
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(0)
-    }
-
-    pub fn message_id(&self) -> Option<String> {
-        self.properties.message_id().as_ref().map(|s| s.to_string())
-    }
-}
-
-pub fn header_integer(headers: Option<&FieldTable>, name: &str) -> Option<i64> {
-    match headers?.inner().get(name)? {
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongLongInt(n) => Some(*n),
-        _ => None,
-    }
-}
-
-pub fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<String> {
-    match headers?.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(s.to_string()),
-        AMQPValue::ShortString(s) => Some(s.to_string()),
-        _ => None,
-    }
-}
-
-/// Why a message becomes a dead letter (`x-paybus-reason`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    pub reason: DeadLetterReason,
-    pub error: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadLetterReason {
-    /// The body is not a paybus envelope, or its data does not fit the type.
-    Malformed,
-    /// The envelope's type is not what this function handles.
-    UnknownType,
-    /// The handler said so (`Outcome::Failed`).
-    Failed,
-    /// Infrastructure errors on every one of the allowed deliveries.
-    DeliveryLimit,
-}
-
-impl DeadLetterReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadLetterReason::Malformed => "malformed",
-            DeadLetterReason::UnknownType => "unknown_type",
-            DeadLetterReason::Failed => "failed",
-            DeadLetterReason::DeliveryLimit => "delivery_limit",
-        }
-    }
-}
-
-/// What the transport must do with a delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Disposition {
-    /// Ack: the outcome is committed (or there was nothing to do).
-    Ack,
-    /// Publish a dead letter (confirmed), then ack.
-    DeadLetter(DeadLetter),
-    /// Put it back after a pause: an infrastructure fault.
-    Requeue { after: Duration, error: String },
-}
-
-/// The pause before a requeue: the database or broker is struggling, so back off instead of
-/// spinning through the delivery limit (250 ms doubling, at most 30 s).
-pub fn requeue_backoff(delivery_count: u32) -> Duration {
-    let exp = delivery_count.min(7);
-    Duration::from_millis(250 * (1u64 << exp)).min(Duration::from_secs(30))
-}
-
 /// Decodes, dispatches and classifies one delivery. Logs one line and counts one metric.
 pub async fn process<H: Handler>(
     handler: &H,
@@ -183,8 +121,7 @@ pub async fn process<H: Handler>(
     delivery: &IncomingDelivery,
 ) -> Disposition {
     let started = Instant::now();
-    let delivery_count = delivery.delivery_count();
-    let attempt = delivery_count + 1;
+    let attempt = delivery.delivery_count() + 1;
     let head = match serde_json::from_slice::<EnvelopeHead>(&delivery.body) {
         Ok(head) => head,
         Err(e) => {
@@ -269,6 +206,18 @@ pub async fn process<H: Handler>(
                 ),
             }
         }
+        // Requeueing cannot help: a dead letter now, with the error, not after 20 deliveries.
+        Err(error) if !error.is_transient() => {
+            let error = error.to_string();
+            (
+                Disposition::DeadLetter(DeadLetter {
+                    reason: DeadLetterReason::Failed,
+                    error: error.clone(),
+                }),
+                "failed",
+                Some(error),
+            )
+        }
         // The runtime dead-letters on the last allowed delivery itself, so the reason and the
         // error are recorded instead of the broker's bare "delivery limit".
         Err(error) if attempt >= DELIVERY_LIMIT.unsigned_abs() => {
@@ -284,7 +233,7 @@ pub async fn process<H: Handler>(
         }
         Err(error) => (
             Disposition::Requeue {
-                after: requeue_backoff(delivery_count),
+                after: delivery.requeue_after(),
                 error: error.to_string(),
             },
             "requeued",
@@ -334,4 +283,30 @@ fn finish<H: Handler>(
         ),
     }
     disposition
+}
+
+/// A handler as the consumer runtime drives it.
+pub struct HandlerProcessor<H> {
+    handler: H,
+    outbox: Outbox,
+}
+
+impl<H: Handler> HandlerProcessor<H> {
+    pub fn new(handler: H, outbox: Outbox) -> Self {
+        Self { handler, outbox }
+    }
+}
+
+impl<H: Handler> Processor for HandlerProcessor<H> {
+    fn function(&self) -> &str {
+        H::FUNCTION
+    }
+
+    fn queue(&self) -> String {
+        topology::queue_name(H::FUNCTION)
+    }
+
+    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
+        process(&self.handler, &self.outbox, delivery).await
+    }
 }

@@ -29,7 +29,8 @@ use tracing::Instrument;
 
 use super::{
     dead_letter,
-    handler::{DeadLetter, DeadLetterReason, Disposition, Handler, IncomingDelivery, process},
+    delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery},
+    handler::{Handler, process},
     metrics,
     services::Services,
 };
@@ -316,7 +317,7 @@ fn string_bytes(map: &serde_json::Map<String, serde_json::Value>) -> Option<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::handler::{header_integer, header_text};
+    use crate::bus::headers::{header_integer, header_text};
 
     fn ok(decoded: Decoded) -> IncomingDelivery {
         assert_eq!(decoded.malformed, None);

@@ -21,11 +21,14 @@ use super::topology::{self, FunctionQueue};
 use crate::{
     broker::{self, BrokerUnreachable},
     config::BrokerSettings,
+    retry::Backoff,
 };
 
 const CHECK_EVERY: Duration = Duration::from_secs(1);
-/// The longest pause between two reconnection attempts while the broker is away.
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The pause between reconnection attempts while the broker is away (2 s doubling, at most
+/// 10 s).
+const RECONNECT_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_secs(2), Duration::from_secs(10));
 
 /// One live connection and its confirm-mode publishing channel.
 pub struct Live {
@@ -128,7 +131,7 @@ async fn watchdog(inner: Weak<Inner>) {
         let pause = if failures == 0 {
             CHECK_EVERY
         } else {
-            (CHECK_EVERY * 2u32.saturating_pow(failures.min(4))).min(MAX_BACKOFF)
+            RECONNECT_BACKOFF.delay(failures)
         };
         tokio::time::sleep(pause).await;
         let Some(inner) = inner.upgrade() else { return };

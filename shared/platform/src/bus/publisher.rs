@@ -3,11 +3,9 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use lapin::{
-    BasicProperties, Channel, Confirmation, PublisherConfirm,
-    options::BasicPublishOptions,
-    types::{AMQPValue, FieldTable, ShortString},
+    BasicProperties, Channel, Confirmation, PublisherConfirm, options::BasicPublishOptions,
+    types::FieldTable,
 };
 
 use super::{envelope::OutgoingMessage, link::BrokerLink, topology::EVENTS_EXCHANGE};
@@ -198,18 +196,4 @@ fn check(
             message_id: message_id.to_owned(),
         }),
     }
-}
-
-/// A string header as RabbitMQ accepts it (it rejects short strings in tables).
-pub fn text_header(headers: &mut FieldTable, name: &str, value: &str) {
-    headers.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
-}
-
-pub fn integer_header(headers: &mut FieldTable, name: &str, value: i64) {
-    headers.insert(ShortString::from(name), AMQPValue::LongLongInt(value));
-}
-
-/// Now, as RFC 3339 with microseconds, for `x-paybus-failed-at`.
-pub fn now_rfc3339() -> String {
-    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }

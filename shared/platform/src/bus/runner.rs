@@ -6,9 +6,10 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    consumer::{HandlerProcessor, consume},
+    consumer::consume,
     dead_letter::DeadLetterRecorder,
-    handler::Handler,
+    delivery::Processor,
+    handler::{Handler, HandlerProcessor},
     outbox::{Relay, RelayConfig},
     services::{Services, StartupError},
     sweeper::{self, Job, OutboxRelayJob},
@@ -60,7 +61,7 @@ impl Runner {
         self
     }
 
-    fn add_consumer<P: super::consumer::Processor>(&mut self, processor: Arc<P>) {
+    fn add_consumer<P: Processor>(&mut self, processor: Arc<P>) {
         let services = self.services.clone();
         self.starters.push(Box::new(move |shutdown| {
             Box::pin(async move {

@@ -8,6 +8,12 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::Relay;
+use crate::retry::Backoff;
+
+/// The extra pause of a failing job on top of its interval (500 ms doubling, at most 30 s), so
+/// a dead broker or database is not hammered.
+const FAILING_JOB_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_millis(500), Duration::from_secs(30));
 
 pub type JobError = Box<dyn std::error::Error + Send + Sync>;
 pub type JobFuture<'a> = Pin<Box<dyn Future<Output = Result<JobReport, JobError>> + Send + 'a>>;
@@ -39,8 +45,7 @@ pub async fn run(jobs: Vec<Arc<dyn Job>>, shutdown: CancellationToken) {
                     }
                     Err(error) => {
                         failures = failures.saturating_add(1);
-                        let backoff = Duration::from_millis(250 * (1u64 << failures.min(7)))
-                            .min(Duration::from_secs(30));
+                        let backoff = FAILING_JOB_BACKOFF.delay(failures);
                         tracing::warn!(job = job.name(), %error, failures, ?backoff, "job failed; backing off");
                         job.interval() + backoff
                     }

@@ -1,4 +1,4 @@
-//! The ledger (W2, seed 001): every movement of a partner's balance is one append-only row of
+//! The partner ledger (W2, seed 001): every movement of a partner's balance is one append-only row of
 //! `ledger_entries`, posted under the partner's balance gate row, so the `balance_after` chain
 //! never forks and `partner_balances` always equals the sum of the entries.
 //!
@@ -7,8 +7,8 @@
 //! 2. the last line of defence here: [`IdemKey`] on the three paths where one reference must
 //!    produce exactly one entry; a repeat returns [`Posted::AlreadyRecorded`], not an error.
 //!
-//! [`post`] runs inside the caller's transaction; the caller commits. [`audit::run`] checks the
-//! invariants with plain SQL (`paybus audit`).
+//! [`post`] runs inside the caller's transaction; the caller commits. [`audit::CHECKS`] are the
+//! ledger's invariants in plain SQL (run by `paybus audit` with every workflow's own).
 //!
 //! Amounts are [`rust_decimal::Decimal`], which holds 28 significant digits while the columns
 //! are `DECIMAL(36,18)`: balances are read as text and parsed exactly, so a balance beyond

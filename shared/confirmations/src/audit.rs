@@ -1,58 +1,33 @@
-//! The ledger audit (`paybus audit`, SPEC W2, seed 001 §7): plain SQL checks, each one
-//! statement that runs on MariaDB 10.11 and MySQL 8, so each sees one consistent snapshot. Run
-//! them in one transaction (`pool.begin()`) for all checks to share a snapshot.
+//! W2's invariants about the ledger entries its confirmations owe (SPEC W2, seed 001 §7),
+//! next to the ledger's own (`paybus_ledger::audit`): plain SQL, one statement per check.
 //!
 //! | check | invariant |
 //! | --- | --- |
-//! | [`duplicate_keyed_entries`] | no reference carries two keyed entries of one type (seed §7: the double DEBIT) |
-//! | [`misplaced_idem_keys`] | a key names its own entry: `WDR_CONFIRM:{id}` on the DEBIT of withdrawal `id`, `DEP_CREDIT:{id}` / `DEP_FEE:{id}` on the CREDIT / FEE of deposit `id` |
-//! | [`balance_mismatches`] | every balance equals CREDITs − DEBITs − FEEs of its entries; no entries without a balance row |
-//! | [`broken_chains`] | each entry's `balance_after` = the previous entry's (or 0) ± its amount, per partner and currency in id order |
-//! | [`withdrawal_debits`] | every CONFIRMED NORMAL withdrawal has its `WDR_CONFIRM` DEBIT for its partner, currency and amount; no other withdrawal has one |
-//! | [`deposit_entries`] | every CONFIRMED deposit has its `DEP_CREDIT` of `amount`, and its `DEP_FEE` of `fee` when `fee > 0` (none otherwise); no other deposit has either |
-//!
-//! Amounts are read as text, never as a float or a rounded decimal.
+//! | `withdrawal_debits` | every CONFIRMED NORMAL withdrawal has its `WDR_CONFIRM` DEBIT for its partner, currency and amount; no other withdrawal has one |
+//! | `deposit_entries` | every CONFIRMED deposit has its `DEP_CREDIT` of `amount`, and its `DEP_FEE` of `fee` when `fee > 0` (none otherwise); no other deposit has either |
 
 use std::fmt;
 
+use paybus_platform::audit::{self, Check, Finding};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
-/// One broken invariant; [`fmt::Display`] renders it as one line naming the ids involved.
+/// W2's checks, in the order `paybus audit` runs them.
+pub const CHECKS: &[Check] = &[
+    Check {
+        name: "withdrawal_debits",
+        run: |conn| Box::pin(async move { Ok(audit::violations(withdrawal_debits(conn).await?)) }),
+    },
+    Check {
+        name: "deposit_entries",
+        run: |conn| Box::pin(async move { Ok(audit::violations(deposit_entries(conn).await?)) }),
+    },
+];
+
+/// One broken W2 invariant; [`fmt::Display`] renders it as one line naming the ids involved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "check", rename_all = "snake_case")]
 pub enum Violation {
-    /// One reference carries two or more keyed entries of one type (seed 001 §7).
-    DuplicateKeyedEntries {
-        reference_type: String,
-        reference_id: u64,
-        entry_type: String,
-        entry_ids: Vec<u64>,
-    },
-    /// A keyed entry whose key does not name its own type and reference.
-    MisplacedIdemKey {
-        entry_id: u64,
-        idem_key: String,
-        entry_type: String,
-        reference_type: String,
-        reference_id: u64,
-    },
-    /// A balance row that differs from the signed sum of its entries; `balance` is `None`
-    /// when there are entries but no balance row.
-    BalanceMismatch {
-        partner_id: u64,
-        currency: String,
-        balance: Option<String>,
-        entries_sum: String,
-    },
-    /// An entry whose `balance_after` does not follow from the entry before it.
-    BrokenChain {
-        entry_id: u64,
-        partner_id: u64,
-        currency: String,
-        balance_after: String,
-        expected: String,
-    },
     /// A CONFIRMED NORMAL withdrawal without its `WDR_CONFIRM` DEBIT.
     WithdrawalDebitMissing { withdrawal_id: u64 },
     /// The `WDR_CONFIRM` DEBIT of a withdrawal disagrees with it on partner, currency or amount.
@@ -92,15 +67,9 @@ pub enum Violation {
     },
 }
 
-impl Violation {
-    /// The check that found it: a stable name for grouping and for the admin API (the serde
-    /// tag `check`).
-    pub fn check(&self) -> &'static str {
+impl Finding for Violation {
+    fn check(&self) -> &'static str {
         match self {
-            Violation::DuplicateKeyedEntries { .. } => "duplicate_keyed_entries",
-            Violation::MisplacedIdemKey { .. } => "misplaced_idem_key",
-            Violation::BalanceMismatch { .. } => "balance_mismatch",
-            Violation::BrokenChain { .. } => "broken_chain",
             Violation::WithdrawalDebitMissing { .. } => "withdrawal_debit_missing",
             Violation::WithdrawalDebitMismatch { .. } => "withdrawal_debit_mismatch",
             Violation::UnexpectedWithdrawalDebit { .. } => "unexpected_withdrawal_debit",
@@ -116,59 +85,6 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.check())?;
         match self {
-            Violation::DuplicateKeyedEntries {
-                reference_type,
-                reference_id,
-                entry_type,
-                entry_ids,
-            } => {
-                let ids: Vec<String> = entry_ids.iter().map(u64::to_string).collect();
-                write!(
-                    f,
-                    "{reference_type} {reference_id} has {} keyed {entry_type} entries (ids {})",
-                    entry_ids.len(),
-                    ids.join(", ")
-                )
-            }
-            Violation::MisplacedIdemKey {
-                entry_id,
-                idem_key,
-                entry_type,
-                reference_type,
-                reference_id,
-            } => write!(
-                f,
-                "entry {entry_id} carries key {idem_key} but is a {entry_type} of \
-                 {reference_type} {reference_id}"
-            ),
-            Violation::BalanceMismatch {
-                partner_id,
-                currency,
-                balance,
-                entries_sum,
-            } => match balance {
-                Some(balance) => write!(
-                    f,
-                    "partner {partner_id} {currency} balance is {balance} but its entries sum \
-                     to {entries_sum}"
-                ),
-                None => write!(
-                    f,
-                    "partner {partner_id} {currency} has entries summing to {entries_sum} but \
-                     no balance row"
-                ),
-            },
-            Violation::BrokenChain {
-                entry_id,
-                partner_id,
-                currency,
-                balance_after,
-                expected,
-            } => write!(
-                f,
-                "entry {entry_id} (partner {partner_id} {currency}) has balance_after \
-                 {balance_after}, expected {expected} from the entry before it"
-            ),
             Violation::WithdrawalDebitMissing { withdrawal_id } => write!(
                 f,
                 "withdrawal {withdrawal_id} is CONFIRMED NORMAL but has no \
@@ -239,159 +155,6 @@ impl fmt::Display for Violation {
             },
         }
     }
-}
-
-/// Runs every check and returns the violations found, grouped by check; empty means clean.
-#[tracing::instrument(skip_all)]
-pub async fn run(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let mut violations = duplicate_keyed_entries(conn).await?;
-    violations.extend(misplaced_idem_keys(conn).await?);
-    violations.extend(balance_mismatches(conn).await?);
-    violations.extend(broken_chains(conn).await?);
-    violations.extend(withdrawal_debits(conn).await?);
-    violations.extend(deposit_entries(conn).await?);
-    if violations.is_empty() {
-        tracing::info!("ledger audit clean");
-    } else {
-        tracing::warn!(
-            violations = violations.len(),
-            "ledger audit found violations"
-        );
-    }
-    Ok(violations)
-}
-
-/// Seed 001 §7 ("no withdrawal with two keyed DEBITs"), for every reference and entry type.
-pub async fn duplicate_keyed_entries(
-    conn: &mut MySqlConnection,
-) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(String, u64, String, String)> = sqlx::query_as(
-        "SELECT reference_type, reference_id, entry_type, \
-                CAST(GROUP_CONCAT(id ORDER BY id) AS CHAR) \
-         FROM ledger_entries \
-         WHERE idem_key IS NOT NULL \
-         GROUP BY reference_type, reference_id, entry_type \
-         HAVING COUNT(*) > 1 \
-         ORDER BY reference_type, reference_id, entry_type",
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(reference_type, reference_id, entry_type, ids)| Violation::DuplicateKeyedEntries {
-                reference_type,
-                reference_id,
-                entry_type,
-                // GROUP_CONCAT stops at group_concat_max_len; the ids it did list are shown.
-                entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
-            },
-        )
-        .collect())
-}
-
-/// Keys must name their own entry (what [`super::IdemKey`] guarantees for new rows).
-pub async fn misplaced_idem_keys(
-    conn: &mut MySqlConnection,
-) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(
-        "SELECT id, idem_key, entry_type, reference_type, reference_id \
-         FROM ledger_entries \
-         WHERE idem_key IS NOT NULL \
-           AND NOT ( \
-                (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
-                 AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
-             OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
-             OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_FEE:', reference_id))) \
-         ORDER BY id",
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, idem_key, entry_type, reference_type, reference_id)| {
-                Violation::MisplacedIdemKey {
-                    entry_id,
-                    idem_key,
-                    entry_type,
-                    reference_type,
-                    reference_id,
-                }
-            },
-        )
-        .collect())
-}
-
-/// Every balance row equals the signed sum of its entries, and no entries lack a balance row
-/// (the foreign key forbids it, unless someone loaded rows with `foreign_key_checks = 0`).
-pub async fn balance_mismatches(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, Option<String>, String)> = sqlx::query_as(
-        "SELECT b.partner_id, b.currency, CAST(b.balance AS CHAR), \
-                CAST(COALESCE(s.total, 0) AS CHAR) \
-         FROM partner_balances b \
-         LEFT JOIN ( \
-             SELECT partner_id, currency, \
-                    SUM(CASE WHEN entry_type = 'CREDIT' THEN amount ELSE -amount END) AS total \
-             FROM ledger_entries GROUP BY partner_id, currency) s \
-           ON s.partner_id = b.partner_id AND s.currency = b.currency \
-         WHERE b.balance <> COALESCE(s.total, 0) \
-         UNION ALL \
-         SELECT s.partner_id, s.currency, NULL, CAST(s.total AS CHAR) \
-         FROM ( \
-             SELECT partner_id, currency, \
-                    SUM(CASE WHEN entry_type = 'CREDIT' THEN amount ELSE -amount END) AS total \
-             FROM ledger_entries GROUP BY partner_id, currency) s \
-         LEFT JOIN partner_balances b \
-           ON b.partner_id = s.partner_id AND b.currency = s.currency \
-         WHERE b.partner_id IS NULL \
-         ORDER BY 1, 2",
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(partner_id, currency, balance, entries_sum)| Violation::BalanceMismatch {
-                partner_id,
-                currency,
-                balance,
-                entries_sum,
-            },
-        )
-        .collect())
-}
-
-/// Set-based chain check: `LAG` over each (partner, currency) in id order; the first entry
-/// starts from zero. A corrupted `balance_after` shows up on its own entry and on the next.
-pub async fn broken_chains(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, u64, String, String, String)> = sqlx::query_as(
-        "SELECT id, partner_id, currency, CAST(balance_after AS CHAR), CAST(expected AS CHAR) \
-         FROM ( \
-             SELECT id, partner_id, currency, balance_after, \
-                    COALESCE(LAG(balance_after) OVER ( \
-                                 PARTITION BY partner_id, currency ORDER BY id), 0) \
-                    + CASE WHEN entry_type = 'CREDIT' THEN amount ELSE -amount END AS expected \
-             FROM ledger_entries) chain \
-         WHERE balance_after <> expected \
-         ORDER BY id",
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, partner_id, currency, balance_after, expected)| Violation::BrokenChain {
-                entry_id,
-                partner_id,
-                currency,
-                balance_after,
-                expected,
-            },
-        )
-        .collect())
 }
 
 /// Withdrawals and their confirmation DEBITs (`WDR_CONFIRM:{id}`), both directions.

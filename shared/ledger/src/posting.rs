@@ -2,8 +2,9 @@
 
 use std::fmt;
 
+use paybus_platform::db::is_duplicate_on;
 use rust_decimal::Decimal;
-use sqlx::{MySqlConnection, error::DatabaseError};
+use sqlx::MySqlConnection;
 
 use super::IdemKey;
 
@@ -286,7 +287,7 @@ pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Poste
     .await;
     let entry_id = match inserted {
         Ok(done) => done.last_insert_id(),
-        Err(sqlx::Error::Database(error)) if is_idem_key_duplicate(error.as_ref()) => {
+        Err(error) if is_duplicate_on(&error, IDEM_KEY_INDEX) => {
             if let Some(idem_key) = &posting.idem_key {
                 tracing::warn!(
                     idem_key = idem_key.as_str(),
@@ -299,7 +300,7 @@ pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Poste
                 });
             }
             // A NULL key cannot collide; if the server says otherwise, do not hide it.
-            return Err(sqlx::Error::Database(error).into());
+            return Err(error.into());
         }
         Err(error) => return Err(error.into()),
     };
@@ -320,17 +321,6 @@ pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Poste
         entry_id,
         balance_after,
     })
-}
-
-/// A duplicate on `uk_ledger_idem_key` itself, not on any other unique key: the key name ends
-/// the server's message (`... for key 'uk_ledger_idem_key'` on MariaDB,
-/// `... for key 'ledger_entries.uk_ledger_idem_key'` on MySQL 8).
-fn is_idem_key_duplicate(error: &dyn DatabaseError) -> bool {
-    error.is_unique_violation()
-        && error
-            .message()
-            .trim_end_matches(['\'', '`', '"'])
-            .ends_with(IDEM_KEY_INDEX)
 }
 
 /// Parses a `DECIMAL` rendered as text without rounding: `None` when rust_decimal cannot hold

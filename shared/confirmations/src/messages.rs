@@ -1,11 +1,34 @@
-//! The messages the intake produces (SPEC §3). Each is owned by the function that consumes
-//! it, so producer and consumer share one definition and cannot drift apart.
+//! The messages of W2 (SPEC §3). Producer (the chain-monitor intake) and consumers (the
+//! confirm functions) share these definitions, so they cannot drift apart.
 
-pub use paybus_confirm_deposit::DepositTxConfirmed;
-pub use paybus_confirm_withdrawal::WithdrawalTxConfirmed;
+use paybus_platform::bus::Message;
+use serde::{Deserialize, Serialize};
+
+/// `withdrawal.tx_confirmed`: the chain monitor saw the withdrawal's transaction confirmed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WithdrawalTxConfirmed {
+    pub withdrawal_id: u64,
+    pub tx_hash: String,
+}
+
+impl Message for WithdrawalTxConfirmed {
+    const TYPE: &'static str = "withdrawal.tx_confirmed";
+}
+
+/// `deposit.tx_confirmed`: the chain monitor saw the deposit's transaction confirmed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepositTxConfirmed {
+    pub deposit_id: u64,
+}
+
+impl Message for DepositTxConfirmed {
+    const TYPE: &'static str = "deposit.tx_confirmed";
+}
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use paybus_platform::bus::Envelope;
     use serde_json::json;
 

@@ -11,8 +11,6 @@
 //! Order of checks: intake enabled (503) → body size (413) → signature (401) → JSON (400) →
 //! field values (400) → one outbox transaction → 202.
 
-pub mod messages;
-
 use axum::{
     Json, Router,
     body::Bytes,
@@ -28,7 +26,8 @@ use paybus_platform::{
 use serde::Serialize;
 use uuid::Uuid;
 
-use self::messages::{DepositTxConfirmed, WithdrawalTxConfirmed};
+use paybus_confirmations::{DepositTxConfirmed, WithdrawalTxConfirmed};
+
 use crate::{ApiError, AppState, body, chain};
 
 /// `withdrawals.tx_hash` is `VARCHAR(128)`.

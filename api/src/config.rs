@@ -1,0 +1,121 @@
+//! The API's own settings, read once at start-up (the platform's `Settings` carry only what
+//! every process shares: database, broker, logs).
+
+use std::net::SocketAddr;
+
+use paybus_platform::{ConfigError, Secret, config::Vars};
+
+pub const VAR_HTTP_ADDR: &str = "PAYBUS_HTTP_ADDR";
+pub const VAR_CHAIN_MONITOR_SECRET: &str = "PAYBUS_CHAIN_MONITOR_SECRET";
+pub const VAR_ADMIN_TOKEN: &str = "PAYBUS_ADMIN_TOKEN";
+pub const VAR_ASYNC_MATCHING_ENABLED: &str = "PAYBUS_ASYNC_MATCHING_ENABLED";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// Where the API listens (`PAYBUS_HTTP_ADDR`, default 127.0.0.1:8080).
+    pub http_addr: SocketAddr,
+    /// Shared secret the chain monitor signs its webhooks with. Unset: the intake endpoints
+    /// refuse everything (503) rather than accept unsigned confirmations.
+    pub chain_monitor_secret: Option<Secret>,
+    /// Bearer token of the admin API. Unset: the admin API is closed.
+    pub admin_token: Option<Secret>,
+    /// Seed 000 §0: W1's queued matching is off unless explicitly switched on; a missing value
+    /// must never turn the worker path on by accident.
+    pub async_matching_enabled: bool,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            chain_monitor_secret: None,
+            admin_token: None,
+            async_matching_enabled: false,
+        }
+    }
+}
+
+impl ApiConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Vars::from_env())
+    }
+
+    pub fn read(env: &Vars) -> Result<Self, ConfigError> {
+        Ok(Self {
+            http_addr: env.parse(
+                VAR_HTTP_ADDR,
+                Self::default().http_addr,
+                "a socket address like 127.0.0.1:8080",
+                |_| true,
+            )?,
+            chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
+            admin_token: env.secret(VAR_ADMIN_TOKEN, 16)?,
+            async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn read(pairs: &[(&str, &str)]) -> Result<ApiConfig, ConfigError> {
+        ApiConfig::read(&Vars::new(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+        ))
+    }
+
+    #[test]
+    fn unset_or_empty_safety_switch_is_off() {
+        assert!(!read(&[]).unwrap().async_matching_enabled);
+        assert!(
+            !read(&[(VAR_ASYNC_MATCHING_ENABLED, "")])
+                .unwrap()
+                .async_matching_enabled
+        );
+        assert!(
+            read(&[(VAR_ASYNC_MATCHING_ENABLED, "TRUE")])
+                .unwrap()
+                .async_matching_enabled
+        );
+    }
+
+    #[test]
+    fn malformed_switch_is_an_error_naming_the_variable() {
+        let err = read(&[(VAR_ASYNC_MATCHING_ENABLED, "maybe")]).unwrap_err();
+        assert_eq!(err.variable, VAR_ASYNC_MATCHING_ENABLED);
+        assert!(err.to_string().contains("`true` or `false`"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_optional_long_and_never_printed() {
+        let config = read(&[]).unwrap();
+        assert!(config.chain_monitor_secret.is_none() && config.admin_token.is_none());
+        let short = read(&[(VAR_ADMIN_TOKEN, "abc")]).unwrap_err();
+        assert_eq!(short.variable, VAR_ADMIN_TOKEN);
+        assert!(!short.to_string().contains("abc"));
+        let config = read(&[(VAR_ADMIN_TOKEN, "0123456789abcdef-tok")]).unwrap();
+        assert_eq!(
+            config.admin_token.as_ref().map(Secret::expose),
+            Some("0123456789abcdef-tok")
+        );
+        assert!(!format!("{config:?}").contains("0123456789abcdef-tok"));
+    }
+
+    #[test]
+    fn a_bad_address_names_the_variable() {
+        let err = read(&[(VAR_HTTP_ADDR, "localhost")]).unwrap_err();
+        assert_eq!(err.variable, VAR_HTTP_ADDR);
+        assert_eq!(
+            read(&[(VAR_HTTP_ADDR, "0.0.0.0:9000")]).unwrap().http_addr,
+            SocketAddr::from(([0, 0, 0, 0], 9000))
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! `POST /v1/admin/deposits`, `GET /v1/admin/deposits/{id}`. Creating a deposit stands in for
+//! the chain monitor's detection (status DETECTED); its confirmation then goes through the
+//! intake and confirm-deposit.
+
+use axum::{
+    Json,
+    extract::{Path, State, rejection::PathRejection},
+    http::StatusCode,
+};
+use paybus_confirmations::deposit::{self, Deposit, DepositStatus, NewDeposit};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::withdrawals::internal;
+use crate::{
+    ApiError, AppState,
+    admin::path_id,
+    amount::{self, Amount},
+    body::JsonBody,
+    chain,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewDepositRequest {
+    partner_id: u64,
+    currency: String,
+    amount: Amount,
+    /// Defaults to "0".
+    #[serde(default)]
+    fee: Option<Amount>,
+    tx_hash: String,
+    to_address: String,
+}
+
+#[tracing::instrument(skip_all, fields(deposit_id, partner_id = request.partner_id))]
+pub(super) async fn create(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<NewDepositRequest>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let partner_id = chain::id("partner_id", request.partner_id)?;
+    let currency = chain::currency(&request.currency)?;
+    let amount = request.amount.value();
+    let fee = request.fee.map_or(Decimal::ZERO, Amount::value);
+    if amount.is_zero() {
+        return Err(ApiError::BadRequest(
+            "amount must be greater than 0".to_owned(),
+        ));
+    }
+    if fee > amount {
+        return Err(ApiError::BadRequest(
+            "fee must not exceed amount".to_owned(),
+        ));
+    }
+    let new = NewDeposit {
+        partner_id,
+        currency,
+        amount,
+        fee,
+        tx_hash: chain::identifier("tx_hash", &request.tx_hash, 128)?,
+        to_address: chain::identifier("to_address", &request.to_address, 255)?,
+    };
+    let mut conn = state.pool.acquire().await?;
+    let id = deposit::create(&mut conn, &new).await?;
+    tracing::Span::current().record("deposit_id", id);
+    tracing::info!(deposit_id = id, partner_id, tx_hash = %new.tx_hash, "deposit created");
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+/// The row as JSON, amounts as strings.
+#[derive(Debug, Serialize)]
+pub(super) struct DepositView {
+    id: u64,
+    partner_id: u64,
+    currency: String,
+    amount: String,
+    fee: String,
+    tx_hash: String,
+    to_address: String,
+    status: DepositStatus,
+    confirmed_at: Option<chrono::DateTime<chrono::Utc>>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+pub(super) async fn show(
+    State(state): State<AppState>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<DepositView>, ApiError> {
+    let id = path_id(id)?;
+    let mut conn = state.pool.acquire().await?;
+    let deposit: Deposit = deposit::find(&mut conn, id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| ApiError::NotFound(format!("deposit {id} not found")))?;
+    Ok(Json(DepositView {
+        id: deposit.id,
+        partner_id: deposit.partner_id,
+        currency: deposit.currency,
+        amount: amount::to_text(deposit.amount),
+        fee: amount::to_text(deposit.fee),
+        tx_hash: deposit.tx_hash,
+        to_address: deposit.to_address,
+        status: deposit.status,
+        confirmed_at: deposit.confirmed_at,
+        created_at: deposit.created_at,
+        updated_at: deposit.updated_at,
+    }))
+}

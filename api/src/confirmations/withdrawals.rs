@@ -1,0 +1,146 @@
+//! `POST /v1/admin/withdrawals`, `GET /v1/admin/withdrawals/{id}`.
+//!
+//! Creating a withdrawal directly in PROCESSING, BROADCASTING or STALE stands in for the
+//! signer (not part of paybus) so tests and the demo can confirm it; CONFIRMED and FAILED are
+//! never set here: confirmation goes through the chain-monitor intake and confirm-withdrawal.
+
+use axum::{
+    Json,
+    extract::{Path, State, rejection::PathRejection},
+    http::StatusCode,
+};
+use paybus_confirmations::{
+    ConfirmError, CreateError,
+    withdrawal::{self, HistoryEntry, NewWithdrawal, Withdrawal, WithdrawalKind, WithdrawalStatus},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::{
+    ApiError, AppState,
+    admin::path_id,
+    amount::{self, Amount},
+    body::JsonBody,
+    chain,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewWithdrawalRequest {
+    partner_id: u64,
+    #[serde(default)]
+    kind: WithdrawalKind,
+    #[serde(default)]
+    status: WithdrawalStatus,
+    currency: String,
+    amount: Amount,
+    to_address: String,
+    #[serde(default)]
+    tx_hash: Option<String>,
+}
+
+#[tracing::instrument(skip_all, fields(withdrawal_id, partner_id = request.partner_id))]
+pub(super) async fn create(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<NewWithdrawalRequest>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let partner_id = chain::id("partner_id", request.partner_id)?;
+    if !request.status.is_initial() {
+        return Err(ApiError::BadRequest(CreateError::NotInitial.to_string()));
+    }
+    let currency = chain::currency(&request.currency)?;
+    if request.amount.value().is_zero() {
+        return Err(ApiError::BadRequest(
+            "amount must be greater than 0".to_owned(),
+        ));
+    }
+    let new = NewWithdrawal {
+        partner_id,
+        kind: request.kind,
+        status: request.status,
+        currency,
+        amount: request.amount.value(),
+        to_address: chain::identifier("to_address", &request.to_address, 255)?,
+        tx_hash: request
+            .tx_hash
+            .as_deref()
+            .map(|h| chain::identifier("tx_hash", h, 128))
+            .transpose()?,
+    };
+    let mut tx = state.pool.begin().await?;
+    // The creation is the first history row (from_status NULL).
+    let id = withdrawal::create(&mut tx, &new, "created by the admin API")
+        .await
+        .map_err(ApiError::from)?;
+    tx.commit().await?;
+    tracing::Span::current().record("withdrawal_id", id);
+    tracing::info!(
+        withdrawal_id = id,
+        partner_id = new.partner_id,
+        status = %new.status,
+        kind = %new.kind,
+        "withdrawal created"
+    );
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+/// The row as JSON, amounts as strings, with its status history (oldest first).
+#[derive(Debug, Serialize)]
+pub(super) struct WithdrawalView {
+    id: u64,
+    partner_id: u64,
+    kind: WithdrawalKind,
+    status: WithdrawalStatus,
+    currency: String,
+    amount: String,
+    to_address: String,
+    tx_hash: Option<String>,
+    confirmed_at: Option<chrono::DateTime<chrono::Utc>>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    updated_at: chrono::DateTime<chrono::Utc>,
+    history: Vec<HistoryEntry>,
+}
+
+pub(super) async fn show(
+    State(state): State<AppState>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<WithdrawalView>, ApiError> {
+    let id = path_id(id)?;
+    let mut conn = state.pool.acquire().await?;
+    let Withdrawal {
+        id,
+        partner_id,
+        kind,
+        status,
+        currency,
+        amount,
+        to_address,
+        tx_hash,
+        confirmed_at,
+        created_at,
+        updated_at,
+    } = withdrawal::find(&mut conn, id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| ApiError::NotFound(format!("withdrawal {id} not found")))?;
+    let history = withdrawal::history(&mut conn, id).await?;
+    Ok(Json(WithdrawalView {
+        id,
+        partner_id,
+        kind,
+        status,
+        currency,
+        amount: amount::to_text(amount),
+        to_address,
+        tx_hash,
+        confirmed_at,
+        created_at,
+        updated_at,
+        history,
+    }))
+}
+
+/// A row the domain cannot read is our fault, not the client's.
+pub(super) fn internal(error: ConfirmError) -> ApiError {
+    ApiError::Internal(Box::new(error))
+}

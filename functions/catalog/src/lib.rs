@@ -1,0 +1,84 @@
+//! The catalog: every function paybus runs and deploys, in one list.
+//!
+//! Adding a function is one new crate in `functions/<name>` (a library whose handler
+//! implements `paybus_platform::function::Function`, and a one-line `main.rs`) plus one line
+//! in [`FUNCTIONS`]. Everything else is derived from this list: the queues `paybus topology`
+//! declares and `infra/rabbitmq/definitions.json` ships, the consumers `paybus run` starts,
+//! the sweeper's jobs, and the README's function table (`paybus catalog`); a test checks the
+//! shipped files and every crate in `functions/` against it.
+//!
+//! The sweeper (`functions/sweeper`) is not in the list: it is the scheduled function that
+//! runs the listed functions' jobs. [`AUDIT`] is the same idea for invariants: each workflow's
+//! domain crate contributes its checks.
+
+use std::sync::Arc;
+
+use paybus_platform::{
+    audit::Check,
+    bus::{Runner, Services, sweeper::Job, topology::FunctionQueue},
+    function::{BuildError, FunctionEntry},
+};
+
+/// Every function, one line each.
+pub static FUNCTIONS: &[FunctionEntry] = &[
+    FunctionEntry::of::<paybus_canary::Canary>(),
+    FunctionEntry::of::<paybus_confirm_withdrawal::ConfirmWithdrawal>(),
+    FunctionEntry::of::<paybus_confirm_deposit::ConfirmDeposit>(),
+    FunctionEntry::of::<paybus_deliver_webhook::DeliverWebhook>(),
+];
+
+/// Every invariant `paybus audit` checks, one domain's checks per line.
+pub static AUDIT: &[&[Check]] = &[
+    paybus_ledger::audit::CHECKS,
+    paybus_confirmations::audit::CHECKS,
+];
+
+/// The queues of every function (what the topology declares).
+pub fn queues() -> Vec<FunctionQueue> {
+    FUNCTIONS.iter().map(|f| f.queue).collect()
+}
+
+/// Builds every function and adds it, with its jobs, to `runner` (`paybus run`).
+pub fn register(runner: &mut Runner) -> Result<(), BuildError> {
+    for function in FUNCTIONS {
+        function.add_to(runner)?;
+    }
+    for job in jobs(runner.services())? {
+        runner.add_job(job);
+    }
+    Ok(())
+}
+
+/// Every function's maintenance jobs (the sweeper's, besides the outbox relay).
+pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
+    let mut jobs = Vec::new();
+    for function in FUNCTIONS {
+        jobs.extend(function.jobs(services)?);
+    }
+    Ok(jobs)
+}
+
+/// Every audit check, in order.
+pub fn audit_checks() -> Vec<Check> {
+    AUDIT
+        .iter()
+        .flat_map(|checks| checks.iter().copied())
+        .collect()
+}
+
+/// The README's function table (markdown), generated from the list.
+pub fn markdown_table() -> String {
+    let mut table = String::from(
+        "| function | consumes (routing key) | queue | dead letters |\n| --- | --- | --- | --- |\n",
+    );
+    for f in FUNCTIONS {
+        table.push_str(&format!(
+            "| `{}` | `{}` | `{}` | `{}` |\n",
+            f.name,
+            f.queue.routing_key,
+            f.queue.queue(),
+            f.queue.dead_letter_queue()
+        ));
+    }
+    table
+}

@@ -1,0 +1,24 @@
+//! W2's domain (SPEC W2, seed 001): withdrawals and deposits whose on-chain confirmation must
+//! move money exactly once.
+//!
+//! - [`messages`]: what the chain-monitor intake publishes and the confirm functions consume.
+//! - [`withdrawal`], [`deposit`]: each row's states and kinds (the migrations' header comments
+//!   say who moves a row in and out of each state), and every statement that reads or writes
+//!   them — the admin API and the confirm functions share these, so there is one writer of
+//!   `withdrawal_status_history` and one way to read an amount.
+//! - [`audit`]: W2's invariants about the ledger entries its confirmations owe.
+//!
+//! The transitions themselves are the functions' (`confirm_if_in_flight` in
+//! `functions/confirm-withdrawal`, `confirm_if_detected` in `functions/confirm-deposit`).
+
+pub mod audit;
+pub mod deposit;
+mod error;
+pub mod messages;
+pub mod withdrawal;
+
+pub use error::{ConfirmError, CreateError};
+pub use messages::{DepositTxConfirmed, WithdrawalTxConfirmed};
+
+#[cfg(feature = "test-harness")]
+pub mod testing;

@@ -1,0 +1,337 @@
+//! The `withdrawals` row and its status history: states, kinds, and every statement W2 runs on
+//! them (the migration's header comment says who moves a row in and out of each state).
+
+use chrono::{DateTime, Utc};
+use paybus_ledger::parse_exact;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use sqlx::MySqlConnection;
+
+use crate::{ConfirmError, CreateError};
+
+const ENTITY: &str = "withdrawal";
+
+/// `withdrawals.status`. Only confirm-withdrawal moves BROADCASTING / PROCESSING / STALE to
+/// CONFIRMED; REQUESTED, PROCESSING, BROADCASTING and STALE are set by the signer (the admin
+/// API stands in for it).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum WithdrawalStatus {
+    #[default]
+    Requested,
+    Processing,
+    Broadcasting,
+    Stale,
+    Confirmed,
+    Failed,
+}
+
+impl WithdrawalStatus {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// A withdrawal may be created in this state (CONFIRMED and FAILED are reached only
+    /// through the workflow).
+    pub fn is_initial(self) -> bool {
+        !matches!(self, WithdrawalStatus::Confirmed | WithdrawalStatus::Failed)
+    }
+}
+
+/// `withdrawals.kind`: only a NORMAL withdrawal's confirmation moves the partner's balance.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum WithdrawalKind {
+    /// The partner's own withdrawal: DEBIT once, keyed `WDR_CONFIRM:{id}`.
+    #[default]
+    Normal,
+    /// A settlement payout: the balance moved at settlement, no entry here.
+    SettlementWithdraw,
+    /// Between our own wallets: no entry.
+    SelfTransfer,
+}
+
+impl WithdrawalKind {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// A withdrawal as stored; amounts read exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Withdrawal {
+    pub id: u64,
+    pub partner_id: u64,
+    pub kind: WithdrawalKind,
+    pub status: WithdrawalStatus,
+    pub currency: String,
+    pub amount: Decimal,
+    pub to_address: String,
+    pub tx_hash: Option<String>,
+    pub confirmed_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One row of `withdrawal_status_history`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct HistoryEntry {
+    pub from_status: Option<String>,
+    pub to_status: String,
+    pub reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A withdrawal to create (what the signer would have written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewWithdrawal {
+    pub partner_id: u64,
+    pub kind: WithdrawalKind,
+    pub status: WithdrawalStatus,
+    pub currency: String,
+    pub amount: Decimal,
+    pub to_address: String,
+    pub tx_hash: Option<String>,
+}
+
+/// Inserts the withdrawal and its first history row (from NULL, with `reason`), in the
+/// caller's transaction.
+pub async fn create(
+    conn: &mut MySqlConnection,
+    new: &NewWithdrawal,
+    reason: &str,
+) -> Result<u64, CreateError> {
+    if !new.status.is_initial() {
+        return Err(CreateError::NotInitial);
+    }
+    let id = sqlx::query(
+        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(new.partner_id)
+    .bind(new.kind.as_str())
+    .bind(new.status.as_str())
+    .bind(&new.currency)
+    .bind(new.amount)
+    .bind(&new.to_address)
+    .bind(&new.tx_hash)
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| CreateError::from_insert(e, new.partner_id))?
+    .last_insert_id();
+    record_history(conn, id, None, new.status, reason).await?;
+    Ok(id)
+}
+
+/// The one writer of `withdrawal_status_history`: every transition records its row here, in
+/// the transition's transaction.
+pub async fn record_history(
+    conn: &mut MySqlConnection,
+    withdrawal_id: u64,
+    from: Option<WithdrawalStatus>,
+    to: WithdrawalStatus,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status, reason) \
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(withdrawal_id)
+    .bind(from.map(WithdrawalStatus::as_str))
+    .bind(to.as_str())
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct WithdrawalRow {
+    id: u64,
+    partner_id: u64,
+    kind: String,
+    status: String,
+    currency: String,
+    amount: String,
+    to_address: String,
+    tx_hash: Option<String>,
+    confirmed_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+/// The withdrawal, or `None`. Within a transaction that just changed it, it carries the
+/// change (seed 001 §4-4 "전이 후 fresh").
+pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
+    let row: Option<WithdrawalRow> = sqlx::query_as(
+        // Amounts as text: sqlx's Decimal decoding rounds beyond 28 significant digits.
+        "SELECT id, partner_id, kind, status, currency, CAST(amount AS CHAR) AS amount, \
+                to_address, tx_hash, confirmed_at, created_at, updated_at \
+         FROM withdrawals WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await
+    .map_err(ConfirmError::database(ENTITY))?;
+    row.map(|row| {
+        Ok(Withdrawal {
+            id: row.id,
+            partner_id: row.partner_id,
+            kind: parse_column(row.id, "kind", row.kind)?,
+            status: parse_column(row.id, "status", row.status)?,
+            amount: parse_exact(&row.amount).ok_or(ConfirmError::Unrepresentable {
+                entity: ENTITY,
+                id: row.id,
+                column: "amount",
+                value: row.amount,
+            })?,
+            currency: row.currency,
+            to_address: row.to_address,
+            tx_hash: row.tx_hash,
+            confirmed_at: row.confirmed_at,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    })
+    .transpose()
+}
+
+/// The withdrawal's history, oldest first.
+pub async fn history(
+    conn: &mut MySqlConnection,
+    withdrawal_id: u64,
+) -> Result<Vec<HistoryEntry>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT from_status, to_status, reason, created_at FROM withdrawal_status_history \
+         WHERE withdrawal_id = ? ORDER BY id",
+    )
+    .bind(withdrawal_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// The status (and broadcast tx hash) as this transaction's snapshot sees it. Never a
+/// decision input: under contention it is what fooled the seed's `findById` check.
+pub async fn snapshot_status(
+    conn: &mut MySqlConnection,
+    id: u64,
+) -> Result<Option<(WithdrawalStatus, Option<String>)>, ConfirmError> {
+    let row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ?")
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+            .map_err(ConfirmError::database(ENTITY))?;
+    row.map(|(status, tx_hash)| Ok((parse_column(id, "status", status)?, tx_hash)))
+        .transpose()
+}
+
+/// The conditional transition (seed 001 §4-2): true when this call made it.
+pub async fn mark_confirmed(
+    conn: &mut MySqlConnection,
+    id: u64,
+    tx_hash: &str,
+) -> Result<bool, ConfirmError> {
+    let matched = sqlx::query(
+        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = NOW(6) \
+         WHERE id = ? AND status IN ('BROADCASTING', 'PROCESSING', 'STALE')",
+    )
+    .bind(tx_hash)
+    .bind(id)
+    .execute(conn)
+    .await
+    .map_err(ConfirmError::database(ENTITY))?
+    .rows_affected();
+    // sqlx counts matched rows (CLIENT_FOUND_ROWS); with the status in the WHERE clause a
+    // match is a transition.
+    Ok(matched == 1)
+}
+
+/// The latest committed status after an UPDATE that matched nothing. A locking read: a plain
+/// SELECT would answer from this transaction's snapshot (the very lie of seed 001). The
+/// UPDATE already holds this row's lock under REPEATABLE READ, so it waits for nobody.
+pub async fn locked_status(
+    conn: &mut MySqlConnection,
+    id: u64,
+) -> Result<Option<WithdrawalStatus>, ConfirmError> {
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM withdrawals WHERE id = ? FOR UPDATE")
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+            .map_err(ConfirmError::database(ENTITY))?;
+    status
+        .map(|status| parse_column(id, "status", status))
+        .transpose()
+}
+
+fn parse_column<T: std::str::FromStr>(
+    id: u64,
+    column: &'static str,
+    value: String,
+) -> Result<T, ConfirmError> {
+    value.parse().map_err(|_| ConfirmError::UnknownValue {
+        entity: ENTITY,
+        id,
+        column,
+        value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    #[test]
+    fn statuses_and_kinds_are_their_column_values() {
+        for status in [
+            WithdrawalStatus::Requested,
+            WithdrawalStatus::Processing,
+            WithdrawalStatus::Broadcasting,
+            WithdrawalStatus::Stale,
+            WithdrawalStatus::Confirmed,
+            WithdrawalStatus::Failed,
+        ] {
+            assert_eq!(WithdrawalStatus::from_str(status.as_str()), Ok(status));
+        }
+        assert_eq!(
+            WithdrawalKind::SettlementWithdraw.as_str(),
+            "SETTLEMENT_WITHDRAW"
+        );
+        assert_eq!(
+            WithdrawalKind::from_str("SELF_TRANSFER"),
+            Ok(WithdrawalKind::SelfTransfer)
+        );
+        assert!(WithdrawalStatus::from_str("confirmed").is_err());
+        assert!(!WithdrawalStatus::Confirmed.is_initial());
+        assert!(WithdrawalStatus::Stale.is_initial());
+    }
+}

@@ -1,0 +1,314 @@
+//! Partner notifications owed by a transition (principle 8): written in the transition's own
+//! transaction together with the `partner.notification.created` message, delivered after
+//! commit by the deliver-webhook function. The row's states (the migration's header comment is
+//! the reference):
+//!
+//! ```text
+//!            claim: attempts+1, next_attempt_at = now + lease      2xx
+//! PENDING ──────────────────────────────────────────► (in flight) ─────► DELIVERED
+//!   ▲  │ partner has no webhook_url                      │  failure, below the limit:
+//!   │  └──────────────────────────► SKIPPED              │  next_attempt_at = now + backoff,
+//!   └────────────────────────────────────────────────────┘  last_error
+//!                                                         │  failure at the limit
+//!                                                         └──────────────────────► FAILED
+//! ```
+//!
+//! The claim and the settles are the platform's retry kit on [`NOTIFICATIONS`] (an in-place
+//! lease: a delivery whose process died is due again when its lease runs out, and the due
+//! sweep re-publishes it). Every transition is a conditional UPDATE whose affected rows decide
+//! (principle 1), each in its own short transaction; nothing is held open across the POST.
+
+use std::time::Duration;
+
+use paybus_platform::{
+    bus::{Envelope, Message, UnitOfWork, outbox::OutboxError},
+    db,
+    retry::{
+        AfterFailure, AttemptCount, Claim, Clock, Lease, RetryPolicy, RowState, Settled, WorkTable,
+    },
+};
+use serde::{Deserialize, Serialize};
+use sqlx::{MySqlConnection, MySqlPool};
+
+/// `partner.notification.created {notification_id}`: a notification row is ready to send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotificationCreated {
+    pub notification_id: u64,
+}
+
+impl Message for NotificationCreated {
+    const TYPE: &'static str = "partner.notification.created";
+}
+
+/// `partner_notifications.status`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum NotificationStatus {
+    /// Waiting for its (next) attempt, or in flight under a claim's lease.
+    Pending,
+    /// Terminal: the partner answered 2xx.
+    Delivered,
+    /// Terminal: the partner takes no webhooks.
+    Skipped,
+    /// Terminal until ops retry it: the attempt limit was reached (with a dead letter).
+    Failed,
+}
+
+/// The notification rows as the retry kit works them.
+pub static NOTIFICATIONS: WorkTable = WorkTable {
+    table: "partner_notifications",
+    status: "status",
+    due: "PENDING",
+    failed: "FAILED",
+    attempts: "attempts",
+    count: AttemptCount::OnClaim,
+    next_attempt_at: "next_attempt_at",
+    last_error: "last_error",
+    // `last_error` is a VARCHAR(2000).
+    last_error_max: 2000,
+    lease: Lease::InPlace,
+    republished_at: Some("republished_at"),
+};
+
+/// One notification to create.
+#[derive(Debug, Clone)]
+pub struct NewNotification<'a> {
+    pub partner_id: u64,
+    /// e.g. `WITHDRAWAL_CONFIRMED`
+    pub event: &'a str,
+    pub reference_type: &'a str,
+    pub reference_id: u64,
+    /// The JSON body the partner receives, frozen now.
+    pub payload: &'a serde_json::Value,
+}
+
+/// Inserts the notification and its message in `uow`'s transaction. `None` when one already
+/// exists for (event, reference): the unique key is the last line of defence against a
+/// second `WITHDRAWAL_CONFIRMED`, and hitting it is expected, not an error.
+pub async fn enqueue(
+    uow: &mut UnitOfWork<'_>,
+    notification: &NewNotification<'_>,
+    correlation_id: uuid::Uuid,
+) -> Result<Option<u64>, OutboxError> {
+    let inserted = sqlx::query(
+        "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, payload) \
+         VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(notification.partner_id)
+    .bind(notification.event)
+    .bind(notification.reference_type)
+    .bind(notification.reference_id)
+    .bind(notification.payload.to_string())
+    .execute(&mut **uow)
+    .await;
+    // MySQL rolls back only the failed statement: the transaction stays usable after a
+    // duplicate. Only this key counts as "already there"; any other error propagates.
+    let id = match inserted {
+        Ok(done) => done.last_insert_id(),
+        Err(e) if db::is_duplicate_on(&e, "uk_partner_notifications_event_reference") => {
+            tracing::warn!(
+                event = notification.event,
+                reference_type = notification.reference_type,
+                reference_id = notification.reference_id,
+                "notification already exists; not sent again"
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    uow.send(&Envelope::with_correlation(
+        correlation_id,
+        NotificationCreated {
+            notification_id: id,
+        },
+    ))
+    .await?;
+    Ok(Some(id))
+}
+
+/// A row this delivery holds: everything needed to POST it, and the claim to settle.
+#[derive(Debug, Clone)]
+pub struct ClaimedNotification {
+    pub id: u64,
+    pub partner_id: u64,
+    pub event: String,
+    /// The JSON body, exactly as frozen by the transition (and signed as such).
+    pub payload: String,
+    pub webhook_url: String,
+    pub webhook_secret: String,
+    /// This attempt's number (1 = the first); the settle is conditional on it.
+    pub attempts: u32,
+    claim: Claim,
+}
+
+/// What the claim made of a notification.
+#[derive(Debug, Clone)]
+pub enum DeliveryClaim {
+    /// This delivery holds the row until the lease runs out.
+    Claimed(ClaimedNotification),
+    /// The partner takes no webhooks: the row is now SKIPPED.
+    SkippedNoWebhook { partner_id: u64 },
+    /// Not ours to send now: delivered, skipped or failed already, in flight elsewhere, or
+    /// not due yet.
+    NotClaimed(RowState),
+    /// No such notification.
+    Missing,
+}
+
+#[derive(sqlx::FromRow)]
+struct NotificationRow {
+    status: String,
+    event: String,
+    payload: String,
+    partner_id: u64,
+    webhook_url: Option<String>,
+    webhook_secret: String,
+}
+
+/// Short transaction 1: claims a due PENDING row (counts the attempt, pushes
+/// `next_attempt_at` out by `lease`), or settles it SKIPPED when the partner has no webhook
+/// URL (also only once due, so it never steps on a delivery in flight). READ COMMITTED, so
+/// every read sees the latest committed row.
+#[tracing::instrument(skip_all, fields(notification_id = id))]
+pub async fn claim(
+    pool: &MySqlPool,
+    id: u64,
+    lease: Duration,
+    clock: &Clock,
+) -> Result<DeliveryClaim, sqlx::Error> {
+    let mut tx = db::begin_read_committed(pool).await?;
+    let row: Option<NotificationRow> = sqlx::query_as(
+        "SELECT n.status, n.event, n.payload, n.partner_id, p.webhook_url, p.webhook_secret \
+         FROM partner_notifications n JOIN partners p ON p.id = n.partner_id \
+         WHERE n.id = ?",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        tx.rollback().await?;
+        return Ok(DeliveryClaim::Missing);
+    };
+    // A quick exit for the common duplicate; the UPDATEs below decide either way.
+    if row.status != <&str>::from(NotificationStatus::Pending) {
+        return not_claimed(tx, id, clock).await;
+    }
+    let webhook_url = row.webhook_url.as_deref().map(str::trim).unwrap_or("");
+    if webhook_url.is_empty() {
+        if skip_no_webhook(&mut tx, id, clock).await? == Settled::Yes {
+            tx.commit().await?;
+            return Ok(DeliveryClaim::SkippedNoWebhook {
+                partner_id: row.partner_id,
+            });
+        }
+        return not_claimed(tx, id, clock).await;
+    }
+    let Some(claim) = NOTIFICATIONS.claim(&mut tx, id, lease, clock).await? else {
+        return not_claimed(tx, id, clock).await;
+    };
+    tx.commit().await?;
+    Ok(DeliveryClaim::Claimed(ClaimedNotification {
+        id,
+        partner_id: row.partner_id,
+        event: row.event,
+        payload: row.payload,
+        webhook_url: webhook_url.to_owned(),
+        webhook_secret: row.webhook_secret,
+        attempts: claim.attempts,
+        claim,
+    }))
+}
+
+/// PENDING → SKIPPED for a partner without a webhook URL, once due (never under a lease).
+async fn skip_no_webhook(
+    conn: &mut MySqlConnection,
+    id: u64,
+    clock: &Clock,
+) -> Result<Settled, sqlx::Error> {
+    let skipped = sqlx::query(
+        "UPDATE partner_notifications \
+         SET status = 'SKIPPED', next_attempt_at = NULL, \
+             last_error = 'partner has no webhook_url' \
+         WHERE id = ? AND status = 'PENDING' \
+           AND (next_attempt_at IS NULL OR next_attempt_at <= COALESCE(?, NOW(6)))",
+    )
+    .bind(id)
+    .bind(clock.sql_now())
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(if skipped == 1 {
+        Settled::Yes
+    } else {
+        Settled::ClaimLost
+    })
+}
+
+async fn not_claimed(
+    mut tx: sqlx::Transaction<'static, sqlx::MySql>,
+    id: u64,
+    clock: &Clock,
+) -> Result<DeliveryClaim, sqlx::Error> {
+    let state = NOTIFICATIONS.describe(&mut tx, id, clock).await?;
+    tx.rollback().await?;
+    Ok(state.map_or(DeliveryClaim::Missing, DeliveryClaim::NotClaimed))
+}
+
+/// Short transaction 2 after a 2xx: PENDING → DELIVERED. `last_error` keeps the failure
+/// before the success, if any, for the record.
+pub async fn settle_delivered(
+    pool: &MySqlPool,
+    claimed: &ClaimedNotification,
+) -> Result<Settled, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    NOTIFICATIONS
+        .settle_done(
+            &mut conn,
+            &claimed.claim,
+            "status = 'DELIVERED', delivered_at = NOW(6), next_attempt_at = NULL",
+        )
+        .await
+}
+
+/// Short transaction 2 after a failure: PENDING with `last_error` and the next attempt after
+/// the policy's backoff, or FAILED at the limit (terminal; ops may put it back to PENDING).
+pub async fn settle_failure(
+    pool: &MySqlPool,
+    claimed: &ClaimedNotification,
+    policy: &RetryPolicy,
+    error: &str,
+    clock: &Clock,
+) -> Result<AfterFailure, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    NOTIFICATIONS
+        .settle_failure(&mut conn, &claimed.claim, policy, error, clock)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    #[test]
+    fn statuses_are_their_column_values() {
+        assert_eq!(NotificationStatus::Pending.to_string(), "PENDING");
+        assert_eq!(
+            NotificationStatus::from_str("DELIVERED"),
+            Ok(NotificationStatus::Delivered)
+        );
+        assert!(NotificationStatus::from_str("delivered").is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! The audit framework: invariants that plain SQL can check, contributed by each workflow's
+//! domain crate (the ledger's balances and chains, W2's one DEBIT per confirmed withdrawal,
+//! ...) and run together by `paybus audit`, the admin API and the tests.
+//!
+//! A domain writes its checks with its own typed violation enum (a [`Finding`]) and exposes
+//! them as [`Check`]s; [`run`] runs a list of checks in the caller's transaction (open one so
+//! every check sees the same snapshot) and returns uniform [`Violation`]s.
+
+use std::{fmt, future::Future, pin::Pin};
+
+use serde::Serialize;
+use sqlx::MySqlConnection;
+
+/// A domain's typed violation: it names its check, renders as one line naming the ids
+/// involved, and serialises its fields (as a serde-tagged enum: the tag is dropped here).
+pub trait Finding: Serialize + fmt::Display {
+    /// The stable name of the check that found it (for grouping, the API and metrics).
+    fn check(&self) -> &'static str;
+}
+
+/// One broken invariant, whichever check found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub check: &'static str,
+    /// One line naming the ids involved, starting with the check's name.
+    pub description: String,
+    /// The ids and values involved, as the finding serialises them.
+    #[serde(flatten)]
+    pub detail: serde_json::Map<String, serde_json::Value>,
+}
+
+impl<F: Finding> From<F> for Violation {
+    fn from(finding: F) -> Self {
+        let mut detail = match serde_json::to_value(&finding) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        detail.remove("check");
+        Violation {
+            check: finding.check(),
+            description: finding.to_string(),
+            detail,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.description)
+    }
+}
+
+pub type CheckFuture<'c> =
+    Pin<Box<dyn Future<Output = Result<Vec<Violation>, sqlx::Error>> + Send + 'c>>;
+
+/// One invariant check, as a domain crate contributes it.
+#[derive(Clone, Copy)]
+pub struct Check {
+    pub name: &'static str,
+    pub run: for<'c> fn(&'c mut MySqlConnection) -> CheckFuture<'c>,
+}
+
+impl fmt::Debug for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Check").field("name", &self.name).finish()
+    }
+}
+
+/// Typed findings as violations (for a check's `run`).
+pub fn violations<F: Finding>(findings: Vec<F>) -> Vec<Violation> {
+    findings.into_iter().map(Violation::from).collect()
+}
+
+/// Runs every check in order on `conn` and returns what they found; empty means clean.
+#[tracing::instrument(skip_all, fields(checks = checks.len()))]
+pub async fn run(
+    conn: &mut MySqlConnection,
+    checks: &[Check],
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let mut found = Vec::new();
+    for check in checks {
+        found.extend((check.run)(conn).await?);
+    }
+    if found.is_empty() {
+        tracing::info!("audit clean");
+    } else {
+        tracing::warn!(violations = found.len(), "audit found violations");
+    }
+    Ok(found)
+}

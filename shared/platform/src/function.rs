@@ -1,0 +1,225 @@
+//! What a function is to the platform, and the entry point of every function binary.
+//!
+//! A function crate declares itself once by implementing [`Function`] on its handler: its
+//! name and message type (the [`Handler`]), how it is built from the [`Services`] (reading its
+//! own settings: a bad one is a [`ConfigError`] naming the variable) and the sweeper jobs it
+//! owns. The catalog (`functions/catalog`) lists every function as a [`FunctionEntry`], and
+//! derives from that one list the queues, what `paybus run` starts, the sweeper's jobs and the
+//! RabbitMQ definitions. A function's `main.rs` is one line: [`main::<ItsHandler>()`](main).
+//!
+//! The same binary runs as a local consumer, or, when `AWS_LAMBDA_RUNTIME_API` is set
+//! (Lambda sets it), under `lambda_runtime` on Amazon MQ events.
+
+use std::{process::ExitCode, sync::Arc};
+
+use lambda_runtime::{LambdaEvent, service_fn};
+
+use crate::{
+    ConfigError, Settings,
+    bus::{
+        Handler, Runner, Services, StartupError, lambda,
+        runner::outbox_relay_job,
+        shutdown_on_signal,
+        sweeper::{self, Job},
+        topology::FunctionQueue,
+    },
+    config::LogFormat,
+    telemetry,
+};
+
+/// A function could not be built at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A client the function needs (e.g. its HTTP client) could not be built.
+    #[error("while building {what}: {source}")]
+    Client {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// A workflow step as the platform runs and deploys it.
+pub trait Function: Handler + Sized {
+    /// Builds the handler once at start-up (clients, its own settings).
+    fn build(services: &Services) -> Result<Self, BuildError>;
+
+    /// The maintenance jobs this function owns (due retries, reapers, expiry): run by the
+    /// sweeper (a scheduled Lambda in AWS) and by `paybus run`.
+    fn jobs(_services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
+        Ok(Vec::new())
+    }
+}
+
+type AddTo = fn(&mut Runner) -> Result<(), BuildError>;
+type Jobs = fn(&Services) -> Result<Vec<Arc<dyn Job>>, BuildError>;
+
+/// One line of the catalog: everything the platform derives about one function.
+#[derive(Clone, Copy)]
+pub struct FunctionEntry {
+    /// The function's name; its crate is `functions/<name>`, its queue `paybus.<name>`.
+    pub name: &'static str,
+    pub queue: FunctionQueue,
+    add_to: AddTo,
+    jobs: Jobs,
+}
+
+impl std::fmt::Debug for FunctionEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FunctionEntry")
+            .field("name", &self.name)
+            .field("queue", &self.queue)
+            .finish()
+    }
+}
+
+impl FunctionEntry {
+    pub const fn of<F: Function>() -> Self {
+        Self {
+            name: F::FUNCTION,
+            queue: FunctionQueue {
+                function: F::FUNCTION,
+                routing_key: <F::Message as crate::bus::Message>::TYPE,
+            },
+            add_to: add_to::<F>,
+            jobs: F::jobs,
+        }
+    }
+
+    /// Builds the handler and adds its consumer (and dead-letter recorder) to `runner`.
+    pub fn add_to(&self, runner: &mut Runner) -> Result<(), BuildError> {
+        (self.add_to)(runner)
+    }
+
+    /// The function's maintenance jobs.
+    pub fn jobs(&self, services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
+        (self.jobs)(services)
+    }
+}
+
+fn add_to<F: Function>(runner: &mut Runner) -> Result<(), BuildError> {
+    let handler = F::build(runner.services())?;
+    runner.add_function(handler);
+    Ok(())
+}
+
+/// Why a function binary stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum FunctionError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    #[error("lambda runtime: {0}")]
+    Lambda(lambda_runtime::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl FunctionError {
+    /// 2 for a configuration mistake (the operator's to fix), 1 for anything else.
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            FunctionError::Config(_) | FunctionError::Build(BuildError::Config(_)) => {
+                ExitCode::from(2)
+            }
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+fn in_lambda() -> bool {
+    std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
+}
+
+async fn start() -> Result<Services, FunctionError> {
+    let settings = Settings::from_env()?;
+    telemetry::init(if in_lambda() {
+        LogFormat::Json
+    } else {
+        settings.log_format
+    });
+    Ok(Services::connect(settings).await?)
+}
+
+/// Runs `work` on a fresh multi-threaded runtime and turns its error into an exit code (the
+/// error on stderr: the one line an operator reads when a process will not start).
+fn block_on(work: impl Future<Output = Result<(), FunctionError>>) -> ExitCode {
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(FunctionError::Runtime)
+        .and_then(|runtime| runtime.block_on(work));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            error.exit_code()
+        }
+    }
+}
+
+/// The whole `main` of a function binary.
+pub fn main<F: Function>() -> ExitCode {
+    block_on(run::<F>())
+}
+
+/// The whole `main` of the sweeper binary: the outbox relay plus `jobs`.
+pub fn sweeper_main(jobs: Jobs) -> ExitCode {
+    block_on(run_sweeper(jobs))
+}
+
+/// Builds the services and the handler once, then runs it until SIGTERM (locally) or for the
+/// life of the Lambda execution environment.
+pub async fn run<F: Function>() -> Result<(), FunctionError> {
+    let services = start().await?;
+    let handler = F::build(&services)?;
+    if in_lambda() {
+        return lambda::run(handler, services)
+            .await
+            .map_err(FunctionError::Lambda);
+    }
+    let mut runner = Runner::new(services);
+    runner.add_function(handler);
+    runner.run(shutdown_on_signal()).await?;
+    Ok(())
+}
+
+/// The sweeper: the outbox relay plus every function's maintenance jobs. In AWS it is a
+/// scheduled Lambda (EventBridge) and each invocation runs every job once, failing the
+/// invocation if one failed; locally each job runs on its own timer until SIGTERM.
+pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
+    let services = start().await?;
+    let mut all = vec![outbox_relay_job(&services)];
+    all.extend(jobs(&services)?);
+    if !in_lambda() {
+        sweeper::run(all, shutdown_on_signal()).await;
+        return Ok(());
+    }
+    let all = &all;
+    lambda_runtime::run(service_fn(
+        move |_: LambdaEvent<serde_json::Value>| async move {
+            let mut report = serde_json::Map::new();
+            let mut failed = Vec::new();
+            for (name, result) in sweeper::run_all_once(all).await {
+                match result {
+                    Ok(done) => {
+                        report.insert(name.to_owned(), done.changed.into());
+                    }
+                    Err(error) => failed.push(format!("{name}: {error}")),
+                }
+            }
+            if failed.is_empty() {
+                Ok(serde_json::Value::Object(report))
+            } else {
+                Err(lambda_runtime::Error::from(failed.join("; ")))
+            }
+        },
+    ))
+    .await
+    .map_err(FunctionError::Lambda)
+}
