@@ -129,6 +129,58 @@ async fn a_rolled_back_unit_of_work_publishes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_defective_outbox_row_becomes_a_dead_letter_and_the_rest_is_published() {
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let channel = tap(&services, "test.tap").await;
+    let good = Envelope::new(Ping { ping_id: 1 }).to_outgoing().unwrap();
+    for (message_id, body) in [
+        (good.id.to_string(), good.body.clone()),
+        ("not-a-uuid".to_owned(), b"{\"broken\": true}".to_vec()),
+    ] {
+        sqlx::query(
+            "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body, created_at) \
+             VALUES (?, 'canary.ping', ?, ?, NOW(6))",
+        )
+        .bind(&message_id)
+        .bind(good.correlation_id.to_string())
+        .bind(body)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    }
+
+    let report = relay(&services).run_once().await.unwrap();
+
+    assert_eq!((report.published, report.defective), (1, 1));
+    assert_eq!(message_count(&channel, "test.tap").await, 1);
+    let dead: (String, String, String, Vec<u8>) =
+        sqlx::query_as("SELECT function_name, reason, error, body FROM dead_letters")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        (dead.0.as_str(), dead.1.as_str()),
+        ("outbox", "defective_outbox_row")
+    );
+    assert!(
+        dead.2.contains("\"not-a-uuid\" is not a UUID"),
+        "{}",
+        dead.2
+    );
+    assert_eq!(dead.3, b"{\"broken\": true}");
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL"
+        )
+        .await,
+        0,
+        "nothing left for the relay to trip on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_committed_unit_of_work_is_published_at_once_and_marked() {
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;

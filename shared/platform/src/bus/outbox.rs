@@ -190,6 +190,8 @@ impl Default for RelayConfig {
 pub struct RelayReport {
     pub published: u64,
     pub failed: u64,
+    /// Rows that cannot be a message (an id that is not a UUID): moved to `dead_letters`.
+    pub defective: u64,
 }
 
 /// Publishes committed rows the fast path missed. Several relays may run at once: each
@@ -208,6 +210,63 @@ struct PendingRow {
     correlation_id: String,
     body: Vec<u8>,
     created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Why an outbox row cannot be published as it is.
+#[derive(Debug, thiserror::Error)]
+#[error("outbox row {row_id}: {column} {value:?} is not a UUID")]
+struct DefectiveRow {
+    row_id: u64,
+    column: &'static str,
+    value: String,
+}
+
+impl PendingRow {
+    fn outgoing(&self) -> Result<OutgoingMessage, DefectiveRow> {
+        let uuid = |column, value: &str| {
+            Uuid::parse_str(value).map_err(|_| DefectiveRow {
+                row_id: self.id,
+                column,
+                value: value.chars().take(64).collect(),
+            })
+        };
+        Ok(OutgoingMessage {
+            id: uuid("message_id", &self.message_id)?,
+            routing_key: self.routing_key.clone(),
+            correlation_id: uuid("correlation_id", &self.correlation_id)?,
+            occurred_at: self.created_at,
+            body: self.body.clone(),
+        })
+    }
+}
+
+/// A row no consumer could trust is a defect to report, not a message to send: it becomes a
+/// dead letter (function `outbox`, reason `defective_outbox_row`, the body kept) and leaves
+/// the outbox, in the relay's transaction, so ops see it and the relay does not trip on it
+/// forever.
+async fn set_aside(
+    conn: &mut MySqlConnection,
+    row: &PendingRow,
+    defect: &DefectiveRow,
+) -> Result<(), sqlx::Error> {
+    tracing::error!(row_id = row.id, routing_key = %row.routing_key, %defect,
+        "defective outbox row moved to dead_letters");
+    sqlx::query(
+        "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
+         correlation_id, routing_key, reason, error, attempts, body, headers) \
+         VALUES (?, 'outbox', NULL, NULL, ?, 'defective_outbox_row', ?, 0, ?, '')",
+    )
+    .bind(format!("outbox:{}", row.id))
+    .bind(&row.routing_key)
+    .bind(defect.to_string())
+    .bind(&row.body)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM outbox_messages WHERE id = ?")
+        .bind(row.id)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 impl Relay {
@@ -237,18 +296,23 @@ impl Relay {
         if rows.is_empty() {
             return Ok(RelayReport::default());
         }
-        let messages: Vec<OutgoingMessage> = rows
-            .iter()
-            .map(|row| OutgoingMessage {
-                id: Uuid::parse_str(&row.message_id).unwrap_or_default(),
-                routing_key: row.routing_key.clone(),
-                correlation_id: Uuid::parse_str(&row.correlation_id).unwrap_or_default(),
-                occurred_at: row.created_at,
-                body: row.body.clone(),
-            })
-            .collect();
-        let results = self.outbox.publisher.publish_events(&messages).await;
         let mut report = RelayReport::default();
+        let mut sendable = Vec::with_capacity(rows.len());
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in rows {
+            match row.outgoing() {
+                Ok(message) => {
+                    messages.push(message);
+                    sendable.push(row);
+                }
+                Err(defect) => {
+                    set_aside(&mut tx, &row, &defect).await?;
+                    report.defective += 1;
+                }
+            }
+        }
+        let rows = sendable;
+        let results = self.outbox.publisher.publish_events(&messages).await;
         let mut published = Vec::new();
         for (row, result) in rows.iter().zip(results) {
             match result {
@@ -271,10 +335,11 @@ impl Relay {
         }
         mark_published(&mut tx, &published).await?;
         tx.commit().await?;
-        if report.published > 0 || report.failed > 0 {
+        if report.published > 0 || report.failed > 0 || report.defective > 0 {
             tracing::info!(
                 published = report.published,
                 failed = report.failed,
+                defective = report.defective,
                 "outbox relay pass"
             );
         }

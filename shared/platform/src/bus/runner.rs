@@ -48,6 +48,16 @@ impl Runner {
         &self.services
     }
 
+    /// The queues of the functions added so far (what [`Runner::run`] declares and consumes).
+    pub fn queues(&self) -> &[FunctionQueue] {
+        &self.queues
+    }
+
+    /// The names of the jobs added so far, the outbox relay first.
+    pub fn job_names(&self) -> Vec<&'static str> {
+        self.jobs.iter().map(|job| job.name()).collect()
+    }
+
     /// Adds a function's consumer and the recorder of its dead-letter queue.
     pub fn add_function<H: Handler>(&mut self, handler: H) -> &mut Self {
         self.queues.push(H::queue());
