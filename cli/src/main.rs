@@ -48,6 +48,13 @@ enum Command {
     Audit,
     /// Print the function catalog as the README's markdown table.
     Catalog,
+    /// Print the `X-Paybus-Signature` value of `body` signed now with
+    /// PAYBUS_CHAIN_MONITOR_SECRET, as the chain monitor signs its webhooks (for trying the
+    /// intake by hand).
+    Sign {
+        /// The exact request body that will be sent.
+        body: String,
+    },
     /// Benchmark a workflow through the broker against the same transactions driven directly
     /// on the database (build with --release for meaningful figures).
     Bench(bench::BenchArgs),
@@ -80,6 +87,7 @@ async fn main() -> ExitCode {
             print!("{}", paybus_catalog::markdown_table());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Sign { body } => sign(&body),
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Ping { timeout } => ping(settings, timeout).await,
     };
@@ -167,6 +175,18 @@ async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
         "no pong for ping {ping_id} within {timeout}s: is `paybus run` (or the canary function) running?"
     );
     Ok(ExitCode::FAILURE)
+}
+
+fn sign(body: &str) -> anyhow::Result<ExitCode> {
+    let Some(secret) = ApiConfig::from_env()?.chain_monitor_secret else {
+        anyhow::bail!("PAYBUS_CHAIN_MONITOR_SECRET is not set: nothing to sign with");
+    };
+    let now = chrono::Utc::now().timestamp();
+    println!(
+        "{}",
+        paybus_platform::signature::sign(secret.expose().as_bytes(), now, body.as_bytes())
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run_audit(settings: &Settings) -> anyhow::Result<ExitCode> {

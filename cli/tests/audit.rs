@@ -44,8 +44,17 @@ async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
         .lines()
         .filter(|l| l.starts_with("violation"))
         .collect();
-    assert!(!violations.is_empty(), "{stdout}");
-    // The second entry's balance_after (-150) does not follow from the first (-100 - 100).
-    assert!(stdout.contains("1989") || stdout.contains("45"), "{stdout}");
-    assert!(String::from_utf8_lossy(&dirty.stderr).contains("violation(s)"));
+    // The second entry's balance_after (-150) does not follow from the first (-100 - 100),
+    // and the keyed DEBIT names a withdrawal that does not exist.
+    assert_eq!(
+        violations,
+        [
+            "violation [broken_chain]: broken_chain: entry 2 (partner 45 USDT) has balance_after \
+             -150.000000000000000000, expected -200.000000000000000000 from the entry before it",
+            "violation [unexpected_withdrawal_debit]: unexpected_withdrawal_debit: entry 1 is a \
+             confirmation DEBIT of withdrawal 1989, which does not exist",
+        ],
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&dirty.stderr).contains("2 violation(s)"));
 }

@@ -13,7 +13,8 @@
 //! bound to the function's `.dlq`; without it they are not confirmed and the batch fails.
 //!
 //! A dead letter published here and the batch then failing for another message means the
-//! retried batch dead-letters that message again: `dead_letters` gets one row per publish.
+//! retried batch dead-letters that message again; its dead-letter id derives from the function,
+//! the message id and the reason, so `dead_letters` still records it once.
 
 use std::{collections::BTreeMap, time::Duration};
 
