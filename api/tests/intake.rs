@@ -5,7 +5,7 @@
 mod support;
 
 use axum::http::StatusCode;
-use paybus_platform::signature;
+use paybus_platform::{signature, testing::tap};
 use serde_json::{Value, json};
 use support::*;
 

@@ -6,17 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use paybus_platform::signature;
+use paybus_platform::{signature, testing::free_port};
 use support::*;
 use tokio_util::sync::CancellationToken;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[tokio::test]
 async fn serve_answers_on_its_address_and_stops_on_shutdown() {

@@ -7,7 +7,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::{signature, testing::TestEnv};
+use paybus_platform::{
+    signature,
+    testing::{TestEnv, free_port},
+};
 
 const SECRET: &str = "chain-monitor-secret-e2e-0123";
 
@@ -18,14 +21,6 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn post_signed(client: &reqwest::Client, url: &str, body: &str, secret: &str) -> u16 {

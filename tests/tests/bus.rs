@@ -4,20 +4,18 @@
 
 use std::{sync::Arc, time::Duration};
 
-use lapin::{
-    BasicProperties,
-    options::{QueueBindOptions, QueueDeclareOptions},
-    types::FieldTable,
-};
+use lapin::BasicProperties;
 use paybus_canary::{Canary, Ping, send_ping};
 use paybus_platform::{
     Settings,
     bus::{
-        Envelope, Handler, Runner, Services, metrics,
+        Envelope, Handler, Message, Runner, Services, metrics,
         outbox::{Relay, RelayConfig},
         topology,
     },
-    testing::{PrivateBroker, PrivateService, TestEnv, eventually, scalar, services_on},
+    testing::{
+        self, PrivateBroker, PrivateService, TestEnv, eventually, queue_depth, scalar, services_on,
+    },
 };
 use tokio_util::sync::CancellationToken;
 
@@ -33,44 +31,7 @@ fn relay(services: &Services) -> Relay {
 
 /// A queue of the test's own bound to `canary.ping`, to count what reaches the broker.
 async fn tap(services: &Services, name: &str) -> lapin::Channel {
-    let channel = services.connection().create_channel().await.unwrap();
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            name.into(),
-            topology::EVENTS_EXCHANGE.into(),
-            "canary.ping".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-}
-
-async fn message_count(channel: &lapin::Channel, name: &str) -> u32 {
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap()
-        .message_count()
+    testing::tap(services, name, Ping::TYPE).await
 }
 
 async fn insert_pings(env: &TestEnv, n: usize) -> Vec<u64> {
@@ -125,7 +86,7 @@ async fn a_rolled_back_unit_of_work_publishes_nothing() {
         scalar(&env.db, "SELECT COUNT(*) FROM outbox_messages").await,
         0
     );
-    assert_eq!(message_count(&channel, "test.tap").await, 0);
+    assert_eq!(queue_depth(&channel, "test.tap").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -153,7 +114,7 @@ async fn a_defective_outbox_row_becomes_a_dead_letter_and_the_rest_is_published(
     let report = relay(&services).run_once().await.unwrap();
 
     assert_eq!((report.published, report.defective), (1, 1));
-    assert_eq!(message_count(&channel, "test.tap").await, 1);
+    assert_eq!(queue_depth(&channel, "test.tap").await, 1);
     let dead: (String, String, String, Vec<u8>) =
         sqlx::query_as("SELECT function_name, reason, error, body FROM dead_letters")
             .fetch_one(&env.db)
@@ -190,7 +151,7 @@ async fn a_committed_unit_of_work_is_published_at_once_and_marked() {
     tx.send(&Envelope::new(Ping { ping_id: 1 })).await.unwrap();
     tx.commit().await.unwrap();
 
-    assert_eq!(message_count(&channel, "test.tap").await, 1);
+    assert_eq!(queue_depth(&channel, "test.tap").await, 1);
     assert_eq!(
         scalar(
             &env.db,
@@ -238,11 +199,11 @@ async fn two_relays_together_publish_each_row_once() {
     assert_eq!(by_a + by_b, 2_000, "a: {by_a}, b: {by_b}");
     assert!(
         eventually(Duration::from_secs(10), || async {
-            message_count(&channel, "test.tap").await == 2_000
+            queue_depth(&channel, "test.tap").await == 2_000
         })
         .await,
         "broker holds {} messages",
-        message_count(&channel, "test.tap").await
+        queue_depth(&channel, "test.tap").await
     );
     assert_eq!(
         scalar(
@@ -469,10 +430,10 @@ async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_
     // take one on the connection the link re-established.
     drop(channel);
     let channel = services.connection().create_channel().await.unwrap();
-    let count = message_count(&channel, "test.tap").await;
+    let count = queue_depth(&channel, "test.tap").await;
     assert!(
         eventually(Duration::from_secs(10), || async {
-            message_count(&channel, "test.tap").await == 200
+            queue_depth(&channel, "test.tap").await == 200
         })
         .await,
         "broker holds {count}, expected 200"

@@ -11,9 +11,9 @@ use axum::{
 use paybus_api::{ApiConfig, AppState, router};
 use paybus_platform::{
     Secret,
-    bus::{Services, topology},
+    bus::Services,
     signature,
-    testing::TestEnv,
+    testing::{TestEnv, queue_depth},
 };
 use serde_json::Value;
 use tower::ServiceExt;
@@ -137,59 +137,11 @@ pub fn error_of(body: &Value) -> &str {
         .unwrap_or_else(|| panic!("no error field in {body}"))
 }
 
-/// A queue of the test's own bound to `routing_key` on `paybus.events`, to see what reached
-/// the broker.
-pub async fn tap(services: &Services, name: &str, routing_key: &str) -> lapin::Channel {
-    use lapin::{
-        options::{QueueBindOptions, QueueDeclareOptions},
-        types::FieldTable,
-    };
-    let channel = services
-        .connection()
-        .create_channel()
-        .await
-        .expect("channel");
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare the tap");
-    channel
-        .queue_bind(
-            name.into(),
-            topology::EVENTS_EXCHANGE.into(),
-            routing_key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("bind the tap");
-    channel
-}
-
 /// Messages waiting in the tap, polled until `expected` arrive or 5 s pass.
 pub async fn tap_count(channel: &lapin::Channel, name: &str, expected: u32) -> u32 {
-    use lapin::{options::QueueDeclareOptions, types::FieldTable};
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let count = channel
-            .queue_declare(
-                name.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("inspect the tap")
-            .message_count();
+        let count = queue_depth(channel, name).await;
         if count >= expected || tokio::time::Instant::now() > deadline {
             return count;
         }

@@ -4,9 +4,10 @@ use chrono::SecondsFormat;
 use paybus_confirmations::{
     ConfirmError,
     deposit::{self, Deposit, DepositStatus},
+    owed,
 };
-use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
-use paybus_partners::notifications::{self, NewNotification};
+use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_partners::NewNotification;
 use paybus_platform::{bus::UnitOfWork, transition::Transition};
 use rust_decimal::Decimal;
 use sqlx::MySqlConnection;
@@ -128,17 +129,7 @@ async fn post(
     )
     .idem_key(key)
     .memo(format!("deposit {} confirmed", deposit.id));
-    let posted = ledger::post(conn, &posting).await?;
-    if let Posted::AlreadyRecorded { idem_key } = &posted {
-        // The transition was ours but the entry was not: some other path wrote it. The key
-        // held; the confirmation still completes.
-        tracing::warn!(
-            deposit_id = deposit.id,
-            idem_key = idem_key.as_str(),
-            "deposit entry already recorded; not posted again"
-        );
-    }
-    Ok(posted)
+    owed::post_keyed(conn, &posting).await
 }
 
 /// The `DEPOSIT_CONFIRMED` notification row and its message, in this transaction; the
@@ -162,20 +153,12 @@ async fn notify(
             .confirmed_at
             .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
     });
-    notifications::enqueue(
-        uow,
-        &NewNotification {
-            partner_id: deposit.partner_id,
-            event: DEPOSIT_CONFIRMED,
-            reference_type: "DEPOSIT",
-            reference_id: deposit.id,
-            payload: &payload,
-        },
-        correlation_id,
-    )
-    .await
-    .map_err(|source| ConfirmError::Notification {
-        entity: "deposit",
-        source,
-    })
+    let notification = NewNotification {
+        partner_id: deposit.partner_id,
+        event: DEPOSIT_CONFIRMED,
+        reference_type: "DEPOSIT",
+        reference_id: deposit.id,
+        payload: &payload,
+    };
+    owed::notify_partner(uow, &notification, correlation_id).await
 }

@@ -2,11 +2,11 @@
 
 use chrono::SecondsFormat;
 use paybus_confirmations::{
-    ConfirmError,
+    ConfirmError, owed,
     withdrawal::{self, Withdrawal, WithdrawalKind, WithdrawalStatus},
 };
-use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
-use paybus_partners::notifications::{self, NewNotification};
+use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_partners::NewNotification;
 use paybus_platform::{bus::UnitOfWork, transition::Transition};
 use sqlx::MySqlConnection;
 use uuid::Uuid;
@@ -165,17 +165,7 @@ async fn debit(
     )
     .idem_key(IdemKey::withdrawal_confirm(withdrawal.id))
     .memo(format!("withdrawal {} confirmed", withdrawal.id));
-    let posted = ledger::post(conn, &posting).await?;
-    if let Posted::AlreadyRecorded { idem_key } = &posted {
-        // The transition was ours but the DEBIT was not: some other path wrote it. The key
-        // held; the confirmation still completes (history, notification).
-        tracing::warn!(
-            withdrawal_id = withdrawal.id,
-            idem_key = idem_key.as_str(),
-            "confirmation DEBIT already recorded; not debited again"
-        );
-    }
-    Ok(posted)
+    owed::post_keyed(conn, &posting).await
 }
 
 /// The `WITHDRAWAL_CONFIRMED` notification row and its message, in this transaction; the
@@ -198,22 +188,14 @@ async fn notify(
             .confirmed_at
             .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
     });
-    notifications::enqueue(
-        uow,
-        &NewNotification {
-            partner_id: withdrawal.partner_id,
-            event: WITHDRAWAL_CONFIRMED,
-            reference_type: "WITHDRAWAL",
-            reference_id: withdrawal.id,
-            payload: &payload,
-        },
-        correlation_id,
-    )
-    .await
-    .map_err(|source| ConfirmError::Notification {
-        entity: "withdrawal",
-        source,
-    })
+    let notification = NewNotification {
+        partner_id: withdrawal.partner_id,
+        event: WITHDRAWAL_CONFIRMED,
+        reference_type: "WITHDRAWAL",
+        reference_id: withdrawal.id,
+        payload: &payload,
+    };
+    owed::notify_partner(uow, &notification, correlation_id).await
 }
 
 #[cfg(test)]

@@ -4,10 +4,6 @@
 
 use std::sync::Arc;
 
-use lapin::{
-    options::{QueueBindOptions, QueueDeclareOptions},
-    types::FieldTable,
-};
 use paybus_confirm_withdrawal::{
     ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalStatus,
     WithdrawalTxConfirmed, confirm_if_in_flight,
@@ -19,8 +15,8 @@ use paybus_confirmations::{
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_partners::{NotificationCreated, testing::partner};
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, topology},
-    testing::{TestEnv, dec},
+    bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services},
+    testing::{TestEnv, dec, queue_depth, tap},
 };
 use rust_decimal::Decimal;
 use tokio::{sync::Barrier, task::JoinSet};
@@ -40,28 +36,7 @@ async fn world() -> World {
     let services = env.services(&[ConfirmWithdrawal::queue()]).await;
     // A queue of the test's own for `partner.notification.created`, standing in for
     // deliver-webhook's, so the notification messages are routable and can be counted.
-    let channel = services.connection().create_channel().await.unwrap();
-    channel
-        .queue_declare(
-            TAP.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            TAP.into(),
-            topology::EVENTS_EXCHANGE.into(),
-            <NotificationCreated as paybus_platform::bus::Message>::TYPE.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    tap(&services, TAP, NotificationCreated::TYPE).await;
     let partner_id = partner(&env.db, "partner 45", Some("http://127.0.0.1:9/webhook")).await;
     World {
         env,
@@ -166,18 +141,7 @@ impl World {
     /// Messages that reached the broker for deliver-webhook.
     async fn notification_messages(&self) -> u32 {
         let channel = self.services.connection().create_channel().await.unwrap();
-        let queue = channel
-            .queue_declare(
-                TAP.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        queue.message_count()
+        queue_depth(&channel, TAP).await
     }
 
     async fn assert_audit_clean(&self) {

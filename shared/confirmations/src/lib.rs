@@ -6,6 +6,8 @@
 //!   say who moves a row in and out of each state), and every statement that reads or writes
 //!   them — the admin API and the confirm functions share these, so there is one writer of
 //!   `withdrawal_status_history` and one way to read an amount.
+//! - [`owed`]: what a confirmation writes with its transition (keyed postings, the partner's
+//!   notification).
 //! - [`audit`]: W2's invariants about the ledger entries its confirmations owe.
 //!
 //! The transitions themselves are the functions' (`confirm_if_in_flight` in
@@ -15,6 +17,7 @@ pub mod audit;
 pub mod deposit;
 mod error;
 pub mod messages;
+pub mod owed;
 pub mod withdrawal;
 
 pub use error::{ConfirmError, CreateError};

@@ -86,8 +86,9 @@ pub static NOTIFICATIONS: WorkTable = WorkTable {
 pub struct NewNotification<'a> {
     pub partner_id: u64,
     /// e.g. `WITHDRAWAL_CONFIRMED`
-    pub event: &'a str,
-    pub reference_type: &'a str,
+    pub event: &'static str,
+    /// e.g. `WITHDRAWAL`
+    pub reference_type: &'static str,
     pub reference_id: u64,
     /// The JSON body the partner receives, frozen now.
     pub payload: &'a serde_json::Value,

@@ -47,6 +47,59 @@ pub async fn services_on(settings: &Settings, functions: &[FunctionQueue]) -> Se
     services
 }
 
+/// A queue of the test's own bound to `routing_key` on `paybus.events`, to see what reached
+/// the broker. Returns the channel it was declared on.
+pub async fn tap(services: &Services, name: &str, routing_key: &str) -> lapin::Channel {
+    use lapin::{
+        options::{QueueBindOptions, QueueDeclareOptions},
+        types::FieldTable,
+    };
+    let channel = services
+        .connection()
+        .create_channel()
+        .await
+        .expect("a channel for the tap");
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the tap");
+    channel
+        .queue_bind(
+            name.into(),
+            crate::bus::topology::EVENTS_EXCHANGE.into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind the tap");
+    channel
+}
+
+/// Messages ready in queue `name` now (a passive declare).
+pub async fn queue_depth(channel: &lapin::Channel, name: &str) -> u32 {
+    use lapin::{options::QueueDeclareOptions, types::FieldTable};
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("inspect the queue")
+        .message_count()
+}
+
 /// A decimal literal of a test.
 pub fn dec(text: &str) -> Decimal {
     Decimal::from_str(text).expect("a decimal literal")
@@ -281,7 +334,8 @@ pub struct PrivateService {
 /// Kept for readability at call sites: a private RabbitMQ node.
 pub type PrivateBroker = PrivateService;
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
