@@ -33,6 +33,7 @@ use super::{
     delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery},
     handler::{Handler, process},
     metrics,
+    publisher::PublishError,
     services::Services,
 };
 
@@ -121,7 +122,7 @@ pub async fn handle_event<H: Handler>(
                 Err(error) => faults.push(MessageFault {
                     queue: queue.clone(),
                     message_id: message.basic_properties.message_id.clone(),
-                    error,
+                    error: error.to_string(),
                 }),
             }
         }
@@ -148,12 +149,22 @@ enum Settled {
     DeadLettered,
 }
 
-/// One message: decode, process, settle. `Err` is an infrastructure fault.
+/// Why a message could not be settled: an infrastructure fault, so the batch is retried.
+#[derive(Debug, thiserror::Error)]
+enum Unsettled {
+    /// The handler hit a transient fault (the disposition's rendered error).
+    #[error("{0}")]
+    Requeue(String),
+    #[error("dead letter not confirmed: {0}")]
+    DeadLetter(#[from] PublishError),
+}
+
+/// One message: decode, process, settle.
 async fn handle_message<H: Handler>(
     handler: &H,
     services: &Services,
     message: &RabbitMqMessage,
-) -> Result<Settled, String> {
+) -> Result<Settled, Unsettled> {
     let Decoded {
         delivery,
         malformed,
@@ -178,12 +189,10 @@ async fn handle_message<H: Handler>(
     match disposition {
         Disposition::Ack => Ok(Settled::Acked),
         Disposition::DeadLetter(dead) => {
-            dead_letter::publish(services.publisher(), H::FUNCTION, &delivery, &dead)
-                .await
-                .map_err(|e| format!("dead letter not confirmed: {e}"))?;
+            dead_letter::publish(services.publisher(), H::FUNCTION, &delivery, &dead).await?;
             Ok(Settled::DeadLettered)
         }
-        Disposition::Requeue { error, .. } => Err(error),
+        Disposition::Requeue { error, .. } => Err(Unsettled::Requeue(error)),
     }
 }
 
