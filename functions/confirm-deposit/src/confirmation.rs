@@ -54,18 +54,9 @@ pub async fn confirm_if_detected(
                 Transition::NotFound
             }
             Some(status) => {
-                if status == DepositStatus::Confirmed {
-                    tracing::warn!(
-                        deposit_id, status = %status,
-                        "deposit confirmation skipped — already transitioned (idempotent)"
-                    );
-                } else {
-                    // Confirmed on chain but FAILED here (dropped or reorged): ops must look.
-                    tracing::error!(
-                        deposit_id, status = %status,
-                        "deposit confirmation skipped — the deposit is not DETECTED"
-                    );
-                }
+                // The outcome (Skipped for a duplicate, a dead letter for an anomaly) says the
+                // rest; this line only records what the locked read found.
+                tracing::info!(deposit_id, status = %status, "deposit confirmation not applied: not DETECTED");
                 Transition::NotTransitioned { current: status }
             }
         });

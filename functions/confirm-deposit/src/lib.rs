@@ -10,7 +10,8 @@
 //! | delivery | outcome |
 //! | --- | --- |
 //! | this delivery made the transition | `Done`: CONFIRMED, CREDIT `amount`, FEE `fee` when `fee > 0`, `DEPOSIT_CONFIRMED` notification, committed together |
-//! | the deposit is no longer DETECTED (a duplicate, or FAILED) | `Skipped` with the current status; nothing written |
+//! | the deposit is already CONFIRMED (a duplicate) | `Skipped`; nothing written |
+//! | the deposit is FAILED (dropped or reorged here, yet confirmed on chain) | `Failed`: a dead letter for ops; nothing written |
 //! | the deposit does not exist | `Failed`: dead letter |
 //! | bad data (an amount the ledger refuses) | `Failed`: dead letter |
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
@@ -44,8 +45,15 @@ impl Handler for ConfirmDeposit {
         match Transition::commit_or_rollback(uow, result).await {
             Ok(confirmation) => Ok(confirmation.outcome(
                 format_args!("deposit {deposit_id}"),
-                DepositStatus::Confirmed,
-                "DETECTED",
+                |current| match current {
+                    DepositStatus::Confirmed => {
+                        Outcome::Skipped(format!("deposit {deposit_id} is already CONFIRMED"))
+                    }
+                    status => Outcome::Failed(format!(
+                        "deposit {deposit_id} is {status}, not DETECTED, but its transaction \
+                         was confirmed on chain"
+                    )),
+                },
             )),
             Err(error) => error.into_outcome(),
         }

@@ -306,7 +306,7 @@ async fn a_credit_already_in_the_ledger_is_already_recorded_and_the_rest_commits
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failed_deposit_is_skipped_and_nothing_is_credited() {
+async fn a_confirmation_of_a_failed_deposit_is_a_dead_letter_and_nothing_is_credited() {
     let world = world().await;
     let id = world.deposit("100", "2", "FAILED").await;
 
@@ -321,7 +321,9 @@ async fn a_failed_deposit_is_skipped_and_nothing_is_credited() {
     );
     assert_eq!(
         outcome,
-        Outcome::Skipped(format!("deposit {id} is FAILED, not DETECTED"))
+        Outcome::Failed(format!(
+            "deposit {id} is FAILED, not DETECTED, but its transaction was confirmed on chain"
+        ))
     );
     assert_eq!(world.status(id).await, "FAILED");
     assert!(world.entries(id).await.is_empty());

@@ -3,7 +3,7 @@
 use chrono::SecondsFormat;
 use paybus_confirmations::{
     ConfirmError, owed,
-    withdrawal::{self, Withdrawal, WithdrawalKind, WithdrawalStatus},
+    withdrawal::{self, Withdrawal, WithdrawalKind, WithdrawalState, WithdrawalStatus},
 };
 use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_partners::NewNotification;
@@ -18,7 +18,7 @@ const TX_HASH_MAX_CHARS: usize = 128;
 
 /// What [`confirm_if_in_flight`] decided. Only `Transitioned` wrote anything; the caller
 /// commits it, and rolls back otherwise.
-pub type Confirmation = Transition<Confirmed, WithdrawalStatus>;
+pub type Confirmation = Transition<Confirmed, WithdrawalState>;
 
 /// The side effects of a transition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub async fn confirm_if_in_flight(
     }
 
     if !withdrawal::mark_confirmed(uow, withdrawal_id, tx_hash).await? {
-        return Ok(match withdrawal::locked_status(uow, withdrawal_id).await? {
+        return Ok(match withdrawal::locked_state(uow, withdrawal_id).await? {
             None => {
                 tracing::warn!(
                     withdrawal_id,
@@ -79,20 +79,13 @@ pub async fn confirm_if_in_flight(
                 );
                 Transition::NotFound
             }
-            Some(status) => {
-                if status == WithdrawalStatus::Confirmed {
-                    tracing::warn!(
-                        withdrawal_id, status = %status, tx_hash,
-                        "withdrawal confirmation skipped — already transitioned (idempotent)"
-                    );
-                } else {
-                    // On chain but not in flight here (FAILED, or never sent): ops must look.
-                    tracing::error!(
-                        withdrawal_id, status = %status, tx_hash,
-                        "withdrawal confirmation skipped — the withdrawal is not in flight"
-                    );
-                }
-                Transition::NotTransitioned { current: status }
+            Some(current) => {
+                tracing::info!(
+                    withdrawal_id, status = %current.status, tx_hash,
+                    recorded_tx_hash = current.tx_hash.as_deref(),
+                    "withdrawal confirmation not applied: not in flight"
+                );
+                Transition::NotTransitioned { current }
             }
         });
     }

@@ -10,7 +10,8 @@
 //! | delivery | outcome |
 //! | --- | --- |
 //! | this delivery made the transition | `Done`: CONFIRMED, DEBIT (NORMAL only), history row, `WITHDRAWAL_CONFIRMED` notification, committed together |
-//! | the withdrawal is no longer in flight (a duplicate, or FAILED/REQUESTED) | `Skipped` with the current status; nothing written |
+//! | the withdrawal is already CONFIRMED with this tx hash (a duplicate) | `Skipped`; nothing written |
+//! | the withdrawal is CONFIRMED with another tx hash, or was never in flight (REQUESTED), or FAILED | `Failed` with both tx hashes: a dead letter for ops (an on-chain tx we did not expect); nothing written |
 //! | the withdrawal does not exist | `Failed`: dead letter |
 //! | bad data (empty tx hash, an amount the ledger refuses) | `Failed`: dead letter |
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
@@ -20,7 +21,7 @@ mod confirmation;
 pub use confirmation::{Confirmation, Confirmed, WITHDRAWAL_CONFIRMED, confirm_if_in_flight};
 pub use paybus_confirmations::{
     WithdrawalTxConfirmed,
-    withdrawal::{WithdrawalKind, WithdrawalStatus},
+    withdrawal::{WithdrawalKind, WithdrawalState, WithdrawalStatus},
 };
 
 use paybus_platform::{
@@ -49,13 +50,32 @@ impl Handler for ConfirmWithdrawal {
         let result =
             confirm_if_in_flight(&mut uow, *withdrawal_id, tx_hash, message.correlation_id).await;
         match Transition::commit_or_rollback(uow, result).await {
-            Ok(confirmation) => Ok(confirmation.outcome(
-                format_args!("withdrawal {withdrawal_id}"),
-                WithdrawalStatus::Confirmed,
-                "in flight",
-            )),
+            Ok(confirmation) => Ok(confirmation
+                .outcome(format_args!("withdrawal {withdrawal_id}"), |current| {
+                    not_confirmed(*withdrawal_id, tx_hash, current)
+                })),
             Err(error) => error.into_outcome(),
         }
+    }
+}
+
+/// A confirmation that did not transition: a plain duplicate is skipped; anything else is an
+/// on-chain transaction ops must look at (seed 001, principle 9), so it is a dead letter that
+/// names both tx hashes.
+fn not_confirmed(withdrawal_id: u64, tx_hash: &str, current: &WithdrawalState) -> Outcome {
+    let recorded = current.tx_hash.as_deref().unwrap_or("none");
+    match current.status {
+        WithdrawalStatus::Confirmed if current.tx_hash.as_deref() == Some(tx_hash) => {
+            Outcome::Skipped(format!("withdrawal {withdrawal_id} is already CONFIRMED"))
+        }
+        WithdrawalStatus::Confirmed => Outcome::Failed(format!(
+            "withdrawal {withdrawal_id} is already CONFIRMED with tx {recorded}, but this \
+             confirmation names tx {tx_hash}"
+        )),
+        status => Outcome::Failed(format!(
+            "withdrawal {withdrawal_id} is {status}, not in flight, but tx {tx_hash} was \
+             confirmed on chain for it (recorded tx: {recorded})"
+        )),
     }
 }
 

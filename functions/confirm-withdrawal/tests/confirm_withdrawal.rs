@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use paybus_confirm_withdrawal::{
-    ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalStatus,
+    ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalState, WithdrawalStatus,
     WithdrawalTxConfirmed, confirm_if_in_flight,
 };
 use paybus_confirmations::{
@@ -231,7 +231,10 @@ async fn a_second_confirmation_writes_no_debit_no_history_and_no_notification() 
     assert_eq!(
         second,
         Confirmation::NotTransitioned {
-            current: WithdrawalStatus::Confirmed
+            current: WithdrawalState {
+                status: WithdrawalStatus::Confirmed,
+                tx_hash: Some("0xfirst".to_owned()),
+            }
         }
     );
     assert_eq!(world.debits(id).await.len(), 1);
@@ -253,10 +256,10 @@ async fn withdrawals_not_in_flight_are_left_alone() {
 
         let confirmation = world.confirm(id, "0xconfirmed").await.unwrap();
 
-        assert_eq!(
-            confirmation,
-            Confirmation::NotTransitioned { current: expected }
-        );
+        let Confirmation::NotTransitioned { current } = confirmation else {
+            panic!("{status}: {confirmation:?}");
+        };
+        assert_eq!(current.status, expected);
         assert_eq!(world.status(id).await.0, status);
         assert!(world.debits(id).await.is_empty());
         assert_eq!(world.history(id).await, 0);
@@ -456,18 +459,57 @@ async fn duplicate_messages_are_done_once_then_skipped_with_the_status() {
     assert_eq!(world.debits(id).await.len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_confirmation_of_a_failed_withdrawal_is_skipped_with_its_status() {
-    let world = world().await;
-    let id = world.withdrawal("NORMAL", "FAILED").await;
+// Seed 001 and principle 9: an on-chain transaction for a withdrawal we never sent, or marked
+// FAILED, or confirmed under another tx, is for ops to see: a dead letter, never a quiet skip.
 
-    let outcome = world.handle(id, "0xconfirmed").await.unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_confirmation_of_a_withdrawal_not_in_flight_is_a_dead_letter_naming_the_tx() {
+    let world = world().await;
+    for status in ["FAILED", "REQUESTED"] {
+        let id = world.withdrawal("NORMAL", status).await;
+
+        let outcome = world.handle(id, "0xunexpected").await.unwrap();
+
+        let recorded = if status == "REQUESTED" {
+            "none"
+        } else {
+            "0xbroadcast"
+        };
+        assert_eq!(
+            outcome,
+            Outcome::Failed(format!(
+                "withdrawal {id} is {status}, not in flight, but tx 0xunexpected was confirmed \
+                 on chain for it (recorded tx: {recorded})"
+            ))
+        );
+        assert_eq!(world.status(id).await.0, status);
+        assert!(world.debits(id).await.is_empty());
+        assert_eq!(world.notifications(id).await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_confirmation_naming_another_tx_for_a_confirmed_withdrawal_is_a_dead_letter() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+    assert_eq!(world.handle(id, "0xfirst").await.unwrap(), Outcome::Done);
+
+    let same = world.handle(id, "0xfirst").await.unwrap();
+    let other = world.handle(id, "0xsecond").await.unwrap();
 
     assert_eq!(
-        outcome,
-        Outcome::Skipped(format!("withdrawal {id} is FAILED, not in flight"))
+        same,
+        Outcome::Skipped(format!("withdrawal {id} is already CONFIRMED"))
     );
-    assert!(world.debits(id).await.is_empty());
+    assert_eq!(
+        other,
+        Outcome::Failed(format!(
+            "withdrawal {id} is already CONFIRMED with tx 0xfirst, but this confirmation \
+             names tx 0xsecond"
+        ))
+    );
+    assert_eq!(world.debits(id).await.len(), 1);
+    assert_eq!(world.status(id).await.1.as_deref(), Some("0xfirst"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

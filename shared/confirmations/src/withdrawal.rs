@@ -273,22 +273,33 @@ pub async fn mark_confirmed(
     Ok(matched == 1)
 }
 
-/// The latest committed status after an UPDATE that matched nothing. A locking read: a plain
+/// Where a withdrawal stands: its status and the tx hash recorded on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WithdrawalState {
+    pub status: WithdrawalStatus,
+    pub tx_hash: Option<String>,
+}
+
+/// The latest committed state after an UPDATE that matched nothing. A locking read: a plain
 /// SELECT would answer from this transaction's snapshot (the very lie of seed 001). The
 /// UPDATE already holds this row's lock under REPEATABLE READ, so it waits for nobody.
-pub async fn locked_status(
+pub async fn locked_state(
     conn: &mut MySqlConnection,
     id: u64,
-) -> Result<Option<WithdrawalStatus>, ConfirmError> {
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM withdrawals WHERE id = ? FOR UPDATE")
+) -> Result<Option<WithdrawalState>, ConfirmError> {
+    let row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ? FOR UPDATE")
             .bind(id)
             .fetch_optional(conn)
             .await
             .map_err(ConfirmError::database(ENTITY))?;
-    status
-        .map(|status| parse_column(id, "status", status))
-        .transpose()
+    row.map(|(status, tx_hash)| {
+        Ok(WithdrawalState {
+            status: parse_column(id, "status", status)?,
+            tx_hash,
+        })
+    })
+    .transpose()
 }
 
 fn parse_column<T: std::str::FromStr>(

@@ -14,11 +14,7 @@ pub fn init(format: LogFormat) {
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Text => registry
-            .with(
-                fmt::layer()
-                    .with_target(false)
-                    .with_writer(std::io::stderr),
-            )
+            .with(fmt::layer().with_target(false).with_writer(std::io::stderr))
             .try_init(),
         LogFormat::Json => registry
             .with(

@@ -47,19 +47,19 @@ impl<T, S> Transition<T, S> {
     }
 }
 
-impl<T, S: Display + PartialEq> Transition<T, S> {
-    /// The handler's outcome: `Done` for the transition; `Skipped` when `subject` (e.g.
-    /// "withdrawal 7") is already in `target` (a plain duplicate) or in a state it does not
-    /// move `from` (e.g. "in flight"); `Failed` (a dead letter) when it does not exist.
-    pub fn outcome(&self, subject: impl Display, target: S, from: &str) -> Outcome {
+impl<T, S> Transition<T, S> {
+    /// The handler's outcome: `Done` for the transition, `Failed` (a dead letter) when
+    /// `subject` (e.g. "withdrawal 7") does not exist, and what `not_transitioned` makes of
+    /// the row's current state otherwise: `Skipped` for a plain duplicate, `Failed` for an
+    /// anomaly ops must see (principle 9).
+    pub fn outcome(
+        &self,
+        subject: impl Display,
+        not_transitioned: impl FnOnce(&S) -> Outcome,
+    ) -> Outcome {
         match self {
             Transition::Transitioned(_) => Outcome::Done,
-            Transition::NotTransitioned { current } if *current == target => {
-                Outcome::Skipped(format!("{subject} is already {current}"))
-            }
-            Transition::NotTransitioned { current } => {
-                Outcome::Skipped(format!("{subject} is {current}, not {from}"))
-            }
+            Transition::NotTransitioned { current } => not_transitioned(current),
             Transition::NotFound => Outcome::Failed(format!("{subject} does not exist")),
         }
     }
@@ -69,28 +69,33 @@ impl<T, S: Display + PartialEq> Transition<T, S> {
 mod tests {
     use super::*;
 
+    fn decide(current: &&str) -> Outcome {
+        if *current == "CONFIRMED" {
+            Outcome::Skipped(format!("withdrawal 7 is already {current}"))
+        } else {
+            Outcome::Failed(format!("withdrawal 7 is {current}, not in flight"))
+        }
+    }
+
     #[test]
     fn each_decision_has_its_outcome() {
         let done: Transition<(), &str> = Transition::Transitioned(());
-        assert_eq!(
-            done.outcome("withdrawal 7", "CONFIRMED", "in flight"),
-            Outcome::Done
-        );
+        assert_eq!(done.outcome("withdrawal 7", decide), Outcome::Done);
         let duplicate: Transition<(), &str> = Transition::NotTransitioned {
             current: "CONFIRMED",
         };
         assert_eq!(
-            duplicate.outcome("withdrawal 7", "CONFIRMED", "in flight"),
+            duplicate.outcome("withdrawal 7", decide),
             Outcome::Skipped("withdrawal 7 is already CONFIRMED".to_owned())
         );
         let refused: Transition<(), &str> = Transition::NotTransitioned { current: "FAILED" };
         assert_eq!(
-            refused.outcome("withdrawal 7", "CONFIRMED", "in flight"),
-            Outcome::Skipped("withdrawal 7 is FAILED, not in flight".to_owned())
+            refused.outcome("withdrawal 7", decide),
+            Outcome::Failed("withdrawal 7 is FAILED, not in flight".to_owned())
         );
         let missing: Transition<(), &str> = Transition::NotFound;
         assert_eq!(
-            missing.outcome("withdrawal 7", "CONFIRMED", "in flight"),
+            missing.outcome("withdrawal 7", decide),
             Outcome::Failed("withdrawal 7 does not exist".to_owned())
         );
     }
