@@ -2,7 +2,7 @@
 //! an internal fault answers `500 {"error": "internal error"}` and logs its cause chain, so no
 //! SQL, hostname or driver text ever reaches a response.
 
-use std::{error::Error as _, net::SocketAddr};
+use std::net::SocketAddr;
 
 use axum::{
     Json,
@@ -73,14 +73,7 @@ impl ApiError {
 
     /// `self: cause: cause ...`, for the log.
     pub fn cause_chain(&self) -> String {
-        let mut chain = self.to_string();
-        let mut source = self.source();
-        while let Some(cause) = source {
-            chain.push_str(": ");
-            chain.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        chain
+        paybus_platform::telemetry::one_line(self)
     }
 }
 

@@ -19,7 +19,7 @@
 //! every other status, a timeout or a connection error is a failed attempt. Redirects are not
 //! followed (a POST must not turn into a GET somewhere else): a 3xx is a failed attempt too.
 
-use std::{error::Error as _, time::Duration};
+use std::time::Duration;
 
 use paybus_platform::signature;
 
@@ -128,12 +128,5 @@ fn describe_error(error: reqwest::Error, timeout: Duration) -> String {
     } else {
         "request failed"
     };
-    let mut text = format!("{kind}: {error}");
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    format!("{kind}: {}", paybus_platform::telemetry::one_line(&error))
 }

@@ -27,3 +27,38 @@ pub fn init(format: LogFormat) {
             .try_init(),
     };
 }
+
+/// An error and its whole cause chain on one line (`error: cause: cause`), each cause once:
+/// operators grep logs, and a wrapped error whose cause sits on a second line is the one
+/// nobody reads.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("while confirming withdrawal 7")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_chain_is_one_line_with_each_cause_once() {
+        let error = Outer(std::io::Error::other("connection\nrefused"));
+        assert_eq!(
+            one_line(&error),
+            "while confirming withdrawal 7: connection refused"
+        );
+    }
+}
