@@ -10,10 +10,11 @@ use paybus_confirmations::{
 use paybus_ledger::{
     self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType, audit::Violation as Ledger,
 };
+use paybus_money::dec;
 use paybus_partners::testing::partner;
 use paybus_platform::{
     audit::{self, Violation},
-    testing::{TestEnv, dec},
+    testing::TestEnv,
 };
 use sqlx::MySqlPool;
 

@@ -8,11 +8,8 @@ use std::sync::Arc;
 use paybus_ledger::{
     self as ledger, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType,
 };
-use paybus_platform::{
-    audit, db,
-    testing::{TestEnv, dec},
-};
-use rust_decimal::Decimal;
+use paybus_money::{Amount, dec};
+use paybus_platform::{audit, db, testing::TestEnv};
 use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet};
 
@@ -79,7 +76,7 @@ async fn post_committed(pool: &MySqlPool, posting: &Posting) -> Result<Posted, L
     }
 }
 
-async fn balance(pool: &MySqlPool, partner_id: u64, currency: &str) -> Option<Decimal> {
+async fn balance(pool: &MySqlPool, partner_id: u64, currency: &str) -> Option<Amount> {
     sqlx::query_scalar("SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ?")
         .bind(partner_id)
         .bind(currency)
@@ -94,7 +91,7 @@ async fn entries(
     pool: &MySqlPool,
     partner_id: u64,
     currency: &str,
-) -> Vec<(String, Decimal, Decimal, Option<String>)> {
+) -> Vec<(String, Amount, Amount, Option<String>)> {
     sqlx::query_as(
         "SELECT entry_type, amount, balance_after, idem_key FROM ledger_entries \
          WHERE partner_id = ? AND currency = ? ORDER BY id",
@@ -193,7 +190,7 @@ async fn after_a_duplicate_hit_the_same_transaction_still_writes_and_commits() {
             .await
             .unwrap();
     assert_eq!(reasons, ["after the duplicate hit"]);
-    let chain: Vec<(String, Decimal)> = entries(&env.db, partner, "USDT")
+    let chain: Vec<(String, Amount)> = entries(&env.db, partner, "USDT")
         .await
         .into_iter()
         .map(|(entry_type, _, balance_after, _)| (entry_type, balance_after))
@@ -299,7 +296,7 @@ async fn balance_after_chains_through_credits_debits_and_fees_per_currency() {
         ]
         .map(dec)
     );
-    let usdt: Vec<(String, Decimal)> = entries(&env.db, partner, "USDT")
+    let usdt: Vec<(String, Amount)> = entries(&env.db, partner, "USDT")
         .await
         .into_iter()
         .map(|(entry_type, _, balance_after, _)| (entry_type, balance_after))
@@ -374,31 +371,75 @@ async fn a_key_on_the_wrong_entry_is_rejected() {
 }
 
 #[tokio::test]
-async fn a_balance_beyond_exact_decimal_range_is_refused_not_rounded() {
-    // DECIMAL(36,18) holds 31 significant digits here; rust_decimal holds 28 and sqlx's own
-    // decoding would round the last digits away. The ledger refuses instead of guessing.
+async fn the_whole_decimal_range_is_posted_exactly() {
+    // DECIMAL(36,18) holds 36 significant digits; rust_decimal held 28 and refused these.
     let env = TestEnv::new().await;
     let partner = new_partner(&env.db).await;
-    post_committed(&env.db, &migration_credit(partner, "1"))
+    let widest = "999999999999999999.999999999999999999";
+    let smallest = "0.000000000000000001";
+
+    post_committed(
+        &env.db,
+        &migration_credit(partner, "999999999999999999.999999999999999998"),
+    )
+    .await
+    .unwrap();
+    let to_max = post_committed(&env.db, &migration_credit(partner, smallest))
         .await
         .unwrap();
-    sqlx::query(
-        "UPDATE partner_balances SET balance = '1000000000000.000000000000000001' \
-         WHERE partner_id = ?",
+    let debit = Posting::new(
+        partner,
+        "USDT",
+        EntryType::Debit,
+        dec(widest),
+        ReferenceType::Migration,
+        0,
+    );
+    let to_zero = post_committed(&env.db, &debit).await.unwrap();
+
+    assert!(
+        matches!(to_max, Posted::Recorded { balance_after, .. } if balance_after == Amount::MAX),
+        "{to_max:?}"
+    );
+    assert!(
+        matches!(to_zero, Posted::Recorded { balance_after, .. } if balance_after.is_zero()),
+        "{to_zero:?}"
+    );
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT CAST(balance_after AS CHAR) FROM ledger_entries ORDER BY id")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        [
+            "999999999999999999.999999999999999998",
+            widest,
+            "0.000000000000000000"
+        ]
+    );
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_balance_beyond_the_column_is_refused_not_rounded() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    post_committed(
+        &env.db,
+        &migration_credit(partner, "999999999999999999.999999999999999999"),
     )
-    .bind(partner)
-    .execute(&env.db)
     .await
     .unwrap();
 
-    let result = post_committed(&env.db, &migration_credit(partner, "1")).await;
+    let result = post_committed(&env.db, &migration_credit(partner, "0.000000000000000001")).await;
 
     assert!(
-        matches!(&result, Err(LedgerError::Unrepresentable { value, .. })
-            if value == "1000000000000.000000000000000001"),
+        matches!(&result, Err(LedgerError::OutOfRange { balance, .. }) if *balance == Amount::MAX),
         "{result:?}"
     );
     assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(Amount::MAX));
 }
 
 #[tokio::test]
@@ -550,13 +591,17 @@ async fn fifty_concurrent_credits_serialise_on_the_gate_row() {
             .all(|outcome| matches!(outcome, Ok(Posted::Recorded { .. }))),
         "{outcomes:?}"
     );
-    let chain: Vec<Decimal> = entries(&pool, partner, "USDT")
+    let chain: Vec<Amount> = entries(&pool, partner, "USDT")
         .await
         .into_iter()
         .map(|(_, _, balance_after, _)| balance_after)
         .collect();
-    let expected: Vec<Decimal> = (1..=TASKS)
-        .map(|n| dec("1.000000000000000001") * Decimal::from(n))
+    let expected: Vec<Amount> = (1..=TASKS)
+        .map(|n| {
+            dec("1.000000000000000001")
+                .checked_mul(i64::try_from(n).unwrap())
+                .unwrap()
+        })
         .collect();
     assert_eq!(chain, expected);
     assert_eq!(

@@ -12,13 +12,13 @@ use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confir
 use paybus_confirmations::testing::assert_audit_clean;
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
+use paybus_money::{Amount, dec};
 use paybus_platform::{
     bus::{Envelope, Handler, Outbox, Runner, Services, metrics},
     db,
-    testing::{TestEnv, dec, eventually, scalar},
+    testing::{TestEnv, eventually, scalar},
     transition::Transition,
 };
-use rust_decimal::Decimal;
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -33,7 +33,7 @@ const OPENING_BALANCE: &str = "1000000";
 /// One partner with a webhook URL and an opening balance, and `WITHDRAWALS` NORMAL
 /// withdrawals in BROADCASTING with distinct amounts. Returns the partner, the withdrawal ids
 /// and the sum of their amounts.
-async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, Vec<u64>, Decimal) {
+async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, Vec<u64>, Amount) {
     let partner_id = sqlx::query(
         "INSERT INTO partners (name, webhook_url, webhook_secret) \
          VALUES ('partner 45', ?, 'partner-45-webhook-secret')",
@@ -60,7 +60,7 @@ async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, 
     .unwrap();
     tx.commit().await.unwrap();
 
-    let amounts: Vec<Decimal> = (1..=WITHDRAWALS).map(|n| dec(&format!("{n}.25"))).collect();
+    let amounts: Vec<Amount> = (1..=WITHDRAWALS).map(|n| dec(&format!("{n}.25"))).collect();
     let mut insert = QueryBuilder::<MySql>::new(
         "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) ",
     );
@@ -79,7 +79,7 @@ async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, 
         .await
         .unwrap();
     assert_eq!(ids.len(), WITHDRAWALS);
-    (partner_id, ids, amounts.iter().sum())
+    (partner_id, ids, amounts.iter().copied().sum())
 }
 
 fn tx_hash(n: usize) -> String {
@@ -107,7 +107,7 @@ async fn withdrawals_debited_twice(pool: &MySqlPool) -> i64 {
     .await
 }
 
-async fn balance(pool: &MySqlPool, partner_id: u64) -> Decimal {
+async fn balance(pool: &MySqlPool, partner_id: u64) -> Amount {
     sqlx::query_scalar(
         "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = 'USDT'",
     )
@@ -306,7 +306,7 @@ async fn read_then_update(
     tx_hash: &str,
     snapshots_taken: &Barrier,
 ) -> bool {
-    let (status, partner_id, amount): (String, u64, Decimal) =
+    let (status, partner_id, amount): (String, u64, Amount) =
         sqlx::query_as("SELECT status, partner_id, amount FROM withdrawals WHERE id = ?")
             .bind(withdrawal_id)
             .fetch_one(&mut *conn)
@@ -465,7 +465,7 @@ async fn the_seeds_read_then_update_design_debits_twice_under_the_same_race() {
     // The ledger now says the partner paid three times what left on chain.
     assert_eq!(
         balance(&pool, partner_id).await,
-        dec(OPENING_BALANCE) - total * Decimal::from(COPIES)
+        dec(OPENING_BALANCE) - total.checked_mul(COPIES as i64).unwrap()
     );
     assert_eq!(
         scalar(&pool, "SELECT COUNT(*) FROM withdrawal_status_history").await,

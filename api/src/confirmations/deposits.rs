@@ -7,19 +7,12 @@ use axum::{
     extract::{Path, State, rejection::PathRejection},
     http::StatusCode,
 };
-use paybus_confirmations::deposit::{self, Deposit, DepositStatus, NewDeposit};
-use rust_decimal::Decimal;
-use serde::{Deserialize, Serialize};
+use paybus_confirmations::deposit::{self, Deposit, NewDeposit};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::withdrawals::internal;
-use crate::{
-    ApiError, AppState,
-    admin::path_id,
-    amount::{self, Amount},
-    body::JsonBody,
-    chain,
-};
+use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, chain};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,7 +35,9 @@ pub(super) async fn create(
     let partner_id = chain::id("partner_id", request.partner_id)?;
     let currency = chain::currency(&request.currency)?;
     let amount = request.amount.value();
-    let fee = request.fee.map_or(Decimal::ZERO, Amount::value);
+    let fee = request
+        .fee
+        .map_or(paybus_money::Amount::ZERO, Amount::value);
     if amount.is_zero() {
         return Err(ApiError::BadRequest(
             "amount must be greater than 0".to_owned(),
@@ -68,43 +63,16 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
-/// The row as JSON, amounts as strings.
-#[derive(Debug, Serialize)]
-pub(super) struct DepositView {
-    id: u64,
-    partner_id: u64,
-    currency: String,
-    amount: String,
-    fee: String,
-    tx_hash: String,
-    to_address: String,
-    status: DepositStatus,
-    confirmed_at: Option<chrono::DateTime<chrono::Utc>>,
-    created_at: chrono::DateTime<chrono::Utc>,
-    updated_at: chrono::DateTime<chrono::Utc>,
-}
-
+/// The row as JSON (amounts as exact strings).
 pub(super) async fn show(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
-) -> Result<Json<DepositView>, ApiError> {
+) -> Result<Json<Deposit>, ApiError> {
     let id = path_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let deposit: Deposit = deposit::find(&mut conn, id)
+    deposit::find(&mut conn, id)
         .await
         .map_err(internal)?
-        .ok_or_else(|| ApiError::NotFound(format!("deposit {id} not found")))?;
-    Ok(Json(DepositView {
-        id: deposit.id,
-        partner_id: deposit.partner_id,
-        currency: deposit.currency,
-        amount: amount::to_text(deposit.amount),
-        fee: amount::to_text(deposit.fee),
-        tx_hash: deposit.tx_hash,
-        to_address: deposit.to_address,
-        status: deposit.status,
-        confirmed_at: deposit.confirmed_at,
-        created_at: deposit.created_at,
-        updated_at: deposit.updated_at,
-    }))
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("deposit {id} not found")))
 }

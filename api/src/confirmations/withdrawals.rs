@@ -16,13 +16,7 @@ use paybus_confirmations::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{
-    ApiError, AppState,
-    admin::path_id,
-    amount::{self, Amount},
-    body::JsonBody,
-    chain,
-};
+use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, chain};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,20 +78,11 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
-/// The row as JSON, amounts as strings, with its status history (oldest first).
+/// The row as JSON (amounts as exact strings), with its status history (oldest first).
 #[derive(Debug, Serialize)]
 pub(super) struct WithdrawalView {
-    id: u64,
-    partner_id: u64,
-    kind: WithdrawalKind,
-    status: WithdrawalStatus,
-    currency: String,
-    amount: String,
-    to_address: String,
-    tx_hash: Option<String>,
-    confirmed_at: Option<chrono::DateTime<chrono::Utc>>,
-    created_at: chrono::DateTime<chrono::Utc>,
-    updated_at: chrono::DateTime<chrono::Utc>,
+    #[serde(flatten)]
+    withdrawal: Withdrawal,
     history: Vec<HistoryEntry>,
 }
 
@@ -107,35 +92,13 @@ pub(super) async fn show(
 ) -> Result<Json<WithdrawalView>, ApiError> {
     let id = path_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let Withdrawal {
-        id,
-        partner_id,
-        kind,
-        status,
-        currency,
-        amount,
-        to_address,
-        tx_hash,
-        confirmed_at,
-        created_at,
-        updated_at,
-    } = withdrawal::find(&mut conn, id)
+    let withdrawal = withdrawal::find(&mut conn, id)
         .await
         .map_err(internal)?
         .ok_or_else(|| ApiError::NotFound(format!("withdrawal {id} not found")))?;
     let history = withdrawal::history(&mut conn, id).await?;
     Ok(Json(WithdrawalView {
-        id,
-        partner_id,
-        kind,
-        status,
-        currency,
-        amount: amount::to_text(amount),
-        to_address,
-        tx_hash,
-        confirmed_at,
-        created_at,
-        updated_at,
+        withdrawal,
         history,
     }))
 }

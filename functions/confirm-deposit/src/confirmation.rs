@@ -7,9 +7,9 @@ use paybus_confirmations::{
     owed,
 };
 use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_money::Amount;
 use paybus_partners::NewNotification;
 use paybus_platform::{bus::UnitOfWork, transition::Transition};
-use rust_decimal::Decimal;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
 
@@ -74,7 +74,7 @@ pub async fn confirm_if_detected(
         IdemKey::deposit_credit(deposit_id),
     )
     .await?;
-    let fee = if deposit.fee > Decimal::ZERO {
+    let fee = if deposit.fee.is_positive() {
         Some(
             post(
                 uow,
@@ -107,7 +107,7 @@ async fn post(
     conn: &mut MySqlConnection,
     deposit: &Deposit,
     entry_type: EntryType,
-    amount: Decimal,
+    amount: Amount,
     key: IdemKey,
 ) -> Result<Posted, ConfirmError> {
     let posting = Posting::new(
@@ -134,9 +134,9 @@ async fn notify(
         "event": DEPOSIT_CONFIRMED,
         "deposit_id": deposit.id,
         "partner_id": deposit.partner_id,
-        "amount": deposit.amount.normalize().to_string(),
-        "fee": deposit.fee.normalize().to_string(),
-        "net_amount": (deposit.amount - deposit.fee).normalize().to_string(),
+        "amount": deposit.amount.to_string(),
+        "fee": deposit.fee.to_string(),
+        "net_amount": (deposit.amount - deposit.fee).to_string(),
         "currency": deposit.currency,
         "tx_hash": deposit.tx_hash,
         "to_address": deposit.to_address,

@@ -13,12 +13,12 @@ use paybus_confirmations::{
     testing::{assert_audit_clean, deposit},
 };
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_money::{Amount, dec};
 use paybus_partners::testing::partner;
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
-    testing::{TestEnv, dec},
+    testing::TestEnv,
 };
-use rust_decimal::Decimal;
 use tokio::{sync::Barrier, task::JoinSet};
 use uuid::Uuid;
 
@@ -69,7 +69,7 @@ impl World {
     }
 
     /// (entry_type, idem_key, amount) of every entry of this deposit.
-    async fn entries(&self, deposit_id: u64) -> Vec<(String, Option<String>, Decimal)> {
+    async fn entries(&self, deposit_id: u64) -> Vec<(String, Option<String>, Amount)> {
         sqlx::query_as(
             "SELECT entry_type, idem_key, amount FROM ledger_entries \
              WHERE reference_type = 'DEPOSIT' AND reference_id = ? ORDER BY id",
@@ -100,7 +100,7 @@ impl World {
             .unwrap()
     }
 
-    async fn balance(&self) -> Decimal {
+    async fn balance(&self) -> Amount {
         sqlx::query_scalar(
             "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = 'USDT'",
         )
@@ -122,7 +122,7 @@ fn transitioned(confirmation: Confirmation) -> Confirmed {
     }
 }
 
-fn credit(id: u64, amount: &str) -> (String, Option<String>, Decimal) {
+fn credit(id: u64, amount: &str) -> (String, Option<String>, Amount) {
     (
         "CREDIT".to_owned(),
         Some(format!("DEP_CREDIT:{id}")),
@@ -130,8 +130,42 @@ fn credit(id: u64, amount: &str) -> (String, Option<String>, Decimal) {
     )
 }
 
-fn fee(id: u64, amount: &str) -> (String, Option<String>, Decimal) {
+fn fee(id: u64, amount: &str) -> (String, Option<String>, Amount) {
     ("FEE".to_owned(), Some(format!("DEP_FEE:{id}")), dec(amount))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_widest_amount_and_the_smallest_fee_are_posted_and_notified_exactly() {
+    let world = world().await;
+    let widest = "999999999999999999.999999999999999999";
+    let id = world
+        .deposit(widest, "0.000000000000000001", "DETECTED")
+        .await;
+
+    transitioned(world.confirm(id).await.unwrap());
+
+    assert_eq!(
+        world.entries(id).await,
+        vec![credit(id, widest), fee(id, "0.000000000000000001")]
+    );
+    assert_eq!(
+        world.balance().await,
+        dec("999999999999999999.999999999999999998")
+    );
+    let payload: String =
+        sqlx::query_scalar("SELECT payload FROM partner_notifications WHERE reference_id = ?")
+            .bind(id)
+            .fetch_one(&world.env.db)
+            .await
+            .unwrap();
+    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    assert_eq!(payload["amount"], widest);
+    assert_eq!(payload["fee"], "0.000000000000000001");
+    assert_eq!(
+        payload["net_amount"],
+        "999999999999999999.999999999999999998"
+    );
+    world.assert_audit_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

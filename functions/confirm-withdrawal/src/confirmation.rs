@@ -173,7 +173,7 @@ async fn notify(
         "withdrawal_id": withdrawal.id,
         "partner_id": withdrawal.partner_id,
         "kind": withdrawal.kind.as_str(),
-        "amount": withdrawal.amount.normalize().to_string(),
+        "amount": withdrawal.amount.to_string(),
         "currency": withdrawal.currency,
         "to_address": withdrawal.to_address,
         "tx_hash": withdrawal.tx_hash,

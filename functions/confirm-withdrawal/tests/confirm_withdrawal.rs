@@ -13,12 +13,12 @@ use paybus_confirmations::{
     testing::{assert_audit_clean, withdrawal},
 };
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
+use paybus_money::{Amount, dec};
 use paybus_partners::{NotificationCreated, testing::partner};
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services},
-    testing::{TestEnv, dec, queue_depth, tap},
+    testing::{TestEnv, queue_depth, tap},
 };
-use rust_decimal::Decimal;
 use tokio::{sync::Barrier, task::JoinSet};
 use uuid::Uuid;
 
@@ -93,7 +93,7 @@ impl World {
     }
 
     /// (idem_key, amount) of every DEBIT of this withdrawal.
-    async fn debits(&self, withdrawal_id: u64) -> Vec<(Option<String>, Decimal)> {
+    async fn debits(&self, withdrawal_id: u64) -> Vec<(Option<String>, Amount)> {
         sqlx::query_as(
             "SELECT idem_key, amount FROM ledger_entries \
              WHERE entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' AND reference_id = ? \
@@ -191,7 +191,7 @@ async fn confirming_a_broadcasting_withdrawal_debits_once_with_its_key() {
         (from.as_deref(), to.as_str()),
         (Some("BROADCASTING"), "CONFIRMED")
     );
-    let balance: Decimal = sqlx::query_scalar(
+    let balance: Amount = sqlx::query_scalar(
         "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = 'USDT'",
     )
     .bind(world.partner_id)
@@ -199,6 +199,52 @@ async fn confirming_a_broadcasting_withdrawal_debits_once_with_its_key() {
     .await
     .unwrap();
     assert_eq!(balance, dec("-100"));
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_widest_and_the_smallest_amounts_are_debited_and_notified_exactly() {
+    let world = world().await;
+    for amount in [
+        "999999999999999999.999999999999999999",
+        "0.000000000000000001",
+    ] {
+        // A partner each: together they would take one balance beyond the column.
+        let partner_id = partner(&world.env.db, amount, None).await;
+        let id = withdrawal(
+            &world.env.db,
+            partner_id,
+            WithdrawalKind::Normal,
+            WithdrawalStatus::Broadcasting,
+            amount,
+        )
+        .await;
+
+        transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
+
+        assert_eq!(
+            world.debits(id).await,
+            vec![(Some(format!("WDR_CONFIRM:{id}")), dec(amount))]
+        );
+        let balance: Amount =
+            sqlx::query_scalar("SELECT balance FROM partner_balances WHERE partner_id = ?")
+                .bind(partner_id)
+                .fetch_one(&world.env.db)
+                .await
+                .unwrap();
+        assert_eq!(balance, -dec(amount));
+        let payload: String =
+            sqlx::query_scalar("SELECT payload FROM partner_notifications WHERE reference_id = ?")
+                .bind(id)
+                .fetch_one(&world.env.db)
+                .await
+                .unwrap();
+        let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+        assert_eq!(
+            payload["amount"], amount,
+            "the partner sees the exact amount"
+        );
+    }
     world.assert_audit_clean().await;
 }
 

@@ -2,8 +2,7 @@
 //! comment says who moves a row in and out of each state).
 
 use chrono::{DateTime, Utc};
-use paybus_ledger::parse_exact;
-use rust_decimal::Decimal;
+use paybus_money::Amount;
 use serde::{Deserialize, Serialize};
 use sqlx::MySqlConnection;
 
@@ -45,8 +44,8 @@ pub struct Deposit {
     pub id: u64,
     pub partner_id: u64,
     pub currency: String,
-    pub amount: Decimal,
-    pub fee: Decimal,
+    pub amount: Amount,
+    pub fee: Amount,
     pub tx_hash: String,
     pub to_address: String,
     pub status: DepositStatus,
@@ -60,8 +59,8 @@ pub struct Deposit {
 pub struct NewDeposit {
     pub partner_id: u64,
     pub currency: String,
-    pub amount: Decimal,
-    pub fee: Decimal,
+    pub amount: Amount,
+    pub fee: Amount,
     pub tx_hash: String,
     pub to_address: String,
 }
@@ -102,8 +101,8 @@ struct DepositRow {
     id: u64,
     partner_id: u64,
     currency: String,
-    amount: String,
-    fee: String,
+    amount: Amount,
+    fee: Amount,
     tx_hash: String,
     to_address: String,
     status: String,
@@ -115,10 +114,8 @@ struct DepositRow {
 /// The deposit, or `None`. Within a transaction that just changed it, it carries the change.
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
     let row: Option<DepositRow> = sqlx::query_as(
-        // Amounts as text: sqlx's Decimal decoding rounds beyond 28 significant digits.
-        "SELECT id, partner_id, currency, CAST(amount AS CHAR) AS amount, \
-                CAST(fee AS CHAR) AS fee, tx_hash, to_address, status, confirmed_at, \
-                created_at, updated_at \
+        "SELECT id, partner_id, currency, amount, fee, tx_hash, to_address, status, \
+                confirmed_at, created_at, updated_at \
          FROM deposits WHERE id = ?",
     )
     .bind(id)
@@ -126,19 +123,11 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>
     .await
     .map_err(ConfirmError::database(ENTITY))?;
     row.map(|row| {
-        let exact = |column, value: String| {
-            parse_exact(&value).ok_or(ConfirmError::Unrepresentable {
-                entity: ENTITY,
-                id: row.id,
-                column,
-                value,
-            })
-        };
         Ok(Deposit {
             id: row.id,
             partner_id: row.partner_id,
-            amount: exact("amount", row.amount)?,
-            fee: exact("fee", row.fee)?,
+            amount: row.amount,
+            fee: row.fee,
             status: parse_status(row.id, row.status)?,
             currency: row.currency,
             tx_hash: row.tx_hash,

@@ -33,13 +33,6 @@ pub enum ConfirmError {
         column: &'static str,
         value: String,
     },
-    #[error("{entity} {id} {column} {value} cannot be represented exactly")]
-    Unrepresentable {
-        entity: &'static str,
-        id: u64,
-        column: &'static str,
-        value: String,
-    },
 }
 
 impl ConfirmError {
@@ -85,11 +78,11 @@ mod tests {
                 currency: "usdt".into()
             }
         )));
-        assert!(!transient(ConfirmError::Unrepresentable {
+        assert!(!transient(ConfirmError::UnknownValue {
             entity: "deposit",
             id: 1,
-            column: "fee",
-            value: "1e40".into()
+            column: "status",
+            value: "LOST".into()
         }));
         assert!(!transient(ConfirmError::InvalidTxHash {
             tx_hash: String::new(),

@@ -1,10 +1,8 @@
 //! Fixtures for tests (feature `test-harness`): withdrawals and deposits as the signer and the
 //! chain monitor's detection would have written them, and the audit W2 must pass.
 
-use paybus_platform::{
-    audit::Check,
-    testing::{assert_audit_clean as assert_clean, dec},
-};
+use paybus_money::dec;
+use paybus_platform::{audit::Check, testing::assert_audit_clean as assert_clean};
 use sqlx::MySqlPool;
 
 use crate::withdrawal::{WithdrawalKind, WithdrawalStatus};

@@ -2,8 +2,7 @@
 //! them (the migration's header comment says who moves a row in and out of each state).
 
 use chrono::{DateTime, Utc};
-use paybus_ledger::parse_exact;
-use rust_decimal::Decimal;
+use paybus_money::Amount;
 use serde::{Deserialize, Serialize};
 use sqlx::MySqlConnection;
 
@@ -91,7 +90,7 @@ pub struct Withdrawal {
     pub kind: WithdrawalKind,
     pub status: WithdrawalStatus,
     pub currency: String,
-    pub amount: Decimal,
+    pub amount: Amount,
     pub to_address: String,
     pub tx_hash: Option<String>,
     pub confirmed_at: Option<DateTime<Utc>>,
@@ -115,7 +114,7 @@ pub struct NewWithdrawal {
     pub kind: WithdrawalKind,
     pub status: WithdrawalStatus,
     pub currency: String,
-    pub amount: Decimal,
+    pub amount: Amount,
     pub to_address: String,
     pub tx_hash: Option<String>,
 }
@@ -178,7 +177,7 @@ struct WithdrawalRow {
     kind: String,
     status: String,
     currency: String,
-    amount: String,
+    amount: Amount,
     to_address: String,
     tx_hash: Option<String>,
     confirmed_at: Option<DateTime<Utc>>,
@@ -190,9 +189,8 @@ struct WithdrawalRow {
 /// change (seed 001 §4-4 "전이 후 fresh").
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
     let row: Option<WithdrawalRow> = sqlx::query_as(
-        // Amounts as text: sqlx's Decimal decoding rounds beyond 28 significant digits.
-        "SELECT id, partner_id, kind, status, currency, CAST(amount AS CHAR) AS amount, \
-                to_address, tx_hash, confirmed_at, created_at, updated_at \
+        "SELECT id, partner_id, kind, status, currency, amount, to_address, tx_hash, \
+                confirmed_at, created_at, updated_at \
          FROM withdrawals WHERE id = ?",
     )
     .bind(id)
@@ -205,12 +203,7 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdraw
             partner_id: row.partner_id,
             kind: parse_column(row.id, "kind", row.kind)?,
             status: parse_column(row.id, "status", row.status)?,
-            amount: parse_exact(&row.amount).ok_or(ConfirmError::Unrepresentable {
-                entity: ENTITY,
-                id: row.id,
-                column: "amount",
-                value: row.amount,
-            })?,
+            amount: row.amount,
             currency: row.currency,
             to_address: row.to_address,
             tx_hash: row.tx_hash,

@@ -10,14 +10,13 @@
 //! [`post`] runs inside the caller's transaction; the caller commits. [`audit::CHECKS`] are the
 //! ledger's invariants in plain SQL (run by `paybus audit` with every workflow's own).
 //!
-//! Amounts are [`rust_decimal::Decimal`], which holds 28 significant digits while the columns
-//! are `DECIMAL(36,18)`: balances are read as text and parsed exactly, so a balance beyond
-//! rust_decimal's range is refused loudly ([`LedgerError::Unrepresentable`]) instead of being
-//! rounded silently (as sqlx's own `Decimal` decoding would).
+//! Amounts are [`paybus_money::Amount`]: exact over the whole `DECIMAL(36,18)` range. A posting
+//! that would take a balance beyond that range is refused ([`LedgerError::OutOfRange`]),
+//! never rounded.
 
 pub mod audit;
 mod idem_key;
 mod posting;
 
 pub use idem_key::IdemKey;
-pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, parse_exact, post};
+pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, post};

@@ -2,14 +2,12 @@
 
 use std::fmt;
 
+use paybus_money::Amount;
 use paybus_platform::db::is_duplicate_on;
-use rust_decimal::Decimal;
 use sqlx::MySqlConnection;
 
 use super::IdemKey;
 
-/// The columns' scale: `DECIMAL(36,18)`.
-const MAX_SCALE: u32 = 18;
 /// The unique key behind [`IdemKey`]. MariaDB names it `'uk_ledger_idem_key'` in the duplicate
 /// message, MySQL 8 `'ledger_entries.uk_ledger_idem_key'`.
 const IDEM_KEY_INDEX: &str = "uk_ledger_idem_key";
@@ -32,10 +30,10 @@ impl EntryType {
     }
 
     /// The entry's effect on the balance: `amount` for a CREDIT, `-amount` otherwise.
-    pub fn signed(self, amount: Decimal) -> Decimal {
+    pub fn signed(self, amount: Amount) -> Amount {
         match self {
             EntryType::Credit => amount,
-            EntryType::Debit | EntryType::Fee => -amount,
+            EntryType::Debit | EntryType::Fee => amount.negated(),
         }
     }
 }
@@ -86,7 +84,7 @@ pub struct Posting {
     /// An upper-case currency code such as `USDT` (see [`LedgerError::InvalidCurrency`]).
     pub currency: String,
     pub entry_type: EntryType,
-    pub amount: Decimal,
+    pub amount: Amount,
     pub reference_type: ReferenceType,
     pub reference_id: u64,
     /// `Some` only on the three once-only paths; see [`IdemKey`].
@@ -101,7 +99,7 @@ impl Posting {
         partner_id: u64,
         currency: impl Into<String>,
         entry_type: EntryType,
-        amount: Decimal,
+        amount: Amount,
         reference_type: ReferenceType,
         reference_id: u64,
     ) -> Self {
@@ -129,16 +127,10 @@ impl Posting {
 
     /// Everything that can be checked without the database.
     fn validate(&self) -> Result<(), LedgerError> {
-        if self.amount <= Decimal::ZERO {
+        if !self.amount.is_positive() {
             return Err(LedgerError::InvalidAmount {
                 amount: self.amount,
                 reason: "it must be greater than zero",
-            });
-        }
-        if self.amount.normalize().scale() > MAX_SCALE {
-            return Err(LedgerError::InvalidAmount {
-                amount: self.amount,
-                reason: "it has more than 18 decimal places",
             });
         }
         let valid_code = (1..=16).contains(&self.currency.len())
@@ -171,7 +163,7 @@ pub enum Posted {
     /// This call wrote the entry and moved the balance.
     Recorded {
         entry_id: u64,
-        balance_after: Decimal,
+        balance_after: Amount,
     },
     /// An entry with this key already exists (written earlier, or by a concurrent transaction
     /// that committed first): nothing was written and the transaction is still usable.
@@ -182,7 +174,7 @@ pub enum Posted {
 pub enum LedgerError {
     #[error("ledger amount {amount} is not valid: {reason}")]
     InvalidAmount {
-        amount: Decimal,
+        amount: Amount,
         reason: &'static str,
     },
     #[error("{currency:?} is not a currency code (1 to 16 of A-Z, 0-9, '-', '_', '.')")]
@@ -197,13 +189,15 @@ pub enum LedgerError {
         reference_id: u64,
     },
     #[error(
-        "balance of partner {partner_id} in {currency} is {value}, beyond the 28 significant \
-         digits the ledger computes with exactly"
+        "balance of partner {partner_id} in {currency} is {balance}; {entry_type} {amount} would \
+         take it beyond what DECIMAL(36,18) holds"
     )]
-    Unrepresentable {
+    OutOfRange {
         partner_id: u64,
         currency: String,
-        value: String,
+        balance: Amount,
+        entry_type: EntryType,
+        amount: Amount,
     },
     #[error("ledger database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -250,21 +244,21 @@ pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Poste
     .bind(&posting.currency)
     .execute(&mut *conn)
     .await?;
-    // Read as text: sqlx's Decimal decoding silently rounds beyond 28 significant digits.
-    let balance_text: String = sqlx::query_scalar(
-        "SELECT CAST(balance AS CHAR) FROM partner_balances \
-         WHERE partner_id = ? AND currency = ? FOR UPDATE",
+    let balance: Amount = sqlx::query_scalar(
+        "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ? FOR UPDATE",
     )
     .bind(posting.partner_id)
     .bind(&posting.currency)
     .fetch_one(&mut *conn)
     .await?;
-    let balance_after = parse_exact(&balance_text)
-        .and_then(|balance| balance.checked_add(posting.entry_type.signed(posting.amount)))
-        .ok_or_else(|| LedgerError::Unrepresentable {
+    let balance_after = balance
+        .checked_add(posting.entry_type.signed(posting.amount))
+        .ok_or_else(|| LedgerError::OutOfRange {
             partner_id: posting.partner_id,
             currency: posting.currency.clone(),
-            value: balance_text.clone(),
+            balance,
+            entry_type: posting.entry_type,
+            amount: posting.amount,
         })?;
 
     // 2. The entry. A duplicate idem_key fails this statement alone.
@@ -323,36 +317,12 @@ pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Poste
     })
 }
 
-/// Parses a `DECIMAL` rendered as text without rounding: `None` when rust_decimal cannot hold
-/// it exactly. Trailing zeros of the fraction carry no value, so they are dropped first
-/// (`DECIMAL(36,18)` renders 18 decimals, which alone would exceed the exact range).
-pub fn parse_exact(text: &str) -> Option<Decimal> {
-    let significant = if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        text
-    };
-    Decimal::from_str_exact(significant).ok()
-}
-
 #[cfg(test)]
 mod tests {
-    use std::str::FromStr;
-
     use super::*;
 
-    fn d(text: &str) -> Decimal {
-        Decimal::from_str(text).unwrap()
-    }
-
-    #[test]
-    fn decimal_text_is_parsed_exactly_or_not_at_all() {
-        assert_eq!(parse_exact("100.500000000000000000"), Some(d("100.5")));
-        assert_eq!(parse_exact("-0.000000000000000001"), Some(d("-1e-18")));
-        assert_eq!(parse_exact("0.000000000000000000"), Some(Decimal::ZERO));
-        assert_eq!(parse_exact("120"), Some(d("120")));
-        // 31 significant digits: rust_decimal would round it, so it is refused.
-        assert_eq!(parse_exact("1000000000000.000000000000000001"), None);
+    fn d(text: &str) -> Amount {
+        text.parse().unwrap()
     }
 
     #[test]
@@ -380,7 +350,7 @@ mod tests {
                 .is_ok()
         );
 
-        for amount in ["0", "-1", "0.0000000000000000001"] {
+        for amount in ["0", "-1", "-0.000000000000000001"] {
             let posting = Posting {
                 amount: d(amount),
                 ..ok.clone()
@@ -390,12 +360,14 @@ mod tests {
                 "{amount}"
             );
         }
-        // Trailing zeros beyond 18 places are not extra precision.
-        let padded = Posting {
-            amount: d("1.00000000000000000000"),
-            ..ok.clone()
-        };
-        assert!(padded.validate().is_ok());
+        let extremes = [d("0.000000000000000001"), Amount::MAX];
+        for amount in extremes {
+            let posting = Posting {
+                amount,
+                ..ok.clone()
+            };
+            assert!(posting.validate().is_ok(), "{amount}");
+        }
 
         for currency in ["", "usdt", "USDT ", "ABCDEFGHIJKLMNOPQ"] {
             let posting = Posting {

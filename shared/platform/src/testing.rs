@@ -5,9 +5,8 @@
 //! Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`, `PAYBUS_AMQP_URL`
 //! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
 
-use std::{collections::HashMap, future::Future, str::FromStr, time::Duration};
+use std::{collections::HashMap, future::Future, time::Duration};
 
-use rust_decimal::Decimal;
 use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};
 use url::Url;
 
@@ -98,11 +97,6 @@ pub async fn queue_depth(channel: &lapin::Channel, name: &str) -> u32 {
         .await
         .expect("inspect the queue")
         .message_count()
-}
-
-/// A decimal literal of a test.
-pub fn dec(text: &str) -> Decimal {
-    Decimal::from_str(text).expect("a decimal literal")
 }
 
 /// One integer a query counts (`SELECT COUNT(*) ...`).
