@@ -13,15 +13,29 @@ use serde::de::DeserializeOwned;
 
 use crate::ApiError;
 
-/// The raw body, or 413 past [`crate::BODY_LIMIT`].
+/// The raw body: 413 past [`crate::BODY_LIMIT`], 408 when it did not arrive within the
+/// body-read timeout.
 pub(crate) fn bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge
+        } else if timed_out(&rejection) {
+            ApiError::BodyTimeout
         } else {
             ApiError::BadRequest(rejection.body_text())
         }
     })
+}
+
+fn timed_out(rejection: &BytesRejection) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = source {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Parses JSON; malformed JSON, a missing field or a wrong type is a 400 naming it, e.g.

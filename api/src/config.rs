@@ -1,14 +1,19 @@
 //! The API's own settings, read once at start-up (the platform's `Settings` carry only what
 //! every process shares: database, broker, logs).
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use paybus_platform::{ConfigError, Secret, config::Vars};
+
+use crate::server::Limits;
 
 pub const VAR_HTTP_ADDR: &str = "PAYBUS_HTTP_ADDR";
 pub const VAR_CHAIN_MONITOR_SECRET: &str = "PAYBUS_CHAIN_MONITOR_SECRET";
 pub const VAR_ADMIN_TOKEN: &str = "PAYBUS_ADMIN_TOKEN";
 pub const VAR_ASYNC_MATCHING_ENABLED: &str = "PAYBUS_ASYNC_MATCHING_ENABLED";
+pub const VAR_HEADER_TIMEOUT_MS: &str = "PAYBUS_HTTP_HEADER_TIMEOUT_MS";
+pub const VAR_BODY_TIMEOUT_MS: &str = "PAYBUS_HTTP_BODY_TIMEOUT_MS";
+pub const VAR_MAX_CONNECTIONS: &str = "PAYBUS_HTTP_MAX_CONNECTIONS";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiConfig {
@@ -22,6 +27,8 @@ pub struct ApiConfig {
     /// Seed 000 §0: W1's queued matching is off unless explicitly switched on; a missing value
     /// must never turn the worker path on by accident.
     pub async_matching_enabled: bool,
+    /// Header-read (and keep-alive idle) timeout, body-read timeout, connection cap.
+    pub limits: Limits,
 }
 
 impl Default for ApiConfig {
@@ -31,6 +38,7 @@ impl Default for ApiConfig {
             chain_monitor_secret: None,
             admin_token: None,
             async_matching_enabled: false,
+            limits: Limits::default(),
         }
     }
 }
@@ -41,6 +49,7 @@ impl ApiConfig {
     }
 
     pub fn read(env: &Vars) -> Result<Self, ConfigError> {
+        let defaults = Limits::default();
         Ok(Self {
             http_addr: env.parse(
                 VAR_HTTP_ADDR,
@@ -51,8 +60,28 @@ impl ApiConfig {
             chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
             admin_token: env.secret(VAR_ADMIN_TOKEN, 16)?,
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
+            limits: Limits {
+                header_timeout: millis(env, VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
+                body_timeout: millis(env, VAR_BODY_TIMEOUT_MS, defaults.body_timeout)?,
+                max_connections: env.parse(
+                    VAR_MAX_CONNECTIONS,
+                    defaults.max_connections,
+                    "a positive integer (connections)",
+                    |n: &usize| *n > 0,
+                )?,
+            },
         })
     }
+}
+
+fn millis(env: &Vars, variable: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+    env.parse(
+        variable,
+        u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
+        "a positive integer (milliseconds)",
+        |ms: &u64| *ms > 0,
+    )
+    .map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -116,6 +145,46 @@ mod tests {
         assert_eq!(
             read(&[(VAR_HTTP_ADDR, "0.0.0.0:9000")]).unwrap().http_addr,
             SocketAddr::from(([0, 0, 0, 0], 9000))
+        );
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn limits_default_and_override() {
+        let read = |pairs: &[(&str, &str)]| {
+            ApiConfig::read(&Vars::new(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<HashMap<_, _>>(),
+            ))
+        };
+        assert_eq!(read(&[]).unwrap().limits, Limits::default());
+        let config = read(&[
+            (VAR_HEADER_TIMEOUT_MS, "2500"),
+            (VAR_BODY_TIMEOUT_MS, "3000"),
+            (VAR_MAX_CONNECTIONS, "10"),
+        ])
+        .unwrap();
+        assert_eq!(
+            config.limits,
+            Limits {
+                header_timeout: Duration::from_millis(2500),
+                body_timeout: Duration::from_secs(3),
+                max_connections: 10,
+            }
+        );
+        assert_eq!(
+            read(&[(VAR_MAX_CONNECTIONS, "0")]).unwrap_err().variable,
+            VAR_MAX_CONNECTIONS
         );
     }
 }

@@ -10,8 +10,11 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use paybus_confirmations::CreateError;
-use paybus_platform::bus::outbox::OutboxError;
+use paybus_platform::{bus::outbox::OutboxError, db};
 use serde_json::json;
+
+/// How long a client should wait after a 503 from a database outage.
+const RETRY_AFTER_SECS: &str = "5";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -33,6 +36,9 @@ pub enum ApiError {
     /// 413: the body is larger than [`crate::BODY_LIMIT`].
     #[error("request body is larger than {limit} bytes", limit = crate::BODY_LIMIT)]
     PayloadTooLarge,
+    /// 408: the body did not arrive within the body-read timeout.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
     /// 503: the endpoint is switched off because its secret is not configured.
     #[error("{0}")]
     Disabled(&'static str),
@@ -62,6 +68,14 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            // The database is down or overloaded: the client should retry (the chain monitor
+            // re-sends anyway), not be told its request was wrong or broke us.
+            ApiError::Database(e) | ApiError::Outbox(OutboxError::Database(e))
+                if db::is_unavailable(e) =>
+            {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Disabled(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Database(_)
             | ApiError::Internal(_)
@@ -80,7 +94,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let message = if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        let unavailable = matches!(self, ApiError::Database(_) | ApiError::Outbox(_))
+            && status == StatusCode::SERVICE_UNAVAILABLE;
+        let message = if unavailable {
+            tracing::warn!(error = %self.cause_chain(), "request refused: database unavailable");
+            "the database is unavailable; retry later".to_owned()
+        } else if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
             tracing::error!(error = %self.cause_chain(), "request failed");
             "internal error".to_owned()
         } else {
@@ -88,6 +107,12 @@ impl IntoResponse for ApiError {
             self.to_string()
         };
         let mut response = (status, Json(json!({ "error": message }))).into_response();
+        if unavailable {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         if matches!(self, ApiError::BadToken(_)) {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -138,6 +163,19 @@ mod tests {
             .await
             .expect("body");
         assert_eq!(&body[..], br#"{"error":"amount: not a decimal"}"#);
+    }
+
+    #[tokio::test]
+    async fn a_database_outage_is_503_with_retry_after() {
+        let response = ApiError::Database(sqlx::Error::PoolTimedOut).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.headers().get(header::RETRY_AFTER),
+            Some(&HeaderValue::from_static("5"))
+        );
+        // A statement the database refuses for good is still ours: 500.
+        let refused = ApiError::Database(sqlx::Error::RowNotFound).into_response();
+        assert_eq!(refused.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

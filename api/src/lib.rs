@@ -21,15 +21,16 @@ pub mod config;
 pub mod confirmations;
 pub mod error;
 mod partners;
+pub mod server;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     Json, Router,
     extract::{DefaultBodyLimit, Request},
     http::Method,
     middleware::{self, Next},
-    response::Response,
+    response::{IntoResponse, Response},
     routing::get,
 };
 use paybus_platform::{
@@ -97,30 +98,23 @@ pub fn router(state: AppState) -> Router {
         .merge(admin)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
 }
 
-/// Binds `addr` and serves until `shutdown` is cancelled; requests in flight are finished
-/// before it returns.
+/// Binds the configured address and serves with the configured limits until `shutdown` is
+/// cancelled; requests in flight are finished before it returns. Warns about a route that is
+/// closed because its secret is unset.
 pub async fn serve(
-    addr: SocketAddr,
+    config: ApiConfig,
     state: AppState,
     shutdown: CancellationToken,
 ) -> Result<(), ApiError> {
+    let addr = config.http_addr;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ApiError::Bind { addr, source })?;
-    serve_on(listener, state, shutdown).await
-}
-
-/// [`serve`] on a listener the caller bound (e.g. port 0 in tests).
-pub async fn serve_on(
-    listener: TcpListener,
-    state: AppState,
-    shutdown: CancellationToken,
-) -> Result<(), ApiError> {
-    let addr: SocketAddr = listener.local_addr().map_err(ApiError::Serve)?;
     if state.chain_monitor_secret.is_none() {
         tracing::warn!(
             "PAYBUS_CHAIN_MONITOR_SECRET is not set: the chain-monitor intake answers 503"
@@ -129,13 +123,46 @@ pub async fn serve_on(
     if state.admin_token.is_none() {
         tracing::warn!("PAYBUS_ADMIN_TOKEN is not set: the admin API answers 503");
     }
-    tracing::info!(%addr, "HTTP API listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(ApiError::Serve)?;
-    tracing::info!(%addr, "HTTP API stopped");
-    Ok(())
+    server::serve_on(listener, state, config.limits, shutdown).await
+}
+
+/// [`serve`] on a listener the caller bound (e.g. port 0 in tests), with default limits.
+pub async fn serve_on(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> Result<(), ApiError> {
+    server::serve_on(listener, state, server::Limits::default(), shutdown).await
+}
+
+/// Every error answer is JSON `{"error": ...}`, also the ones the framework writes itself
+/// (405 with its `Allow` header, 415, ...), which come with an empty or plain-text body.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let message = status
+        .canonical_reason()
+        .unwrap_or("error")
+        .to_ascii_lowercase();
+    let body = Json(json!({ "error": message }));
+    let mut answer = body.into_response();
+    *answer.status_mut() = status;
+    for (name, value) in parts.headers.iter() {
+        if name != axum::http::header::CONTENT_TYPE {
+            answer.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    answer
 }
 
 async fn health() -> Json<serde_json::Value> {

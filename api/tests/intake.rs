@@ -303,7 +303,7 @@ async fn without_a_configured_secret_the_intake_is_disabled_with_503() {
 }
 
 #[tokio::test]
-async fn a_database_fault_answers_500_without_details() {
+async fn a_database_fault_answers_503_without_details() {
     let api = Api::new().await;
     api.state.pool.close().await;
 
@@ -311,6 +311,9 @@ async fn a_database_fault_answers_500_without_details() {
         .call(signed(DEPOSIT_CONFIRMATIONS, r#"{"deposit_id": 7}"#))
         .await;
 
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(answer, json!({"error": "internal error"}));
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answer,
+        json!({"error": "the database is unavailable; retry later"})
+    );
 }

@@ -1,14 +1,22 @@
-//! The API on a real socket: `serve` binds its address (`PAYBUS_HTTP_ADDR`), answers over HTTP/1.1 and
-//! stops when its shutdown token is cancelled.
+//! The API on a real socket: `serve` binds its address (`PAYBUS_HTTP_ADDR`), answers over
+//! HTTP/1.1 within its limits (header, body and idle timeouts, a connection cap), answers
+//! 503 while the database is down, JSON for every error, and stops when its shutdown token is
+//! cancelled.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;
 
 use std::time::Duration;
 
-use paybus_platform::{signature, testing::free_port};
+use paybus_api::server::Limits;
+use paybus_platform::{bus::Outbox, signature, testing::free_port};
 use support::*;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 #[tokio::test]
 async fn serve_answers_on_its_address_and_stops_on_shutdown() {
@@ -16,7 +24,7 @@ async fn serve_answers_on_its_address_and_stops_on_shutdown() {
     let api = Api::with(|config| config.http_addr = ([127, 0, 0, 1], port).into()).await;
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(paybus_api::serve(
-        api.config.http_addr,
+        api.config.clone(),
         api.state.clone(),
         shutdown.clone(),
     ));
@@ -77,7 +85,7 @@ async fn serve_reports_an_address_in_use() {
     let api = Api::with(|config| config.http_addr = addr).await;
 
     let result = paybus_api::serve(
-        api.config.http_addr,
+        api.config.clone(),
         api.state.clone(),
         CancellationToken::new(),
     )
@@ -85,4 +93,192 @@ async fn serve_reports_an_address_in_use() {
 
     let error = result.unwrap_err();
     assert!(error.to_string().contains(&addr.to_string()), "{error}");
+}
+
+/// A server on a free port with `limits`; its address and its shutdown token.
+async fn serve_with(api: &Api, limits: Limits) -> (std::net::SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(paybus_api::server::serve_on(
+        listener,
+        api.state.clone(),
+        limits,
+        shutdown.clone(),
+    ));
+    (addr, shutdown)
+}
+
+/// Reads what the server sends until it closes the connection or `within` passes.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut answer = Vec::new();
+    match tokio::time::timeout(within, stream.read_to_end(&mut answer)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&answer).into_owned()),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_never_arrives_is_408_and_the_connection_is_closed() {
+    let api = Api::new().await;
+    let limits = Limits {
+        body_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let (addr, _shutdown) = serve_with(&api, limits).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST {WITHDRAWAL_CONFIRMATIONS} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+
+    let answer = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+
+    let answer = answer.expect("closed within the body timeout, not held open");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains(r#"{"error":"the request body did not arrive in time"}"#),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn headers_that_never_finish_and_idle_connections_are_closed() {
+    let api = Api::new().await;
+    let limits = Limits {
+        header_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let (addr, _shutdown) = serve_with(&api, limits).await;
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+
+    let slow_closed = read_until_closed(&mut slow, Duration::from_secs(5)).await;
+    let idle_closed = read_until_closed(&mut idle, Duration::from_secs(5)).await;
+
+    assert!(
+        slow_closed.is_some(),
+        "half-sent headers must not hold a connection"
+    );
+    assert!(idle_closed.is_some(), "an idle connection must not be held");
+}
+
+#[tokio::test]
+async fn past_the_connection_cap_new_connections_wait_for_a_free_slot() {
+    let api = Api::new().await;
+    let limits = Limits {
+        max_connections: 2,
+        header_timeout: Duration::from_secs(30),
+        ..Limits::default()
+    };
+    let (addr, _shutdown) = serve_with(&api, limits).await;
+    let holders = [
+        TcpStream::connect(addr).await.unwrap(),
+        TcpStream::connect(addr).await.unwrap(),
+    ];
+    let request = async move {
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        read_until_closed(&mut third, Duration::from_secs(10)).await
+    };
+    let waiting = tokio::spawn(request);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answered_while_full = waiting.is_finished();
+
+    drop(holders);
+    let answer = waiting.await.unwrap();
+
+    assert!(
+        !answered_while_full,
+        "the third connection must wait for a slot"
+    );
+    assert!(answer.unwrap_or_default().starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn a_database_outage_is_503_with_retry_after_not_500() {
+    let api = Api::new().await;
+    // A pool whose database does not answer (nothing listens on the port).
+    let dead = sqlx::mysql::MySqlPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&format!("mysql://root@127.0.0.1:{}/paybus", free_port()))
+        .unwrap();
+    let mut state = api.state.clone();
+    state.outbox = Outbox::new(dead.clone(), api.services.publisher().clone());
+    state.pool = dead;
+    let router = paybus_api::router(state);
+    let body = r#"{"withdrawal_id": 1989, "tx_hash": "0xf16c3335"}"#;
+
+    let response = router
+        .oneshot(signed(WITHDRAWAL_CONFIRMATIONS, body))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        response.status(),
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        response.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"5"[..])
+    );
+    let bytes = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+        serde_json::json!({"error": "the database is unavailable; retry later"})
+    );
+}
+
+#[tokio::test]
+async fn framework_errors_are_json_too() {
+    let api = Api::new().await;
+
+    let (status, body) = api
+        .call(
+            axum::http::Request::get(WITHDRAWAL_CONFIRMATIONS)
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await;
+
+    assert_eq!(status, axum::http::StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body, serde_json::json!({"error": "method not allowed"}));
+}
+
+#[tokio::test]
+async fn unknown_fields_are_refused_on_every_route() {
+    let api = Api::new().await;
+    let (intake, body) = api
+        .call(signed(
+            WITHDRAWAL_CONFIRMATIONS,
+            r#"{"withdrawal_id": 1, "tx_hash": "0xab", "txhash": "0xab"}"#,
+        ))
+        .await;
+    assert_eq!(intake, axum::http::StatusCode::BAD_REQUEST, "{body}");
+    assert!(error_of(&body).contains("unknown field `txhash`"), "{body}");
+
+    let (admin, body) = api
+        .call(admin_post(
+            "/v1/admin/partners",
+            &serde_json::json!({"name": "p", "webhook_secret": "0123456789abcdef", "webhook_ur": "x"}),
+        ))
+        .await;
+    assert_eq!(admin, axum::http::StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        error_of(&body).contains("unknown field `webhook_ur`"),
+        "{body}"
+    );
 }

@@ -141,11 +141,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
     let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks());
-    let api = tokio::spawn(paybus_api::serve(
-        api_config.http_addr,
-        state,
-        shutdown.clone(),
-    ));
+    let api = tokio::spawn(paybus_api::serve(api_config, state, shutdown.clone()));
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;
     // Whichever stops first (a signal, or a part that could not start) stops the other.

@@ -23,7 +23,7 @@ use paybus_platform::{
     bus::{Envelope, Message, Outbox},
     signature::{self, SignatureError},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use paybus_confirmations::{DepositTxConfirmed, WithdrawalTxConfirmed};
@@ -45,6 +45,22 @@ pub(crate) fn routes() -> Router<AppState> {
         )
 }
 
+/// `POST /v1/chain-monitor/withdrawal-confirmations`. Unknown fields are refused, as on every
+/// route: a misspelt field must not be silently dropped.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WithdrawalConfirmation {
+    withdrawal_id: u64,
+    tx_hash: String,
+}
+
+/// `POST /v1/chain-monitor/deposit-confirmations`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DepositConfirmation {
+    deposit_id: u64,
+}
+
 /// The 202 answer: the confirmation is durably queued under this message id.
 #[derive(Debug, Serialize)]
 pub struct Accepted {
@@ -59,7 +75,7 @@ async fn withdrawal_confirmation(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let body = authenticate(&state, &headers, body)?;
-    let request: WithdrawalTxConfirmed = body::json(&body)?;
+    let request: WithdrawalConfirmation = body::json(&body)?;
     let message = WithdrawalTxConfirmed {
         withdrawal_id: chain::id("withdrawal_id", request.withdrawal_id)?,
         tx_hash: chain::identifier("tx_hash", &request.tx_hash, TX_HASH_MAX_LEN)?,
@@ -75,7 +91,7 @@ async fn deposit_confirmation(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let body = authenticate(&state, &headers, body)?;
-    let request: DepositTxConfirmed = body::json(&body)?;
+    let request: DepositConfirmation = body::json(&body)?;
     let message = DepositTxConfirmed {
         deposit_id: chain::id("deposit_id", request.deposit_id)?,
     };

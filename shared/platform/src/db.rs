@@ -161,6 +161,30 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Server errors that mean "busy or going away right now", not "wrong statement".
+const UNAVAILABLE_ERRORS: &[u16] = &[
+    1040, // too many connections
+    1053, // server shutdown in progress
+    1205, // lock wait timeout
+    1213, // deadlock
+];
+
+/// Whether the database is unreachable or overloaded right now (a caller should come back
+/// later: HTTP 503), as opposed to a statement that failed for its own reasons.
+pub fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) => {
+            error_number(error).is_some_and(|number| UNAVAILABLE_ERRORS.contains(&number))
+        }
+        _ => false,
+    }
+}
+
 /// A duplicate-key error on exactly the unique key `key` (not on any other): the key name
 /// ends the server's message (`... for key 'uk_x'` on MariaDB, `... for key 'table.uk_x'` on
 /// MySQL 8). The failed statement is the only thing rolled back: the transaction stays usable.

@@ -1,0 +1,94 @@
+//! The HTTP server loop: hyper's HTTP/1.1 under the axum router, with the limits a public
+//! endpoint needs (axum's own `serve` has none of them). Black-box testing found 1,000
+//! connections that announced a body and never sent it holding the process for minutes.
+//!
+//! - header read timeout: a request's headers must arrive within it; hyper starts the same
+//!   timer when a keep-alive connection goes idle, so it is also the idle timeout;
+//! - body read timeout: a request's body must arrive within it (408);
+//! - connection cap: past it, new connections wait in the listen backlog.
+//!
+//! Shutdown stops accepting, lets requests in flight finish, then returns.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use hyper::server::conn::http1;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::GracefulShutdown,
+    service::TowerToHyperService,
+};
+use tokio::{net::TcpListener, sync::Semaphore};
+use tokio_util::sync::CancellationToken;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+use crate::{ApiError, AppState, router};
+
+/// The server's limits (`PAYBUS_HTTP_*`, see the configuration table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Serves `state`'s router on `listener` until `shutdown` is cancelled.
+pub async fn serve_on(
+    listener: TcpListener,
+    state: AppState,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> Result<(), ApiError> {
+    let addr: SocketAddr = listener.local_addr().map_err(ApiError::Serve)?;
+    let service = router(state).layer(RequestBodyTimeoutLayer::new(limits.body_timeout));
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let connections = GracefulShutdown::new();
+    tracing::info!(%addr, ?limits, "HTTP API listening");
+    loop {
+        let slot = tokio::select! {
+            () = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .serve_connection(
+                TokioIo::new(stream),
+                TowerToHyperService::new(service.clone()),
+            );
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "HTTP connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    connections.shutdown().await;
+    tracing::info!(%addr, "HTTP API stopped");
+    Ok(())
+}
