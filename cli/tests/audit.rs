@@ -58,3 +58,18 @@ async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
     );
     assert!(String::from_utf8_lossy(&dirty.stderr).contains("2 violation(s)"));
 }
+
+#[tokio::test]
+async fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let env = TestEnv::new().await;
+
+    let output = audit(&env);
+
+    let logs = String::from_utf8_lossy(&output.stderr);
+    assert!(logs.contains("audit clean"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "ANSI escape codes in piped logs: {logs:?}");
+    assert!(
+        !String::from_utf8_lossy(&output.stdout).contains("audit clean"),
+        "logs go to stderr, the command's output to stdout"
+    );
+}

@@ -577,3 +577,132 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
         .unwrap();
     assert_eq!(dead, 0, "an outage is a delay, not a failure");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_no_function_binds_becomes_an_unroutable_dead_letter() {
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let (stop, running) = start_runner(&services);
+    let body = Envelope::new(Ping { ping_id: 7 }).to_outgoing().unwrap();
+
+    // Not `mandatory`: the broker would have dropped it without the alternate exchange.
+    services
+        .publisher()
+        .publish_raw(
+            topology::EVENTS_EXCHANGE,
+            "nobody.listens.here",
+            &body.body,
+            BasicProperties::default()
+                .with_message_id(body.id.to_string().as_str().into())
+                .with_delivery_mode(2),
+        )
+        .await
+        .expect("the alternate exchange takes it");
+    let recorded = eventually(Duration::from_secs(20), || async {
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await == 1
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+
+    assert!(recorded, "the unroutable message must become a dead letter");
+    let row: (String, String, String, String, Option<String>) = sqlx::query_as(
+        "SELECT function_name, reason, routing_key, error, message_id FROM dead_letters",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        row,
+        (
+            "unrouted".to_owned(),
+            "unroutable".to_owned(),
+            "nobody.listens.here".to_owned(),
+            "no queue is bound for routing key \"nobody.listens.here\" on paybus.events".to_owned(),
+            Some(body.id.to_string()),
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_events_exchange_declared_before_the_alternate_exchange_is_upgraded() {
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[]).await;
+    // What an earlier paybus declared: the events exchange without arguments.
+    let channel = services.connection().create_channel().await.unwrap();
+    channel
+        .exchange_delete(topology::EVENTS_EXCHANGE.into(), Default::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_declare(
+            topology::EVENTS_EXCHANGE.into(),
+            lapin::ExchangeKind::Topic,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    services
+        .declare_topology(&[Canary::queue()])
+        .await
+        .expect("the old exchange is upgraded, not a startup failure");
+
+    let channel = tap(&services, "test.tap").await;
+    let returned = services
+        .publisher()
+        .publish_raw(
+            topology::EVENTS_EXCHANGE,
+            "nobody.listens.here",
+            b"{}",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await;
+    assert!(
+        returned.is_ok(),
+        "routed to the alternate exchange: {returned:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            queue_depth(&channel, topology::UNROUTED_QUEUE).await == 1
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn dead_letter_headers_stored_by_an_earlier_paybus_are_rewritten_readable() {
+    let env = TestEnv::new().await;
+    let legacy = r#"{"x-paybus-reason":{"LongString":[102,97,105,108,101,100]},"x-paybus-attempts":{"LongLongInt":3}}"#;
+    sqlx::query(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
+         body, headers) VALUES ('legacy', 'canary', 'canary.ping', 'failed', 'x', '', ?)",
+    )
+    .bind(legacy)
+    .execute(&env.db)
+    .await
+    .unwrap();
+
+    paybus_platform::db::migrate(&env.db).await.unwrap();
+    paybus_platform::db::migrate(&env.db).await.unwrap();
+
+    let headers: String = sqlx::query_scalar("SELECT headers FROM dead_letters")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&headers).unwrap(),
+        serde_json::json!({"x-paybus-reason": "failed", "x-paybus-attempts": 3})
+    );
+    let reason: String = sqlx::query_scalar(
+        "SELECT JSON_UNQUOTE(JSON_EXTRACT(headers, '$.\"x-paybus-reason\"')) FROM dead_letters",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(reason, "failed", "queryable with plain SQL");
+}

@@ -167,7 +167,13 @@ async fn one_entry_is_all_a_new_function_needs() {
     assert_eq!(echo.queue.queue(), "paybus.echo");
     assert_eq!(echo.queue.routing_key, "test.shout");
     let document = topology::definitions("/", &[echo.queue]);
-    assert_eq!(document["queues"].as_array().unwrap().len(), 2);
+    let queues: Vec<&str> = document["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(queues, ["paybus.echo", "paybus.echo.dlq", "paybus.unrouted"]);
 
     let env = TestEnv::new().await;
     sqlx::query("CREATE TABLE echoes (word VARCHAR(64) NOT NULL)")

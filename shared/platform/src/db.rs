@@ -25,6 +25,8 @@ pub enum DbError {
     Unreachable { url: String, source: sqlx::Error },
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("data migration failed: {0}")]
+    DataMigration(#[source] sqlx::Error),
 }
 
 pub fn connect_options(settings: &DatabaseSettings) -> Result<MySqlConnectOptions, DbError> {
@@ -49,9 +51,16 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<MySqlPool, DbError> 
     Ok(pool)
 }
 
-/// Applies every pending migration; applied ones are skipped, so this is safe to repeat.
+/// Applies every pending migration, then the data fix-ups SQL cannot express; applied ones
+/// are skipped, so this is safe to repeat.
 pub async fn migrate(pool: &MySqlPool) -> Result<(), DbError> {
     MIGRATOR.run(pool).await?;
+    let rewritten = crate::bus::dead_letter::rewrite_legacy_headers(pool)
+        .await
+        .map_err(DbError::DataMigration)?;
+    if rewritten > 0 {
+        tracing::info!(rewritten, "dead letter headers rewritten as readable JSON");
+    }
     Ok(())
 }
 

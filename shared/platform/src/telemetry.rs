@@ -1,5 +1,7 @@
 //! Tracing set-up: text for people at a terminal, JSON for Lambda and log pipelines.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::config::LogFormat;
@@ -13,8 +15,14 @@ pub fn init(format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn"));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
+        // Colour only for a person at a terminal: in files and pipes escape codes are noise.
         LogFormat::Text => registry
-            .with(fmt::layer().with_target(false).with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_target(false)
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(

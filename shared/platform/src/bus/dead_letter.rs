@@ -7,9 +7,9 @@ use sqlx::MySqlPool;
 
 use super::{
     delivery::{DeadLetter, Disposition, IncomingDelivery, Processor},
-    headers::{header_integer, header_text, integer_header, text_header},
+    headers::{self, header_integer, header_text, integer_header, text_header},
     publisher::{PublishError, Publisher},
-    topology::{DEAD_LETTER_EXCHANGE, dead_letter_queue_name},
+    topology::{DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, UNROUTED_QUEUE, dead_letter_queue_name},
 };
 
 pub const H_FUNCTION: &str = "x-paybus-function";
@@ -194,7 +194,7 @@ fn headers_json(delivery: &IncomingDelivery) -> String {
         .properties
         .headers()
         .as_ref()
-        .and_then(|h| serde_json::to_string(h).ok())
+        .map(|headers| headers::to_json(headers).to_string())
         .unwrap_or_default()
 }
 
@@ -204,7 +204,14 @@ pub async fn record(
     function: &str,
     delivery: &IncomingDelivery,
 ) -> Result<bool, sqlx::Error> {
-    let row = describe(function, delivery);
+    insert(pool, &describe(function, delivery), delivery).await
+}
+
+async fn insert(
+    pool: &MySqlPool,
+    row: &DeadLetterRow,
+    delivery: &IncomingDelivery,
+) -> Result<bool, sqlx::Error> {
     let inserted = sqlx::query(
         "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
          correlation_id, routing_key, reason, error, attempts, body, headers) \
@@ -230,6 +237,102 @@ pub async fn record(
         );
     }
     Ok(inserted == 1)
+}
+
+/// `function_name` of a message no function binds.
+pub const UNROUTED_FUNCTION: &str = "unrouted";
+/// `reason` of a message no function binds.
+pub const UNROUTABLE: &str = "unroutable";
+
+/// Drains `paybus.unrouted` (what `paybus.events` could route nowhere) into `dead_letters`,
+/// reason `unroutable`, so a message published under a routing key no function binds is
+/// seen by ops instead of being dropped by the broker.
+pub struct UnroutedRecorder {
+    pool: MySqlPool,
+}
+
+impl UnroutedRecorder {
+    pub fn new(pool: MySqlPool) -> Self {
+        Self { pool }
+    }
+}
+
+/// The dead letter of an unroutable message (the routing key is the original one).
+pub fn describe_unrouted(delivery: &IncomingDelivery) -> DeadLetterRow {
+    use sha2::{Digest, Sha256};
+    let message_id = delivery.message_id();
+    let key = message_id
+        .clone()
+        .unwrap_or_else(|| hex::encode(&Sha256::digest(&delivery.body)[..16]));
+    DeadLetterRow {
+        dead_letter_id: bounded_id(format!("{UNROUTABLE}:{key}")),
+        function_name: UNROUTED_FUNCTION.to_owned(),
+        message_id,
+        correlation_id: delivery
+            .properties
+            .correlation_id()
+            .as_ref()
+            .map(|s| s.to_string()),
+        routing_key: delivery.routing_key.clone(),
+        reason: UNROUTABLE.to_owned(),
+        error: format!(
+            "no queue is bound for routing key {:?} on {EVENTS_EXCHANGE}",
+            delivery.routing_key
+        ),
+        attempts: 0,
+    }
+}
+
+impl Processor for UnroutedRecorder {
+    fn function(&self) -> &str {
+        UNROUTED_FUNCTION
+    }
+
+    fn queue(&self) -> String {
+        UNROUTED_QUEUE.to_owned()
+    }
+
+    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
+        match insert(&self.pool, &describe_unrouted(delivery), delivery).await {
+            Ok(_) => Disposition::Ack,
+            Err(error) => Disposition::Requeue {
+                after: delivery.requeue_after(),
+                error: format!("recording an unroutable message: {error}"),
+            },
+        }
+    }
+}
+
+/// Rewrites `dead_letters.headers` that an earlier paybus stored in lapin's serde form (a
+/// string as its bytes: `{"LongString":[110,...]}`) as readable JSON. Idempotent: readable
+/// rows are left alone. Returns how many rows it rewrote.
+pub async fn rewrite_legacy_headers(pool: &MySqlPool) -> Result<u64, sqlx::Error> {
+    let mut after: u64 = 0;
+    let mut rewritten = 0;
+    loop {
+        let rows: Vec<(u64, String)> = sqlx::query_as(
+            "SELECT id, headers FROM dead_letters \
+             WHERE id > ? AND headers LIKE '%{\"LongString\":%' ORDER BY id LIMIT 500",
+        )
+        .bind(after)
+        .fetch_all(pool)
+        .await?;
+        let Some(&(last, _)) = rows.last() else {
+            return Ok(rewritten);
+        };
+        after = last;
+        for (id, text) in rows {
+            let Ok(table) = serde_json::from_str::<FieldTable>(&text) else {
+                continue;
+            };
+            sqlx::query("UPDATE dead_letters SET headers = ? WHERE id = ?")
+                .bind(headers::to_json(&table).to_string())
+                .bind(id)
+                .execute(pool)
+                .await?;
+            rewritten += 1;
+        }
+    }
 }
 
 impl Processor for DeadLetterRecorder {

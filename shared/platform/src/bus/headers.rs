@@ -2,6 +2,7 @@
 //! carries them.
 
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+use serde_json::{Map, Value, json};
 
 /// An integer header, whichever integer width the sender chose.
 pub fn header_integer(headers: Option<&FieldTable>, name: &str) -> Option<i64> {
@@ -33,4 +34,74 @@ pub fn text_header(headers: &mut FieldTable, name: &str, value: &str) {
 
 pub fn integer_header(headers: &mut FieldTable, name: &str, value: i64) {
     headers.insert(ShortString::from(name), AMQPValue::LongLongInt(value));
+}
+
+/// Headers as readable JSON for the `dead_letters.headers` column: strings as strings,
+/// numbers as numbers, tables as objects, so ops query them with plain SQL
+/// (`headers->>'$."x-paybus-reason"'`). (lapin's own serde form spells a string as its bytes.)
+pub fn to_json(table: &FieldTable) -> Value {
+    Value::Object(
+        table
+            .inner()
+            .iter()
+            .map(|(name, value)| (name.to_string(), value_to_json(value)))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+fn value_to_json(value: &AMQPValue) -> Value {
+    match value {
+        AMQPValue::Boolean(b) => json!(b),
+        AMQPValue::ShortShortInt(n) => json!(n),
+        AMQPValue::ShortShortUInt(n) => json!(n),
+        AMQPValue::ShortInt(n) => json!(n),
+        AMQPValue::ShortUInt(n) => json!(n),
+        AMQPValue::LongInt(n) => json!(n),
+        AMQPValue::LongUInt(n) => json!(n),
+        AMQPValue::LongLongInt(n) => json!(n),
+        AMQPValue::Float(f) => json!(f),
+        AMQPValue::Double(f) => json!(f),
+        AMQPValue::DecimalValue(d) => {
+            json!(format!("{}e-{}", d.value, d.scale))
+        }
+        AMQPValue::ShortString(s) => json!(s.as_str()),
+        AMQPValue::LongString(s) => json!(String::from_utf8_lossy(s.as_bytes())),
+        AMQPValue::FieldArray(values) => {
+            Value::Array(values.as_slice().iter().map(value_to_json).collect())
+        }
+        AMQPValue::Timestamp(t) => json!(t),
+        AMQPValue::FieldTable(table) => to_json(table),
+        AMQPValue::ByteArray(bytes) => json!(hex::encode(bytes.as_slice())),
+        AMQPValue::Void => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_read_as_plain_json() {
+        let mut death = FieldTable::default();
+        text_header(&mut death, "reason", "delivery_limit");
+        integer_header(&mut death, "count", 20);
+        let mut headers = FieldTable::default();
+        text_header(&mut headers, "x-paybus-reason", "failed");
+        integer_header(&mut headers, "x-paybus-attempts", 3);
+        headers.insert(
+            ShortString::from("x-death"),
+            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+        );
+        headers.insert(ShortString::from("x-flag"), AMQPValue::Boolean(true));
+
+        assert_eq!(
+            to_json(&headers),
+            json!({
+                "x-paybus-reason": "failed",
+                "x-paybus-attempts": 3,
+                "x-death": [{"reason": "delivery_limit", "count": 20}],
+                "x-flag": true,
+            })
+        );
+    }
 }

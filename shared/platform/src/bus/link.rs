@@ -120,7 +120,29 @@ async fn declare_on(
     functions: &[FunctionQueue],
 ) -> Result<(), lapin::Error> {
     let channel = connection.create_channel().await?;
-    topology::declare(&channel, functions).await?;
+    let channel = match topology::declare(&channel, functions).await {
+        Ok(()) => channel,
+        // A broker set up before `paybus.events` had its alternate exchange: an exchange's
+        // arguments cannot change, so it is replaced once (its bindings are declared again
+        // right after; a publish in between is returned as unroutable and retried by the
+        // outbox).
+        Err(error) if topology::is_events_exchange_without_alternate(&error) => {
+            tracing::warn!(
+                exchange = topology::EVENTS_EXCHANGE,
+                "upgrading the events exchange with its alternate exchange (paybus.unrouted)"
+            );
+            let channel = connection.create_channel().await?;
+            channel
+                .exchange_delete(
+                    topology::EVENTS_EXCHANGE.into(),
+                    lapin::options::ExchangeDeleteOptions::default(),
+                )
+                .await?;
+            topology::declare(&channel, functions).await?;
+            channel
+        }
+        Err(error) => return Err(error),
+    };
     let _ = channel.close(200, "topology declared".into()).await;
     Ok(())
 }

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     consumer::consume,
-    dead_letter::DeadLetterRecorder,
+    dead_letter::{DeadLetterRecorder, UnroutedRecorder},
     delivery::Processor,
     handler::{Handler, HandlerProcessor},
     outbox::{Relay, RelayConfig},
@@ -34,14 +34,18 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// A runner with the outbox relay job already registered.
+    /// A runner with the outbox relay job and the recorder of unroutable messages already
+    /// registered.
     pub fn new(services: Services) -> Self {
-        Self {
+        let mut runner = Self {
             jobs: vec![outbox_relay_job(&services)],
-            services,
             queues: Vec::new(),
             starters: Vec::new(),
-        }
+            services,
+        };
+        let unrouted = Arc::new(UnroutedRecorder::new(runner.services.pool.clone()));
+        runner.add_consumer(unrouted);
+        runner
     }
 
     pub fn services(&self) -> &Services {

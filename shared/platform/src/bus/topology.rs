@@ -3,6 +3,9 @@
 //!
 //! ```text
 //! paybus.events (topic) ──<message type>──► paybus.<function>   (quorum, delivery limit)
+//!       │ alternate exchange: what no queue binds
+//!       ▼
+//! paybus.unrouted (fanout) ───────────────► paybus.unrouted      (quorum) → dead letters
 //! paybus.dlx (direct)   ──<function>──────► paybus.<function>.dlq (quorum)
 //! ```
 //! A function's queue dead-letters to `paybus.dlx` with its own name as routing key, so the
@@ -18,6 +21,10 @@ use serde_json::json;
 
 pub const EVENTS_EXCHANGE: &str = "paybus.events";
 pub const DEAD_LETTER_EXCHANGE: &str = "paybus.dlx";
+/// `paybus.events`' alternate exchange: a message no function binds is not dropped by the
+/// broker but lands in [`UNROUTED_QUEUE`], whose recorder turns it into a dead letter.
+pub const UNROUTED_EXCHANGE: &str = "paybus.unrouted";
+pub const UNROUTED_QUEUE: &str = "paybus.unrouted";
 
 /// Deliveries of one message before the broker dead-letters it on its own: the guard
 /// against a message that crashes its consumer every time (a poison message).
@@ -75,6 +82,15 @@ fn queue_arguments(function: &str) -> FieldTable {
     args
 }
 
+fn events_exchange_arguments() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("alternate-exchange"),
+        AMQPValue::LongString(UNROUTED_EXCHANGE.into()),
+    );
+    args
+}
+
 fn dead_letter_queue_arguments() -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
@@ -84,20 +100,29 @@ fn dead_letter_queue_arguments() -> FieldTable {
     args
 }
 
-/// Declares both exchanges and, for each function, its queue, its DLQ and their bindings.
-/// Safe to repeat; a queue that exists with other arguments fails with PRECONDITION_FAILED
-/// (and closes the channel) rather than being silently changed.
+/// Declares the exchanges, the unrouted queue and, for each function, its queue, its DLQ and
+/// their bindings. Safe to repeat; a queue that exists with other arguments fails with
+/// PRECONDITION_FAILED (and closes the channel) rather than being silently changed.
 pub async fn declare(channel: &Channel, functions: &[FunctionQueue]) -> Result<(), lapin::Error> {
     let durable = ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
     };
+    // The alternate exchange first: the events exchange names it.
+    channel
+        .exchange_declare(
+            UNROUTED_EXCHANGE.into(),
+            ExchangeKind::Fanout,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
     channel
         .exchange_declare(
             EVENTS_EXCHANGE.into(),
             ExchangeKind::Topic,
             durable,
-            FieldTable::default(),
+            events_exchange_arguments(),
         )
         .await?;
     channel
@@ -112,6 +137,22 @@ pub async fn declare(channel: &Channel, functions: &[FunctionQueue]) -> Result<(
         durable: true,
         ..Default::default()
     };
+    channel
+        .queue_declare(
+            UNROUTED_QUEUE.into(),
+            durable_queue,
+            dead_letter_queue_arguments(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            UNROUTED_QUEUE.into(),
+            UNROUTED_EXCHANGE.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     for f in functions {
         channel
             .queue_declare(
@@ -179,10 +220,21 @@ pub fn definitions(vhost: &str, functions: &[FunctionQueue]) -> serde_json::Valu
             "destination_type": "queue", "routing_key": f.function, "arguments": {}
         }));
     }
+    queues.push(json!({
+        "name": UNROUTED_QUEUE, "vhost": vhost, "durable": true, "auto_delete": false,
+        "arguments": {"x-queue-type": "quorum"}
+    }));
+    bindings.push(json!({
+        "source": UNROUTED_EXCHANGE, "vhost": vhost, "destination": UNROUTED_QUEUE,
+        "destination_type": "queue", "routing_key": "", "arguments": {}
+    }));
     json!({
         "vhosts": [{"name": vhost}],
         "exchanges": [
             {"name": EVENTS_EXCHANGE, "vhost": vhost, "type": "topic", "durable": true,
+             "auto_delete": false, "internal": false,
+             "arguments": {"alternate-exchange": UNROUTED_EXCHANGE}},
+            {"name": UNROUTED_EXCHANGE, "vhost": vhost, "type": "fanout", "durable": true,
              "auto_delete": false, "internal": false, "arguments": {}},
             {"name": DEAD_LETTER_EXCHANGE, "vhost": vhost, "type": "direct", "durable": true,
              "auto_delete": false, "internal": false, "arguments": {}},
@@ -190,4 +242,13 @@ pub fn definitions(vhost: &str, functions: &[FunctionQueue]) -> serde_json::Valu
         "queues": queues,
         "bindings": bindings,
     })
+}
+
+/// Whether `error` is the broker refusing to redeclare `paybus.events` because it exists
+/// without its alternate exchange (declared by a paybus before the unrouted queue existed).
+pub fn is_events_exchange_without_alternate(error: &lapin::Error) -> bool {
+    let text = error.to_string();
+    text.contains("PRECONDITION_FAILED")
+        && text.contains("alternate-exchange")
+        && text.contains(EVENTS_EXCHANGE)
 }
