@@ -67,7 +67,10 @@ async fn logs_written_to_a_pipe_carry_no_colour_codes() {
 
     let logs = String::from_utf8_lossy(&output.stderr);
     assert!(logs.contains("audit clean"), "{logs}");
-    assert!(!logs.contains('\u{1b}'), "ANSI escape codes in piped logs: {logs:?}");
+    assert!(
+        !logs.contains('\u{1b}'),
+        "ANSI escape codes in piped logs: {logs:?}"
+    );
     assert!(
         !String::from_utf8_lossy(&output.stdout).contains("audit clean"),
         "logs go to stderr, the command's output to stdout"

@@ -173,7 +173,10 @@ async fn one_entry_is_all_a_new_function_needs() {
         .iter()
         .map(|q| q["name"].as_str().unwrap())
         .collect();
-    assert_eq!(queues, ["paybus.echo", "paybus.echo.dlq", "paybus.unrouted"]);
+    assert_eq!(
+        queues,
+        ["paybus.echo", "paybus.echo.dlq", "paybus.unrouted"]
+    );
 
     let env = TestEnv::new().await;
     sqlx::query("CREATE TABLE echoes (word VARCHAR(64) NOT NULL)")

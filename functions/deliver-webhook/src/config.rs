@@ -2,6 +2,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
+use paybus_partners::breaker::BreakerPolicy;
 use paybus_platform::{
     ConfigError,
     config::Vars,
@@ -31,6 +32,16 @@ pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(50);
 
 pub const VAR_TIMEOUT_MS: &str = "PAYBUS_WEBHOOK_TIMEOUT_MS";
 pub const VAR_MAX_ATTEMPTS: &str = "PAYBUS_WEBHOOK_MAX_ATTEMPTS";
+pub const VAR_PARTNER_CONCURRENCY: &str = "PAYBUS_WEBHOOK_PARTNER_CONCURRENCY";
+pub const VAR_BREAKER_FAILURES: &str = "PAYBUS_WEBHOOK_BREAKER_FAILURES";
+pub const VAR_BREAKER_COOLDOWN_MS: &str = "PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS";
+
+/// Deliveries in flight per partner and process by default.
+pub const DEFAULT_PARTNER_CONCURRENCY: usize = 4;
+/// Consecutive failures that open a partner's breaker by default.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// How long an open breaker parks a partner's deliveries by default.
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 
 /// How deliver-webhook talks to partners.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +61,13 @@ pub struct WebhookConfig {
     /// (plus the attempts' own time). The attempt limit comes from
     /// `PAYBUS_WEBHOOK_MAX_ATTEMPTS`.
     pub retry: RetryPolicy,
+    /// Deliveries in flight to one partner from this process (default 4,
+    /// `PAYBUS_WEBHOOK_PARTNER_CONCURRENCY`); past it a delivery is deferred unattempted.
+    pub partner_concurrency: usize,
+    /// The partner circuit breaker: opens after `PAYBUS_WEBHOOK_BREAKER_FAILURES` (default 5)
+    /// consecutive failures, parks the partner's deliveries for
+    /// `PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS` (default 30 s), then lets one probe through.
+    pub breaker: BreakerPolicy,
 }
 
 impl Default for WebhookConfig {
@@ -59,6 +77,11 @@ impl Default for WebhookConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lease_margin: DEFAULT_LEASE_MARGIN,
             retry: default_retry(),
+            partner_concurrency: DEFAULT_PARTNER_CONCURRENCY,
+            breaker: BreakerPolicy {
+                failures_to_open: DEFAULT_BREAKER_FAILURES,
+                cool_down: DEFAULT_BREAKER_COOLDOWN,
+            },
         }
     }
 }
@@ -100,9 +123,32 @@ impl WebhookConfig {
         let retry = default_retry()
             .with_max_attempts(attempts)
             .map_err(|_| vars.error(VAR_MAX_ATTEMPTS, &attempts.to_string(), "at least 1"))?;
+        let partner_concurrency = vars.parse(
+            VAR_PARTNER_CONCURRENCY,
+            DEFAULT_PARTNER_CONCURRENCY,
+            "deliveries in flight per partner, at least 1",
+            |n: &usize| *n > 0,
+        )?;
+        let failures_to_open = vars.parse(
+            VAR_BREAKER_FAILURES,
+            DEFAULT_BREAKER_FAILURES,
+            "consecutive failures, at least 1",
+            |n: &u32| *n > 0,
+        )?;
+        let cool_down = Duration::from_millis(vars.parse(
+            VAR_BREAKER_COOLDOWN_MS,
+            u64::try_from(DEFAULT_BREAKER_COOLDOWN.as_millis()).unwrap_or(u64::MAX),
+            "milliseconds, at least 1",
+            |ms: &u64| *ms > 0,
+        )?);
         Ok(Self {
             timeout,
             retry,
+            partner_concurrency,
+            breaker: BreakerPolicy {
+                failures_to_open,
+                cool_down,
+            },
             ..Self::default()
         })
     }
@@ -159,6 +205,31 @@ mod tests {
         assert_eq!(config.retry.max_attempts(), 8);
         let config = WebhookConfig::from_vars(vars(&[(VAR_MAX_ATTEMPTS, "3")])).unwrap();
         assert_eq!(config.retry.max_attempts(), 3);
+    }
+
+    #[test]
+    fn bulkhead_and_breaker_settings_default_and_override() {
+        let config = WebhookConfig::from_vars(HashMap::new()).unwrap();
+        assert_eq!(config.partner_concurrency, 4);
+        assert_eq!(config.breaker.failures_to_open, 5);
+        assert_eq!(config.breaker.cool_down, Duration::from_secs(30));
+        let config = WebhookConfig::from_vars(vars(&[
+            (VAR_PARTNER_CONCURRENCY, "2"),
+            (VAR_BREAKER_FAILURES, "3"),
+            (VAR_BREAKER_COOLDOWN_MS, "1500"),
+        ]))
+        .unwrap();
+        assert_eq!(config.partner_concurrency, 2);
+        assert_eq!(config.breaker.failures_to_open, 3);
+        assert_eq!(config.breaker.cool_down, Duration::from_millis(1500));
+        for variable in [
+            VAR_PARTNER_CONCURRENCY,
+            VAR_BREAKER_FAILURES,
+            VAR_BREAKER_COOLDOWN_MS,
+        ] {
+            let error = WebhookConfig::from_vars(vars(&[(variable, "0")])).unwrap_err();
+            assert_eq!(error.variable, variable);
+        }
     }
 
     #[test]

@@ -33,19 +33,26 @@
 //! feature across the workspace, and every other reqwest client (the test harness's, the API
 //! tests') would then panic unless a provider had been installed before it was built.
 
+pub mod bulkhead;
 pub mod config;
 pub mod delivery;
 
 use std::sync::Arc;
 
-use paybus_partners::notifications::{
-    self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated,
+use std::time::Duration;
+
+use paybus_partners::{
+    breaker::{self, BreakerState},
+    notifications::{self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated},
 };
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics, sweeper::Job},
     function::{BuildError, Function},
     retry::{AfterFailure, Clock, DueSweep, DueSweepConfig, RowState, Settled},
 };
+use sqlx::MySqlPool;
+
+use bulkhead::Bulkhead;
 
 pub use config::WebhookConfig;
 pub use delivery::Attempt;
@@ -56,6 +63,7 @@ pub struct DeliverWebhook {
     http: reqwest::Client,
     config: WebhookConfig,
     clock: Clock,
+    bulkhead: Bulkhead,
 }
 
 impl DeliverWebhook {
@@ -63,6 +71,7 @@ impl DeliverWebhook {
     pub fn new(config: WebhookConfig) -> Result<Self, reqwest::Error> {
         Ok(Self {
             http: delivery::client(&config)?,
+            bulkhead: Bulkhead::new(config.partner_concurrency),
             config,
             clock: Clock::Database,
         })
@@ -106,9 +115,28 @@ impl Handler for DeliverWebhook {
             }
         };
 
+        // Partners are isolated: an open breaker parks the delivery, a partner at its
+        // in-flight bound defers it; neither is an attempt, and the prefetch slot is free at
+        // once for other partners' deliveries.
+        if let Some(outcome) = self.breaker_parks(pool, &claimed).await? {
+            return Ok(outcome);
+        }
+        let Some(_slot) = self.bulkhead.try_enter(claimed.partner_id) else {
+            let delay = self.config.timeout;
+            notifications::defer(pool, &claimed, delay, &self.clock).await?;
+            metrics::record(Self::FUNCTION, "deferred", Duration::ZERO);
+            return Ok(Outcome::Skipped(format!(
+                "notification {id}: partner {} has {} deliveries in flight; deferred {delay:?}, \
+                 no attempt counted",
+                claimed.partner_id,
+                self.bulkhead.limit()
+            )));
+        };
+
         // No transaction is open here: the claim committed, the lease keeps others off.
         let signed_at = chrono::Utc::now().timestamp();
         let attempt = delivery::post(&self.http, self.config.timeout, &claimed, signed_at).await;
+        self.record_on_breaker(pool, &claimed, &attempt).await?;
 
         match attempt {
             Attempt::Delivered { status } => {
@@ -142,6 +170,82 @@ impl Handler for DeliverWebhook {
                 })
             }
         }
+    }
+}
+
+impl DeliverWebhook {
+    /// `Some(outcome)` when the partner's breaker keeps this delivery from being attempted:
+    /// open, or half-open with the probe taken by another delivery. Parked until the breaker
+    /// may let a probe through, with no attempt counted.
+    async fn breaker_parks(
+        &self,
+        pool: &MySqlPool,
+        claimed: &ClaimedNotification,
+    ) -> Result<Option<Outcome>, HandlerError> {
+        let (id, partner_id) = (claimed.id, claimed.partner_id);
+        let parked_for = match claimed.breaker.state() {
+            BreakerState::Closed => return Ok(None),
+            BreakerState::Open => claimed.breaker.remaining(),
+            BreakerState::HalfOpen => {
+                let mut conn = pool.acquire().await?;
+                if breaker::take_probe(&mut conn, partner_id, &self.config.breaker, &self.clock)
+                    .await?
+                {
+                    tracing::info!(
+                        partner_id,
+                        notification_id = id,
+                        "partner circuit half-open: probing"
+                    );
+                    return Ok(None);
+                }
+                self.config.breaker.cool_down
+            }
+        };
+        notifications::defer(pool, claimed, parked_for, &self.clock).await?;
+        metrics::record(Self::FUNCTION, "parked", Duration::ZERO);
+        Ok(Some(Outcome::Skipped(format!(
+            "notification {id}: partner {partner_id}'s circuit is open; parked {parked_for:?}, \
+             no attempt counted"
+        ))))
+    }
+
+    /// Counts the POST's result on the partner's breaker (logs and a metric when it opens or
+    /// closes).
+    async fn record_on_breaker(
+        &self,
+        pool: &MySqlPool,
+        claimed: &ClaimedNotification,
+        attempt: &Attempt,
+    ) -> Result<(), HandlerError> {
+        let partner_id = claimed.partner_id;
+        match attempt {
+            // Nothing to reset on a healthy partner: no statement at all.
+            Attempt::Delivered { .. }
+                if claimed.breaker.failures == 0 && claimed.breaker.open_until.is_none() => {}
+            Attempt::Delivered { .. } => {
+                let mut conn = pool.acquire().await?;
+                if breaker::record_success(&mut conn, partner_id).await? {
+                    tracing::info!(partner_id, "partner circuit closed: delivered again");
+                    metrics::record(Self::FUNCTION, "breaker_closed", Duration::ZERO);
+                }
+            }
+            Attempt::Failed(error) => {
+                let mut conn = pool.acquire().await?;
+                if breaker::record_failure(&mut conn, partner_id, &self.config.breaker, &self.clock)
+                    .await?
+                {
+                    tracing::warn!(
+                        partner_id,
+                        failures = self.config.breaker.failures_to_open,
+                        cool_down = ?self.config.breaker.cool_down,
+                        last_error = %error,
+                        "partner circuit opened: its deliveries are parked"
+                    );
+                    metrics::record(Self::FUNCTION, "breaker_opened", Duration::ZERO);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

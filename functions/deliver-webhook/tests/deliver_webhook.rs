@@ -15,6 +15,7 @@ use paybus_deliver_webhook::{
     due_notifications,
 };
 use paybus_partners::{
+    breaker::{BreakerPolicy, BreakerState},
     notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
     testing::{PARTNER_SECRET as SECRET, partner},
 };
@@ -917,4 +918,209 @@ async fn a_settle_after_the_claim_was_taken_over_writes_nothing() {
     let stored = row(&env, id).await;
     assert_eq!((stored.status.as_str(), stored.attempts), ("DELIVERED", 2));
     assert_eq!(stored.last_error, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Partners are isolated from each other (bulkhead and circuit breaker)
+
+/// Records when each notification reached the partner, and answers 200.
+#[derive(Clone, Default)]
+struct ArrivalLog {
+    arrived: Arc<Mutex<std::collections::HashMap<u64, Instant>>>,
+}
+
+impl Respond for ArrivalLog {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        self.arrived
+            .lock()
+            .unwrap()
+            .entry(notification_id_of(request))
+            .or_insert_with(Instant::now);
+        ResponseTemplate::new(200)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_hanging_deliveries_to_one_partner_do_not_delay_another() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
+    // Partner A never answers in time; partner B answers at once and logs each arrival.
+    let hanging = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(60)))
+        .mount(&hanging)
+        .await;
+    let healthy = MockServer::start().await;
+    let arrivals = ArrivalLog::default();
+    Mock::given(method("POST"))
+        .respond_with(arrivals.clone())
+        .mount(&healthy)
+        .await;
+    let a = insert_partner(&env, "hanging", Some(&hanging.uri())).await;
+    let b = insert_partner(&env, "healthy", Some(&healthy.uri())).await;
+    let (stop_run, run) = start(
+        &services,
+        DeliverWebhook::new(config(8, &[1_000])).unwrap(),
+        fast_sweep(),
+    );
+
+    for reference in 1..=200 {
+        notify(&services, a, reference).await;
+    }
+    let mut sent = Vec::new();
+    for reference in 1_001..=1_020 {
+        let id = notify(&services, b, reference).await;
+        sent.push((id, Instant::now()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let all_arrived = eventually(Duration::from_secs(20), || async {
+        arrivals.arrived.lock().unwrap().len() == sent.len()
+    })
+    .await;
+    let hanging_requests = requests(&hanging).await.len();
+    stop(stop_run, run).await;
+
+    assert!(
+        all_arrived,
+        "every healthy-partner notification is delivered"
+    );
+    let arrived = arrivals.arrived.lock().unwrap().clone();
+    let worst = sent
+        .iter()
+        .map(|(id, at)| arrived[id].duration_since(*at))
+        .max()
+        .unwrap();
+    assert!(
+        worst < Duration::from_secs(1),
+        "the healthy partner's worst latency was {worst:?} while 200 deliveries to another hung"
+    );
+    // The hanging partner held at most its share of POSTs at a time, and its breaker opened
+    // instead of every notification burning attempts.
+    assert!(
+        hanging_requests < 40,
+        "{hanging_requests} POSTs to the hanging partner"
+    );
+    let (failures, open_until): (u32, Option<DateTime<Utc>>) =
+        sqlx::query_as("SELECT webhook_failures, webhook_open_until FROM partners WHERE id = ?")
+            .bind(a)
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert!(
+        failures >= 5 && open_until.is_some(),
+        "{failures} {open_until:?}"
+    );
+    let burned: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(attempts), 0) AS SIGNED) FROM partner_notifications WHERE partner_id = ?",
+    )
+    .bind(a)
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        usize::try_from(burned).unwrap(),
+        hanging_requests,
+        "only deliveries actually POSTed count an attempt"
+    );
+}
+
+/// Answers 500 until `recover` is set, then 200.
+#[derive(Clone, Default)]
+struct Recovers {
+    recovered: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Respond for Recovers {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        if self.recovered.load(std::sync::atomic::Ordering::SeqCst) {
+            ResponseTemplate::new(200)
+        } else {
+            ResponseTemplate::new(500)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_open_breaker_parks_a_partner_without_burning_attempts_until_a_probe_succeeds() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
+    let server = MockServer::start().await;
+    let partner = Recovers::default();
+    Mock::given(method("POST"))
+        .respond_with(partner.clone())
+        .mount(&server)
+        .await;
+    let partner_id = insert_partner(&env, "flaky", Some(&server.uri())).await;
+    let handler = DeliverWebhook::new(WebhookConfig {
+        partner_concurrency: 1,
+        breaker: BreakerPolicy {
+            failures_to_open: 3,
+            cool_down: Duration::from_millis(1_500),
+        },
+        ..config(10, &[200])
+    })
+    .unwrap();
+    let (stop_run, run) = start(&services, handler, fast_sweep());
+    let ids: Vec<u64> = {
+        let mut ids = Vec::new();
+        for reference in 1..=6 {
+            ids.push(notify(&services, partner_id, reference).await);
+        }
+        ids
+    };
+
+    let breaker = || async {
+        let mut conn = env.db.acquire().await.unwrap();
+        paybus_partners::partner::find(&mut conn, partner_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .webhook_breaker
+    };
+    let opened = eventually(Duration::from_secs(10), || async {
+        breaker().await.state == BreakerState::Open
+    })
+    .await;
+    let while_open = breaker().await;
+    let posts_when_opened = requests(&server).await.len();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let posts_while_open = requests(&server).await.len();
+    partner
+        .recovered
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let delivered = eventually(Duration::from_secs(20), || async {
+        count(
+            &env,
+            "SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'",
+        )
+        .await
+            == 6
+    })
+    .await;
+    stop(stop_run, run).await;
+
+    assert!(opened, "three consecutive failures open the breaker");
+    assert_eq!(while_open.consecutive_failures, 3);
+    assert!(while_open.open_until.is_some());
+    assert_eq!(posts_when_opened, 3, "one POST per failure, one at a time");
+    assert_eq!(posts_while_open, 3, "an open breaker parks: no POST");
+    assert!(
+        delivered,
+        "after the cool-down a probe succeeds and the rest follow"
+    );
+    let closed = breaker().await;
+    assert_eq!(
+        (closed.state, closed.consecutive_failures),
+        (BreakerState::Closed, 0)
+    );
+    let attempts: Vec<u32> =
+        sqlx::query_scalar("SELECT attempts FROM partner_notifications ORDER BY id")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        attempts.iter().sum::<u32>(),
+        3 + 6,
+        "three failed POSTs and six deliveries; parked time burned nothing: {attempts:?} for {ids:?}"
+    );
 }

@@ -9,6 +9,7 @@
 //! Used by the functions that owe notifications (confirm-withdrawal, confirm-deposit), by the
 //! one that delivers them, and by the admin API.
 
+pub mod breaker;
 pub mod notifications;
 pub mod partner;
 

@@ -30,6 +30,8 @@ use paybus_platform::{
 use serde::{Deserialize, Serialize};
 use sqlx::{MySqlConnection, MySqlPool};
 
+use crate::breaker::BreakerRead;
+
 /// `partner.notification.created {notification_id}`: a notification row is ready to send.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NotificationCreated {
@@ -150,6 +152,8 @@ pub struct ClaimedNotification {
     pub webhook_secret: String,
     /// This attempt's number (1 = the first); the settle is conditional on it.
     pub attempts: u32,
+    /// The partner's circuit breaker as read with the claim.
+    pub breaker: BreakerRead,
     claim: Claim,
 }
 
@@ -175,6 +179,9 @@ struct NotificationRow {
     partner_id: u64,
     webhook_url: Option<String>,
     webhook_secret: String,
+    webhook_failures: u32,
+    webhook_open_until: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
 }
 
 /// Short transaction 1: claims a due PENDING row (counts the attempt, pushes
@@ -190,10 +197,12 @@ pub async fn claim(
 ) -> Result<DeliveryClaim, sqlx::Error> {
     let mut tx = db::begin_read_committed(pool).await?;
     let row: Option<NotificationRow> = sqlx::query_as(
-        "SELECT n.status, n.event, n.payload, n.partner_id, p.webhook_url, p.webhook_secret \
+        "SELECT n.status, n.event, n.payload, n.partner_id, p.webhook_url, p.webhook_secret, \
+                p.webhook_failures, p.webhook_open_until, COALESCE(?, NOW(6)) AS now \
          FROM partner_notifications n JOIN partners p ON p.id = n.partner_id \
          WHERE n.id = ?",
     )
+    .bind(clock.sql_now())
     .bind(id)
     .fetch_optional(&mut *tx)
     .await?;
@@ -227,6 +236,11 @@ pub async fn claim(
         webhook_url: webhook_url.to_owned(),
         webhook_secret: row.webhook_secret,
         attempts: claim.attempts,
+        breaker: BreakerRead {
+            failures: row.webhook_failures,
+            open_until: row.webhook_open_until,
+            now: row.now,
+        },
         claim,
     }))
 }
@@ -264,6 +278,20 @@ async fn not_claimed(
     let state = NOTIFICATIONS.describe(&mut tx, id, clock).await?;
     tx.rollback().await?;
     Ok(state.map_or(DeliveryClaim::Missing, DeliveryClaim::NotClaimed))
+}
+
+/// The delivery was not attempted (its partner's breaker is open, or the partner has as many
+/// deliveries in flight as it may): the row is due again after `delay`, no attempt counted.
+pub async fn defer(
+    pool: &MySqlPool,
+    claimed: &ClaimedNotification,
+    delay: Duration,
+    clock: &Clock,
+) -> Result<Settled, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    NOTIFICATIONS
+        .defer(&mut conn, &claimed.claim, delay, clock)
+        .await
 }
 
 /// Short transaction 2 after a 2xx: PENDING → DELIVERED. `last_error` keeps the failure

@@ -4,14 +4,39 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
+use crate::breaker::{BreakerRead, BreakerState};
+
 /// A partner as it may be shown: the webhook secret is never read back out.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Partner {
     pub id: u64,
     pub name: String,
     pub webhook_url: Option<String>,
+    /// The circuit breaker of webhook delivery to this partner.
+    pub webhook_breaker: BreakerView,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A partner's breaker as ops see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BreakerView {
+    pub state: BreakerState,
+    pub consecutive_failures: u32,
+    /// Until when deliveries are parked (open), or since when a probe may go (half-open).
+    pub open_until: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct PartnerRow {
+    id: u64,
+    name: String,
+    webhook_url: Option<String>,
+    webhook_failures: u32,
+    webhook_open_until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
 }
 
 /// A partner to create, validated by [`NewPartner::new`].
@@ -93,12 +118,33 @@ pub async fn create(conn: &mut MySqlConnection, new: &NewPartner) -> Result<u64,
 }
 
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Partner>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, name, webhook_url, created_at, updated_at FROM partners WHERE id = ?",
+    let row: Option<PartnerRow> = sqlx::query_as(
+        "SELECT id, name, webhook_url, webhook_failures, webhook_open_until, NOW(6) AS now, \
+                created_at, updated_at \
+         FROM partners WHERE id = ?",
     )
     .bind(id)
     .fetch_optional(conn)
-    .await
+    .await?;
+    Ok(row.map(|row| {
+        let breaker = BreakerRead {
+            failures: row.webhook_failures,
+            open_until: row.webhook_open_until,
+            now: row.now,
+        };
+        Partner {
+            id: row.id,
+            name: row.name,
+            webhook_url: row.webhook_url,
+            webhook_breaker: BreakerView {
+                state: breaker.state(),
+                consecutive_failures: breaker.failures,
+                open_until: breaker.open_until,
+            },
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }))
 }
 
 #[cfg(test)]

@@ -416,6 +416,41 @@ impl WorkTable {
         Ok(Settled::from_rows(rows))
     }
 
+    /// Hands the claim back unattempted: due again after `delay`, without counting an attempt
+    /// (the work was not tried: its partner's breaker is open, or its in-flight bound is
+    /// reached). Armed for the due sweep.
+    pub async fn defer(
+        &self,
+        conn: &mut MySqlConnection,
+        claim: &Claim,
+        delay: Duration,
+        clock: &Clock,
+    ) -> Result<Settled, sqlx::Error> {
+        let mut set = format!("{} = {NOW} + INTERVAL ? MICROSECOND", self.next_attempt_at);
+        if self.count == AttemptCount::OnClaim {
+            let _ = write!(set, ", {a} = {a} - 1", a = self.attempts);
+        }
+        if let Lease::Status { claimed_at, .. } = self.lease {
+            let _ = write!(
+                set,
+                ", {} = '{}', {claimed_at} = NULL",
+                self.status, self.due
+            );
+        }
+        if let Some(marker) = self.republished_at {
+            let _ = write!(set, ", {marker} = NULL");
+        }
+        let query = sqlx::query(AssertSqlSafe(self.guarded_update(&set)))
+            .bind(clock.sql_now())
+            .bind(micros(delay));
+        let rows = self
+            .bind_guard(query, claim)
+            .execute(conn)
+            .await?
+            .rows_affected();
+        Ok(Settled::from_rows(rows))
+    }
+
     /// The attempt failed at the limit: the failed status, `error` recorded, no next attempt.
     pub async fn settle_failed(
         &self,

@@ -1,0 +1,171 @@
+//! The per-partner circuit breaker of webhook delivery, kept on the partner's row so every
+//! process and every Lambda sees the same state (the migration's header comment is the
+//! reference):
+//!
+//! ```text
+//!            N consecutive failures               cool-down passed
+//! CLOSED ──────────────────────────► OPEN ──────────────────────────► HALF-OPEN
+//!   ▲   (deliveries attempted)      (deliveries parked,                 │ one delivery probes
+//!   │                                no attempt counted)                │ (conditional UPDATE)
+//!   └──────────── probe delivered ◄───────────────────────────────────┘ probe failed: OPEN
+//! ```
+//!
+//! Each statement is one conditional UPDATE on the partner row; nothing is held across a POST.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use paybus_platform::retry::{Clock, clock::micros};
+use serde::Serialize;
+use sqlx::MySqlConnection;
+
+/// The breaker as a delivery read it with its claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct BreakerRead {
+    pub failures: u32,
+    pub open_until: Option<DateTime<Utc>>,
+    /// The kit's clock when it was read.
+    pub now: DateTime<Utc>,
+}
+
+/// Where a partner's breaker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerRead {
+    pub fn state(&self) -> BreakerState {
+        match self.open_until {
+            None => BreakerState::Closed,
+            Some(until) if until > self.now => BreakerState::Open,
+            Some(_) => BreakerState::HalfOpen,
+        }
+    }
+
+    /// How long until an open breaker lets a probe through.
+    pub fn remaining(&self) -> Duration {
+        self.open_until
+            .and_then(|until| (until - self.now).to_std().ok())
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// The breaker's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Consecutive failures that open it.
+    pub failures_to_open: u32,
+    /// How long it stays open before a probe.
+    pub cool_down: Duration,
+}
+
+/// Takes the half-open breaker's one probe: true when this delivery is it (the breaker is
+/// pushed forward one cool-down, so concurrent deliveries see it open and park).
+pub async fn take_probe(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    policy: &BreakerPolicy,
+    clock: &Clock,
+) -> Result<bool, sqlx::Error> {
+    let taken = sqlx::query(
+        "UPDATE partners \
+         SET webhook_open_until = COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND \
+         WHERE id = ? AND webhook_open_until <= COALESCE(?, NOW(6))",
+    )
+    .bind(clock.sql_now())
+    .bind(micros(policy.cool_down))
+    .bind(partner_id)
+    .bind(clock.sql_now())
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(taken == 1)
+}
+
+/// A POST was delivered: the breaker closes (a no-op when it was closed with no failures).
+/// True when this closed an open or failing breaker.
+pub async fn record_success(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+) -> Result<bool, sqlx::Error> {
+    let closed = sqlx::query(
+        "UPDATE partners SET webhook_failures = 0, webhook_open_until = NULL \
+         WHERE id = ? AND (webhook_failures <> 0 OR webhook_open_until IS NOT NULL)",
+    )
+    .bind(partner_id)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(closed == 1)
+}
+
+/// A POST failed: one more consecutive failure; at the threshold the breaker opens for one
+/// cool-down. True when this failure opened it.
+pub async fn record_failure(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    policy: &BreakerPolicy,
+    clock: &Clock,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query("UPDATE partners SET webhook_failures = webhook_failures + 1 WHERE id = ?")
+        .bind(partner_id)
+        .execute(&mut *conn)
+        .await?;
+    let opened = sqlx::query(
+        "UPDATE partners \
+         SET webhook_open_until = COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND \
+         WHERE id = ? AND webhook_failures >= ? AND webhook_open_until IS NULL",
+    )
+    .bind(clock.sql_now())
+    .bind(micros(policy.cool_down))
+    .bind(partner_id)
+    .bind(policy.failures_to_open)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(opened == 1)
+}
+
+/// A partner's breaker now (for the admin API).
+pub async fn read(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+) -> Result<Option<BreakerRead>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT webhook_failures AS failures, webhook_open_until AS open_until, NOW(6) AS now \
+         FROM partners WHERE id = ?",
+    )
+    .bind(partner_id)
+    .fetch_optional(conn)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_follows_open_until_and_the_clock() {
+        let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+            .map(DateTime::<Utc>::from)
+            .expect("a timestamp");
+        let read = |open_until| BreakerRead {
+            failures: 5,
+            open_until,
+            now,
+        };
+        assert_eq!(read(None).state(), BreakerState::Closed);
+        let open = read(Some(now + chrono::Duration::seconds(30)));
+        assert_eq!(open.state(), BreakerState::Open);
+        assert_eq!(open.remaining(), Duration::from_secs(30));
+        assert_eq!(
+            read(Some(now - chrono::Duration::seconds(1))).state(),
+            BreakerState::HalfOpen
+        );
+    }
+}
