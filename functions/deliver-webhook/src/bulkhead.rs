@@ -3,33 +3,38 @@
 //! answered filling the whole prefetch, so every other partner's webhooks waited the full
 //! timeout at every retry round.
 //!
-//! A delivery that finds its partner at the bound is not attempted: the handler defers it
-//! (no attempt counted) and frees its prefetch slot at once.
+//! A delivery waits a moment for its partner's slot (a healthy partner answers in
+//! milliseconds, so a burst just queues briefly); when none frees in time, the handler defers
+//! it (no attempt counted) and its prefetch slot is free at once for other partners.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
-/// The bound, shared by the handler's clones.
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The per-partner bounds, shared by the handler's clones.
 #[derive(Debug, Clone)]
 pub struct Bulkhead {
     limit: usize,
-    in_flight: Arc<Mutex<HashMap<u64, usize>>>,
+    partners: Arc<Mutex<HashMap<u64, Arc<Semaphore>>>>,
 }
 
 /// One delivery in flight to a partner; dropping it frees the slot.
 #[derive(Debug)]
 pub struct Slot {
-    bulkhead: Bulkhead,
-    partner_id: u64,
+    _permit: OwnedSemaphorePermit,
+    /// The slot was not free at once: the partner's state may have moved meanwhile.
+    pub waited: bool,
 }
 
 impl Bulkhead {
     pub fn new(limit: usize) -> Self {
         Self {
             limit: limit.max(1),
-            in_flight: Arc::default(),
+            partners: Arc::default(),
         }
     }
 
@@ -37,40 +42,36 @@ impl Bulkhead {
         self.limit
     }
 
-    /// A slot for `partner_id`, or `None` when it has `limit` deliveries in flight already.
-    pub fn try_enter(&self, partner_id: u64) -> Option<Slot> {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        let count = in_flight.entry(partner_id).or_default();
-        if *count >= self.limit {
-            return None;
+    fn semaphore(&self, partner_id: u64) -> Arc<Semaphore> {
+        let mut partners = self.partners.lock().unwrap_or_else(|p| p.into_inner());
+        partners
+            .entry(partner_id)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.limit)))
+            .clone()
+    }
+
+    /// A slot for `partner_id` within `wait`, or `None` when its deliveries in flight stay at
+    /// the bound that long.
+    pub async fn enter(&self, partner_id: u64, wait: Duration) -> Option<Slot> {
+        let semaphore = self.semaphore(partner_id);
+        if let Ok(permit) = semaphore.clone().try_acquire_owned() {
+            return Some(Slot {
+                _permit: permit,
+                waited: false,
+            });
         }
-        *count += 1;
-        Some(Slot {
-            bulkhead: self.clone(),
-            partner_id,
-        })
+        match tokio::time::timeout(wait, semaphore.acquire_owned()).await {
+            Ok(Ok(permit)) => Some(Slot {
+                _permit: permit,
+                waited: true,
+            }),
+            _ => None,
+        }
     }
 
     /// Deliveries in flight to `partner_id` now.
     pub fn in_flight(&self, partner_id: u64) -> usize {
-        let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        in_flight.get(&partner_id).copied().unwrap_or(0)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut in_flight = self
-            .bulkhead
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = in_flight.get_mut(&self.partner_id) {
-            *count -= 1;
-            if *count == 0 {
-                in_flight.remove(&self.partner_id);
-            }
-        }
+        self.limit - self.semaphore(partner_id).available_permits()
     }
 }
 
@@ -78,22 +79,40 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_partner_gets_at_most_its_share() {
+    const NO_WAIT: Duration = Duration::from_millis(1);
+
+    #[tokio::test]
+    async fn each_partner_gets_at_most_its_share() {
         let bulkhead = Bulkhead::new(2);
-        let a1 = bulkhead.try_enter(1);
-        let a2 = bulkhead.try_enter(1);
+        let a1 = bulkhead.enter(1, NO_WAIT).await;
+        let a2 = bulkhead.enter(1, NO_WAIT).await;
         assert!(a1.is_some() && a2.is_some());
-        assert!(bulkhead.try_enter(1).is_none(), "partner 1 is at its bound");
         assert!(
-            bulkhead.try_enter(2).is_some(),
+            bulkhead.enter(1, NO_WAIT).await.is_none(),
+            "partner 1 is at its bound"
+        );
+        assert!(
+            bulkhead.enter(2, NO_WAIT).await.is_some(),
             "partner 2 is not held by partner 1"
         );
         drop(a1);
         assert_eq!(bulkhead.in_flight(1), 1);
         assert!(
-            bulkhead.try_enter(1).is_some(),
+            bulkhead.enter(1, NO_WAIT).await.is_some(),
             "a finished delivery frees its slot"
         );
+    }
+
+    #[tokio::test]
+    async fn a_delivery_waits_briefly_for_a_slot_that_frees() {
+        let bulkhead = Bulkhead::new(1);
+        let first = bulkhead.enter(7, NO_WAIT).await;
+        let waiter = {
+            let bulkhead = bulkhead.clone();
+            tokio::spawn(async move { bulkhead.enter(7, Duration::from_secs(5)).await.is_some() })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(first);
+        assert!(waiter.await.unwrap_or(false));
     }
 }

@@ -36,8 +36,12 @@ pub const VAR_PARTNER_CONCURRENCY: &str = "PAYBUS_WEBHOOK_PARTNER_CONCURRENCY";
 pub const VAR_BREAKER_FAILURES: &str = "PAYBUS_WEBHOOK_BREAKER_FAILURES";
 pub const VAR_BREAKER_COOLDOWN_MS: &str = "PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS";
 
-/// Deliveries in flight per partner and process by default.
-pub const DEFAULT_PARTNER_CONCURRENCY: usize = 4;
+/// Deliveries in flight per partner and process by default: a quarter of the default prefetch
+/// (64), so one partner never holds more than its share of a consumer.
+pub const DEFAULT_PARTNER_CONCURRENCY: usize = 16;
+/// How long a delivery waits for its partner's slot before it is deferred: a healthy partner
+/// answers well within it, a hanging one frees the consumer this fast.
+pub const DEFAULT_PARTNER_WAIT: Duration = Duration::from_millis(100);
 /// Consecutive failures that open a partner's breaker by default.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// How long an open breaker parks a partner's deliveries by default.
@@ -61,9 +65,11 @@ pub struct WebhookConfig {
     /// (plus the attempts' own time). The attempt limit comes from
     /// `PAYBUS_WEBHOOK_MAX_ATTEMPTS`.
     pub retry: RetryPolicy,
-    /// Deliveries in flight to one partner from this process (default 4,
-    /// `PAYBUS_WEBHOOK_PARTNER_CONCURRENCY`); past it a delivery is deferred unattempted.
+    /// Deliveries in flight to one partner from this process (default 16,
+    /// `PAYBUS_WEBHOOK_PARTNER_CONCURRENCY`); a delivery that finds no slot within
+    /// `partner_wait` (100 ms) is deferred unattempted.
     pub partner_concurrency: usize,
+    pub partner_wait: Duration,
     /// The partner circuit breaker: opens after `PAYBUS_WEBHOOK_BREAKER_FAILURES` (default 5)
     /// consecutive failures, parks the partner's deliveries for
     /// `PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS` (default 30 s), then lets one probe through.
@@ -78,6 +84,7 @@ impl Default for WebhookConfig {
             lease_margin: DEFAULT_LEASE_MARGIN,
             retry: default_retry(),
             partner_concurrency: DEFAULT_PARTNER_CONCURRENCY,
+            partner_wait: DEFAULT_PARTNER_WAIT,
             breaker: BreakerPolicy {
                 failures_to_open: DEFAULT_BREAKER_FAILURES,
                 cool_down: DEFAULT_BREAKER_COOLDOWN,
@@ -210,7 +217,7 @@ mod tests {
     #[test]
     fn bulkhead_and_breaker_settings_default_and_override() {
         let config = WebhookConfig::from_vars(HashMap::new()).unwrap();
-        assert_eq!(config.partner_concurrency, 4);
+        assert_eq!(config.partner_concurrency, 16);
         assert_eq!(config.breaker.failures_to_open, 5);
         assert_eq!(config.breaker.cool_down, Duration::from_secs(30));
         let config = WebhookConfig::from_vars(vars(&[

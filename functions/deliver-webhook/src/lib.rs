@@ -57,6 +57,10 @@ use bulkhead::Bulkhead;
 pub use config::WebhookConfig;
 pub use delivery::Attempt;
 
+/// How long a delivery deferred at its partner's in-flight bound waits before it is due again
+/// (the due sweep brings it back).
+const DEFERRED_FOR: Duration = Duration::from_secs(1);
+
 /// The handler. Build it once at start-up (it owns the HTTP client and its connection pool).
 #[derive(Clone)]
 pub struct DeliverWebhook {
@@ -99,21 +103,21 @@ impl Handler for DeliverWebhook {
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.notification_id;
         let pool = ctx.outbox.pool();
-        let claimed = match notifications::claim(pool, id, self.config.lease(), &self.clock).await?
-        {
-            DeliveryClaim::Claimed(claimed) => claimed,
-            DeliveryClaim::SkippedNoWebhook { partner_id } => {
-                return Ok(Outcome::Skipped(format!(
-                    "notification {id}: partner {partner_id} has no webhook_url; marked SKIPPED"
-                )));
-            }
-            DeliveryClaim::NotClaimed(state) => {
-                return Ok(not_claimed(id, &state, ctx.attempt));
-            }
-            DeliveryClaim::Missing => {
-                return Ok(Outcome::Failed(format!("notification {id} does not exist")));
-            }
-        };
+        let mut claimed =
+            match notifications::claim(pool, id, self.config.lease(), &self.clock).await? {
+                DeliveryClaim::Claimed(claimed) => claimed,
+                DeliveryClaim::SkippedNoWebhook { partner_id } => {
+                    return Ok(Outcome::Skipped(format!(
+                        "notification {id}: partner {partner_id} has no webhook_url; marked SKIPPED"
+                    )));
+                }
+                DeliveryClaim::NotClaimed(state) => {
+                    return Ok(not_claimed(id, &state, ctx.attempt));
+                }
+                DeliveryClaim::Missing => {
+                    return Ok(Outcome::Failed(format!("notification {id} does not exist")));
+                }
+            };
 
         // Partners are isolated: an open breaker parks the delivery, a partner at its
         // in-flight bound defers it; neither is an attempt, and the prefetch slot is free at
@@ -121,8 +125,12 @@ impl Handler for DeliverWebhook {
         if let Some(outcome) = self.breaker_parks(pool, &claimed).await? {
             return Ok(outcome);
         }
-        let Some(_slot) = self.bulkhead.try_enter(claimed.partner_id) else {
-            let delay = self.config.timeout;
+        let Some(slot) = self
+            .bulkhead
+            .enter(claimed.partner_id, self.config.partner_wait)
+            .await
+        else {
+            let delay = DEFERRED_FOR;
             notifications::defer(pool, &claimed, delay, &self.clock).await?;
             metrics::record(Self::FUNCTION, "deferred", Duration::ZERO);
             return Ok(Outcome::Skipped(format!(
@@ -132,6 +140,18 @@ impl Handler for DeliverWebhook {
                 self.bulkhead.limit()
             )));
         };
+        if slot.waited || claimed.breaker.failures > 0 {
+            // Between the claim's read and the slot, the deliveries ahead of this one may have
+            // opened a failing partner's breaker: look again rather than add one more failure.
+            let mut conn = pool.acquire().await?;
+            if let Some(now) = breaker::read(&mut conn, claimed.partner_id, &self.clock).await? {
+                claimed.breaker = now;
+            }
+            drop(conn);
+            if let Some(outcome) = self.breaker_parks(pool, &claimed).await? {
+                return Ok(outcome);
+            }
+        }
 
         // No transaction is open here: the claim committed, the lease keeps others off.
         let signed_at = chrono::Utc::now().timestamp();

@@ -84,8 +84,8 @@ async fn notify(services: &Services, partner_id: u64, reference_id: u64) -> u64 
         uuid::Uuid::new_v4(),
     )
     .await
-    .unwrap()
-    .unwrap();
+    .unwrap_or_else(|e| panic!("enqueue notification {reference_id}: {e}"))
+    .unwrap_or_else(|| panic!("notification {reference_id} already exists"));
     uow.commit().await.unwrap();
     id
 }

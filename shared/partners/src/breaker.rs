@@ -131,15 +131,18 @@ pub async fn record_failure(
     Ok(opened == 1)
 }
 
-/// A partner's breaker now (for the admin API).
+/// A partner's breaker now.
 pub async fn read(
     conn: &mut MySqlConnection,
     partner_id: u64,
+    clock: &Clock,
 ) -> Result<Option<BreakerRead>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT webhook_failures AS failures, webhook_open_until AS open_until, NOW(6) AS now \
+        "SELECT webhook_failures AS failures, webhook_open_until AS open_until, \
+                COALESCE(?, NOW(6)) AS now \
          FROM partners WHERE id = ?",
     )
+    .bind(clock.sql_now())
     .bind(partner_id)
     .fetch_optional(conn)
     .await

@@ -57,6 +57,17 @@ impl Outbox {
         })
     }
 
+    /// The same, READ COMMITTED: for claiming queue-like rows with `FOR UPDATE SKIP LOCKED`
+    /// (see `db::begin_read_committed`: under REPEATABLE READ the claim's gap locks deadlock
+    /// with the producers inserting new rows).
+    pub async fn begin_read_committed(&self) -> Result<UnitOfWork<'_>, sqlx::Error> {
+        Ok(UnitOfWork {
+            tx: crate::db::begin_read_committed(&self.pool).await?,
+            staged: Vec::new(),
+            outbox: self,
+        })
+    }
+
     /// Publishes messages whose rows are committed, then marks the rows published. Failures
     /// are logged and left to the relay.
     pub async fn publish_committed(&self, staged: Vec<(u64, OutgoingMessage)>) {

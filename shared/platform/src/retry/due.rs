@@ -112,7 +112,7 @@ impl<M: Message> DueSweep<M> {
 
     /// One transaction: pick, stamp, write the messages to the outbox; published on commit.
     async fn republish_batch(&self) -> Result<u64, OutboxError> {
-        let mut uow = self.outbox.begin().await?;
+        let mut uow = self.outbox.begin_read_committed().await?;
         let ids = self
             .table
             .take_due_for_republish(
