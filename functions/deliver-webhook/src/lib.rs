@@ -57,6 +57,14 @@ use bulkhead::Bulkhead;
 pub use config::WebhookConfig;
 pub use delivery::Attempt;
 
+/// What a partner's breaker makes of a claimed delivery.
+enum Gate {
+    /// Attempt it (`probe`: it is the half-open breaker's one probe).
+    Pass { probe: bool },
+    /// Not attempted: parked, with this outcome.
+    Park(Outcome),
+}
+
 /// How long a delivery deferred at its partner's in-flight bound waits before it is due again
 /// (the due sweep brings it back).
 const DEFERRED_FOR: Duration = Duration::from_secs(1);
@@ -122,9 +130,10 @@ impl Handler for DeliverWebhook {
         // Partners are isolated: an open breaker parks the delivery, a partner at its
         // in-flight bound defers it; neither is an attempt, and the prefetch slot is free at
         // once for other partners' deliveries.
-        if let Some(outcome) = self.breaker_parks(pool, &claimed).await? {
-            return Ok(outcome);
-        }
+        let probe = match self.breaker_gate(pool, &claimed).await? {
+            Gate::Park(outcome) => return Ok(outcome),
+            Gate::Pass { probe } => probe,
+        };
         let Some(slot) = self
             .bulkhead
             .enter(claimed.partner_id, self.config.partner_wait)
@@ -140,7 +149,7 @@ impl Handler for DeliverWebhook {
                 self.bulkhead.limit()
             )));
         };
-        if slot.waited || claimed.breaker.failures > 0 {
+        if !probe && (slot.waited || claimed.breaker.failures > 0) {
             // Between the claim's read and the slot, the deliveries ahead of this one may have
             // opened a failing partner's breaker: look again rather than add one more failure.
             let mut conn = pool.acquire().await?;
@@ -148,7 +157,7 @@ impl Handler for DeliverWebhook {
                 claimed.breaker = now;
             }
             drop(conn);
-            if let Some(outcome) = self.breaker_parks(pool, &claimed).await? {
+            if let Gate::Park(outcome) = self.breaker_gate(pool, &claimed).await? {
                 return Ok(outcome);
             }
         }
@@ -194,17 +203,17 @@ impl Handler for DeliverWebhook {
 }
 
 impl DeliverWebhook {
-    /// `Some(outcome)` when the partner's breaker keeps this delivery from being attempted:
-    /// open, or half-open with the probe taken by another delivery. Parked until the breaker
-    /// may let a probe through, with no attempt counted.
-    async fn breaker_parks(
+    /// Whether the partner's breaker lets this delivery through: closed, or half-open with
+    /// this delivery as the probe. Otherwise (open, or the probe taken by another delivery)
+    /// it is parked until the breaker may let a probe through, with no attempt counted.
+    async fn breaker_gate(
         &self,
         pool: &MySqlPool,
         claimed: &ClaimedNotification,
-    ) -> Result<Option<Outcome>, HandlerError> {
+    ) -> Result<Gate, HandlerError> {
         let (id, partner_id) = (claimed.id, claimed.partner_id);
         let parked_for = match claimed.breaker.state() {
-            BreakerState::Closed => return Ok(None),
+            BreakerState::Closed => return Ok(Gate::Pass { probe: false }),
             BreakerState::Open => claimed.breaker.remaining(),
             BreakerState::HalfOpen => {
                 let mut conn = pool.acquire().await?;
@@ -216,14 +225,14 @@ impl DeliverWebhook {
                         notification_id = id,
                         "partner circuit half-open: probing"
                     );
-                    return Ok(None);
+                    return Ok(Gate::Pass { probe: true });
                 }
                 self.config.breaker.cool_down
             }
         };
         notifications::defer(pool, claimed, parked_for, &self.clock).await?;
         metrics::record(Self::FUNCTION, "parked", Duration::ZERO);
-        Ok(Some(Outcome::Skipped(format!(
+        Ok(Gate::Park(Outcome::Skipped(format!(
             "notification {id}: partner {partner_id}'s circuit is open; parked {parked_for:?}, \
              no attempt counted"
         ))))
