@@ -36,7 +36,7 @@ impl Default for Limits {
         Self {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
-            max_connections: 1024,
+            max_connections: 256,
         }
     }
 }
