@@ -4,11 +4,11 @@
 # dead-letter recorders, the sweeper and the HTTP API in one process (`paybus run`) until
 # Ctrl-C.
 #
-# Local mode: when PAYBUS_ADMIN_TOKEN or PAYBUS_CHAIN_MONITOR_SECRET is unset, development
-# secrets are generated once into the git-ignored state folder (.local/dev-secrets.env) and
-# used, so the admin API and the intake answer from the first request; an example session is
-# printed. Production never runs this script: there an unset secret keeps its route closed
-# (503).
+# Local mode: when PAYBUS_ADMIN_JWT_SECRET or PAYBUS_CHAIN_MONITOR_SECRET is unset,
+# development secrets are generated once into the git-ignored state folder
+# (.local/dev-secrets.env) and used, so the admin API and the intake answer from the first
+# request; an ADMIN token and an example session are printed. Production never runs this
+# script: there an unset secret keeps its route closed (503).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,28 +21,31 @@ cargo build --release --locked -p paybus
 paybus="$repo/target/release/paybus"
 
 secrets="$PAYBUS_STATE_DIR/dev-secrets.env"
-if [[ -z ${PAYBUS_ADMIN_TOKEN:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} ]]; then
-  if [[ ! -f $secrets ]]; then
+if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} ]]; then
+  if [[ ! -f $secrets ]] || ! grep -q '^PAYBUS_ADMIN_JWT_SECRET=' "$secrets"; then
     random() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
     (
       umask 077
-      printf 'PAYBUS_ADMIN_TOKEN=dev-admin-%s\nPAYBUS_CHAIN_MONITOR_SECRET=dev-monitor-%s\n' \
+      printf 'PAYBUS_ADMIN_JWT_SECRET=dev-jwt-%s\nPAYBUS_CHAIN_MONITOR_SECRET=dev-monitor-%s\n' \
         "$(random)" "$(random)" >"$secrets"
     )
   fi
   while IFS='=' read -r name value; do
     [[ -n ${!name:-} ]] || export "$name=$value"
   done <"$secrets"
+  token=$("$paybus" token issue --role ADMIN --subject dev --ttl 12h)
   api="http://${PAYBUS_HTTP_ADDR:-127.0.0.1:8080}"
   cat <<EXAMPLE
 
 == Local mode: development secrets (generated once into $secrets; never for production)
-   PAYBUS_ADMIN_TOKEN=$PAYBUS_ADMIN_TOKEN
+   PAYBUS_ADMIN_JWT_SECRET=$PAYBUS_ADMIN_JWT_SECRET
    PAYBUS_CHAIN_MONITOR_SECRET=$PAYBUS_CHAIN_MONITOR_SECRET
+   an ADMIN token for 12 h (more: $paybus token issue --role ADMIN|OPS):
+   $token
 
 == Try W2 from another shell once "paybus running" shows below (paste as is):
-export PAYBUS_ADMIN_TOKEN=$PAYBUS_ADMIN_TOKEN PAYBUS_CHAIN_MONITOR_SECRET=$PAYBUS_CHAIN_MONITOR_SECRET
-admin=(-H "Authorization: Bearer \$PAYBUS_ADMIN_TOKEN" -H 'Content-Type: application/json')
+export PAYBUS_CHAIN_MONITOR_SECRET=$PAYBUS_CHAIN_MONITOR_SECRET
+admin=(-H "Authorization: Bearer $token" -H 'Content-Type: application/json')
 partner=\$(curl -s "\${admin[@]}" -d '{"name":"acme","webhook_secret":"acme-webhook-secret-0001"}' $api/v1/admin/partners | tr -dc 0-9)
 withdrawal=\$(curl -s "\${admin[@]}" -d "{\"partner_id\":\$partner,\"status\":\"BROADCASTING\",\"currency\":\"USDT\",\"amount\":\"100.5\",\"to_address\":\"T-acme\"}" $api/v1/admin/withdrawals | tr -dc 0-9)
 body="{\"withdrawal_id\":\$withdrawal,\"tx_hash\":\"0xabc\"}"

@@ -9,7 +9,7 @@ use crate::server::Limits;
 
 pub const VAR_HTTP_ADDR: &str = "PAYBUS_HTTP_ADDR";
 pub const VAR_CHAIN_MONITOR_SECRET: &str = "PAYBUS_CHAIN_MONITOR_SECRET";
-pub const VAR_ADMIN_TOKEN: &str = "PAYBUS_ADMIN_TOKEN";
+pub const VAR_ADMIN_JWT_SECRET: &str = "PAYBUS_ADMIN_JWT_SECRET";
 pub const VAR_ASYNC_MATCHING_ENABLED: &str = "PAYBUS_ASYNC_MATCHING_ENABLED";
 pub const VAR_HEADER_TIMEOUT_MS: &str = "PAYBUS_HTTP_HEADER_TIMEOUT_MS";
 pub const VAR_BODY_TIMEOUT_MS: &str = "PAYBUS_HTTP_BODY_TIMEOUT_MS";
@@ -22,8 +22,9 @@ pub struct ApiConfig {
     /// Shared secret the chain monitor signs its webhooks with. Unset: the intake endpoints
     /// refuse everything (503) rather than accept unsigned confirmations.
     pub chain_monitor_secret: Option<Secret>,
-    /// Bearer token of the admin API. Unset: the admin API is closed.
-    pub admin_token: Option<Secret>,
+    /// The key admin role tokens are signed with (HS256, at least 32 bytes). Unset: the admin
+    /// API is closed.
+    pub admin_jwt_secret: Option<Secret>,
     /// Seed 000 §0: W1's queued matching is off unless explicitly switched on; a missing value
     /// must never turn the worker path on by accident.
     pub async_matching_enabled: bool,
@@ -36,7 +37,7 @@ impl Default for ApiConfig {
         Self {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             chain_monitor_secret: None,
-            admin_token: None,
+            admin_jwt_secret: None,
             async_matching_enabled: false,
             limits: Limits::default(),
         }
@@ -58,7 +59,7 @@ impl ApiConfig {
                 |_| true,
             )?,
             chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
-            admin_token: env.secret(VAR_ADMIN_TOKEN, 16)?,
+            admin_jwt_secret: env.secret(VAR_ADMIN_JWT_SECRET, 32)?,
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
             limits: Limits {
                 header_timeout: millis(env, VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
@@ -126,16 +127,17 @@ mod tests {
     #[test]
     fn secrets_are_optional_long_and_never_printed() {
         let config = read(&[]).unwrap();
-        assert!(config.chain_monitor_secret.is_none() && config.admin_token.is_none());
-        let short = read(&[(VAR_ADMIN_TOKEN, "abc")]).unwrap_err();
-        assert_eq!(short.variable, VAR_ADMIN_TOKEN);
+        assert!(config.chain_monitor_secret.is_none() && config.admin_jwt_secret.is_none());
+        let short = read(&[(VAR_ADMIN_JWT_SECRET, "abc")]).unwrap_err();
+        assert_eq!(short.variable, VAR_ADMIN_JWT_SECRET);
         assert!(!short.to_string().contains("abc"));
-        let config = read(&[(VAR_ADMIN_TOKEN, "0123456789abcdef-tok")]).unwrap();
+        let secret = "0123456789abcdef0123456789abcdef-key";
+        let config = read(&[(VAR_ADMIN_JWT_SECRET, secret)]).unwrap();
         assert_eq!(
-            config.admin_token.as_ref().map(Secret::expose),
-            Some("0123456789abcdef-tok")
+            config.admin_jwt_secret.as_ref().map(Secret::expose),
+            Some(secret)
         );
-        assert!(!format!("{config:?}").contains("0123456789abcdef-tok"));
+        assert!(!format!("{config:?}").contains(secret));
     }
 
     #[test]

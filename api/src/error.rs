@@ -24,9 +24,13 @@ pub enum ApiError {
     /// 401: a missing, malformed, stale or wrong webhook signature.
     #[error("{0}")]
     BadSignature(String),
-    /// 401 with `WWW-Authenticate: Bearer`: a missing or wrong admin token.
+    /// 401 with `WWW-Authenticate: Bearer`: a missing, malformed, tampered or expired admin
+    /// token.
     #[error("{0}")]
     BadToken(&'static str),
+    /// 403: a valid token without the role this request needs.
+    #[error("this request needs the {0} role")]
+    Forbidden(crate::auth::Role),
     /// 404: the row (or the route) does not exist.
     #[error("{0}")]
     NotFound(String),
@@ -65,6 +69,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::BadSignature(_) | ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

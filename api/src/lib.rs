@@ -8,13 +8,15 @@
 //! | `partners` | admin partners | `paybus_partners` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //!
-//! Admin routes (`/v1/admin/*`) take a bearer token (`admin`); `GET /health` is liveness.
+//! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
+//! `GET /health` is liveness.
 //! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
 //! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
 
 mod admin;
 mod amount;
 mod audit;
+pub mod auth;
 mod body;
 mod chain;
 pub mod config;
@@ -59,8 +61,9 @@ pub struct AppState {
     pub outbox: Outbox,
     /// `PAYBUS_CHAIN_MONITOR_SECRET`. None: the intake answers 503 to everything.
     pub chain_monitor_secret: Option<Secret>,
-    /// `PAYBUS_ADMIN_TOKEN`. None: the admin API answers 503 to everything.
-    pub admin_token: Option<Secret>,
+    /// `PAYBUS_ADMIN_JWT_SECRET`, the key of the admin role tokens. None: the admin API
+    /// answers 503 to everything.
+    pub admin_jwt_secret: Option<Secret>,
     /// How far a signature's timestamp may be from now (default 300 s).
     pub signature_tolerance: Duration,
     /// The invariants `GET /v1/admin/audit` checks (every workflow's: the catalog's list).
@@ -73,7 +76,7 @@ impl AppState {
             pool: services.pool.clone(),
             outbox: services.outbox.clone(),
             chain_monitor_secret: config.chain_monitor_secret.clone(),
-            admin_token: config.admin_token.clone(),
+            admin_jwt_secret: config.admin_jwt_secret.clone(),
             signature_tolerance: signature::DEFAULT_TOLERANCE,
             audit: audit.into(),
         }
@@ -90,7 +93,7 @@ pub fn router(state: AppState) -> Router {
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            admin::require_admin,
+            auth::require_role,
         ));
     Router::new()
         .route("/health", get(health))
@@ -120,8 +123,8 @@ pub async fn serve(
             "PAYBUS_CHAIN_MONITOR_SECRET is not set: the chain-monitor intake answers 503"
         );
     }
-    if state.admin_token.is_none() {
-        tracing::warn!("PAYBUS_ADMIN_TOKEN is not set: the admin API answers 503");
+    if state.admin_jwt_secret.is_none() {
+        tracing::warn!("PAYBUS_ADMIN_JWT_SECRET is not set: the admin API answers 503");
     }
     server::serve_on(listener, state, config.limits, shutdown).await
 }

@@ -4,6 +4,8 @@
 
 mod support;
 
+use paybus_api::auth::Role;
+
 use axum::{
     body::Body,
     http::{Request, StatusCode, header},
@@ -59,13 +61,13 @@ async fn admin_without_a_token_or_with_a_wrong_one_is_401() {
         ))
         .unwrap();
     let basic = Request::get("/v1/admin/withdrawals/1")
-        .header(header::AUTHORIZATION, format!("Basic {ADMIN_TOKEN}"))
+        .header(header::AUTHORIZATION, format!("Basic {}", admin_token()))
         .body(Body::empty())
         .unwrap();
 
     for (request, expected) in [
         (no_token, "missing admin token"),
-        (wrong, "invalid admin token"),
+        (wrong, "invalid token"),
         (basic, "missing admin token"),
     ] {
         let response = tower::ServiceExt::oneshot(api.router(), request)
@@ -83,8 +85,60 @@ async fn admin_without_a_token_or_with_a_wrong_one_is_401() {
 }
 
 #[tokio::test]
+async fn expired_and_tampered_tokens_are_401_and_a_missing_role_is_403() {
+    let api = Api::new().await;
+    let expired = paybus_api::auth::issue(
+        ADMIN_JWT_SECRET,
+        "tests",
+        &[Role::Admin],
+        std::time::Duration::ZERO,
+    )
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let ops = token(&[Role::Ops]);
+    let mut tampered = ops.clone();
+    tampered.pop();
+    tampered.push(if ops.ends_with('A') { 'B' } else { 'A' });
+    let body = r#"{"name": "x", "webhook_secret": "0123456789abcdef"}"#;
+    let call = |token: String, method: &str, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(if method == "POST" { body } else { "" }))
+            .unwrap()
+    };
+
+    for (request, status, expected) in [
+        (
+            call(expired, "GET", "/v1/admin/audit"),
+            StatusCode::UNAUTHORIZED,
+            "expired token",
+        ),
+        (
+            call(tampered, "GET", "/v1/admin/audit"),
+            StatusCode::UNAUTHORIZED,
+            "invalid token",
+        ),
+        (
+            call(ops.clone(), "POST", "/v1/admin/partners"),
+            StatusCode::FORBIDDEN,
+            "this request needs the ADMIN role",
+        ),
+    ] {
+        let (got, answer) = api.call(request).await;
+        assert_eq!(got, status, "{answer}");
+        assert_eq!(error_of(&answer), expected);
+    }
+    let (reads, answer) = api.call(call(ops, "GET", "/v1/admin/audit")).await;
+    assert_eq!(reads, StatusCode::OK, "OPS reads: {answer}");
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM partners").await, 0);
+}
+
+#[tokio::test]
 async fn without_a_configured_token_the_admin_api_is_disabled_with_503() {
-    let api = Api::with(|config| config.admin_token = None).await;
+    let api = Api::with(|config| config.admin_jwt_secret = None).await;
 
     let (status, body) = api.call(admin_get("/v1/admin/deposits/1")).await;
 

@@ -48,6 +48,9 @@ enum Command {
     Audit,
     /// Print the function catalog as the README's markdown table.
     Catalog,
+    /// Admin API role tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Print the `X-Paybus-Signature` value of `body` signed now with
     /// PAYBUS_CHAIN_MONITOR_SECRET, as the chain monitor signs its webhooks (for trying the
     /// intake by hand).
@@ -64,6 +67,49 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         timeout: u64,
     },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Mint a token signed with PAYBUS_ADMIN_JWT_SECRET and print it (for `Authorization:
+    /// Bearer <token>`).
+    Issue {
+        /// OPS (reads) or ADMIN (changes and reads); repeat for several.
+        #[arg(long = "role", required = true, value_parser = parse_role)]
+        roles: Vec<paybus_api::auth::Role>,
+        /// Who the token is for (shown in the admin API's log lines).
+        #[arg(long, default_value = "ops")]
+        subject: String,
+        /// How long it is valid, e.g. `30m`, `8h`, `7d`.
+        #[arg(long, default_value = "8h", value_parser = parse_ttl)]
+        ttl: std::time::Duration,
+    },
+}
+
+fn parse_role(text: &str) -> Result<paybus_api::auth::Role, String> {
+    text.to_ascii_uppercase()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a role: OPS or ADMIN"))
+}
+
+fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30m, 8h or 7d"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?} is not a duration like 30m, 8h or 7d")),
+    };
+    Ok(std::time::Duration::from_secs(
+        number.saturating_mul(seconds),
+    ))
 }
 
 #[tokio::main]
@@ -88,6 +134,11 @@ async fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sign { body } => sign(&body),
+        Command::Token(TokenCommand::Issue {
+            roles,
+            subject,
+            ttl,
+        }) => issue_token(&roles, &subject, ttl),
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Ping { timeout } => ping(settings, timeout).await,
     };
@@ -171,6 +222,21 @@ async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
         "no pong for ping {ping_id} within {timeout}s: is `paybus run` (or the canary function) running?"
     );
     Ok(ExitCode::FAILURE)
+}
+
+fn issue_token(
+    roles: &[paybus_api::auth::Role],
+    subject: &str,
+    ttl: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
+    let Some(secret) = ApiConfig::from_env()?.admin_jwt_secret else {
+        anyhow::bail!("PAYBUS_ADMIN_JWT_SECRET is not set: nothing to sign tokens with");
+    };
+    println!(
+        "{}",
+        paybus_api::auth::issue(secret.expose(), subject, roles, ttl)?
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn sign(body: &str) -> anyhow::Result<ExitCode> {

@@ -13,7 +13,7 @@ infra/local/start.sh >/dev/null
 # shellcheck source=../local/env.sh
 source infra/local/env.sh
 
-export PAYBUS_ADMIN_TOKEN="demo-admin-token-0123456789"
+export PAYBUS_ADMIN_JWT_SECRET="demo-admin-jwt-secret-0123456789abcdef"
 export PAYBUS_CHAIN_MONITOR_SECRET="demo-chain-monitor-secret-0123"
 export PAYBUS_HTTP_ADDR="127.0.0.1:18080"
 api="http://$PAYBUS_HTTP_ADDR"
@@ -23,6 +23,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 cargo build -q --release --locked -p paybus
 paybus="$repo/target/release/paybus"
+token=$("$paybus" token issue --role ADMIN --subject demo --ttl 1h)
 "$paybus" migrate >/dev/null
 "$paybus" run >"$work/paybus.log" 2>&1 &
 
@@ -42,7 +43,7 @@ PY
 
 for _ in $(seq 100); do curl -fs "$api/health" >/dev/null && break; sleep 0.1; done
 
-admin() { curl -fsS -H "Authorization: Bearer $PAYBUS_ADMIN_TOKEN" -H 'Content-Type: application/json' "$@"; }
+admin() { curl -fsS -H "Authorization: Bearer $token" -H 'Content-Type: application/json' "$@"; }
 json_id() { python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])'; }
 
 partner=$(admin -d "{\"name\":\"demo partner\",\"webhook_url\":\"http://127.0.0.1:$partner_port/hook\",\"webhook_secret\":\"demo-webhook-secret-0123\"}" "$api/v1/admin/partners" | json_id)

@@ -8,7 +8,11 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::{ApiConfig, AppState, router};
+use paybus_api::{
+    ApiConfig, AppState,
+    auth::{self, Role},
+    router,
+};
 use paybus_platform::{
     Secret,
     bus::Services,
@@ -19,7 +23,24 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 pub const MONITOR_SECRET: &str = "chain-monitor-secret-for-tests";
-pub const ADMIN_TOKEN: &str = "admin-token-for-tests-0123456789";
+/// The key the tests' admin role tokens are signed with.
+pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-tests-0123456789";
+
+/// A token with `roles`, valid for an hour.
+pub fn token(roles: &[Role]) -> String {
+    auth::issue(
+        ADMIN_JWT_SECRET,
+        "tests",
+        roles,
+        std::time::Duration::from_secs(3600),
+    )
+    .expect("mint a test token")
+}
+
+/// An ADMIN token.
+pub fn admin_token() -> String {
+    token(&[Role::Admin])
+}
 
 pub const WITHDRAWAL_CONFIRMATIONS: &str = "/v1/chain-monitor/withdrawal-confirmations";
 pub const DEPOSIT_CONFIRMATIONS: &str = "/v1/chain-monitor/deposit-confirmations";
@@ -43,7 +64,7 @@ impl Api {
         let env = TestEnv::new().await;
         let mut config = ApiConfig {
             chain_monitor_secret: Some(Secret::new(MONITOR_SECRET)),
-            admin_token: Some(Secret::new(ADMIN_TOKEN)),
+            admin_jwt_secret: Some(Secret::new(ADMIN_JWT_SECRET)),
             ..ApiConfig::default()
         };
         configure(&mut config);
@@ -117,7 +138,7 @@ pub fn unsigned(path: &str, body: &str) -> Request<Body> {
 
 pub fn admin_post(path: &str, body: &Value) -> Request<Body> {
     Request::post(path)
-        .header(header::AUTHORIZATION, format!("Bearer {ADMIN_TOKEN}"))
+        .header(header::AUTHORIZATION, format!("Bearer {}", admin_token()))
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
         .expect("request")
@@ -125,7 +146,7 @@ pub fn admin_post(path: &str, body: &Value) -> Request<Body> {
 
 pub fn admin_get(path: &str) -> Request<Body> {
     Request::get(path)
-        .header(header::AUTHORIZATION, format!("Bearer {ADMIN_TOKEN}"))
+        .header(header::AUTHORIZATION, format!("Bearer {}", admin_token()))
         .body(Body::empty())
         .expect("request")
 }

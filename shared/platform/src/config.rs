@@ -233,7 +233,15 @@ impl Vars {
         match self.get(variable) {
             None => Ok(None),
             Some(v) if v.len() >= min_len => Ok(Some(Secret::new(v))),
-            Some(_) => Err(self.error(variable, "***", "a secret of at least 16 characters")),
+            Some(_) => Err(ConfigError {
+                variable,
+                value: "***".to_owned(),
+                expected: if min_len >= 32 {
+                    "a secret of at least 32 characters"
+                } else {
+                    "a secret of at least 16 characters"
+                },
+            }),
         }
     }
 
