@@ -1,0 +1,188 @@
+//! `paybus bench confirm-withdrawal`: W2's confirmation through the broker, each message sent
+//! twice, next to the same transaction driven directly and the database's write ceiling.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
+use paybus_platform::{
+    bus::{Envelope, Runner, metrics},
+    testing::TestEnv,
+    transition::Transition,
+};
+use sqlx::MySqlPool;
+use tokio_util::sync::CancellationToken;
+
+use super::{BenchArgs, Phase, bench_services, database_ceiling, drive, met};
+
+async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64>> {
+    let mut ids = Vec::with_capacity(usize::from(count));
+    for n in 0..count {
+        ids.push(
+            sqlx::query("INSERT INTO partners (name, webhook_secret) VALUES (?, 'bench-secret')")
+                .bind(format!("bench {n}"))
+                .execute(pool)
+                .await?
+                .last_insert_id(),
+        );
+    }
+    Ok(ids)
+}
+
+/// `count` NORMAL withdrawals in BROADCASTING, spread round robin over `partners`.
+async fn insert_broadcasting_withdrawals(
+    pool: &MySqlPool,
+    partners: &[u64],
+    count: usize,
+) -> anyhow::Result<Vec<u64>> {
+    let mut ids = Vec::with_capacity(count);
+    let rows: Vec<usize> = (0..count).collect();
+    for chunk in rows.chunks(500) {
+        let mut query = sqlx::QueryBuilder::<sqlx::MySql>::new(
+            "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address) ",
+        );
+        query.push_values(chunk, |mut row, n| {
+            row.push_bind(partners[n % partners.len()])
+                .push("'NORMAL'")
+                .push("'BROADCASTING'")
+                .push("'USDT'")
+                .push("1")
+                .push("'bench-address'");
+        });
+        let done = query.build().execute(pool).await?;
+        let first = done.last_insert_id();
+        ids.extend((0..done.rows_affected()).map(|i| first + i));
+    }
+    Ok(ids)
+}
+
+/// Each id twice, the copies next to each other so duplicates really race.
+fn doubled(ids: &[u64]) -> Vec<u64> {
+    ids.iter().flat_map(|&id| [id, id]).collect()
+}
+
+pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let env = TestEnv::new().await;
+    let services = bench_services(&env, args.concurrency).await?;
+    let partners = insert_partners(&services.pool, args.partners).await?;
+    println!(
+        "confirm-withdrawal: {} withdrawals per phase over {} partner(s), each confirmation sent \
+         twice, concurrency {}",
+        args.items, args.partners, args.concurrency
+    );
+
+    // Direct: the handler's own transaction, driven by `concurrency` tasks.
+    let work = Arc::new(doubled(
+        &insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?,
+    ));
+    let outbox = services.outbox.clone();
+    let elapsed = drive(work.len(), args.concurrency, {
+        let work = work.clone();
+        move |i| {
+            let (work, outbox) = (work.clone(), outbox.clone());
+            async move {
+                let mut uow = outbox.begin().await?;
+                let result =
+                    confirm_if_in_flight(&mut uow, work[i], "0xbench", uuid::Uuid::now_v7()).await;
+                Transition::commit_or_rollback(uow, result)
+                    .await
+                    .context("direct confirmation")?;
+                Ok(())
+            }
+        }
+    })
+    .await?;
+    let direct = Phase {
+        name: "direct on the database (with duplicates)",
+        unit: "messages",
+        count: work.len(),
+        elapsed,
+    };
+
+    // Through the broker: the same number of messages, consumed by the real runtime.
+    let ids = insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?;
+    let messages: Vec<_> = doubled(&ids)
+        .into_iter()
+        .map(|withdrawal_id| {
+            Envelope::new(WithdrawalTxConfirmed {
+                withdrawal_id,
+                tx_hash: "0xbench".to_owned(),
+            })
+            .to_outgoing()
+        })
+        .collect::<Result<_, _>>()?;
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(ConfirmWithdrawal);
+    let running = tokio::spawn(runner.run(shutdown.clone()));
+    let processed = || {
+        metrics::count("confirm-withdrawal", "done")
+            + metrics::count("confirm-withdrawal", "skipped")
+    };
+    let started = Instant::now();
+    for chunk in messages.chunks(512) {
+        for result in services.publisher().publish_events(chunk).await {
+            result.context("publishing a confirmation")?;
+        }
+    }
+    let deadline = started + Duration::from_secs(600);
+    while processed() < messages.len() as u64 {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {} messages processed in 10 minutes",
+                processed(),
+                messages.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let through_broker = Phase {
+        name: "through the broker (with duplicates)",
+        unit: "messages",
+        count: messages.len(),
+        elapsed: started.elapsed(),
+    };
+    shutdown.cancel();
+    running.await??;
+
+    let ceiling = database_ceiling(&services.pool, work.len(), args.concurrency).await?;
+
+    let debits: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM ledger_entries WHERE entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL'",
+    )
+    .fetch_one(&services.pool)
+    .await?;
+    let mut conn = services.pool.acquire().await?;
+    let violations =
+        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    if debits != i64::try_from(2 * args.items)? || !violations.is_empty() {
+        bail!(
+            "exactly-once broken: {debits} debits for {} withdrawals, audit: {violations:?}",
+            2 * args.items
+        );
+    }
+
+    for phase in [&direct, &through_broker, &ceiling] {
+        phase.print();
+    }
+    let ratio = through_broker.rate() / direct.rate();
+    // Half the messages are duplicates: the useful work is one transition per withdrawal.
+    let transitions = args.items as f64 / through_broker.elapsed.as_secs_f64();
+    let of_ceiling = transitions / ceiling.rate();
+    println!(
+        "through the broker / direct:                 {ratio:.2}  (target >= 0.80: {})",
+        met(ratio >= 0.8)
+    );
+    println!(
+        "transitions end to end: {transitions:.0} /s = {of_ceiling:.2} x the ceiling  (target >= 0.30: {})",
+        met(of_ceiling >= 0.3)
+    );
+    println!(
+        "exactly once: {debits} debits for {} withdrawals, audit clean",
+        2 * args.items
+    );
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! `paybus bench <workflow>`: throughput end to end through the broker next to two figures
+//! measured in the same run on the same database at the same concurrency:
+//!
+//! - **direct**: the workflow's own SQL transactions driven straight on the database (what
+//!   the bus costs on top of them: the ratio should be close to 1);
+//! - **ceiling**: the database's own limit for a write transaction, sysbench
+//!   `oltp_write_only`'s shape (an indexed UPDATE, a non-indexed UPDATE, a DELETE and an
+//!   INSERT by primary key on a 100k-row table, in one transaction). The workflow's useful
+//!   transitions per second divided by it says how close to the database's limit it runs.
+//!
+//! A benchmark, not a test: it asserts nothing about time, only that the work came out
+//! exactly once (and the audit is clean). Each run gets its own database and vhost (dropped
+//! afterwards), so it can run next to `paybus run` on the same servers.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+use paybus_platform::{bus::Services, testing::TestEnv};
+use sqlx::MySqlPool;
+
+mod confirm_withdrawal;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Workflow {
+    /// W2: withdrawal confirmations, every message delivered twice.
+    ConfirmWithdrawal,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    pub workflow: Workflow,
+    /// Distinct items per phase (each phase sends every item twice).
+    #[arg(long, default_value_t = 2_000)]
+    pub items: usize,
+    /// In-flight work in every phase: worker tasks for direct and ceiling, prefetch for the
+    /// broker.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: u16,
+    /// Partners the items are spread over (round robin). One partner serialises every ledger
+    /// posting on its gate row; real deployments have many.
+    #[arg(long, default_value_t = 1)]
+    pub partners: u16,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.items == 0 || args.concurrency == 0 || args.partners == 0 {
+        bail!("--items, --concurrency and --partners must be at least 1");
+    }
+    match args.workflow {
+        Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
+    }
+}
+
+pub(crate) struct Phase {
+    pub(crate) name: &'static str,
+    pub(crate) unit: &'static str,
+    pub(crate) count: usize,
+    pub(crate) elapsed: Duration,
+}
+
+impl Phase {
+    pub(crate) fn rate(&self) -> f64 {
+        self.count as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub(crate) fn print(&self) {
+        println!(
+            "{:<44} {:>7} {:<12} in {:>8.2?}  {:>8.0} /s",
+            self.name,
+            self.count,
+            self.unit,
+            self.elapsed,
+            self.rate()
+        );
+    }
+}
+
+/// Runs `work(i)` for i in 0..count on `concurrency` tasks; the elapsed time.
+pub(crate) async fn drive<F, Fut>(
+    count: usize,
+    concurrency: u16,
+    work: F,
+) -> anyhow::Result<Duration>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (next, work) = (next.clone(), work.clone());
+        workers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return anyhow::Ok(());
+                }
+                work(i).await?;
+            }
+        });
+    }
+    while let Some(joined) = workers.join_next().await {
+        joined??;
+    }
+    Ok(started.elapsed())
+}
+
+pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::Result<Services> {
+    let mut settings = env.settings.clone();
+    settings.broker.prefetch = concurrency;
+    // Every in-flight handler holds a connection; a smaller pool would measure the pool.
+    settings.database.max_connections = u32::from(concurrency) + 8;
+    let services = Services::connect(settings).await?;
+    services.declare_topology(&paybus_catalog::queues()).await?;
+    Ok(services)
+}
+
+pub(crate) fn met(yes: bool) -> &'static str {
+    if yes { "met" } else { "NOT met" }
+}
+
+/// Rows of the ceiling's table, as sysbench's default `--table-size`.
+const CEILING_ROWS: u64 = 100_000;
+
+/// sysbench `oltp_write_only`, natively: `transactions` transactions on `concurrency` tasks,
+/// each an indexed UPDATE, a non-indexed UPDATE, a DELETE and the INSERT of the deleted id,
+/// by primary key on a table of 100k rows (so the table keeps its size).
+pub(crate) async fn database_ceiling(
+    pool: &MySqlPool,
+    transactions: usize,
+    concurrency: u16,
+) -> anyhow::Result<Phase> {
+    sqlx::query(
+        "CREATE TABLE bench_sbtest ( \
+             id  INT UNSIGNED NOT NULL PRIMARY KEY, \
+             k   INT UNSIGNED NOT NULL DEFAULT 0, \
+             c   CHAR(120)    NOT NULL DEFAULT '', \
+             pad CHAR(60)     NOT NULL DEFAULT '', \
+             KEY k_1 (k)) ENGINE=InnoDB",
+    )
+    .execute(pool)
+    .await?;
+    for start in (1..=CEILING_ROWS).step_by(5_000) {
+        let mut query =
+            sqlx::QueryBuilder::<sqlx::MySql>::new("INSERT INTO bench_sbtest (id, k, c, pad) ");
+        query.push_values(
+            start..(start + 5_000).min(CEILING_ROWS + 1),
+            |mut row, id| {
+                row.push_bind(id)
+                    .push_bind(id % 1_000)
+                    .push("REPEAT('c', 119)")
+                    .push("REPEAT('p', 59)");
+            },
+        );
+        query.build().execute(pool).await?;
+    }
+    let pool = pool.clone();
+    let elapsed = drive(transactions, concurrency, move |i| {
+        let pool = pool.clone();
+        async move {
+            // Spread like sysbench's uniform distribution, without a random generator.
+            let id = (i as u64).wrapping_mul(2_654_435_761) % CEILING_ROWS + 1;
+            let other = (i as u64).wrapping_mul(40_503) % CEILING_ROWS + 1;
+            // sysbench retries a transaction that lost a deadlock; so does this.
+            loop {
+                match oltp_write_only(&pool, id, other).await {
+                    Err(e) if paybus_platform::db::error_number(&e) == Some(1213) => continue,
+                    other => return other.map_err(Into::into),
+                }
+            }
+        }
+    })
+    .await?;
+    Ok(Phase {
+        name: "database ceiling (oltp_write_only shape)",
+        unit: "transactions",
+        count: transactions,
+        elapsed,
+    })
+}
+
+/// One sysbench `oltp_write_only` transaction (its four writes, by primary key).
+async fn oltp_write_only(pool: &MySqlPool, id: u64, other: u64) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE bench_sbtest SET k = k + 1 WHERE id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("UPDATE bench_sbtest SET c = REPEAT('u', 119) WHERE id = ?")
+        .bind(other)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM bench_sbtest WHERE id = ?")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO bench_sbtest (id, k, c, pad) \
+         VALUES (?, ?, REPEAT('c', 119), REPEAT('p', 59))",
+    )
+    .bind(id)
+    .bind(id % 1_000)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
