@@ -7,16 +7,15 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
+use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm};
 use paybus_platform::{
-    bus::{Envelope, Runner, metrics},
+    bus::{Envelope, Outcome, Runner, metrics},
     testing::TestEnv,
-    transition::Transition,
 };
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, Phase, bench_services, database_ceiling, drive, met};
+use super::{BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met};
 
 async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64>> {
     let mut ids = Vec::with_capacity(usize::from(count));
@@ -74,23 +73,26 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.items, args.partners, args.concurrency
     );
 
-    // Direct: the handler's own transaction, driven by `concurrency` tasks.
+    // Direct: what the handler does with a message, driven by `concurrency` tasks.
     let work = Arc::new(doubled(
         &insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?,
     ));
     let outbox = services.outbox.clone();
+    let counters = Counters::read(&services.pool).await?;
     let elapsed = drive(work.len(), args.concurrency, {
         let work = work.clone();
         move |i| {
             let (work, outbox) = (work.clone(), outbox.clone());
             async move {
-                let mut uow = outbox.begin().await?;
-                let result =
-                    confirm_if_in_flight(&mut uow, work[i], "0xbench", uuid::Uuid::now_v7()).await;
-                Transition::commit_or_rollback(uow, result)
-                    .await
-                    .context("direct confirmation")?;
-                Ok(())
+                let confirmation = WithdrawalTxConfirmed {
+                    withdrawal_id: work[i],
+                    tx_hash: "0xbench".to_owned(),
+                };
+                match confirm(&outbox, &confirmation, uuid::Uuid::now_v7()).await {
+                    Ok(Outcome::Done | Outcome::Skipped(_)) => Ok(()),
+                    Ok(other) => bail!("direct confirmation of {}: {other:?}", work[i]),
+                    Err(error) => Err(error).context("direct confirmation"),
+                }
             }
         }
     })
@@ -100,6 +102,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         unit: "messages",
         count: work.len(),
         elapsed,
+        statements: Some(counters.since(&services.pool).await?),
     };
 
     // Through the broker: the same number of messages, consumed by the real runtime.
@@ -122,6 +125,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         metrics::count("confirm-withdrawal", "done")
             + metrics::count("confirm-withdrawal", "skipped")
     };
+    let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     for chunk in messages.chunks(512) {
         for result in services.publisher().publish_events(chunk).await {
@@ -144,6 +148,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         unit: "messages",
         count: messages.len(),
         elapsed: started.elapsed(),
+        statements: Some(counters.since(&services.pool).await?),
     };
     shutdown.cancel();
     running.await??;

@@ -63,6 +63,8 @@ pub(crate) struct Phase {
     pub(crate) unit: &'static str,
     pub(crate) count: usize,
     pub(crate) elapsed: Duration,
+    /// What the phase cost the database, per unit.
+    pub(crate) statements: Option<Statements>,
 }
 
 impl Phase {
@@ -79,6 +81,73 @@ impl Phase {
             self.elapsed,
             self.rate()
         );
+        if let Some(statements) = &self.statements {
+            println!(
+                "    per {}: {}",
+                self.unit.trim_end_matches('s'),
+                statements.per(self.count)
+            );
+        }
+    }
+}
+
+/// The server's statement counters (`SHOW GLOBAL STATUS`) we report, in print order.
+const COUNTERS: [(&str, &str); 10] = [
+    ("Questions", "statements"),
+    ("Com_select", "select"),
+    ("Com_insert", "insert"),
+    ("Com_insert_select", "insert_select"),
+    ("Com_update", "update"),
+    ("Com_delete", "delete"),
+    ("Com_begin", "begin"),
+    ("Com_commit", "commit"),
+    ("Com_rollback", "rollback"),
+    // Every statement's storage-engine commit, reads in autocommit included.
+    ("Handler_commit", "handler_commit"),
+];
+
+/// Statements the server executed between two readings of its counters. They are
+/// server-wide: anything else running on the same server during the phase is counted too.
+pub(crate) struct Statements([u64; COUNTERS.len()]);
+
+/// A reading of [`COUNTERS`], taken before a phase.
+pub(crate) struct Counters([u64; COUNTERS.len()]);
+
+impl Counters {
+    pub(crate) async fn read(pool: &MySqlPool) -> anyhow::Result<Self> {
+        let rows: Vec<(String, String)> = sqlx::query_as("SHOW GLOBAL STATUS LIKE '%'")
+            .fetch_all(pool)
+            .await?;
+        let mut values = [0; COUNTERS.len()];
+        for (name, value) in rows {
+            if let Some(i) = COUNTERS.iter().position(|(counter, _)| *counter == name) {
+                values[i] = value.parse()?;
+            }
+        }
+        Ok(Self(values))
+    }
+
+    /// The statements since this reading (minus the readings' own `SHOW` statements).
+    pub(crate) async fn since(&self, pool: &MySqlPool) -> anyhow::Result<Statements> {
+        let now = Self::read(pool).await?;
+        let mut delta = [0; COUNTERS.len()];
+        for (i, d) in delta.iter_mut().enumerate() {
+            *d = now.0[i].saturating_sub(self.0[i]);
+        }
+        delta[0] = delta[0].saturating_sub(1);
+        Ok(Statements(delta))
+    }
+}
+
+impl Statements {
+    fn per(&self, units: usize) -> String {
+        let units = units.max(1) as f64;
+        COUNTERS
+            .iter()
+            .zip(self.0)
+            .map(|((_, label), n)| format!("{label} {:.2}", n as f64 / units))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -162,18 +231,21 @@ pub(crate) async fn database_ceiling(
         );
         query.build().execute(pool).await?;
     }
-    let pool = pool.clone();
-    let elapsed = drive(transactions, concurrency, move |i| {
+    let counters = Counters::read(pool).await?;
+    let elapsed = drive(transactions, concurrency, {
         let pool = pool.clone();
-        async move {
-            // Spread like sysbench's uniform distribution, without a random generator.
-            let id = (i as u64).wrapping_mul(2_654_435_761) % CEILING_ROWS + 1;
-            let other = (i as u64).wrapping_mul(40_503) % CEILING_ROWS + 1;
-            // sysbench retries a transaction that lost a deadlock; so does this.
-            loop {
-                match oltp_write_only(&pool, id, other).await {
-                    Err(e) if paybus_platform::db::error_number(&e) == Some(1213) => continue,
-                    other => return other.map_err(Into::into),
+        move |i| {
+            let pool = pool.clone();
+            async move {
+                // Spread like sysbench's uniform distribution, without a random generator.
+                let id = (i as u64).wrapping_mul(2_654_435_761) % CEILING_ROWS + 1;
+                let other = (i as u64).wrapping_mul(40_503) % CEILING_ROWS + 1;
+                // sysbench retries a transaction that lost a deadlock; so does this.
+                loop {
+                    match oltp_write_only(&pool, id, other).await {
+                        Err(e) if paybus_platform::db::error_number(&e) == Some(1213) => continue,
+                        other => return other.map_err(Into::into),
+                    }
                 }
             }
         }
@@ -184,6 +256,7 @@ pub(crate) async fn database_ceiling(
         unit: "transactions",
         count: transactions,
         elapsed,
+        statements: Some(counters.since(pool).await?),
     })
 }
 

@@ -1,6 +1,6 @@
 //! The deposit confirmation transition (seed 001 §4-6), in the caller's transaction.
 
-use chrono::SecondsFormat;
+use chrono::{SecondsFormat, SubsecRound, Utc};
 use paybus_confirmations::{
     ConfirmError,
     deposit::{self, Deposit, DepositStatus},
@@ -35,37 +35,45 @@ pub struct Confirmed {
 /// Confirms the deposit if, and only if, this call moves it from DETECTED — in the caller's
 /// transaction (the caller commits on `Transitioned` and rolls back otherwise).
 ///
-/// `UPDATE deposits SET status = 'CONFIRMED' ... WHERE id = ? AND status = 'DETECTED'`
-/// decides by its affected rows (SPEC §2.1). 0 rows: logs the current status and writes
-/// nothing. 1 row: CREDIT `amount` keyed `DEP_CREDIT:{id}`, FEE `fee` keyed `DEP_FEE:{id}`
-/// when `fee > 0` (what the audit expects: no zero FEE rows), then the `DEPOSIT_CONFIRMED`
-/// notification and its message. Both postings take the same (partner, currency) gate, so
-/// they cannot deadlock with each other.
+/// The deposit is read with its row lock ([`deposit::lock`]: the latest committed version,
+/// not the transaction's snapshot), and moved by `UPDATE deposits SET status = 'CONFIRMED' ...
+/// WHERE id = ? AND status = 'DETECTED'`, still conditional (SPEC §2.1). Not DETECTED: logs
+/// the status and writes nothing. DETECTED: the `DEPOSIT_CONFIRMED` notification and its
+/// message, then CREDIT `amount` keyed `DEP_CREDIT:{id}` and FEE `fee` keyed `DEP_FEE:{id}`
+/// when `fee > 0` (what the audit expects: no zero FEE rows). The postings go last, so the
+/// partner's gate row — which serialises all its postings — is held only until the commit
+/// that follows; both take the same (partner, currency) gate, so they cannot deadlock with
+/// each other.
 #[tracing::instrument(skip_all, fields(deposit_id = deposit_id))]
 pub async fn confirm_if_detected(
     uow: &mut UnitOfWork<'_>,
     deposit_id: u64,
     correlation_id: Uuid,
 ) -> Result<Confirmation, ConfirmError> {
-    if !deposit::mark_confirmed(uow, deposit_id).await? {
-        return Ok(match deposit::locked_status(uow, deposit_id).await? {
-            None => {
-                tracing::warn!(deposit_id, "deposit confirmation for an unknown deposit");
-                Transition::NotFound
-            }
-            Some(status) => {
-                // The outcome (Skipped for a duplicate, a dead letter for an anomaly) says the
-                // rest; this line only records what the locked read found.
-                tracing::info!(deposit_id, status = %status, "deposit confirmation not applied: not DETECTED");
-                Transition::NotTransitioned { current: status }
-            }
-        });
-    }
-
-    let Some(deposit) = deposit::find(uow, deposit_id).await? else {
-        // Our own UPDATE just matched it; only a concurrent DELETE could get here.
+    let Some(mut deposit) = deposit::lock(uow, deposit_id).await? else {
+        tracing::warn!(deposit_id, "deposit confirmation for an unknown deposit");
         return Ok(Transition::NotFound);
     };
+    if deposit.status != DepositStatus::Detected {
+        // The outcome (Skipped for a duplicate, a dead letter for an anomaly) says the rest;
+        // this line only records what the locked read found.
+        tracing::debug!(deposit_id, status = %deposit.status, "deposit confirmation not applied: not DETECTED");
+        return Ok(Transition::NotTransitioned {
+            current: deposit.status,
+        });
+    }
+    // DATETIME(6) keeps microseconds: the notification must carry exactly what is stored.
+    let confirmed_at = Utc::now().trunc_subsecs(6);
+    if !deposit::mark_confirmed(uow, deposit_id, confirmed_at).await? {
+        // Unreachable while we hold the row lock; if it ever happens, write nothing.
+        return Ok(Transition::NotTransitioned {
+            current: deposit.status,
+        });
+    }
+    deposit.status = DepositStatus::Confirmed;
+    deposit.confirmed_at = Some(confirmed_at);
+
+    let notification_id = notify(uow, &deposit, correlation_id).await?;
     let credit = post(
         uow,
         &deposit,
@@ -88,8 +96,7 @@ pub async fn confirm_if_detected(
     } else {
         None
     };
-    let notification_id = notify(uow, &deposit, correlation_id).await?;
-    tracing::info!(
+    tracing::debug!(
         deposit_id,
         partner_id = deposit.partner_id,
         tx_hash = %deposit.tx_hash,

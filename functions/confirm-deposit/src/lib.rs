@@ -2,8 +2,9 @@
 //! moves a DETECTED deposit to CONFIRMED exactly once, CREDITs the partner the gross amount
 //! and records the fee.
 //!
-//! The same two layers as confirm-withdrawal: the conditional UPDATE decides
-//! ([`confirm_if_detected`]), and the ledger keys `DEP_CREDIT:{id}` / `DEP_FEE:{id}` are the
+//! The same layers as confirm-withdrawal: a duplicate of a finished confirmation is answered
+//! from one committed read ([`confirm`]); otherwise the row read under its lock decides and a
+//! conditional UPDATE makes the transition ([`confirm_if_detected`]); and the ledger keys `DEP_CREDIT:{id}` / `DEP_FEE:{id}` are the
 //! last line of defence (seed 001 §3: v2.21 already stopped a second deposit row, but not a
 //! second ledger row).
 //!
@@ -21,8 +22,9 @@ mod confirmation;
 pub use confirmation::{Confirmation, Confirmed, DEPOSIT_CONFIRMED, confirm_if_detected};
 pub use paybus_confirmations::{DepositTxConfirmed, deposit::DepositStatus};
 
+use paybus_confirmations::deposit;
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
+    bus::{Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
     transition::Transition,
 };
@@ -39,24 +41,48 @@ impl Handler for ConfirmDeposit {
         message: Envelope<DepositTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        let deposit_id = message.data.deposit_id;
-        let mut uow = ctx.outbox.begin().await?;
-        let result = confirm_if_detected(&mut uow, deposit_id, message.correlation_id).await;
-        match Transition::commit_or_rollback(uow, result).await {
-            Ok(confirmation) => Ok(confirmation.outcome(
-                format_args!("deposit {deposit_id}"),
-                |current| match current {
-                    DepositStatus::Confirmed => {
-                        Outcome::Skipped(format!("deposit {deposit_id} is already CONFIRMED"))
-                    }
-                    status => Outcome::Failed(format!(
-                        "deposit {deposit_id} is {status}, not DETECTED, but its transaction \
-                         was confirmed on chain"
-                    )),
-                },
-            )),
-            Err(error) => error.into_outcome(),
+        confirm(ctx.outbox, message.data.deposit_id, message.correlation_id).await
+    }
+}
+
+/// What the handler does with one confirmation, on `outbox`'s database: a plain read of the
+/// committed status first (CONFIRMED and FAILED never change again, so it answers a duplicate
+/// without a transaction), then [`confirm_if_detected`] under the row lock.
+pub async fn confirm(
+    outbox: &Outbox,
+    deposit_id: u64,
+    correlation_id: uuid::Uuid,
+) -> Result<Outcome, HandlerError> {
+    let committed = {
+        let mut conn = outbox.pool().acquire().await?;
+        deposit::committed_status(&mut conn, deposit_id).await?
+    };
+    if let Some(status) = committed
+        && status.is_terminal()
+    {
+        return Ok(not_confirmed(deposit_id, status));
+    }
+    let mut uow = outbox.begin().await?;
+    let result = confirm_if_detected(&mut uow, deposit_id, correlation_id).await;
+    match Transition::commit_or_rollback(uow, result).await {
+        Ok(confirmation) => Ok(confirmation
+            .outcome(format_args!("deposit {deposit_id}"), |status| {
+                not_confirmed(deposit_id, *status)
+            })),
+        Err(error) => error.into_outcome(),
+    }
+}
+
+/// A duplicate is skipped; a confirmation of a FAILED deposit is a dead letter for ops.
+fn not_confirmed(deposit_id: u64, status: DepositStatus) -> Outcome {
+    match status {
+        DepositStatus::Confirmed => {
+            Outcome::Skipped(format!("deposit {deposit_id} is already CONFIRMED"))
         }
+        status => Outcome::Failed(format!(
+            "deposit {deposit_id} is {status}, not DETECTED, but its transaction was confirmed \
+             on chain"
+        )),
     }
 }
 

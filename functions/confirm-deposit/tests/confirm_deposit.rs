@@ -201,6 +201,15 @@ async fn confirming_a_deposit_credits_the_gross_amount_and_records_the_fee() {
             &serde_json::json!("249.25")
         )
     );
+    // The payload carries the stored confirmation time, to the microsecond.
+    let stored: String = sqlx::query_scalar(
+        "SELECT DATE_FORMAT(confirmed_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM deposits WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(&world.env.db)
+    .await
+    .unwrap();
+    assert_eq!(payload["confirmed_at"], stored.as_str(), "{payload}");
     world.assert_audit_clean().await;
 }
 

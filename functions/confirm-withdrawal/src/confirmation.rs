@@ -1,6 +1,6 @@
 //! The confirmation transition itself (seed 001 §4-2, §4-4, §4-5), in the caller's transaction.
 
-use chrono::SecondsFormat;
+use chrono::{SecondsFormat, SubsecRound, Utc};
 use paybus_confirmations::{
     ConfirmError, owed,
     withdrawal::{self, Withdrawal, WithdrawalKind, WithdrawalState, WithdrawalStatus},
@@ -23,10 +23,8 @@ pub type Confirmation = Transition<Confirmed, WithdrawalState>;
 /// The side effects of a transition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirmed {
-    /// The status before the transition, read from this transaction's snapshot before the
-    /// UPDATE: for the history row's display only (seed 001 §4-4); under contention it may be
-    /// stale, and `None` when the snapshot predates the row.
-    pub previous_status: Option<WithdrawalStatus>,
+    /// The status the transition left (read under the row lock, so exact).
+    pub previous_status: WithdrawalStatus,
     pub kind: WithdrawalKind,
     /// The confirmation DEBIT of a NORMAL withdrawal: `Recorded`, or `AlreadyRecorded` when
     /// the ledger already held `WDR_CONFIRM:{id}` (the last line of defence held). `None` for
@@ -39,16 +37,21 @@ pub struct Confirmed {
 /// Confirms the withdrawal if, and only if, this call moves it out of flight — in the
 /// caller's transaction (the caller commits on `Transitioned` and rolls back otherwise).
 ///
-/// 1. Reads the current status for the history row (display only: a snapshot read).
-/// 2. `UPDATE ... SET status = 'CONFIRMED' ... WHERE id = ? AND status IN ('BROADCASTING',
-///    'PROCESSING', 'STALE')`. The affected rows decide (SPEC §2.1): InnoDB evaluates an
-///    UPDATE's WHERE on the latest committed version under the row's X-lock, not on the
-///    snapshot, so of two concurrent confirmations exactly one gets 1.
-/// 3. 0 rows: logs "already transitioned (idempotent)" with the current status and returns
-///    without writing anything.
-/// 4. 1 row: NORMAL → DEBIT `amount` keyed `WDR_CONFIRM:{id}` (a key already present is
-///    logged by the ledger and still counts as this transition's DEBIT); then the history
-///    row; then the `WITHDRAWAL_CONFIRMED` notification and its message.
+/// 1. Reads the withdrawal with its row lock ([`withdrawal::lock`]): the latest committed
+///    version, not the snapshot the seed's `findById` trusted. Of two concurrent
+///    confirmations the second waits here until the first commits, then reads CONFIRMED.
+/// 2. Not in flight (or absent): logs it and returns without writing anything.
+/// 3. `UPDATE ... SET status = 'CONFIRMED' ... WHERE id = ? AND status IN ('BROADCASTING',
+///    'PROCESSING', 'STALE')`: still conditional (SPEC §2.1), so the affected rows confirm
+///    what the locked read decided.
+/// 4. The history row, the `WITHDRAWAL_CONFIRMED` notification and its message, and last the
+///    DEBIT of a NORMAL withdrawal keyed `WDR_CONFIRM:{id}` (a key already present is logged
+///    by the ledger and still counts as this transition's DEBIT). The DEBIT goes last because
+///    its gate row serialises every posting of the partner: taken just before the commit, it
+///    is held for two statements instead of five.
+///
+/// Nine statements with BEGIN and COMMIT; the duplicate a handler sees most often (already
+/// CONFIRMED) never gets here ([`crate::confirm`] answers it from one read).
 #[tracing::instrument(skip_all, fields(withdrawal_id = withdrawal_id))]
 pub async fn confirm_if_in_flight(
     uow: &mut UnitOfWork<'_>,
@@ -57,8 +60,30 @@ pub async fn confirm_if_in_flight(
     correlation_id: Uuid,
 ) -> Result<Confirmation, ConfirmError> {
     validate_tx_hash(tx_hash)?;
-    let before = withdrawal::snapshot_status(uow, withdrawal_id).await?;
-    if let Some((_, Some(broadcast))) = &before
+    let Some(mut confirmed) = withdrawal::lock(uow, withdrawal_id).await? else {
+        tracing::warn!(
+            withdrawal_id,
+            tx_hash,
+            "withdrawal confirmation for an unknown withdrawal"
+        );
+        return Ok(Transition::NotFound);
+    };
+    let previous_status = confirmed.status;
+    let current = || WithdrawalState {
+        status: confirmed.status,
+        tx_hash: confirmed.tx_hash.clone(),
+    };
+    if !previous_status.is_in_flight() {
+        // The outcome (Skipped for a duplicate, a dead letter for an anomaly) says the rest;
+        // this line only records what the locked read found.
+        tracing::debug!(
+            withdrawal_id, status = %previous_status, tx_hash,
+            recorded_tx_hash = confirmed.tx_hash.as_deref(),
+            "withdrawal confirmation not applied: not in flight"
+        );
+        return Ok(Transition::NotTransitioned { current: current() });
+    }
+    if let Some(broadcast) = confirmed.tx_hash.as_deref()
         && broadcast != tx_hash
     {
         tracing::warn!(
@@ -69,40 +94,20 @@ pub async fn confirm_if_in_flight(
         );
     }
 
-    if !withdrawal::mark_confirmed(uow, withdrawal_id, tx_hash).await? {
-        return Ok(match withdrawal::locked_state(uow, withdrawal_id).await? {
-            None => {
-                tracing::warn!(
-                    withdrawal_id,
-                    tx_hash,
-                    "withdrawal confirmation for an unknown withdrawal"
-                );
-                Transition::NotFound
-            }
-            Some(current) => {
-                tracing::info!(
-                    withdrawal_id, status = %current.status, tx_hash,
-                    recorded_tx_hash = current.tx_hash.as_deref(),
-                    "withdrawal confirmation not applied: not in flight"
-                );
-                Transition::NotTransitioned { current }
-            }
-        });
+    // DATETIME(6) keeps microseconds: the notification must carry exactly what is stored.
+    let confirmed_at = Utc::now().trunc_subsecs(6);
+    if !withdrawal::mark_confirmed(uow, withdrawal_id, tx_hash, confirmed_at).await? {
+        // Unreachable while we hold the row lock; if it ever happens, write nothing.
+        return Ok(Transition::NotTransitioned { current: current() });
     }
+    confirmed.status = WithdrawalStatus::Confirmed;
+    confirmed.tx_hash = Some(tx_hash.to_owned());
+    confirmed.confirmed_at = Some(confirmed_at);
 
-    let Some(confirmed) = withdrawal::find(uow, withdrawal_id).await? else {
-        // Our own UPDATE just matched it; only a concurrent DELETE could get here.
-        return Ok(Transition::NotFound);
-    };
-    let debit = match confirmed.kind {
-        WithdrawalKind::Normal => Some(debit(uow, &confirmed).await?),
-        WithdrawalKind::SettlementWithdraw | WithdrawalKind::SelfTransfer => None,
-    };
-    let previous_status = before.map(|(status, _)| status);
     withdrawal::record_history(
         uow,
         withdrawal_id,
-        previous_status,
+        Some(previous_status),
         WithdrawalStatus::Confirmed,
         &format!("tx {tx_hash} confirmed on chain"),
     )
@@ -112,11 +117,15 @@ pub async fn confirm_if_in_flight(
         source,
     })?;
     let notification_id = notify(uow, &confirmed, correlation_id).await?;
-    tracing::info!(
+    let debit = match confirmed.kind {
+        WithdrawalKind::Normal => Some(debit(uow, &confirmed).await?),
+        WithdrawalKind::SettlementWithdraw | WithdrawalKind::SelfTransfer => None,
+    };
+    tracing::debug!(
         withdrawal_id,
         kind = %confirmed.kind,
         tx_hash,
-        previous_status = previous_status.map(WithdrawalStatus::as_str),
+        previous_status = %previous_status,
         "withdrawal confirmed"
     );
     Ok(Transition::Transitioned(Confirmed {
@@ -127,7 +136,7 @@ pub async fn confirm_if_in_flight(
     }))
 }
 
-fn validate_tx_hash(tx_hash: &str) -> Result<(), ConfirmError> {
+pub(crate) fn validate_tx_hash(tx_hash: &str) -> Result<(), ConfirmError> {
     let invalid = |reason| {
         Err(ConfirmError::InvalidTxHash {
             tx_hash: tx_hash.chars().take(TX_HASH_MAX_CHARS + 8).collect(),

@@ -168,10 +168,7 @@ async fn confirming_a_broadcasting_withdrawal_debits_once_with_its_key() {
         "{confirmed:?}"
     );
     assert_eq!(confirmed.kind, WithdrawalKind::Normal);
-    assert_eq!(
-        confirmed.previous_status,
-        Some(WithdrawalStatus::Broadcasting)
-    );
+    assert_eq!(confirmed.previous_status, WithdrawalStatus::Broadcasting);
     assert_eq!(
         world.debits(id).await,
         vec![(Some(format!("WDR_CONFIRM:{id}")), dec("100"))]
@@ -256,10 +253,7 @@ async fn processing_and_stale_withdrawals_confirm_too() {
 
         let confirmed = transitioned(world.confirm(id, "0xconfirmed").await.unwrap());
 
-        assert_eq!(
-            confirmed.previous_status.map(WithdrawalStatus::as_str),
-            Some(status)
-        );
+        assert_eq!(confirmed.previous_status.as_str(), status);
         assert_eq!(world.debits(id).await.len(), 1, "{status}");
         assert_eq!(world.status(id).await.0, "CONFIRMED", "{status}");
     }
@@ -360,10 +354,15 @@ async fn the_partner_is_notified_only_by_the_confirmation_that_transitions() {
     assert_eq!(payload["amount"], "100");
     assert_eq!(payload["currency"], "USDT");
     assert_eq!(payload["tx_hash"], "0xconfirmed");
-    assert!(
-        payload["confirmed_at"].as_str().unwrap().ends_with('Z'),
-        "{payload}"
-    );
+    // The payload carries the stored confirmation time, to the microsecond.
+    let stored: String = sqlx::query_scalar(
+        "SELECT DATE_FORMAT(confirmed_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM withdrawals WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(&world.env.db)
+    .await
+    .unwrap();
+    assert_eq!(payload["confirmed_at"], stored.as_str(), "{payload}");
     // One message for deliver-webhook, published after the commit.
     assert_eq!(world.notification_messages().await, 1);
 }
@@ -502,6 +501,40 @@ async fn duplicate_messages_are_done_once_then_skipped_with_the_status() {
         second,
         Outcome::Skipped(format!("withdrawal {id} is already CONFIRMED"))
     );
+    assert_eq!(world.debits(id).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_of_a_finished_confirmation_is_answered_without_waiting_for_the_row_lock() {
+    let world = world().await;
+    let id = world.withdrawal("NORMAL", "BROADCASTING").await;
+    assert_eq!(
+        world.handle(id, "0xconfirmed").await.unwrap(),
+        Outcome::Done
+    );
+    // Another transaction holds the withdrawal's row lock (an admin edit, a slow sweep).
+    let mut holder = world.env.db.begin().await.unwrap();
+    sqlx::query("SELECT id FROM withdrawals WHERE id = ? FOR UPDATE")
+        .bind(id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    // Taking the lock would wait innodb_lock_wait_timeout (50 s) and fail; the committed read
+    // answers at once.
+    let duplicate = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        world.handle(id, "0xconfirmed"),
+    )
+    .await
+    .expect("the duplicate did not wait for the row lock")
+    .unwrap();
+
+    assert_eq!(
+        duplicate,
+        Outcome::Skipped(format!("withdrawal {id} is already CONFIRMED"))
+    );
+    holder.rollback().await.unwrap();
     assert_eq!(world.debits(id).await.len(), 1);
 }
 

@@ -36,6 +36,11 @@ impl DepositStatus {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// No transition leaves it.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, DepositStatus::Confirmed | DepositStatus::Failed)
+    }
 }
 
 /// A deposit as stored; amounts read exactly.
@@ -111,41 +116,72 @@ struct DepositRow {
     updated_at: DateTime<Utc>,
 }
 
-/// The deposit, or `None`. Within a transaction that just changed it, it carries the change.
-pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
-    let row: Option<DepositRow> = sqlx::query_as(
-        "SELECT id, partner_id, currency, amount, fee, tx_hash, to_address, status, \
-                confirmed_at, created_at, updated_at \
-         FROM deposits WHERE id = ?",
-    )
-    .bind(id)
-    .fetch_optional(conn)
-    .await
-    .map_err(ConfirmError::database(ENTITY))?;
-    row.map(|row| {
-        Ok(Deposit {
-            id: row.id,
-            partner_id: row.partner_id,
-            amount: row.amount,
-            fee: row.fee,
-            status: parse_status(row.id, row.status)?,
-            currency: row.currency,
-            tx_hash: row.tx_hash,
-            to_address: row.to_address,
-            confirmed_at: row.confirmed_at,
-            created_at: row.created_at,
-            updated_at: row.updated_at,
-        })
-    })
-    .transpose()
+/// The one row query, with or without a lock.
+macro_rules! select_deposit {
+    ($($suffix:literal)?) => {
+        concat!(
+            "SELECT id, partner_id, currency, amount, fee, tx_hash, to_address, status, \
+                    confirmed_at, created_at, updated_at \
+             FROM deposits WHERE id = ?",
+            $($suffix)?
+        )
+    };
 }
 
-/// The conditional transition (seed 001 §4-6): true when this call made it.
-pub async fn mark_confirmed(conn: &mut MySqlConnection, id: u64) -> Result<bool, ConfirmError> {
+impl DepositRow {
+    async fn fetch(
+        conn: &mut MySqlConnection,
+        sql: &'static str,
+        id: u64,
+    ) -> Result<Option<Deposit>, ConfirmError> {
+        let row: Option<DepositRow> = sqlx::query_as(sql)
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+            .map_err(ConfirmError::database(ENTITY))?;
+        row.map(DepositRow::parse).transpose()
+    }
+
+    fn parse(self) -> Result<Deposit, ConfirmError> {
+        Ok(Deposit {
+            id: self.id,
+            partner_id: self.partner_id,
+            amount: self.amount,
+            fee: self.fee,
+            status: parse_status(self.id, self.status)?,
+            currency: self.currency,
+            tx_hash: self.tx_hash,
+            to_address: self.to_address,
+            confirmed_at: self.confirmed_at,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+/// The deposit, or `None`. Within a transaction that just changed it, it carries the change.
+pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
+    DepositRow::fetch(conn, select_deposit!(), id).await
+}
+
+/// The deposit as last committed, locked until the caller's transaction ends: the read a
+/// transition decides on (a plain SELECT would answer from the transaction's snapshot).
+pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
+    DepositRow::fetch(conn, select_deposit!(" FOR UPDATE"), id).await
+}
+
+/// The conditional transition (seed 001 §4-6): true when this call made it. `confirmed_at`
+/// comes from the caller, so the notification carries the stored value without a read-back.
+pub async fn mark_confirmed(
+    conn: &mut MySqlConnection,
+    id: u64,
+    confirmed_at: DateTime<Utc>,
+) -> Result<bool, ConfirmError> {
     let matched = sqlx::query(
-        "UPDATE deposits SET status = 'CONFIRMED', confirmed_at = NOW(6) \
+        "UPDATE deposits SET status = 'CONFIRMED', confirmed_at = ? \
          WHERE id = ? AND status = 'DETECTED'",
     )
+    .bind(confirmed_at)
     .bind(id)
     .execute(conn)
     .await
@@ -156,18 +192,18 @@ pub async fn mark_confirmed(conn: &mut MySqlConnection, id: u64) -> Result<bool,
     Ok(matched == 1)
 }
 
-/// The latest committed status after an UPDATE that matched nothing: a locking read, because
-/// a plain SELECT would answer from this transaction's snapshot.
-pub async fn locked_status(
+/// The committed status, read outside any transaction: a handler's cheap first look, so a
+/// duplicate of a finished confirmation costs one indexed read and no transaction. Only a
+/// terminal status (CONFIRMED, FAILED: nothing leaves them) may be acted on from it.
+pub async fn committed_status(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<DepositStatus>, ConfirmError> {
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM deposits WHERE id = ? FOR UPDATE")
-            .bind(id)
-            .fetch_optional(conn)
-            .await
-            .map_err(ConfirmError::database(ENTITY))?;
+    let status: Option<String> = sqlx::query_scalar("SELECT status FROM deposits WHERE id = ?")
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?;
     status.map(|status| parse_status(id, status)).transpose()
 }
 

@@ -46,7 +46,20 @@ impl WithdrawalStatus {
     /// A withdrawal may be created in this state (CONFIRMED and FAILED are reached only
     /// through the workflow).
     pub fn is_initial(self) -> bool {
-        !matches!(self, WithdrawalStatus::Confirmed | WithdrawalStatus::Failed)
+        !self.is_terminal()
+    }
+
+    /// Broadcast and waiting for the chain: the states a confirmation moves to CONFIRMED.
+    pub fn is_in_flight(self) -> bool {
+        matches!(
+            self,
+            WithdrawalStatus::Broadcasting | WithdrawalStatus::Processing | WithdrawalStatus::Stale
+        )
+    }
+
+    /// No transition leaves it.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, WithdrawalStatus::Confirmed | WithdrawalStatus::Failed)
     }
 }
 
@@ -185,34 +198,61 @@ struct WithdrawalRow {
     updated_at: DateTime<Utc>,
 }
 
+/// The one row query, with or without a lock.
+macro_rules! select_withdrawal {
+    ($($suffix:literal)?) => {
+        concat!(
+            "SELECT id, partner_id, kind, status, currency, amount, to_address, tx_hash, \
+                    confirmed_at, created_at, updated_at \
+             FROM withdrawals WHERE id = ?",
+            $($suffix)?
+        )
+    };
+}
+
+impl WithdrawalRow {
+    async fn fetch(
+        conn: &mut MySqlConnection,
+        sql: &'static str,
+        id: u64,
+    ) -> Result<Option<Withdrawal>, ConfirmError> {
+        let row: Option<WithdrawalRow> = sqlx::query_as(sql)
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+            .map_err(ConfirmError::database(ENTITY))?;
+        row.map(WithdrawalRow::parse).transpose()
+    }
+
+    fn parse(self) -> Result<Withdrawal, ConfirmError> {
+        Ok(Withdrawal {
+            id: self.id,
+            partner_id: self.partner_id,
+            kind: parse_column(self.id, "kind", self.kind)?,
+            status: parse_column(self.id, "status", self.status)?,
+            amount: self.amount,
+            currency: self.currency,
+            to_address: self.to_address,
+            tx_hash: self.tx_hash,
+            confirmed_at: self.confirmed_at,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
 /// The withdrawal, or `None`. Within a transaction that just changed it, it carries the
 /// change (seed 001 §4-4 "전이 후 fresh").
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
-    let row: Option<WithdrawalRow> = sqlx::query_as(
-        "SELECT id, partner_id, kind, status, currency, amount, to_address, tx_hash, \
-                confirmed_at, created_at, updated_at \
-         FROM withdrawals WHERE id = ?",
-    )
-    .bind(id)
-    .fetch_optional(conn)
-    .await
-    .map_err(ConfirmError::database(ENTITY))?;
-    row.map(|row| {
-        Ok(Withdrawal {
-            id: row.id,
-            partner_id: row.partner_id,
-            kind: parse_column(row.id, "kind", row.kind)?,
-            status: parse_column(row.id, "status", row.status)?,
-            amount: row.amount,
-            currency: row.currency,
-            to_address: row.to_address,
-            tx_hash: row.tx_hash,
-            confirmed_at: row.confirmed_at,
-            created_at: row.created_at,
-            updated_at: row.updated_at,
-        })
-    })
-    .transpose()
+    WithdrawalRow::fetch(conn, select_withdrawal!(), id).await
+}
+
+/// The withdrawal as last committed, locked until the caller's transaction ends: the read a
+/// transition decides on. A plain SELECT would answer from the transaction's REPEATABLE READ
+/// snapshot — the very lie of seed 001, where two confirmations both saw BROADCASTING. A
+/// concurrent confirmation waits here, then reads CONFIRMED.
+pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
+    WithdrawalRow::fetch(conn, select_withdrawal!(" FOR UPDATE"), id).await
 }
 
 /// The withdrawal's history, oldest first.
@@ -229,33 +269,21 @@ pub async fn history(
     .await
 }
 
-/// The status (and broadcast tx hash) as this transaction's snapshot sees it. Never a
-/// decision input: under contention it is what fooled the seed's `findById` check.
-pub async fn snapshot_status(
-    conn: &mut MySqlConnection,
-    id: u64,
-) -> Result<Option<(WithdrawalStatus, Option<String>)>, ConfirmError> {
-    let row: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ?")
-            .bind(id)
-            .fetch_optional(conn)
-            .await
-            .map_err(ConfirmError::database(ENTITY))?;
-    row.map(|(status, tx_hash)| Ok((parse_column(id, "status", status)?, tx_hash)))
-        .transpose()
-}
-
-/// The conditional transition (seed 001 §4-2): true when this call made it.
+/// The conditional transition (seed 001 §4-2): true when this call made it. `confirmed_at`
+/// comes from the caller, so the notification it sends carries the stored value without
+/// reading the row back.
 pub async fn mark_confirmed(
     conn: &mut MySqlConnection,
     id: u64,
     tx_hash: &str,
+    confirmed_at: DateTime<Utc>,
 ) -> Result<bool, ConfirmError> {
     let matched = sqlx::query(
-        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = NOW(6) \
+        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = ? \
          WHERE id = ? AND status IN ('BROADCASTING', 'PROCESSING', 'STALE')",
     )
     .bind(tx_hash)
+    .bind(confirmed_at)
     .bind(id)
     .execute(conn)
     .await
@@ -273,15 +301,16 @@ pub struct WithdrawalState {
     pub tx_hash: Option<String>,
 }
 
-/// The latest committed state after an UPDATE that matched nothing. A locking read: a plain
-/// SELECT would answer from this transaction's snapshot (the very lie of seed 001). The
-/// UPDATE already holds this row's lock under REPEATABLE READ, so it waits for nobody.
-pub async fn locked_state(
+/// The committed state, read outside any transaction: the cheap first look a handler takes so
+/// that a duplicate of a finished confirmation costs one indexed read and no transaction. Only
+/// a terminal state may be acted on from it (nothing leaves CONFIRMED or FAILED); anything
+/// else is decided under [`lock`].
+pub async fn committed_state(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<WithdrawalState>, ConfirmError> {
     let row: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ? FOR UPDATE")
+        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ?")
             .bind(id)
             .fetch_optional(conn)
             .await

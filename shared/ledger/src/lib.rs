@@ -19,4 +19,4 @@ mod idem_key;
 mod posting;
 
 pub use idem_key::IdemKey;
-pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, post};
+pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, balance, post};

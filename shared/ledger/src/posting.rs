@@ -160,11 +160,8 @@ impl Posting {
 /// The outcome of [`post`]; both are success.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Posted {
-    /// This call wrote the entry and moved the balance.
-    Recorded {
-        entry_id: u64,
-        balance_after: Amount,
-    },
+    /// This call wrote the entry (its `balance_after` is on the row) and moved the balance.
+    Recorded { entry_id: u64 },
     /// An entry with this key already exists (written earlier, or by a concurrent transaction
     /// that committed first): nothing was written and the transaction is still usable.
     AlreadyRecorded { idem_key: IdemKey },
@@ -189,13 +186,12 @@ pub enum LedgerError {
         reference_id: u64,
     },
     #[error(
-        "balance of partner {partner_id} in {currency} is {balance}; {entry_type} {amount} would \
-         take it beyond what DECIMAL(36,18) holds"
+        "{entry_type} {amount} would take the balance of partner {partner_id} in {currency} \
+         beyond what DECIMAL(36,18) holds"
     )]
     OutOfRange {
         partner_id: u64,
         currency: String,
-        balance: Amount,
         entry_type: EntryType,
         amount: Amount,
     },
@@ -203,20 +199,23 @@ pub enum LedgerError {
     Database(#[from] sqlx::Error),
 }
 
-/// Posts one entry inside the caller's transaction and moves the partner's balance with it.
+/// Posts one entry inside the caller's transaction and moves the partner's balance with it,
+/// in two statements.
 ///
 /// Lock order, as seed 001 §4-3 fixes it: the `(partner, currency)` gate row of
-/// `partner_balances` first (created if missing, then `SELECT ... FOR UPDATE`), then the
-/// entry `INSERT` with its `balance_after`, then the balance `UPDATE`. Postings of one
-/// partner and currency therefore run one at a time and the chain stays gap-free; a
-/// transaction that posts to several gates should take them in a fixed order
-/// (partner id, currency) to avoid deadlocks.
+/// `partner_balances` first — one upsert creates it on the first posting, takes its exclusive
+/// lock and moves the balance —, then the entry, whose `balance_after` is read from the locked
+/// row by the `INSERT … SELECT` itself. Postings of one partner and currency therefore run one
+/// at a time and the chain stays gap-free; a transaction that posts to several gates should
+/// take them in a fixed order (partner id, currency) to avoid deadlocks.
 ///
 /// A duplicate [`IdemKey`] (`uk_ledger_idem_key`) is the expected outcome of a repeated
-/// confirmation: it is logged at WARN and returned as [`Posted::AlreadyRecorded`]. The failed
-/// `INSERT` is the only statement MySQL rolls back, so the transaction stays usable and the
-/// caller may write and commit other rows. Any other database error, including a duplicate on
-/// some other unique key, is returned as [`LedgerError::Database`].
+/// confirmation: it is logged at WARN, the balance is moved back (the only extra statement,
+/// on this rare path) and [`Posted::AlreadyRecorded`] returned. The failed `INSERT` is the only
+/// statement MySQL rolls back, so the transaction stays usable and the caller may write and
+/// commit other rows. Any other database error, including a duplicate on some other unique
+/// key, is returned as [`LedgerError::Database`]; a balance that would leave `DECIMAL(36,18)`
+/// is [`LedgerError::OutOfRange`] (the server refuses it, nothing is rounded).
 ///
 /// The balance may go negative: the ledger records what happened on chain, it does not refuse
 /// it. A caller that needs a floor checks it itself.
@@ -233,56 +232,66 @@ pub enum LedgerError {
 )]
 pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Posted, LedgerError> {
     posting.validate()?;
+    let signed = posting.entry_type.signed(posting.amount);
 
-    // 1. The gate: create the balance row on the first posting, then lock and read it. The
-    //    upsert already takes the row's exclusive lock; the locking read makes it explicit.
-    sqlx::query(
-        "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (?, ?, 0) \
-         ON DUPLICATE KEY UPDATE balance = balance",
+    // 1. The gate: created on the first posting, locked, moved.
+    let moved = sqlx::query(
+        "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (?, ?, ?) \
+         ON DUPLICATE KEY UPDATE balance = balance + ?",
     )
     .bind(posting.partner_id)
     .bind(&posting.currency)
+    .bind(signed)
+    .bind(signed)
     .execute(&mut *conn)
-    .await?;
-    let balance: Amount = sqlx::query_scalar(
-        "SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ? FOR UPDATE",
-    )
-    .bind(posting.partner_id)
-    .bind(&posting.currency)
-    .fetch_one(&mut *conn)
-    .await?;
-    let balance_after = balance
-        .checked_add(posting.entry_type.signed(posting.amount))
-        .ok_or_else(|| LedgerError::OutOfRange {
-            partner_id: posting.partner_id,
-            currency: posting.currency.clone(),
-            balance,
-            entry_type: posting.entry_type,
-            amount: posting.amount,
-        })?;
+    .await;
+    if let Err(error) = moved {
+        return Err(if is_out_of_range(&error) {
+            LedgerError::OutOfRange {
+                partner_id: posting.partner_id,
+                currency: posting.currency.clone(),
+                entry_type: posting.entry_type,
+                amount: posting.amount,
+            }
+        } else {
+            error.into()
+        });
+    }
 
-    // 2. The entry. A duplicate idem_key fails this statement alone.
+    // 2. The entry, with the balance it left. A duplicate idem_key fails this statement alone.
     let inserted = sqlx::query(
         "INSERT INTO ledger_entries \
          (partner_id, currency, entry_type, amount, balance_after, reference_type, reference_id, \
           idem_key, memo) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         SELECT ?, ?, ?, ?, balance, ?, ?, ?, ? FROM partner_balances \
+         WHERE partner_id = ? AND currency = ?",
     )
     .bind(posting.partner_id)
     .bind(&posting.currency)
     .bind(posting.entry_type.as_str())
     .bind(posting.amount)
-    .bind(balance_after)
     .bind(posting.reference_type.as_str())
     .bind(posting.reference_id)
     .bind(posting.idem_key.as_ref().map(IdemKey::as_str))
     .bind(posting.memo.as_deref())
+    .bind(posting.partner_id)
+    .bind(&posting.currency)
     .execute(&mut *conn)
     .await;
     let entry_id = match inserted {
         Ok(done) => done.last_insert_id(),
         Err(error) if is_duplicate_on(&error, IDEM_KEY_INDEX) => {
             if let Some(idem_key) = &posting.idem_key {
+                // The balance moved for an entry that is not written: move it back.
+                sqlx::query(
+                    "UPDATE partner_balances SET balance = balance - ? \
+                     WHERE partner_id = ? AND currency = ?",
+                )
+                .bind(signed)
+                .bind(posting.partner_id)
+                .bind(&posting.currency)
+                .execute(&mut *conn)
+                .await?;
                 tracing::warn!(
                     idem_key = idem_key.as_str(),
                     reference_type = %posting.reference_type,
@@ -298,23 +307,27 @@ pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Poste
         }
         Err(error) => return Err(error.into()),
     };
+    tracing::debug!(entry_id, "ledger entry recorded");
+    Ok(Posted::Recorded { entry_id })
+}
 
-    // 3. The balance follows the entry it belongs to.
-    sqlx::query(
-        "UPDATE partner_balances SET balance = ?, updated_at = NOW(6) \
-         WHERE partner_id = ? AND currency = ?",
-    )
-    .bind(balance_after)
-    .bind(posting.partner_id)
-    .bind(&posting.currency)
-    .execute(&mut *conn)
-    .await?;
+/// The server refused a value beyond the column (strict mode: 1264 out of range).
+fn is_out_of_range(error: &sqlx::Error) -> bool {
+    paybus_platform::db::error_number(error) == Some(1264)
+}
 
-    tracing::debug!(entry_id, %balance_after, "ledger entry recorded");
-    Ok(Posted::Recorded {
-        entry_id,
-        balance_after,
-    })
+/// A partner's balance in `currency` now (in the caller's transaction); `None` before its first
+/// posting.
+pub async fn balance(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    currency: &str,
+) -> Result<Option<Amount>, sqlx::Error> {
+    sqlx::query_scalar("SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ?")
+        .bind(partner_id)
+        .bind(currency)
+        .fetch_optional(conn)
+        .await
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod lambda;
 pub mod link;
 pub mod metrics;
 pub mod outbox;
+mod published_marks;
 pub mod publisher;
 pub mod runner;
 pub mod services;

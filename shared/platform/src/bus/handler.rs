@@ -272,15 +272,22 @@ fn finish<H: Handler>(
         .unwrap_or_default();
     let detail = detail.unwrap_or_default();
     let duration_ms = elapsed.as_secs_f64() * 1000.0;
+    // A skipped duplicate is routine and counted by the metrics; at INFO it would be half the
+    // log volume of a duplicate storm. Work done and retries scheduled stay visible at INFO.
+    macro_rules! processed {
+        ($level:expr) => {
+            tracing::event!(
+                $level, function = H::FUNCTION, %message_id, %correlation_id, outcome, attempt,
+                duration_ms, routing_key = %delivery.routing_key, detail, "message processed"
+            )
+        };
+    }
     match &disposition {
-        Disposition::Ack => tracing::info!(
-            function = H::FUNCTION, %message_id, %correlation_id, outcome, attempt,
-            duration_ms, routing_key = %delivery.routing_key, detail, "message processed"
-        ),
-        Disposition::DeadLetter(_) | Disposition::Requeue { .. } => tracing::warn!(
-            function = H::FUNCTION, %message_id, %correlation_id, outcome, attempt,
-            duration_ms, routing_key = %delivery.routing_key, detail, "message processed"
-        ),
+        Disposition::Ack if outcome == "skipped" => processed!(tracing::Level::DEBUG),
+        Disposition::Ack => processed!(tracing::Level::INFO),
+        Disposition::DeadLetter(_) | Disposition::Requeue { .. } => {
+            processed!(tracing::Level::WARN)
+        }
     }
     disposition
 }

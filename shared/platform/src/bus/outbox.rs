@@ -12,11 +12,12 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Transaction};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 use uuid::Uuid;
 
 use super::{
     envelope::{Envelope, Message, OutgoingMessage},
+    published_marks::{PublishedMarks, mark_published},
     publisher::Publisher,
 };
 
@@ -33,11 +34,16 @@ pub enum OutboxError {
 pub struct Outbox {
     pool: MySqlPool,
     publisher: Publisher,
+    marks: PublishedMarks,
 }
 
 impl Outbox {
     pub fn new(pool: MySqlPool, publisher: Publisher) -> Self {
-        Self { pool, publisher }
+        Self {
+            pool,
+            publisher,
+            marks: PublishedMarks::default(),
+        }
     }
 
     pub fn pool(&self) -> &MySqlPool {
@@ -68,8 +74,9 @@ impl Outbox {
         })
     }
 
-    /// Publishes messages whose rows are committed, then marks the rows published. Failures
-    /// are logged and left to the relay.
+    /// Publishes messages whose rows are committed, then marks the rows published (together
+    /// with other committers' rows: one UPDATE for all). Failures are logged and left to the
+    /// relay.
     pub async fn publish_committed(&self, staged: Vec<(u64, OutgoingMessage)>) {
         if staged.is_empty() {
             return;
@@ -86,14 +93,7 @@ impl Outbox {
                 ),
             }
         }
-        let marked = match self.pool.acquire().await {
-            Ok(mut conn) => mark_published(&mut conn, &published).await,
-            Err(e) => Err(e),
-        };
-        if let Err(error) = marked {
-            tracing::warn!(%error, count = published.len(),
-                "marking outbox rows published failed; the relay may publish them again");
-        }
+        self.marks.mark(&self.pool, published).await;
     }
 }
 
@@ -153,22 +153,6 @@ async fn insert(conn: &mut MySqlConnection, message: &OutgoingMessage) -> Result
     .execute(conn)
     .await?;
     Ok(result.last_insert_id())
-}
-
-async fn mark_published(conn: &mut MySqlConnection, ids: &[u64]) -> Result<(), sqlx::Error> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let mut query = QueryBuilder::<MySql>::new(
-        "UPDATE outbox_messages SET published_at = NOW(6) WHERE published_at IS NULL AND id IN (",
-    );
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    query.push(")");
-    query.build().execute(conn).await?;
-    Ok(())
 }
 
 /// The relay's settings; the defaults suit both the local runner and a scheduled Lambda.
