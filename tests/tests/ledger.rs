@@ -619,3 +619,199 @@ async fn fifty_concurrent_credits_serialise_on_the_gate_row() {
     assert_eq!(audit_violations(&pool).await, Vec::<String>::new());
     pool.close().await;
 }
+
+// `post_all`: a batch of postings in two statements, all or nothing.
+
+/// Posts a batch in a transaction of its own: committed on success, rolled back on an error.
+async fn post_all_committed(pool: &MySqlPool, postings: &[Posting]) -> Result<(), LedgerError> {
+    let mut tx = pool.begin().await.expect("run the batch transaction");
+    match ledger::post_all(&mut tx, postings).await {
+        Ok(()) => {
+            tx.commit().await.expect("run the batch transaction");
+            Ok(())
+        }
+        Err(error) => {
+            tx.rollback().await.expect("run the batch transaction");
+            Err(error)
+        }
+    }
+}
+
+fn credit(partner_id: u64, currency: &str, amount: &str) -> Posting {
+    Posting::new(
+        partner_id,
+        currency,
+        EntryType::Credit,
+        dec(amount),
+        ReferenceType::Settlement,
+        partner_id,
+    )
+}
+
+#[tokio::test]
+async fn a_batch_writes_the_chain_sequential_postings_would_have_written() {
+    let env = TestEnv::new().await;
+    let (first, second) = (new_partner(&env.db).await, new_partner(&env.db).await);
+    post_committed(&env.db, &migration_credit(first, "100"))
+        .await
+        .unwrap();
+    let w1 = confirmed_withdrawal(&env.db, first, "30").await;
+    let w2 = confirmed_withdrawal(&env.db, first, "0.000000000000000001").await;
+    let w3 = confirmed_withdrawal(&env.db, second, "5").await;
+
+    // Gates interleaved in the input, one of them new (second's USDT), two currencies.
+    ledger::post_all(&mut env.db.acquire().await.unwrap(), &[])
+        .await
+        .unwrap();
+    post_all_committed(
+        &env.db,
+        &[
+            confirm_debit(first, w1, "30"),
+            confirm_debit(second, w3, "5"),
+            credit(first, "BTC", "0.5"),
+            confirm_debit(first, w2, "0.000000000000000001"),
+            credit(first, "USDT", "7"),
+        ],
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(
+        entries(&env.db, first, "USDT").await,
+        vec![
+            ("CREDIT".into(), dec("100"), dec("100"), None),
+            (
+                "DEBIT".into(),
+                dec("30"),
+                dec("70"),
+                Some(format!("WDR_CONFIRM:{w1}"))
+            ),
+            (
+                "DEBIT".into(),
+                dec("0.000000000000000001"),
+                dec("69.999999999999999999"),
+                Some(format!("WDR_CONFIRM:{w2}"))
+            ),
+            (
+                "CREDIT".into(),
+                dec("7"),
+                dec("76.999999999999999999"),
+                None
+            ),
+        ]
+    );
+    assert_eq!(
+        entries(&env.db, second, "USDT").await,
+        vec![(
+            "DEBIT".into(),
+            dec("5"),
+            dec("-5"),
+            Some(format!("WDR_CONFIRM:{w3}"))
+        )]
+    );
+    assert_eq!(
+        balance(&env.db, first, "USDT").await,
+        Some(dec("76.999999999999999999"))
+    );
+    assert_eq!(balance(&env.db, first, "BTC").await, Some(dec("0.5")));
+    assert_eq!(balance(&env.db, second, "USDT").await, Some(dec("-5")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_batch_with_a_key_already_recorded_fails_whole_and_writes_nothing() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    let (w1, w2) = (
+        confirmed_withdrawal(&env.db, partner, "10").await,
+        confirmed_withdrawal(&env.db, partner, "20").await,
+    );
+    post_committed(&env.db, &confirm_debit(partner, w2, "20"))
+        .await
+        .unwrap();
+
+    let result = post_all_committed(
+        &env.db,
+        &[
+            confirm_debit(partner, w1, "10"),
+            confirm_debit(partner, w2, "20"),
+        ],
+    )
+    .await;
+
+    assert!(
+        matches!(&result, Err(LedgerError::Database(e)) if db::is_duplicate_on(e, "uk_ledger_idem_key")),
+        "{result:?}"
+    );
+    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("-20")));
+}
+
+#[tokio::test]
+async fn a_batch_beyond_the_column_or_with_a_bad_posting_is_refused() {
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    post_committed(
+        &env.db,
+        &migration_credit(partner, "999999999999999999.999999999999999999"),
+    )
+    .await
+    .unwrap();
+
+    let beyond = post_all_committed(&env.db, &[migration_credit(partner, "1")]).await;
+    let invalid = post_all_committed(
+        &env.db,
+        &[credit(partner, "USDT", "1"), credit(partner, "usdt", "1")],
+    )
+    .await;
+
+    assert!(
+        matches!(&beyond, Err(LedgerError::OutOfRange { partner_id, .. }) if *partner_id == partner),
+        "{beyond:?}"
+    );
+    assert!(
+        matches!(&invalid, Err(LedgerError::InvalidCurrency { .. })),
+        "{invalid:?}"
+    );
+    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_batches_over_shared_gates_keep_every_chain_exact() {
+    let env = TestEnv::new().await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(16)
+        .connect_with(db::connect_options(&env.settings.database).unwrap())
+        .await
+        .unwrap();
+    let mut partners = Vec::new();
+    for _ in 0..5 {
+        partners.push(new_partner(&pool).await);
+    }
+    // Twelve batches of ten credits each, every batch touching the partners in its own order,
+    // all started at once: gate locks are taken in (partner, currency) order, so none waits
+    // for another in a cycle.
+    let start = Arc::new(Barrier::new(12));
+    let mut batches = JoinSet::new();
+    for b in 0..12_usize {
+        let (pool, partners, start) = (pool.clone(), partners.clone(), start.clone());
+        batches.spawn(async move {
+            let postings: Vec<Posting> = (0..10)
+                .map(|n| credit(partners[(b * 3 + n * 7) % partners.len()], "USDT", "1.5"))
+                .collect();
+            start.wait().await;
+            post_all_committed(&pool, &postings).await
+        });
+    }
+    while let Some(done) = batches.join_next().await {
+        done.unwrap().unwrap();
+    }
+
+    let mut total = Amount::ZERO;
+    for &partner in &partners {
+        total = total + balance(&pool, partner, "USDT").await.unwrap();
+    }
+    assert_eq!(total, dec("180"));
+    assert_eq!(audit_violations(&pool).await, Vec::<String>::new());
+}

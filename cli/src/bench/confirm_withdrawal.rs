@@ -7,9 +7,9 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm};
+use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
 use paybus_platform::{
-    bus::{Envelope, Outcome, Runner, metrics},
+    bus::{Envelope, Handler, Outcome, Runner, metrics},
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
@@ -73,26 +73,43 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.items, args.partners, args.concurrency
     );
 
-    // Direct: what the handler does with a message, driven by `concurrency` tasks.
+    // Direct: what the handler does with the messages, in its batches, with as many messages
+    // in flight as the broker phase's prefetch.
     let work = Arc::new(doubled(
         &insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?,
     ));
     let outbox = services.outbox.clone();
+    let batch = ConfirmWithdrawal::MAX_BATCH;
+    let batches = work.len().div_ceil(batch);
     let counters = Counters::read(&services.pool).await?;
-    let elapsed = drive(work.len(), args.concurrency, {
+    let elapsed = drive(batches, (args.concurrency / batch as u16).max(1), {
         let work = work.clone();
-        move |i| {
+        move |b| {
             let (work, outbox) = (work.clone(), outbox.clone());
             async move {
-                let confirmation = WithdrawalTxConfirmed {
-                    withdrawal_id: work[i],
-                    tx_hash: "0xbench".to_owned(),
-                };
-                match confirm(&outbox, &confirmation, uuid::Uuid::now_v7()).await {
-                    Ok(Outcome::Done | Outcome::Skipped(_)) => Ok(()),
-                    Ok(other) => bail!("direct confirmation of {}: {other:?}", work[i]),
-                    Err(error) => Err(error).context("direct confirmation"),
+                let chunk = &work[b * batch..((b + 1) * batch).min(work.len())];
+                let confirmations: Vec<_> = chunk
+                    .iter()
+                    .map(|&withdrawal_id| {
+                        let confirmation = WithdrawalTxConfirmed {
+                            withdrawal_id,
+                            tx_hash: "0xbench".to_owned(),
+                        };
+                        (confirmation, uuid::Uuid::now_v7())
+                    })
+                    .collect();
+                for (result, id) in confirm_all(&outbox, &confirmations)
+                    .await
+                    .into_iter()
+                    .zip(chunk)
+                {
+                    match result {
+                        Ok(Outcome::Done | Outcome::Skipped(_)) => {}
+                        Ok(other) => bail!("direct confirmation of {id}: {other:?}"),
+                        Err(error) => return Err(error).context("direct confirmation"),
+                    }
                 }
+                Ok(())
             }
         }
     })

@@ -157,7 +157,11 @@ async fn debit(
     conn: &mut MySqlConnection,
     withdrawal: &Withdrawal,
 ) -> Result<Posted, ConfirmError> {
-    let posting = Posting::new(
+    owed::post_keyed(conn, &debit_posting(withdrawal)).await
+}
+
+pub(crate) fn debit_posting(withdrawal: &Withdrawal) -> Posting {
+    Posting::new(
         withdrawal.partner_id,
         withdrawal.currency.clone(),
         EntryType::Debit,
@@ -166,8 +170,7 @@ async fn debit(
         withdrawal.id,
     )
     .idem_key(IdemKey::withdrawal_confirm(withdrawal.id))
-    .memo(format!("withdrawal {} confirmed", withdrawal.id));
-    owed::post_keyed(conn, &posting).await
+    .memo(format!("withdrawal {} confirmed", withdrawal.id))
 }
 
 /// The `WITHDRAWAL_CONFIRMED` notification row and its message, in this transaction; the
@@ -177,7 +180,13 @@ async fn notify(
     withdrawal: &Withdrawal,
     correlation_id: Uuid,
 ) -> Result<Option<u64>, ConfirmError> {
-    let payload = serde_json::json!({
+    let payload = notification_payload(withdrawal);
+    owed::notify_partner(uow, &notification(withdrawal, &payload), correlation_id).await
+}
+
+/// The JSON the partner receives for a confirmed withdrawal (frozen in the notification row).
+pub(crate) fn notification_payload(withdrawal: &Withdrawal) -> serde_json::Value {
+    serde_json::json!({
         "event": WITHDRAWAL_CONFIRMED,
         "withdrawal_id": withdrawal.id,
         "partner_id": withdrawal.partner_id,
@@ -189,15 +198,20 @@ async fn notify(
         "confirmed_at": withdrawal
             .confirmed_at
             .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
-    });
-    let notification = NewNotification {
+    })
+}
+
+pub(crate) fn notification<'a>(
+    withdrawal: &Withdrawal,
+    payload: &'a serde_json::Value,
+) -> NewNotification<'a> {
+    NewNotification {
         partner_id: withdrawal.partner_id,
         event: WITHDRAWAL_CONFIRMED,
         reference_type: "WITHDRAWAL",
         reference_id: withdrawal.id,
-        payload: &payload,
-    };
-    owed::notify_partner(uow, &notification, correlation_id).await
+        payload,
+    }
 }
 
 #[cfg(test)]

@@ -18,8 +18,10 @@
 //! | bad data (empty tx hash, an amount the ledger refuses) | `Failed`: dead letter |
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
 
+mod batch;
 mod confirmation;
 
+pub use batch::{BatchDecision, Confirming, confirm_all, confirm_all_if_in_flight};
 pub use confirmation::{Confirmation, Confirmed, WITHDRAWAL_CONFIRMED, confirm_if_in_flight};
 pub use paybus_confirmations::{
     WithdrawalTxConfirmed,
@@ -28,7 +30,7 @@ pub use paybus_confirmations::{
 
 use paybus_confirmations::withdrawal;
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
+    bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
     transition::Transition,
 };
@@ -47,6 +49,22 @@ impl Handler for ConfirmWithdrawal {
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
         confirm(ctx.outbox, &message.data, message.correlation_id).await
+    }
+
+    /// Four concurrent batches fill the default prefetch of 64: enough transactions in flight
+    /// for two cores, each with a dozen statements for up to 16 confirmations.
+    const MAX_BATCH: usize = 16;
+
+    async fn handle_batch(
+        &self,
+        messages: Vec<Batched<WithdrawalTxConfirmed>>,
+        outbox: &Outbox,
+    ) -> Vec<Result<Outcome, HandlerError>> {
+        let confirmations: Vec<_> = messages
+            .into_iter()
+            .map(|batched| (batched.message.data, batched.message.correlation_id))
+            .collect();
+        confirm_all(outbox, &confirmations).await
     }
 }
 
@@ -93,7 +111,11 @@ pub async fn confirm(
 /// A confirmation that did not transition: a plain duplicate is skipped; anything else is an
 /// on-chain transaction ops must look at (seed 001, principle 9), so it is a dead letter that
 /// names both tx hashes.
-fn not_confirmed(withdrawal_id: u64, tx_hash: &str, current: &WithdrawalState) -> Outcome {
+pub(crate) fn not_confirmed(
+    withdrawal_id: u64,
+    tx_hash: &str,
+    current: &WithdrawalState,
+) -> Outcome {
     let recorded = current.tx_hash.as_deref().unwrap_or("none");
     match current.status {
         WithdrawalStatus::Confirmed if current.tx_hash.as_deref() == Some(tx_hash) => {

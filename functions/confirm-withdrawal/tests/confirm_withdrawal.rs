@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use paybus_confirm_withdrawal::{
     ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalState, WithdrawalStatus,
-    WithdrawalTxConfirmed, confirm_if_in_flight,
+    WithdrawalTxConfirmed, confirm_all, confirm_if_in_flight,
 };
 use paybus_confirmations::{
     ConfirmError,
@@ -616,4 +616,223 @@ async fn a_confirmation_without_a_tx_hash_is_a_dead_letter_and_changes_nothing()
     );
     assert_eq!(world.status(id).await.0, "BROADCASTING");
     assert!(world.debits(id).await.is_empty());
+}
+
+// Batches (issue 14): what the broker delivered together is confirmed in one transaction,
+// and every message still gets the outcome it would have got alone.
+
+impl World {
+    async fn confirm_all(
+        &self,
+        confirmations: &[(u64, &str)],
+    ) -> Vec<Result<Outcome, HandlerError>> {
+        let confirmations: Vec<_> = confirmations
+            .iter()
+            .map(|&(withdrawal_id, tx_hash)| {
+                (
+                    WithdrawalTxConfirmed {
+                        withdrawal_id,
+                        tx_hash: tx_hash.to_owned(),
+                    },
+                    Uuid::now_v7(),
+                )
+            })
+            .collect();
+        confirm_all(&self.services.outbox, &confirmations).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_answers_every_confirmation_as_it_would_be_answered_alone() {
+    let world = world().await;
+    let normal = world.withdrawal("NORMAL", "BROADCASTING").await;
+    let settlement = world.withdrawal("SETTLEMENT_WITHDRAW", "PROCESSING").await;
+    let stale = world.withdrawal("NORMAL", "STALE").await;
+    let done = world.withdrawal("NORMAL", "BROADCASTING").await;
+    assert_eq!(world.handle(done, "0xdone").await.unwrap(), Outcome::Done);
+    let failed = world.withdrawal("NORMAL", "FAILED").await;
+    let messages_before = world.notification_messages().await;
+
+    let outcomes = world
+        .confirm_all(&[
+            (normal, "0xnormal"),
+            (settlement, "0xsettlement"),
+            (done, "0xdone"),
+            (failed, "0xfailed"),
+            (424_242, "0xunknown"),
+            (normal, "0xnormal"),
+            (stale, "0xstale"),
+            (normal, "0xother"),
+            (stale, ""),
+        ])
+        .await;
+
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(Result::unwrap).collect();
+    assert_eq!(outcomes[0], Outcome::Done);
+    assert_eq!(outcomes[1], Outcome::Done);
+    assert_eq!(
+        outcomes[2],
+        Outcome::Skipped(format!("withdrawal {done} is already CONFIRMED"))
+    );
+    assert_eq!(
+        outcomes[3],
+        Outcome::Failed(format!(
+            "withdrawal {failed} is FAILED, not in flight, but tx 0xfailed was confirmed on \
+             chain for it (recorded tx: 0xbroadcast)"
+        ))
+    );
+    assert_eq!(
+        outcomes[4],
+        Outcome::Failed("withdrawal 424242 does not exist".to_owned())
+    );
+    assert_eq!(
+        outcomes[5],
+        Outcome::Skipped(format!("withdrawal {normal} is already CONFIRMED"))
+    );
+    assert_eq!(outcomes[6], Outcome::Done);
+    assert_eq!(
+        outcomes[7],
+        Outcome::Failed(format!(
+            "withdrawal {normal} is already CONFIRMED with tx 0xnormal, but this confirmation \
+             names tx 0xother"
+        ))
+    );
+    assert!(
+        matches!(&outcomes[8], Outcome::Failed(reason) if reason.contains("tx hash")),
+        "{:?}",
+        outcomes[8]
+    );
+
+    for (id, tx_hash) in [
+        (normal, "0xnormal"),
+        (settlement, "0xsettlement"),
+        (stale, "0xstale"),
+    ] {
+        assert_eq!(
+            world.status(id).await,
+            ("CONFIRMED".to_owned(), Some(tx_hash.to_owned()))
+        );
+        assert_eq!(world.history(id).await, 1, "{id}");
+        assert_eq!(world.notifications(id).await, 1, "{id}");
+    }
+    assert_eq!(
+        world.debits(normal).await,
+        vec![(Some(format!("WDR_CONFIRM:{normal}")), dec("100"))]
+    );
+    assert_eq!(world.debits(stale).await.len(), 1);
+    assert!(world.debits(settlement).await.is_empty());
+    assert_eq!(world.status(failed).await.0, "FAILED");
+    // One message per new notification, published after the commit.
+    assert_eq!(world.notification_messages().await, messages_before + 3);
+    // Each payload carries its own withdrawal and the stored confirmation time.
+    let (payload, stored): (String, String) = sqlx::query_as(
+        "SELECT n.payload, DATE_FORMAT(w.confirmed_at, '%Y-%m-%dT%H:%i:%s.%fZ') \
+         FROM partner_notifications n JOIN withdrawals w ON w.id = n.reference_id \
+         WHERE n.reference_id = ?",
+    )
+    .bind(stale)
+    .fetch_one(&world.env.db)
+    .await
+    .unwrap();
+    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    assert_eq!(payload["withdrawal_id"], stale);
+    assert_eq!(payload["tx_hash"], "0xstale");
+    assert_eq!(payload["confirmed_at"], stored.as_str());
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_meeting_a_debit_already_in_the_ledger_falls_back_and_confirms_each_once() {
+    let world = world().await;
+    let first = world.withdrawal("NORMAL", "BROADCASTING").await;
+    let second = world.withdrawal("NORMAL", "BROADCASTING").await;
+    // Some other path wrote the second's keyed DEBIT already: the batch's ledger insert fails
+    // on the key, and the one-by-one path must tell it apart (AlreadyRecorded).
+    let mut tx = world.env.db.begin().await.unwrap();
+    ledger::post(
+        &mut tx,
+        &Posting::new(
+            world.partner_id,
+            "USDT",
+            EntryType::Debit,
+            dec("100"),
+            ReferenceType::Withdrawal,
+            second,
+        )
+        .idem_key(IdemKey::withdrawal_confirm(second)),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let outcomes = world
+        .confirm_all(&[(first, "0xfirst"), (second, "0xsecond")])
+        .await;
+
+    assert_eq!(
+        outcomes.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        vec![Outcome::Done, Outcome::Done]
+    );
+    for id in [first, second] {
+        assert_eq!(world.status(id).await.0, "CONFIRMED");
+        assert_eq!(world.debits(id).await.len(), 1, "{id}");
+        assert_eq!(world.history(id).await, 1, "{id}");
+        assert_eq!(world.notifications(id).await, 1, "{id}");
+    }
+    world.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_overlapping_batches_confirm_each_withdrawal_exactly_once() {
+    const WITHDRAWALS: usize = 40;
+    const BATCHES: usize = 6;
+    let world = Arc::new(world().await);
+    let other_partner = partner(&world.env.db, "partner 46", None).await;
+    let mut ids = Vec::new();
+    for n in 0..WITHDRAWALS {
+        ids.push(if n % 3 == 0 {
+            withdrawal(
+                &world.env.db,
+                other_partner,
+                WithdrawalKind::Normal,
+                WithdrawalStatus::Broadcasting,
+                "2.5",
+            )
+            .await
+        } else {
+            world.withdrawal("NORMAL", "BROADCASTING").await
+        });
+    }
+    // Every batch holds every withdrawal, each in its own rotation, all started together.
+    let start = Arc::new(Barrier::new(BATCHES));
+    let mut batches = JoinSet::new();
+    for b in 0..BATCHES {
+        let (world, start) = (world.clone(), start.clone());
+        let mut rotated = ids.clone();
+        rotated.rotate_left(b * 7);
+        batches.spawn(async move {
+            let confirmations: Vec<(u64, &str)> =
+                rotated.iter().map(|&id| (id, "0xconfirmed")).collect();
+            start.wait().await;
+            world.confirm_all(&confirmations).await
+        });
+    }
+    let mut done = 0;
+    while let Some(outcomes) = batches.join_next().await {
+        for outcome in outcomes.unwrap() {
+            match outcome.unwrap() {
+                Outcome::Done => done += 1,
+                Outcome::Skipped(_) => {}
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+    }
+
+    assert_eq!(done, WITHDRAWALS);
+    for &id in &ids {
+        assert_eq!(world.debits(id).await.len(), 1, "{id}");
+        assert_eq!(world.notifications(id).await, 1, "{id}");
+        assert_eq!(world.history(id).await, 1, "{id}");
+    }
+    world.assert_audit_clean().await;
 }

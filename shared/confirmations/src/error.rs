@@ -26,6 +26,14 @@ pub enum ConfirmError {
         tx_hash: String,
         reason: &'static str,
     },
+    /// A batch's conditional UPDATE moved fewer rows than it had locked in flight: nothing of
+    /// the batch is kept (the caller rolls back and goes one by one).
+    #[error("{moved} of {expected} locked {entity} rows moved by the batch's update")]
+    Incomplete {
+        entity: &'static str,
+        expected: u64,
+        moved: u64,
+    },
     #[error("{entity} {id} has {column} {value:?}, which this code does not know")]
     UnknownValue {
         entity: &'static str,

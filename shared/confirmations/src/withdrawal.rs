@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::{Deserialize, Serialize};
-use sqlx::MySqlConnection;
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::{ConfirmError, CreateError};
 
@@ -183,6 +183,27 @@ pub async fn record_history(
     Ok(())
 }
 
+/// One history row per transition, in one statement (a batch's transitions).
+pub async fn record_history_all(
+    conn: &mut MySqlConnection,
+    rows: &[(u64, WithdrawalStatus, WithdrawalStatus, String)],
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut query = QueryBuilder::<MySql>::new(
+        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status, reason) ",
+    );
+    query.push_values(rows, |mut row, (withdrawal_id, from, to, reason)| {
+        row.push_bind(*withdrawal_id)
+            .push_bind(from.as_str())
+            .push_bind(to.as_str())
+            .push_bind(reason);
+    });
+    query.build().execute(conn).await?;
+    Ok(())
+}
+
 #[derive(sqlx::FromRow)]
 struct WithdrawalRow {
     id: u64,
@@ -198,15 +219,19 @@ struct WithdrawalRow {
     updated_at: DateTime<Utc>,
 }
 
+/// The row query's head: every column of [`WithdrawalRow`].
+macro_rules! select_withdrawals {
+    () => {
+        "SELECT id, partner_id, kind, status, currency, amount, to_address, tx_hash, \
+                confirmed_at, created_at, updated_at \
+         FROM withdrawals"
+    };
+}
+
 /// The one row query, with or without a lock.
 macro_rules! select_withdrawal {
     ($($suffix:literal)?) => {
-        concat!(
-            "SELECT id, partner_id, kind, status, currency, amount, to_address, tx_hash, \
-                    confirmed_at, created_at, updated_at \
-             FROM withdrawals WHERE id = ?",
-            $($suffix)?
-        )
+        concat!(select_withdrawals!(), " WHERE id = ?", $($suffix)?)
     };
 }
 
@@ -255,6 +280,30 @@ pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdraw
     WithdrawalRow::fetch(conn, select_withdrawal!(" FOR UPDATE"), id).await
 }
 
+/// Several withdrawals, as last committed and locked until the caller's transaction ends (see
+/// [`lock`]). The locks are taken in id order, so two batches never deadlock on each other's
+/// rows; ids without a row are simply absent from the result.
+pub async fn lock_all(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+) -> Result<Vec<Withdrawal>, ConfirmError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::<MySql>::new(concat!(select_withdrawals!(), " WHERE id IN ("));
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(") ORDER BY id FOR UPDATE");
+    let rows: Vec<WithdrawalRow> = query
+        .build_query_as()
+        .fetch_all(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?;
+    rows.into_iter().map(WithdrawalRow::parse).collect()
+}
+
 /// The withdrawal's history, oldest first.
 pub async fn history(
     conn: &mut MySqlConnection,
@@ -294,6 +343,43 @@ pub async fn mark_confirmed(
     Ok(matched == 1)
 }
 
+/// The conditional transition for several withdrawals in one statement, each with its own tx
+/// hash; the number of rows it moved (the caller compares it with what it expected).
+pub async fn mark_all_confirmed(
+    conn: &mut MySqlConnection,
+    confirmations: &[(u64, &str)],
+    confirmed_at: DateTime<Utc>,
+) -> Result<u64, ConfirmError> {
+    if confirmations.is_empty() {
+        return Ok(0);
+    }
+    let mut query = QueryBuilder::<MySql>::new(
+        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = CASE id",
+    );
+    for (id, tx_hash) in confirmations {
+        query
+            .push(" WHEN ")
+            .push_bind(*id)
+            .push(" THEN ")
+            .push_bind(*tx_hash);
+    }
+    query
+        .push(" END, confirmed_at = ")
+        .push_bind(confirmed_at)
+        .push(" WHERE status IN ('BROADCASTING', 'PROCESSING', 'STALE') AND id IN (");
+    let mut ids = query.separated(", ");
+    for (id, _) in confirmations {
+        ids.push_bind(*id);
+    }
+    query.push(")");
+    Ok(query
+        .build()
+        .execute(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?
+        .rows_affected())
+}
+
 /// Where a withdrawal stands: its status and the tx hash recorded on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WithdrawalState {
@@ -322,6 +408,39 @@ pub async fn committed_state(
         })
     })
     .transpose()
+}
+
+/// [`committed_state`] for several withdrawals in one read; ids without a row are absent.
+pub async fn committed_states(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+) -> Result<Vec<(u64, WithdrawalState)>, ConfirmError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query =
+        QueryBuilder::<MySql>::new("SELECT id, status, tx_hash FROM withdrawals WHERE id IN (");
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(")");
+    let rows: Vec<(u64, String, Option<String>)> = query
+        .build_query_as()
+        .fetch_all(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?;
+    rows.into_iter()
+        .map(|(id, status, tx_hash)| {
+            Ok((
+                id,
+                WithdrawalState {
+                    status: parse_column(id, "status", status)?,
+                    tx_hash,
+                },
+            ))
+        })
+        .collect()
 }
 
 fn parse_column<T: std::str::FromStr>(

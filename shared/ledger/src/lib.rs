@@ -7,7 +7,8 @@
 //! 2. the last line of defence here: [`IdemKey`] on the three paths where one reference must
 //!    produce exactly one entry; a repeat returns [`Posted::AlreadyRecorded`], not an error.
 //!
-//! [`post`] runs inside the caller's transaction; the caller commits. [`audit::CHECKS`] are the
+//! [`post`] runs inside the caller's transaction; the caller commits. [`post_all`] posts a
+//! batch of entries in two statements, all or nothing. [`audit::CHECKS`] are the
 //! ledger's invariants in plain SQL (run by `paybus audit` with every workflow's own).
 //!
 //! Amounts are [`paybus_money::Amount`]: exact over the whole `DECIMAL(36,18)` range. A posting
@@ -15,8 +16,10 @@
 //! never rounded.
 
 pub mod audit;
+mod batch;
 mod idem_key;
 mod posting;
 
+pub use batch::post_all;
 pub use idem_key::IdemKey;
 pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, balance, post};

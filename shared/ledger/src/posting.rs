@@ -126,7 +126,7 @@ impl Posting {
     }
 
     /// Everything that can be checked without the database.
-    fn validate(&self) -> Result<(), LedgerError> {
+    pub(crate) fn validate(&self) -> Result<(), LedgerError> {
         if !self.amount.is_positive() {
             return Err(LedgerError::InvalidAmount {
                 amount: self.amount,
@@ -195,6 +195,10 @@ pub enum LedgerError {
         entry_type: EntryType,
         amount: Amount,
     },
+    /// A batch wrote fewer entries than it posted (a gate row missing under its own lock): the
+    /// caller rolls back.
+    #[error("{written} ledger entries written for {expected} postings")]
+    Incomplete { written: u64, expected: u64 },
     #[error("ledger database error: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -18,7 +18,7 @@
 //! sweep re-publishes it). Every transition is a conditional UPDATE whose affected rows decide
 //! (principle 1), each in its own short transaction; nothing is held open across the POST.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use paybus_platform::{
     bus::{Envelope, Message, UnitOfWork, outbox::OutboxError},
@@ -28,7 +28,7 @@ use paybus_platform::{
     },
 };
 use serde::{Deserialize, Serialize};
-use sqlx::{MySqlConnection, MySqlPool};
+use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder};
 
 use crate::breaker::BreakerRead;
 
@@ -138,6 +138,68 @@ pub async fn enqueue(
     ))
     .await?;
     Ok(Some(id))
+}
+
+/// Inserts several notifications and their messages: per event and reference type, one
+/// multi-row INSERT and one read of the new rows' ids (the auto-increment ids of a multi-row
+/// INSERT need not be consecutive), and one INSERT of all the messages. All or nothing: a
+/// notification that already exists fails the call with the duplicate-key error, and the
+/// caller rolls back and enqueues them one by one with [`enqueue`], which tells that case
+/// apart. Each notification's message carries the correlation id paired with it.
+pub async fn enqueue_all(
+    uow: &mut UnitOfWork<'_>,
+    notifications: &[(NewNotification<'_>, uuid::Uuid)],
+) -> Result<(), OutboxError> {
+    let mut groups: BTreeMap<(&str, &str), Vec<&(NewNotification<'_>, uuid::Uuid)>> =
+        BTreeMap::new();
+    for item in notifications {
+        groups
+            .entry((item.0.event, item.0.reference_type))
+            .or_default()
+            .push(item);
+    }
+    let mut messages = Vec::with_capacity(notifications.len());
+    for ((event, reference_type), group) in groups {
+        let mut insert = QueryBuilder::<MySql>::new(
+            "INSERT INTO partner_notifications \
+             (partner_id, event, reference_type, reference_id, payload) ",
+        );
+        insert.push_values(&group, |mut row, (notification, _)| {
+            row.push_bind(notification.partner_id)
+                .push_bind(event)
+                .push_bind(reference_type)
+                .push_bind(notification.reference_id)
+                .push_bind(notification.payload.to_string());
+        });
+        insert.build().execute(&mut **uow).await?;
+
+        let mut select = QueryBuilder::<MySql>::new(
+            "SELECT reference_id, id FROM partner_notifications WHERE event = ",
+        );
+        select
+            .push_bind(event)
+            .push(" AND reference_type = ")
+            .push_bind(reference_type)
+            .push(" AND reference_id IN (");
+        let mut references = select.separated(", ");
+        for (notification, _) in &group {
+            references.push_bind(notification.reference_id);
+        }
+        select.push(")");
+        let rows: Vec<(u64, u64)> = select.build_query_as().fetch_all(&mut **uow).await?;
+        let id_of: BTreeMap<u64, u64> = rows.into_iter().collect();
+        for (notification, correlation_id) in group {
+            // Our own INSERT just wrote it; only a concurrent DELETE could hide it.
+            let Some(&notification_id) = id_of.get(&notification.reference_id) else {
+                return Err(OutboxError::Database(sqlx::Error::RowNotFound));
+            };
+            messages.push(Envelope::with_correlation(
+                *correlation_id,
+                NotificationCreated { notification_id },
+            ));
+        }
+    }
+    uow.send_all(&messages).await
 }
 
 /// A row this delivery holds: everything needed to POST it, and the claim to settle.

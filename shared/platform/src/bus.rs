@@ -20,7 +20,7 @@ pub mod sweeper;
 pub mod topology;
 
 pub use envelope::{Envelope, Message, OutgoingMessage};
-pub use handler::{Context, Handler, HandlerError, Outcome};
+pub use handler::{Batched, Context, Handler, HandlerError, Outcome};
 pub use outbox::{Outbox, UnitOfWork};
 pub use runner::Runner;
 pub use services::{Services, StartupError, shutdown_on_signal};

@@ -7,9 +7,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt, future::join_all};
 use lapin::{
-    Connection,
+    Acker, Connection,
     message::Delivery,
     options::{
         BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
@@ -112,9 +112,10 @@ async fn consume_on<P: Processor>(
             _ = generation.changed() => break Ended::ConnectionReplaced,
             next = deliveries.next() => match next {
                 Some(Ok(delivery)) => {
+                    let batch = take_buffered(&mut deliveries, delivery, processor.max_batch());
                     let processor = processor.clone();
                     let publisher = publisher.clone();
-                    in_flight.spawn(async move { settle(&*processor, &publisher, delivery).await });
+                    in_flight.spawn(async move { settle(&*processor, &publisher, batch).await });
                 }
                 Some(Err(error)) => {
                     // A connection drop surfaces here; lapin usually recovers the channel and
@@ -145,16 +146,64 @@ async fn consume_on<P: Processor>(
     Ok(ended)
 }
 
-async fn settle<P: Processor>(processor: &P, publisher: &Publisher, delivery: Delivery) {
-    let incoming = IncomingDelivery {
-        body: delivery.data,
-        routing_key: delivery.routing_key.to_string(),
-        properties: delivery.properties,
+/// `first`, and the deliveries the broker has already handed over behind it, up to `max`: a
+/// batch never waits for more to arrive. A stream error or end met here is left for the main
+/// loop's next poll, which sees it again.
+fn take_buffered(deliveries: &mut lapin::Consumer, first: Delivery, max: usize) -> Vec<Delivery> {
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match deliveries.next().now_or_never() {
+            Some(Some(Ok(delivery))) => batch.push(delivery),
+            Some(Some(Err(error))) => {
+                tracing::warn!(%error, "consumer interrupted while taking a batch");
+                break;
+            }
+            Some(None) | None => break,
+        }
+    }
+    batch
+}
+
+/// Processes the deliveries (as a batch when there are several) and settles each.
+async fn settle<P: Processor>(processor: &P, publisher: &Publisher, batch: Vec<Delivery>) {
+    let (ackers, incoming): (Vec<Acker>, Vec<IncomingDelivery>) = batch
+        .into_iter()
+        .map(|delivery| {
+            (
+                delivery.acker,
+                IncomingDelivery {
+                    body: delivery.data,
+                    routing_key: delivery.routing_key.to_string(),
+                    properties: delivery.properties,
+                },
+            )
+        })
+        .unzip();
+    let dispositions = if let [single] = &incoming[..] {
+        vec![processor.process(single).await]
+    } else {
+        processor.process_batch(&incoming).await
     };
-    let requeue = match processor.process(&incoming).await {
+    // Concurrently: one delivery's requeue pause must not hold back the others' acks.
+    join_all(ackers.into_iter().zip(&incoming).zip(dispositions).map(
+        |((acker, incoming), disposition)| {
+            settle_one(processor, publisher, acker, incoming, disposition)
+        },
+    ))
+    .await;
+}
+
+async fn settle_one<P: Processor>(
+    processor: &P,
+    publisher: &Publisher,
+    acker: Acker,
+    incoming: &IncomingDelivery,
+    disposition: Disposition,
+) {
+    let requeue = match disposition {
         Disposition::Ack => None,
         Disposition::DeadLetter(dead) => {
-            match dead_letter::publish(publisher, processor.function(), &incoming, &dead).await {
+            match dead_letter::publish(publisher, processor.function(), incoming, &dead).await {
                 Ok(()) => None,
                 Err(error) => Some((
                     incoming.requeue_after(),
@@ -165,16 +214,13 @@ async fn settle<P: Processor>(processor: &P, publisher: &Publisher, delivery: De
         Disposition::Requeue { after, error } => Some((after, error)),
     };
     let result = match requeue {
-        None => delivery.acker.ack(BasicAckOptions::default()).await,
+        None => acker.ack(BasicAckOptions::default()).await,
         Some((after, error)) => {
             tracing::debug!(function = processor.function(), ?after, %error, "requeue after pause");
             tokio::time::sleep(after).await;
             // `reject` (not `nack`) so the requeue counts towards the delivery limit on every
             // RabbitMQ version (4.3 stopped counting nacks).
-            delivery
-                .acker
-                .reject(BasicRejectOptions { requeue: true })
-                .await
+            acker.reject(BasicRejectOptions { requeue: true }).await
         }
     };
     match result {

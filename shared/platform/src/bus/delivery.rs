@@ -90,4 +90,23 @@ pub trait Processor: Send + Sync + 'static {
     fn function(&self) -> &str;
     fn queue(&self) -> String;
     fn process(&self, delivery: &IncomingDelivery) -> impl Future<Output = Disposition> + Send;
+
+    /// The most deliveries [`Processor::process_batch`] takes at once; 1 = one at a time.
+    fn max_batch(&self) -> usize {
+        1
+    }
+
+    /// One disposition per delivery, in order. The default processes them one by one.
+    fn process_batch(
+        &self,
+        deliveries: &[IncomingDelivery],
+    ) -> impl Future<Output = Vec<Disposition>> + Send {
+        async move {
+            let mut dispositions = Vec::with_capacity(deliveries.len());
+            for delivery in deliveries {
+                dispositions.push(self.process(delivery).await);
+            }
+            dispositions
+        }
+    }
 }

@@ -93,6 +93,12 @@ pub struct Context<'a> {
     pub attempt: u32,
 }
 
+/// One message of a batch, with its delivery attempt (1 on the first delivery).
+pub struct Batched<M> {
+    pub message: Envelope<M>,
+    pub attempt: u32,
+}
+
 /// One workflow step. `handle` must be idempotent: a message can arrive twice, even twice at
 /// the same moment.
 pub trait Handler: Send + Sync + 'static {
@@ -106,10 +112,91 @@ pub trait Handler: Send + Sync + 'static {
         ctx: &Context<'_>,
     ) -> impl Future<Output = Result<Outcome, HandlerError>> + Send;
 
+    /// The most messages [`Handler::handle_batch`] takes at once. 1 (the default): every
+    /// message is handled on its own and `handle_batch` is never called.
+    const MAX_BATCH: usize = 1;
+
+    /// Several messages at once, one result per message in the same order. For handlers whose
+    /// messages can share a transaction and set-based statements; the runtime batches only
+    /// what the broker has already delivered, it never waits to fill a batch. Whatever a batch
+    /// does, each message's outcome must be the one `handle` would have given it. The default
+    /// handles them one by one.
+    fn handle_batch(
+        &self,
+        messages: Vec<Batched<Self::Message>>,
+        outbox: &Outbox,
+    ) -> impl Future<Output = Vec<Result<Outcome, HandlerError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(messages.len());
+            for Batched { message, attempt } in messages {
+                results.push(self.handle(message, &Context { outbox, attempt }).await);
+            }
+            results
+        }
+    }
+
     fn queue() -> FunctionQueue {
         FunctionQueue {
             function: Self::FUNCTION,
             routing_key: <Self::Message as Message>::TYPE,
+        }
+    }
+}
+
+/// A delivery that never reaches the handler: its disposition is decided by decoding.
+struct Undecodable {
+    head: Option<Box<EnvelopeHead>>,
+    disposition: Disposition,
+    outcome: &'static str,
+    detail: String,
+}
+
+/// The delivery's envelope for `H`, or why it cannot be one.
+fn decode<H: Handler>(
+    delivery: &IncomingDelivery,
+) -> Result<(EnvelopeHead, Envelope<H::Message>), Undecodable> {
+    let dead =
+        |head: Option<EnvelopeHead>, reason, outcome, error: String, detail: String| Undecodable {
+            head: head.map(Box::new),
+            disposition: Disposition::DeadLetter(DeadLetter { reason, error }),
+            outcome,
+            detail,
+        };
+    let head = serde_json::from_slice::<EnvelopeHead>(&delivery.body).map_err(|e| {
+        dead(
+            None,
+            DeadLetterReason::Malformed,
+            "malformed",
+            format!("not a paybus envelope: {e}"),
+            e.to_string(),
+        )
+    })?;
+    if head.kind != <H::Message as Message>::TYPE {
+        let error = format!(
+            "{} handles {:?}, not {:?}",
+            H::FUNCTION,
+            <H::Message as Message>::TYPE,
+            head.kind
+        );
+        return Err(dead(
+            Some(head),
+            DeadLetterReason::UnknownType,
+            "unknown_type",
+            error.clone(),
+            error,
+        ));
+    }
+    match serde_json::from_slice::<Envelope<H::Message>>(&delivery.body) {
+        Ok(envelope) => Ok((head, envelope)),
+        Err(e) => {
+            let error = format!("data does not fit {}: {e}", head.kind);
+            Err(dead(
+                Some(head),
+                DeadLetterReason::Malformed,
+                "malformed",
+                error,
+                e.to_string(),
+            ))
         }
     }
 }
@@ -122,58 +209,10 @@ pub async fn process<H: Handler>(
 ) -> Disposition {
     let started = Instant::now();
     let attempt = delivery.delivery_count() + 1;
-    let head = match serde_json::from_slice::<EnvelopeHead>(&delivery.body) {
-        Ok(head) => head,
-        Err(e) => {
-            return finish::<H>(
-                delivery,
-                None,
-                started,
-                attempt,
-                Disposition::DeadLetter(DeadLetter {
-                    reason: DeadLetterReason::Malformed,
-                    error: format!("not a paybus envelope: {e}"),
-                }),
-                "malformed",
-                Some(e.to_string()),
-            );
-        }
-    };
-    if head.kind != <H::Message as Message>::TYPE {
-        let error = format!(
-            "{} handles {:?}, not {:?}",
-            H::FUNCTION,
-            <H::Message as Message>::TYPE,
-            head.kind
-        );
-        return finish::<H>(
-            delivery,
-            Some(&head),
-            started,
-            attempt,
-            Disposition::DeadLetter(DeadLetter {
-                reason: DeadLetterReason::UnknownType,
-                error: error.clone(),
-            }),
-            "unknown_type",
-            Some(error),
-        );
-    }
-    let envelope = match serde_json::from_slice::<Envelope<H::Message>>(&delivery.body) {
-        Ok(envelope) => envelope,
-        Err(e) => {
-            return finish::<H>(
-                delivery,
-                Some(&head),
-                started,
-                attempt,
-                Disposition::DeadLetter(DeadLetter {
-                    reason: DeadLetterReason::Malformed,
-                    error: format!("data does not fit {}: {e}", head.kind),
-                }),
-                "malformed",
-                Some(e.to_string()),
-            );
+    let (head, envelope) = match decode::<H>(delivery) {
+        Ok(decoded) => decoded,
+        Err(undecodable) => {
+            return finish_undecodable::<H>(delivery, started, attempt, undecodable);
         }
     };
     let span = tracing::info_span!(
@@ -185,7 +224,128 @@ pub async fn process<H: Handler>(
     );
     let ctx = Context { outbox, attempt };
     let result = handler.handle(envelope, &ctx).instrument(span).await;
-    let (disposition, label, detail) = match result {
+    let (disposition, label, detail) = classify(result, attempt, delivery);
+    finish::<H>(
+        delivery,
+        Some(&head),
+        started,
+        attempt,
+        disposition,
+        label,
+        detail,
+    )
+}
+
+/// Decodes every delivery and hands the decodable ones to [`Handler::handle_batch`] at once
+/// (or to `handle`, when only one is left); one disposition per delivery, in order, each
+/// logged and counted as [`process`] does.
+pub async fn process_batch<H: Handler>(
+    handler: &H,
+    outbox: &Outbox,
+    deliveries: &[IncomingDelivery],
+) -> Vec<Disposition> {
+    if deliveries.len() == 1 {
+        return vec![process(handler, outbox, &deliveries[0]).await];
+    }
+    let started = Instant::now();
+    let mut dispositions: Vec<Option<Disposition>> = vec![None; deliveries.len()];
+    let mut decoded = Vec::with_capacity(deliveries.len());
+    for (index, delivery) in deliveries.iter().enumerate() {
+        let attempt = delivery.delivery_count() + 1;
+        match decode::<H>(delivery) {
+            Ok((head, message)) => decoded.push((index, head, Batched { message, attempt })),
+            Err(undecodable) => {
+                dispositions[index] = Some(finish_undecodable::<H>(
+                    delivery,
+                    started,
+                    attempt,
+                    undecodable,
+                ));
+            }
+        }
+    }
+    if let [(index, _, _)] = decoded[..] {
+        dispositions[index] = Some(process(handler, outbox, &deliveries[index]).await);
+    } else if !decoded.is_empty() {
+        let (heads, messages): (Vec<_>, Vec<_>) = decoded
+            .into_iter()
+            .map(|(index, head, batched)| ((index, head, batched.attempt), batched))
+            .unzip();
+        let span = tracing::info_span!("batch", function = H::FUNCTION, size = messages.len());
+        let mut results = handler
+            .handle_batch(messages, outbox)
+            .instrument(span)
+            .await;
+        if results.len() != heads.len() {
+            // A handler bug; requeueing lets the messages go through again rather than guess.
+            let error = format!(
+                "{} returned {} results for a batch of {}",
+                H::FUNCTION,
+                results.len(),
+                heads.len()
+            );
+            tracing::error!(function = H::FUNCTION, %error, "batch results do not match");
+            results = heads
+                .iter()
+                .map(|_| Err(HandlerError::rejected(error.clone())))
+                .collect();
+        }
+        for ((index, head, attempt), result) in heads.into_iter().zip(results) {
+            let delivery = &deliveries[index];
+            let (disposition, label, detail) = classify(result, attempt, delivery);
+            dispositions[index] = Some(finish::<H>(
+                delivery,
+                Some(&head),
+                started,
+                attempt,
+                disposition,
+                label,
+                detail,
+            ));
+        }
+    }
+    dispositions
+        .into_iter()
+        .map(|disposition| {
+            disposition.unwrap_or_else(|| Disposition::Requeue {
+                after: Duration::from_secs(1),
+                error: "not processed".to_owned(),
+            })
+        })
+        .collect()
+}
+
+fn finish_undecodable<H: Handler>(
+    delivery: &IncomingDelivery,
+    started: Instant,
+    attempt: u32,
+    undecodable: Undecodable,
+) -> Disposition {
+    let Undecodable {
+        head,
+        disposition,
+        outcome,
+        detail,
+    } = undecodable;
+    finish::<H>(
+        delivery,
+        head.as_deref(),
+        started,
+        attempt,
+        disposition,
+        outcome,
+        Some(detail),
+    )
+}
+
+/// What the transport does with a handler's result: the disposition, its metric label and the
+/// detail for the log line.
+fn classify(
+    result: Result<Outcome, HandlerError>,
+    attempt: u32,
+    delivery: &IncomingDelivery,
+) -> (Disposition, &'static str, Option<String>) {
+    match result {
         Ok(outcome) => {
             let label = outcome.label();
             match outcome {
@@ -239,16 +399,7 @@ pub async fn process<H: Handler>(
             "requeued",
             Some(error.to_string()),
         ),
-    };
-    finish::<H>(
-        delivery,
-        Some(&head),
-        started,
-        attempt,
-        disposition,
-        label,
-        detail,
-    )
+    }
 }
 
 /// The one log line and the metric of a delivery.
@@ -315,5 +466,13 @@ impl<H: Handler> Processor for HandlerProcessor<H> {
 
     async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
         process(&self.handler, &self.outbox, delivery).await
+    }
+
+    fn max_batch(&self) -> usize {
+        H::MAX_BATCH
+    }
+
+    async fn process_batch(&self, deliveries: &[IncomingDelivery]) -> Vec<Disposition> {
+        process_batch(&self.handler, &self.outbox, deliveries).await
     }
 }

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
+use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Transaction};
 use uuid::Uuid;
 
 use super::{
@@ -77,16 +77,15 @@ impl Outbox {
     /// Publishes messages whose rows are committed, then marks the rows published (together
     /// with other committers' rows: one UPDATE for all). Failures are logged and left to the
     /// relay.
-    pub async fn publish_committed(&self, staged: Vec<(u64, OutgoingMessage)>) {
+    pub async fn publish_committed(&self, staged: Vec<OutgoingMessage>) {
         if staged.is_empty() {
             return;
         }
-        let (ids, messages): (Vec<u64>, Vec<OutgoingMessage>) = staged.into_iter().unzip();
-        let results = self.publisher.publish_events(&messages).await;
-        let mut published = Vec::with_capacity(ids.len());
-        for ((id, message), result) in ids.iter().zip(&messages).zip(results) {
+        let results = self.publisher.publish_events(&staged).await;
+        let mut published = Vec::with_capacity(staged.len());
+        for (message, result) in staged.iter().zip(results) {
             match result {
-                Ok(()) => published.push(*id),
+                Ok(()) => published.push(message.id),
                 Err(error) => tracing::warn!(
                     message_id = %message.id, routing_key = %message.routing_key, %error,
                     "publish after commit failed; the outbox relay will retry"
@@ -101,16 +100,27 @@ impl Outbox {
 /// connection, so queries run on it as on a `Transaction`.
 pub struct UnitOfWork<'a> {
     tx: Transaction<'static, MySql>,
-    staged: Vec<(u64, OutgoingMessage)>,
+    staged: Vec<OutgoingMessage>,
     outbox: &'a Outbox,
 }
 
 impl UnitOfWork<'_> {
     /// Writes the message into the outbox inside this transaction.
     pub async fn send<T: Message>(&mut self, envelope: &Envelope<T>) -> Result<(), OutboxError> {
-        let message = envelope.to_outgoing()?;
-        let id = insert(&mut self.tx, &message).await?;
-        self.staged.push((id, message));
+        self.send_all(std::slice::from_ref(envelope)).await
+    }
+
+    /// Writes several messages into the outbox in one statement.
+    pub async fn send_all<T: Message>(
+        &mut self,
+        envelopes: &[Envelope<T>],
+    ) -> Result<(), OutboxError> {
+        let messages = envelopes
+            .iter()
+            .map(Envelope::to_outgoing)
+            .collect::<Result<Vec<_>, _>>()?;
+        insert(&mut self.tx, &messages).await?;
+        self.staged.extend(messages);
         Ok(())
     }
 
@@ -140,19 +150,25 @@ impl DerefMut for UnitOfWork<'_> {
     }
 }
 
-async fn insert(conn: &mut MySqlConnection, message: &OutgoingMessage) -> Result<u64, sqlx::Error> {
-    let result = sqlx::query(
-        "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body, created_at) \
-         VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(message.id.to_string())
-    .bind(&message.routing_key)
-    .bind(message.correlation_id.to_string())
-    .bind(&message.body)
-    .bind(message.occurred_at)
-    .execute(conn)
-    .await?;
-    Ok(result.last_insert_id())
+async fn insert(
+    conn: &mut MySqlConnection,
+    messages: &[OutgoingMessage],
+) -> Result<(), sqlx::Error> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let mut query = QueryBuilder::<MySql>::new(
+        "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body, created_at) ",
+    );
+    query.push_values(messages, |mut row, message| {
+        row.push_bind(message.id.to_string())
+            .push_bind(&message.routing_key)
+            .push_bind(message.correlation_id.to_string())
+            .push_bind(&message.body)
+            .push_bind(message.occurred_at);
+    });
+    query.build().execute(conn).await?;
+    Ok(())
 }
 
 /// The relay's settings; the defaults suit both the local runner and a scheduled Lambda.
@@ -309,11 +325,11 @@ impl Relay {
         let rows = sendable;
         let results = self.outbox.publisher.publish_events(&messages).await;
         let mut published = Vec::new();
-        for (row, result) in rows.iter().zip(results) {
+        for ((row, message), result) in rows.iter().zip(&messages).zip(results) {
             match result {
                 Ok(()) => {
                     report.published += 1;
-                    published.push(row.id);
+                    published.push(message.id);
                 }
                 Err(error) => {
                     report.failed += 1;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder};
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 /// Rows per UPDATE: keeps the `IN` list and the statement short.
 const MAX_ROWS_PER_UPDATE: usize = 1_000;
@@ -18,7 +19,7 @@ const MAX_ROWS_PER_UPDATE: usize = 1_000;
 /// The rows waiting to be marked, and whether a flusher task is running.
 #[derive(Default)]
 struct Pending {
-    ids: Vec<u64>,
+    ids: Vec<Uuid>,
     waiters: Vec<oneshot::Sender<()>>,
     flushing: bool,
 }
@@ -33,7 +34,7 @@ impl PublishedMarks {
     /// Marks `ids` published, together with whatever other committers add meanwhile; returns
     /// once they are (or once marking them failed, which is logged: the relay may then publish
     /// them again, which consumers tolerate).
-    pub(crate) async fn mark(&self, pool: &MySqlPool, ids: Vec<u64>) {
+    pub(crate) async fn mark(&self, pool: &MySqlPool, ids: Vec<Uuid>) {
         if ids.is_empty() {
             return;
         }
@@ -87,20 +88,21 @@ impl PublishedMarks {
     }
 }
 
-/// `published_at = NOW(6)` on the given rows that are still unpublished, in statements of at
-/// most [`MAX_ROWS_PER_UPDATE`] rows.
+/// `published_at = NOW(6)` on the rows of these messages that are still unpublished, in
+/// statements of at most [`MAX_ROWS_PER_UPDATE`] rows. By message id (unique), so a producer
+/// need not learn its rows' auto-increment ids.
 pub(crate) async fn mark_published(
     conn: &mut MySqlConnection,
-    ids: &[u64],
+    message_ids: &[Uuid],
 ) -> Result<(), sqlx::Error> {
-    for chunk in ids.chunks(MAX_ROWS_PER_UPDATE) {
+    for chunk in message_ids.chunks(MAX_ROWS_PER_UPDATE) {
         let mut query = QueryBuilder::<MySql>::new(
             "UPDATE outbox_messages SET published_at = NOW(6) \
-             WHERE published_at IS NULL AND id IN (",
+             WHERE published_at IS NULL AND message_id IN (",
         );
         let mut list = query.separated(", ");
         for id in chunk {
-            list.push_bind(*id);
+            list.push_bind(id.to_string());
         }
         query.push(")");
         query.build().execute(&mut *conn).await?;
