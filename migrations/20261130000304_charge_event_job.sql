@@ -7,6 +7,9 @@
 --     processing_started_at exactly, so two claims within one second must differ; and times
 --     are UTC with microseconds everywhere (SPEC principle 11). Defaults and ON UPDATE follow
 --     (CURRENT_TIMESTAMP(6)).
+--   * the collation is named (utf8mb4_unicode_ci, as every paybus table): with the server's
+--     default (utf8mb4_general_ci on MariaDB, utf8mb4_0900_ai_ci on MySQL 8) comparing these
+--     columns with the charges' (the audit's joins) is an "illegal mix of collations" error.
 --   * CHECK constraints (ck_*) state the states' invariants; columns, keys and index names are
 --     the seed's.
 --
@@ -81,4 +84,4 @@ CREATE TABLE charge_event_job
         CHECK (status <> 'PROCESSING' OR processing_started_at IS NOT NULL),
     CONSTRAINT ck_charge_event_job_done
         CHECK (status <> 'DONE' OR (result_charge_id IS NOT NULL AND processed_at IS NOT NULL))
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='충전 이벤트 보너스 지급 작업';
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci COMMENT='충전 이벤트 보너스 지급 작업';
