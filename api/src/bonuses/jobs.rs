@@ -14,7 +14,7 @@ use axum::{
     Json,
     extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
 };
-use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus};
+use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus, OpsRetry};
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState, admin::path_id};
@@ -95,30 +95,15 @@ pub(super) async fn retry(
 ) -> Result<Json<BonusJob>, ApiError> {
     let id = path_id(id)?;
     tracing::Span::current().record("job_id", id);
-    let mut uow = state.outbox.begin().await?;
-    let moved = job::retry_failed(&mut uow, id, uuid::Uuid::now_v7()).await?;
-    let current = if moved {
-        job::find(&mut uow, id).await
-    } else {
-        job::find_locked(&mut uow, id).await
-    }
-    .map_err(super::internal)?;
-    match (moved, current) {
-        (true, Some(job)) => {
-            uow.commit().await?;
-            Ok(Json(job))
-        }
-        (_, None) => {
-            uow.rollback().await?;
-            Err(ApiError::NotFound(format!("bonus job {id} not found")))
-        }
-        (false, Some(job)) => {
-            uow.rollback().await?;
-            Err(ApiError::Conflict(format!(
-                "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing \
-                 changed",
-                job.status
-            )))
-        }
+    match job::retry_by_ops(&state.outbox, id)
+        .await
+        .map_err(super::internal)?
+    {
+        OpsRetry::Retried(job) => Ok(Json(job)),
+        OpsRetry::NotFailed(job) => Err(ApiError::Conflict(format!(
+            "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing changed",
+            job.status
+        ))),
+        OpsRetry::Missing => Err(ApiError::NotFound(format!("bonus job {id} not found"))),
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use paybus_platform::{
-    bus::{Envelope, UnitOfWork, outbox::OutboxError},
+    bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
     db,
     retry::{AttemptCount, Backoff, Claim, Lease, RetryPolicy, WorkTable},
 };
@@ -409,6 +409,30 @@ pub async fn retry_failed(
     .await?;
     tracing::info!(job_id = id, "FAILED bonus job put back to PENDING by ops");
     Ok(true)
+}
+
+/// What ops' retry of a job did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpsRetry {
+    /// FAILED -> PENDING, due now; its message is published.
+    Retried(BonusJob),
+    /// The job is not FAILED (as shown): nothing changed.
+    NotFailed(BonusJob),
+    Missing,
+}
+
+/// Ops' retry (admin API, `paybus jobs retry`) in a transaction of its own: [`retry_failed`],
+/// committed and published at once, or the job as it stands when it is not FAILED.
+pub async fn retry_by_ops(outbox: &Outbox, id: u64) -> Result<OpsRetry, BonusError> {
+    let mut uow = outbox.begin().await?;
+    if retry_failed(&mut uow, id, Uuid::now_v7()).await? {
+        let job = find(&mut uow, id).await?;
+        uow.commit().await?;
+        return Ok(job.map_or(OpsRetry::Missing, OpsRetry::Retried));
+    }
+    let current = find_locked(&mut uow, id).await?;
+    uow.rollback().await?;
+    Ok(current.map_or(OpsRetry::Missing, OpsRetry::NotFailed))
 }
 
 /// [`find`] as a locking read (the latest committed state, for explaining a transition that
