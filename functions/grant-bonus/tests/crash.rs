@@ -8,12 +8,7 @@ mod support;
 
 use std::{process::Stdio, time::Duration};
 
-use paybus_bonuses::{
-    BonusRules,
-    charge::Container,
-    job::JobStatus,
-    testing::{self, assert_audit_clean},
-};
+use paybus_bonuses::{BonusRules, job::JobStatus, testing};
 use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus};
 use paybus_platform::{
     bus::{Runner, metrics},
@@ -110,15 +105,5 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
     assert_eq!((run.claimed, run.granted), (1, 1));
     let job = w3.job(job_id).await;
     assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
-    assert_eq!(
-        w3.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
-            .await,
-        1
-    );
-    assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
-        110,
-        "the payment and its bonus, once"
-    );
-    assert_audit_clean(w3.pool()).await;
+    w3.assert_granted_once(charge.member_id, 110).await;
 }

@@ -229,17 +229,7 @@ async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retr
     assert!(matches!(duplicate, Outcome::Skipped(_)), "{duplicate:?}");
     assert_eq!(later_run, WorkerReport::default());
     assert_eq!(w3.job(job_id).await.status, JobStatus::Done);
-    assert_eq!(
-        w3.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
-            .await,
-        1
-    );
-    assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
-        275,
-        "the payment and its bonus, once"
-    );
-    assert_audit_clean(w3.pool()).await;
+    w3.assert_granted_once(charge.member_id, 275).await;
 }
 
 #[tokio::test]
@@ -272,16 +262,7 @@ async fn a_retry_granted_by_the_worker_pays_once() {
     );
     let job = w3.job(job_id).await;
     assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
-    assert_eq!(
-        w3.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
-            .await,
-        1
-    );
-    assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
-        110
-    );
-    assert_audit_clean(w3.pool()).await;
+    w3.assert_granted_once(charge.member_id, 110).await;
 }
 
 #[tokio::test]

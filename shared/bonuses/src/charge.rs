@@ -242,11 +242,7 @@ pub async fn create_request(
 
 /// The charge, or `None`. Within a transaction that just changed it, it carries the change.
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Charge>, BonusError> {
-    let row: Option<ChargeRow> = sqlx::query_as(select_charges!("WHERE id = ?"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
-    row.map(ChargeRow::into_charge).transpose()
+    by_id(conn, select_charges!("WHERE id = ?"), id).await
 }
 
 /// [`find`] as a locking read: the latest committed row even inside a snapshot (for explaining
@@ -256,10 +252,15 @@ pub async fn find_locked(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<Charge>, BonusError> {
-    let row: Option<ChargeRow> = sqlx::query_as(select_charges!("WHERE id = ? FOR UPDATE"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
+    by_id(conn, select_charges!("WHERE id = ? FOR UPDATE"), id).await
+}
+
+async fn by_id(
+    conn: &mut MySqlConnection,
+    sql: &'static str,
+    id: u64,
+) -> Result<Option<Charge>, BonusError> {
+    let row: Option<ChargeRow> = sqlx::query_as(sql).bind(id).fetch_optional(conn).await?;
     row.map(ChargeRow::into_charge).transpose()
 }
 
@@ -310,14 +311,15 @@ pub async fn completed_purchases(
     conn: &mut MySqlConnection,
     member_id: u64,
 ) -> Result<u64, sqlx::Error> {
-    let count: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM charges \
-         WHERE member_id = ? AND status = 'CHARGE' AND payment_status = 'COMPLETE'",
+    crate::count(
+        conn,
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM charges \
+             WHERE member_id = ? AND status = 'CHARGE' AND payment_status = 'COMPLETE'",
+        )
+        .bind(member_id),
     )
-    .bind(member_id)
-    .fetch_one(conn)
-    .await?;
-    Ok(u64::try_from(count).unwrap_or(0))
+    .await
 }
 
 /// The seed's `getPaymentCount(member, method, startDate, endDate)`, fixed as the seed asks:
@@ -330,18 +332,19 @@ pub async fn payment_count(
     start: DateTime<Utc>,
     end: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let count: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM charges \
-         WHERE member_id = ? AND status = 'EVENT' AND method = ? \
-           AND created_at BETWEEN ? AND ?",
+    crate::count(
+        conn,
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM charges \
+             WHERE member_id = ? AND status = 'EVENT' AND method = ? \
+               AND created_at BETWEEN ? AND ?",
+        )
+        .bind(member_id)
+        .bind(method)
+        .bind(start)
+        .bind(end),
     )
-    .bind(member_id)
-    .bind(method)
-    .bind(start)
-    .bind(end)
-    .fetch_one(conn)
-    .await?;
-    Ok(u64::try_from(count).unwrap_or(0))
+    .await
 }
 
 /// Inserts the EVENT charge a bonus job grants (COMPLETE at birth, its reason the job's

@@ -299,10 +299,15 @@ pub async fn enqueue(
 }
 
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<BonusJob>, BonusError> {
-    let row: Option<JobRow> = sqlx::query_as(select_jobs!("WHERE id = ?"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
+    by_id(conn, select_jobs!("WHERE id = ?"), id).await
+}
+
+async fn by_id(
+    conn: &mut MySqlConnection,
+    sql: &'static str,
+    id: u64,
+) -> Result<Option<BonusJob>, BonusError> {
+    let row: Option<JobRow> = sqlx::query_as(sql).bind(id).fetch_optional(conn).await?;
     row.map(JobRow::into_job).transpose()
 }
 
@@ -372,15 +377,16 @@ pub async fn owed_for_event(
     member_id: u64,
     charge_event_id: u64,
 ) -> Result<u64, sqlx::Error> {
-    let count: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM charge_event_job \
-         WHERE member_id = ? AND charge_event_id = ? AND status <> 'DONE'",
+    crate::count(
+        conn,
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM charge_event_job \
+             WHERE member_id = ? AND charge_event_id = ? AND status <> 'DONE'",
+        )
+        .bind(member_id)
+        .bind(charge_event_id),
     )
-    .bind(member_id)
-    .bind(charge_event_id)
-    .fetch_one(conn)
-    .await?;
-    Ok(u64::try_from(count).unwrap_or(0))
+    .await
 }
 
 /// Ops' retry of a FAILED job (seed 003's admin API): FAILED -> PENDING, due now, with its
@@ -441,11 +447,7 @@ pub async fn find_locked(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<BonusJob>, BonusError> {
-    let row: Option<JobRow> = sqlx::query_as(select_jobs!("WHERE id = ? FOR UPDATE"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
-    row.map(JobRow::into_job).transpose()
+    by_id(conn, select_jobs!("WHERE id = ? FOR UPDATE"), id).await
 }
 
 #[cfg(test)]

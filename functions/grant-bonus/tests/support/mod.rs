@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use paybus_bonuses::{
     BonusJobCreated, BonusRules, Completion,
-    charge::PaymentGateway,
+    charge::{Container, PaymentGateway},
     completion::{self, CompletedCharge},
     job::{self, BonusJob},
     testing::{self, Purchase},
@@ -133,6 +133,23 @@ impl W3 {
             .execute(self.pool())
             .await
             .expect("switch the fault off");
+    }
+
+    /// The member's bonus was granted exactly once: one EVENT charge in all, the member's pg
+    /// balance `cans` (the payment and the bonus), and the audit clean.
+    pub async fn assert_granted_once(&self, member_id: u64, cans: i32) {
+        assert_eq!(
+            self.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
+                .await,
+            1,
+            "one EVENT charge"
+        );
+        assert_eq!(
+            testing::cans(self.pool(), member_id, Container::Pg).await,
+            cans,
+            "the payment and its bonus, once"
+        );
+        testing::assert_audit_clean(self.pool()).await;
     }
 
     pub async fn count(&self, sql: &'static str) -> i64 {
