@@ -390,3 +390,98 @@ async fn a_refused_completion_writes_nothing() {
     );
     assert_eq!(testing::cans(&env.db, member, Container::Pg).await, 100);
 }
+
+#[tokio::test]
+async fn the_audit_names_every_broken_bonus_invariant_it_finds() {
+    let (env, services) = setup().await;
+    testing::active_event(&env.db, "audited", 10, 9).await;
+    let (mut jobs, mut members, mut charges) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let member = testing::member(&env.db).await;
+        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
+            .await
+            .unwrap();
+        jobs.push(done.charge().bonus_jobs[0].job_id);
+        members.push(member);
+        charges.push(purchase.id);
+    }
+    let event_charge = |member: u64| {
+        let pool = env.db.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO charges (member_id, status, cans, payment_gateway, container, \
+                                      method, payment_status, completed_at) \
+                 VALUES (?, 'EVENT', 10, 'PG', 'pg', 'audited', 'COMPLETE', NOW(6))",
+            )
+            .bind(member)
+            .execute(&pool)
+            .await
+            .unwrap()
+            .last_insert_id()
+        }
+    };
+    // Planted: job 1 DONE without its EVENT charge; job 2 PENDING naming an EVENT charge; an
+    // EVENT charge no job owns; purchase 4 back in REQUEST under its job; member 3 credited
+    // twice. Balances follow the planted charges, except member 3's.
+    let named = event_charge(members[1]).await;
+    let unowned = event_charge(members[1]).await;
+    sqlx::query("ALTER TABLE charge_event_job DROP CONSTRAINT ck_charge_event_job_done")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    for plant in [
+        sqlx::query(
+            "UPDATE charge_event_job SET status = 'DONE', processed_at = NOW(6) WHERE id = ?",
+        )
+        .bind(jobs[0]),
+        sqlx::query("UPDATE charge_event_job SET result_charge_id = ? WHERE id = ?")
+            .bind(named)
+            .bind(jobs[1]),
+        sqlx::query("UPDATE members SET pg_can = pg_can + 20 WHERE id = ?").bind(members[1]),
+        sqlx::query("UPDATE members SET pg_can = pg_can + 100 WHERE id = ?").bind(members[2]),
+        sqlx::query(
+            "UPDATE charges SET payment_status = 'REQUEST', completed_at = NULL WHERE id = ?",
+        )
+        .bind(charges[3]),
+        sqlx::query("UPDATE members SET pg_can = pg_can - 100 WHERE id = ?").bind(members[3]),
+    ] {
+        plant.execute(&env.db).await.unwrap();
+    }
+
+    let mut conn = env.db.acquire().await.unwrap();
+    let found = paybus_platform::audit::run(&mut conn, paybus_bonuses::audit::CHECKS)
+        .await
+        .unwrap();
+
+    let lines: Vec<String> = found.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "member_balance_mismatch: member {} holds 200 pg cans, but its COMPLETE \
+                 charges there add up to 100",
+                members[2]
+            ),
+            format!(
+                "bonus_charge_missing: bonus job {} is DONE without its EVENT charge",
+                jobs[0]
+            ),
+            format!(
+                "unexpected_bonus_result: bonus job {} is PENDING but names result charge \
+                 {named}",
+                jobs[1]
+            ),
+            format!(
+                "event_charge_jobs: EVENT charge {unowned} is the result of 0 bonus jobs, not \
+                 exactly one"
+            ),
+            format!(
+                "job_without_completed_purchase: bonus job {} is owed for charge {}, which is \
+                 not a COMPLETE purchase of its member",
+                jobs[3], charges[3]
+            ),
+        ],
+        "{found:#?}"
+    );
+}
