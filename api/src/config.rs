@@ -3,6 +3,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use paybus_bonuses::BonusRules;
 use paybus_platform::{ConfigError, Secret, config::Vars};
 
 use crate::server::Limits;
@@ -10,6 +11,7 @@ use crate::server::Limits;
 pub const VAR_HTTP_ADDR: &str = "PAYBUS_HTTP_ADDR";
 pub const VAR_CHAIN_MONITOR_SECRET: &str = "PAYBUS_CHAIN_MONITOR_SECRET";
 pub const VAR_ADMIN_JWT_SECRET: &str = "PAYBUS_ADMIN_JWT_SECRET";
+pub const VAR_PAYMENTS_SECRET: &str = "PAYBUS_PAYMENTS_SECRET";
 pub const VAR_ASYNC_MATCHING_ENABLED: &str = "PAYBUS_ASYNC_MATCHING_ENABLED";
 pub const VAR_HEADER_TIMEOUT_MS: &str = "PAYBUS_HTTP_HEADER_TIMEOUT_MS";
 pub const VAR_BODY_TIMEOUT_MS: &str = "PAYBUS_HTTP_BODY_TIMEOUT_MS";
@@ -25,6 +27,11 @@ pub struct ApiConfig {
     /// The key admin role tokens are signed with (HS256, at least 32 bytes). Unset: the admin
     /// API is closed.
     pub admin_jwt_secret: Option<Secret>,
+    /// Shared secret the payment service signs gateway completions with (webhooks and verify
+    /// calls, W3). Unset: the payment routes refuse everything (503).
+    pub payments_secret: Option<Secret>,
+    /// W3's configured bonus rules (the first-charge bonus percent).
+    pub bonus_rules: BonusRules,
     /// Seed 000 §0: W1's queued matching is off unless explicitly switched on; a missing value
     /// must never turn the worker path on by accident.
     pub async_matching_enabled: bool,
@@ -38,6 +45,8 @@ impl Default for ApiConfig {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             chain_monitor_secret: None,
             admin_jwt_secret: None,
+            payments_secret: None,
+            bonus_rules: BonusRules::default(),
             async_matching_enabled: false,
             limits: Limits::default(),
         }
@@ -60,6 +69,8 @@ impl ApiConfig {
             )?,
             chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
             admin_jwt_secret: env.secret(VAR_ADMIN_JWT_SECRET, 32)?,
+            payments_secret: env.secret(VAR_PAYMENTS_SECRET, 16)?,
+            bonus_rules: BonusRules::read(env)?,
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
             limits: Limits {
                 header_timeout: millis(env, VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,

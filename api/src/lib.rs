@@ -6,6 +6,7 @@
 //! | --- | --- | --- |
 //! | [`confirmations`] | W2: chain-monitor intake (`/v1/chain-monitor/*`, HMAC-signed, into the outbox, 202) and admin withdrawals / deposits | `paybus_confirmations` |
 //! | `partners` | admin partners | `paybus_partners` |
+//! | [`bonuses`] | W3: payment completions from every gateway (`/v1/payments/*`, HMAC-signed) and admin members, charges, charge events and bonus jobs | `paybus_bonuses` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
@@ -18,12 +19,14 @@ mod amount;
 mod audit;
 pub mod auth;
 mod body;
+pub mod bonuses;
 mod chain;
 pub mod config;
 pub mod confirmations;
 pub mod error;
 mod partners;
 pub mod server;
+mod signed;
 
 use std::{sync::Arc, time::Duration};
 
@@ -35,6 +38,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
+use paybus_bonuses::BonusRules;
 use paybus_platform::{
     Secret,
     audit::Check,
@@ -64,6 +68,10 @@ pub struct AppState {
     /// `PAYBUS_ADMIN_JWT_SECRET`, the key of the admin role tokens. None: the admin API
     /// answers 503 to everything.
     pub admin_jwt_secret: Option<Secret>,
+    /// `PAYBUS_PAYMENTS_SECRET`. None: the payment completion routes answer 503.
+    pub payments_secret: Option<Secret>,
+    /// W3's bonus rules for completions.
+    pub bonus_rules: BonusRules,
     /// How far a signature's timestamp may be from now (default 300 s).
     pub signature_tolerance: Duration,
     /// The invariants `GET /v1/admin/audit` checks (every workflow's: the catalog's list).
@@ -77,6 +85,8 @@ impl AppState {
             outbox: services.outbox.clone(),
             chain_monitor_secret: config.chain_monitor_secret.clone(),
             admin_jwt_secret: config.admin_jwt_secret.clone(),
+            payments_secret: config.payments_secret.clone(),
+            bonus_rules: config.bonus_rules,
             signature_tolerance: signature::DEFAULT_TOLERANCE,
             audit: audit.into(),
         }
@@ -89,6 +99,7 @@ pub fn router(state: AppState) -> Router {
     let admin = Router::new()
         .merge(partners::admin_routes())
         .merge(confirmations::admin_routes())
+        .merge(bonuses::admin_routes())
         .merge(audit::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
@@ -98,6 +109,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(confirmations::intake_routes())
+        .merge(bonuses::payment_routes())
         .merge(admin)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -121,6 +133,11 @@ pub async fn serve(
     if state.chain_monitor_secret.is_none() {
         tracing::warn!(
             "PAYBUS_CHAIN_MONITOR_SECRET is not set: the chain-monitor intake answers 503"
+        );
+    }
+    if state.payments_secret.is_none() {
+        tracing::warn!(
+            "PAYBUS_PAYMENTS_SECRET is not set: the payment completion routes answer 503"
         );
     }
     if state.admin_jwt_secret.is_none() {

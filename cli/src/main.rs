@@ -2,6 +2,7 @@
 
 mod bench;
 mod doctor;
+mod jobs;
 
 use std::process::ExitCode;
 
@@ -48,6 +49,10 @@ enum Command {
     Audit,
     /// Print the function catalog as the README's markdown table.
     Catalog,
+    /// Charge-event bonus jobs (W3): list those waiting for a retry or for ops, show one, retry
+    /// a FAILED one.
+    #[command(subcommand)]
+    Jobs(jobs::JobsCommand),
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -133,6 +138,7 @@ async fn main() -> ExitCode {
             print!("{}", paybus_catalog::markdown_table());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Jobs(command) => jobs::run(&settings, command).await,
         Command::Sign { body } => sign(&body),
         Command::Token(TokenCommand::Issue {
             roles,

@@ -35,7 +35,7 @@ static IN_PLACE: WorkTable = WorkTable {
     republished_at: Some("republished_at"),
 };
 
-/// W3's shape: a claim moves the row to PROCESSING, only failures count.
+/// W1's shape: a claim moves the row to an in-flight status, only failures count.
 static BY_STATUS: WorkTable = WorkTable {
     table: "work_items",
     status: "status",
@@ -43,6 +43,25 @@ static BY_STATUS: WorkTable = WorkTable {
     failed: "FAILED",
     attempts: "attempts",
     count: AttemptCount::OnFailure,
+    next_attempt_at: "next_attempt_at",
+    last_error: "last_error",
+    last_error_max: 40,
+    lease: Lease::Status {
+        status: "PROCESSING",
+        claimed_at: "claimed_at",
+    },
+    republished_at: None,
+};
+
+/// W3's shape: a status lease, and only a retry's failure counts (the seed's `retry_count`:
+/// the immediate attempt comes before the retries).
+static RETRIES_COUNTED: WorkTable = WorkTable {
+    table: "work_items",
+    status: "status",
+    due: "PENDING",
+    failed: "FAILED",
+    attempts: "attempts",
+    count: AttemptCount::OnRetryFailure,
     next_attempt_at: "next_attempt_at",
     last_error: "last_error",
     last_error_max: 40,
@@ -296,6 +315,84 @@ async fn a_status_lease_counts_failures_only_and_is_reaped_when_its_process_died
     );
     assert_eq!(again.attempts, 0, "a crash is not a counted failure");
     assert_ne!(again.claimed_at, dead.claimed_at);
+}
+
+/// Seed 003's schedule: the immediate attempt, then retries after 5, 10 and 15 minutes.
+fn immediate_then_three_retries() -> RetryPolicy {
+    const PAUSES: &[Duration] = &[
+        Duration::from_secs(300),
+        Duration::from_secs(600),
+        Duration::from_secs(900),
+    ];
+    RetryPolicy::new(4, Backoff::schedule(PAUSES)).unwrap()
+}
+
+#[tokio::test]
+async fn a_first_failure_schedules_the_first_retry_and_only_retries_count() {
+    let env = TestEnv::new().await;
+    work_table(&env).await;
+    let id = insert_items(&env.db, 1).await[0];
+    let clock = clock_at_db_now(&env.db).await;
+    let policy = immediate_then_three_retries();
+    let mut conn = env.db.acquire().await.unwrap();
+    let mut claims = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut counted = Vec::new();
+
+    // The immediate attempt and three retries, each failing when due; then an ops retry.
+    for pause in [0, 300, 600, 900] {
+        clock.advance(Duration::from_secs(pause));
+        let claim = claim(&RETRIES_COUNTED, &env.db, id, &clock).await.unwrap();
+        outcomes.push(
+            RETRIES_COUNTED
+                .settle_failure(&mut conn, &claim, &policy, "gateway down", &clock)
+                .await
+                .unwrap(),
+        );
+        counted.push(item(&env.db, id).await.attempts);
+        claims.push(claim);
+    }
+    let gave_up = item(&env.db, id).await;
+    sqlx::query("UPDATE work_items SET status = 'PENDING', next_attempt_at = NULL WHERE id = ?")
+        .bind(id)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let by_ops = claim(&RETRIES_COUNTED, &env.db, id, &clock).await.unwrap();
+    let after_ops_retry = RETRIES_COUNTED
+        .settle_failure(&mut conn, &by_ops, &policy, "still down", &clock)
+        .await
+        .unwrap();
+
+    let retry = |minutes: u64, failures| AfterFailure::Retry {
+        after: Duration::from_secs(minutes * 60),
+        failures,
+    };
+    assert_eq!(
+        outcomes,
+        [
+            retry(5, 1),
+            retry(10, 2),
+            retry(15, 3),
+            AfterFailure::Failed { failures: 4 }
+        ]
+    );
+    assert_eq!(
+        counted,
+        [0, 1, 2, 3],
+        "the immediate attempt's failure is not a retry"
+    );
+    assert_eq!(
+        claims.iter().map(|c| c.failed_before).collect::<Vec<_>>(),
+        [false, true, true, true]
+    );
+    assert_eq!((gave_up.status.as_str(), gave_up.attempts), ("FAILED", 3));
+    assert_eq!(after_ops_retry, AfterFailure::Failed { failures: 5 });
+    assert_eq!(
+        item(&env.db, id).await.attempts,
+        4,
+        "one more attempt, counted"
+    );
 }
 
 async fn reap(pool: &MySqlPool, clock: &Clock) -> Vec<u64> {

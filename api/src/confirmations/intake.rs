@@ -18,17 +18,16 @@ use axum::{
     http::{HeaderMap, StatusCode},
     routing::post,
 };
-use paybus_platform::{
-    Secret,
-    bus::{Envelope, Message, Outbox},
-    signature::{self, SignatureError},
-};
+use paybus_platform::bus::{Envelope, Message, Outbox};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use paybus_confirmations::{DepositTxConfirmed, WithdrawalTxConfirmed};
 
-use crate::{ApiError, AppState, body, chain};
+use crate::{
+    ApiError, AppState, body, chain,
+    signed::{self, Signer},
+};
 
 /// `withdrawals.tx_hash` is `VARCHAR(128)`.
 const TX_HASH_MAX_LEN: usize = 128;
@@ -99,43 +98,25 @@ async fn deposit_confirmation(
     enqueue(&state.outbox, message).await
 }
 
+/// The chain monitor signs with `PAYBUS_CHAIN_MONITOR_SECRET`.
+const CHAIN_MONITOR: Signer = Signer {
+    name: "chain-monitor",
+    disabled: "intake disabled: PAYBUS_CHAIN_MONITOR_SECRET is not set",
+};
+
 /// The intake is enabled, the body fits, and its signature is good and fresh.
 fn authenticate(
     state: &AppState,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Bytes, ApiError> {
-    let secret: &Secret = state
-        .chain_monitor_secret
-        .as_ref()
-        .ok_or(ApiError::Disabled(
-            "intake disabled: PAYBUS_CHAIN_MONITOR_SECRET is not set",
-        ))?;
-    let body = body::bytes(body)?;
-    // A header that is not even visible ASCII cannot be a valid signature: verify() calls it
-    // malformed.
-    let header = headers
-        .get(signature::HEADER)
-        .map(|value| value.to_str().unwrap_or(""));
-    let now = chrono::Utc::now().timestamp();
-    signature::verify(
-        secret.expose().as_bytes(),
-        header,
-        &body,
-        now,
-        state.signature_tolerance,
+    signed::verified_body(
+        state,
+        &CHAIN_MONITOR,
+        state.chain_monitor_secret.as_ref(),
+        headers,
+        body,
     )
-    .map_err(|error| {
-        tracing::warn!(%error, "chain-monitor request refused");
-        ApiError::BadSignature(match error {
-            SignatureError::Missing => "missing X-Paybus-Signature header".to_owned(),
-            SignatureError::Stale { .. } => format!("stale signature: {error}"),
-            SignatureError::Malformed | SignatureError::Mismatch => {
-                format!("invalid signature: {error}")
-            }
-        })
-    })?;
-    Ok(body)
 }
 
 /// One transaction: the outbox row; published right after commit (or later by the relay).

@@ -23,6 +23,8 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 pub const MONITOR_SECRET: &str = "chain-monitor-secret-for-tests";
+/// The payment service's signing secret in tests.
+pub const PAYMENTS_SECRET: &str = "payment-service-secret-for-tests";
 /// The key the tests' admin role tokens are signed with.
 pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-tests-0123456789";
 
@@ -54,7 +56,7 @@ pub struct Api {
 }
 
 impl Api {
-    /// Intake and admin API both enabled.
+    /// Intake, payments and admin API enabled.
     pub async fn new() -> Self {
         Self::with(|_| {}).await
     }
@@ -65,6 +67,7 @@ impl Api {
         let mut config = ApiConfig {
             chain_monitor_secret: Some(Secret::new(MONITOR_SECRET)),
             admin_jwt_secret: Some(Secret::new(ADMIN_JWT_SECRET)),
+            payments_secret: Some(Secret::new(PAYMENTS_SECRET)),
             ..ApiConfig::default()
         };
         configure(&mut config);
@@ -147,6 +150,16 @@ pub fn admin_post(path: &str, body: &Value) -> Request<Body> {
 pub fn admin_get(path: &str) -> Request<Body> {
     Request::get(path)
         .header(header::AUTHORIZATION, format!("Bearer {}", admin_token()))
+        .body(Body::empty())
+        .expect("request")
+}
+
+/// A request with a token carrying `roles` (and no body).
+pub fn with_roles(method: &str, path: &str, roles: &[Role]) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::AUTHORIZATION, format!("Bearer {}", token(roles)))
         .body(Body::empty())
         .expect("request")
 }

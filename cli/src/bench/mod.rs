@@ -25,11 +25,14 @@ use paybus_platform::{bus::Services, testing::TestEnv};
 use sqlx::MySqlPool;
 
 mod confirm_withdrawal;
+mod grant_bonus;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workflow {
     /// W2: withdrawal confirmations, every message delivered twice.
     ConfirmWithdrawal,
+    /// W3: payment completions and their bonus grants (grants/s end to end vs direct).
+    GrantBonus,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -55,6 +58,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
+        Workflow::GrantBonus => grant_bonus::run(&args).await,
     }
 }
 

@@ -3,10 +3,11 @@
 //! group, replay and archive them.
 
 use lapin::types::{AMQPValue, FieldTable};
-use sqlx::MySqlPool;
+use sqlx::{MySqlConnection, MySqlPool};
 
 use super::{
-    delivery::{DeadLetter, Disposition, IncomingDelivery, Processor},
+    delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery, Processor},
+    envelope::OutgoingMessage,
     headers::{self, header_integer, header_text, integer_header, text_header},
     publisher::{PublishError, Publisher},
     topology::{DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, UNROUTED_QUEUE, dead_letter_queue_name},
@@ -212,6 +213,55 @@ async fn insert(
     row: &DeadLetterRow,
     delivery: &IncomingDelivery,
 ) -> Result<bool, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    insert_row(&mut conn, row, &delivery.body, &headers_json(delivery)).await
+}
+
+/// A dead letter decided outside a delivery: a sweeper job gave a unit of work up (W3's
+/// worker after the last retry). Recorded in the caller's transaction, so the row's terminal
+/// state and its dead letter commit together and neither exists without the other; `message`
+/// is what a replay re-publishes. Reason `failed`, headers as a delivered dead letter carries
+/// them. True when this call recorded it (false: `dead_letter_id` is already recorded).
+pub async fn record_given_up(
+    conn: &mut MySqlConnection,
+    function: &str,
+    dead_letter_id: &str,
+    message: &OutgoingMessage,
+    error: &str,
+    attempts: u32,
+) -> Result<bool, sqlx::Error> {
+    let row = DeadLetterRow {
+        dead_letter_id: bounded_id(dead_letter_id.to_owned()),
+        function_name: function.to_owned(),
+        message_id: Some(message.id.to_string()),
+        correlation_id: Some(message.correlation_id.to_string()),
+        routing_key: message.routing_key.clone(),
+        reason: DeadLetterReason::Failed.as_str().to_owned(),
+        error: error.chars().take(MAX_ERROR_LEN).collect(),
+        attempts,
+    };
+    let mut headers = FieldTable::default();
+    text_header(&mut headers, H_FUNCTION, &row.function_name);
+    text_header(&mut headers, H_REASON, &row.reason);
+    text_header(&mut headers, H_ERROR, &row.error);
+    integer_header(&mut headers, H_ATTEMPTS, i64::from(attempts));
+    text_header(
+        &mut headers,
+        H_FAILED_AT,
+        &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    );
+    text_header(&mut headers, H_ROUTING_KEY, &row.routing_key);
+    text_header(&mut headers, H_DEAD_LETTER_ID, &row.dead_letter_id);
+    let headers = headers::to_json(&headers).to_string();
+    insert_row(conn, &row, &message.body, &headers).await
+}
+
+async fn insert_row(
+    conn: &mut MySqlConnection,
+    row: &DeadLetterRow,
+    body: &[u8],
+    headers: &str,
+) -> Result<bool, sqlx::Error> {
     let inserted = sqlx::query(
         "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
          correlation_id, routing_key, reason, error, attempts, body, headers) \
@@ -225,9 +275,9 @@ async fn insert(
     .bind(&row.reason)
     .bind(&row.error)
     .bind(row.attempts)
-    .bind(&delivery.body)
-    .bind(headers_json(delivery))
-    .execute(pool)
+    .bind(body)
+    .bind(headers)
+    .execute(conn)
     .await?
     .rows_affected();
     if inserted == 1 {

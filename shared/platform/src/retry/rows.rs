@@ -59,8 +59,16 @@ pub enum Lease {
 pub enum AttemptCount {
     /// Every claim counts (a crash mid-attempt used one up): attempts made.
     OnClaim,
-    /// Only a failure counts (W1's `match_attempt_count`, W3's `retry_count`): failures so far.
+    /// Only a failure counts (W1's `match_attempt_count`): failures so far.
     OnFailure,
+    /// Only a retry's failure counts: failed retries so far (W3's `retry_count`, seed 003).
+    /// The first attempt comes before the retries: its failure schedules the first retry and
+    /// leaves the column at 0, each failure after it counts one. A row's first failure is
+    /// the one that finds `last_error` NULL. The policy is still asked about failures in
+    /// all (the first one included), so "an immediate attempt, then 3 retries after 5, 10
+    /// and 15 minutes" is `RetryPolicy::new(4, [5, 10, 15 min])`, and the column reads 3
+    /// when it gives up.
+    OnRetryFailure,
 }
 
 /// A table whose rows the kit claims, retries and gives up. Column names and status values
@@ -92,11 +100,14 @@ pub struct WorkTable {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub id: u64,
-    /// The attempts column after the claim: attempts made ([`AttemptCount::OnClaim`]), or
-    /// failures so far ([`AttemptCount::OnFailure`]).
+    /// The attempts column after the claim: attempts made ([`AttemptCount::OnClaim`]),
+    /// failures so far ([`AttemptCount::OnFailure`]) or failed retries so far
+    /// ([`AttemptCount::OnRetryFailure`]).
     pub attempts: u32,
     /// The claim's stamp ([`Lease::Status`]); what its settle is guarded by.
     pub claimed_at: Option<DateTime<Utc>>,
+    /// The row had failed before this claim (`last_error` was set).
+    pub failed_before: bool,
 }
 
 impl Claim {
@@ -105,6 +116,18 @@ impl Claim {
         match count {
             AttemptCount::OnClaim => self.attempts,
             AttemptCount::OnFailure => self.attempts.saturating_add(1),
+            // The uncounted first failure, the counted ones, and this one.
+            AttemptCount::OnRetryFailure if self.failed_before => self.attempts.saturating_add(2),
+            AttemptCount::OnRetryFailure => 1,
+        }
+    }
+
+    /// Whether this attempt's failure adds one to the attempts column.
+    fn failure_counts(&self, count: AttemptCount) -> bool {
+        match count {
+            AttemptCount::OnClaim => false,
+            AttemptCount::OnFailure => true,
+            AttemptCount::OnRetryFailure => self.failed_before,
         }
     }
 }
@@ -250,8 +273,9 @@ impl WorkTable {
             Lease::Status { claimed_at, .. } => claimed_at.to_owned(),
         };
         format!(
-            "SELECT id, CAST({} AS UNSIGNED), {claimed_at} FROM {} WHERE {filter}",
-            self.attempts, self.table
+            "SELECT id, CAST({} AS UNSIGNED), {claimed_at}, CAST({} IS NOT NULL AS UNSIGNED) \
+             FROM {} WHERE {filter}",
+            self.attempts, self.last_error, self.table
         )
     }
 
@@ -283,11 +307,10 @@ impl WorkTable {
             return Ok(None);
         }
         // The row is locked by our UPDATE: these are the values we claimed it with.
-        let row: (u64, u64, Option<DateTime<Utc>>) =
-            sqlx::query_as(AssertSqlSafe(self.claimed_row_sql("id = ?")))
-                .bind(id)
-                .fetch_one(&mut *conn)
-                .await?;
+        let row: ClaimedRow = sqlx::query_as(AssertSqlSafe(self.claimed_row_sql("id = ?")))
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
         Ok(Some(claim_of(row)))
     }
 
@@ -317,7 +340,7 @@ impl WorkTable {
         self.bind_claim(sqlx::query(AssertSqlSafe(sql)), lease, clock)
             .execute(&mut *conn)
             .await?;
-        let rows: Vec<(u64, u64, Option<DateTime<Utc>>)> = sqlx::query_as(AssertSqlSafe(
+        let rows: Vec<ClaimedRow> = sqlx::query_as(AssertSqlSafe(
             self.claimed_row_sql(&format!("id IN ({list}) ORDER BY id")),
         ))
         .fetch_all(&mut *conn)
@@ -399,7 +422,7 @@ impl WorkTable {
             "{} = ?, {} = {NOW} + INTERVAL ? MICROSECOND",
             self.last_error, self.next_attempt_at
         );
-        self.push_release(&mut set);
+        self.push_release(&mut set, claim);
         if let Some(marker) = self.republished_at {
             // Armed: the due sweep re-publishes it once the backoff is over.
             let _ = write!(set, ", {marker} = NULL");
@@ -462,7 +485,7 @@ impl WorkTable {
             "{} = '{}', {} = ?, {} = NULL",
             self.status, self.failed, self.last_error, self.next_attempt_at
         );
-        if self.count == AttemptCount::OnFailure {
+        if claim.failure_counts(self.count) {
             let _ = write!(set, ", {a} = {a} + 1", a = self.attempts);
         }
         let query = sqlx::query(AssertSqlSafe(self.guarded_update(&set))).bind(self.bounded(error));
@@ -501,8 +524,8 @@ impl WorkTable {
     }
 
     /// The assignments that hand a status-leased row back to the due status (and count the
-    /// failure where failures count).
-    fn push_release(&self, set: &mut String) {
+    /// failure where this one counts).
+    fn push_release(&self, set: &mut String, claim: &Claim) {
         if let Lease::Status { claimed_at, .. } = self.lease {
             let _ = write!(
                 set,
@@ -510,7 +533,7 @@ impl WorkTable {
                 self.status, self.due
             );
         }
-        if self.count == AttemptCount::OnFailure {
+        if claim.failure_counts(self.count) {
             let _ = write!(set, ", {a} = {a} + 1", a = self.attempts);
         }
     }
@@ -614,11 +637,15 @@ impl WorkTable {
     }
 }
 
-fn claim_of((id, attempts, claimed_at): (u64, u64, Option<DateTime<Utc>>)) -> Claim {
+/// A claimed row as read back: id, attempts column, claim stamp, whether it had failed before.
+type ClaimedRow = (u64, u64, Option<DateTime<Utc>>, u64);
+
+fn claim_of((id, attempts, claimed_at, failed_before): ClaimedRow) -> Claim {
     Claim {
         id,
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
         claimed_at,
+        failed_before: failed_before != 0,
     }
 }
 

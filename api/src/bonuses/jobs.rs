@@ -1,0 +1,109 @@
+//! The bonus jobs ops look at (seed 003's `AdminChargeEventJobController`, with OPS reading
+//! and ADMIN retrying, SPEC §5):
+//!
+//! - `GET /v1/admin/charge-event-jobs[?status=PENDING|FAILED][&after_id=N][&limit=N]`: jobs
+//!   waiting for a retry (PENDING) or for ops (FAILED) — never DONE or PROCESSING — by id,
+//!   50 a page by default (at most 500); `next_after_id` continues the list (keyset pages stay
+//!   exact while jobs move in and out of it).
+//! - `GET /v1/admin/charge-event-jobs/{id}`: any job, whatever its state.
+//! - `POST /v1/admin/charge-event-jobs/{id}/retry`: FAILED -> PENDING, due now, its message
+//!   published at once (grant-bonus attempts it right away). Any other state: 409 naming it,
+//!   nothing changed.
+
+use axum::{
+    Json,
+    extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
+};
+use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus, OpsRetry};
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiError, AppState, admin::path_id};
+
+const DEFAULT_LIMIT: u32 = 50;
+const MAX_LIMIT: u32 = 500;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    #[serde(default)]
+    status: Option<JobStatus>,
+    #[serde(default)]
+    after_id: u64,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct JobList {
+    jobs: Vec<BonusJob>,
+    /// Pass as `after_id` for the next page; `null` on the last one.
+    next_after_id: Option<u64>,
+}
+
+pub(super) async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<JobList>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    if let Some(status @ (JobStatus::Done | JobStatus::Processing)) = query.status {
+        return Err(ApiError::BadRequest(format!(
+            "status {status} is never listed: the list holds PENDING and FAILED jobs (GET \
+             /v1/admin/charge-event-jobs/{{id}} shows any job)"
+        )));
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be from 1 to {MAX_LIMIT}"
+        )));
+    }
+    let mut conn = state.pool.acquire().await?;
+    let jobs = job::list(
+        &mut conn,
+        JobPage {
+            status: query.status,
+            after_id: query.after_id,
+            limit,
+        },
+    )
+    .await
+    .map_err(super::internal)?;
+    let full = jobs.len() == limit as usize;
+    Ok(Json(JobList {
+        next_after_id: jobs.last().filter(|_| full).map(|job| job.id),
+        jobs,
+    }))
+}
+
+pub(super) async fn show(
+    State(state): State<AppState>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<BonusJob>, ApiError> {
+    let id = path_id(id)?;
+    let mut conn = state.pool.acquire().await?;
+    job::find(&mut conn, id)
+        .await
+        .map_err(super::internal)?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("bonus job {id} not found")))
+}
+
+#[tracing::instrument(skip_all, fields(job_id))]
+pub(super) async fn retry(
+    State(state): State<AppState>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<BonusJob>, ApiError> {
+    let id = path_id(id)?;
+    tracing::Span::current().record("job_id", id);
+    match job::retry_by_ops(&state.outbox, id)
+        .await
+        .map_err(super::internal)?
+    {
+        OpsRetry::Retried(job) => Ok(Json(job)),
+        OpsRetry::NotFailed(job) => Err(ApiError::Conflict(format!(
+            "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing changed",
+            job.status
+        ))),
+        OpsRetry::Missing => Err(ApiError::NotFound(format!("bonus job {id} not found"))),
+    }
+}

@@ -1,0 +1,168 @@
+//! Payment completions: every gateway's webhook and verify call, one code path.
+//!
+//! Who calls: the payment service (the app backend's part that talks to PG, PAYVERSE, HECTO,
+//! Google Play and the App Store, verifies receipts with them and receives their webhooks)
+//! relays each gateway's verdict here, signed with `PAYBUS_PAYMENTS_SECRET` exactly as the
+//! chain monitor signs its confirmations (`X-Paybus-Signature`). paybus never takes a
+//! member's word that a payment happened, and a client mistake is a 4xx that names it:
+//!
+//! | answer | when |
+//! | --- | --- |
+//! | 200 `{..., "completed_now": true}` | this call completed the charge: cans credited, bonus jobs written (granted right after by grant-bonus) |
+//! | 200 `{..., "completed_now": false}` | the same gateway payment completed it before: the original result, nothing written |
+//! | 400 | malformed JSON, a missing or unknown field, an empty or over-long `gateway_tx_id`, a negative or non-string amount |
+//! | 401 | missing, malformed, stale (±300 s) or wrong signature |
+//! | 404 | unknown gateway in the path, unknown charge |
+//! | 409 | the charge is paid through another gateway, costs another amount, is a bonus charge, was completed by another gateway payment, or the gateway payment already completed another charge (a replayed receipt) |
+//! | 413 / 503 | body over 64 KiB / `PAYBUS_PAYMENTS_SECRET` unset or the database unavailable |
+//!
+//! Webhook and verify differ only in who started the call (the gateway or the app after
+//! paying); both may arrive, in any order, any number of times: the first completes, the
+//! rest get the original result.
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Path, State, rejection::BytesRejection, rejection::PathRejection},
+    http::HeaderMap,
+};
+use paybus_bonuses::{
+    CompleteError, Completion, PaymentCompletion, charge::PaymentGateway, completion,
+    completion::CompletedCharge,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    ApiError, AppState,
+    amount::Amount,
+    body, chain,
+    signed::{self, Signer},
+};
+
+/// `charges.gateway_tx_id` is `VARCHAR(190)`.
+const GATEWAY_TX_ID_MAX_LEN: usize = 190;
+
+/// The payment service signs with `PAYBUS_PAYMENTS_SECRET`.
+const PAYMENT_SERVICE: Signer = Signer {
+    name: "payment-service",
+    disabled: "payment completions disabled: PAYBUS_PAYMENTS_SECRET is not set",
+};
+
+/// The body of both calls.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionRequest {
+    charge_id: u64,
+    /// The gateway's id of the payment (receipt, transaction or order id).
+    gateway_tx_id: String,
+    /// What the gateway says was paid (a decimal string); must equal the charge's price.
+    amount: Amount,
+}
+
+/// The answer: the completed charge and its bonus jobs, and whether this call completed it.
+#[derive(Debug, Serialize)]
+pub struct CompletionAnswer {
+    #[serde(flatten)]
+    charge: CompletedCharge,
+    completed_now: bool,
+}
+
+/// Where the call came from (the log line says which).
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Webhook,
+    Verify,
+}
+
+/// `POST /v1/payments/{gateway}/webhook`: the gateway says the payment is done.
+pub(super) async fn webhook(
+    State(state): State<AppState>,
+    gateway: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CompletionAnswer>, ApiError> {
+    complete(&state, Call::Webhook, gateway, &headers, body).await
+}
+
+/// `POST /v1/payments/{gateway}/verify`: the app paid; the gateway confirmed the receipt.
+pub(super) async fn verify(
+    State(state): State<AppState>,
+    gateway: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CompletionAnswer>, ApiError> {
+    complete(&state, Call::Verify, gateway, &headers, body).await
+}
+
+/// The one code path behind every gateway and call.
+#[tracing::instrument(skip_all, fields(?call, gateway, charge_id))]
+async fn complete(
+    state: &AppState,
+    call: Call,
+    gateway: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CompletionAnswer>, ApiError> {
+    let body = signed::verified_body(
+        state,
+        &PAYMENT_SERVICE,
+        state.payments_secret.as_ref(),
+        headers,
+        body,
+    )?;
+    let gateway = gateway_of(gateway)?;
+    tracing::Span::current().record("gateway", gateway.as_str());
+    let request: CompletionRequest = body::json(&body)?;
+    let completion = PaymentCompletion {
+        charge_id: chain::id("charge_id", request.charge_id)?,
+        gateway,
+        gateway_tx_id: chain::identifier(
+            "gateway_tx_id",
+            &request.gateway_tx_id,
+            GATEWAY_TX_ID_MAX_LEN,
+        )?,
+        amount: request.amount.value(),
+    };
+    tracing::Span::current().record("charge_id", completion.charge_id);
+    let done = completion::complete(&state.outbox, state.bonus_rules, &completion)
+        .await
+        .map_err(refused)?;
+    Ok(Json(match done {
+        Completion::Completed(charge) => CompletionAnswer {
+            charge,
+            completed_now: true,
+        },
+        Completion::AlreadyCompleted(charge) => CompletionAnswer {
+            charge,
+            completed_now: false,
+        },
+    }))
+}
+
+/// The path's gateway: `pg`, `payverse`, `hecto`, `google-iap`, `apple-iap`.
+fn gateway_of(path: Result<Path<String>, PathRejection>) -> Result<PaymentGateway, ApiError> {
+    let name = path.map(|Path(name)| name).unwrap_or_default();
+    name.to_ascii_uppercase()
+        .replace('-', "_")
+        .parse()
+        .map_err(|_| {
+            ApiError::NotFound(format!(
+                "no payment gateway {name:?}: pg, payverse, hecto, google-iap or apple-iap"
+            ))
+        })
+}
+
+fn refused(error: CompleteError) -> ApiError {
+    match error {
+        CompleteError::UnknownCharge(_) => ApiError::NotFound(error.to_string()),
+        CompleteError::NotAPayment(_)
+        | CompleteError::WrongGateway { .. }
+        | CompleteError::WrongAmount { .. }
+        | CompleteError::PaymentUsed { .. }
+        | CompleteError::CompletedByAnotherPayment { .. } => {
+            tracing::warn!(%error, "payment completion refused");
+            ApiError::Conflict(error.to_string())
+        }
+        CompleteError::Bonus(error) => super::internal(error),
+    }
+}

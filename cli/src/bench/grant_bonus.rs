@@ -1,0 +1,216 @@
+//! `paybus bench grant-bonus`: W3 end to end — payment completions whose bonus jobs are granted
+//! by grant-bonus through the broker — next to the same transactions driven directly on the
+//! database at the same concurrency, and the database's write ceiling.
+//!
+//! Each item is one purchase by a member of its own (members' row locks never collide, as
+//! across real members) during a charge event, so each completion owes one bonus job:
+//!
+//! - **direct**: `concurrency` tasks each run an item's completion transaction, then claim and
+//!   grant its job (`grant_bonus::attempt`), on the database only.
+//! - **end to end**: `concurrency` tasks complete the payments (the transaction commits the job
+//!   and its `charge.bonus_job.created` message through the outbox); grant-bonus consumes the
+//!   messages (prefetch `concurrency`, its own connection and pool, as a separate process) and
+//!   grants them. The clock stops when every bonus is granted.
+//!
+//! Grants per second of both, their ratio, and the useful grants per second against the
+//! ceiling. Then it checks the result came out exactly once: one EVENT charge per purchase,
+//! the audit clean.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use paybus_bonuses::{
+    BonusRules, Completion, PaymentCompletion, charge::PaymentGateway, completion,
+};
+use paybus_grant_bonus::{GrantBonus, Source, attempt};
+use paybus_money::Amount;
+use paybus_platform::{
+    bus::{Runner, Services, metrics},
+    retry::Clock,
+    testing::TestEnv,
+};
+use sqlx::MySqlPool;
+use tokio_util::sync::CancellationToken;
+
+use super::{BenchArgs, Phase, bench_services, database_ceiling, drive, met};
+
+/// Cans per purchase (and 100 per can as its price); the event adds 10%.
+const CANS: i32 = 100;
+
+/// `count` members and one PG purchase of [`CANS`] each; the gateway's word for each.
+async fn insert_purchases(
+    pool: &MySqlPool,
+    count: usize,
+) -> anyhow::Result<Vec<PaymentCompletion>> {
+    let mut paid = Vec::with_capacity(count);
+    let rows: Vec<usize> = (0..count).collect();
+    for chunk in rows.chunks(500) {
+        let mut members = sqlx::QueryBuilder::<sqlx::MySql>::new("INSERT INTO members (nickname) ");
+        members.push_values(chunk, |mut row, _| {
+            row.push("'bench'");
+        });
+        let done = members.build().execute(pool).await?;
+        let first_member = done.last_insert_id();
+        let mut charges = sqlx::QueryBuilder::<sqlx::MySql>::new(
+            "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, \
+             method, payment_status) ",
+        );
+        charges.push_values(0..done.rows_affected(), |mut row, i| {
+            row.push_bind(first_member + i)
+                .push("'CHARGE'")
+                .push_bind(CANS)
+                .push_bind(price())
+                .push("'PG'")
+                .push("'pg'")
+                .push("'card'")
+                .push("'REQUEST'");
+        });
+        let done = charges.build().execute(pool).await?;
+        let first_charge = done.last_insert_id();
+        paid.extend((0..done.rows_affected()).map(|i| PaymentCompletion {
+            charge_id: first_charge + i,
+            gateway: PaymentGateway::Pg,
+            gateway_tx_id: format!("bench-{}", first_charge + i),
+            amount: price(),
+        }));
+    }
+    Ok(paid)
+}
+
+fn price() -> Amount {
+    Amount::whole(i64::from(CANS) * 100)
+}
+
+async fn complete(services: &Services, paid: &PaymentCompletion) -> anyhow::Result<u64> {
+    match completion::complete(&services.outbox, BonusRules::default(), paid)
+        .await
+        .context("completing a payment")?
+    {
+        Completion::Completed(charge) if charge.bonus_jobs.len() == 1 => {
+            Ok(charge.bonus_jobs[0].job_id)
+        }
+        other => bail!("expected one new bonus job: {other:?}"),
+    }
+}
+
+pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let env = TestEnv::new().await;
+    let services = bench_services(&env, args.concurrency).await?;
+    sqlx::query(
+        "INSERT INTO charge_events (title, add_percent, start_at, end_at, available_count) \
+         VALUES ('bench 10%', 10, NOW(6) - INTERVAL 1 DAY, NOW(6) + INTERVAL 1 DAY, 1)",
+    )
+    .execute(&services.pool)
+    .await?;
+    println!(
+        "grant-bonus: {} purchases per phase (a member each, one bonus job each), concurrency {}",
+        args.items, args.concurrency
+    );
+
+    // Direct: completion, claim and grant, on the database only.
+    let paid = std::sync::Arc::new(insert_purchases(&services.pool, args.items).await?);
+    let policy = paybus_bonuses::job::retry_policy();
+    let elapsed = drive(paid.len(), args.concurrency, {
+        let (paid, services) = (paid.clone(), services.clone());
+        move |i| {
+            let (paid, services, policy) = (paid.clone(), services.clone(), policy.clone());
+            async move {
+                let job_id = complete(&services, &paid[i]).await?;
+                let attempt::Claimed::Job(claimed) =
+                    attempt::claim(&services.pool, job_id, &Clock::Database).await?
+                else {
+                    bail!("bonus job {job_id} could not be claimed");
+                };
+                let granted = attempt::attempt(
+                    &services.pool,
+                    &claimed,
+                    &policy,
+                    &Clock::Database,
+                    Source::Message,
+                )
+                .await?;
+                if !matches!(granted, paybus_grant_bonus::Attempted::Granted { .. }) {
+                    bail!("bonus job {job_id}: {granted:?}");
+                }
+                Ok(())
+            }
+        }
+    })
+    .await?;
+    let direct = Phase {
+        name: "direct on the database",
+        unit: "grants",
+        count: paid.len(),
+        elapsed,
+    };
+
+    // End to end: completions here, grants by grant-bonus through the broker.
+    let paid = std::sync::Arc::new(insert_purchases(&services.pool, args.items).await?);
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(bench_services(&env, args.concurrency).await?);
+    runner.add_function(GrantBonus::default());
+    let running = tokio::spawn(runner.run(shutdown.clone()));
+    let granted = || metrics::count("grant-bonus", "done");
+    let started = Instant::now();
+    drive(paid.len(), args.concurrency, {
+        let (paid, services) = (paid.clone(), services.clone());
+        move |i| {
+            let (paid, services) = (paid.clone(), services.clone());
+            async move { complete(&services, &paid[i]).await.map(|_| ()) }
+        }
+    })
+    .await?;
+    let deadline = started + Duration::from_secs(600);
+    while granted() < paid.len() as u64 {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {} bonuses granted in 10 minutes",
+                granted(),
+                paid.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let end_to_end = Phase {
+        name: "end to end (completion, broker, grant)",
+        unit: "grants",
+        count: paid.len(),
+        elapsed: started.elapsed(),
+    };
+    shutdown.cancel();
+    running.await??;
+
+    let ceiling = database_ceiling(&services.pool, paid.len(), args.concurrency).await?;
+
+    let bonuses: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
+        .fetch_one(&services.pool)
+        .await?;
+    let mut conn = services.pool.acquire().await?;
+    let violations =
+        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    if bonuses != i64::try_from(2 * args.items)? || !violations.is_empty() {
+        bail!(
+            "exactly-once broken: {bonuses} bonuses for {} purchases, audit: {violations:?}",
+            2 * args.items
+        );
+    }
+
+    for phase in [&direct, &end_to_end, &ceiling] {
+        phase.print();
+    }
+    let ratio = end_to_end.rate() / direct.rate();
+    let of_ceiling = end_to_end.rate() / ceiling.rate();
+    println!(
+        "end to end / direct:                         {ratio:.2}  (target >= 0.80: {})",
+        met(ratio >= 0.8)
+    );
+    println!(
+        "grants end to end: {:.0} /s = {of_ceiling:.2} x the ceiling",
+        end_to_end.rate()
+    );
+    println!(
+        "exactly once: {bonuses} bonuses for {} purchases, audit clean",
+        2 * args.items
+    );
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! The grant-bonus function (SPEC W3, seed 003): charge-event bonuses granted exactly once,
+//! never lost.
+//!
+//! The payment completion writes each bonus a charge owes as a `charge_event_job` row
+//! (PENDING) with a `charge.bonus_job.created {job_id}` message, in the transaction that
+//! completes the payment. Then:
+//!
+//! | path | what it does | a failure |
+//! | --- | --- | --- |
+//! | the message ([`GrantBonus`]): the seed's immediate grant | claims the job (PENDING -> PROCESSING), grants it ([`attempt`]) | PENDING, `next_retry_at` + 5 min, `retry_count` unchanged (`Outcome::Retry`) |
+//! | the worker ([`worker::BonusWorker`], every 5 min, 30 due jobs) | the retries | `retry_count` 1 (+ 10 min), 2 (+ 15 min), 3: FAILED + dead letter |
+//! | the reaper ([`reaper::BonusReaper`], every minute) | PROCESSING older than the timeout -> PENDING, due now | — |
+//! | ops' retry (admin API, `paybus jobs retry`) | FAILED -> PENDING, due now, a message at once | one more attempt; FAILED again (and a dead letter) if it fails |
+//!
+//! | delivery | outcome |
+//! | --- | --- |
+//! | this delivery claimed and granted the job | `Done` (the EVENT charge, the credit and DONE committed together) |
+//! | the grant failed | `Retry` (the worker retries it when due) |
+//! | the grant failed and that was the last attempt (after an ops retry) | `Failed`: dead letter |
+//! | the job is DONE, PROCESSING or not due (a duplicate, a late message) | `Skipped` |
+//! | the job is FAILED and this is a redelivery | `Failed` again (its dead letter may not have been confirmed; it is recorded once) |
+//! | no such job | `Failed`: dead letter |
+//! | the database is unreachable while claiming or settling | error: requeued (a job left PROCESSING is reaped) |
+
+pub mod attempt;
+pub mod config;
+pub mod reaper;
+pub mod worker;
+
+use std::sync::Arc;
+
+use paybus_bonuses::BonusJobCreated;
+use paybus_platform::{
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
+    function::{BuildError, Function},
+    retry::{Clock, RetryPolicy, RowState},
+};
+
+pub use attempt::{Attempted, Claimed, Source};
+pub use config::GrantConfig;
+pub use reaper::BonusReaper;
+pub use worker::{BonusWorker, WorkerReport};
+
+/// The handler: the immediate attempt of each new (or ops-retried) job.
+#[derive(Debug, Clone)]
+pub struct GrantBonus {
+    policy: RetryPolicy,
+    clock: Clock,
+}
+
+impl Default for GrantBonus {
+    fn default() -> Self {
+        Self {
+            policy: paybus_bonuses::job::retry_policy(),
+            clock: Clock::Database,
+        }
+    }
+}
+
+impl GrantBonus {
+    /// The same handler on another clock (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+}
+
+impl Handler for GrantBonus {
+    type Message = BonusJobCreated;
+    const FUNCTION: &'static str = "grant-bonus";
+
+    async fn handle(
+        &self,
+        message: Envelope<BonusJobCreated>,
+        ctx: &Context<'_>,
+    ) -> Result<Outcome, HandlerError> {
+        let id = message.data.job_id;
+        let pool = ctx.outbox.pool();
+        let claimed = match attempt::claim(pool, id, &self.clock).await? {
+            Claimed::Job(claimed) => claimed,
+            Claimed::NotClaimed(state) => return Ok(not_claimed(id, &state, ctx.attempt)),
+            Claimed::Missing => {
+                return Ok(Outcome::Failed(format!("bonus job {id} does not exist")));
+            }
+        };
+        let attempted =
+            attempt::attempt(pool, &claimed, &self.policy, &self.clock, Source::Message).await?;
+        Ok(match attempted {
+            Attempted::Granted { .. } => Outcome::Done,
+            Attempted::Retry {
+                after,
+                failures,
+                error,
+            } => Outcome::Retry {
+                after,
+                error: format!(
+                    "bonus job {id}: failure {failures} of at most {} ({error}); the worker \
+                     retries it when due",
+                    self.policy.max_attempts()
+                ),
+            },
+            Attempted::GaveUp { retry_count, error } => Outcome::Failed(format!(
+                "bonus job {id} FAILED after {retry_count} retries; last error: {error}"
+            )),
+            Attempted::ClaimLost => Outcome::Skipped(format!(
+                "bonus job {id}: the claim was taken over before the grant committed"
+            )),
+        })
+    }
+}
+
+/// Why a message found nothing to attempt.
+fn not_claimed(id: u64, state: &RowState, delivery_attempt: u32) -> Outcome {
+    match state.status.as_str() {
+        // A redelivery of the message that failed the job: its dead letter may not have been
+        // confirmed, so it is failed again (the dead letter's id comes from the message id,
+        // so one that did get through is recorded once). A first delivery is a late duplicate.
+        "FAILED" if delivery_attempt > 1 => Outcome::Failed(format!(
+            "bonus job {id} is FAILED after {} retries; last error: {}",
+            state.attempts,
+            state.last_error.as_deref().unwrap_or("none recorded")
+        )),
+        "PENDING" => match state.next_attempt_at {
+            Some(at) if at > state.now => Outcome::Skipped(format!(
+                "bonus job {id} is not due until {} (the worker retries it)",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            )),
+            _ => Outcome::Skipped(format!("bonus job {id} was claimed concurrently")),
+        },
+        "PROCESSING" => Outcome::Skipped(format!(
+            "bonus job {id} is being granted by another attempt"
+        )),
+        status => Outcome::Skipped(format!("bonus job {id} is already {status}")),
+    }
+}
+
+impl Function for GrantBonus {
+    fn build(_: &Services) -> Result<Self, BuildError> {
+        Ok(GrantBonus::default())
+    }
+
+    /// The worker (the retry path) and the reaper.
+    fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
+        let config = GrantConfig::from_env()?;
+        Ok(vec![
+            Arc::new(BonusWorker::new(
+                services.pool.clone(),
+                config.worker_interval,
+                config.worker_batch,
+            )),
+            Arc::new(BonusReaper::new(
+                services.pool.clone(),
+                config.processing_timeout,
+            )),
+        ])
+    }
+}

@@ -1,0 +1,109 @@
+//! The process dies mid-grant: a real grant-bonus binary claims a job and is killed (SIGKILL)
+//! while its grant waits on the member's row lock. The job stays PROCESSING (the seed would
+//! strand it there for ever); the reaper returns it, and it is granted exactly once — the
+//! redelivered message, the worker and the reaper all racing for it.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+mod support;
+
+use std::{process::Stdio, time::Duration};
+
+use paybus_bonuses::{BonusRules, job::JobStatus, testing};
+use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus};
+use paybus_platform::{
+    bus::{Runner, metrics},
+    retry::Clock,
+    testing::eventually,
+};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_once() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    // Its message waits in grant-bonus's queue for the process below.
+    let charge = w3.completed_purchase(100, BonusRules::default()).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    // Hold the member's lock so the process's grant blocks after its claim committed.
+    let mut blocker = w3.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
+        .bind(charge.member_id)
+        .fetch_one(&mut *blocker)
+        .await
+        .unwrap();
+    let mut process = tokio::process::Command::new(env!("CARGO_BIN_EXE_grant-bonus"))
+        .envs(w3.env.env_vars())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let grant_waits = eventually(Duration::from_secs(30), || async {
+        w3.job(job_id).await.status == JobStatus::Processing
+            && w3
+                .count(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
+                     JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+                     WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
+                )
+                .await
+                > 0
+    })
+    .await;
+    assert!(
+        grant_waits,
+        "the process claimed the job and waits to grant it"
+    );
+
+    process.kill().await.unwrap();
+    blocker.rollback().await.unwrap();
+    let stranded = w3.job(job_id).await;
+    // A consumer of our own gets the killed process's unacked message back.
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(w3.services.clone());
+    runner.add_function(GrantBonus::default());
+    let consumer = tokio::spawn(runner.run(shutdown.clone()));
+    let redelivered = eventually(Duration::from_secs(30), || async {
+        metrics::count("grant-bonus", "skipped") + metrics::count("grant-bonus", "done") >= 1
+    })
+    .await;
+    let still_stranded = w3.job(job_id).await;
+    // The reaper and the worker run on a clock past the timeout.
+    let later = Clock::manual(testing::db_now(w3.pool()).await + TIMEOUT + Duration::from_secs(1));
+    let reaped = BonusReaper::new(w3.pool().clone(), TIMEOUT)
+        .with_clock(later.clone())
+        .run_once()
+        .await
+        .unwrap();
+    let run = BonusWorker::new(w3.pool().clone(), TIMEOUT, 30)
+        .with_clock(later)
+        .run_once()
+        .await
+        .unwrap();
+    shutdown.cancel();
+    consumer.await.unwrap().unwrap();
+
+    assert_eq!(
+        stranded.status,
+        JobStatus::Processing,
+        "the kill left it claimed"
+    );
+    assert!(redelivered, "the killed process's message came back");
+    assert_eq!(
+        (
+            metrics::count("grant-bonus", "skipped"),
+            metrics::count("grant-bonus", "done")
+        ),
+        (1, 0),
+        "a job in flight is not claimed again by its redelivered message"
+    );
+    assert_eq!(still_stranded.status, JobStatus::Processing);
+    assert_eq!(reaped, [job_id]);
+    assert_eq!((run.claimed, run.granted), (1, 1));
+    let job = w3.job(job_id).await;
+    assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
+    w3.assert_granted_once(charge.member_id, 110).await;
+}

@@ -1,0 +1,386 @@
+//! grant-bonus against the real database (seed 003's test list): the immediate attempt, the
+//! worker's retries on a manual clock, FAILED with its dead letter, ops' retry, and the
+//! seed's "no active event" rule where it would strand work.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+mod support;
+
+use std::time::Duration;
+
+use paybus_bonuses::{
+    BonusRules,
+    charge::Container,
+    job::{self, JobStatus, JobType},
+    testing::{self, assert_audit_clean},
+};
+use paybus_grant_bonus::{GrantBonus, WorkerReport, attempt};
+use paybus_platform::bus::{Handler, Outcome};
+use support::*;
+
+const NO_FIRST_CHARGE: BonusRules = BonusRules {
+    first_charge_percent: 0,
+};
+
+#[tokio::test]
+async fn a_completed_charge_is_granted_by_the_immediate_attempt() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    let pending = w3.job(job_id).await;
+
+    let outcome = w3.deliver(job_id).await;
+
+    assert_eq!(
+        (pending.status, pending.next_retry_at, pending.retry_count),
+        (JobStatus::Pending, None, 0),
+        "written by the completion, due at once"
+    );
+    assert_eq!(outcome, Outcome::Done);
+    let done = w3.job(job_id).await;
+    assert_eq!(done.status, JobStatus::Done);
+    assert_eq!(done.processed_at, Some(w3.now()));
+    let result = done.result_charge_id.expect("the EVENT charge");
+    let (status, cans, method): (String, i32, String) =
+        sqlx::query_as("SELECT status, cans, method FROM charges WHERE id = ?")
+            .bind(result)
+            .fetch_one(w3.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), cans, method.as_str()),
+        ("EVENT", 10, "spring 10% bonus")
+    );
+    assert_eq!(
+        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        110
+    );
+    assert_audit_clean(w3.pool()).await;
+}
+
+#[tokio::test]
+async fn the_worker_leaves_a_job_being_granted_alone() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    let attempt::Claimed::Job(in_flight) =
+        attempt::claim(w3.pool(), job_id, &w3.clock).await.unwrap()
+    else {
+        panic!("the immediate attempt claims the job")
+    };
+
+    let report = w3.run_worker().await;
+
+    assert_eq!(report, WorkerReport::default(), "nothing claimed");
+    let job = w3.job(job_id).await;
+    assert_eq!(job.status, JobStatus::Processing);
+    assert_eq!(job.processing_started_at, in_flight.claim.claimed_at);
+    assert_eq!(
+        w3.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
+            .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn an_immediate_failure_is_due_five_minutes_later_and_is_not_a_retry() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    w3.break_grants().await;
+    let failed_at = w3.now();
+
+    let outcome = w3.deliver(job_id).await;
+
+    assert!(
+        matches!(&outcome, Outcome::Retry { after, .. } if *after == minutes(5)),
+        "{outcome:?}"
+    );
+    let job = w3.job(job_id).await;
+    assert_eq!(job.status, JobStatus::Pending);
+    assert_eq!(job.retry_count, 0);
+    assert_eq!(
+        job.next_retry_at,
+        Some(failed_at + chrono::Duration::minutes(5))
+    );
+    assert_eq!(job.processing_started_at, None);
+    assert!(
+        job.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("injected fault: bonus charges refused")),
+        "{:?}",
+        job.last_error
+    );
+    assert_eq!(
+        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        100,
+        "the payment's cans stay; the bonus waits"
+    );
+}
+
+/// The acceptance scenario: the immediate attempt and 3 retries fail (the worker runs exactly
+/// when each is due, on the manual clock), the job ends FAILED with retry_count 3 and a dead
+/// letter, is not retried again automatically, and ops' retry grants it exactly once.
+#[tokio::test]
+async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retry_grants_it_once() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(250, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    w3.break_grants().await;
+    let start = w3.now();
+    let at = |minutes| Some(start + chrono::Duration::minutes(minutes));
+    let mut schedule = Vec::new();
+
+    let immediate = w3.deliver(job_id).await;
+    let job = w3.job(job_id).await;
+    schedule.push((job.retry_count, job.next_retry_at));
+    w3.advance(minutes(5) - Duration::from_secs(1));
+    let too_early = w3.run_worker().await;
+    let mut worker_runs = Vec::new();
+    // Each retry runs the moment it is due: 5, then 10, then 15 minutes after the failure.
+    for wait in [Duration::from_secs(1), minutes(10), minutes(15)] {
+        w3.advance(wait);
+        worker_runs.push(w3.run_worker().await);
+        let job = w3.job(job_id).await;
+        schedule.push((job.retry_count, job.next_retry_at));
+    }
+    let failed = w3.job(job_id).await;
+    w3.advance(Duration::from_secs(86_400));
+    let a_day_later = w3.run_worker().await;
+
+    assert!(matches!(immediate, Outcome::Retry { .. }), "{immediate:?}");
+    assert_eq!(
+        too_early,
+        WorkerReport::default(),
+        "not due before 5 minutes"
+    );
+    assert_eq!(
+        schedule,
+        [(0, at(5)), (1, at(15)), (2, at(30)), (3, None)],
+        "retry_count and next_retry_at after each failure"
+    );
+    let retried = WorkerReport {
+        claimed: 1,
+        retried: 1,
+        ..WorkerReport::default()
+    };
+    let gave_up = WorkerReport {
+        claimed: 1,
+        failed: 1,
+        ..WorkerReport::default()
+    };
+    assert_eq!(worker_runs, [retried, retried, gave_up]);
+    assert_eq!((failed.status, failed.retry_count), (JobStatus::Failed, 3));
+    assert!(failed.last_error.unwrap().contains("injected fault"));
+    assert_eq!(
+        a_day_later,
+        WorkerReport::default(),
+        "no automatic retry once FAILED"
+    );
+    let dead_letter: (String, String, u32, String, String) = sqlx::query_as(
+        "SELECT function_name, reason, attempts, routing_key, \
+                JSON_UNQUOTE(JSON_EXTRACT(headers, '$.\"x-paybus-reason\"')) FROM dead_letters",
+    )
+    .fetch_one(w3.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        dead_letter,
+        (
+            "grant-bonus".to_owned(),
+            "failed".to_owned(),
+            4,
+            "charge.bonus_job.created".to_owned(),
+            "failed".to_owned()
+        )
+    );
+    let body: Vec<u8> = sqlx::query_scalar("SELECT body FROM dead_letters")
+        .fetch_one(w3.pool())
+        .await
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        body["data"]["job_id"], job_id,
+        "a replay re-sends this job's message"
+    );
+
+    // Ops fix the cause and retry it.
+    w3.repair_grants().await;
+    let mut uow = w3.services.outbox.begin().await.unwrap();
+    assert!(
+        job::retry_failed(&mut uow, job_id, uuid::Uuid::now_v7())
+            .await
+            .unwrap()
+    );
+    uow.commit().await.unwrap();
+    let pending_again = w3.job(job_id).await;
+    let granted = w3.deliver(job_id).await;
+    let duplicate = w3.deliver(job_id).await;
+    let later_run = w3.run_worker().await;
+
+    assert_eq!(
+        (pending_again.status, pending_again.retry_count),
+        (JobStatus::Pending, 3)
+    );
+    assert_eq!(granted, Outcome::Done);
+    assert!(matches!(duplicate, Outcome::Skipped(_)), "{duplicate:?}");
+    assert_eq!(later_run, WorkerReport::default());
+    assert_eq!(w3.job(job_id).await.status, JobStatus::Done);
+    w3.assert_granted_once(charge.member_id, 275).await;
+}
+
+#[tokio::test]
+async fn a_retry_granted_by_the_worker_pays_once() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    w3.break_grants().await;
+    w3.deliver(job_id).await;
+    w3.repair_grants().await;
+    w3.advance(minutes(5));
+
+    let run = w3.run_worker().await;
+    let again = w3.run_worker().await;
+    let late_message = w3.deliver(job_id).await;
+
+    assert_eq!(
+        run,
+        WorkerReport {
+            claimed: 1,
+            granted: 1,
+            ..WorkerReport::default()
+        }
+    );
+    assert_eq!(again, WorkerReport::default());
+    assert!(
+        matches!(late_message, Outcome::Skipped(_)),
+        "{late_message:?}"
+    );
+    let job = w3.job(job_id).await;
+    assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
+    w3.assert_granted_once(charge.member_id, 110).await;
+}
+
+#[tokio::test]
+async fn the_worker_takes_at_most_thirty_jobs_a_run() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    for _ in 0..35 {
+        w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    }
+
+    let first = w3.run_worker().await;
+    let second = w3.run_worker().await;
+
+    assert_eq!((first.claimed, first.granted), (30, 30));
+    assert_eq!((second.claimed, second.granted), (5, 5));
+    assert_eq!(
+        w3.count("SELECT COUNT(*) FROM charge_event_job WHERE status = 'DONE'")
+            .await,
+        35
+    );
+    assert_audit_clean(w3.pool()).await;
+}
+
+/// The seed's worker ended at once when no charge event was active. Here it still runs: a
+/// FIRST_CHARGE job has no event, and an event's job outlives the event.
+#[tokio::test]
+async fn with_no_active_event_the_worker_still_retries_first_charge_and_ended_event_jobs() {
+    let w3 = W3::new().await;
+    let event_id = ten_percent_event(w3.pool()).await;
+    let rules = BonusRules {
+        first_charge_percent: 50,
+    };
+    let charge = w3.completed_purchase(100, rules).await;
+    let kinds: Vec<JobType> = charge.bonus_jobs.iter().map(|j| j.job_type).collect();
+    w3.break_grants().await;
+    for job in &charge.bonus_jobs {
+        w3.deliver(job.job_id).await;
+    }
+    w3.repair_grants().await;
+    let mut conn = w3.pool().acquire().await.unwrap();
+    paybus_bonuses::event::set_active(&mut conn, event_id, false)
+        .await
+        .unwrap();
+    drop(conn);
+    let nothing_due = w3.run_worker().await;
+    w3.advance(minutes(5));
+
+    let run = w3.run_worker().await;
+
+    assert_eq!(kinds, [JobType::FirstCharge, JobType::ActiveChargeEvent]);
+    assert_eq!(
+        nothing_due,
+        WorkerReport::default(),
+        "nothing due: nothing changes"
+    );
+    assert_eq!((run.claimed, run.granted), (2, 2));
+    assert_eq!(
+        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        100 + 50 + 10
+    );
+    assert_audit_clean(w3.pool()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_copies_of_the_message_at_once_grant_once() {
+    let w3 = std::sync::Arc::new(W3::new().await);
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(10));
+    let mut copies = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (w3, barrier) = (w3.clone(), barrier.clone());
+        copies.spawn(async move {
+            barrier.wait().await;
+            w3.deliver(job_id).await
+        });
+    }
+
+    let outcomes = copies.join_all().await;
+
+    let done = outcomes.iter().filter(|o| **o == Outcome::Done).count();
+    let skipped = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Skipped(_)))
+        .count();
+    assert_eq!((done, skipped), (1, 9), "{outcomes:?}");
+    assert_eq!(
+        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        110
+    );
+    assert_audit_clean(w3.pool()).await;
+}
+
+#[tokio::test]
+async fn a_message_for_no_job_is_a_dead_letter_and_a_redelivered_failed_job_fails_again() {
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    sqlx::query("UPDATE charge_event_job SET status = 'FAILED', retry_count = 3, last_error = 'x' WHERE id = ?")
+        .bind(job_id)
+        .execute(w3.pool())
+        .await
+        .unwrap();
+
+    let missing = w3.deliver(job_id + 1000).await;
+    let late_duplicate = w3.deliver_as(job_id, 1).await;
+    let redelivery = w3.deliver_as(job_id, 2).await;
+
+    assert_eq!(
+        missing,
+        Outcome::Failed(format!("bonus job {} does not exist", job_id + 1000))
+    );
+    assert!(
+        matches!(late_duplicate, Outcome::Skipped(_)),
+        "{late_duplicate:?}"
+    );
+    assert!(matches!(redelivery, Outcome::Failed(_)), "{redelivery:?}");
+    assert_eq!(GrantBonus::FUNCTION, "grant-bonus");
+}

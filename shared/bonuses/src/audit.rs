@@ -1,0 +1,226 @@
+//! W3's invariants (SPEC W3, seed 003): plain SQL, one statement per question.
+//!
+//! | check | invariant |
+//! | --- | --- |
+//! | `member_can_balances` | each member's balance in each container equals the cans of its COMPLETE charges there (purchases and granted bonuses): no credit lost, none doubled |
+//! | `bonus_job_results` | every DONE job has its own EVENT charge (same member, container, cans and reason); no other job has a result; every EVENT charge is the result of exactly one job; every job comes from a COMPLETE purchase of its member |
+
+use std::fmt;
+
+use paybus_platform::audit::{self, Check, Finding};
+use serde::Serialize;
+use sqlx::MySqlConnection;
+
+/// W3's checks, in the order `paybus audit` runs them.
+pub const CHECKS: &[Check] = &[
+    Check {
+        name: "member_can_balances",
+        run: |conn| {
+            Box::pin(async move { Ok(audit::violations(member_can_balances(conn).await?)) })
+        },
+    },
+    Check {
+        name: "bonus_job_results",
+        run: |conn| Box::pin(async move { Ok(audit::violations(bonus_job_results(conn).await?)) }),
+    },
+];
+
+/// One broken W3 invariant; [`fmt::Display`] renders it as one line naming the ids involved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "check", rename_all = "snake_case")]
+pub enum Violation {
+    /// A container's balance is not the sum of the member's COMPLETE charges there.
+    MemberBalanceMismatch {
+        member_id: u64,
+        container: String,
+        balance: i64,
+        charged: i64,
+    },
+    /// A DONE job whose result charge is missing or is not its bonus.
+    BonusChargeMissing {
+        job_id: u64,
+        result_charge_id: Option<u64>,
+    },
+    /// A job that is not DONE but names a result charge.
+    UnexpectedResult {
+        job_id: u64,
+        status: String,
+        result_charge_id: u64,
+    },
+    /// An EVENT charge that is the result of no job, or of several.
+    EventChargeJobs { charge_id: u64, jobs: i64 },
+    /// A job whose source is not a COMPLETE purchase of its member.
+    JobWithoutCompletedPurchase { job_id: u64, source_charge_id: u64 },
+}
+
+impl Finding for Violation {
+    fn check(&self) -> &'static str {
+        match self {
+            Violation::MemberBalanceMismatch { .. } => "member_balance_mismatch",
+            Violation::BonusChargeMissing { .. } => "bonus_charge_missing",
+            Violation::UnexpectedResult { .. } => "unexpected_bonus_result",
+            Violation::EventChargeJobs { .. } => "event_charge_jobs",
+            Violation::JobWithoutCompletedPurchase { .. } => "job_without_completed_purchase",
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.check())?;
+        match self {
+            Violation::MemberBalanceMismatch {
+                member_id,
+                container,
+                balance,
+                charged,
+            } => write!(
+                f,
+                "member {member_id} holds {balance} {container} cans, but its COMPLETE charges \
+                 there add up to {charged}"
+            ),
+            Violation::BonusChargeMissing {
+                job_id,
+                result_charge_id: Some(charge_id),
+            } => write!(
+                f,
+                "bonus job {job_id} is DONE but charge {charge_id} is not its EVENT charge \
+                 (member, container, cans or reason differ)"
+            ),
+            Violation::BonusChargeMissing { job_id, .. } => {
+                write!(f, "bonus job {job_id} is DONE without its EVENT charge")
+            }
+            Violation::UnexpectedResult {
+                job_id,
+                status,
+                result_charge_id,
+            } => write!(
+                f,
+                "bonus job {job_id} is {status} but names result charge {result_charge_id}"
+            ),
+            Violation::EventChargeJobs { charge_id, jobs } => write!(
+                f,
+                "EVENT charge {charge_id} is the result of {jobs} bonus jobs, not exactly one"
+            ),
+            Violation::JobWithoutCompletedPurchase {
+                job_id,
+                source_charge_id,
+            } => write!(
+                f,
+                "bonus job {job_id} is owed for charge {source_charge_id}, which is not a \
+                 COMPLETE purchase of its member"
+            ),
+        }
+    }
+}
+
+/// Every member's three balances against its COMPLETE charges.
+pub async fn member_can_balances(
+    conn: &mut MySqlConnection,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT m.id, CAST(m.pg_can AS SIGNED), CAST(m.aos_can AS SIGNED), \
+                CAST(m.ios_can AS SIGNED), \
+                CAST(COALESCE(SUM(CASE WHEN c.container = 'pg' THEN c.cans END), 0) AS SIGNED) \
+                    AS pg_charged, \
+                CAST(COALESCE(SUM(CASE WHEN c.container = 'aos' THEN c.cans END), 0) AS SIGNED) \
+                    AS aos_charged, \
+                CAST(COALESCE(SUM(CASE WHEN c.container = 'ios' THEN c.cans END), 0) AS SIGNED) \
+                    AS ios_charged \
+         FROM members m \
+         LEFT JOIN charges c ON c.member_id = m.id AND c.payment_status = 'COMPLETE' \
+         GROUP BY m.id, m.pg_can, m.aos_can, m.ios_can \
+         HAVING m.pg_can <> pg_charged OR m.aos_can <> aos_charged OR m.ios_can <> ios_charged \
+         ORDER BY m.id",
+    )
+    .fetch_all(conn)
+    .await?;
+    let mut violations = Vec::new();
+    for (member_id, pg, aos, ios, pg_charged, aos_charged, ios_charged) in rows {
+        for (container, balance, charged) in [
+            ("pg", pg, pg_charged),
+            ("aos", aos, aos_charged),
+            ("ios", ios, ios_charged),
+        ] {
+            if balance != charged {
+                violations.push(Violation::MemberBalanceMismatch {
+                    member_id,
+                    container: container.to_owned(),
+                    balance,
+                    charged,
+                });
+            }
+        }
+    }
+    Ok(violations)
+}
+
+/// Bonus jobs and their EVENT charges, both directions, and their source purchases.
+pub async fn bonus_job_results(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    let missing: Vec<(u64, Option<u64>)> = sqlx::query_as(
+        "SELECT j.id, j.result_charge_id FROM charge_event_job j \
+         LEFT JOIN charges c ON c.id = j.result_charge_id \
+         WHERE j.status = 'DONE' \
+           AND (c.id IS NULL OR c.status <> 'EVENT' OR c.member_id <> j.member_id \
+                OR c.container <> j.container OR c.cans <> j.additional_can \
+                OR c.method <> j.method_snapshot) \
+         ORDER BY j.id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut violations: Vec<Violation> = missing
+        .into_iter()
+        .map(|(job_id, result_charge_id)| Violation::BonusChargeMissing {
+            job_id,
+            result_charge_id,
+        })
+        .collect();
+
+    let unexpected: Vec<(u64, String, u64)> = sqlx::query_as(
+        "SELECT id, status, result_charge_id FROM charge_event_job \
+         WHERE status <> 'DONE' AND result_charge_id IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    violations.extend(
+        unexpected
+            .into_iter()
+            .map(
+                |(job_id, status, result_charge_id)| Violation::UnexpectedResult {
+                    job_id,
+                    status,
+                    result_charge_id,
+                },
+            ),
+    );
+
+    let event_charges: Vec<(u64, i64)> = sqlx::query_as(
+        "SELECT c.id, COUNT(j.id) FROM charges c \
+         LEFT JOIN charge_event_job j ON j.result_charge_id = c.id \
+         WHERE c.status = 'EVENT' GROUP BY c.id HAVING COUNT(j.id) <> 1 ORDER BY c.id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    violations.extend(
+        event_charges
+            .into_iter()
+            .map(|(charge_id, jobs)| Violation::EventChargeJobs { charge_id, jobs }),
+    );
+
+    let orphans: Vec<(u64, u64)> = sqlx::query_as(
+        "SELECT j.id, j.source_charge_id FROM charge_event_job j \
+         JOIN charges s ON s.id = j.source_charge_id \
+         WHERE s.status <> 'CHARGE' OR s.payment_status <> 'COMPLETE' \
+            OR s.member_id <> j.member_id \
+         ORDER BY j.id",
+    )
+    .fetch_all(conn)
+    .await?;
+    violations.extend(orphans.into_iter().map(|(job_id, source_charge_id)| {
+        Violation::JobWithoutCompletedPurchase {
+            job_id,
+            source_charge_id,
+        }
+    }));
+    Ok(violations)
+}

@@ -1,0 +1,401 @@
+//! Charges: purchases (CHARGE) and bonuses (EVENT), their payment status, and every statement
+//! W3 runs on them (the migration's header comment says who moves a row in and out of each
+//! state). The REQUEST -> COMPLETE transition itself is [`crate::completion`]'s.
+
+use chrono::{DateTime, Utc};
+use paybus_money::Amount;
+use serde::{Deserialize, Serialize};
+use sqlx::MySqlConnection;
+
+use crate::{BonusError, error::parse_column, job::BonusJob};
+
+const ENTITY: &str = "charge";
+
+/// `charges.status`: what a charge is (never changes).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum ChargeStatus {
+    /// A purchase of cans.
+    Charge,
+    /// Bonus cans granted for a purchase (a bonus job's result).
+    Event,
+}
+
+/// `charges.payment_status`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum PaymentStatus {
+    /// The payment started; nothing credited.
+    Request,
+    /// Terminal: paid and credited (an EVENT charge is born COMPLETE).
+    Complete,
+}
+
+/// `charges.payment_gateway` (and the bonus job's snapshot of it): who took the payment.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum PaymentGateway {
+    Pg,
+    Payverse,
+    Hecto,
+    GoogleIap,
+    AppleIap,
+}
+
+impl PaymentGateway {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Where its cans go when the request names no container: the stores' own containers for
+    /// in-app purchases, `pg` for the web gateways.
+    pub fn default_container(self) -> Container {
+        match self {
+            PaymentGateway::GoogleIap => Container::Aos,
+            PaymentGateway::AppleIap => Container::Ios,
+            PaymentGateway::Pg | PaymentGateway::Payverse | PaymentGateway::Hecto => Container::Pg,
+        }
+    }
+}
+
+/// `charges.container` (and the job's snapshot): which of the member's balances the cans go to.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum Container {
+    Pg,
+    Aos,
+    Ios,
+}
+
+impl Container {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// A charge as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Charge {
+    pub id: u64,
+    pub member_id: u64,
+    pub status: ChargeStatus,
+    pub cans: i32,
+    pub price: Option<Amount>,
+    pub payment_gateway: PaymentGateway,
+    pub container: Container,
+    pub method: String,
+    pub payment_status: PaymentStatus,
+    pub gateway_tx_id: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// `SELECT <the columns of ChargeRow> FROM charges <tail>`, as one static statement.
+macro_rules! select_charges {
+    ($tail:literal) => {
+        concat!(
+            "SELECT id, member_id, status, cans, price, payment_gateway, container, method, ",
+            "payment_status, gateway_tx_id, completed_at, created_at, updated_at FROM charges ",
+            $tail
+        )
+    };
+}
+
+#[derive(sqlx::FromRow)]
+struct ChargeRow {
+    id: u64,
+    member_id: u64,
+    status: String,
+    cans: i32,
+    price: Option<Amount>,
+    payment_gateway: String,
+    container: String,
+    method: String,
+    payment_status: String,
+    gateway_tx_id: Option<String>,
+    completed_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl ChargeRow {
+    fn into_charge(self) -> Result<Charge, BonusError> {
+        let id = self.id;
+        Ok(Charge {
+            id,
+            member_id: self.member_id,
+            status: parse_column(ENTITY, id, "status", self.status)?,
+            cans: self.cans,
+            price: self.price,
+            payment_gateway: parse_column(ENTITY, id, "payment_gateway", self.payment_gateway)?,
+            container: parse_column(ENTITY, id, "container", self.container)?,
+            method: self.method,
+            payment_status: parse_column(ENTITY, id, "payment_status", self.payment_status)?,
+            gateway_tx_id: self.gateway_tx_id,
+            completed_at: self.completed_at,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+/// A purchase to start (what the app backend writes when the member starts paying).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewChargeRequest {
+    pub member_id: u64,
+    pub cans: i32,
+    pub price: Amount,
+    pub payment_gateway: PaymentGateway,
+    pub container: Container,
+    pub method: String,
+}
+
+/// Why a charge request cannot be created as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("member {0} not found")]
+    UnknownMember(u64),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Inserts a CHARGE in payment status REQUEST.
+pub async fn create_request(
+    conn: &mut MySqlConnection,
+    new: &NewChargeRequest,
+) -> Result<u64, RequestError> {
+    sqlx::query(
+        "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, method, \
+                              payment_status) \
+         VALUES (?, 'CHARGE', ?, ?, ?, ?, ?, 'REQUEST')",
+    )
+    .bind(new.member_id)
+    .bind(new.cans)
+    .bind(new.price)
+    .bind(new.payment_gateway.as_str())
+    .bind(new.container.as_str())
+    .bind(&new.method)
+    .execute(conn)
+    .await
+    .map(|done| done.last_insert_id())
+    .map_err(|error| {
+        if error
+            .as_database_error()
+            .is_some_and(|e| e.is_foreign_key_violation())
+        {
+            RequestError::UnknownMember(new.member_id)
+        } else {
+            RequestError::Database(error)
+        }
+    })
+}
+
+/// The charge, or `None`. Within a transaction that just changed it, it carries the change.
+pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Charge>, BonusError> {
+    by_id(conn, select_charges!("WHERE id = ?"), id).await
+}
+
+/// [`find`] as a locking read: the latest committed row even inside a snapshot (for explaining
+/// a transition that did not happen), and nobody changes it until the caller's transaction
+/// ends.
+pub async fn find_locked(
+    conn: &mut MySqlConnection,
+    id: u64,
+) -> Result<Option<Charge>, BonusError> {
+    by_id(conn, select_charges!("WHERE id = ? FOR UPDATE"), id).await
+}
+
+async fn by_id(
+    conn: &mut MySqlConnection,
+    sql: &'static str,
+    id: u64,
+) -> Result<Option<Charge>, BonusError> {
+    let row: Option<ChargeRow> = sqlx::query_as(sql).bind(id).fetch_optional(conn).await?;
+    row.map(ChargeRow::into_charge).transpose()
+}
+
+/// The conditional transition REQUEST -> COMPLETE (SPEC §2.1): true when this call made it.
+/// Only a purchase through `gateway` for exactly `amount` completes; the gateway payment's id
+/// is recorded (its unique key refuses a receipt presented for a second charge).
+pub async fn mark_complete(
+    conn: &mut MySqlConnection,
+    id: u64,
+    gateway: PaymentGateway,
+    gateway_tx_id: &str,
+    amount: Amount,
+) -> Result<bool, sqlx::Error> {
+    let matched = sqlx::query(
+        "UPDATE charges \
+         SET payment_status = 'COMPLETE', gateway_tx_id = ?, completed_at = NOW(6) \
+         WHERE id = ? AND status = 'CHARGE' AND payment_status = 'REQUEST' \
+           AND payment_gateway = ? AND price = ?",
+    )
+    .bind(gateway_tx_id)
+    .bind(id)
+    .bind(gateway.as_str())
+    .bind(amount)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    // sqlx counts matched rows (CLIENT_FOUND_ROWS); with the status in the WHERE clause a
+    // match is a transition.
+    Ok(matched == 1)
+}
+
+/// The charge a gateway payment completed, if any.
+pub async fn completed_by(
+    conn: &mut MySqlConnection,
+    gateway: PaymentGateway,
+    gateway_tx_id: &str,
+) -> Result<Option<u64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM charges WHERE payment_gateway = ? AND gateway_tx_id = ?")
+        .bind(gateway.as_str())
+        .bind(gateway_tx_id)
+        .fetch_optional(conn)
+        .await
+}
+
+/// How many purchases of the member are COMPLETE (this transaction's own included). Exact
+/// only under the member's lock at READ COMMITTED: every completion takes that lock first.
+pub async fn completed_purchases(
+    conn: &mut MySqlConnection,
+    member_id: u64,
+) -> Result<u64, sqlx::Error> {
+    crate::count(
+        conn,
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM charges \
+             WHERE member_id = ? AND status = 'CHARGE' AND payment_status = 'COMPLETE'",
+        )
+        .bind(member_id),
+    )
+    .await
+}
+
+/// The seed's `getPaymentCount(member, method, startDate, endDate)`, fixed as the seed asks:
+/// only EVENT charges (bonuses granted), only inside the window (both ends included), counted
+/// by the database (one COUNT served by `index_charges_payment_count`), not by fetching rows.
+pub async fn payment_count(
+    conn: &mut MySqlConnection,
+    member_id: u64,
+    method: &str,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    crate::count(
+        conn,
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM charges \
+             WHERE member_id = ? AND status = 'EVENT' AND method = ? \
+               AND created_at BETWEEN ? AND ?",
+        )
+        .bind(member_id)
+        .bind(method)
+        .bind(start)
+        .bind(end),
+    )
+    .await
+}
+
+/// Inserts the EVENT charge a bonus job grants (COMPLETE at birth, its reason the job's
+/// method snapshot); the caller holds the member's lock and credits the cans in the same
+/// transaction.
+pub async fn insert_bonus(conn: &mut MySqlConnection, job: &BonusJob) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, method, \
+                              payment_status, completed_at) \
+         VALUES (?, 'EVENT', ?, NULL, ?, ?, ?, 'COMPLETE', NOW(6))",
+    )
+    .bind(job.member_id)
+    .bind(job.additional_can)
+    .bind(job.payment_gateway.as_str())
+    .bind(job.container.as_str())
+    .bind(&job.method_snapshot)
+    .execute(conn)
+    .await?
+    .last_insert_id())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    #[test]
+    fn enums_are_their_column_values() {
+        assert_eq!(PaymentGateway::GoogleIap.as_str(), "GOOGLE_IAP");
+        assert_eq!(
+            PaymentGateway::from_str("APPLE_IAP"),
+            Ok(PaymentGateway::AppleIap)
+        );
+        assert_eq!(Container::Aos.as_str(), "aos");
+        assert_eq!(Container::from_str("ios"), Ok(Container::Ios));
+        assert_eq!(ChargeStatus::Event.to_string(), "EVENT");
+        assert_eq!(
+            PaymentStatus::from_str("COMPLETE"),
+            Ok(PaymentStatus::Complete)
+        );
+        assert!(Container::from_str("PG").is_err());
+    }
+
+    #[test]
+    fn in_app_purchases_land_in_their_store_s_container() {
+        assert_eq!(PaymentGateway::AppleIap.default_container(), Container::Ios);
+        assert_eq!(
+            PaymentGateway::GoogleIap.default_container(),
+            Container::Aos
+        );
+        assert_eq!(PaymentGateway::Hecto.default_container(), Container::Pg);
+    }
+}

@@ -1,0 +1,73 @@
+//! The errors of W3's repository code. Which of them a retry can fix is decided once, by the
+//! platform (`HandlerError::is_transient`), after [`From<BonusError> for HandlerError`].
+
+use paybus_platform::bus::{HandlerError, outbox::OutboxError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BonusError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("outbox: {0}")]
+    Outbox(#[from] OutboxError),
+    #[error("{entity} {id} has {column} {value:?}, which this code does not know")]
+    UnknownValue {
+        entity: &'static str,
+        id: u64,
+        column: &'static str,
+        value: String,
+    },
+    /// A row this code just wrote or locked is not there (only a concurrent DELETE, which no
+    /// paybus code issues, could get here).
+    #[error("{entity} {id} vanished inside the transaction that holds it")]
+    Vanished { entity: &'static str, id: u64 },
+    /// What the database answered contradicts itself (a bug, not a client's mistake).
+    #[error("inconsistent state: {0}")]
+    Inconsistent(String),
+}
+
+impl From<BonusError> for HandlerError {
+    fn from(error: BonusError) -> Self {
+        match error {
+            BonusError::Database(source) | BonusError::Outbox(OutboxError::Database(source)) => {
+                HandlerError::Database(source)
+            }
+            BonusError::Outbox(source) => HandlerError::Outbox(source),
+            other => HandlerError::rejected(other),
+        }
+    }
+}
+
+/// A status-like column read back into its enum; a value this code does not know is an error
+/// naming the row, never a panic.
+pub(crate) fn parse_column<T: std::str::FromStr>(
+    entity: &'static str,
+    id: u64,
+    column: &'static str,
+    value: String,
+) -> Result<T, BonusError> {
+    value.parse().map_err(|_| BonusError::UnknownValue {
+        entity,
+        id,
+        column,
+        value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_infrastructure_faults_are_retried() {
+        assert!(HandlerError::from(BonusError::Database(sqlx::Error::PoolTimedOut)).is_transient());
+        assert!(
+            !HandlerError::from(BonusError::UnknownValue {
+                entity: "bonus job",
+                id: 1,
+                column: "status",
+                value: "LOST".into()
+            })
+            .is_transient()
+        );
+    }
+}

@@ -1,0 +1,43 @@
+//! W3's domain (SPEC W3, seed 003): charge-event bonuses that are never lost and never paid
+//! twice.
+//!
+//! - [`member`]: can balances per container, changed only under the member's row lock.
+//! - [`charge`]: purchases (CHARGE) and granted bonuses (EVENT), their payment status, and
+//!   `getPaymentCount` ([`charge::payment_count`]).
+//! - [`event`]: charge events (title, percent, window, active, per-member limit).
+//! - [`completion`]: the one REQUEST -> COMPLETE transition behind every gateway path: the
+//!   credit and the bonus jobs it owes, in one transaction.
+//! - [`job`]: the bonus jobs (`charge_event_job`): states, the retry kit's table
+//!   ([`job::BONUS_JOBS`]) and schedule ([`job::retry_policy`]), the admin views and retry.
+//! - [`grant`]: the one transaction that pays a claimed job.
+//! - [`messages`]: the `charge.bonus_job.created` message.
+//! - [`audit`]: W3's invariants.
+//!
+//! The attempts themselves (the immediate one on the message, the worker's retries, the
+//! reaper) are the grant-bonus function's (`functions/grant-bonus`).
+
+pub mod audit;
+pub mod charge;
+pub mod completion;
+mod error;
+pub mod event;
+pub mod grant;
+pub mod job;
+pub mod member;
+pub mod messages;
+
+pub use completion::{BonusRules, CompleteError, Completion, PaymentCompletion};
+pub use error::BonusError;
+pub use messages::BonusJobCreated;
+
+#[cfg(feature = "test-harness")]
+pub mod testing;
+
+/// Runs a `SELECT COUNT(*)` on `conn`.
+async fn count(
+    conn: &mut sqlx::MySqlConnection,
+    query: sqlx::query::QueryScalar<'_, sqlx::MySql, i64, sqlx::mysql::MySqlArguments>,
+) -> Result<u64, sqlx::Error> {
+    let count = query.fetch_one(conn).await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}

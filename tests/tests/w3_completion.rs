@@ -1,0 +1,487 @@
+//! W3's payment completion and bonus jobs against the real database (seed 003): a repeated
+//! completion returns the original result and creates nothing, one job per idempotency key,
+//! `getPaymentCount` counts only the event's bonuses inside its window, the per-member limit
+//! counts bonuses still owed, and every refusal writes nothing.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::sync::Arc;
+
+use chrono::Duration;
+use paybus_bonuses::{
+    BonusRules, CompleteError, Completion,
+    charge::{self, Container, PaymentGateway},
+    completion,
+    job::{self, JobType, NewJob},
+    testing::{self, assert_audit_clean},
+};
+use paybus_money::dec;
+use paybus_platform::{
+    bus::Services,
+    testing::{TestEnv, scalar},
+};
+use tokio::{sync::Barrier, task::JoinSet};
+
+async fn setup() -> (TestEnv, Services) {
+    let env = TestEnv::new().await;
+    let services = env.services(&[]).await;
+    (env, services)
+}
+
+async fn jobs_and_messages(env: &TestEnv) -> (i64, i64) {
+    (
+        scalar(&env.db, "SELECT COUNT(*) FROM charge_event_job").await,
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'charge.bonus_job.created'",
+        )
+        .await,
+    )
+}
+
+#[tokio::test]
+async fn a_repeated_completion_returns_the_original_result_and_creates_nothing() {
+    let (env, services) = setup().await;
+    testing::active_event(&env.db, "weekend 30%", 30, 5).await;
+    let member = testing::member(&env.db).await;
+    let purchase = testing::purchase(&env.db, member, PaymentGateway::GoogleIap, 1000).await;
+    let rules = BonusRules {
+        first_charge_percent: 10,
+    };
+
+    let first = completion::complete(&services.outbox, rules, &purchase.paid())
+        .await
+        .unwrap();
+    let written = jobs_and_messages(&env).await;
+    let repeat = completion::complete(&services.outbox, rules, &purchase.paid())
+        .await
+        .unwrap();
+
+    let Completion::Completed(original) = first else {
+        panic!("the first completion completes: {first:?}")
+    };
+    assert_eq!(repeat, Completion::AlreadyCompleted(original.clone()));
+    assert_eq!(original.container, Container::Aos);
+    assert_eq!(
+        original
+            .bonus_jobs
+            .iter()
+            .map(|j| (j.job_type, j.additional_can))
+            .collect::<Vec<_>>(),
+        [
+            (JobType::FirstCharge, 100),
+            (JobType::ActiveChargeEvent, 300)
+        ]
+    );
+    assert_eq!(written, (2, 2));
+    assert_eq!(jobs_and_messages(&env).await, written, "nothing more");
+    assert_eq!(testing::cans(&env.db, member, Container::Aos).await, 1000);
+    let job = {
+        let mut conn = env.db.acquire().await.unwrap();
+        job::find(&mut conn, original.bonus_jobs[1].job_id)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            job.method_snapshot.as_str(),
+            job.payment_gateway,
+            job.container,
+            job.idempotency_key.as_str()
+        ),
+        (
+            "weekend 30%",
+            PaymentGateway::GoogleIap,
+            Container::Aos,
+            format!(
+                "charge-event:{}:ACTIVE_CHARGE_EVENT:{}",
+                purchase.id,
+                job.charge_event_id.unwrap()
+            )
+            .as_str()
+        ),
+        "the snapshot a retry grants from"
+    );
+    assert_audit_clean(&env.db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bonus_job_is_created_once_per_idempotency_key() {
+    let (env, services) = setup().await;
+    let member = testing::member(&env.db).await;
+    let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+    let new = NewJob {
+        source_charge_id: purchase.id,
+        member_id: member,
+        charge_event_id: None,
+        job_type: JobType::FirstCharge,
+        additional_can: 10,
+        payment_gateway: PaymentGateway::Pg,
+        container: Container::Pg,
+        method_snapshot: "first charge bonus".into(),
+    };
+    let barrier = Arc::new(Barrier::new(10));
+    let mut racers = JoinSet::new();
+    for _ in 0..10 {
+        let (outbox, barrier, new) = (services.outbox.clone(), barrier.clone(), new.clone());
+        racers.spawn(async move {
+            let mut uow = outbox.begin().await.unwrap();
+            barrier.wait().await;
+            let created = job::enqueue(&mut uow, &new, uuid::Uuid::now_v7())
+                .await
+                .unwrap();
+            uow.commit().await.unwrap();
+            created
+        });
+    }
+    let created: Vec<_> = racers.join_all().await.into_iter().flatten().collect();
+    let mut uow = services.outbox.begin().await.unwrap();
+    let later = job::enqueue(&mut uow, &new, uuid::Uuid::now_v7())
+        .await
+        .unwrap();
+    uow.commit().await.unwrap();
+
+    assert_eq!(created.len(), 1, "{created:?}");
+    assert_eq!(later, None);
+    assert_eq!(jobs_and_messages(&env).await, (1, 1));
+}
+
+#[tokio::test]
+async fn get_payment_count_counts_only_the_event_s_bonuses_inside_its_window() {
+    let (env, _services) = setup().await;
+    let member = testing::member(&env.db).await;
+    let other_member = testing::member(&env.db).await;
+    let start = testing::db_now(&env.db).await - Duration::days(10);
+    let end = start + Duration::days(7);
+    // (member, status, method, created_at): only the first is the event's bonus in the window.
+    let rows = [
+        (member, "EVENT", "spring", start + Duration::days(1)),
+        (member, "EVENT", "spring", start),
+        (member, "EVENT", "spring", end),
+        (member, "EVENT", "spring", start - Duration::days(30)),
+        (member, "EVENT", "spring", end + Duration::seconds(1)),
+        (member, "CHARGE", "spring", start + Duration::days(1)),
+        (member, "EVENT", "autumn", start + Duration::days(1)),
+        (other_member, "EVENT", "spring", start + Duration::days(1)),
+    ];
+    for (member_id, status, method, created_at) in rows {
+        sqlx::query(
+            "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, \
+                                  method, payment_status, completed_at, created_at) \
+             VALUES (?, ?, 10, IF(? = 'CHARGE', 1000, NULL), 'PG', 'pg', ?, 'COMPLETE', ?, ?)",
+        )
+        .bind(member_id)
+        .bind(status)
+        .bind(status)
+        .bind(method)
+        .bind(created_at)
+        .bind(created_at)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    }
+
+    let mut conn = env.db.acquire().await.unwrap();
+    let count = charge::payment_count(&mut conn, member, "spring", start, end)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        count, 3,
+        "inside the window (both ends included), EVENT, this method"
+    );
+}
+
+#[tokio::test]
+async fn the_event_limit_counts_bonuses_granted_and_still_owed() {
+    let (env, services) = setup().await;
+    testing::active_event(&env.db, "twice per member", 10, 2).await;
+    let member = testing::member(&env.db).await;
+    let mut owed = Vec::new();
+    for _ in 0..3 {
+        let purchase = testing::purchase(&env.db, member, PaymentGateway::Hecto, 100).await;
+        let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
+            .await
+            .unwrap();
+        owed.push(done.charge().bonus_jobs.len());
+    }
+    // A bonus granted before paybus (an EVENT charge without a job) counts for another member.
+    let veteran = testing::member(&env.db).await;
+    sqlx::query(
+        "INSERT INTO charges (member_id, status, cans, payment_gateway, container, method, \
+                              payment_status, completed_at) \
+         VALUES (?, 'EVENT', 10, 'PG', 'pg', 'twice per member', 'COMPLETE', NOW(6))",
+    )
+    .bind(veteran)
+    .execute(&env.db)
+    .await
+    .unwrap();
+    let mut veteran_owed = Vec::new();
+    for _ in 0..2 {
+        let purchase = testing::purchase(&env.db, veteran, PaymentGateway::Pg, 100).await;
+        let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
+            .await
+            .unwrap();
+        veteran_owed.push(done.charge().bonus_jobs.len());
+    }
+
+    assert_eq!(
+        owed,
+        [1, 1, 0],
+        "no bonus was granted yet: the owed ones count"
+    );
+    assert_eq!(veteran_owed, [1, 0]);
+}
+
+#[tokio::test]
+async fn the_first_charge_bonus_is_owed_once_and_only_when_configured() {
+    let (env, services) = setup().await;
+    let rules = BonusRules {
+        first_charge_percent: 100,
+    };
+    let member = testing::member(&env.db).await;
+    let mut owed = Vec::new();
+    for _ in 0..2 {
+        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let done = completion::complete(&services.outbox, rules, &purchase.paid())
+            .await
+            .unwrap();
+        owed.push(done.charge().bonus_jobs.len());
+    }
+    let unconfigured = testing::member(&env.db).await;
+    let purchase = testing::purchase(&env.db, unconfigured, PaymentGateway::Pg, 100).await;
+    let without = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
+        .await
+        .unwrap();
+
+    assert_eq!(owed, [1, 0]);
+    assert!(without.charge().bonus_jobs.is_empty());
+}
+
+#[tokio::test]
+async fn an_inactive_or_ended_event_owes_nothing() {
+    let (env, services) = setup().await;
+    let now = testing::db_now(&env.db).await;
+    testing::event_in(
+        &env.db,
+        "ended",
+        50,
+        now - Duration::days(9),
+        now - Duration::days(2),
+        1,
+    )
+    .await;
+    let switched_off = testing::active_event(&env.db, "switched off", 50, 1).await;
+    let mut conn = env.db.acquire().await.unwrap();
+    paybus_bonuses::event::set_active(&mut conn, switched_off, false)
+        .await
+        .unwrap();
+    let member = testing::member(&env.db).await;
+    let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+
+    let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
+        .await
+        .unwrap();
+
+    assert!(done.charge().bonus_jobs.is_empty());
+    assert_eq!(testing::cans(&env.db, member, Container::Pg).await, 100);
+}
+
+#[tokio::test]
+async fn a_refused_completion_writes_nothing() {
+    let (env, services) = setup().await;
+    testing::active_event(&env.db, "any", 10, 9).await;
+    let member = testing::member(&env.db).await;
+    let purchase = testing::purchase(&env.db, member, PaymentGateway::Payverse, 100).await;
+    let another = testing::purchase(&env.db, member, PaymentGateway::Payverse, 100).await;
+    let complete = |request| {
+        let outbox = services.outbox.clone();
+        async move { completion::complete(&outbox, BonusRules::default(), &request).await }
+    };
+
+    let unknown = complete(paybus_bonuses::PaymentCompletion {
+        charge_id: 999_999,
+        ..purchase.paid()
+    })
+    .await;
+    let wrong_gateway = complete(paybus_bonuses::PaymentCompletion {
+        gateway: PaymentGateway::Pg,
+        ..purchase.paid()
+    })
+    .await;
+    let wrong_amount = complete(paybus_bonuses::PaymentCompletion {
+        amount: dec("9999.99"),
+        ..purchase.paid()
+    })
+    .await;
+    let untouched = (
+        jobs_and_messages(&env).await,
+        testing::cans(&env.db, member, Container::Pg).await,
+    );
+    complete(purchase.paid()).await.unwrap();
+    let replayed_receipt = complete(paybus_bonuses::PaymentCompletion {
+        charge_id: another.id,
+        ..purchase.paid()
+    })
+    .await;
+    let another_receipt = complete(paybus_bonuses::PaymentCompletion {
+        gateway_tx_id: "a-second-receipt".into(),
+        ..purchase.paid()
+    })
+    .await;
+    // A bonus (EVENT) charge, as grant-bonus writes them.
+    let bonus_charge = sqlx::query(
+        "INSERT INTO charges (member_id, status, cans, payment_gateway, container, method, \
+                              payment_status, completed_at) \
+         VALUES (?, 'EVENT', 10, 'PAYVERSE', 'pg', 'any', 'COMPLETE', NOW(6))",
+    )
+    .bind(member)
+    .execute(&env.db)
+    .await
+    .unwrap()
+    .last_insert_id();
+    let event_charge = complete(paybus_bonuses::PaymentCompletion {
+        charge_id: bonus_charge,
+        ..purchase.paid()
+    })
+    .await;
+
+    assert!(matches!(
+        unknown,
+        Err(CompleteError::UnknownCharge(999_999))
+    ));
+    assert!(
+        matches!(
+            wrong_gateway,
+            Err(CompleteError::WrongGateway {
+                expected: PaymentGateway::Payverse,
+                ..
+            })
+        ),
+        "{wrong_gateway:?}"
+    );
+    assert!(matches!(
+        wrong_amount,
+        Err(CompleteError::WrongAmount { .. })
+    ));
+    assert_eq!(untouched, ((0, 0), 0), "refusals wrote nothing");
+    assert!(
+        matches!(&replayed_receipt, Err(CompleteError::PaymentUsed { other_charge_id, .. }) if *other_charge_id == purchase.id),
+        "{replayed_receipt:?}"
+    );
+    assert!(
+        matches!(
+            another_receipt,
+            Err(CompleteError::CompletedByAnotherPayment { .. })
+        ),
+        "{another_receipt:?}"
+    );
+    assert!(
+        matches!(event_charge, Err(CompleteError::NotAPayment(_))),
+        "{event_charge:?}"
+    );
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM charges WHERE status = 'CHARGE' AND payment_status = 'COMPLETE'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(testing::cans(&env.db, member, Container::Pg).await, 100);
+}
+
+#[tokio::test]
+async fn the_audit_names_every_broken_bonus_invariant_it_finds() {
+    let (env, services) = setup().await;
+    testing::active_event(&env.db, "audited", 10, 9).await;
+    let (mut jobs, mut members, mut charges) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let member = testing::member(&env.db).await;
+        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
+            .await
+            .unwrap();
+        jobs.push(done.charge().bonus_jobs[0].job_id);
+        members.push(member);
+        charges.push(purchase.id);
+    }
+    let event_charge = |member: u64| {
+        let pool = env.db.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO charges (member_id, status, cans, payment_gateway, container, \
+                                      method, payment_status, completed_at) \
+                 VALUES (?, 'EVENT', 10, 'PG', 'pg', 'audited', 'COMPLETE', NOW(6))",
+            )
+            .bind(member)
+            .execute(&pool)
+            .await
+            .unwrap()
+            .last_insert_id()
+        }
+    };
+    // Planted: job 1 DONE without its EVENT charge; job 2 PENDING naming an EVENT charge; an
+    // EVENT charge no job owns; purchase 4 back in REQUEST under its job; member 3 credited
+    // twice. Balances follow the planted charges, except member 3's.
+    let named = event_charge(members[1]).await;
+    let unowned = event_charge(members[1]).await;
+    sqlx::query("ALTER TABLE charge_event_job DROP CONSTRAINT ck_charge_event_job_done")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    for plant in [
+        sqlx::query(
+            "UPDATE charge_event_job SET status = 'DONE', processed_at = NOW(6) WHERE id = ?",
+        )
+        .bind(jobs[0]),
+        sqlx::query("UPDATE charge_event_job SET result_charge_id = ? WHERE id = ?")
+            .bind(named)
+            .bind(jobs[1]),
+        sqlx::query("UPDATE members SET pg_can = pg_can + 20 WHERE id = ?").bind(members[1]),
+        sqlx::query("UPDATE members SET pg_can = pg_can + 100 WHERE id = ?").bind(members[2]),
+        sqlx::query(
+            "UPDATE charges SET payment_status = 'REQUEST', completed_at = NULL WHERE id = ?",
+        )
+        .bind(charges[3]),
+        sqlx::query("UPDATE members SET pg_can = pg_can - 100 WHERE id = ?").bind(members[3]),
+    ] {
+        plant.execute(&env.db).await.unwrap();
+    }
+
+    let mut conn = env.db.acquire().await.unwrap();
+    let found = paybus_platform::audit::run(&mut conn, paybus_bonuses::audit::CHECKS)
+        .await
+        .unwrap();
+
+    let lines: Vec<String> = found.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "member_balance_mismatch: member {} holds 200 pg cans, but its COMPLETE \
+                 charges there add up to 100",
+                members[2]
+            ),
+            format!(
+                "bonus_charge_missing: bonus job {} is DONE without its EVENT charge",
+                jobs[0]
+            ),
+            format!(
+                "unexpected_bonus_result: bonus job {} is PENDING but names result charge \
+                 {named}",
+                jobs[1]
+            ),
+            format!(
+                "event_charge_jobs: EVENT charge {unowned} is the result of 0 bonus jobs, not \
+                 exactly one"
+            ),
+            format!(
+                "job_without_completed_purchase: bonus job {} is owed for charge {}, which is \
+                 not a COMPLETE purchase of its member",
+                jobs[3], charges[3]
+            ),
+        ],
+        "{found:#?}"
+    );
+}
