@@ -32,7 +32,7 @@ use paybus_platform::{
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, Phase, bench_services, database_ceiling, drive, met};
+use super::{BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met};
 
 /// Cans per purchase (and 100 per can as its price); the event adds 10%.
 const CANS: i32 = 100;
@@ -110,6 +110,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // Direct: completion, claim and grant, on the database only.
     let paid = std::sync::Arc::new(insert_purchases(&services.pool, args.items).await?);
     let policy = paybus_bonuses::job::retry_policy();
+    let counters = Counters::read(&services.pool).await?;
     let elapsed = drive(paid.len(), args.concurrency, {
         let (paid, services) = (paid.clone(), services.clone());
         move |i| {
@@ -142,6 +143,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         unit: "grants",
         count: paid.len(),
         elapsed,
+        statements: Some(counters.since(&services.pool).await?),
     };
 
     // End to end: completions here, grants by grant-bonus through the broker.
@@ -151,6 +153,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     runner.add_function(GrantBonus::default());
     let running = tokio::spawn(runner.run(shutdown.clone()));
     let granted = || metrics::count("grant-bonus", "done");
+    let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     drive(paid.len(), args.concurrency, {
         let (paid, services) = (paid.clone(), services.clone());
@@ -176,6 +179,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         unit: "grants",
         count: paid.len(),
         elapsed: started.elapsed(),
+        statements: Some(counters.since(&services.pool).await?),
     };
     shutdown.cancel();
     running.await??;
