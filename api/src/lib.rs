@@ -7,6 +7,7 @@
 //! | [`confirmations`] | W2: chain-monitor intake (`/v1/chain-monitor/*`, HMAC-signed, into the outbox, 202) and admin withdrawals / deposits | `paybus_confirmations` |
 //! | `partners` | admin partners | `paybus_partners` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
+//! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
 //! `GET /health` is liveness.
@@ -22,6 +23,7 @@ mod chain;
 pub mod config;
 pub mod confirmations;
 pub mod error;
+mod markets;
 mod partners;
 pub mod server;
 
@@ -90,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .merge(partners::admin_routes())
         .merge(confirmations::admin_routes())
         .merge(audit::admin_routes())
+        .merge(markets::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

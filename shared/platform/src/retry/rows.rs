@@ -624,7 +624,7 @@ fn claim_of((id, attempts, claimed_at): (u64, u64, Option<DateTime<Utc>>)) -> Cl
 
 /// Ids are integers the database just gave us: safe to inline, and one statement text per
 /// batch size instead of a bind per id.
-fn id_list(ids: &[u64]) -> String {
+pub(super) fn id_list(ids: &[u64]) -> String {
     let mut list = String::with_capacity(ids.len() * 8);
     for (i, id) in ids.iter().enumerate() {
         if i > 0 {
