@@ -73,7 +73,9 @@ impl From<MarketError> for ApiError {
 /// A `{symbol}` path segment, validated (400 names the rule it breaks).
 fn path_symbol(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Ok(Path(symbol)) = path else {
-        return Err(ApiError::BadRequest("the symbol in the path is missing".to_owned()));
+        return Err(ApiError::BadRequest(
+            "the symbol in the path is missing".to_owned(),
+        ));
     };
     Ok(market::symbol(&symbol)?)
 }
@@ -213,8 +215,8 @@ async fn suspend(
     } else {
         StatusCode::OK
     };
-    let mut answer = serde_json::to_value(&suspension)
-        .map_err(|e| ApiError::Internal(Box::new(e)))?;
+    let mut answer =
+        serde_json::to_value(&suspension).map_err(|e| ApiError::Internal(Box::new(e)))?;
     answer["status"] = json!("SUSPENDED");
     answer["progress"] = json!(format!("/v1/admin/markets/{symbol}/suspension"));
     Ok((status, Json(answer)))

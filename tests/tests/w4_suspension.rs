@@ -149,7 +149,9 @@ async fn eight_thousand_open_orders_are_cancelled_after_a_suspend_that_answers_a
     let env = TestEnv::new().await;
     let services = env.services(&[CancelOrders::queue()]).await;
     let api = Api::start(&services).await;
-    let (status, _) = api.post("/v1/admin/markets", Some(json!({"symbol": "BTC"}))).await;
+    let (status, _) = api
+        .post("/v1/admin/markets", Some(json!({"symbol": "BTC"})))
+        .await;
     assert_eq!(status, 201);
     let market_id: u64 = sqlx::query_scalar("SELECT id FROM markets WHERE symbol = 'BTC'")
         .fetch_one(&env.db)
@@ -160,8 +162,12 @@ async fn eight_thousand_open_orders_are_cancelled_after_a_suspend_that_answers_a
     // The matching engine keeps filling while the cancels run: those tasks are SKIPPED.
     let filling = Arc::new(AtomicBool::new(true));
     let filler = {
-        let (api_base, http, token, filling) =
-            (api.base.clone(), api.http.clone(), api.token.clone(), filling.clone());
+        let (api_base, http, token, filling) = (
+            api.base.clone(),
+            api.http.clone(),
+            api.token.clone(),
+            filling.clone(),
+        );
         let orders = orders.clone();
         tokio::spawn(async move {
             let mut filled = 0;
@@ -188,7 +194,10 @@ async fn eight_thousand_open_orders_are_cancelled_after_a_suspend_that_answers_a
 
     assert_eq!(status, 202, "{suspended}");
     // The request created at most one chunk: the rest is the materialiser's.
-    assert!(suspended["tasks_created_now"].as_u64().unwrap() <= 1_000, "{suspended}");
+    assert!(
+        suspended["tasks_created_now"].as_u64().unwrap() <= 1_000,
+        "{suspended}"
+    );
     let (status, placed) = api
         .post(
             "/v1/admin/markets/BTC/orders",
@@ -249,7 +258,9 @@ async fn hammer(
                     .unwrap();
                 match response.status().as_u16() {
                     201 => {
-                        let id = response.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+                        let id = response.json::<Value>().await.unwrap()["id"]
+                            .as_u64()
+                            .unwrap();
                         accepted.push(id);
                         if sent_after_suspension {
                             accepted_after.push(id);
@@ -273,7 +284,10 @@ async fn orders_placed_while_suspending_are_refused_or_cancelled_never_left_open
     let market_id = market(&env.db, "BTC").await;
     open_orders(&env.db, market_id, 500).await;
     let (halt, running) = start_cancel_orders(&services, CancelConfig::default());
-    let (stop, suspended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (stop, suspended) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let mut hammering = hammer(&api, "BTC", 16, stop.clone(), suspended.clone()).await;
 
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -292,13 +306,23 @@ async fn orders_placed_while_suspending_are_refused_or_cancelled_never_left_open
     halt.cancel();
     running.await.unwrap();
 
-    assert!(accepted.len() > 50, "the clients placed orders before the suspension");
-    assert_eq!(accepted_after, Vec::<u64>::new(), "accepted after the suspension committed");
+    assert!(
+        accepted.len() > 50,
+        "the clients placed orders before the suspension"
+    );
+    assert_eq!(
+        accepted_after,
+        Vec::<u64>::new(),
+        "accepted after the suspension committed"
+    );
     let max_target_id: u64 = sqlx::query_scalar("SELECT max_target_id FROM task_batches")
         .fetch_one(&env.db)
         .await
         .unwrap();
-    assert!(accepted.iter().all(|id| *id <= max_target_id), "every accepted order is in the set");
+    assert!(
+        accepted.iter().all(|id| *id <= max_target_id),
+        "every accepted order is in the set"
+    );
     assert_eq!(open_in(&env.db, market_id).await, 0, "nothing left OPEN");
     let tasks = scalar(&env.db, "SELECT COUNT(*) FROM tasks").await;
     assert_eq!(tasks, i64::try_from(500 + accepted.len()).unwrap());
@@ -315,19 +339,21 @@ async fn control_enqueueing_before_blocking_leaves_orders_open() {
     let api = Api::start(&services).await;
     let market_id = market(&env.db, "BTC").await;
     open_orders(&env.db, market_id, 500).await;
-    let (stop, suspended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (stop, suspended) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let mut hammering = hammer(&api, "BTC", 16, stop.clone(), suspended.clone()).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     // The reversed design: the open ids are read (and their cancels enqueued, which takes a
     // while for a big market), then the market is blocked.
-    let snapshot: Vec<u64> = sqlx::query_scalar(
-        "SELECT id FROM orders WHERE market_id = ? AND status = 'OPEN'",
-    )
-    .bind(market_id)
-    .fetch_all(&env.db)
-    .await
-    .unwrap();
+    let snapshot: Vec<u64> =
+        sqlx::query_scalar("SELECT id FROM orders WHERE market_id = ? AND status = 'OPEN'")
+            .bind(market_id)
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     sqlx::query("UPDATE markets SET status = 'SUSPENDED', suspended_at = NOW(6) WHERE id = ?")
         .bind(market_id)
@@ -362,8 +388,11 @@ async fn eight_concurrent_suspends_create_one_batch_and_no_duplicate_task() {
         let (api, barrier) = (api.clone(), barrier.clone());
         suspends.spawn(async move {
             barrier.wait().await;
-            api.post("/v1/admin/markets/BTC/suspend", Some(json!({"note": "exchange halt"})))
-                .await
+            api.post(
+                "/v1/admin/markets/BTC/suspend",
+                Some(json!({"note": "exchange halt"})),
+            )
+            .await
         });
     }
     let mut answers = Vec::new();
@@ -375,14 +404,24 @@ async fn eight_concurrent_suspends_create_one_batch_and_no_duplicate_task() {
     halt.cancel();
     running.await.unwrap();
 
-    let accepted: Vec<&Value> = answers.iter().filter(|(s, _)| *s == 202).map(|(_, b)| b).collect();
+    let accepted: Vec<&Value> = answers
+        .iter()
+        .filter(|(s, _)| *s == 202)
+        .map(|(_, b)| b)
+        .collect();
     assert_eq!(accepted.len(), 1, "{answers:?}");
     let batch_id = &accepted[0]["batch_id"];
     for (status, body) in &answers {
         assert!(*status == 202 || *status == 200, "{status} {body}");
-        assert_eq!(&body["batch_id"], batch_id, "every answer names the one batch");
+        assert_eq!(
+            &body["batch_id"], batch_id,
+            "every answer names the one batch"
+        );
     }
-    assert_eq!(scalar(&env.db, "SELECT COUNT(*) FROM task_batches").await, 1);
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM task_batches").await,
+        1
+    );
     assert_eq!(scalar(&env.db, "SELECT COUNT(*) FROM tasks").await, 2_500);
     assert_eq!(orders_in(&env.db, market_id, "CANCELLED").await, 2_500);
     // Suspending again later is still the same batch, and still creates nothing.
@@ -413,7 +452,11 @@ async fn vanished_and_unfailing_cancels_end_failed_with_dead_letters_and_ops_can
     .unwrap();
     let (status, _) = api.post("/v1/admin/markets/BTC/suspend", None).await;
     assert_eq!(status, 202);
-    sqlx::query("DELETE FROM orders WHERE id = ?").bind(vanished).execute(&env.db).await.unwrap();
+    sqlx::query("DELETE FROM orders WHERE id = ?")
+        .bind(vanished)
+        .execute(&env.db)
+        .await
+        .unwrap();
     let config = CancelConfig {
         retry: RetryPolicy::with_schedule(3, vec![Duration::from_millis(100)]).unwrap(),
         ..CancelConfig::default()
@@ -421,7 +464,12 @@ async fn vanished_and_unfailing_cancels_end_failed_with_dead_letters_and_ops_can
     let (halt, running) = start_cancel_orders(&services, config.clone());
 
     let settled = eventually(Duration::from_secs(60), || async {
-        scalar(&env.db, "SELECT COUNT(*) FROM tasks WHERE state = 'PENDING'").await == 0
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM tasks WHERE state = 'PENDING'",
+        )
+        .await
+            == 0
     })
     .await;
     let dead_letters = eventually(Duration::from_secs(30), || async {
@@ -446,15 +494,29 @@ async fn vanished_and_unfailing_cancels_end_failed_with_dead_letters_and_ops_can
     .await
     .unwrap();
     let all = errors.join("\n");
-    assert!(all.contains(&format!("order {vanished} does not exist")), "{all}");
+    assert!(
+        all.contains(&format!("order {vanished} does not exist")),
+        "{all}"
+    );
     assert!(all.contains("gave up after 3 attempts"), "{all}");
-    assert!(all.contains("order is locked by the matching engine"), "{all}");
+    assert!(
+        all.contains("order is locked by the matching engine"),
+        "{all}"
+    );
     let (status, refused_resume) = api.post("/v1/admin/markets/BTC/resume", None).await;
-    assert_eq!(status, 409, "a half-cancelled market is not resumed: {refused_resume}");
+    assert_eq!(
+        status, 409,
+        "a half-cancelled market is not resumed: {refused_resume}"
+    );
 
     // Ops fix the cause and retry: the suspension completes, and the market can resume.
-    sqlx::query("DROP TRIGGER refuse_cancel").execute(&env.db).await.unwrap();
-    let (status, retried) = api.post("/v1/admin/markets/BTC/suspension/retry-failed", None).await;
+    sqlx::query("DROP TRIGGER refuse_cancel")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let (status, retried) = api
+        .post("/v1/admin/markets/BTC/suspension/retry-failed", None)
+        .await;
     assert_eq!((status, &retried["retried"]), (200, &json!(2)));
     let finished = complete(&env, "BTC", Duration::from_secs(60)).await;
     halt.cancel();

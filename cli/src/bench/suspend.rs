@@ -86,7 +86,11 @@ async fn latency(args: &BenchArgs) -> anyhow::Result<()> {
             .send()
             .await?;
         let repeat_elapsed = again.elapsed();
-        ensure!(repeat.status() == 200, "suspend {symbol} again: {}", repeat.status());
+        ensure!(
+            repeat.status() == 200,
+            "suspend {symbol} again: {}",
+            repeat.status()
+        );
         println!(
             "  {:>9} open orders: {:>8.2?}  (tasks created in the request: {}; again, already \
              SUSPENDED: {:.2?})",
@@ -114,7 +118,10 @@ async fn latency(args: &BenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let cancelled = seed_loop(&services.pool, market_id).await?;
     let seed = started.elapsed();
-    ensure!(cancelled == SEED_LOOP_ORDERS, "the seed's loop cancelled {cancelled}");
+    ensure!(
+        cancelled == SEED_LOOP_ORDERS,
+        "the seed's loop cancelled {cancelled}"
+    );
     println!(
         "seed's in-request loop, {} open orders: {:.2?} in one request",
         grouped(SEED_LOOP_ORDERS),

@@ -146,8 +146,13 @@ async fn one_at_a_time(
         }
         Err(e) => {
             tx.rollback().await?;
-            record_failure(pool, target, &paybus_platform::telemetry::one_line(&e), attempts)
-                .await
+            record_failure(
+                pool,
+                target,
+                &paybus_platform::telemetry::one_line(&e),
+                attempts,
+            )
+            .await
         }
     }
 }
@@ -197,7 +202,8 @@ async fn attempt(
             Ok(TaskOutcome::Failed(error))
         }
         Some(status) => {
-            let error = format!("order {order_id} is still {status} after a cancel matched nothing");
+            let error =
+                format!("order {order_id} is still {status} after a cancel matched nothing");
             let settled = TASKS
                 .settle_failure(conn, &claim, &attempts.policy, &error, &attempts.clock)
                 .await?;
@@ -245,7 +251,10 @@ fn after_failure(
     match settled {
         AfterFailure::Retry { after, failures } => TaskOutcome::Retry {
             after,
-            error: format!("task {id}, attempt {failures}/{}: {error}", policy.max_attempts()),
+            error: format!(
+                "task {id}, attempt {failures}/{}: {error}",
+                policy.max_attempts()
+            ),
         },
         AfterFailure::Failed { failures } => TaskOutcome::Failed(format!(
             "task {id}: gave up after {failures} attempts; last error: {error}"

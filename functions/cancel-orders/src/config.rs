@@ -93,7 +93,10 @@ mod tests {
     fn the_attempt_limit_is_configurable_and_checked() {
         let vars = |v: &str| HashMap::from([(VAR_MAX_ATTEMPTS.to_owned(), v.to_owned())]);
         assert_eq!(
-            CancelConfig::from_vars(vars("3")).unwrap().retry.max_attempts(),
+            CancelConfig::from_vars(vars("3"))
+                .unwrap()
+                .retry
+                .max_attempts(),
             3
         );
         for bad in ["0", "three", "-1"] {

@@ -115,7 +115,11 @@ fn outcome(batch_id: u64, outcomes: &[(u64, TaskOutcome)], delivery_attempt: u32
                 ));
             }
             TaskOutcome::NotClaimed(state) => {
-                skipped.push(format!("task {id} is {} (attempt {})", not_due(state), state.attempts));
+                skipped.push(format!(
+                    "task {id} is {} (attempt {})",
+                    not_due(state),
+                    state.attempts
+                ));
             }
             TaskOutcome::Retry { after, error } => retries.push((*after, error.clone())),
             TaskOutcome::Failed(error) | TaskOutcome::Unknown(error) => failed.push(error.clone()),
@@ -213,7 +217,10 @@ mod tests {
     fn one_failed_task_makes_the_message_a_dead_letter_naming_it() {
         let outcomes = [
             (1, TaskOutcome::Done),
-            (2, TaskOutcome::Failed("task 2: gave up after 5 attempts".into())),
+            (
+                2,
+                TaskOutcome::Failed("task 2: gave up after 5 attempts".into()),
+            ),
             (
                 3,
                 TaskOutcome::Retry {
@@ -225,7 +232,10 @@ mod tests {
         let Outcome::Failed(reason) = outcome(9, &outcomes, 1) else {
             panic!("not failed");
         };
-        assert!(reason.contains("1 of 3 tasks failed: task 2: gave up"), "{reason}");
+        assert!(
+            reason.contains("1 of 3 tasks failed: task 2: gave up"),
+            "{reason}"
+        );
     }
 
     #[test]

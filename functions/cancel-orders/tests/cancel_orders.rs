@@ -132,7 +132,14 @@ async fn a_group_of_open_orders_is_cancelled_and_its_tasks_done_in_one_go() {
     let (market_id, batch_id, orders) = suspended_market(&env, &services, "BTC", 5).await;
     let tasks = task_ids(&env.db, batch_id).await;
 
-    let outcome = handle(&CancelOrders::new(short_retries()), &services, batch_id, &tasks, 1).await;
+    let outcome = handle(
+        &CancelOrders::new(short_retries()),
+        &services,
+        batch_id,
+        &tasks,
+        1,
+    )
+    .await;
 
     assert_eq!(outcome, Outcome::Done);
     assert_eq!(orders_in(&env.db, market_id, "CANCELLED").await, 5);
@@ -159,11 +166,13 @@ async fn an_order_filled_meanwhile_is_skipped_with_the_reason_not_failed() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    sqlx::query("UPDATE orders SET status = 'PARTIALLY_FILLED', filled_quantity = 0.5 WHERE id = ?")
-        .bind(orders[1])
-        .execute(&env.db)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE orders SET status = 'PARTIALLY_FILLED', filled_quantity = 0.5 WHERE id = ?",
+    )
+    .bind(orders[1])
+    .execute(&env.db)
+    .await
+    .unwrap();
 
     let outcome = handle(
         &CancelOrders::new(short_retries()),
@@ -200,8 +209,12 @@ async fn the_same_group_delivered_four_times_at_once_cancels_each_order_once() {
 
     let mut deliveries = tokio::task::JoinSet::new();
     for _ in 0..4 {
-        let (handler, services, tasks, barrier) =
-            (handler.clone(), services.clone(), tasks.clone(), barrier.clone());
+        let (handler, services, tasks, barrier) = (
+            handler.clone(),
+            services.clone(),
+            tasks.clone(),
+            barrier.clone(),
+        );
         deliveries.spawn(async move {
             barrier.wait().await;
             handle(&handler, &services, batch_id, &tasks, 1).await
@@ -261,12 +274,15 @@ async fn a_vanished_order_fails_its_task_at_once_and_the_rest_of_the_group_compl
     assert_eq!(orders_in(&env.db, market_id, "CANCELLED").await, 3);
     let progress = progress::of_symbol(&env.db, "BTC").await.unwrap();
     assert!(progress.complete, "{}", progress.summary);
-    assert!(progress.summary.contains("1 FAILED"), "{}", progress.summary);
+    assert!(
+        progress.summary.contains("1 FAILED"),
+        "{}",
+        progress.summary
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_that_keeps_failing_is_retried_with_backoff_then_failed_while_the_rest_complete()
-{
+async fn a_cancel_that_keeps_failing_is_retried_with_backoff_then_failed_while_the_rest_complete() {
     let env = TestEnv::new().await;
     let services = env.services(&[CancelOrders::queue()]).await;
     let (market_id, batch_id, orders) = suspended_market(&env, &services, "BTC", 4).await;
@@ -280,8 +296,15 @@ async fn a_cancel_that_keeps_failing_is_retried_with_backoff_then_failed_while_t
     let tasks = task_ids(&env.db, batch_id).await;
 
     let first = handle(&handler, &services, batch_id, &tasks, 1).await;
-    assert!(matches!(first, Outcome::Retry { after, .. } if after == Duration::from_millis(100)), "{first:?}");
-    assert_eq!(orders_in(&env.db, market_id, "CANCELLED").await, 3, "the others are done");
+    assert!(
+        matches!(first, Outcome::Retry { after, .. } if after == Duration::from_millis(100)),
+        "{first:?}"
+    );
+    assert_eq!(
+        orders_in(&env.db, market_id, "CANCELLED").await,
+        3,
+        "the others are done"
+    );
     let refused = task_of_order(&env.db, orders[1]).await;
     assert_eq!((refused.state.as_str(), refused.attempts), ("PENDING", 1));
     assert!(
@@ -300,7 +323,10 @@ async fn a_cancel_that_keeps_failing_is_retried_with_backoff_then_failed_while_t
 
     clock.advance(Duration::from_millis(100));
     let second = handle(&handler, &services, batch_id, &tasks, 1).await;
-    assert!(matches!(second, Outcome::Retry { after, .. } if after == Duration::from_millis(200)), "{second:?}");
+    assert!(
+        matches!(second, Outcome::Retry { after, .. } if after == Duration::from_millis(200)),
+        "{second:?}"
+    );
     clock.advance(Duration::from_millis(200));
     let third = handle(&handler, &services, batch_id, &tasks, 1).await;
 
@@ -312,7 +338,11 @@ async fn a_cancel_that_keeps_failing_is_retried_with_backoff_then_failed_while_t
     assert_eq!((refused.state.as_str(), refused.attempts), ("FAILED", 3));
     let progress = progress::of_symbol(&env.db, "BTC").await.unwrap();
     assert!(!progress.complete);
-    assert!(progress.summary.contains("needs attention"), "{}", progress.summary);
+    assert!(
+        progress.summary.contains("needs attention"),
+        "{}",
+        progress.summary
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,11 +353,28 @@ async fn a_message_naming_no_task_or_another_batchs_task_is_a_dead_letter() {
     let handler = CancelOrders::new(short_retries());
 
     let empty = handle(&handler, &services, batch_id, &[], 1).await;
-    let foreign = handle(&handler, &services, batch_id + 1, &task_ids(&env.db, batch_id).await, 1).await;
+    let foreign = handle(
+        &handler,
+        &services,
+        batch_id + 1,
+        &task_ids(&env.db, batch_id).await,
+        1,
+    )
+    .await;
 
-    assert!(matches!(&empty, Outcome::Failed(r) if r.contains("1 to 1000 tasks")), "{empty:?}");
-    assert!(matches!(&foreign, Outcome::Failed(r) if r.contains("is not a task of batch")), "{foreign:?}");
-    assert_eq!(tasks_in(&env.db, batch_id, "PENDING").await, 1, "nothing touched");
+    assert!(
+        matches!(&empty, Outcome::Failed(r) if r.contains("1 to 1000 tasks")),
+        "{empty:?}"
+    );
+    assert!(
+        matches!(&foreign, Outcome::Failed(r) if r.contains("is not a task of batch")),
+        "{foreign:?}"
+    );
+    assert_eq!(
+        tasks_in(&env.db, batch_id, "PENDING").await,
+        1,
+        "nothing touched"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,11 +391,20 @@ async fn materialisation_resumes_from_its_cursor_and_creates_each_task_once() {
         tasks_per_message: 16,
     };
 
-    let suspended = suspension::suspend(&services.outbox, "ETH", None, &plan).await.unwrap();
-    assert_eq!((suspended.tasks_created_now, suspended.materialised), (100, false));
+    let suspended = suspension::suspend(&services.outbox, "ETH", None, &plan)
+        .await
+        .unwrap();
+    assert_eq!(
+        (suspended.tasks_created_now, suspended.materialised),
+        (100, false)
+    );
     let preparing = progress::of_symbol(&env.db, "ETH").await.unwrap();
     assert!(preparing.preparing && !preparing.complete);
-    assert!(preparing.summary.starts_with("suspension preparing: 100 tasks created so far"));
+    assert!(
+        preparing
+            .summary
+            .starts_with("suspension preparing: 100 tasks created so far")
+    );
     // One chunk, then the process "dies": another materialiser picks the batch up.
     let config = MaterialiserConfig {
         plan,
@@ -366,13 +422,12 @@ async fn materialisation_resumes_from_its_cursor_and_creates_each_task_once() {
         .unwrap();
 
     assert_eq!(rest, 150);
-    let (created, distinct): (i64, i64) = sqlx::query_as(
-        "SELECT COUNT(*), COUNT(DISTINCT target_id) FROM tasks WHERE batch_id = ?",
-    )
-    .bind(suspended.batch_id)
-    .fetch_one(&env.db)
-    .await
-    .unwrap();
+    let (created, distinct): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT target_id) FROM tasks WHERE batch_id = ?")
+            .bind(suspended.batch_id)
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
     assert_eq!((created, distinct), (350, 350));
     let progress = progress::of_symbol(&env.db, "ETH").await.unwrap();
     assert_eq!((progress.created, progress.preparing), (350, false));
@@ -398,11 +453,21 @@ async fn a_retry_that_came_due_is_republished_in_its_batchs_message() {
         .unwrap();
     let clock = Clock::manual(now + chrono::Duration::seconds(1));
     let handler = CancelOrders::new(short_retries()).with_clock(clock.clone());
-    let first = handle(&handler, &services, batch_id, &task_ids(&env.db, batch_id).await, 1).await;
+    let first = handle(
+        &handler,
+        &services,
+        batch_id,
+        &task_ids(&env.db, batch_id).await,
+        1,
+    )
+    .await;
     assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
     let sweep = due_tasks(&services, DueSweepConfig::default()).with_clock(clock.clone());
     assert_eq!(sweep.run_once().await.unwrap(), 0, "not due yet");
-    sqlx::query("DELETE FROM outbox_messages").execute(&env.db).await.unwrap();
+    sqlx::query("DELETE FROM outbox_messages")
+        .execute(&env.db)
+        .await
+        .unwrap();
 
     clock.advance(Duration::from_millis(100));
     let republished = sweep.run_once().await.unwrap();
@@ -497,7 +562,10 @@ async fn a_consumer_killed_mid_run_resumes_when_restarted_and_cancels_nothing_tw
     assert_eq!(orders_in(&env.db, market_id, "CANCELLED").await, 6_000);
     // A task claimed by a transaction that died was rolled back with it: every DONE task was
     // attempted once, and none found its order already cancelled.
-    assert_eq!(scalar(&env.db, "SELECT COUNT(*) FROM tasks WHERE attempts <> 1").await, 0);
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM tasks WHERE attempts <> 1").await,
+        0
+    );
     assert_eq!(progress.tasks.skipped, 0);
     assert_audit_clean(&env.db).await;
 }

@@ -125,11 +125,13 @@ pub async fn suspension_sets(conn: &mut MySqlConnection) -> Result<Vec<Violation
     .await?;
     let mut violations: Vec<Violation> = left
         .into_iter()
-        .map(|(order_id, symbol, batch_id)| Violation::OpenOrderLeftBehind {
-            order_id,
-            symbol,
-            batch_id,
-        })
+        .map(
+            |(order_id, symbol, batch_id)| Violation::OpenOrderLeftBehind {
+                order_id,
+                symbol,
+                batch_id,
+            },
+        )
         .collect();
     let late: Vec<(u64, String, u64, u64)> = sqlx::query_as(
         "SELECT o.id, m.symbol, b.id, b.max_target_id \
@@ -141,14 +143,17 @@ pub async fn suspension_sets(conn: &mut MySqlConnection) -> Result<Vec<Violation
     )
     .fetch_all(&mut *conn)
     .await?;
-    violations.extend(late.into_iter().map(
-        |(order_id, symbol, batch_id, max_target_id)| Violation::OrderAcceptedWhileSuspended {
-            order_id,
-            symbol,
-            batch_id,
-            max_target_id,
-        },
-    ));
+    violations.extend(
+        late.into_iter()
+            .map(|(order_id, symbol, batch_id, max_target_id)| {
+                Violation::OrderAcceptedWhileSuspended {
+                    order_id,
+                    symbol,
+                    batch_id,
+                    max_target_id,
+                }
+            }),
+    );
     Ok(violations)
 }
 
@@ -166,11 +171,13 @@ pub async fn cancel_tasks(conn: &mut MySqlConnection) -> Result<Vec<Violation>, 
     .await?;
     let mut violations: Vec<Violation> = counts
         .into_iter()
-        .map(|(batch_id, created_count, tasks)| Violation::TaskCountMismatch {
-            batch_id,
-            created_count,
-            tasks: u64::try_from(tasks).unwrap_or_default(),
-        })
+        .map(
+            |(batch_id, created_count, tasks)| Violation::TaskCountMismatch {
+                batch_id,
+                created_count,
+                tasks: u64::try_from(tasks).unwrap_or_default(),
+            },
+        )
         .collect();
     let disagreeing: Vec<(u64, String, u64, Option<String>)> = sqlx::query_as(
         "SELECT t.id, t.state, t.target_id, o.status \
@@ -186,13 +193,17 @@ pub async fn cancel_tasks(conn: &mut MySqlConnection) -> Result<Vec<Violation>, 
     )
     .fetch_all(&mut *conn)
     .await?;
-    violations.extend(disagreeing.into_iter().map(
-        |(task_id, state, order_id, order_status)| Violation::TaskDisagreesWithOrder {
-            task_id,
-            state,
-            order_id,
-            order_status,
-        },
-    ));
+    violations.extend(
+        disagreeing
+            .into_iter()
+            .map(
+                |(task_id, state, order_id, order_status)| Violation::TaskDisagreesWithOrder {
+                    task_id,
+                    state,
+                    order_id,
+                    order_status,
+                },
+            ),
+    );
     Ok(violations)
 }

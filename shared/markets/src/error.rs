@@ -7,7 +7,10 @@ use paybus_platform::bus::outbox::OutboxError;
 #[derive(Debug, thiserror::Error)]
 pub enum MarketError {
     #[error("symbol {symbol:?} {reason}")]
-    InvalidSymbol { symbol: String, reason: &'static str },
+    InvalidSymbol {
+        symbol: String,
+        reason: &'static str,
+    },
     #[error("market {0} not found")]
     UnknownMarket(String),
     #[error("market {0} already exists")]

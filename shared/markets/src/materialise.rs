@@ -125,7 +125,10 @@ pub(crate) async fn next_chunk(
         .await?;
     }
     if finished {
-        tracing::info!(batch_id = batch.id, "cancel tasks materialised: count final");
+        tracing::info!(
+            batch_id = batch.id,
+            "cancel tasks materialised: count final"
+        );
     }
     Ok(Chunk {
         batch_id: batch.id,
@@ -190,7 +193,11 @@ impl Materialiser {
             created += chunk.created;
         }
         if created > 0 {
-            tracing::info!(job = "cancel-task-materialiser", created, "cancel tasks created");
+            tracing::info!(
+                job = "cancel-task-materialiser",
+                created,
+                "cancel tasks created"
+            );
         }
         Ok(created)
     }

@@ -251,18 +251,26 @@ impl OrderRow {
 
 /// The order as this transaction's snapshot sees it.
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Order>, MarketError> {
-    fetch(conn, "SELECT id, market_id, account_id, side, price, quantity, filled_quantity, \
-                        status, cancel_reason, cancelled_at, created_at FROM orders WHERE id = ?", id)
-        .await
+    fetch(
+        conn,
+        "SELECT id, market_id, account_id, side, price, quantity, filled_quantity, \
+                        status, cancel_reason, cancelled_at, created_at FROM orders WHERE id = ?",
+        id,
+    )
+    .await
 }
 
 /// The order's latest committed version, locked: what a conditional UPDATE that matched
 /// nothing found.
 pub async fn locked(conn: &mut MySqlConnection, id: u64) -> Result<Option<Order>, MarketError> {
-    fetch(conn, "SELECT id, market_id, account_id, side, price, quantity, filled_quantity, \
+    fetch(
+        conn,
+        "SELECT id, market_id, account_id, side, price, quantity, filled_quantity, \
                         status, cancel_reason, cancelled_at, created_at \
-                 FROM orders WHERE id = ? FOR UPDATE", id)
-        .await
+                 FROM orders WHERE id = ? FOR UPDATE",
+        id,
+    )
+    .await
 }
 
 async fn fetch(
@@ -283,7 +291,10 @@ mod tests {
     #[test]
     fn statuses_and_sides_are_their_column_values() {
         assert_eq!(OrderStatus::PartiallyFilled.to_string(), "PARTIALLY_FILLED");
-        assert_eq!(OrderStatus::from_str("CANCELLED"), Ok(OrderStatus::Cancelled));
+        assert_eq!(
+            OrderStatus::from_str("CANCELLED"),
+            Ok(OrderStatus::Cancelled)
+        );
         assert!(OrderStatus::Open.is_open() && OrderStatus::PartiallyFilled.is_open());
         assert!(!OrderStatus::Filled.is_open() && !OrderStatus::Cancelled.is_open());
         assert_eq!(Side::from_str("SELL"), Ok(Side::Sell));

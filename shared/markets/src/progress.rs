@@ -137,13 +137,12 @@ pub async fn of_market(
             }
         }
     }
-    let open_orders: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM orders WHERE open_market_id = ? AND id <= ?",
-    )
-    .bind(batch.market_id)
-    .bind(batch.max_target_id)
-    .fetch_one(&mut *conn)
-    .await?;
+    let open_orders: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE open_market_id = ? AND id <= ?")
+            .bind(batch.market_id)
+            .bind(batch.max_target_id)
+            .fetch_one(&mut *conn)
+            .await?;
     let open_orders = u64::try_from(open_orders).unwrap_or_default();
     let preparing = !batch.materialised;
     let phase = if preparing {
@@ -253,7 +252,9 @@ mod tests {
             summary(Phase::NeedsAttention, 10, &counts(0, 9, 0, 1), 1)
                 .contains("1 orders still open")
         );
-        assert!(summary(Phase::Preparing, 3_000, &counts(3_000, 0, 0, 0), 8_000)
-            .starts_with("suspension preparing: 3,000 tasks created so far"));
+        assert!(
+            summary(Phase::Preparing, 3_000, &counts(3_000, 0, 0, 0), 8_000)
+                .starts_with("suspension preparing: 3,000 tasks created so far")
+        );
     }
 }

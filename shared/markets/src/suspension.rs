@@ -81,12 +81,14 @@ pub async fn suspend(
         return match current {
             None => Err(MarketError::UnknownMarket(symbol)),
             Some(m) if m.status == MarketStatus::Suspended => {
-                let batch_id = m.current_batch_id.ok_or_else(|| MarketError::UnknownValue {
-                    entity: "market",
-                    id: m.id,
-                    column: "current_batch_id",
-                    value: "NULL while SUSPENDED".into(),
-                })?;
+                let batch_id = m
+                    .current_batch_id
+                    .ok_or_else(|| MarketError::UnknownValue {
+                        entity: "market",
+                        id: m.id,
+                        column: "current_batch_id",
+                        value: "NULL while SUSPENDED".into(),
+                    })?;
                 tracing::info!(%symbol, batch_id, "market already suspended: nothing created");
                 Ok(Suspension {
                     symbol,
@@ -112,11 +114,12 @@ pub async fn suspend(
             .await?;
     // The frozen set's bound: placements in flight committed before our UPDATE got the row,
     // and none can commit after it.
-    let max_target_id: u64 =
-        sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM orders WHERE open_market_id = ?")
-            .bind(market_id)
-            .fetch_one(&mut *uow)
-            .await?;
+    let max_target_id: u64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(MAX(id), 0) AS UNSIGNED) FROM orders WHERE open_market_id = ?",
+    )
+    .bind(market_id)
+    .fetch_one(&mut *uow)
+    .await?;
     let batch_id = sqlx::query(
         "INSERT INTO task_batches (type, market_id, ref, reason, note, max_target_id) \
          VALUES (?, ?, ?, ?, ?, ?)",
