@@ -10,11 +10,13 @@ use paybus_markets::{
     CancelTasksCreated,
     materialise::{Materialiser, MaterialiserConfig, Plan},
     progress, suspension,
-    testing::{assert_audit_clean, market, open_orders, orders_in},
+    testing::{
+        assert_audit_clean, manual_clock, market, open_orders, orders_in, refuse_cancels_of,
+    },
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
-    retry::{Clock, DueSweepConfig, RetryPolicy},
+    retry::{DueSweepConfig, RetryPolicy},
     testing::{TestEnv, eventually, scalar},
 };
 use sqlx::MySqlPool;
@@ -105,21 +107,6 @@ async fn tasks_in(pool: &MySqlPool, batch_id: u64, state: &str) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap()
-}
-
-/// A trigger that refuses to cancel `order_id`, as a matching engine holding it would.
-async fn refuse_cancels_of(pool: &MySqlPool, order_id: u64) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TRIGGER refuse_cancel BEFORE UPDATE ON orders FOR EACH ROW \
-         BEGIN \
-           IF NEW.id = {order_id} AND NEW.status = 'CANCELLED' THEN \
-             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order is locked by the matching engine'; \
-           END IF; \
-         END"
-    )))
-    .execute(pool)
-    .await
-    .unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -287,11 +274,7 @@ async fn a_cancel_that_keeps_failing_is_retried_with_backoff_then_failed_while_t
     let services = env.services(&[CancelOrders::queue()]).await;
     let (market_id, batch_id, orders) = suspended_market(&env, &services, "BTC", 4).await;
     refuse_cancels_of(&env.db, orders[1]).await;
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
-        .fetch_one(&env.db)
-        .await
-        .unwrap();
-    let clock = Clock::manual(now + chrono::Duration::seconds(1));
+    let clock = manual_clock(&env.db).await;
     let handler = CancelOrders::new(short_retries()).with_clock(clock.clone());
     let tasks = task_ids(&env.db, batch_id).await;
 
@@ -388,6 +371,7 @@ async fn materialisation_resumes_from_its_cursor_and_creates_each_task_once() {
     open_orders(&env.db, market_id, 350).await;
     let plan = Plan {
         chunk: 100,
+        in_request: 100,
         tasks_per_message: 16,
     };
 
@@ -447,11 +431,7 @@ async fn a_retry_that_came_due_is_republished_in_its_batchs_message() {
     let services = env.services(&[CancelOrders::queue()]).await;
     let (_, batch_id, orders) = suspended_market(&env, &services, "BTC", 2).await;
     refuse_cancels_of(&env.db, orders[0]).await;
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
-        .fetch_one(&env.db)
-        .await
-        .unwrap();
-    let clock = Clock::manual(now + chrono::Duration::seconds(1));
+    let clock = manual_clock(&env.db).await;
     let handler = CancelOrders::new(short_retries()).with_clock(clock.clone());
     let first = handle(
         &handler,

@@ -33,6 +33,10 @@ use crate::{CancelTasksCreated, task::TaskType};
 /// Open orders turned into tasks per transaction by default.
 pub const DEFAULT_CHUNK: u32 = 1_000;
 
+/// Tasks the suspend request creates itself by default: a market with no more open orders
+/// than this is materialised before the answer; a larger one continues in the materialiser.
+pub const DEFAULT_IN_REQUEST: u32 = 100;
+
 /// Task ids per message by default. `paybus bench suspend` measured small groups against one
 /// task per message: a group shares one cancel transaction (one commit for all its tasks) and
 /// one delivery, and ran several times faster end to end (README, W4).
@@ -41,8 +45,11 @@ pub const DEFAULT_TASKS_PER_MESSAGE: usize = 16;
 /// How a batch is cut into transactions and messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
-    /// Tasks created per transaction (default [`DEFAULT_CHUNK`]).
+    /// Tasks created per materialiser transaction (default [`DEFAULT_CHUNK`]).
     pub chunk: u32,
+    /// Tasks created inside the suspend request's own transaction (default
+    /// [`DEFAULT_IN_REQUEST`]): bounded, so the request stays short whatever N is.
+    pub in_request: u32,
     /// Task ids per `market.cancel_tasks.created` message (default
     /// [`DEFAULT_TASKS_PER_MESSAGE`]).
     pub tasks_per_message: usize,
@@ -52,6 +59,7 @@ impl Default for Plan {
     fn default() -> Self {
         Self {
             chunk: DEFAULT_CHUNK,
+            in_request: DEFAULT_IN_REQUEST,
             tasks_per_message: DEFAULT_TASKS_PER_MESSAGE,
         }
     }
@@ -75,14 +83,15 @@ pub struct Chunk {
     pub finished: bool,
 }
 
-/// Creates the next chunk of `batch`'s tasks and their messages in `uow`, which must hold the
-/// batch row.
+/// Creates the next chunk of `batch`'s tasks (at most `limit`) and their messages in `uow`,
+/// which must hold the batch row.
 pub(crate) async fn next_chunk(
     uow: &mut UnitOfWork<'_>,
     batch: &HeldBatch,
+    limit: u32,
     plan: &Plan,
 ) -> Result<Chunk, OutboxError> {
-    let limit = plan.chunk.max(1);
+    let limit = limit.max(1);
     let created = sqlx::query(
         "INSERT INTO tasks (type, batch_id, target_id) \
          SELECT ?, ?, id FROM orders \
@@ -215,7 +224,7 @@ impl Materialiser {
             uow.rollback().await?;
             return Ok(None);
         };
-        let chunk = next_chunk(&mut uow, &batch, &self.config.plan).await?;
+        let chunk = next_chunk(&mut uow, &batch, self.config.plan.chunk, &self.config.plan).await?;
         uow.commit().await?;
         Ok(Some(chunk))
     }

@@ -5,7 +5,7 @@
 //!   UPDATE markets SET status = 'SUSPENDED' WHERE symbol = ? AND status = 'ACTIVE'
 //!   ├─ 0 rows → already SUSPENDED: 200 with the existing batch, nothing created
 //!   └─ 1 row  → INSERT task_batches (market, max_target_id = highest open order id now)
-//!               → first chunk of tasks + messages (bounded: one chunk) → COMMIT → 202
+//!               → first tasks + messages (bounded: `Plan::in_request`) → COMMIT → 202
 //! materialiser (after the commit, a chunk per transaction, resumable) → the rest of the tasks
 //! cancel-orders → one conditional cancel per task → DONE / SKIPPED / FAILED
 //! resume → only when complete: no PENDING task, no open order left
@@ -49,8 +49,8 @@ pub struct Suspension {
 
 /// Suspends `symbol`'s market: one transaction that blocks placement, freezes the set of
 /// orders to cancel on a new batch row, and creates the first chunk of its tasks with their
-/// messages (bounded by `plan.chunk`, so the request's latency does not grow with the number
-/// of open orders). An already SUSPENDED market answers with its batch and creates nothing,
+/// messages (bounded by `plan.in_request`, so the request's latency does not grow with the
+/// number of open orders). An already SUSPENDED market answers with its batch and creates nothing,
 /// also when two suspends race (the second waits on the row lock, then matches nothing).
 #[tracing::instrument(skip_all, fields(symbol, batch_id))]
 pub async fn suspend(
@@ -144,7 +144,7 @@ pub async fn suspend(
         max_target_id,
         materialise_cursor: 0,
     };
-    let chunk = materialise::next_chunk(&mut uow, &batch, plan).await?;
+    let chunk = materialise::next_chunk(&mut uow, &batch, plan.in_request, plan).await?;
     uow.commit().await?;
     tracing::Span::current().record("batch_id", batch_id);
     tracing::info!(

@@ -48,6 +48,32 @@ pub async fn orders_in(pool: &MySqlPool, market_id: u64, status: &str) -> i64 {
         .expect("count orders")
 }
 
+/// A trigger that refuses to cancel `order_id` (as a matching engine holding the order
+/// would): its cancel statement fails with `order is locked by the matching engine` until the
+/// trigger `refuse_cancel` is dropped.
+pub async fn refuse_cancels_of(pool: &MySqlPool, order_id: u64) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TRIGGER refuse_cancel BEFORE UPDATE ON orders FOR EACH ROW \
+         BEGIN \
+           IF NEW.id = {order_id} AND NEW.status = 'CANCELLED' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order is locked by the matching engine'; \
+           END IF; \
+         END"
+    )))
+    .execute(pool)
+    .await
+    .expect("create the trigger that refuses a cancel");
+}
+
+/// A manual clock a second past the database's now (rows inserted just before are due on it).
+pub async fn manual_clock(pool: &MySqlPool) -> paybus_platform::retry::Clock {
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
+        .fetch_one(pool)
+        .await
+        .expect("the database's clock");
+    paybus_platform::retry::Clock::manual(now + chrono::Duration::seconds(1))
+}
+
 /// The invariants W4's rows must keep.
 pub const AUDIT: &[&[Check]] = &[crate::audit::CHECKS];
 

@@ -105,14 +105,7 @@ impl<M: Message> DueSweep<M> {
         outbox: Outbox,
         config: DueSweepConfig,
     ) -> Self {
-        Self {
-            name,
-            table,
-            message: Messages::PerRow(message),
-            outbox,
-            clock: Clock::Database,
-            config,
-        }
+        Self::with_messages(name, table, Messages::PerRow(message), outbox, config)
     }
 
     /// The same sweep for messages that carry a group of rows: due rows sharing the value of
@@ -127,14 +120,25 @@ impl<M: Message> DueSweep<M> {
         outbox: Outbox,
         config: DueSweepConfig,
     ) -> Self {
+        let message = Messages::Grouped {
+            column,
+            max: max.max(1),
+            build,
+        };
+        Self::with_messages(name, table, message, outbox, config)
+    }
+
+    fn with_messages(
+        name: &'static str,
+        table: &'static WorkTable,
+        message: Messages<M>,
+        outbox: Outbox,
+        config: DueSweepConfig,
+    ) -> Self {
         Self {
             name,
             table,
-            message: Messages::Grouped {
-                column,
-                max: max.max(1),
-                build,
-            },
+            message,
             outbox,
             clock: Clock::Database,
             config,
