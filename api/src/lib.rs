@@ -8,6 +8,7 @@
 //! | `partners` | admin partners | `paybus_partners` |
 //! | [`bonuses`] | W3: payment completions from every gateway (`/v1/payments/*`, HMAC-signed) and admin members, charges, charge events and bonus jobs | `paybus_bonuses` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
+//! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
 //! `GET /health` is liveness.
@@ -24,6 +25,7 @@ mod chain;
 pub mod config;
 pub mod confirmations;
 pub mod error;
+mod markets;
 mod partners;
 pub mod server;
 mod signed;
@@ -101,6 +103,7 @@ pub fn router(state: AppState) -> Router {
         .merge(confirmations::admin_routes())
         .merge(bonuses::admin_routes())
         .merge(audit::admin_routes())
+        .merge(markets::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

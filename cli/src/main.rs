@@ -3,6 +3,7 @@
 mod bench;
 mod doctor;
 mod jobs;
+mod suspension;
 
 use std::process::ExitCode;
 
@@ -66,6 +67,9 @@ enum Command {
     /// Benchmark a workflow through the broker against the same transactions driven directly
     /// on the database (build with --release for meaningful figures).
     Bench(bench::BenchArgs),
+    /// A market suspension's progress (W4): the tasks by state, or a live progress bar.
+    #[command(subcommand)]
+    Suspension(suspension::SuspensionCommand),
     /// Send a canary ping through outbox, broker and consumer, and wait for its pong.
     Ping {
         /// Give up after this many seconds.
@@ -147,6 +151,7 @@ async fn main() -> ExitCode {
         }) => issue_token(&roles, &subject, ttl),
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Ping { timeout } => ping(settings, timeout).await,
+        Command::Suspension(command) => suspension::run(&settings, command).await,
     };
     match result {
         Ok(code) => code,

@@ -26,6 +26,7 @@ use sqlx::MySqlPool;
 
 mod confirm_withdrawal;
 mod grant_bonus;
+mod suspend;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workflow {
@@ -33,6 +34,9 @@ pub enum Workflow {
     ConfirmWithdrawal,
     /// W3: payment completions and their bonus grants (grants/s end to end vs direct).
     GrantBonus,
+    /// W4: the suspend request's latency against the number of open orders (and the seed's
+    /// in-request loop), and cancels per second end to end against direct.
+    Suspend,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -50,6 +54,9 @@ pub struct BenchArgs {
     /// posting on its gate row; real deployments have many.
     #[arg(long, default_value_t = 1)]
     pub partners: u16,
+    /// (suspend) Open orders of the markets whose suspend request is timed.
+    #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
+    pub open_orders: Vec<u64>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -59,6 +66,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
         Workflow::GrantBonus => grant_bonus::run(&args).await,
+        Workflow::Suspend => suspend::run(&args).await,
     }
 }
 

@@ -26,6 +26,7 @@ pub static FUNCTIONS: &[FunctionEntry] = &[
     FunctionEntry::of::<paybus_confirm_deposit::ConfirmDeposit>(),
     FunctionEntry::of::<paybus_deliver_webhook::DeliverWebhook>(),
     FunctionEntry::of::<paybus_grant_bonus::GrantBonus>(),
+    FunctionEntry::of::<paybus_cancel_orders::CancelOrders>(),
 ];
 
 /// Every invariant `paybus audit` checks, one domain's checks per line.
@@ -33,6 +34,7 @@ pub static AUDIT: &[&[Check]] = &[
     paybus_ledger::audit::CHECKS,
     paybus_confirmations::audit::CHECKS,
     paybus_bonuses::audit::CHECKS,
+    paybus_markets::audit::CHECKS,
 ];
 
 /// The queues of every function (what the topology declares).

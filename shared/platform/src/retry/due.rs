@@ -13,8 +13,13 @@
 //!
 //! Re-publishing is always safe: a message for a row in flight, not due, or already settled
 //! is `Skipped` by the claim. Several sweeps may run: rows are picked `FOR UPDATE SKIP LOCKED`.
+//!
+//! A message names one row ([`DueSweep::new`]), or a small group of rows that share a column
+//! (W4's `{batch_id, task_ids}`: [`DueSweep::grouped`]).
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
+
+use sqlx::AssertSqlSafe;
 
 use crate::bus::{
     Envelope, Message, Outbox,
@@ -45,11 +50,33 @@ impl Default for DueSweepConfig {
     }
 }
 
-/// Re-publishes due rows of one [`WorkTable`] as `M` messages (built from the row id).
+/// How due rows become messages.
+enum Messages<M> {
+    /// One message per row, built from its id.
+    PerRow(fn(u64) -> M),
+    /// Rows grouped by the value of `column`, at most `max` ids per message, built from the
+    /// value and the ids.
+    Grouped {
+        column: &'static str,
+        max: usize,
+        build: fn(u64, Vec<u64>) -> M,
+    },
+}
+
+// Function pointers are copies whatever `M` is (a derive would ask `M: Copy`).
+impl<M> Clone for Messages<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for Messages<M> {}
+
+/// Re-publishes due rows of one [`WorkTable`] as `M` messages.
 pub struct DueSweep<M> {
     name: &'static str,
     table: &'static WorkTable,
-    message: fn(u64) -> M,
+    message: Messages<M>,
     outbox: Outbox,
     clock: Clock,
     config: DueSweepConfig,
@@ -75,6 +102,36 @@ impl<M: Message> DueSweep<M> {
         name: &'static str,
         table: &'static WorkTable,
         message: fn(u64) -> M,
+        outbox: Outbox,
+        config: DueSweepConfig,
+    ) -> Self {
+        Self::with_messages(name, table, Messages::PerRow(message), outbox, config)
+    }
+
+    /// The same sweep for messages that carry a group of rows: due rows sharing the value of
+    /// `column` (an integer column, e.g. `batch_id`) go out together, at most `max` ids per
+    /// message.
+    pub fn grouped(
+        name: &'static str,
+        table: &'static WorkTable,
+        column: &'static str,
+        max: usize,
+        build: fn(u64, Vec<u64>) -> M,
+        outbox: Outbox,
+        config: DueSweepConfig,
+    ) -> Self {
+        let message = Messages::Grouped {
+            column,
+            max: max.max(1),
+            build,
+        };
+        Self::with_messages(name, table, message, outbox, config)
+    }
+
+    fn with_messages(
+        name: &'static str,
+        table: &'static WorkTable,
+        message: Messages<M>,
         outbox: Outbox,
         config: DueSweepConfig,
     ) -> Self {
@@ -126,11 +183,43 @@ impl<M: Message> DueSweep<M> {
             uow.rollback().await?;
             return Ok(0);
         }
-        for id in &ids {
-            uow.send(&Envelope::new((self.message)(*id))).await?;
+        match self.message {
+            Messages::PerRow(build) => {
+                for id in &ids {
+                    uow.send(&Envelope::new(build(*id))).await?;
+                }
+            }
+            Messages::Grouped { column, max, build } => {
+                for (key, ids) in self.grouped_by(&mut uow, column, &ids).await? {
+                    for group in ids.chunks(max) {
+                        uow.send(&Envelope::new(build(key, group.to_vec()))).await?;
+                    }
+                }
+            }
         }
         uow.commit().await?;
         Ok(ids.len() as u64)
+    }
+
+    /// `ids` (rows this transaction holds) by their value of `column`.
+    async fn grouped_by(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        column: &str,
+        ids: &[u64],
+    ) -> Result<BTreeMap<u64, Vec<u64>>, sqlx::Error> {
+        let list = super::rows::id_list(ids);
+        let rows: Vec<(u64, u64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {column}, id FROM {} WHERE id IN ({list}) ORDER BY id",
+            self.table.table
+        )))
+        .fetch_all(conn)
+        .await?;
+        let mut groups: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (key, id) in rows {
+            groups.entry(key).or_default().push(id);
+        }
+        Ok(groups)
     }
 }
 

@@ -651,7 +651,7 @@ fn claim_of((id, attempts, claimed_at, failed_before): ClaimedRow) -> Claim {
 
 /// Ids are integers the database just gave us: safe to inline, and one statement text per
 /// batch size instead of a bind per id.
-fn id_list(ids: &[u64]) -> String {
+pub(super) fn id_list(ids: &[u64]) -> String {
     let mut list = String::with_capacity(ids.len() * 8);
     for (i, id) in ids.iter().enumerate() {
         if i > 0 {
