@@ -3,6 +3,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use paybus_p2p::MatchingConfig;
 use paybus_platform::{ConfigError, Secret, config::Vars};
 
 use crate::server::Limits;
@@ -28,6 +29,9 @@ pub struct ApiConfig {
     /// Seed 000 §0: W1's queued matching is off unless explicitly switched on; a missing value
     /// must never turn the worker path on by accident.
     pub async_matching_enabled: bool,
+    /// W1's matching settings (`PAYBUS_MATCH_*`, `PAYBUS_QUOTE_*`): the inline path matches with
+    /// the same policy and quote service as match-deposit.
+    pub matching: MatchingConfig,
     /// Header-read (and keep-alive idle) timeout, body-read timeout, connection cap.
     pub limits: Limits,
 }
@@ -39,6 +43,7 @@ impl Default for ApiConfig {
             chain_monitor_secret: None,
             admin_jwt_secret: None,
             async_matching_enabled: false,
+            matching: MatchingConfig::default(),
             limits: Limits::default(),
         }
     }
@@ -61,6 +66,7 @@ impl ApiConfig {
             chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
             admin_jwt_secret: env.secret(VAR_ADMIN_JWT_SECRET, 32)?,
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
+            matching: MatchingConfig::read(env)?,
             limits: Limits {
                 header_timeout: millis(env, VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
                 body_timeout: millis(env, VAR_BODY_TIMEOUT_MS, defaults.body_timeout)?,

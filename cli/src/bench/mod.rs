@@ -25,11 +25,15 @@ use paybus_platform::{bus::Services, testing::TestEnv};
 use sqlx::MySqlPool;
 
 mod confirm_withdrawal;
+mod matching;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workflow {
     /// W2: withdrawal confirmations, every message delivered twice.
     ConfirmWithdrawal,
+    /// W1: P2P deposit orders matched with a 200 ms quote service, against the seed's design
+    /// holding its locks across the call (run with `--concurrency 32`).
+    Match,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -55,6 +59,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
+        Workflow::Match => matching::run(&args).await,
     }
 }
 

@@ -25,12 +25,14 @@ pub static FUNCTIONS: &[FunctionEntry] = &[
     FunctionEntry::of::<paybus_confirm_withdrawal::ConfirmWithdrawal>(),
     FunctionEntry::of::<paybus_confirm_deposit::ConfirmDeposit>(),
     FunctionEntry::of::<paybus_deliver_webhook::DeliverWebhook>(),
+    FunctionEntry::of::<paybus_match_deposit::MatchDeposit>(),
 ];
 
 /// Every invariant `paybus audit` checks, one domain's checks per line.
 pub static AUDIT: &[&[Check]] = &[
     paybus_ledger::audit::CHECKS,
     paybus_confirmations::audit::CHECKS,
+    paybus_p2p::audit::CHECKS,
 ];
 
 /// The queues of every function (what the topology declares).
