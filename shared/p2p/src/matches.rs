@@ -186,6 +186,8 @@ pub(crate) async fn release(
         return Ok(0);
     }
     let released: Vec<u64> = rows.iter().map(|(id, _, _)| *id).collect();
+    let sellers: Vec<u64> = rows.iter().map(|(_, seller, _)| *seller).collect();
+    withdraw_order::lock_in_order(conn, &sellers).await?;
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE p2p_matches SET status = 'RELEASED', released_at = NOW(6), release_reason = ? \
          WHERE id IN ({}) AND status = 'RESERVED'",

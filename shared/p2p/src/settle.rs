@@ -97,6 +97,8 @@ pub(crate) async fn confirm_fill(
     let id = fill.deposit_order_id;
     let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
     let first = ids.first().copied().unwrap_or_default();
+    let sellers: Vec<u64> = fill.matches.iter().map(|m| m.withdraw_order_id).collect();
+    withdraw_order::lock_in_order(conn, &sellers).await?;
     let confirmed = sqlx::query(AssertSqlSafe(format!(
         "UPDATE p2p_matches \
          SET status = 'CONFIRMED', confirmed_at = NOW(6), rate = ?, external_trade_id = ?, \

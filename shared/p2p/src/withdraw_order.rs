@@ -110,6 +110,25 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdraw
     .transpose()
 }
 
+/// Locks withdraw orders in id order, in the caller's transaction, before their matches are
+/// updated. Changing a match's status rewrites its entry in the index behind its foreign key,
+/// and InnoDB then re-checks the parent with a shared lock: two transactions holding that
+/// shared lock on one seller and both wanting to write it deadlock (seen with 32 concurrent
+/// settlements on the same oldest sellers). Taking the exclusive lock first, always in id
+/// order, leaves nothing to upgrade and no circle to wait in.
+pub(crate) async fn lock_in_order(conn: &mut MySqlConnection, ids: &[u64]) -> Result<(), MatchError> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        sqlx::query("SELECT id FROM p2p_withdraw_orders WHERE id = ? FOR UPDATE")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Gives `amount` of a reservation back (RESERVED → RELEASED), in the caller's transaction.
 pub(crate) async fn unreserve(
     conn: &mut MySqlConnection,
