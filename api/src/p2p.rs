@@ -40,7 +40,10 @@ pub(crate) fn admin_routes() -> Router<AppState> {
         .route("/v1/admin/p2p/deposit-orders", post(create_deposit_order))
         .route("/v1/admin/p2p/deposit-orders/{id}", get(show_deposit_order))
         .route("/v1/admin/p2p/withdraw-orders", post(create_withdraw_order))
-        .route("/v1/admin/p2p/withdraw-orders/{id}", get(show_withdraw_order))
+        .route(
+            "/v1/admin/p2p/withdraw-orders/{id}",
+            get(show_withdraw_order),
+        )
 }
 
 impl From<MatchError> for ApiError {

@@ -100,7 +100,11 @@ async fn a_hundred_buyers_at_once_against_twenty_sellers_never_use_liquidity_twi
     .fetch_all(&env.db)
     .await
     .unwrap();
-    let matched = scalar(&env.db, "SELECT COUNT(*) FROM p2p_deposit_orders WHERE status = 'MATCHED'").await;
+    let matched = scalar(
+        &env.db,
+        "SELECT COUNT(*) FROM p2p_deposit_orders WHERE status = 'MATCHED'",
+    )
+    .await;
     for (status, reason, _) in &by_outcome {
         assert!(
             matches!(
@@ -113,7 +117,11 @@ async fn a_hundred_buyers_at_once_against_twenty_sellers_never_use_liquidity_twi
     assert!(matched > 0 && matched < BUYERS as i64, "{by_outcome:?}");
     // No reservation outlives its attempt.
     assert_eq!(
-        scalar(&env.db, "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'").await,
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'"
+        )
+        .await,
         0
     );
     // No seller gave more than it offered; what the sellers gave is what the matched buyers got.
@@ -265,11 +273,18 @@ async fn no_transaction_holds_a_row_lock_while_a_slow_quote_call_is_in_flight() 
         }
     }
 
-    assert!(!probes.is_empty(), "no round had all 32 buyers inside their quote call at once");
+    assert!(
+        !probes.is_empty(),
+        "no round had all 32 buyers inside their quote call at once"
+    );
     for found in &probes {
         // 40 sellers, 32 orders, 2 partners, 32 matches.
         assert!(found.rows >= 40 + 32 + 2 + 32, "{found:?}");
-        assert!(found.refused.is_empty(), "locked during the quote call: {:#?}", found.refused);
+        assert!(
+            found.refused.is_empty(),
+            "locked during the quote call: {:#?}",
+            found.refused
+        );
     }
     assert_audit_clean(&env.db).await;
 }
@@ -291,7 +306,10 @@ async fn control_the_seeds_design_holds_its_locks_across_the_quote_call() {
             .await
             .unwrap()
     });
-    let in_flight = eventually(Duration::from_secs(10), || async { stub.quote_calls() == 1 }).await;
+    let in_flight = eventually(Duration::from_secs(10), || async {
+        stub.quote_calls() == 1
+    })
+    .await;
     assert!(in_flight);
     let found = probe(&url, &[("p2p_withdraw_orders", "id"), ("partners", "id")]).await;
     seed.await.unwrap();
@@ -299,7 +317,10 @@ async fn control_the_seeds_design_holds_its_locks_across_the_quote_call() {
     // Its candidates (the oldest sellers) and the buyer's partner row are held by the one
     // buyer whose quote call is in flight.
     assert_eq!(found.refused.len(), 2, "{found:#?}");
-    assert!(found.refused[0].starts_with("p2p_withdraw_orders"), "{found:#?}");
+    assert!(
+        found.refused[0].starts_with("p2p_withdraw_orders"),
+        "{found:#?}"
+    );
     assert!(found.refused[1].starts_with("partners"), "{found:#?}");
     assert_audit_clean(&env.db).await;
 }

@@ -129,8 +129,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let elapsed = drive(baseline_items, args.concurrency, {
         let (seed, partners) = (seed.clone(), partners.clone());
         move |i| {
-            let (outbox, quote, seed, new) =
-                (outbox.clone(), quote.clone(), seed.clone(), order(&partners, i));
+            let (outbox, quote, seed, new) = (
+                outbox.clone(),
+                quote.clone(),
+                seed.clone(),
+                order(&partners, i),
+            );
             async move {
                 let started = Instant::now();
                 // Like the seed's service, a transaction that lost a deadlock is tried again.

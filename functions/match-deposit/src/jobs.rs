@@ -60,7 +60,11 @@ impl DueOrders {
             }
         }
         if worked > 0 {
-            tracing::info!(job = "due-deposit-orders", worked, "due deposit orders matched");
+            tracing::info!(
+                job = "due-deposit-orders",
+                worked,
+                "due deposit orders matched"
+            );
         }
         Ok(worked)
     }

@@ -22,8 +22,8 @@ pub mod jobs;
 use std::sync::Arc;
 
 use paybus_p2p::{
-    Accounted, DeadLetters, DepositOrder, DepositOrderCreated, DepositOrderStatus, Matcher,
-    MatchError, MatchingConfig, deposit_order,
+    Accounted, DeadLetters, DepositOrder, DepositOrderCreated, DepositOrderStatus, MatchError,
+    Matcher, MatchingConfig, deposit_order,
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
@@ -52,22 +52,22 @@ impl MatchDeposit {
 }
 
 /// What the message's claim found.
-enum Claimed {
-    Claimed(Claim),
-    NotClaimed(DepositOrder),
+enum MessageClaim {
+    Held(Claim),
+    NotDue(DepositOrder),
     Missing,
 }
 
 /// Short transaction 1: PENDING → MATCHING if due, committed before the attempt.
-async fn claim(pool: &MySqlPool, matcher: &Matcher, id: u64) -> Result<Claimed, MatchError> {
+async fn claim(pool: &MySqlPool, matcher: &Matcher, id: u64) -> Result<MessageClaim, MatchError> {
     let mut tx = db::begin_read_committed(pool).await?;
     if let Some(claim) = deposit_order::claim(&mut tx, id, matcher.clock()).await? {
         tx.commit().await?;
-        return Ok(Claimed::Claimed(claim));
+        return Ok(MessageClaim::Held(claim));
     }
     let state = deposit_order::lock(&mut tx, id).await?;
     tx.rollback().await?;
-    Ok(state.map_or(Claimed::Missing, Claimed::NotClaimed))
+    Ok(state.map_or(MessageClaim::Missing, MessageClaim::NotDue))
 }
 
 impl Handler for MatchDeposit {
@@ -81,10 +81,12 @@ impl Handler for MatchDeposit {
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.deposit_order_id;
         let claim = match claim(ctx.outbox.pool(), &self.matcher, id).await? {
-            Claimed::Claimed(claim) => claim,
-            Claimed::NotClaimed(order) => return Ok(not_claimed(&order, ctx.attempt)),
-            Claimed::Missing => {
-                return Ok(Outcome::Failed(format!("deposit order {id} does not exist")));
+            MessageClaim::Held(claim) => claim,
+            MessageClaim::NotDue(order) => return Ok(not_claimed(&order, ctx.attempt)),
+            MessageClaim::Missing => {
+                return Ok(Outcome::Failed(format!(
+                    "deposit order {id} does not exist"
+                )));
             }
         };
         let accounted = self

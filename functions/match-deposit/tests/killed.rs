@@ -51,12 +51,19 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let in_flight = eventually(Duration::from_secs(60), || async { stub.trade_calls() == 1 }).await;
+    let in_flight = eventually(Duration::from_secs(60), || async {
+        stub.trade_calls() == 1
+    })
+    .await;
     assert!(in_flight, "the function never reached createTrade");
     // Between reserve and settle: claimed, the liquidity reserved, no transaction open.
     assert_eq!(order_state(&env.db, id).await.0, "MATCHING");
     assert_eq!(
-        scalar(&env.db, "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'").await,
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'"
+        )
+        .await,
         1
     );
 
@@ -70,7 +77,10 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
         .unwrap();
     let later = Clock::manual(now + chrono::Duration::minutes(6));
     let matcher = matcher.with_clock(later);
-    assert_eq!(ZombieReaper::new(matcher.clone()).run_once().await.unwrap(), 1);
+    assert_eq!(
+        ZombieReaper::new(matcher.clone()).run_once().await.unwrap(),
+        1
+    );
     assert_eq!(
         order_state(&env.db, id).await,
         ("PENDING".to_owned(), None, 0)
@@ -95,12 +105,11 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
     assert_eq!(trades.len(), 1, "{trades:?}");
     let trade = &trades[&format!("p2p-deposit-{id}-fill-1")];
     assert_eq!((trade.amount, trade.requests), (dec("40"), 2));
-    let settled: String = sqlx::query_scalar(
-        "SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'",
-    )
-    .fetch_one(&env.db)
-    .await
-    .unwrap();
+    let settled: String =
+        sqlx::query_scalar("SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
     assert_eq!(settled, trade.trade_id);
     assert_eq!(
         scalar(

@@ -136,9 +136,15 @@ async fn an_order_the_sellers_can_fill_is_matched_with_its_legs_and_its_notifica
     );
     // Oldest first: the older seller gives all it has, the newer the rest.
     let (remaining, reserved, status) = seller_amounts(world.pool(), older).await;
-    assert_eq!((trim(&remaining), trim(&reserved), status.as_str()), ("0", "0", "FILLED"));
+    assert_eq!(
+        (trim(&remaining), trim(&reserved), status.as_str()),
+        ("0", "0", "FILLED")
+    );
     let (remaining, reserved, status) = seller_amounts(world.pool(), newer).await;
-    assert_eq!((trim(&remaining), trim(&reserved), status.as_str()), ("80", "0", "OPEN"));
+    assert_eq!(
+        (trim(&remaining), trim(&reserved), status.as_str()),
+        ("80", "0", "OPEN")
+    );
     // One trade for the fill, recorded on both matches.
     let trades = world.stub.trades();
     assert_eq!(trades.len(), 1);
@@ -203,7 +209,9 @@ async fn fill_or_cancel_cancels_at_once_without_a_quote_call_and_without_countin
     assert_eq!((trim(&remaining), trim(&reserved)), ("30", "0"));
     assert_eq!(
         world
-            .count("SELECT COUNT(*) FROM partner_notifications WHERE event = 'P2P_DEPOSIT_CANCELLED'")
+            .count(
+                "SELECT COUNT(*) FROM partner_notifications WHERE event = 'P2P_DEPOSIT_CANCELLED'"
+            )
             .await,
         1
     );
@@ -255,7 +263,10 @@ async fn the_legacy_path_that_returns_still_matching_counts_every_attempt_and_gi
             .fetch_one(world.pool())
             .await
             .unwrap();
-    assert_eq!((function.as_str(), reason.as_str()), ("match-deposit", "failed"));
+    assert_eq!(
+        (function.as_str(), reason.as_str()),
+        ("match-deposit", "failed")
+    );
     assert!(error.contains("gave up after 3 attempts"), "{error}");
     // The partial fill stays settled; nothing more is held or claimed.
     world.clock.advance(Duration::from_secs(60));
@@ -290,8 +301,14 @@ async fn a_message_that_makes_the_last_attempt_fails_and_becomes_the_dead_letter
     assert_eq!(world.count("SELECT COUNT(*) FROM dead_letters").await, 0);
     // A redelivery (the dead letter's publish may have been lost) fails again; a late first
     // delivery of a duplicate is only skipped.
-    assert!(matches!(world.deliver(&handler, id, 2).await, Outcome::Failed(_)));
-    assert!(matches!(world.deliver(&handler, id, 1).await, Outcome::Skipped(_)));
+    assert!(matches!(
+        world.deliver(&handler, id, 2).await,
+        Outcome::Failed(_)
+    ));
+    assert!(matches!(
+        world.deliver(&handler, id, 1).await,
+        Outcome::Skipped(_)
+    ));
 }
 
 #[tokio::test]
@@ -408,7 +425,7 @@ async fn an_unconfigured_quote_service_is_a_counted_failure_with_its_reason() {
 
 #[tokio::test]
 async fn the_reaper_takes_back_only_claims_older_than_the_timeout_and_releases_their_reservations()
- {
+{
     let world = World::new().await;
     let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
     let seller = world.seller("100").await;

@@ -26,9 +26,7 @@ use uuid::Uuid;
 
 use crate::{
     FUNCTION, MatchError,
-    deposit_order::{
-        self, CloseReason, Closer, DEPOSIT_ORDERS, DepositOrderStatus, FinalFailure,
-    },
+    deposit_order::{self, CloseReason, Closer, DEPOSIT_ORDERS, DepositOrderStatus, FinalFailure},
     matches::{self, Held, ReleaseReason},
     messages::DepositOrderCreated,
 };
@@ -133,7 +131,12 @@ pub async fn account(
         "attempt {failures}/{max}: {}",
         describe(attempt, order.remaining_amount, order.amount)
     );
-    matches::release(&mut uow, Held::OfOrders(&[claim.id]), ReleaseReason::AttemptEnded).await?;
+    matches::release(
+        &mut uow,
+        Held::OfOrders(&[claim.id]),
+        ReleaseReason::AttemptEnded,
+    )
+    .await?;
     let accounted = match retry.after_failure(failures) {
         RetryDecision::RetryAfter(after) => {
             match DEPOSIT_ORDERS
@@ -166,8 +169,10 @@ pub async fn account(
                     status: Some(order.status),
                 }
             } else {
-                let reason =
-                    format!("deposit order {}: gave up after {failures} attempts; last: {error}", claim.id);
+                let reason = format!(
+                    "deposit order {}: gave up after {failures} attempts; last: {error}",
+                    claim.id
+                );
                 if dead_letters == DeadLetters::Record {
                     let message = Envelope::with_correlation(
                         correlation_id,

@@ -164,6 +164,13 @@ impl fmt::Display for Violation {
     }
 }
 
+/// An amount the database summed, as paybus writes amounts ("100", not
+/// "100.000000000000000000"); kept as the database wrote it if it does not fit an amount.
+fn exact(text: String) -> String {
+    text.parse::<paybus_money::Amount>()
+        .map_or(text, |amount| amount.to_string())
+}
+
 /// Withdraw orders against their matches.
 pub async fn seller_liquidity(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
     let rows: Vec<(u64, String, String, String, String, String)> = sqlx::query_as(
@@ -188,11 +195,11 @@ pub async fn seller_liquidity(conn: &mut MySqlConnection) -> Result<Vec<Violatio
             |(withdraw_order_id, amount, remaining_amount, reserved_amount, confirmed, held)| {
                 Violation::SellerLiquidity {
                     withdraw_order_id,
-                    amount,
-                    remaining_amount,
-                    reserved_amount,
-                    confirmed,
-                    reserved_by_matches: held,
+                    amount: exact(amount),
+                    remaining_amount: exact(remaining_amount),
+                    reserved_amount: exact(reserved_amount),
+                    confirmed: exact(confirmed),
+                    reserved_by_matches: exact(held),
                 }
             },
         )
@@ -254,9 +261,9 @@ pub async fn deposit_fills(conn: &mut MySqlConnection) -> Result<Vec<Violation>,
                 Violation::DepositFill {
                     deposit_order_id,
                     status,
-                    amount,
-                    remaining_amount,
-                    confirmed,
+                    amount: exact(amount),
+                    remaining_amount: exact(remaining_amount),
+                    confirmed: exact(confirmed),
                 }
             },
         )

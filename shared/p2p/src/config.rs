@@ -313,9 +313,8 @@ mod tests {
 
     #[test]
     fn a_quote_url_with_credentials_is_never_echoed() {
-        let error =
-            MatchingConfig::from_vars(vars(&[(VAR_QUOTE_URL, "mailto://user:s3cret@x")]))
-                .unwrap_err();
+        let error = MatchingConfig::from_vars(vars(&[(VAR_QUOTE_URL, "mailto://user:s3cret@x")]))
+            .unwrap_err();
         assert!(!error.to_string().contains("s3cret"), "{error}");
     }
 }

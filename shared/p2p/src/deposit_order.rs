@@ -68,7 +68,9 @@ impl DepositOrderStatus {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            DepositOrderStatus::Matched | DepositOrderStatus::Cancelled | DepositOrderStatus::Expired
+            DepositOrderStatus::Matched
+                | DepositOrderStatus::Cancelled
+                | DepositOrderStatus::Expired
         )
     }
 }
@@ -480,10 +482,26 @@ mod tests {
     #[test]
     fn each_reason_closes_into_its_terminal_status() {
         for (reason, status, event) in [
-            (CloseReason::Filled, DepositOrderStatus::Matched, "P2P_DEPOSIT_MATCHED"),
-            (CloseReason::NoLiquidity, DepositOrderStatus::Cancelled, "P2P_DEPOSIT_CANCELLED"),
-            (CloseReason::MatchFailed, DepositOrderStatus::Cancelled, "P2P_DEPOSIT_CANCELLED"),
-            (CloseReason::Expired, DepositOrderStatus::Expired, "P2P_DEPOSIT_EXPIRED"),
+            (
+                CloseReason::Filled,
+                DepositOrderStatus::Matched,
+                "P2P_DEPOSIT_MATCHED",
+            ),
+            (
+                CloseReason::NoLiquidity,
+                DepositOrderStatus::Cancelled,
+                "P2P_DEPOSIT_CANCELLED",
+            ),
+            (
+                CloseReason::MatchFailed,
+                DepositOrderStatus::Cancelled,
+                "P2P_DEPOSIT_CANCELLED",
+            ),
+            (
+                CloseReason::Expired,
+                DepositOrderStatus::Expired,
+                "P2P_DEPOSIT_EXPIRED",
+            ),
         ] {
             assert_eq!(reason.status(), status);
             assert!(status.is_terminal());

@@ -21,7 +21,11 @@ use crate::{
 /// Claims up to `limit` due PENDING orders, oldest due first: PENDING → MATCHING with
 /// `claimed_at`, committed before any of them is worked on (seed 000 §3). Picks up orders whose
 /// message was lost, whose retry is due, and the ones the reaper handed back.
-pub async fn claim_due(outbox: &Outbox, limit: u32, clock: &Clock) -> Result<Vec<Claim>, MatchError> {
+pub async fn claim_due(
+    outbox: &Outbox,
+    limit: u32,
+    clock: &Clock,
+) -> Result<Vec<Claim>, MatchError> {
     let mut tx = db::begin_read_committed(outbox.pool()).await?;
     let claims = DEPOSIT_ORDERS
         .claim_due(&mut tx, limit, Duration::ZERO, clock)

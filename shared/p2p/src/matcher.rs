@@ -131,15 +131,14 @@ impl Matcher {
     ) -> Result<Created, CreateError> {
         let correlation_id = Uuid::now_v7();
         let mut uow = self.outbox.begin().await?;
-        let id = match deposit_order::insert(&mut uow, new, self.config.order_ttl, &self.clock)
-            .await?
-        {
-            Inserted::Existing(id) => {
-                uow.rollback().await?;
-                return Ok(Created::Existing(id));
-            }
-            Inserted::New(id) => id,
-        };
+        let id =
+            match deposit_order::insert(&mut uow, new, self.config.order_ttl, &self.clock).await? {
+                Inserted::Existing(id) => {
+                    uow.rollback().await?;
+                    return Ok(Created::Existing(id));
+                }
+                Inserted::New(id) => id,
+            };
         tracing::Span::current().record("deposit_order_id", id);
         match handoff {
             Handoff::Queued => {
@@ -162,7 +161,9 @@ impl Matcher {
                         MatchError::inconsistent(format!("new deposit order {id} not claimable"))
                     })?;
                 uow.commit().await?;
-                let accounted = self.run(&claim, correlation_id, DeadLetters::Record).await?;
+                let accounted = self
+                    .run(&claim, correlation_id, DeadLetters::Record)
+                    .await?;
                 Ok(Created::Attempted { id, accounted })
             }
         }
@@ -228,10 +229,11 @@ impl Matcher {
                     });
                 }
                 Reservation::Contended if tries >= CONTENDED_TRIES => {
-                    let remaining = deposit_order::find(&mut *self.outbox.pool().acquire().await?, claim.id)
-                        .await?
-                        .map(|order| order.remaining_amount)
-                        .unwrap_or_default();
+                    let remaining =
+                        deposit_order::find(&mut *self.outbox.pool().acquire().await?, claim.id)
+                            .await?
+                            .map(|order| order.remaining_amount)
+                            .unwrap_or_default();
                     return Ok(AttemptEnd::NotFilled {
                         remaining,
                         why: "the candidates were held by other matchers".to_owned(),

@@ -194,10 +194,7 @@ impl QuoteClient {
         if let Some(api_key) = &self.api_key {
             request = request.bearer_auth(api_key.expose());
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| self.transport(call, e))?;
+        let response = request.send().await.map_err(|e| self.transport(call, e))?;
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();

@@ -229,7 +229,10 @@ mod tests {
     #[test]
     fn too_little_liquidity_takes_everything_there_is() {
         let candidates = [candidate(1, "0.5"), candidate(2, "0.25")];
-        let plan: Amount = allocate(&candidates, d("1")).into_iter().map(|(_, a)| a).sum();
+        let plan: Amount = allocate(&candidates, d("1"))
+            .into_iter()
+            .map(|(_, a)| a)
+            .sum();
         assert_eq!(plan, d("0.75"));
         assert!(allocate(&[], d("1")).is_empty());
     }

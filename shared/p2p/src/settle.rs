@@ -169,7 +169,10 @@ async fn post_legs(conn: &mut MySqlConnection, fill: &Fill, fee: Amount) -> Resu
             fill.buyer_partner_id,
             EntryType::Credit,
             m.amount,
-            format!("p2p deposit order {} filled by match {}", fill.deposit_order_id, m.match_id),
+            format!(
+                "p2p deposit order {} filled by match {}",
+                fill.deposit_order_id, m.match_id
+            ),
         ));
         if i == 0 && fee.is_positive() {
             buyer.push(leg(

@@ -20,8 +20,8 @@ use paybus_platform::{
     retry::{Clock, RetryPolicy},
     testing::assert_audit_clean as assert_clean,
 };
-use uuid::Uuid;
 use sqlx::MySqlPool;
+use uuid::Uuid;
 use wiremock::{
     Mock, MockServer, Request, Respond, ResponseTemplate,
     matchers::{method, path},
@@ -163,7 +163,11 @@ impl Respond for Quotes {
         let amount = request
             .body_json::<serde_json::Value>()
             .ok()
-            .and_then(|body| body["amount"].as_str().and_then(|a| a.parse::<Amount>().ok()))
+            .and_then(|body| {
+                body["amount"]
+                    .as_str()
+                    .and_then(|a| a.parse::<Amount>().ok())
+            })
             .unwrap_or(Amount::ZERO);
         let n = book.quotes;
         ResponseTemplate::new(200)
@@ -198,7 +202,11 @@ impl Respond for Trades {
         let amount = request
             .body_json::<serde_json::Value>()
             .ok()
-            .and_then(|body| body["amount"].as_str().and_then(|a| a.parse::<Amount>().ok()))
+            .and_then(|body| {
+                body["amount"]
+                    .as_str()
+                    .and_then(|a| a.parse::<Amount>().ok())
+            })
             .unwrap_or(Amount::ZERO);
         let next = book.trades.len() + 1;
         let trade = book.trades.entry(key).or_insert_with(|| StubTrade {
@@ -317,9 +325,11 @@ pub async fn create_and_match_holding_locks(
     // ① the order.
     let id = match deposit_order::insert(&mut tx, new, DEFAULT_ORDER_TTL, &clock).await {
         Ok(Inserted::New(id)) => id,
-        Ok(Inserted::Existing(id)) => return Err(MatchError::inconsistent(format!(
-            "deposit order {id} already exists for this reference"
-        ))),
+        Ok(Inserted::Existing(id)) => {
+            return Err(MatchError::inconsistent(format!(
+                "deposit order {id} already exists for this reference"
+            )));
+        }
         Err(CreateError::Match(error)) => return Err(error),
         Err(other) => return Err(MatchError::inconsistent(other.to_string())),
     };
@@ -379,7 +389,16 @@ pub async fn create_and_match_holding_locks(
     } else {
         CloseReason::NoLiquidity
     };
-    deposit_order::close(&mut tx, id, Closer::Locked, reason, None, &clock, Uuid::now_v7()).await?;
+    deposit_order::close(
+        &mut tx,
+        id,
+        Closer::Locked,
+        reason,
+        None,
+        &clock,
+        Uuid::now_v7(),
+    )
+    .await?;
     // ⑥ commit: only now are the locks released.
     tx.commit().await?;
     Ok((id, reason))

@@ -54,7 +54,10 @@ pub struct NewWithdrawOrder {
 
 /// Inserts an OPEN withdraw order (all of it remaining, none reserved), in the caller's
 /// transaction.
-pub async fn create(conn: &mut MySqlConnection, new: &NewWithdrawOrder) -> Result<u64, CreateError> {
+pub async fn create(
+    conn: &mut MySqlConnection,
+    new: &NewWithdrawOrder,
+) -> Result<u64, CreateError> {
     Ok(sqlx::query(
         "INSERT INTO p2p_withdraw_orders (partner_id, currency, amount, remaining_amount) \
          VALUES (?, ?, ?, ?)",
@@ -84,7 +87,10 @@ struct Row {
 }
 
 /// The withdraw order, or `None`.
-pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<WithdrawOrder>, MatchError> {
+pub async fn find(
+    conn: &mut MySqlConnection,
+    id: u64,
+) -> Result<Option<WithdrawOrder>, MatchError> {
     let row: Option<Row> = sqlx::query_as(
         "SELECT id, partner_id, currency, amount, remaining_amount, reserved_amount, status, \
                 filled_at, created_at, updated_at \
@@ -116,7 +122,10 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdraw
 /// shared lock on one seller and both wanting to write it deadlock (seen with 32 concurrent
 /// settlements on the same oldest sellers). Taking the exclusive lock first, always in id
 /// order, leaves nothing to upgrade and no circle to wait in.
-pub(crate) async fn lock_in_order(conn: &mut MySqlConnection, ids: &[u64]) -> Result<(), MatchError> {
+pub(crate) async fn lock_in_order(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+) -> Result<(), MatchError> {
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
