@@ -1,7 +1,7 @@
 //! The API's own settings, read once at start-up (the platform's `Settings` carry only what
 //! every process shares: database, broker, logs).
 
-use std::{net::SocketAddr, time::Duration};
+use std::net::SocketAddr;
 
 use paybus_p2p::MatchingConfig;
 use paybus_platform::{ConfigError, Secret, config::Vars};
@@ -68,8 +68,8 @@ impl ApiConfig {
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
             matching: MatchingConfig::read(env)?,
             limits: Limits {
-                header_timeout: millis(env, VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
-                body_timeout: millis(env, VAR_BODY_TIMEOUT_MS, defaults.body_timeout)?,
+                header_timeout: env.millis(VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
+                body_timeout: env.millis(VAR_BODY_TIMEOUT_MS, defaults.body_timeout)?,
                 max_connections: env.parse(
                     VAR_MAX_CONNECTIONS,
                     defaults.max_connections,
@@ -79,16 +79,6 @@ impl ApiConfig {
             },
         })
     }
-}
-
-fn millis(env: &Vars, variable: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-    env.parse(
-        variable,
-        u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
-        "a positive integer (milliseconds)",
-        |ms: &u64| *ms > 0,
-    )
-    .map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -161,7 +151,7 @@ mod tests {
 mod limit_tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::collections::HashMap;
+    use std::{collections::HashMap, time::Duration};
 
     use super::*;
 

@@ -103,21 +103,7 @@ pub async fn account(
             status: Some(order.status),
         });
     }
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT COALESCE(?, NOW(6))")
-        .bind(clock.sql_now())
-        .fetch_one(&mut *uow)
-        .await?;
-    if order.is_expired(now) {
-        deposit_order::close(
-            &mut uow,
-            claim.id,
-            Closer::Claim(claim),
-            CloseReason::Expired,
-            None,
-            clock,
-            correlation_id,
-        )
-        .await?;
+    if deposit_order::close_if_expired(&mut uow, &order, claim, clock, correlation_id).await? {
         uow.commit().await?;
         return Ok(Accounted::Terminal {
             status: DepositOrderStatus::Expired,

@@ -47,6 +47,10 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
     Duration::from_secs(60),
 ]);
 
+/// What an attempt spends besides its two quote calls, at most (its short transactions), for
+/// the check that the zombie timeout cannot reap a live attempt.
+const ATTEMPT_MARGIN: Duration = Duration::from_secs(10);
+
 /// Candidates one attempt considers: the oldest OPEN withdraw orders, at most this many
 /// (seed 000 §0 ②, not a setting).
 pub const CANDIDATES: u32 = 10;
@@ -195,38 +199,34 @@ impl MatchingConfig {
                     })?,
             ),
         };
-        let timeout = millis(vars, VAR_QUOTE_TIMEOUT_MS, DEFAULT_QUOTE_TIMEOUT)?;
+        let timeout = vars.millis(VAR_QUOTE_TIMEOUT_MS, DEFAULT_QUOTE_TIMEOUT)?;
+        let zombie_timeout = vars.millis(VAR_ZOMBIE_TIMEOUT_MS, DEFAULT_ZOMBIE_TIMEOUT)?;
+        // A live attempt must never look dead: it makes two quote calls, plus its transactions.
+        if zombie_timeout <= timeout.saturating_mul(2).saturating_add(ATTEMPT_MARGIN) {
+            return Err(vars.error(
+                VAR_ZOMBIE_TIMEOUT_MS,
+                &zombie_timeout.as_millis().to_string(),
+                "longer than two quote calls (2 x PAYBUS_QUOTE_TIMEOUT_MS) plus 10 s",
+            ));
+        }
         Ok(Self {
             fill_policy,
             retry,
             batch_size,
-            poll_interval: millis(vars, VAR_POLL_INTERVAL_MS, DEFAULT_POLL_INTERVAL)?,
-            zombie_timeout: millis(vars, VAR_ZOMBIE_TIMEOUT_MS, DEFAULT_ZOMBIE_TIMEOUT)?,
-            order_ttl: millis(vars, VAR_ORDER_TTL_MS, DEFAULT_ORDER_TTL)?,
-            expiry_interval: millis(vars, VAR_EXPIRY_INTERVAL_MS, DEFAULT_EXPIRY_INTERVAL)?,
+            poll_interval: vars.millis(VAR_POLL_INTERVAL_MS, DEFAULT_POLL_INTERVAL)?,
+            zombie_timeout,
+            order_ttl: vars.millis(VAR_ORDER_TTL_MS, DEFAULT_ORDER_TTL)?,
+            expiry_interval: vars.millis(VAR_EXPIRY_INTERVAL_MS, DEFAULT_EXPIRY_INTERVAL)?,
             quote: QuoteConfig {
                 url,
                 api_key: vars.secret(VAR_QUOTE_API_KEY, 16)?,
                 timeout,
-                connect_timeout: millis(
-                    vars,
-                    VAR_QUOTE_CONNECT_TIMEOUT_MS,
-                    DEFAULT_QUOTE_CONNECT_TIMEOUT,
-                )?
-                .min(timeout),
+                connect_timeout: vars
+                    .millis(VAR_QUOTE_CONNECT_TIMEOUT_MS, DEFAULT_QUOTE_CONNECT_TIMEOUT)?
+                    .min(timeout),
             },
         })
     }
-}
-
-fn millis(vars: &Vars, variable: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-    vars.parse(
-        variable,
-        u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
-        "a positive integer (milliseconds)",
-        |ms: &u64| *ms > 0,
-    )
-    .map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -309,6 +309,24 @@ mod tests {
             let error = MatchingConfig::from_vars(vars(&[(variable, value)])).unwrap_err();
             assert_eq!(error.variable, variable, "{value}");
         }
+    }
+
+    #[test]
+    fn the_zombie_timeout_must_outlast_a_live_attempt() {
+        let error = MatchingConfig::from_vars(vars(&[
+            (VAR_QUOTE_TIMEOUT_MS, "30000"),
+            (VAR_ZOMBIE_TIMEOUT_MS, "60000"),
+        ]))
+        .unwrap_err();
+        assert_eq!(error.variable, VAR_ZOMBIE_TIMEOUT_MS);
+        assert!(error.to_string().contains("two quote calls"), "{error}");
+        assert!(
+            MatchingConfig::from_vars(vars(&[
+                (VAR_QUOTE_TIMEOUT_MS, "20000"),
+                (VAR_ZOMBIE_TIMEOUT_MS, "60000"),
+            ]))
+            .is_ok()
+        );
     }
 
     #[test]

@@ -242,11 +242,34 @@ impl DepositOrder {
     pub fn is_held_by(&self, claim: &Claim) -> bool {
         self.status == DepositOrderStatus::Matching && self.claimed_at == claim.claimed_at
     }
+}
 
-    /// The order with the kit's clock: past its `expires_at`?
-    pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
-        self.expires_at <= now
+/// Closes `order` EXPIRED if the kit's clock says it is past its `expires_at`, in `uow`, which
+/// holds it under `claim`; true when it did.
+pub(crate) async fn close_if_expired(
+    uow: &mut UnitOfWork<'_>,
+    order: &DepositOrder,
+    claim: &Claim,
+    clock: &Clock,
+    correlation_id: Uuid,
+) -> Result<bool, MatchError> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT COALESCE(?, NOW(6))")
+        .bind(clock.sql_now())
+        .fetch_one(&mut **uow)
+        .await?;
+    if order.expires_at > now {
+        return Ok(false);
     }
+    close(
+        uow,
+        order.id,
+        Closer::Claim(claim),
+        CloseReason::Expired,
+        None,
+        clock,
+        correlation_id,
+    )
+    .await
 }
 
 /// A buyer's order to create.

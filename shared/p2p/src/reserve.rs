@@ -72,27 +72,9 @@ pub(crate) async fn reserve(
             return Ok(Reservation::ClaimLost);
         }
     };
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT COALESCE(?, NOW(6))")
-        .bind(clock.sql_now())
-        .fetch_one(&mut *uow)
-        .await?;
-    if order.is_expired(now) {
-        let closed = deposit_order::close(
-            &mut uow,
-            claim.id,
-            Closer::Claim(claim),
-            CloseReason::Expired,
-            None,
-            clock,
-            correlation_id,
-        )
-        .await?;
+    if deposit_order::close_if_expired(&mut uow, &order, claim, clock, correlation_id).await? {
         uow.commit().await?;
-        return Ok(if closed {
-            Reservation::Closed(CloseReason::Expired)
-        } else {
-            Reservation::ClaimLost
-        });
+        return Ok(Reservation::Closed(CloseReason::Expired));
     }
 
     let need = order.remaining_amount;

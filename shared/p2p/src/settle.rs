@@ -85,8 +85,13 @@ pub(crate) async fn settle(
 }
 
 /// The fill's writes once traded, in the caller's transaction (which holds the deposit order):
-/// its RESERVED matches CONFIRMED with the trade, the sellers' reservations used (in id
-/// order), the order's remaining and fee, the ledger legs. Returns what remains of the order.
+/// the ledger legs, its RESERVED matches CONFIRMED with the trade, the sellers' reservations
+/// used (in id order), the order's remaining and fee. Returns what remains of the order.
+///
+/// The legs go first: their gate rows serialise every settlement of one partner, and a
+/// settlement queued at a gate while holding its sellers would make concurrent reserves skip
+/// those sellers (SKIP LOCKED) for as long as the queue lasts. Sellers are held only for the
+/// short tail.
 pub(crate) async fn confirm_fill(
     conn: &mut MySqlConnection,
     fill: &Fill,
@@ -95,6 +100,16 @@ pub(crate) async fn confirm_fill(
     trade: &Trade,
 ) -> Result<Amount, MatchError> {
     let id = fill.deposit_order_id;
+    let remaining = order_remaining
+        .checked_sub(fill.total)
+        .filter(|left| !left.is_negative())
+        .ok_or_else(|| {
+            MatchError::inconsistent(format!(
+                "deposit order {id}: fill of {} over a remaining {order_remaining}",
+                fill.total
+            ))
+        })?;
+    post_legs(conn, fill, quote.fee).await?;
     let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
     let first = ids.first().copied().unwrap_or_default();
     let sellers: Vec<u64> = fill.matches.iter().map(|m| m.withdraw_order_id).collect();
@@ -126,15 +141,6 @@ pub(crate) async fn confirm_fill(
     for m in sellers {
         withdraw_order::use_reserved(conn, m.withdraw_order_id, m.amount).await?;
     }
-    let remaining = order_remaining
-        .checked_sub(fill.total)
-        .filter(|left| !left.is_negative())
-        .ok_or_else(|| {
-            MatchError::inconsistent(format!(
-                "deposit order {id}: fill of {} over a remaining {order_remaining}",
-                fill.total
-            ))
-        })?;
     sqlx::query(
         "UPDATE p2p_deposit_orders \
          SET remaining_amount = ?, fee_amount = fee_amount + ? WHERE id = ?",
@@ -144,7 +150,6 @@ pub(crate) async fn confirm_fill(
     .bind(id)
     .execute(&mut *conn)
     .await?;
-    post_legs(conn, fill, quote.fee).await?;
     Ok(remaining)
 }
 

@@ -10,7 +10,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use paybus_money::{Amount, dec};
@@ -32,7 +32,7 @@ use crate::{
     config::{CANDIDATES, DEFAULT_ORDER_TTL},
     deposit_order::{self, CloseReason, Closer, Inserted, NewDepositOrder},
     matches::{self, Reserved},
-    quote::{IDEMPOTENCY_KEY, QuoteClient, TradeRequest},
+    quote::{Call, IDEMPOTENCY_KEY, QuoteClient, TradeRequest},
     reserve::Fill,
     settle,
 };
@@ -47,12 +47,17 @@ pub async fn partner(pool: &MySqlPool, name: &str) -> u64 {
 
 /// An OPEN withdraw order of `amount` USDT.
 pub async fn seller(pool: &MySqlPool, partner_id: u64, amount: &str) -> u64 {
+    seller_in(pool, partner_id, CURRENCY, amount).await
+}
+
+/// An OPEN withdraw order of `amount` in `currency`.
+pub async fn seller_in(pool: &MySqlPool, partner_id: u64, currency: &str, amount: &str) -> u64 {
     sqlx::query(
         "INSERT INTO p2p_withdraw_orders (partner_id, currency, amount, remaining_amount) \
          VALUES (?, ?, ?, ?)",
     )
     .bind(partner_id)
-    .bind(CURRENCY)
+    .bind(currency)
     .bind(dec(amount))
     .bind(dec(amount))
     .execute(pool)
@@ -72,10 +77,15 @@ pub async fn sellers(pool: &MySqlPool, partner_id: u64, n: usize, amount: &str) 
 
 /// A buyer's order of `amount` USDT (no partner reference).
 pub fn buyer(partner_id: u64, amount: &str) -> NewDepositOrder {
+    buyer_in(partner_id, CURRENCY, amount)
+}
+
+/// A buyer's order of `amount` in `currency` (no partner reference).
+pub fn buyer_in(partner_id: u64, currency: &str, amount: &str) -> NewDepositOrder {
     NewDepositOrder {
         partner_id,
         partner_order_ref: None,
-        currency: CURRENCY.to_owned(),
+        currency: currency.to_owned(),
         amount: dec(amount),
     }
 }
@@ -123,8 +133,27 @@ pub struct StubTrade {
     pub requests: u32,
 }
 
+/// One call the stub received: which, for which order (`reference`), and when it arrived and
+/// was (or will be) answered — the window in which the caller is inside the call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StubCall {
+    pub call: Call,
+    pub reference: String,
+    pub currency: String,
+    pub arrived: Instant,
+    pub answered: Instant,
+}
+
+impl StubCall {
+    /// The deposit order the call is for (`p2p-deposit-{id}`).
+    pub fn deposit_order_id(&self) -> Option<u64> {
+        self.reference.strip_prefix("p2p-deposit-")?.parse().ok()
+    }
+}
+
 #[derive(Default)]
 struct Book {
+    calls: Vec<StubCall>,
     quotes: u64,
     trade_requests: u64,
     trades: BTreeMap<String, StubTrade>,
@@ -149,10 +178,38 @@ impl Shared {
 struct Quotes(Shared);
 struct Trades(Shared);
 
+/// Records the call's arrival and when it will be answered.
+fn log_call(book: &mut Book, call: Call, request: &Request, delay: Duration) {
+    let body = request.body_json::<serde_json::Value>().unwrap_or_default();
+    let text = |field: &str| body[field].as_str().unwrap_or_default().to_owned();
+    let arrived = Instant::now();
+    book.calls.push(StubCall {
+        call,
+        reference: text("reference"),
+        currency: text("currency"),
+        arrived,
+        answered: arrived + delay,
+    });
+}
+
+/// The `amount` of a request body (zero when it has none).
+fn amount_of(request: &Request) -> Amount {
+    request
+        .body_json::<serde_json::Value>()
+        .ok()
+        .and_then(|body| {
+            body["amount"]
+                .as_str()
+                .and_then(|a| a.parse::<Amount>().ok())
+        })
+        .unwrap_or(Amount::ZERO)
+}
+
 impl Respond for Quotes {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let delay = Duration::from_millis(self.0.quote_delay_ms.load(Ordering::SeqCst));
         let mut book = self.0.book();
+        log_call(&mut book, Call::GetQuote, request, delay);
         book.quotes += 1;
         if book.failing_quotes > 0 {
             book.failing_quotes -= 1;
@@ -160,15 +217,7 @@ impl Respond for Quotes {
                 .set_body_string("quote engine unavailable")
                 .set_delay(delay);
         }
-        let amount = request
-            .body_json::<serde_json::Value>()
-            .ok()
-            .and_then(|body| {
-                body["amount"]
-                    .as_str()
-                    .and_then(|a| a.parse::<Amount>().ok())
-            })
-            .unwrap_or(Amount::ZERO);
+        let amount = amount_of(request);
         let n = book.quotes;
         ResponseTemplate::new(200)
             .set_body_json(serde_json::json!({
@@ -184,6 +233,7 @@ impl Respond for Trades {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let delay = Duration::from_millis(self.0.trade_delay_ms.load(Ordering::SeqCst));
         let mut book = self.0.book();
+        log_call(&mut book, Call::CreateTrade, request, delay);
         book.trade_requests += 1;
         if book.refused_trades > 0 {
             book.refused_trades -= 1;
@@ -199,15 +249,7 @@ impl Respond for Trades {
         else {
             return ResponseTemplate::new(400).set_body_string("Idempotency-Key is required");
         };
-        let amount = request
-            .body_json::<serde_json::Value>()
-            .ok()
-            .and_then(|body| {
-                body["amount"]
-                    .as_str()
-                    .and_then(|a| a.parse::<Amount>().ok())
-            })
-            .unwrap_or(Amount::ZERO);
+        let amount = amount_of(request);
         let next = book.trades.len() + 1;
         let trade = book.trades.entry(key).or_insert_with(|| StubTrade {
             trade_id: format!("t-{next}"),
@@ -302,6 +344,11 @@ impl QuoteStub {
         self.shared.book().trade_requests
     }
 
+    /// Every call received, in arrival order.
+    pub fn calls(&self) -> Vec<StubCall> {
+        self.shared.book().calls.clone()
+    }
+
     /// Every trade made, by idempotency key.
     pub fn trades(&self) -> BTreeMap<String, StubTrade> {
         self.shared.book().trades.clone()
@@ -315,7 +362,24 @@ impl QuoteStub {
 /// baseline: ONE transaction from the order's insert to its commit, `FOR UPDATE` (waiting, not
 /// skipping) on the oldest candidates and on the partner's lock row, and the quote service
 /// called with all of them held. Fill-or-cancel, the same rows and legs as the real path.
+///
+/// Under concurrency its REPEATABLE READ locking reads also deadlock on each other's gap
+/// locks; a transaction that lost one is tried again, so what is measured is its lock holding.
 pub async fn create_and_match_holding_locks(
+    outbox: &Outbox,
+    quote: &QuoteClient,
+    new: &NewDepositOrder,
+) -> Result<(u64, CloseReason), MatchError> {
+    loop {
+        match seed_create_and_match(outbox, quote, new).await {
+            Err(MatchError::Database(error))
+                if paybus_platform::db::error_number(&error) == Some(1213) => {}
+            other => return other,
+        }
+    }
+}
+
+async fn seed_create_and_match(
     outbox: &Outbox,
     quote: &QuoteClient,
     new: &NewDepositOrder,
