@@ -228,18 +228,13 @@ impl Matcher {
                         why: "no liquidity available".to_owned(),
                     });
                 }
-                Reservation::Contended if tries >= CONTENDED_TRIES => {
-                    let remaining =
-                        deposit_order::find(&mut *self.outbox.pool().acquire().await?, claim.id)
-                            .await?
-                            .map(|order| order.remaining_amount)
-                            .unwrap_or_default();
+                Reservation::Contended { remaining } if tries >= CONTENDED_TRIES => {
                     return Ok(AttemptEnd::NotFilled {
                         remaining,
                         why: "the candidates were held by other matchers".to_owned(),
                     });
                 }
-                Reservation::Contended => {
+                Reservation::Contended { .. } => {
                     tokio::time::sleep(pause).await;
                     pause *= 2;
                 }

@@ -29,7 +29,7 @@ pub(crate) enum Reservation {
     NothingAvailable { remaining: Amount },
     /// Fill-or-cancel came up short only because other matchers hold candidates this very
     /// moment (they were skipped, not counted): try again shortly, do not cancel.
-    Contended,
+    Contended { remaining: Amount },
     /// The order is no longer held by this claim (reaped, or expired meanwhile).
     ClaimLost,
 }
@@ -92,9 +92,11 @@ pub(crate) async fn reserve(
     let planned: Amount = plan.iter().map(|(_, amount)| *amount).sum();
 
     if planned < need && policy == FillPolicy::FillOrCancel {
-        // Skipped rows are not missing liquidity: look at the same candidates without locking.
+        // Skipped rows are not missing liquidity: look at the same candidates without locking
+        // (capped at the largest amount: ten huge offers must not overflow the sum's decoding).
         let visible: Amount = sqlx::query_scalar(
-            "SELECT COALESCE(SUM(available), 0) FROM ( \
+            "SELECT LEAST(COALESCE(SUM(available), 0), 999999999999999999.999999999999999999) \
+             FROM ( \
                  SELECT remaining_amount - reserved_amount AS available FROM p2p_withdraw_orders \
                  WHERE status = 'OPEN' AND currency = ? AND remaining_amount > reserved_amount \
                  ORDER BY created_at, id LIMIT ?) oldest",
@@ -105,7 +107,7 @@ pub(crate) async fn reserve(
         .await?;
         if visible >= need {
             uow.rollback().await?;
-            return Ok(Reservation::Contended);
+            return Ok(Reservation::Contended { remaining: need });
         }
         let closed = deposit_order::close(
             &mut uow,
