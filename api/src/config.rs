@@ -1,9 +1,10 @@
 //! The API's own settings, read once at start-up (the platform's `Settings` carry only what
 //! every process shares: database, broker, logs).
 
-use std::{net::SocketAddr, time::Duration};
+use std::net::SocketAddr;
 
 use paybus_bonuses::BonusRules;
+use paybus_p2p::MatchingConfig;
 use paybus_platform::{ConfigError, Secret, config::Vars};
 
 use crate::server::Limits;
@@ -35,6 +36,9 @@ pub struct ApiConfig {
     /// Seed 000 §0: W1's queued matching is off unless explicitly switched on; a missing value
     /// must never turn the worker path on by accident.
     pub async_matching_enabled: bool,
+    /// W1's matching settings (`PAYBUS_MATCH_*`, `PAYBUS_QUOTE_*`): the inline path matches with
+    /// the same policy and quote service as match-deposit.
+    pub matching: MatchingConfig,
     /// Header-read (and keep-alive idle) timeout, body-read timeout, connection cap.
     pub limits: Limits,
 }
@@ -48,6 +52,7 @@ impl Default for ApiConfig {
             payments_secret: None,
             bonus_rules: BonusRules::default(),
             async_matching_enabled: false,
+            matching: MatchingConfig::default(),
             limits: Limits::default(),
         }
     }
@@ -72,9 +77,10 @@ impl ApiConfig {
             payments_secret: env.secret(VAR_PAYMENTS_SECRET, 16)?,
             bonus_rules: BonusRules::read(env)?,
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,
+            matching: MatchingConfig::read(env)?,
             limits: Limits {
-                header_timeout: millis(env, VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
-                body_timeout: millis(env, VAR_BODY_TIMEOUT_MS, defaults.body_timeout)?,
+                header_timeout: env.millis(VAR_HEADER_TIMEOUT_MS, defaults.header_timeout)?,
+                body_timeout: env.millis(VAR_BODY_TIMEOUT_MS, defaults.body_timeout)?,
                 max_connections: env.parse(
                     VAR_MAX_CONNECTIONS,
                     defaults.max_connections,
@@ -84,16 +90,6 @@ impl ApiConfig {
             },
         })
     }
-}
-
-fn millis(env: &Vars, variable: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-    env.parse(
-        variable,
-        u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
-        "a positive integer (milliseconds)",
-        |ms: &u64| *ms > 0,
-    )
-    .map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -166,7 +162,7 @@ mod tests {
 mod limit_tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::collections::HashMap;
+    use std::{collections::HashMap, time::Duration};
 
     use super::*;
 

@@ -7,6 +7,7 @@
 //! | [`confirmations`] | W2: chain-monitor intake (`/v1/chain-monitor/*`, HMAC-signed, into the outbox, 202) and admin withdrawals / deposits | `paybus_confirmations` |
 //! | `partners` | admin partners | `paybus_partners` |
 //! | [`bonuses`] | W3: payment completions from every gateway (`/v1/payments/*`, HMAC-signed) and admin members, charges, charge events and bonus jobs | `paybus_bonuses` |
+//! | `p2p` | W1: create and read P2P deposit orders (matched inline or queued, by the switch) and withdraw orders | `paybus_p2p` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //!
@@ -26,6 +27,7 @@ pub mod config;
 pub mod confirmations;
 pub mod error;
 mod markets;
+mod p2p;
 mod partners;
 pub mod server;
 mod signed;
@@ -41,6 +43,7 @@ use axum::{
     routing::get,
 };
 use paybus_bonuses::BonusRules;
+use paybus_p2p::Matcher;
 use paybus_platform::{
     Secret,
     audit::Check,
@@ -78,11 +81,24 @@ pub struct AppState {
     pub signature_tolerance: Duration,
     /// The invariants `GET /v1/admin/audit` checks (every workflow's: the catalog's list).
     pub audit: Arc<[Check]>,
+    /// `PAYBUS_ASYNC_MATCHING_ENABLED`: false (the safe default) matches a new deposit order
+    /// inside the request; true queues it for match-deposit.
+    pub async_matching_enabled: bool,
+    /// W1's matcher (inline matching, and creating queued orders).
+    pub matcher: Matcher,
 }
 
 impl AppState {
-    pub fn new(services: &Services, config: &ApiConfig, audit: Vec<Check>) -> Self {
-        Self {
+    /// Builds the state once at start-up; fails only when the quote service's HTTP client
+    /// cannot be built.
+    pub fn new(
+        services: &Services,
+        config: &ApiConfig,
+        audit: Vec<Check>,
+    ) -> Result<Self, ApiError> {
+        let matcher = Matcher::new(services.outbox.clone(), config.matching.clone())
+            .map_err(|e| ApiError::Internal(Box::new(e)))?;
+        Ok(Self {
             pool: services.pool.clone(),
             outbox: services.outbox.clone(),
             chain_monitor_secret: config.chain_monitor_secret.clone(),
@@ -91,7 +107,9 @@ impl AppState {
             bonus_rules: config.bonus_rules,
             signature_tolerance: signature::DEFAULT_TOLERANCE,
             audit: audit.into(),
-        }
+            async_matching_enabled: config.async_matching_enabled,
+            matcher,
+        })
     }
 }
 
@@ -102,6 +120,7 @@ pub fn router(state: AppState) -> Router {
         .merge(partners::admin_routes())
         .merge(confirmations::admin_routes())
         .merge(bonuses::admin_routes())
+        .merge(p2p::admin_routes())
         .merge(audit::admin_routes())
         .merge(markets::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.

@@ -202,7 +202,8 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     // would be unroutable and wait for the relay.
     services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
-    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks());
+    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
+        .context("while building the HTTP API")?;
     let api = tokio::spawn(paybus_api::serve(api_config, state, shutdown.clone()));
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;

@@ -9,7 +9,7 @@ use paybus_canary::{Canary, Ping, send_ping};
 use paybus_platform::{
     Settings,
     bus::{
-        Envelope, Handler, Message, Runner, Services, metrics,
+        Envelope, Handler, Message, Runner, Services, dead_letter, metrics,
         outbox::{Relay, RelayConfig},
         topology,
     },
@@ -369,6 +369,54 @@ async fn a_failed_outcome_makes_exactly_one_dead_letter_with_all_headers() {
         .await
         .unwrap();
     assert_eq!(message_id, envelope.id.to_string());
+}
+
+#[tokio::test]
+async fn work_that_failed_outside_a_delivery_is_recorded_once_in_the_callers_transaction() {
+    let env = TestEnv::new().await;
+    let envelope = Envelope::new(Ping { ping_id: 77 });
+    let message = envelope.to_outgoing().unwrap();
+
+    // Rolled back with the caller's transaction: nothing recorded.
+    let mut tx = env.db.begin().await.unwrap();
+    assert!(
+        dead_letter::record_unsent(&mut tx, "canary", &message, "gave up", 5)
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+    assert!(dead_letter_rows(&env).await.is_empty());
+
+    // Committed with it: one row, like a handler's `Failed`; the same decision again is not a
+    // second row.
+    let mut tx = env.db.begin().await.unwrap();
+    for expected in [true, false] {
+        let recorded = dead_letter::record_unsent(&mut tx, "canary", &message, "gave up", 5)
+            .await
+            .unwrap();
+        assert_eq!(recorded, expected);
+    }
+    tx.commit().await.unwrap();
+
+    let rows = dead_letter_rows(&env).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (function, reason, error, headers) = &rows[0];
+    assert_eq!(
+        (function.as_str(), reason.as_str(), error.as_str()),
+        ("canary", "failed", "gave up")
+    );
+    let headers: serde_json::Value = serde_json::from_str(headers).unwrap();
+    assert_eq!(headers["x-paybus-routing-key"], "canary.ping");
+    assert_eq!(headers["x-paybus-attempts"], 5);
+    let (message_id, body): (String, Vec<u8>) =
+        sqlx::query_as("SELECT message_id, body FROM dead_letters")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(message_id, envelope.id.to_string());
+    // The body is the message a replay would publish.
+    let replayed: Envelope<Ping> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(replayed.data.ping_id, 77);
 }
 
 fn settings_on(env: &TestEnv, broker: &PrivateBroker) -> Settings {

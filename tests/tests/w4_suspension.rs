@@ -48,7 +48,8 @@ impl Api {
             admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
             ..ApiConfig::default()
         };
-        let state = AppState::new(services, &config, paybus_catalog::audit_checks());
+        let state = AppState::new(services, &config, paybus_catalog::audit_checks())
+            .expect("the API state builds");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();

@@ -26,6 +26,7 @@ use sqlx::MySqlPool;
 
 mod confirm_withdrawal;
 mod grant_bonus;
+mod matching;
 mod suspend;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -37,6 +38,9 @@ pub enum Workflow {
     /// W4: the suspend request's latency against the number of open orders (and the seed's
     /// in-request loop), and cancels per second end to end against direct.
     Suspend,
+    /// W1: P2P deposit orders matched with a 200 ms quote service, against the seed's design
+    /// holding its locks across the call (run with `--concurrency 32`).
+    Match,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -67,6 +71,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
         Workflow::GrantBonus => grant_bonus::run(&args).await,
         Workflow::Suspend => suspend::run(&args).await,
+        Workflow::Match => matching::run(&args).await,
     }
 }
 

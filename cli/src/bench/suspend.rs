@@ -51,7 +51,7 @@ async fn latency(args: &BenchArgs) -> anyhow::Result<()> {
         admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
         ..ApiConfig::default()
     };
-    let state = AppState::new(&services, &config, paybus_catalog::audit_checks());
+    let state = AppState::new(&services, &config, paybus_catalog::audit_checks())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let shutdown = CancellationToken::new();

@@ -27,6 +27,7 @@ pub static FUNCTIONS: &[FunctionEntry] = &[
     FunctionEntry::of::<paybus_deliver_webhook::DeliverWebhook>(),
     FunctionEntry::of::<paybus_grant_bonus::GrantBonus>(),
     FunctionEntry::of::<paybus_cancel_orders::CancelOrders>(),
+    FunctionEntry::of::<paybus_match_deposit::MatchDeposit>(),
 ];
 
 /// Every invariant `paybus audit` checks, one domain's checks per line.
@@ -35,6 +36,7 @@ pub static AUDIT: &[&[Check]] = &[
     paybus_confirmations::audit::CHECKS,
     paybus_bonuses::audit::CHECKS,
     paybus_markets::audit::CHECKS,
+    paybus_p2p::audit::CHECKS,
 ];
 
 /// The queues of every function (what the topology declares).

@@ -209,6 +209,21 @@ impl Vars {
         }
     }
 
+    /// A positive duration in milliseconds (`*_MS` settings); `default` when unset.
+    pub fn millis(
+        &self,
+        variable: &'static str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        self.parse(
+            variable,
+            u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
+            "a positive integer (milliseconds)",
+            |ms: &u64| *ms > 0,
+        )
+        .map(Duration::from_millis)
+    }
+
     pub fn url(
         &self,
         variable: &'static str,
@@ -291,6 +306,23 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.variable, "PAYBUS_SOME_SWITCH");
         assert!(err.to_string().contains("`true` or `false`"), "{err}");
+    }
+
+    #[test]
+    fn milliseconds_are_positive_and_default_when_unset() {
+        let read = |pairs: &[(&str, &str)]| {
+            Vars::new(vars(pairs)).millis("PAYBUS_SOME_MS", Duration::from_secs(3))
+        };
+        assert_eq!(read(&[]), Ok(Duration::from_secs(3)));
+        assert_eq!(
+            read(&[("PAYBUS_SOME_MS", "250")]),
+            Ok(Duration::from_millis(250))
+        );
+        for bad in ["0", "1s", "-5"] {
+            let error = read(&[("PAYBUS_SOME_MS", bad)]).unwrap_err();
+            assert_eq!(error.variable, "PAYBUS_SOME_MS");
+            assert!(error.to_string().contains("milliseconds"), "{error}");
+        }
     }
 
     #[test]

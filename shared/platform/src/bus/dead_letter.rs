@@ -289,6 +289,62 @@ async fn insert_row(
     Ok(inserted == 1)
 }
 
+/// Records the dead letter of work that failed for good outside a delivery — a row a
+/// sweeper job claimed in a batch, or an attempt made inline in an API request — in the
+/// caller's transaction, so the row's terminal state and its dead letter commit together
+/// (principle 9) even while the broker is down. `message` is the message that would have
+/// carried the work (what a replay publishes); the row looks like a handler's `Failed`: same
+/// id scheme, reason `failed`, the `x-paybus-*` headers as readable JSON. True when this call
+/// recorded it (its id was new).
+pub async fn record_unsent(
+    conn: &mut MySqlConnection,
+    function: &str,
+    message: &OutgoingMessage,
+    error: &str,
+    attempts: u32,
+) -> Result<bool, sqlx::Error> {
+    let reason = DeadLetterReason::Failed.as_str();
+    let dead_letter_id = bounded_id(format!("{function}:{}:{reason}", message.id));
+    let error: String = error.chars().take(MAX_ERROR_LEN).collect();
+    let mut headers = FieldTable::default();
+    text_header(&mut headers, H_FUNCTION, function);
+    text_header(&mut headers, H_REASON, reason);
+    text_header(&mut headers, H_ERROR, &error);
+    integer_header(&mut headers, H_ATTEMPTS, i64::from(attempts));
+    text_header(
+        &mut headers,
+        H_FAILED_AT,
+        &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    );
+    text_header(&mut headers, H_ROUTING_KEY, &message.routing_key);
+    text_header(&mut headers, H_DEAD_LETTER_ID, &dead_letter_id);
+    let inserted = sqlx::query(
+        "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
+         correlation_id, routing_key, reason, error, attempts, body, headers) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&dead_letter_id)
+    .bind(function)
+    .bind(message.id.to_string())
+    .bind(message.correlation_id.to_string())
+    .bind(&message.routing_key)
+    .bind(reason)
+    .bind(&error)
+    .bind(attempts)
+    .bind(&message.body)
+    .bind(headers::to_json(&headers).to_string())
+    .execute(conn)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        tracing::warn!(
+            function, message_id = %message.id, reason, error = %error,
+            "dead letter recorded (work outside a delivery)"
+        );
+    }
+    Ok(inserted == 1)
+}
+
 /// `function_name` of a message no function binds.
 pub const UNROUTED_FUNCTION: &str = "unrouted";
 /// `reason` of a message no function binds.

@@ -1,0 +1,180 @@
+//! The match-deposit function (SPEC W1, seed 000): `p2p.deposit_order.created
+//! {deposit_order_id}` → claim the PENDING order (a conditional UPDATE to MATCHING stamping
+//! `claimed_at`), one matching attempt (reserve in a short transaction, trade with the quote
+//! service with no lock held, settle or release in another), then outcome accounting in a
+//! transaction of its own (`paybus_p2p::accounting`).
+//!
+//! | the message finds | outcome |
+//! | --- | --- |
+//! | a due PENDING order, the attempt fills it, or fill-or-cancel closes it, or it expired | `Done` (MATCHED / CANCELLED NO_LIQUIDITY / EXPIRED, committed with the partner's notification) |
+//! | the same, but the attempt did not fill it (still MATCHING, or an error) below max attempts | `Retry`: PENDING, `match_attempt_count` + 1, due after the backoff; the due-orders job claims it then |
+//! | the same at max attempts | `Failed`: CANCELLED MATCH_FAILED, and the message becomes its dead letter |
+//! | an order already claimed, in its backoff, or closed (a duplicate or a late message) | `Skipped` with where it stands |
+//! | no such order | `Failed` (dead letter) |
+//! | the database is down | error: requeued (the order stays claimed; the reaper hands it back) |
+//!
+//! Its sweeper jobs ([`jobs`]) are the seed's worker loop and maintenance: the due-orders
+//! batch claim (every poll interval: retries that came due, orders whose message was lost,
+//! orders the reaper handed back), the zombie reaper and expiry.
+
+pub mod jobs;
+
+use std::sync::Arc;
+
+use paybus_p2p::{
+    Accounted, DeadLetters, DepositOrder, DepositOrderCreated, DepositOrderStatus, MatchError,
+    Matcher, MatchingConfig, deposit_order,
+};
+use paybus_platform::{
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
+    db,
+    function::{BuildError, Function},
+    retry::Claim,
+};
+use sqlx::MySqlPool;
+
+pub use jobs::{DueOrders, Expiry, ZombieReaper};
+
+/// The handler. Build it once at start-up (the matcher owns the quote service client).
+#[derive(Clone, Debug)]
+pub struct MatchDeposit {
+    matcher: Matcher,
+}
+
+impl MatchDeposit {
+    pub fn new(matcher: Matcher) -> Self {
+        Self { matcher }
+    }
+
+    pub fn matcher(&self) -> &Matcher {
+        &self.matcher
+    }
+}
+
+/// What the message's claim found.
+enum MessageClaim {
+    Held(Claim),
+    NotDue(DepositOrder),
+    Missing,
+}
+
+/// Short transaction 1: PENDING → MATCHING if due, committed before the attempt.
+async fn claim(pool: &MySqlPool, matcher: &Matcher, id: u64) -> Result<MessageClaim, MatchError> {
+    let mut tx = db::begin_read_committed(pool).await?;
+    if let Some(claim) = deposit_order::claim(&mut tx, id, matcher.clock()).await? {
+        tx.commit().await?;
+        return Ok(MessageClaim::Held(claim));
+    }
+    let state = deposit_order::lock(&mut tx, id).await?;
+    tx.rollback().await?;
+    Ok(state.map_or(MessageClaim::Missing, MessageClaim::NotDue))
+}
+
+impl Handler for MatchDeposit {
+    type Message = DepositOrderCreated;
+    const FUNCTION: &'static str = paybus_p2p::FUNCTION;
+
+    async fn handle(
+        &self,
+        message: Envelope<DepositOrderCreated>,
+        ctx: &Context<'_>,
+    ) -> Result<Outcome, HandlerError> {
+        let id = message.data.deposit_order_id;
+        let claim = match claim(ctx.outbox.pool(), &self.matcher, id).await? {
+            MessageClaim::Held(claim) => claim,
+            MessageClaim::NotDue(order) => return Ok(not_claimed(&order, ctx.attempt)),
+            MessageClaim::Missing => {
+                return Ok(Outcome::Failed(format!(
+                    "deposit order {id} does not exist"
+                )));
+            }
+        };
+        let accounted = self
+            .matcher
+            .run(&claim, message.correlation_id, DeadLetters::ByTheRuntime)
+            .await?;
+        Ok(outcome(id, accounted))
+    }
+}
+
+/// The handler's answer for an attempt's accounting.
+fn outcome(id: u64, accounted: Accounted) -> Outcome {
+    match accounted {
+        Accounted::Terminal { .. } => Outcome::Done,
+        Accounted::Retry { after, error, .. } => Outcome::Retry {
+            after,
+            error: format!("deposit order {id}, {error}"),
+        },
+        Accounted::GaveUp { error, .. } => Outcome::Failed(error),
+        Accounted::ClaimLost { status } => Outcome::Skipped(format!(
+            "deposit order {id} was taken over during the attempt (now {})",
+            status.map_or_else(|| "gone".to_owned(), |s| s.to_string())
+        )),
+    }
+}
+
+/// Why a message found nothing to match.
+fn not_claimed(order: &DepositOrder, delivery_attempt: u32) -> Outcome {
+    let id = order.id;
+    match order.status {
+        // A redelivery of the message that gave the order up: its dead letter may not have
+        // been confirmed (a crash after the commit), so it is failed again; the dead letter's
+        // id comes from the message id, so one that did get through is still recorded once.
+        DepositOrderStatus::Cancelled
+            if delivery_attempt > 1
+                && order.close_reason == Some(paybus_p2p::CloseReason::MatchFailed) =>
+        {
+            Outcome::Failed(format!(
+                "deposit order {id} is CANCELLED MATCH_FAILED after {} attempts; last error: {}",
+                order.match_attempt_count,
+                order.last_error.as_deref().unwrap_or("none recorded")
+            ))
+        }
+        DepositOrderStatus::Pending => Outcome::Skipped(format!(
+            "deposit order {id} is waiting for its next attempt (at {}, after {} failed)",
+            order.next_attempt_at.map_or_else(
+                || "once due".to_owned(),
+                |at| at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            ),
+            order.match_attempt_count
+        )),
+        DepositOrderStatus::Matching => Outcome::Skipped(format!(
+            "deposit order {id} is being matched by another attempt (claimed at {})",
+            order.claimed_at.map_or_else(
+                || "an unknown time".to_owned(),
+                |at| at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            )
+        )),
+        status => Outcome::Skipped(format!("deposit order {id} is already {status}")),
+    }
+}
+
+impl Function for MatchDeposit {
+    fn build(services: &Services) -> Result<Self, BuildError> {
+        Ok(MatchDeposit::new(matcher(services)?))
+    }
+
+    /// The due-orders batch claim, the zombie reaper and expiry.
+    fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
+        let matcher = matcher(services)?;
+        Ok(vec![
+            Arc::new(DueOrders::new(matcher.clone())),
+            Arc::new(ZombieReaper::new(matcher.clone())),
+            Arc::new(Expiry::new(matcher)),
+        ])
+    }
+}
+
+/// The matcher every part of the function uses, from `PAYBUS_MATCH_*` / `PAYBUS_QUOTE_*`.
+fn matcher(services: &Services) -> Result<Matcher, BuildError> {
+    let config = MatchingConfig::from_env()?;
+    if config.quote.url.is_none() {
+        tracing::warn!(
+            "PAYBUS_QUOTE_URL is not set: every matching attempt fails (counted) until it is"
+        );
+    }
+    Matcher::new(services.outbox.clone(), config).map_err(|source| BuildError::Client {
+        what: "the quote service HTTP client",
+        source: source.into(),
+    })
+}

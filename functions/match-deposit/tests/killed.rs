@@ -1,0 +1,123 @@
+//! The real `match-deposit` binary killed (SIGKILL) between its reservation and its settle,
+//! while its createTrade call is in flight: the reaper hands the order back and releases the
+//! liquidity, the due-orders job retries it, and the quote service made one trade for it.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{process::Stdio, time::Duration};
+
+use paybus_match_deposit::{DueOrders, MatchDeposit, ZombieReaper};
+use paybus_money::dec;
+use paybus_p2p::{
+    FillPolicy, Handoff, Matcher,
+    testing::{self, QuoteStub, assert_audit_clean, order_state},
+};
+use paybus_platform::{
+    bus::Handler,
+    retry::Clock,
+    testing::{TestEnv, eventually, scalar},
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trades_once() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[MatchDeposit::queue()]).await;
+    let stub = QuoteStub::start().await;
+    // The trade is made when the request arrives, but the answer never comes in time.
+    stub.set_trade_delay(Duration::from_secs(60));
+    let buyer = testing::partner(&env.db, "buyer").await;
+    let seller_partner = testing::partner(&env.db, "seller").await;
+    let seller = testing::seller(&env.db, seller_partner, "100").await;
+    let matcher = Matcher::new(
+        services.outbox.clone(),
+        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+    )
+    .unwrap();
+    let id = matcher
+        .create(&testing::buyer(buyer, "40"), Handoff::Queued)
+        .await
+        .unwrap()
+        .id();
+
+    let mut function = tokio::process::Command::new(env!("CARGO_BIN_EXE_match-deposit"))
+        .envs(env.env_vars())
+        .env("PAYBUS_QUOTE_URL", stub.url())
+        .env("PAYBUS_QUOTE_TIMEOUT_MS", "120000")
+        .stdout(Stdio::null())
+        .stderr(if std::env::var_os("TEST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let in_flight = eventually(Duration::from_secs(60), || async {
+        stub.trade_calls() == 1
+    })
+    .await;
+    assert!(in_flight, "the function never reached createTrade");
+    // Between reserve and settle: claimed, the liquidity reserved, no transaction open.
+    assert_eq!(order_state(&env.db, id).await.0, "MATCHING");
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'"
+        )
+        .await,
+        1
+    );
+
+    function.kill().await.unwrap();
+    stub.set_trade_delay(Duration::ZERO);
+
+    // Later than the zombie timeout (5 minutes by default).
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    let later = Clock::manual(now + chrono::Duration::minutes(6));
+    let matcher = matcher.with_clock(later);
+    assert_eq!(
+        ZombieReaper::new(matcher.clone()).run_once().await.unwrap(),
+        1
+    );
+    assert_eq!(
+        order_state(&env.db, id).await,
+        ("PENDING".to_owned(), None, 0)
+    );
+    let reserved: String = sqlx::query_scalar(
+        "SELECT CAST(reserved_amount AS CHAR) FROM p2p_withdraw_orders WHERE id = ?",
+    )
+    .bind(seller)
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(reserved.parse::<paybus_money::Amount>().unwrap(), dec("0"));
+
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+
+    assert_eq!(
+        order_state(&env.db, id).await,
+        ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
+    );
+    // One trade for the order: the retry asked under the same key and got the first one.
+    let trades = stub.trades();
+    assert_eq!(trades.len(), 1, "{trades:?}");
+    let trade = &trades[&format!("p2p-deposit-{id}-fill-1")];
+    assert_eq!((trade.amount, trade.requests), (dec("40"), 2));
+    let settled: String =
+        sqlx::query_scalar("SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(settled, trade.trade_id);
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RELEASED' AND release_reason = 'REAPED'"
+        )
+        .await,
+        1
+    );
+    assert_audit_clean(&env.db).await;
+}

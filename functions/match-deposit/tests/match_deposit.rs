@@ -1,0 +1,519 @@
+//! match-deposit against the real database (and broker where a message travels), with a real
+//! HTTP server (wiremock) standing in for the quote service, and a manual clock so retries and
+//! timeouts are reached without sleeping.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::time::Duration;
+
+use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
+use paybus_money::dec;
+use paybus_p2p::{
+    DepositOrderCreated, FillPolicy, Handoff, Matcher, MatchingConfig, deposit_order,
+    testing::{self, QuoteStub, assert_audit_clean, order_state},
+};
+use paybus_platform::{
+    bus::{Context, Envelope, Handler, Outcome, Services},
+    retry::Clock,
+    testing::{TestEnv, scalar},
+};
+use sqlx::MySqlPool;
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+struct World {
+    services: Services,
+    stub: QuoteStub,
+    clock: Clock,
+    buyer: u64,
+    seller_partner: u64,
+    env: TestEnv,
+}
+
+impl World {
+    async fn new() -> Self {
+        let env = TestEnv::new().await;
+        let services = env.services(&[MatchDeposit::queue()]).await;
+        let stub = QuoteStub::start().await;
+        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+        let buyer = testing::partner(&env.db, "buyer partner").await;
+        let seller_partner = testing::partner(&env.db, "seller partner").await;
+        Self {
+            services,
+            stub,
+            clock: Clock::manual(now),
+            buyer,
+            seller_partner,
+            env,
+        }
+    }
+
+    fn pool(&self) -> &MySqlPool {
+        &self.env.db
+    }
+
+    fn matcher(&self, policy: FillPolicy, max_attempts: u32) -> Matcher {
+        self.matcher_with(testing::config(&self.stub, policy, max_attempts))
+    }
+
+    fn matcher_with(&self, config: MatchingConfig) -> Matcher {
+        Matcher::new(self.services.outbox.clone(), config)
+            .unwrap()
+            .with_clock(self.clock.clone())
+    }
+
+    async fn seller(&self, amount: &str) -> u64 {
+        testing::seller(self.pool(), self.seller_partner, amount).await
+    }
+
+    /// A PENDING order, as the API creates it with async matching on (its message is not
+    /// sent anywhere: the tests hand it to the handler themselves).
+    async fn queued(&self, matcher: &Matcher, amount: &str) -> u64 {
+        matcher
+            .create(&testing::buyer(self.buyer, amount), Handoff::Queued)
+            .await
+            .unwrap()
+            .id()
+    }
+
+    async fn deliver(&self, handler: &MatchDeposit, id: u64, attempt: u32) -> Outcome {
+        let ctx = Context {
+            outbox: &self.services.outbox,
+            attempt,
+        };
+        handler
+            .handle(
+                Envelope::new(DepositOrderCreated {
+                    deposit_order_id: id,
+                }),
+                &ctx,
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn count(&self, sql: &'static str) -> i64 {
+        scalar(self.pool(), sql).await
+    }
+}
+
+async fn seller_amounts(pool: &MySqlPool, id: u64) -> (String, String, String) {
+    sqlx::query_as(
+        "SELECT CAST(remaining_amount AS CHAR), CAST(reserved_amount AS CHAR), status \
+         FROM p2p_withdraw_orders WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn trim(text: &str) -> &str {
+    let text = text.trim_end_matches('0');
+    text.trim_end_matches('.')
+}
+
+// ---------------------------------------------------------------------------------------------
+// The attempt
+
+#[tokio::test]
+async fn an_order_the_sellers_can_fill_is_matched_with_its_legs_and_its_notification() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    let (older, newer) = (world.seller("30").await, world.seller("100").await);
+    let id = world.queued(&matcher, "50").await;
+
+    let outcome = world.deliver(&handler, id, 1).await;
+
+    assert_eq!(outcome, Outcome::Done);
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
+    );
+    // Oldest first: the older seller gives all it has, the newer the rest.
+    let (remaining, reserved, status) = seller_amounts(world.pool(), older).await;
+    assert_eq!(
+        (trim(&remaining), trim(&reserved), status.as_str()),
+        ("0", "0", "FILLED")
+    );
+    let (remaining, reserved, status) = seller_amounts(world.pool(), newer).await;
+    assert_eq!(
+        (trim(&remaining), trim(&reserved), status.as_str()),
+        ("80", "0", "OPEN")
+    );
+    // One trade for the fill, recorded on both matches.
+    let trades = world.stub.trades();
+    assert_eq!(trades.len(), 1);
+    let trade = &trades[&format!("p2p-deposit-{id}-fill-1")];
+    assert_eq!((trade.amount, trade.requests), (dec("50"), 1));
+    assert_eq!(
+        world
+            .count(
+                "SELECT COUNT(*) FROM p2p_matches \
+                 WHERE status = 'CONFIRMED' AND external_trade_id = 't-1'"
+            )
+            .await,
+        2
+    );
+    // Legs: 2 CREDITs and 1 FEE for the buyer, 2 DEBITs for the sellers, all un-keyed.
+    assert_eq!(
+        world
+            .count(
+                "SELECT COUNT(*) FROM ledger_entries \
+                 WHERE reference_type = 'P2P_SETTLEMENT' AND idem_key IS NULL"
+            )
+            .await,
+        5
+    );
+    let fee: String =
+        sqlx::query_scalar("SELECT CAST(fee_amount AS CHAR) FROM p2p_deposit_orders WHERE id = ?")
+            .bind(id)
+            .fetch_one(world.pool())
+            .await
+            .unwrap();
+    assert_eq!(trim(&fee), "0.1");
+    // The partner hears of it through the webhook delivery, after commit.
+    assert_eq!(
+        world
+            .count(
+                "SELECT COUNT(*) FROM partner_notifications \
+                 WHERE event = 'P2P_DEPOSIT_MATCHED' AND reference_type = 'P2P_DEPOSIT_ORDER'"
+            )
+            .await,
+        1
+    );
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn fill_or_cancel_cancels_at_once_without_a_quote_call_and_without_counting() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    let seller = world.seller("30").await;
+    let id = world.queued(&matcher, "50").await;
+
+    let outcome = world.deliver(&handler, id, 1).await;
+
+    assert_eq!(outcome, Outcome::Done);
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("CANCELLED".to_owned(), Some("NO_LIQUIDITY".to_owned()), 0)
+    );
+    assert_eq!(world.stub.quote_calls(), 0);
+    let (remaining, reserved, _) = seller_amounts(world.pool(), seller).await;
+    assert_eq!((trim(&remaining), trim(&reserved)), ("30", "0"));
+    assert_eq!(
+        world
+            .count(
+                "SELECT COUNT(*) FROM partner_notifications WHERE event = 'P2P_DEPOSIT_CANCELLED'"
+            )
+            .await,
+        1
+    );
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn the_legacy_path_that_returns_still_matching_counts_every_attempt_and_gives_up_with_a_dead_letter()
+ {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::PartialRetry, 3);
+    let handler = MatchDeposit::new(matcher.clone());
+    let due_orders = DueOrders::new(matcher.clone());
+    world.seller("40").await;
+    let id = world.queued(&matcher, "100").await;
+
+    // Attempt 1 (the message): 40 filled, 60 left, the order still MATCHING when the attempt
+    // returned normally. Seed 000 §3.2: that is a failed attempt.
+    let outcome = world.deliver(&handler, id, 1).await;
+    let Outcome::Retry { after, error } = outcome else {
+        panic!("expected a retry, got {outcome:?}");
+    };
+    assert_eq!(after, Duration::from_secs(1));
+    assert!(error.contains("not filled: 60 of 100 remaining"), "{error}");
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("PENDING".to_owned(), None, 1)
+    );
+    // Not due before its backoff: the batch claim leaves it alone.
+    assert_eq!(due_orders.run_once().await.unwrap(), 0);
+
+    // Attempt 2 (the due-orders job, once due): nothing left to take; counted again.
+    world.clock.advance(Duration::from_secs(1));
+    assert_eq!(due_orders.run_once().await.unwrap(), 1);
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("PENDING".to_owned(), None, 2)
+    );
+
+    // Attempt 3 is the last: CANCELLED MATCH_FAILED, with its dead letter.
+    world.clock.advance(Duration::from_secs(1));
+    assert_eq!(due_orders.run_once().await.unwrap(), 1);
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("CANCELLED".to_owned(), Some("MATCH_FAILED".to_owned()), 3)
+    );
+    let (function, reason, error): (String, String, String) =
+        sqlx::query_as("SELECT function_name, reason, error FROM dead_letters")
+            .fetch_one(world.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (function.as_str(), reason.as_str()),
+        ("match-deposit", "failed")
+    );
+    assert!(error.contains("gave up after 3 attempts"), "{error}");
+    // The partial fill stays settled; nothing more is held or claimed.
+    world.clock.advance(Duration::from_secs(60));
+    assert_eq!(due_orders.run_once().await.unwrap(), 0);
+    assert_eq!(
+        world
+            .count("SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'")
+            .await,
+        0
+    );
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn a_message_that_makes_the_last_attempt_fails_and_becomes_the_dead_letter() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::PartialRetry, 1);
+    let handler = MatchDeposit::new(matcher.clone());
+    let id = world.queued(&matcher, "10").await;
+
+    let outcome = world.deliver(&handler, id, 1).await;
+
+    let Outcome::Failed(reason) = outcome else {
+        panic!("expected Failed, got {outcome:?}");
+    };
+    assert!(reason.contains("gave up after 1 attempts"), "{reason}");
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("CANCELLED".to_owned(), Some("MATCH_FAILED".to_owned()), 1)
+    );
+    // The runtime dead-letters the message: none is recorded twice.
+    assert_eq!(world.count("SELECT COUNT(*) FROM dead_letters").await, 0);
+    // A redelivery (the dead letter's publish may have been lost) fails again; a late first
+    // delivery of a duplicate is only skipped.
+    assert!(matches!(
+        world.deliver(&handler, id, 2).await,
+        Outcome::Failed(_)
+    ));
+    assert!(matches!(
+        world.deliver(&handler, id, 1).await,
+        Outcome::Skipped(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_failing_quote_service_counts_an_attempt_releases_the_reservation_and_is_retried() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    let seller = world.seller("100").await;
+    let id = world.queued(&matcher, "25").await;
+    world.stub.fail_next_quotes(1);
+
+    let outcome = world.deliver(&handler, id, 1).await;
+
+    let Outcome::Retry { error, .. } = outcome else {
+        panic!("expected a retry, got {outcome:?}");
+    };
+    assert!(error.contains("getQuote answered HTTP 503"), "{error}");
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("PENDING".to_owned(), None, 1)
+    );
+    let (remaining, reserved, _) = seller_amounts(world.pool(), seller).await;
+    assert_eq!((trim(&remaining), trim(&reserved)), ("100", "0"));
+    assert_eq!(
+        world
+            .count(
+                "SELECT COUNT(*) FROM p2p_matches \
+                 WHERE status = 'RELEASED' AND release_reason = 'QUOTE_FAILED'"
+            )
+            .await,
+        1
+    );
+
+    world.clock.advance(Duration::from_secs(1));
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+    assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn a_trade_that_times_out_is_retried_under_the_same_key_and_made_once() {
+    let world = World::new().await;
+    let mut config = testing::config(&world.stub, FillPolicy::FillOrCancel, 5);
+    config.quote.timeout = Duration::from_millis(300);
+    let matcher = world.matcher_with(config);
+    let handler = MatchDeposit::new(matcher.clone());
+    world.seller("100").await;
+    let id = world.queued(&matcher, "25").await;
+    // The quote service makes the trade but answers too late.
+    world.stub.set_trade_delay(Duration::from_secs(2));
+
+    let outcome = world.deliver(&handler, id, 1).await;
+
+    let Outcome::Retry { error, .. } = outcome else {
+        panic!("expected a retry, got {outcome:?}");
+    };
+    assert!(error.contains("createTrade timed out"), "{error}");
+
+    world.stub.set_trade_delay(Duration::ZERO);
+    world.clock.advance(Duration::from_secs(1));
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+
+    assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
+    // The retry asked for the same trade and got it: one trade, two requests.
+    let trades = world.stub.trades();
+    assert_eq!(trades.len(), 1, "{trades:?}");
+    assert_eq!(trades[&format!("p2p-deposit-{id}-fill-1")].requests, 2);
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn duplicate_late_and_unknown_messages_are_skipped_or_dead_lettered() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    world.seller("100").await;
+    let id = world.queued(&matcher, "10").await;
+    assert_eq!(world.deliver(&handler, id, 1).await, Outcome::Done);
+
+    let again = world.deliver(&handler, id, 1).await;
+    assert_eq!(
+        again,
+        Outcome::Skipped(format!("deposit order {id} is already MATCHED"))
+    );
+    assert_eq!(world.stub.trade_calls(), 1);
+    assert_eq!(
+        world.deliver(&handler, 987_654, 1).await,
+        Outcome::Failed("deposit order 987654 does not exist".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn an_unconfigured_quote_service_is_a_counted_failure_with_its_reason() {
+    let world = World::new().await;
+    let config = MatchingConfig {
+        quote: paybus_p2p::QuoteConfig::default(),
+        ..testing::config(&world.stub, FillPolicy::FillOrCancel, 5)
+    };
+    let matcher = world.matcher_with(config);
+    world.seller("100").await;
+    let id = world.queued(&matcher, "10").await;
+
+    let outcome = world.deliver(&MatchDeposit::new(matcher), id, 1).await;
+
+    let Outcome::Retry { error, .. } = outcome else {
+        panic!("expected a retry, got {outcome:?}");
+    };
+    assert!(error.contains("PAYBUS_QUOTE_URL is not set"), "{error}");
+    assert_eq!(order_state(world.pool(), id).await.2, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reaper and expiry
+
+#[tokio::test]
+async fn the_reaper_takes_back_only_claims_older_than_the_timeout_and_releases_their_reservations()
+{
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let seller = world.seller("100").await;
+    let id = world.queued(&matcher, "40").await;
+    // An attempt that died after its reservation: claimed, one RESERVED match.
+    let mut tx = world.pool().begin().await.unwrap();
+    deposit_order::claim(&mut tx, id, &world.clock)
+        .await
+        .unwrap()
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(
+        "INSERT INTO p2p_matches (deposit_order_id, withdraw_order_id, amount, trade_key) \
+         VALUES (?, ?, 40, 'k')",
+    )
+    .bind(id)
+    .bind(seller)
+    .execute(world.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE p2p_withdraw_orders SET reserved_amount = 40 WHERE id = ?")
+        .bind(seller)
+        .execute(world.pool())
+        .await
+        .unwrap();
+    let reaper = ZombieReaper::new(matcher.clone());
+
+    world.clock.advance(Duration::from_secs(4 * 60));
+    assert_eq!(reaper.run_once().await.unwrap(), 0);
+    assert_eq!(order_state(world.pool(), id).await.0, "MATCHING");
+
+    world.clock.advance(Duration::from_secs(61));
+    assert_eq!(reaper.run_once().await.unwrap(), 1);
+    // PENDING, due now, no attempt counted; the liquidity is back.
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("PENDING".to_owned(), None, 0)
+    );
+    let (remaining, reserved, _) = seller_amounts(world.pool(), seller).await;
+    assert_eq!((trim(&remaining), trim(&reserved)), ("100", "0"));
+    assert_eq!(
+        world
+            .count("SELECT COUNT(*) FROM p2p_matches WHERE release_reason = 'REAPED'")
+            .await,
+        1
+    );
+    // And the due-orders job matches it.
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+    assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn expiry_closes_waiting_orders_and_dead_claims_but_not_live_attempts() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let waiting = world.queued(&matcher, "10").await;
+    let live = world.queued(&matcher, "10").await;
+    let expiry = Expiry::new(matcher.clone());
+
+    // Not expired yet.
+    world.clock.advance(Duration::from_secs(29 * 60));
+    assert_eq!(expiry.run_once().await.unwrap(), 0);
+    // A claim taken just before the orders expire is a live attempt.
+    let mut tx = world.pool().begin().await.unwrap();
+    deposit_order::claim(&mut tx, live, &world.clock)
+        .await
+        .unwrap()
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    world.clock.advance(Duration::from_secs(2 * 60));
+    assert_eq!(expiry.run_once().await.unwrap(), 1);
+    assert_eq!(
+        order_state(world.pool(), waiting).await,
+        ("EXPIRED".to_owned(), Some("EXPIRED".to_owned()), 0)
+    );
+    assert_eq!(order_state(world.pool(), live).await.0, "MATCHING");
+
+    // Once that claim is older than the zombie timeout, it is a dead one.
+    world.clock.advance(Duration::from_secs(5 * 60));
+    assert_eq!(expiry.run_once().await.unwrap(), 1);
+    assert_eq!(order_state(world.pool(), live).await.0, "EXPIRED");
+    assert_eq!(
+        world
+            .count("SELECT COUNT(*) FROM partner_notifications WHERE event = 'P2P_DEPOSIT_EXPIRED'")
+            .await,
+        2
+    );
+    assert_audit_clean(world.pool()).await;
+}

@@ -1,0 +1,328 @@
+//! W1's invariants (SPEC W1, seed 000), in plain SQL, one statement per check; run by
+//! `paybus audit` with every workflow's own.
+//!
+//! | check | invariant |
+//! | --- | --- |
+//! | `p2p_seller_liquidity` | no seller used or reserved beyond its offer: `remaining = amount - CONFIRMED`, `reserved = RESERVED`, `CONFIRMED <= amount` |
+//! | `p2p_stale_reservations` | no RESERVED match older than the zombie timeout (`PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS`, default 5 min), none on a closed order |
+//! | `p2p_deposit_fills` | every deposit order's CONFIRMED matches sum to what it filled (`amount - remaining`); a MATCHED order's to its whole amount |
+//! | `p2p_settlement_legs` | every CONFIRMED match has exactly its legs (buyer CREDIT, seller DEBIT, buyer FEE when it carries a fee); no `P2P_SETTLEMENT` entry without a CONFIRMED match |
+
+use std::fmt;
+
+use paybus_platform::audit::{self, Check, Finding};
+use serde::Serialize;
+use sqlx::MySqlConnection;
+
+use crate::config::MatchingConfig;
+
+/// W1's checks, in the order `paybus audit` runs them.
+pub const CHECKS: &[Check] = &[
+    Check {
+        name: "p2p_seller_liquidity",
+        run: |conn| Box::pin(async move { Ok(audit::violations(seller_liquidity(conn).await?)) }),
+    },
+    Check {
+        name: "p2p_stale_reservations",
+        run: |conn| Box::pin(async move { Ok(audit::violations(stale_reservations(conn).await?)) }),
+    },
+    Check {
+        name: "p2p_deposit_fills",
+        run: |conn| Box::pin(async move { Ok(audit::violations(deposit_fills(conn).await?)) }),
+    },
+    Check {
+        name: "p2p_settlement_legs",
+        run: |conn| Box::pin(async move { Ok(audit::violations(settlement_legs(conn).await?)) }),
+    },
+];
+
+/// One broken W1 invariant; [`fmt::Display`] renders it as one line naming the ids involved.
+/// Amounts are the database's exact text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "check", rename_all = "snake_case")]
+pub enum Violation {
+    /// A withdraw order whose amounts disagree with its matches (used or reserved twice,
+    /// beyond its offer, or drifted).
+    SellerLiquidity {
+        withdraw_order_id: u64,
+        amount: String,
+        remaining_amount: String,
+        reserved_amount: String,
+        confirmed: String,
+        reserved_by_matches: String,
+    },
+    /// A match RESERVED for longer than the zombie timeout, or on a closed order.
+    StaleReservation {
+        match_id: u64,
+        deposit_order_id: u64,
+        order_status: String,
+        reserved_for_secs: u64,
+    },
+    /// A deposit order whose CONFIRMED matches disagree with its filled amount.
+    DepositFill {
+        deposit_order_id: u64,
+        status: String,
+        amount: String,
+        remaining_amount: String,
+        confirmed: String,
+    },
+    /// A CONFIRMED match whose ledger legs are missing, doubled or wrong.
+    SettlementLegs {
+        match_id: u64,
+        credits: i64,
+        debits: i64,
+        fees: i64,
+        entries: i64,
+        expected_fees: i64,
+    },
+    /// A `P2P_SETTLEMENT` entry for a match that is not CONFIRMED (or does not exist).
+    UnexpectedSettlementEntry {
+        entry_id: u64,
+        match_id: u64,
+        match_status: Option<String>,
+    },
+}
+
+impl Finding for Violation {
+    fn check(&self) -> &'static str {
+        match self {
+            Violation::SellerLiquidity { .. } => "p2p_seller_liquidity",
+            Violation::StaleReservation { .. } => "p2p_stale_reservation",
+            Violation::DepositFill { .. } => "p2p_deposit_fill",
+            Violation::SettlementLegs { .. } => "p2p_settlement_legs",
+            Violation::UnexpectedSettlementEntry { .. } => "p2p_unexpected_settlement_entry",
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.check())?;
+        match self {
+            Violation::SellerLiquidity {
+                withdraw_order_id,
+                amount,
+                remaining_amount,
+                reserved_amount,
+                confirmed,
+                reserved_by_matches,
+            } => write!(
+                f,
+                "withdraw order {withdraw_order_id} offers {amount} with {remaining_amount} \
+                 remaining and {reserved_amount} reserved, but its matches have {confirmed} \
+                 CONFIRMED and {reserved_by_matches} RESERVED"
+            ),
+            Violation::StaleReservation {
+                match_id,
+                deposit_order_id,
+                order_status,
+                reserved_for_secs,
+            } => write!(
+                f,
+                "match {match_id} of deposit order {deposit_order_id} ({order_status}) has been \
+                 RESERVED for {reserved_for_secs} s"
+            ),
+            Violation::DepositFill {
+                deposit_order_id,
+                status,
+                amount,
+                remaining_amount,
+                confirmed,
+            } => write!(
+                f,
+                "deposit order {deposit_order_id} ({status}) of {amount} has {remaining_amount} \
+                 remaining, but its CONFIRMED matches sum to {confirmed}"
+            ),
+            Violation::SettlementLegs {
+                match_id,
+                credits,
+                debits,
+                fees,
+                entries,
+                expected_fees,
+            } => write!(
+                f,
+                "CONFIRMED match {match_id} has {credits} buyer CREDIT, {debits} seller DEBIT \
+                 and {fees} FEE leg(s) ({entries} entries in all); expected 1, 1 and \
+                 {expected_fees}"
+            ),
+            Violation::UnexpectedSettlementEntry {
+                entry_id,
+                match_id,
+                match_status,
+            } => match match_status {
+                Some(status) => write!(
+                    f,
+                    "entry {entry_id} settles match {match_id}, which is {status}"
+                ),
+                None => write!(
+                    f,
+                    "entry {entry_id} settles match {match_id}, which does not exist"
+                ),
+            },
+        }
+    }
+}
+
+/// An amount the database summed, as paybus writes amounts ("100", not
+/// "100.000000000000000000"); kept as the database wrote it if it does not fit an amount.
+fn exact(text: String) -> String {
+    text.parse::<paybus_money::Amount>()
+        .map_or(text, |amount| amount.to_string())
+}
+
+/// Withdraw orders against their matches.
+pub async fn seller_liquidity(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, String, String, String, String)> = sqlx::query_as(
+        "SELECT id, CAST(amount AS CHAR), CAST(remaining_amount AS CHAR), \
+                CAST(reserved_amount AS CHAR), CAST(confirmed AS CHAR), CAST(held AS CHAR) \
+         FROM ( \
+             SELECT w.id, w.amount, w.remaining_amount, w.reserved_amount, \
+                    COALESCE(SUM(CASE WHEN m.status = 'CONFIRMED' THEN m.amount END), 0) AS confirmed, \
+                    COALESCE(SUM(CASE WHEN m.status = 'RESERVED' THEN m.amount END), 0) AS held \
+             FROM p2p_withdraw_orders w \
+             LEFT JOIN p2p_matches m ON m.withdraw_order_id = w.id \
+             GROUP BY w.id, w.amount, w.remaining_amount, w.reserved_amount) seller \
+         WHERE confirmed > amount OR confirmed + held > amount \
+            OR remaining_amount <> amount - confirmed OR reserved_amount <> held \
+         ORDER BY id",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(withdraw_order_id, amount, remaining_amount, reserved_amount, confirmed, held)| {
+                Violation::SellerLiquidity {
+                    withdraw_order_id,
+                    amount: exact(amount),
+                    remaining_amount: exact(remaining_amount),
+                    reserved_amount: exact(reserved_amount),
+                    confirmed: exact(confirmed),
+                    reserved_by_matches: exact(held),
+                }
+            },
+        )
+        .collect())
+}
+
+/// RESERVED matches older than the zombie timeout (`PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS` as this
+/// process reads it; the default when unset or malformed), or on a closed order.
+pub async fn stale_reservations(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    let timeout = MatchingConfig::from_env()
+        .map(|config| config.zombie_timeout)
+        .unwrap_or(crate::config::DEFAULT_ZOMBIE_TIMEOUT);
+    let rows: Vec<(u64, u64, String, i64)> = sqlx::query_as(
+        "SELECT m.id, m.deposit_order_id, d.status, \
+                TIMESTAMPDIFF(SECOND, m.reserved_at, NOW(6)) \
+         FROM p2p_matches m JOIN p2p_deposit_orders d ON d.id = m.deposit_order_id \
+         WHERE m.status = 'RESERVED' \
+           AND (m.reserved_at <= NOW(6) - INTERVAL ? MICROSECOND \
+                OR d.status IN ('MATCHED', 'CANCELLED', 'EXPIRED')) \
+         ORDER BY m.id",
+    )
+    .bind(paybus_platform::retry::clock::micros(timeout))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(match_id, deposit_order_id, order_status, seconds)| Violation::StaleReservation {
+                match_id,
+                deposit_order_id,
+                order_status,
+                reserved_for_secs: u64::try_from(seconds).unwrap_or(0),
+            },
+        )
+        .collect())
+}
+
+/// Deposit orders against their CONFIRMED matches.
+pub async fn deposit_fills(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, String, String, String)> = sqlx::query_as(
+        "SELECT id, status, CAST(amount AS CHAR), CAST(remaining_amount AS CHAR), \
+                CAST(confirmed AS CHAR) \
+         FROM ( \
+             SELECT d.id, d.status, d.amount, d.remaining_amount, \
+                    COALESCE(SUM(CASE WHEN m.status = 'CONFIRMED' THEN m.amount END), 0) AS confirmed \
+             FROM p2p_deposit_orders d \
+             LEFT JOIN p2p_matches m ON m.deposit_order_id = d.id \
+             GROUP BY d.id, d.status, d.amount, d.remaining_amount) buyer \
+         WHERE confirmed <> amount - remaining_amount \
+            OR (status = 'MATCHED' AND confirmed <> amount) \
+         ORDER BY id",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(deposit_order_id, status, amount, remaining_amount, confirmed)| {
+                Violation::DepositFill {
+                    deposit_order_id,
+                    status,
+                    amount: exact(amount),
+                    remaining_amount: exact(remaining_amount),
+                    confirmed: exact(confirmed),
+                }
+            },
+        )
+        .collect())
+}
+
+/// CONFIRMED matches against their `P2P_SETTLEMENT` ledger entries, both directions.
+pub async fn settlement_legs(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT id, credits, debits, fees, entries, expected_fees FROM ( \
+             SELECT m.id, \
+                    CAST(SUM(e.entry_type = 'CREDIT' AND e.partner_id = d.partner_id \
+                             AND e.currency = d.currency AND e.amount = m.amount) AS SIGNED) AS credits, \
+                    CAST(SUM(e.entry_type = 'DEBIT' AND e.partner_id = w.partner_id \
+                             AND e.currency = w.currency AND e.amount = m.amount) AS SIGNED) AS debits, \
+                    CAST(SUM(e.entry_type = 'FEE' AND e.partner_id = d.partner_id \
+                             AND e.currency = d.currency AND e.amount = m.fee) AS SIGNED) AS fees, \
+                    CAST(COUNT(e.id) AS SIGNED) AS entries, \
+                    CAST(m.fee > 0 AS SIGNED) AS expected_fees \
+             FROM p2p_matches m \
+             JOIN p2p_deposit_orders d ON d.id = m.deposit_order_id \
+             JOIN p2p_withdraw_orders w ON w.id = m.withdraw_order_id \
+             LEFT JOIN ledger_entries e \
+               ON e.reference_type = 'P2P_SETTLEMENT' AND e.reference_id = m.id \
+             WHERE m.status = 'CONFIRMED' \
+             GROUP BY m.id, m.fee) legs \
+         WHERE credits <> 1 OR debits <> 1 OR fees <> expected_fees \
+            OR entries <> 2 + expected_fees \
+         ORDER BY id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut violations: Vec<Violation> = rows
+        .into_iter()
+        .map(
+            |(match_id, credits, debits, fees, entries, expected_fees)| Violation::SettlementLegs {
+                match_id,
+                credits,
+                debits,
+                fees,
+                entries,
+                expected_fees,
+            },
+        )
+        .collect();
+    let rows: Vec<(u64, u64, Option<String>)> = sqlx::query_as(
+        "SELECT e.id, e.reference_id, m.status \
+         FROM ledger_entries e LEFT JOIN p2p_matches m ON m.id = e.reference_id \
+         WHERE e.reference_type = 'P2P_SETTLEMENT' AND (m.id IS NULL OR m.status <> 'CONFIRMED') \
+         ORDER BY e.id",
+    )
+    .fetch_all(conn)
+    .await?;
+    violations.extend(rows.into_iter().map(|(entry_id, match_id, match_status)| {
+        Violation::UnexpectedSettlementEntry {
+            entry_id,
+            match_id,
+            match_status,
+        }
+    }));
+    Ok(violations)
+}

@@ -1,0 +1,548 @@
+//! `p2p_deposit_orders`: buyers' orders, their states and every statement that moves them (the
+//! migration's header comment says who moves a row in and out of each state).
+//!
+//! ```text
+//!                    claim (message, due-orders job, or inline at creation)
+//!   PENDING ────────────────────────────────────────────────► MATCHING ──settle──► MATCHED
+//!     ▲  ▲                                                      │  │ fill-or-cancel short ─► CANCELLED (NO_LIQUIDITY)
+//!     │  └── accounting: not filled / error, below max ─────────┘  │ at max attempts ──────► CANCELLED (MATCH_FAILED) + dead letter
+//!     └───── reaper: claim older than the zombie timeout ──────────┘
+//!   PENDING / MATCHING (dead claim) ── past expires_at ──► EXPIRED
+//! ```
+//!
+//! The retry kit works the table through [`DEPOSIT_ORDERS`] (a status lease: MATCHING with
+//! `claimed_at`; failures counted in `match_attempt_count`). The terminal states and their
+//! `closed_at` / `close_reason` are written by [`close`] and nothing else.
+
+use chrono::{DateTime, Utc};
+use paybus_money::Amount;
+use paybus_partners::NewNotification;
+use paybus_platform::{
+    bus::UnitOfWork,
+    db,
+    retry::{AttemptCount, Claim, Clock, Lease, WorkTable, clock::micros},
+};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, MySqlConnection};
+use uuid::Uuid;
+
+use crate::{
+    CreateError, MatchError,
+    matches::{self, Held, MatchStatus, ReleaseReason},
+    parse_column,
+};
+
+/// The unique key that makes a repeated create with the same partner reference a no-op.
+const PARTNER_REF_KEY: &str = "uk_p2p_deposit_orders_partner_ref";
+/// `partner_notifications.reference_type` of a deposit order's notifications.
+pub const NOTIFICATION_REFERENCE: &str = "P2P_DEPOSIT_ORDER";
+
+/// `p2p_deposit_orders.status`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum DepositOrderStatus {
+    /// Waiting for its (next) attempt.
+    Pending,
+    /// Claimed by an attempt (`claimed_at`).
+    Matching,
+    /// Terminal: filled.
+    Matched,
+    /// Terminal: not filled (no liquidity, or given up).
+    Cancelled,
+    /// Terminal: its time ran out.
+    Expired,
+}
+
+impl DepositOrderStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            DepositOrderStatus::Matched
+                | DepositOrderStatus::Cancelled
+                | DepositOrderStatus::Expired
+        )
+    }
+}
+
+/// Why an order was closed (`p2p_deposit_orders.close_reason`); each reason has its status.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum CloseReason {
+    /// MATCHED: CONFIRMED matches cover the whole amount.
+    Filled,
+    /// CANCELLED by fill-or-cancel: the candidates could not fill it.
+    NoLiquidity,
+    /// CANCELLED by outcome accounting at the attempt limit (with a dead letter).
+    MatchFailed,
+    /// EXPIRED: past `expires_at`.
+    Expired,
+}
+
+impl CloseReason {
+    pub fn status(self) -> DepositOrderStatus {
+        match self {
+            CloseReason::Filled => DepositOrderStatus::Matched,
+            CloseReason::NoLiquidity | CloseReason::MatchFailed => DepositOrderStatus::Cancelled,
+            CloseReason::Expired => DepositOrderStatus::Expired,
+        }
+    }
+
+    /// The partner notification a close owes.
+    pub fn event(self) -> &'static str {
+        match self.status() {
+            DepositOrderStatus::Matched => "P2P_DEPOSIT_MATCHED",
+            DepositOrderStatus::Expired => "P2P_DEPOSIT_EXPIRED",
+            _ => "P2P_DEPOSIT_CANCELLED",
+        }
+    }
+}
+
+/// The deposit orders as the retry kit works them.
+pub static DEPOSIT_ORDERS: WorkTable = WorkTable {
+    table: "p2p_deposit_orders",
+    status: "status",
+    due: "PENDING",
+    failed: "CANCELLED",
+    attempts: "match_attempt_count",
+    count: AttemptCount::OnFailure,
+    next_attempt_at: "next_attempt_at",
+    last_error: "last_error",
+    // `last_error` is a VARCHAR(2000).
+    last_error_max: 2000,
+    lease: Lease::Status {
+        status: "MATCHING",
+        claimed_at: "claimed_at",
+    },
+    republished_at: None,
+};
+
+/// A deposit order as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DepositOrder {
+    pub id: u64,
+    pub partner_id: u64,
+    pub partner_order_ref: Option<String>,
+    pub currency: String,
+    pub amount: Amount,
+    pub remaining_amount: Amount,
+    pub fee_amount: Amount,
+    pub status: DepositOrderStatus,
+    pub claimed_at: Option<DateTime<Utc>>,
+    pub match_attempt_count: u32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub expires_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub close_reason: Option<CloseReason>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: u64,
+    partner_id: u64,
+    partner_order_ref: Option<String>,
+    currency: String,
+    amount: Amount,
+    remaining_amount: Amount,
+    fee_amount: Amount,
+    status: String,
+    claimed_at: Option<DateTime<Utc>>,
+    match_attempt_count: u32,
+    next_attempt_at: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+    expires_at: DateTime<Utc>,
+    closed_at: Option<DateTime<Utc>>,
+    close_reason: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl Row {
+    fn into_order(self) -> Result<DepositOrder, MatchError> {
+        const ENTITY: &str = "deposit order";
+        Ok(DepositOrder {
+            status: parse_column(ENTITY, self.id, "status", self.status)?,
+            close_reason: self
+                .close_reason
+                .map(|reason| parse_column(ENTITY, self.id, "close_reason", reason))
+                .transpose()?,
+            id: self.id,
+            partner_id: self.partner_id,
+            partner_order_ref: self.partner_order_ref,
+            currency: self.currency,
+            amount: self.amount,
+            remaining_amount: self.remaining_amount,
+            fee_amount: self.fee_amount,
+            claimed_at: self.claimed_at,
+            match_attempt_count: self.match_attempt_count,
+            next_attempt_at: self.next_attempt_at,
+            last_error: self.last_error,
+            expires_at: self.expires_at,
+            closed_at: self.closed_at,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+const COLUMNS: &str = "id, partner_id, partner_order_ref, currency, amount, remaining_amount, \
+    fee_amount, status, claimed_at, match_attempt_count, next_attempt_at, last_error, \
+    expires_at, closed_at, close_reason, created_at, updated_at";
+
+/// The deposit order, or `None`. Inside a transaction that just changed it, it carries the
+/// change.
+pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<DepositOrder>, MatchError> {
+    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ?"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(Row::into_order).transpose()
+}
+
+/// The latest committed row, locked for the caller's transaction (a plain SELECT would answer
+/// from the snapshot, the lie of seed 001).
+pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<DepositOrder>, MatchError> {
+    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ? FOR UPDATE"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(Row::into_order).transpose()
+}
+
+impl DepositOrder {
+    /// Whether `claim` is the claim this order is held by now.
+    pub fn is_held_by(&self, claim: &Claim) -> bool {
+        self.status == DepositOrderStatus::Matching && self.claimed_at == claim.claimed_at
+    }
+}
+
+/// Closes `order` EXPIRED if the kit's clock says it is past its `expires_at`, in `uow`, which
+/// holds it under `claim`; true when it did.
+pub(crate) async fn close_if_expired(
+    uow: &mut UnitOfWork<'_>,
+    order: &DepositOrder,
+    claim: &Claim,
+    clock: &Clock,
+    correlation_id: Uuid,
+) -> Result<bool, MatchError> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT COALESCE(?, NOW(6))")
+        .bind(clock.sql_now())
+        .fetch_one(&mut **uow)
+        .await?;
+    if order.expires_at > now {
+        return Ok(false);
+    }
+    close(
+        uow,
+        order.id,
+        Closer::Claim(claim),
+        CloseReason::Expired,
+        None,
+        clock,
+        correlation_id,
+    )
+    .await
+}
+
+/// A buyer's order to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDepositOrder {
+    pub partner_id: u64,
+    /// The partner's own id for it: a repeated create returns the order already created.
+    pub partner_order_ref: Option<String>,
+    pub currency: String,
+    pub amount: Amount,
+}
+
+/// What [`insert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// A new PENDING order.
+    New(u64),
+    /// The partner already created an order with this reference: nothing was written.
+    Existing(u64),
+}
+
+/// Inserts a PENDING order (due now, expiring `ttl` from the kit's now), in the caller's
+/// transaction. A repeated partner reference is the expected outcome of a retried request,
+/// not an error; the transaction stays usable.
+pub async fn insert(
+    conn: &mut MySqlConnection,
+    new: &NewDepositOrder,
+    ttl: std::time::Duration,
+    clock: &Clock,
+) -> Result<Inserted, CreateError> {
+    let inserted = sqlx::query(
+        "INSERT INTO p2p_deposit_orders \
+         (partner_id, partner_order_ref, currency, amount, remaining_amount, expires_at) \
+         VALUES (?, ?, ?, ?, ?, COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND)",
+    )
+    .bind(new.partner_id)
+    .bind(&new.partner_order_ref)
+    .bind(&new.currency)
+    .bind(new.amount)
+    .bind(new.amount)
+    .bind(clock.sql_now())
+    .bind(micros(ttl))
+    .execute(&mut *conn)
+    .await;
+    match inserted {
+        Ok(done) => Ok(Inserted::New(done.last_insert_id())),
+        Err(error) if db::is_duplicate_on(&error, PARTNER_REF_KEY) => {
+            let existing: u64 = sqlx::query_scalar(
+                "SELECT id FROM p2p_deposit_orders WHERE partner_id = ? AND partner_order_ref = ?",
+            )
+            .bind(new.partner_id)
+            .bind(&new.partner_order_ref)
+            .fetch_one(&mut *conn)
+            .await?;
+            tracing::info!(
+                deposit_order_id = existing,
+                partner_id = new.partner_id,
+                partner_order_ref = new.partner_order_ref.as_deref(),
+                "deposit order already created for this partner reference"
+            );
+            Ok(Inserted::Existing(existing))
+        }
+        Err(error) => Err(CreateError::from_insert(error, new.partner_id)),
+    }
+}
+
+/// PENDING → MATCHING if due, stamping `claimed_at` (the kit's conditional UPDATE), in the
+/// caller's transaction (commit it before the attempt). `None`: not due, not PENDING, or no
+/// such order.
+pub async fn claim(
+    conn: &mut MySqlConnection,
+    id: u64,
+    clock: &Clock,
+) -> Result<Option<Claim>, MatchError> {
+    // A status lease has no lease duration: the reaper times it out.
+    Ok(DEPOSIT_ORDERS
+        .claim(conn, id, std::time::Duration::ZERO, clock)
+        .await?)
+}
+
+/// Who closes an order, and so the condition the close is guarded by.
+#[derive(Debug, Clone, Copy)]
+pub enum Closer<'a> {
+    /// The attempt (or its accounting) holding this claim: only while the order is MATCHING
+    /// with the claim's stamp.
+    Claim(&'a Claim),
+    /// A job that locked the open order itself (`FOR UPDATE`) and found it must close
+    /// (expiry): while it is PENDING or MATCHING.
+    Locked,
+}
+
+/// A failed attempt a close also records (at the attempt limit): it counts, and its error is
+/// the order's `last_error`.
+#[derive(Debug, Clone, Copy)]
+pub struct FinalFailure<'a> {
+    pub error: &'a str,
+}
+
+/// **The one way an order is closed**: the terminal status of `reason`, `closed_at` and
+/// `close_reason`, conditional on `closer`; then, only when this call made the transition,
+/// its RESERVED matches released and the partner's notification (and message) written, all in
+/// `uow`'s transaction (principle 8: the webhook goes out after commit). False when the
+/// condition did not hold: nothing was written.
+pub async fn close(
+    uow: &mut UnitOfWork<'_>,
+    id: u64,
+    closer: Closer<'_>,
+    reason: CloseReason,
+    failure: Option<FinalFailure<'_>>,
+    clock: &Clock,
+    correlation_id: Uuid,
+) -> Result<bool, MatchError> {
+    let status: &str = reason.status().into();
+    let reason_text: &str = reason.into();
+    let mut set = format!(
+        "status = '{status}', close_reason = '{reason_text}', closed_at = COALESCE(?, NOW(6)), \
+         next_attempt_at = NULL"
+    );
+    if failure.is_some() {
+        set.push_str(", match_attempt_count = match_attempt_count + 1, last_error = ?");
+    }
+    let sql = match closer {
+        Closer::Claim(_) => DEPOSIT_ORDERS.guarded_update(&set),
+        Closer::Locked => format!(
+            "UPDATE p2p_deposit_orders SET {set} WHERE id = ? AND status IN ('PENDING', 'MATCHING')"
+        ),
+    };
+    let mut query = sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now());
+    if let Some(failure) = failure {
+        query = query.bind(
+            failure
+                .error
+                .chars()
+                .take(DEPOSIT_ORDERS.last_error_max)
+                .collect::<String>(),
+        );
+    }
+    let query = match closer {
+        Closer::Claim(claim) => DEPOSIT_ORDERS.bind_guard(query, claim),
+        Closer::Locked => query.bind(id),
+    };
+    if query.execute(&mut **uow).await?.rows_affected() != 1 {
+        return Ok(false);
+    }
+    matches::release(uow, Held::OfOrders(&[id]), ReleaseReason::OrderClosed).await?;
+    notify(uow, id, reason, correlation_id).await?;
+    tracing::info!(deposit_order_id = id, %status, reason = reason_text, "deposit order closed");
+    Ok(true)
+}
+
+/// The partner's notification of a close, frozen now, with its message.
+async fn notify(
+    uow: &mut UnitOfWork<'_>,
+    id: u64,
+    reason: CloseReason,
+    correlation_id: Uuid,
+) -> Result<(), MatchError> {
+    let Some(order) = find(uow, id).await? else {
+        return Err(MatchError::inconsistent(format!(
+            "deposit order {id} vanished while closing"
+        )));
+    };
+    let confirmed: Vec<serde_json::Value> = matches::of_deposit_order(uow, id)
+        .await?
+        .into_iter()
+        .filter(|m| m.status == MatchStatus::Confirmed)
+        .map(|m| {
+            serde_json::json!({
+                "match_id": m.id,
+                "withdraw_order_id": m.withdraw_order_id,
+                "amount": m.amount,
+                "fee": m.fee,
+                "rate": m.rate,
+                "trade_id": m.external_trade_id,
+            })
+        })
+        .collect();
+    let filled = order
+        .amount
+        .checked_sub(order.remaining_amount)
+        .unwrap_or(Amount::ZERO);
+    let payload = serde_json::json!({
+        "event": reason.event(),
+        "deposit_order_id": order.id,
+        "partner_id": order.partner_id,
+        "partner_order_ref": order.partner_order_ref,
+        "status": order.status,
+        "close_reason": reason,
+        "currency": order.currency,
+        "amount": order.amount,
+        "filled_amount": filled,
+        "fee_amount": order.fee_amount,
+        "closed_at": order
+            .closed_at
+            .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
+        "matches": confirmed,
+    });
+    paybus_partners::notifications::enqueue(
+        uow,
+        &NewNotification {
+            partner_id: order.partner_id,
+            event: reason.event(),
+            reference_type: NOTIFICATION_REFERENCE,
+            reference_id: id,
+            payload: &payload,
+        },
+        correlation_id,
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    #[test]
+    fn statuses_and_reasons_are_their_column_values() {
+        assert_eq!(DepositOrderStatus::Matching.to_string(), "MATCHING");
+        assert_eq!(
+            DepositOrderStatus::from_str("EXPIRED"),
+            Ok(DepositOrderStatus::Expired)
+        );
+        assert_eq!(CloseReason::MatchFailed.to_string(), "MATCH_FAILED");
+        assert_eq!(
+            CloseReason::from_str("NO_LIQUIDITY"),
+            Ok(CloseReason::NoLiquidity)
+        );
+    }
+
+    #[test]
+    fn each_reason_closes_into_its_terminal_status() {
+        for (reason, status, event) in [
+            (
+                CloseReason::Filled,
+                DepositOrderStatus::Matched,
+                "P2P_DEPOSIT_MATCHED",
+            ),
+            (
+                CloseReason::NoLiquidity,
+                DepositOrderStatus::Cancelled,
+                "P2P_DEPOSIT_CANCELLED",
+            ),
+            (
+                CloseReason::MatchFailed,
+                DepositOrderStatus::Cancelled,
+                "P2P_DEPOSIT_CANCELLED",
+            ),
+            (
+                CloseReason::Expired,
+                DepositOrderStatus::Expired,
+                "P2P_DEPOSIT_EXPIRED",
+            ),
+        ] {
+            assert_eq!(reason.status(), status);
+            assert!(status.is_terminal());
+            assert_eq!(reason.event(), event);
+        }
+        assert!(!DepositOrderStatus::Pending.is_terminal());
+        assert!(!DepositOrderStatus::Matching.is_terminal());
+    }
+
+    #[test]
+    fn the_work_table_is_a_status_lease_counting_failures() {
+        assert_eq!(
+            DEPOSIT_ORDERS.lease,
+            Lease::Status {
+                status: "MATCHING",
+                claimed_at: "claimed_at"
+            }
+        );
+        assert_eq!(DEPOSIT_ORDERS.count, AttemptCount::OnFailure);
+    }
+}

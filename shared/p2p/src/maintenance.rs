@@ -1,0 +1,104 @@
+//! The statements behind match-deposit's sweeper jobs (seed 000 §3–§5): the batch claim of due
+//! orders, the zombie reaper and expiry. Each is one short READ COMMITTED transaction that
+//! takes its rows `FOR UPDATE SKIP LOCKED`, so several sweepers never take the same order and
+//! never wait on an attempt's lock.
+
+use std::time::Duration;
+
+use paybus_platform::{
+    bus::Outbox,
+    db,
+    retry::{Claim, Clock, clock::micros},
+};
+use uuid::Uuid;
+
+use crate::{
+    MatchError,
+    deposit_order::{self, CloseReason, Closer, DEPOSIT_ORDERS},
+    matches::{self, Held, ReleaseReason},
+};
+
+/// Claims up to `limit` due PENDING orders, oldest due first: PENDING → MATCHING with
+/// `claimed_at`, committed before any of them is worked on (seed 000 §3). Picks up orders whose
+/// message was lost, whose retry is due, and the ones the reaper handed back.
+pub async fn claim_due(
+    outbox: &Outbox,
+    limit: u32,
+    clock: &Clock,
+) -> Result<Vec<Claim>, MatchError> {
+    let mut tx = db::begin_read_committed(outbox.pool()).await?;
+    let claims = DEPOSIT_ORDERS
+        .claim_due(&mut tx, limit, Duration::ZERO, clock)
+        .await?;
+    tx.commit().await?;
+    Ok(claims)
+}
+
+/// The zombie reaper (seed 000 §5): MATCHING orders claimed longer than `timeout` ago (their
+/// process died mid-attempt) go back to PENDING, due now, with no attempt counted; their
+/// RESERVED matches are released in the same transaction, so no liquidity stays held by a dead
+/// attempt. Only claimed rows (`claimed_at IS NOT NULL`). Returns the orders' ids.
+pub async fn reap_zombies(
+    outbox: &Outbox,
+    timeout: Duration,
+    limit: u32,
+    clock: &Clock,
+) -> Result<Vec<u64>, MatchError> {
+    let mut tx = db::begin_read_committed(outbox.pool()).await?;
+    let ids = DEPOSIT_ORDERS
+        .reap_expired(&mut tx, timeout, limit, clock)
+        .await?;
+    let released = matches::release(&mut tx, Held::OfOrders(&ids), ReleaseReason::Reaped).await?;
+    tx.commit().await?;
+    if !ids.is_empty() {
+        tracing::warn!(orders = ?ids, released, ?timeout, "zombie claims reaped: orders PENDING again");
+    }
+    Ok(ids)
+}
+
+/// Expiry: open orders past `expires_at` become EXPIRED and their reservations are released.
+/// A MATCHING order only once its claim is older than `zombie_timeout`: a live attempt closes
+/// its own order (its accounting sees the expiry), and its trade is never pulled from under it.
+pub async fn expire_due(
+    outbox: &Outbox,
+    zombie_timeout: Duration,
+    limit: u32,
+    clock: &Clock,
+) -> Result<Vec<u64>, MatchError> {
+    let mut uow = outbox.begin_read_committed().await?;
+    let ids: Vec<u64> = sqlx::query_scalar(
+        "SELECT id FROM p2p_deposit_orders \
+         WHERE status IN ('PENDING', 'MATCHING') AND expires_at <= COALESCE(?, NOW(6)) \
+           AND (status = 'PENDING' \
+                OR claimed_at <= COALESCE(?, NOW(6)) - INTERVAL ? MICROSECOND) \
+         ORDER BY expires_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+    )
+    .bind(clock.sql_now())
+    .bind(clock.sql_now())
+    .bind(micros(zombie_timeout))
+    .bind(limit)
+    .fetch_all(&mut *uow)
+    .await?;
+    if ids.is_empty() {
+        uow.rollback().await?;
+        return Ok(ids);
+    }
+    // All of the batch's reservations in one pass (withdraw orders in id order), before the
+    // closes, which then find none left.
+    matches::release(&mut uow, Held::OfOrders(&ids), ReleaseReason::OrderClosed).await?;
+    for &id in &ids {
+        deposit_order::close(
+            &mut uow,
+            id,
+            Closer::Locked,
+            CloseReason::Expired,
+            None,
+            clock,
+            Uuid::now_v7(),
+        )
+        .await?;
+    }
+    uow.commit().await?;
+    tracing::info!(orders = ?ids, "deposit orders expired");
+    Ok(ids)
+}

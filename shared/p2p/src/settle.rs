@@ -1,0 +1,229 @@
+//! An attempt's last short transaction: the quote service traded the fill, so its matches
+//! become CONFIRMED, the sellers' liquidity is used, the ledger legs are posted and, when
+//! nothing remains, the order is MATCHED — or, when the trade failed, the reservation is
+//! released. Both are conditional on the attempt's claim: an attempt whose claim was taken
+//! over (its process was presumed dead) writes nothing.
+//!
+//! Ledger legs per CONFIRMED match, reference `P2P_SETTLEMENT`/match id, `idem_key` NULL (seed
+//! 001: P2P legs legitimately repeat, so they stay out of the keyed set): the buyer's partner
+//! CREDIT of the amount and FEE of the match's fee (the fill's fee rides on its first match),
+//! the seller's partner DEBIT of the amount. Gates are taken in (partner, currency) order.
+
+use std::collections::BTreeMap;
+
+use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
+use paybus_money::Amount;
+use paybus_platform::{
+    bus::Outbox,
+    retry::{Claim, Clock},
+};
+use sqlx::{AssertSqlSafe, MySqlConnection};
+use uuid::Uuid;
+
+use crate::{
+    MatchError,
+    deposit_order::{self, CloseReason, Closer},
+    matches::{self, Held, ReleaseReason, id_list},
+    quote::{Quote, Trade},
+    reserve::Fill,
+    withdraw_order,
+};
+
+/// What the settle transaction came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Nothing remains: the order is MATCHED.
+    Filled,
+    /// Part of the order is filled; `remaining` is left (partial-retry).
+    Partial { remaining: Amount },
+    /// The claim is gone: nothing was written.
+    ClaimLost,
+}
+
+#[tracing::instrument(skip_all, fields(deposit_order_id = claim.id, trade_id = %trade.trade_id))]
+pub(crate) async fn settle(
+    outbox: &Outbox,
+    claim: &Claim,
+    fill: &Fill,
+    quote: &Quote,
+    trade: &Trade,
+    clock: &Clock,
+    correlation_id: Uuid,
+) -> Result<Settled, MatchError> {
+    let mut uow = outbox.begin_read_committed().await?;
+    let order = match deposit_order::lock(&mut uow, claim.id).await? {
+        Some(order) if order.is_held_by(claim) => order,
+        _ => {
+            uow.rollback().await?;
+            return Ok(Settled::ClaimLost);
+        }
+    };
+    // An error drops the transaction, which rolls it back.
+    let remaining = confirm_fill(&mut uow, fill, order.remaining_amount, quote, trade).await?;
+
+    let settled = if remaining.is_zero() {
+        deposit_order::close(
+            &mut uow,
+            claim.id,
+            Closer::Claim(claim),
+            CloseReason::Filled,
+            None,
+            clock,
+            correlation_id,
+        )
+        .await?;
+        Settled::Filled
+    } else {
+        Settled::Partial { remaining }
+    };
+    uow.commit().await?;
+    tracing::info!(
+        deposit_order_id = claim.id, filled = %fill.total, %remaining,
+        trade_key = %fill.trade_key, "fill settled"
+    );
+    Ok(settled)
+}
+
+/// The fill's writes once traded, in the caller's transaction (which holds the deposit order):
+/// the ledger legs, its RESERVED matches CONFIRMED with the trade, the sellers' reservations
+/// used (in id order), the order's remaining and fee. Returns what remains of the order.
+///
+/// The legs go first: their gate rows serialise every settlement of one partner, and a
+/// settlement queued at a gate while holding its sellers would make concurrent reserves skip
+/// those sellers (SKIP LOCKED) for as long as the queue lasts. Sellers are held only for the
+/// short tail.
+pub(crate) async fn confirm_fill(
+    conn: &mut MySqlConnection,
+    fill: &Fill,
+    order_remaining: Amount,
+    quote: &Quote,
+    trade: &Trade,
+) -> Result<Amount, MatchError> {
+    let id = fill.deposit_order_id;
+    let remaining = order_remaining
+        .checked_sub(fill.total)
+        .filter(|left| !left.is_negative())
+        .ok_or_else(|| {
+            MatchError::inconsistent(format!(
+                "deposit order {id}: fill of {} over a remaining {order_remaining}",
+                fill.total
+            ))
+        })?;
+    post_legs(conn, fill, quote.fee).await?;
+    let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
+    let first = ids.first().copied().unwrap_or_default();
+    let sellers: Vec<u64> = fill.matches.iter().map(|m| m.withdraw_order_id).collect();
+    withdraw_order::lock_in_order(conn, &sellers).await?;
+    let confirmed = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE p2p_matches \
+         SET status = 'CONFIRMED', confirmed_at = NOW(6), rate = ?, external_trade_id = ?, \
+             fee = IF(id = ?, ?, 0) \
+         WHERE id IN ({}) AND status = 'RESERVED'",
+        id_list(&ids)
+    )))
+    .bind(quote.rate)
+    .bind(trade.trade_id.trim())
+    .bind(first)
+    .bind(quote.fee)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if confirmed != ids.len() as u64 {
+        // The caller holds the order, so nobody else can have released its reservations:
+        // this is not a race.
+        return Err(MatchError::inconsistent(format!(
+            "deposit order {id}: {confirmed} of {} reserved matches still RESERVED at settle",
+            ids.len()
+        )));
+    }
+    let mut sellers: Vec<_> = fill.matches.iter().collect();
+    sellers.sort_by_key(|m| m.withdraw_order_id);
+    for m in sellers {
+        withdraw_order::use_reserved(conn, m.withdraw_order_id, m.amount).await?;
+    }
+    sqlx::query(
+        "UPDATE p2p_deposit_orders \
+         SET remaining_amount = ?, fee_amount = fee_amount + ? WHERE id = ?",
+    )
+    .bind(remaining)
+    .bind(quote.fee)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(remaining)
+}
+
+/// The legs of every match of the fill, each gate (partner, currency) taken once and in
+/// order, so two settlements never wait for each other's gates in a circle.
+async fn post_legs(conn: &mut MySqlConnection, fill: &Fill, fee: Amount) -> Result<(), MatchError> {
+    let mut by_gate: BTreeMap<u64, Vec<Posting>> = BTreeMap::new();
+    for (i, m) in fill.matches.iter().enumerate() {
+        let leg = |partner_id: u64, entry_type: EntryType, amount: Amount, memo: String| {
+            Posting::new(
+                partner_id,
+                fill.currency.clone(),
+                entry_type,
+                amount,
+                ReferenceType::P2pSettlement,
+                m.match_id,
+            )
+            .memo(memo)
+        };
+        let buyer = by_gate.entry(fill.buyer_partner_id).or_default();
+        buyer.push(leg(
+            fill.buyer_partner_id,
+            EntryType::Credit,
+            m.amount,
+            format!(
+                "p2p deposit order {} filled by match {}",
+                fill.deposit_order_id, m.match_id
+            ),
+        ));
+        if i == 0 && fee.is_positive() {
+            buyer.push(leg(
+                fill.buyer_partner_id,
+                EntryType::Fee,
+                fee,
+                format!("p2p fee of deposit order {}", fill.deposit_order_id),
+            ));
+        }
+        by_gate.entry(m.seller_partner_id).or_default().push(leg(
+            m.seller_partner_id,
+            EntryType::Debit,
+            m.amount,
+            format!(
+                "p2p withdraw order {} used by match {}",
+                m.withdraw_order_id, m.match_id
+            ),
+        ));
+    }
+    for postings in by_gate.values() {
+        for posting in postings {
+            ledger::post(conn, posting).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The trade failed: the fill's reservations go back to the sellers (if the claim still holds;
+/// otherwise whoever took the order over released them already).
+#[tracing::instrument(skip_all, fields(deposit_order_id = claim.id))]
+pub(crate) async fn release(
+    outbox: &Outbox,
+    claim: &Claim,
+    fill: &Fill,
+    reason: ReleaseReason,
+) -> Result<u64, MatchError> {
+    let mut uow = outbox.begin_read_committed().await?;
+    match deposit_order::lock(&mut uow, claim.id).await? {
+        Some(order) if order.is_held_by(claim) => {}
+        _ => {
+            uow.rollback().await?;
+            return Ok(0);
+        }
+    }
+    let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
+    let released = matches::release(&mut uow, Held::Matches(&ids), reason).await?;
+    uow.commit().await?;
+    Ok(released)
+}

@@ -1,0 +1,149 @@
+//! W1's audit checks against real MariaDB: a matched market passes, and each check catches the
+//! violation planted for it by raw SQL (or a stray posting through the ledger).
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
+use paybus_money::dec;
+use paybus_p2p::{
+    FillPolicy, Handoff, Matcher,
+    testing::{self, QuoteStub},
+};
+use paybus_platform::{audit, testing::TestEnv};
+use sqlx::MySqlPool;
+
+async fn w1_violations(pool: &MySqlPool) -> Vec<audit::Violation> {
+    let mut conn = pool.acquire().await.unwrap();
+    audit::run(&mut conn, paybus_p2p::audit::CHECKS)
+        .await
+        .unwrap()
+}
+
+async fn execute(pool: &MySqlPool, sql: &'static str, id: u64) {
+    sqlx::query(sql).bind(id).execute(pool).await.unwrap();
+}
+
+async fn stray_credit(pool: &MySqlPool, partner_id: u64, match_id: u64, amount: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    ledger::post(
+        &mut tx,
+        &Posting::new(
+            partner_id,
+            "USDT",
+            EntryType::Credit,
+            dec(amount),
+            ReferenceType::P2pSettlement,
+            match_id,
+        ),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn each_w1_check_catches_the_violation_planted_for_it() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[]).await;
+    let stub = QuoteStub::start().await;
+    let buyer = testing::partner(&env.db, "buyer").await;
+    let seller_partner = testing::partner(&env.db, "seller").await;
+    let used = testing::seller(&env.db, seller_partner, "100").await;
+    let matcher = Matcher::new(
+        services.outbox.clone(),
+        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+    )
+    .unwrap();
+    let matched = matcher
+        .create(&testing::buyer(buyer, "40"), Handoff::Inline)
+        .await
+        .unwrap()
+        .id();
+    let match_id: u64 = sqlx::query_scalar("SELECT id FROM p2p_matches WHERE deposit_order_id = ?")
+        .bind(matched)
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert!(w1_violations(&env.db).await.is_empty());
+    testing::assert_audit_clean(&env.db).await;
+
+    // A seller whose liquidity forgot a confirmed match (it could be sold twice).
+    execute(
+        &env.db,
+        "UPDATE p2p_withdraw_orders SET remaining_amount = amount WHERE id = ?",
+        used,
+    )
+    .await;
+    // A reservation older than the zombie timeout (its attempt died; no reaper ran).
+    let stale = testing::seller(&env.db, seller_partner, "10").await;
+    let waiting = matcher
+        .create(&testing::buyer(buyer, "5"), Handoff::Queued)
+        .await
+        .unwrap()
+        .id();
+    sqlx::query(
+        "INSERT INTO p2p_matches (deposit_order_id, withdraw_order_id, amount, trade_key, reserved_at) \
+         VALUES (?, ?, 5, 'k', NOW(6) - INTERVAL 10 MINUTE)",
+    )
+    .bind(waiting)
+    .bind(stale)
+    .execute(&env.db)
+    .await
+    .unwrap();
+    execute(
+        &env.db,
+        "UPDATE p2p_withdraw_orders SET reserved_amount = 5 WHERE id = ?",
+        stale,
+    )
+    .await;
+    // An order MATCHED without the matches to show for it.
+    let hollow: u64 = sqlx::query(
+        "INSERT INTO p2p_deposit_orders (partner_id, currency, amount, remaining_amount, status, \
+         expires_at, closed_at, close_reason) \
+         VALUES (?, 'USDT', 7, 0, 'MATCHED', NOW(6), NOW(6), 'FILLED')",
+    )
+    .bind(buyer)
+    .execute(&env.db)
+    .await
+    .unwrap()
+    .last_insert_id();
+    // A second CREDIT for a settled match, and a CREDIT for a match that does not exist.
+    stray_credit(&env.db, buyer, match_id, "40").await;
+    stray_credit(&env.db, buyer, 999_999, "1").await;
+
+    let found = w1_violations(&env.db).await;
+    let mut checks: Vec<&str> = found.iter().map(|v| v.check).collect();
+    checks.sort_unstable();
+    assert_eq!(
+        checks,
+        [
+            "p2p_deposit_fill",
+            "p2p_seller_liquidity",
+            "p2p_settlement_legs",
+            "p2p_stale_reservation",
+            "p2p_unexpected_settlement_entry",
+        ],
+        "{found:#?}"
+    );
+    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+    let mentions = |needle: String| text.iter().any(|line| line.contains(&needle));
+    assert!(
+        mentions(format!("withdraw order {used} offers 100")),
+        "{text:#?}"
+    );
+    assert!(
+        mentions(format!("of deposit order {waiting} (PENDING)")),
+        "{text:#?}"
+    );
+    assert!(
+        mentions(format!("deposit order {hollow} (MATCHED) of 7")),
+        "{text:#?}"
+    );
+    assert!(
+        mentions(format!("CONFIRMED match {match_id} has 2 buyer CREDIT")),
+        "{text:#?}"
+    );
+    assert!(
+        mentions("settles match 999999, which does not exist".to_owned()),
+        "{text:#?}"
+    );
+}
