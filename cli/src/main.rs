@@ -48,6 +48,8 @@ enum Command {
     Audit,
     /// Print the function catalog as the README's markdown table.
     Catalog,
+    /// Print the AWS SAM template derived from the catalog (infra/aws/template.yaml).
+    Template,
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -131,6 +133,10 @@ async fn main() -> ExitCode {
         Command::Audit => run_audit(&settings).await,
         Command::Catalog => {
             print!("{}", paybus_catalog::markdown_table());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Template => {
+            print!("{}", paybus_catalog::sam::template_yaml());
             Ok(ExitCode::SUCCESS)
         }
         Command::Sign { body } => sign(&body),
