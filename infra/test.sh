@@ -13,14 +13,10 @@ infra/local/start.sh
 # shellcheck source=local/env.sh
 source infra/local/env.sh
 
-# cfn-lint validates infra/aws/template.yaml offline (functions/catalog/tests/template.rs).
-export PATH="$HOME/.local/bin:$PATH"
-if ! command -v cfn-lint >/dev/null 2>&1; then
-  echo "== installing cfn-lint from PyPI"
-  python3 -m pip install --quiet cfn-lint ||
-    python3 -m pip install --quiet --user --break-system-packages cfn-lint
-  hash -r
-fi
+# cfn-lint validates infra/aws/template.yaml offline (functions/catalog/tests/template.rs
+# runs it from this venv): installed into .local/aws-venv, nothing system-wide.
+aws_tools="$(infra/aws/tools.sh lint)"
+export PATH="$aws_tools:$PATH"
 
 # Per-test databases and vhosts are dropped by the harness; a killed test run leaves its own.
 # Nothing else runs tests against these private instances, so everything matching goes.

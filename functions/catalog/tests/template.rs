@@ -161,16 +161,25 @@ fn the_shipped_template_is_the_catalogs() {
     );
 }
 
+/// The cfn-lint `infra/aws/tools.sh lint` installs into the repository's venv, else one on
+/// `PATH`.
+fn cfn_lint() -> std::path::PathBuf {
+    let venv = repository().join(".local/aws-venv/bin/cfn-lint");
+    if venv.exists() {
+        venv
+    } else {
+        "cfn-lint".into()
+    }
+}
+
 #[test]
 fn cfn_lint_passes_on_the_shipped_template() {
-    let output = Command::new("cfn-lint")
+    let output = Command::new(cfn_lint())
         .arg(TEMPLATE_PATH)
         .current_dir(repository())
         .output()
         .unwrap_or_else(|e| {
-            panic!(
-                "cannot run cfn-lint ({e}): infra/test.sh installs it, or `pip install cfn-lint`"
-            )
+            panic!("cannot run cfn-lint ({e}): install it with infra/aws/tools.sh lint (infra/test.sh does)")
         });
 
     assert!(
@@ -178,5 +187,26 @@ fn cfn_lint_passes_on_the_shipped_template() {
         "cfn-lint {TEMPLATE_PATH}:\n{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn cfn_lint_fails_a_template_whose_mq_event_lost_its_broker() {
+    // The control: the same lint on the catalog's template with one broken MQ event.
+    let mut template = sam::template().to_json();
+    let id = format!("{}Function", pascal_case(FUNCTIONS[0].name));
+    template["Resources"][&id]["Properties"]["Events"]["Queue"]["Properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("Broker");
+    let path = std::env::temp_dir().join(format!("paybus-broken-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::to_string_pretty(&template).unwrap()).unwrap();
+
+    let output = Command::new(cfn_lint()).arg(&path).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+
+    assert!(
+        !output.status.success(),
+        "cfn-lint accepted an MQ event without a broker"
     );
 }
