@@ -49,7 +49,11 @@ enum Command {
     /// Print the function catalog as the README's markdown table.
     Catalog,
     /// Print the AWS SAM template derived from the catalog (infra/aws/template.yaml).
-    Template,
+    Template {
+        /// Print the template's Lambda binaries instead, one a line (infra/aws/package.sh).
+        #[arg(long)]
+        binaries: bool,
+    },
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -135,8 +139,14 @@ async fn main() -> ExitCode {
             print!("{}", paybus_catalog::markdown_table());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Template => {
+        Command::Template { binaries: false } => {
             print!("{}", paybus_catalog::sam::template_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Template { binaries: true } => {
+            for lambda in paybus_catalog::sam::deployables() {
+                println!("{}", lambda.binary);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Sign { body } => sign(&body),

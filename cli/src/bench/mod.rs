@@ -25,11 +25,15 @@ use paybus_platform::{bus::Services, testing::TestEnv};
 use sqlx::MySqlPool;
 
 mod confirm_withdrawal;
+mod lambda_batch;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workflow {
     /// W2: withdrawal confirmations, every message delivered twice.
     ConfirmWithdrawal,
+    /// One Lambda environment on one Amazon MQ batch of W2 confirmations (`--items` of them)
+    /// against the local consumer at the same concurrency.
+    LambdaBatch,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -55,6 +59,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
+        Workflow::LambdaBatch => lambda_batch::run(&args).await,
     }
 }
 

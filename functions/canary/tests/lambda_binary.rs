@@ -77,3 +77,36 @@ async fn the_canary_binary_answers_lambda_invocations_and_pongs_each_ping_once()
         "the runtime keeps running between invocations"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_fails_the_invocation_and_the_replay_pongs_each_ping_once() {
+    let env = TestEnv::new().await;
+    let _services = env.services(&[Canary::queue()]).await;
+    for _ in 0..2 {
+        sqlx::query("INSERT INTO canary_pings () VALUES ()")
+            .execute(&env.db)
+            .await
+            .unwrap();
+    }
+    let mut api = RuntimeApi::start().await;
+    let (mut lambda, database) =
+        LambdaProcess::spawn_behind_relay(env!("CARGO_BIN_EXE_canary"), &mut api, &env).await;
+    let batch = MqEvent::new("paybus.canary")
+        .envelope(&Envelope::new(Ping { ping_id: 1 }))
+        .envelope(&Envelope::new(Ping { ping_id: 2 }))
+        .repeat_last();
+
+    database.cut();
+    let failed = lambda.invoke(&mut api, batch.json()).await.error();
+    database.restore().await;
+    let replayed = lambda.invoke(&mut api, batch.json()).await.response();
+
+    assert_eq!(failed["errorType"], "paybus.BatchError", "{failed}");
+    assert_eq!(
+        replayed,
+        serde_json::json!({"processed": 3, "acked": 3, "dead_lettered": 0})
+    );
+    for id in 1..=2u64 {
+        assert_eq!(ping(&env, id).await, ("PONGED".to_owned(), 1), "ping {id}");
+    }
+}

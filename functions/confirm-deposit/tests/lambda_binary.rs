@@ -56,3 +56,42 @@ async fn a_batch_with_a_duplicate_and_a_malformed_message_credits_each_deposit_o
     }
     assert_audit_clean(&env.db).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_fails_the_invocation_and_the_replay_credits_each_deposit_once() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[ConfirmDeposit::queue()]).await;
+    tap(&services, "test.notifications", NotificationCreated::TYPE).await;
+    let partner_id = partner(&env.db, "acme", Some("http://127.0.0.1:9/webhook")).await;
+    let first = deposit(&env.db, partner_id, "DETECTED", "100", "1").await;
+    let second = deposit(&env.db, partner_id, "DETECTED", "50", "0.5").await;
+    let confirm = |deposit_id| Envelope::new(DepositTxConfirmed { deposit_id });
+    let batch = MqEvent::new("paybus.confirm-deposit")
+        .envelope(&confirm(first))
+        .envelope(&confirm(second))
+        .repeat_last();
+    let mut api = RuntimeApi::start().await;
+    let (mut lambda, database) =
+        LambdaProcess::spawn_behind_relay(env!("CARGO_BIN_EXE_confirm-deposit"), &mut api, &env)
+            .await;
+
+    database.cut();
+    let failed = lambda.invoke(&mut api, batch.json()).await.error();
+    database.restore().await;
+    let replayed = lambda.invoke(&mut api, batch.json()).await.response();
+
+    assert_eq!(failed["errorType"], "paybus.BatchError", "{failed}");
+    assert_eq!(
+        replayed,
+        json!({"processed": 3, "acked": 3, "dead_lettered": 0})
+    );
+    let credits: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM ledger_entries WHERE idem_key IN (?, ?)")
+            .bind(format!("DEP_CREDIT:{first}"))
+            .bind(format!("DEP_CREDIT:{second}"))
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(credits, 2, "one credit per deposit");
+    assert_audit_clean(&env.db).await;
+}

@@ -11,7 +11,6 @@ use paybus_platform::{
     testing::{
         TestEnv,
         lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        outage::Relay,
         queue_depth, tap,
     },
 };
@@ -122,17 +121,8 @@ async fn a_database_outage_fails_the_invocation_and_the_replayed_batch_applies_e
             .await,
         );
     }
-    // The shared database serves every other test: the binary reaches it through a relay this
-    // test cuts, which to the binary is a database server that stopped.
-    let database = Relay::to(&env.settings.database.url).await;
-    let mut vars = env.env_vars();
-    vars.insert(
-        "PAYBUS_DATABASE_URL".to_owned(),
-        database.url(&env.settings.database.url).to_string(),
-    );
-    vars.insert("PAYBUS_DB_ACQUIRE_TIMEOUT_MS".to_owned(), "2000".to_owned());
     let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(BINARY, &api, vars);
+    let (mut lambda, database) = LambdaProcess::spawn_behind_relay(BINARY, &mut api, &env).await;
     let before = MqEvent::new("paybus.confirm-withdrawal").envelope(&confirmation(ids[0]));
     lambda.invoke(&mut api, before.json()).await.response();
 

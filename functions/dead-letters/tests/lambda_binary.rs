@@ -124,3 +124,35 @@ async fn dead_letters_are_recorded_once_however_often_the_batch_is_replayed() {
         "kept as it arrived, for ops to see"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_fails_the_invocation_and_the_replay_records_each_dead_letter_once() {
+    let env = TestEnv::new().await;
+    let batch = MqEvent::new("paybus.confirm-withdrawal.dlq")
+        .message(failed("m-1", "withdrawal 7 is FAILED"), br#"{"id":"m-1"}"#)
+        .message(
+            failed("m-2", "withdrawal 8 is REQUESTED"),
+            br#"{"id":"m-2"}"#,
+        );
+    let mut api = RuntimeApi::start().await;
+    let (mut lambda, database) =
+        LambdaProcess::spawn_behind_relay(env!("CARGO_BIN_EXE_dead-letters"), &mut api, &env).await;
+
+    database.cut();
+    let failed = lambda.invoke(&mut api, batch.json()).await.error();
+    database.restore().await;
+    let replayed = lambda.invoke(&mut api, batch.json()).await.response();
+    let again = lambda.invoke(&mut api, batch.json()).await.response();
+
+    assert_eq!(failed["errorType"], "paybus.BatchError", "{failed}");
+    assert_eq!(
+        replayed,
+        json!({"processed": 2, "acked": 2, "dead_lettered": 0})
+    );
+    assert_eq!(again, replayed);
+    let recorded: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dead_letters")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 2);
+}

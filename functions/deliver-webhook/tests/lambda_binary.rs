@@ -80,3 +80,59 @@ async fn a_batch_with_a_duplicate_posts_each_webhook_once() {
     .await;
     assert_eq!(delivered, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_fails_the_invocation_and_the_replay_posts_each_webhook_once() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
+    let endpoint = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&endpoint)
+        .await;
+    let partner_id = partner(
+        &env.db,
+        "acme",
+        Some(&format!("{}/webhook", endpoint.uri())),
+    )
+    .await;
+    let payload = json!({"event": "WITHDRAWAL_CONFIRMED", "withdrawal_id": 7});
+    let mut uow = services.outbox.begin().await.unwrap();
+    let notification = NewNotification {
+        partner_id,
+        event: "WITHDRAWAL_CONFIRMED",
+        reference_type: "WITHDRAWAL",
+        reference_id: 7,
+        payload: &payload,
+    };
+    let id = enqueue(&mut uow, &notification, uuid::Uuid::new_v4())
+        .await
+        .unwrap()
+        .unwrap();
+    uow.commit().await.unwrap();
+    let batch = MqEvent::new("paybus.deliver-webhook")
+        .envelope(&Envelope::new(NotificationCreated {
+            notification_id: id,
+        }))
+        .repeat_last();
+    let mut api = RuntimeApi::start().await;
+    let (mut lambda, database) =
+        LambdaProcess::spawn_behind_relay(env!("CARGO_BIN_EXE_deliver-webhook"), &mut api, &env)
+            .await;
+
+    database.cut();
+    let failed = lambda.invoke(&mut api, batch.json()).await.error();
+    database.restore().await;
+    let replayed = lambda.invoke(&mut api, batch.json()).await.response();
+
+    assert_eq!(failed["errorType"], "paybus.BatchError", "{failed}");
+    assert_eq!(
+        replayed,
+        json!({"processed": 2, "acked": 2, "dead_lettered": 0})
+    );
+    assert_eq!(
+        endpoint.received_requests().await.unwrap().len(),
+        1,
+        "one POST, after the outage"
+    );
+}

@@ -28,6 +28,7 @@ use base64::Engine;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
+use super::outage::Relay;
 use crate::bus::{Envelope, Message};
 
 /// What the function posted back for an invocation.
@@ -275,6 +276,28 @@ impl LambdaProcess {
             stderr,
             reader,
         }
+    }
+
+    /// [`spawn`](Self::spawn) with `env`'s variables, the database reached through a
+    /// [`Relay`] the test can cut (a database outage for this process alone; the shared
+    /// server keeps serving every other test) and a short pool timeout, so an invocation
+    /// during the outage fails in about two seconds. Returns once the process asks for its
+    /// first event (its init is done): a cut is then an outage of a running environment.
+    pub async fn spawn_behind_relay(
+        binary: &str,
+        api: &mut RuntimeApi,
+        env: &super::TestEnv,
+    ) -> (Self, Arc<Relay>) {
+        let database = Relay::to(&env.settings.database.url).await;
+        let mut vars = env.env_vars();
+        vars.insert(
+            "PAYBUS_DATABASE_URL".to_owned(),
+            database.url(&env.settings.database.url).to_string(),
+        );
+        vars.insert("PAYBUS_DB_ACQUIRE_TIMEOUT_MS".to_owned(), "2000".to_owned());
+        let process = Self::spawn(binary, api, vars);
+        api.next_call(Duration::from_secs(30)).await;
+        (process, database)
     }
 
     /// Hands the function one event and waits for its answer (failing the test if the
