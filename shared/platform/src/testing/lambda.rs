@@ -318,6 +318,23 @@ impl LambdaProcess {
         }
     }
 
+    /// The outage scenario: `event` while `database` is cut (the invocation must fail), then
+    /// the same event once it is back (it must succeed, as Amazon MQ's replay of the batch):
+    /// the error and the response.
+    pub async fn invoke_during_and_after_outage(
+        &mut self,
+        api: &mut RuntimeApi,
+        database: &Relay,
+        event: &str,
+    ) -> (Value, Value) {
+        database.cut();
+        let failed = self.invoke(api, event).await.error();
+        database.restore().await;
+        let replayed = self.invoke(api, event).await.response();
+        assert_eq!(failed["errorType"], "paybus.BatchError", "{failed}");
+        (failed, replayed)
+    }
+
     /// Waits (at most 30 s) for the process to exit; its exit code.
     pub async fn wait(&mut self) -> Option<i32> {
         let code = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
