@@ -13,6 +13,11 @@ infra/local/start.sh
 # shellcheck source=local/env.sh
 source infra/local/env.sh
 
+# cfn-lint validates infra/aws/template.yaml offline (functions/catalog/tests/template.rs
+# runs it from this venv): installed into .local/aws-venv, nothing system-wide.
+aws_tools="$(infra/aws/tools.sh lint)"
+export PATH="$aws_tools:$PATH"
+
 # Per-test databases and vhosts are dropped by the harness; a killed test run leaves its own.
 # Nothing else runs tests against these private instances, so everything matching goes.
 leftover_dbs=$(mariadb -uroot -S "$PAYBUS_MARIADB_DIR/sock" -N -e \

@@ -29,6 +29,7 @@ pub mod error;
 mod markets;
 mod p2p;
 mod partners;
+pub mod process;
 pub mod server;
 mod signed;
 
@@ -152,6 +153,12 @@ pub async fn serve(
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ApiError::Bind { addr, source })?;
+    warn_about_closed_routes(&state);
+    server::serve_on(listener, state, config.limits, shutdown).await
+}
+
+/// A route whose secret is unset answers 503 to everything: say so once at start-up.
+pub fn warn_about_closed_routes(state: &AppState) {
     if state.chain_monitor_secret.is_none() {
         tracing::warn!(
             "PAYBUS_CHAIN_MONITOR_SECRET is not set: the chain-monitor intake answers 503"
@@ -165,7 +172,6 @@ pub async fn serve(
     if state.admin_jwt_secret.is_none() {
         tracing::warn!("PAYBUS_ADMIN_JWT_SECRET is not set: the admin API answers 503");
     }
-    server::serve_on(listener, state, config.limits, shutdown).await
 }
 
 /// [`serve`] on a listener the caller bound (e.g. port 0 in tests), with default limits.

@@ -54,6 +54,12 @@ enum Command {
     /// a FAILED one.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
+    /// Print the AWS SAM template derived from the catalog (infra/aws/template.yaml).
+    Template {
+        /// Print the template's Lambda binaries instead, one a line (infra/aws/package.sh).
+        #[arg(long)]
+        binaries: bool,
+    },
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -143,6 +149,16 @@ async fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Jobs(command) => jobs::run(&settings, command).await,
+        Command::Template { binaries: false } => {
+            print!("{}", paybus_catalog::sam::template_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Template { binaries: true } => {
+            for lambda in paybus_catalog::sam::deployables() {
+                println!("{}", lambda.binary);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Sign { body } => sign(&body),
         Command::Token(TokenCommand::Issue {
             roles,

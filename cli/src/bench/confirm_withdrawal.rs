@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, bail};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
 use paybus_platform::{
-    bus::{Envelope, Handler, Outcome, Runner, metrics},
+    bus::{Envelope, Handler, Outcome, Runner, Services, metrics},
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met};
 
-async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64>> {
+pub(super) async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64>> {
     let mut ids = Vec::with_capacity(usize::from(count));
     for n in 0..count {
         ids.push(
@@ -32,7 +32,7 @@ async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64
 }
 
 /// `count` NORMAL withdrawals in BROADCASTING, spread round robin over `partners`.
-async fn insert_broadcasting_withdrawals(
+pub(super) async fn insert_broadcasting_withdrawals(
     pool: &MySqlPool,
     partners: &[u64],
     count: usize,
@@ -124,51 +124,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     // Through the broker: the same number of messages, consumed by the real runtime.
     let ids = insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?;
-    let messages: Vec<_> = doubled(&ids)
-        .into_iter()
-        .map(|withdrawal_id| {
-            Envelope::new(WithdrawalTxConfirmed {
-                withdrawal_id,
-                tx_hash: "0xbench".to_owned(),
-            })
-            .to_outgoing()
-        })
-        .collect::<Result<_, _>>()?;
-    let shutdown = CancellationToken::new();
-    let mut runner = Runner::new(services.clone());
-    runner.add_function(ConfirmWithdrawal);
-    let running = tokio::spawn(runner.run(shutdown.clone()));
-    let processed = || {
-        metrics::count("confirm-withdrawal", "done")
-            + metrics::count("confirm-withdrawal", "skipped")
-    };
-    let counters = Counters::read(&services.pool).await?;
-    let started = Instant::now();
-    for chunk in messages.chunks(512) {
-        for result in services.publisher().publish_events(chunk).await {
-            result.context("publishing a confirmation")?;
-        }
-    }
-    let deadline = started + Duration::from_secs(600);
-    while processed() < messages.len() as u64 {
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {} messages processed in 10 minutes",
-                processed(),
-                messages.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let through_broker = Phase {
-        name: "through the broker (with duplicates)",
-        unit: "messages",
-        count: messages.len(),
-        elapsed: started.elapsed(),
-        statements: Some(counters.since(&services.pool).await?),
-    };
-    shutdown.cancel();
-    running.await??;
+    let through_broker = through_the_broker(
+        &services,
+        &doubled(&ids),
+        "through the broker (with duplicates)",
+    )
+    .await?;
 
     let ceiling = database_ceiling(&services.pool, work.len(), args.concurrency).await?;
 
@@ -207,4 +168,61 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         2 * args.items
     );
     Ok(())
+}
+
+/// A confirmation of each of `withdrawals` published, and consumed by the real runtime (the
+/// local consumer, prefetch = the services' setting) until every one is processed.
+pub(super) async fn through_the_broker(
+    services: &Services,
+    withdrawals: &[u64],
+    name: &'static str,
+) -> anyhow::Result<Phase> {
+    let messages: Vec<_> = withdrawals
+        .iter()
+        .map(|&withdrawal_id| {
+            Envelope::new(WithdrawalTxConfirmed {
+                withdrawal_id,
+                tx_hash: "0xbench".to_owned(),
+            })
+            .to_outgoing()
+        })
+        .collect::<Result<_, _>>()?;
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(ConfirmWithdrawal);
+    let running = tokio::spawn(runner.run(shutdown.clone()));
+    let processed = || {
+        metrics::count("confirm-withdrawal", "done")
+            + metrics::count("confirm-withdrawal", "skipped")
+    };
+    // The counters are process-wide: count from where they stand now.
+    let before = processed();
+    let counters = Counters::read(&services.pool).await?;
+    let started = Instant::now();
+    for chunk in messages.chunks(512) {
+        for result in services.publisher().publish_events(chunk).await {
+            result.context("publishing a confirmation")?;
+        }
+    }
+    let deadline = started + Duration::from_secs(600);
+    while processed() - before < messages.len() as u64 {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {} messages processed in 10 minutes",
+                processed() - before,
+                messages.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let phase = Phase {
+        name,
+        unit: "messages",
+        count: messages.len(),
+        elapsed: started.elapsed(),
+        statements: Some(counters.since(&services.pool).await?),
+    };
+    shutdown.cancel();
+    running.await??;
+    Ok(phase)
 }

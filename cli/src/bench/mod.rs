@@ -26,6 +26,7 @@ use sqlx::MySqlPool;
 
 mod confirm_withdrawal;
 mod grant_bonus;
+mod lambda_batch;
 mod matching;
 mod suspend;
 
@@ -41,6 +42,9 @@ pub enum Workflow {
     /// W1: P2P deposit orders matched with a 200 ms quote service, against the seed's design
     /// holding its locks across the call (run with `--concurrency 32`).
     Match,
+    /// One Lambda environment on one Amazon MQ batch of W2 confirmations (`--items` of them)
+    /// against the local consumer at the same concurrency.
+    LambdaBatch,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -72,6 +76,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workflow::GrantBonus => grant_bonus::run(&args).await,
         Workflow::Suspend => suspend::run(&args).await,
         Workflow::Match => matching::run(&args).await,
+        Workflow::LambdaBatch => lambda_batch::run(&args).await,
     }
 }
 

@@ -4,12 +4,16 @@
 //! implements `paybus_platform::function::Function`, and a one-line `main.rs`) plus one line
 //! in [`FUNCTIONS`]. Everything else is derived from this list: the queues `paybus topology`
 //! declares and `infra/rabbitmq/definitions.json` ships, the consumers `paybus run` starts,
-//! the sweeper's jobs, and the README's function table (`paybus catalog`); a test checks the
-//! shipped files and every crate in `functions/` against it.
+//! the sweeper's jobs, the README's function table (`paybus catalog`) and the AWS SAM template
+//! ([`sam`], `paybus template`); a test checks the shipped files and every crate in
+//! `functions/` against it.
 //!
 //! The sweeper (`functions/sweeper`) is not in the list: it is the scheduled function that
 //! runs the listed functions' jobs. [`AUDIT`] is the same idea for invariants: each workflow's
 //! domain crate contributes its checks.
+
+pub mod sam;
+mod yaml;
 
 use std::sync::Arc;
 

@@ -53,6 +53,9 @@ pub struct BrokerSettings {
     pub url: Url,
     /// Deliveries in flight per consumer: bounds each function's concurrency.
     pub prefetch: u16,
+    /// Messages of one Amazon MQ batch processed at once by a Lambda (its prefetch): the
+    /// event source mapping hands one environment the whole batch.
+    pub lambda_concurrency: u16,
 }
 
 impl fmt::Debug for BrokerSettings {
@@ -60,6 +63,7 @@ impl fmt::Debug for BrokerSettings {
         f.debug_struct("BrokerSettings")
             .field("url", &crate::redact::url(&self.url))
             .field("prefetch", &self.prefetch)
+            .field("lambda_concurrency", &self.lambda_concurrency)
             .finish()
     }
 }
@@ -138,6 +142,12 @@ impl Settings {
                     "an integer from 1 to 65535 (deliveries in flight per consumer)",
                     |n: &u16| *n > 0,
                 )?,
+                lambda_concurrency: env.parse(
+                    "PAYBUS_LAMBDA_CONCURRENCY",
+                    64,
+                    "an integer from 1 to 65535 (messages of a Lambda batch in flight)",
+                    |n: &u16| *n > 0,
+                )?,
             },
             log_format: match env.get("PAYBUS_LOG_FORMAT") {
                 None => LogFormat::Text,
@@ -163,9 +173,14 @@ impl fmt::Debug for Vars {
 }
 
 impl Vars {
-    /// The process environment.
+    /// The process environment, with the values [`crate::secrets::resolve`] fetched for its
+    /// `_FROM` references.
     pub fn from_env() -> Self {
-        Vars(std::env::vars().collect())
+        let mut vars: HashMap<String, String> = std::env::vars().collect();
+        if let Some(resolved) = crate::secrets::resolved() {
+            vars.extend(resolved.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Vars(vars)
     }
 
     pub fn new(vars: HashMap<String, String>) -> Self {
@@ -288,6 +303,7 @@ mod tests {
         assert_eq!(s.database.url.port(), Some(13306));
         assert_eq!(s.broker.url.port(), Some(5682));
         assert_eq!(s.broker.prefetch, 64);
+        assert_eq!(s.broker.lambda_concurrency, 64);
         assert_eq!(s.log_format, LogFormat::Text);
     }
 

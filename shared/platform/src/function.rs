@@ -8,10 +8,17 @@
 //! RabbitMQ definitions. A function's `main.rs` is one line: [`main::<ItsHandler>()`](main).
 //!
 //! The same binary runs as a local consumer, or, when `AWS_LAMBDA_RUNTIME_API` is set
-//! (Lambda sets it), under `lambda_runtime` on Amazon MQ events.
+//! (Lambda sets it), under `lambda_runtime` on Amazon MQ events. So do the platform's own
+//! deployables: the sweeper ([`sweeper_main`]) and the dead-letter recorder
+//! ([`dead_letters_main`]).
+//!
+//! Start-up connects to the database and the broker eagerly, before the first event: a wrong
+//! URL or an unreachable database is an init error Lambda reports (and the first batch does
+//! not pay for the connections); `_FROM` references are fetched first (see [`secrets`]).
 
 use std::{process::ExitCode, sync::Arc};
 
+use aws_lambda_events::event::rabbitmq::RabbitMqEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
 
 use crate::{
@@ -24,6 +31,8 @@ use crate::{
         topology::FunctionQueue,
     },
     config::LogFormat,
+    db,
+    secrets::{self, SecretError},
     telemetry,
 };
 
@@ -111,6 +120,8 @@ pub enum FunctionError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error(transparent)]
     Build(#[from] BuildError),
     #[error(transparent)]
     Startup(#[from] StartupError),
@@ -118,37 +129,47 @@ pub enum FunctionError {
     Lambda(lambda_runtime::Error),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    /// The process's own service stopped with an error (e.g. the HTTP API's server).
+    #[error(transparent)]
+    Service(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl FunctionError {
     /// 2 for a configuration mistake (the operator's to fix), 1 for anything else.
     fn exit_code(&self) -> ExitCode {
         match self {
-            FunctionError::Config(_) | FunctionError::Build(BuildError::Config(_)) => {
-                ExitCode::from(2)
-            }
+            FunctionError::Config(_)
+            | FunctionError::Secret(SecretError::Both { .. })
+            | FunctionError::Build(BuildError::Config(_)) => ExitCode::from(2),
             _ => ExitCode::FAILURE,
         }
     }
 }
 
-fn in_lambda() -> bool {
+/// Whether this process is a Lambda execution environment (Lambda sets the variable).
+pub fn in_lambda() -> bool {
     std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
 }
 
-async fn start() -> Result<Services, FunctionError> {
+/// Fetches the `_FROM` references, reads the settings and sets up logging (JSON in Lambda).
+pub async fn settings() -> Result<Settings, FunctionError> {
+    secrets::resolve(&std::env::vars().collect()).await?;
     let settings = Settings::from_env()?;
     telemetry::init(if in_lambda() {
         LogFormat::Json
     } else {
         settings.log_format
     });
-    Ok(Services::connect(settings).await?)
+    Ok(settings)
+}
+
+async fn start() -> Result<Services, FunctionError> {
+    Ok(Services::connect(settings().await?).await?)
 }
 
 /// Runs `work` on a fresh multi-threaded runtime and turns its error into an exit code (the
 /// error on stderr: the one line an operator reads when a process will not start).
-fn block_on(work: impl Future<Output = Result<(), FunctionError>>) -> ExitCode {
+pub fn block_on(work: impl Future<Output = Result<(), FunctionError>>) -> ExitCode {
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -171,6 +192,11 @@ pub fn main<F: Function>() -> ExitCode {
 /// The whole `main` of the sweeper binary: the outbox relay plus `jobs`.
 pub fn sweeper_main(jobs: Jobs) -> ExitCode {
     block_on(run_sweeper(jobs))
+}
+
+/// The whole `main` of the dead-letter recorder binary.
+pub fn dead_letters_main(queues: fn() -> Vec<FunctionQueue>) -> ExitCode {
+    block_on(run_dead_letters(queues))
 }
 
 /// Builds the services and the handler once, then runs it until SIGTERM (locally) or for the
@@ -222,4 +248,37 @@ pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
     ))
     .await
     .map_err(FunctionError::Lambda)
+}
+
+/// The dead-letter recorder. In AWS a Lambda whose event source mappings are every function's
+/// `.dlq` and `paybus.unrouted` (each message recorded in `dead_letters` once, however often
+/// the batch is replayed); locally a consumer of the dead-letter queue of each of `queues`
+/// and of `paybus.unrouted`, until SIGTERM.
+pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), FunctionError> {
+    let settings = settings().await?;
+    if in_lambda() {
+        // The database only: recording publishes nothing, so no broker connection to open.
+        let pool = db::connect(&settings.database)
+            .await
+            .map_err(StartupError::from)?;
+        let concurrency = usize::from(settings.broker.lambda_concurrency);
+        let pool = &pool;
+        tracing::info!(
+            function = lambda::DEAD_LETTER_RECORDER,
+            "lambda runtime starting"
+        );
+        return lambda_runtime::run(service_fn(
+            move |event: LambdaEvent<RabbitMqEvent>| async move {
+                lambda::record_dead_letters(pool, concurrency, event.payload).await
+            },
+        ))
+        .await
+        .map_err(FunctionError::Lambda);
+    }
+    let mut runner = Runner::new(Services::connect(settings).await?);
+    for queue in queues() {
+        runner.add_dead_letter_recorder(queue);
+    }
+    runner.run(shutdown_on_signal()).await?;
+    Ok(())
 }

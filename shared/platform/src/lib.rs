@@ -11,6 +11,7 @@ pub mod db;
 pub mod function;
 pub mod redact;
 pub mod retry;
+pub mod secrets;
 pub mod signature;
 pub mod telemetry;
 pub mod transition;

@@ -5,6 +5,9 @@
 //! Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`, `PAYBUS_AMQP_URL`
 //! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
 
+pub mod lambda;
+pub mod outage;
+
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};

@@ -10,7 +10,10 @@ use super::{
     envelope::OutgoingMessage,
     headers::{self, header_integer, header_text, integer_header, text_header},
     publisher::{PublishError, Publisher},
-    topology::{DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, UNROUTED_QUEUE, dead_letter_queue_name},
+    topology::{
+        DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, UNROUTED_QUEUE, dead_letter_queue_function,
+        dead_letter_queue_name,
+    },
 };
 
 pub const H_FUNCTION: &str = "x-paybus-function";
@@ -153,10 +156,10 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
                 routing_key: death
                     .and_then(|d| d.routing_key)
                     .unwrap_or_else(|| delivery.routing_key.clone()),
-                reason: if reason == "delivery_limit" {
-                    "delivery_limit".to_owned()
-                } else {
-                    format!("broker_{reason}")
+                // No `x-first-death-reason` at all (a message put on the DLQ by hand): "broker".
+                reason: match reason.as_str() {
+                    "delivery_limit" | "broker" => reason.clone(),
+                    other => format!("broker_{other}"),
                 },
                 error: format!("dead-lettered by the broker ({reason}) after {count} death(s)"),
                 attempts: u32::try_from(count).unwrap_or(0),
@@ -407,6 +410,23 @@ impl Processor for UnroutedRecorder {
             },
         }
     }
+}
+
+/// Records a message that arrived on `queue` (a function's `.dlq`, or `paybus.unrouted`) as
+/// that queue's recorder does; true when this call recorded it. A queue of any other name is
+/// recorded under its own name rather than dropped (a mapping pointed at the wrong queue is
+/// a deployment mistake ops must see). The dead-letter recorder Lambda's one step.
+pub async fn record_from_queue(
+    pool: &MySqlPool,
+    queue: &str,
+    delivery: &IncomingDelivery,
+) -> Result<bool, sqlx::Error> {
+    let row = if queue == UNROUTED_QUEUE {
+        describe_unrouted(delivery)
+    } else {
+        describe(dead_letter_queue_function(queue).unwrap_or(queue), delivery)
+    };
+    insert(pool, &row, delivery).await
 }
 
 /// Rewrites `dead_letters.headers` that an earlier paybus stored in lapin's serde form (a

@@ -8,32 +8,43 @@
 //! Re-running the messages already done is harmless: handlers are idempotent, and attempts
 //! live in the database rows, not in the broker.
 //!
+//! The event source mapping runs one execution environment per queue, so a batch is the
+//! function's whole throughput: its messages are processed concurrently, at most
+//! `PAYBUS_LAMBDA_CONCURRENCY` at once (the Lambda's prefetch). A handler with
+//! `MAX_BATCH > 1` gets them in chunks of up to `MAX_BATCH`, one `handle_batch` call each,
+//! exactly as the local consumer hands it what the broker delivered together: a Lambda batch
+//! costs no more statements per message than the local consumer.
+//!
 //! Topology is not declared here (round trips on every cold start): the deployment declares
-//! it (`infra/rabbitmq/definitions.json` or `paybus topology`). Dead letters need `paybus.dlx`
-//! bound to the function's `.dlq`; without it they are not confirmed and the batch fails.
+//! it (the `migrate` function, `paybus topology`, or `infra/rabbitmq/definitions.json`). Dead
+//! letters need `paybus.dlx` bound to the function's `.dlq`; without it they are not
+//! confirmed and the batch fails.
 //!
 //! A dead letter published here and the batch then failing for another message means the
 //! retried batch dead-letters that message again; its dead-letter id derives from the function,
-//! the message id and the reason, so `dead_letters` still records it once.
+//! the message id and the reason, so `dead_letters` still records it once. The dead-letter
+//! queues themselves are drained by their own Lambda ([`record_dead_letters`]).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, future::Future, time::Duration};
 
 use aws_lambda_events::event::rabbitmq::{RabbitMqBasicProperties, RabbitMqEvent, RabbitMqMessage};
 use base64::Engine;
+use futures_util::{StreamExt, future::join_all, stream};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use lapin::{
     BasicProperties,
     types::{AMQPValue, FieldArray, FieldTable, ShortString},
 };
 use serde::{Deserialize, Serialize};
+use sqlx::MySqlPool;
 use tracing::Instrument;
 
 use super::{
     dead_letter,
     delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery},
-    handler::{Handler, process},
+    handler::{Handler, process, process_batch},
     metrics,
-    publisher::PublishError,
+    publisher::{PublishError, Publisher},
     services::Services,
 };
 
@@ -42,7 +53,8 @@ use super::{
 pub struct BatchSummary {
     /// Messages in the batch (`acked + dead_lettered`).
     pub processed: usize,
-    /// Done, skipped or scheduled for a retry by the handler.
+    /// Done, skipped or scheduled for a retry by the handler (for the dead-letter recorder:
+    /// recorded, or already recorded).
     pub acked: usize,
     /// Published (confirmed) to the function's dead-letter queue.
     pub dead_lettered: usize,
@@ -96,41 +108,134 @@ pub async fn run<H: Handler>(handler: H, services: Services) -> Result<(), lambd
 }
 
 /// Settles every message of one Amazon MQ event: ack (nothing to do), or a confirmed dead
-/// letter. Fails, after processing the whole batch, if any message hit an infrastructure fault.
+/// letter; `lambda_concurrency` of them at once, in chunks of up to `H::MAX_BATCH`. Fails,
+/// after processing the whole batch, if any message hit an infrastructure fault.
 pub async fn handle_event<H: Handler>(
     handler: &H,
     services: &Services,
     event: RabbitMqEvent,
 ) -> Result<BatchSummary, BatchError> {
-    let mut summary = BatchSummary::default();
-    let mut faults = Vec::new();
-    for (queue, messages) in &event.messages_by_queue {
-        for (index, message) in messages.iter().enumerate() {
+    let concurrency = usize::from(services.settings.broker.lambda_concurrency);
+    let settled = settle_concurrently(
+        &event,
+        concurrency,
+        H::MAX_BATCH,
+        |queue, first, messages| {
             let span = tracing::info_span!(
-                "rabbitmq_message",
+                "rabbitmq_messages",
                 function = H::FUNCTION,
                 queue = %queue,
-                index,
-                redelivered = message.redelivered,
+                first,
+                count = messages.len(),
             );
-            match handle_message(handler, services, message)
-                .instrument(span)
-                .await
-            {
-                Ok(Settled::Acked) => summary.acked += 1,
-                Ok(Settled::DeadLettered) => summary.dead_lettered += 1,
-                Err(error) => faults.push(MessageFault {
-                    queue: queue.clone(),
-                    message_id: message.basic_properties.message_id.clone(),
-                    error: error.to_string(),
-                }),
+            settle_chunk(handler, services, messages).instrument(span)
+        },
+    )
+    .await;
+    summarise(H::FUNCTION, settled)
+}
+
+/// The `function_name` the dead-letter recorder logs under (each row names its own function).
+pub const DEAD_LETTER_RECORDER: &str = "dead-letters";
+
+/// The dead-letter recorder's Lambda: records every message of an event from the dead-letter
+/// queues (`paybus.<function>.dlq`, and `paybus.unrouted`) in `dead_letters`, once however
+/// often the batch is delivered (the row's key is the dead letter's id). A message that does
+/// not decode is recorded as it arrived; only a database fault fails the batch.
+pub async fn record_dead_letters(
+    pool: &MySqlPool,
+    concurrency: usize,
+    event: RabbitMqEvent,
+) -> Result<BatchSummary, BatchError> {
+    let settled = settle_concurrently(&event, concurrency, 1, |queue, first, messages| {
+        let span = tracing::info_span!("dead_letters", queue = %queue, first);
+        let queue = queue.split_once("::").map_or(queue, |(name, _vhost)| name);
+        async move {
+            let mut settled = Vec::with_capacity(messages.len());
+            for message in messages {
+                let delivery = decode(message).delivery;
+                settled.push(
+                    dead_letter::record_from_queue(pool, queue, &delivery)
+                        .await
+                        .map(|_| Settled::Acked)
+                        .map_err(Unsettled::Record),
+                );
             }
+            settled
+        }
+        .instrument(span)
+    })
+    .await;
+    summarise(DEAD_LETTER_RECORDER, settled)
+}
+
+/// What became of one message: settled, or why not.
+type Settlement = Result<Settled, Unsettled>;
+
+/// Runs `settle` over the event's messages in chunks of up to `max_batch` (never more than
+/// `concurrency`), with at most `concurrency` messages in flight; one settlement per message,
+/// in the event's order. `settle` gets the queue key, the chunk's first index and the chunk.
+async fn settle_concurrently<'e, F, Fut>(
+    event: &'e RabbitMqEvent,
+    concurrency: usize,
+    max_batch: usize,
+    settle: F,
+) -> Vec<(&'e str, &'e RabbitMqMessage, Settlement)>
+where
+    F: Fn(&'e str, usize, &'e [RabbitMqMessage]) -> Fut,
+    Fut: Future<Output = Vec<Settlement>>,
+{
+    let concurrency = concurrency.max(1);
+    let size = max_batch.clamp(1, concurrency);
+    let chunks = event
+        .messages_by_queue
+        .iter()
+        .flat_map(|(queue, messages)| {
+            messages
+                .chunks(size)
+                .enumerate()
+                .map(move |(n, chunk)| (queue.as_str(), n * size, chunk))
+        });
+    stream::iter(chunks)
+        .map(|(queue, first, chunk)| {
+            let settled = settle(queue, first, chunk);
+            async move {
+                let settled = settled.await;
+                chunk
+                    .iter()
+                    .zip(settled)
+                    .map(|(message, settlement)| (queue, message, settlement))
+                    .collect::<Vec<_>>()
+            }
+        })
+        .buffered(concurrency / size)
+        .flat_map(stream::iter)
+        .collect()
+        .await
+}
+
+/// The invocation's answer: the summary, or the error that makes Amazon MQ retry the batch.
+fn summarise(
+    function: &str,
+    settled: Vec<(&str, &RabbitMqMessage, Settlement)>,
+) -> Result<BatchSummary, BatchError> {
+    let mut summary = BatchSummary::default();
+    let mut faults = Vec::new();
+    for (queue, message, settlement) in settled {
+        match settlement {
+            Ok(Settled::Acked) => summary.acked += 1,
+            Ok(Settled::DeadLettered) => summary.dead_lettered += 1,
+            Err(error) => faults.push(MessageFault {
+                queue: queue.to_owned(),
+                message_id: message.basic_properties.message_id.clone(),
+                error: error.to_string(),
+            }),
         }
     }
     summary.processed = summary.acked + summary.dead_lettered;
     if faults.is_empty() {
         tracing::info!(
-            function = H::FUNCTION,
+            function,
             processed = summary.processed,
             acked = summary.acked,
             dead_lettered = summary.dead_lettered,
@@ -139,7 +244,7 @@ pub async fn handle_event<H: Handler>(
         Ok(summary)
     } else {
         let error = BatchError { summary, faults };
-        tracing::error!(function = H::FUNCTION, %error, "batch failed");
+        tracing::error!(function, %error, "batch failed");
         Err(error)
     }
 }
@@ -157,39 +262,74 @@ enum Unsettled {
     Requeue(String),
     #[error("dead letter not confirmed: {0}")]
     DeadLetter(#[from] PublishError),
+    #[error("recording the dead letter: {0}")]
+    Record(sqlx::Error),
 }
 
-/// One message: decode, process, settle.
-async fn handle_message<H: Handler>(
+/// One chunk of messages: decode, process (together when the handler takes batches),
+/// settle each.
+async fn settle_chunk<H: Handler>(
     handler: &H,
     services: &Services,
-    message: &RabbitMqMessage,
-) -> Result<Settled, Unsettled> {
-    let Decoded {
-        delivery,
-        malformed,
-    } = decode(message);
-    let disposition = match malformed {
-        None => process(handler, &services.outbox, &delivery).await,
-        Some(error) => {
-            metrics::record(H::FUNCTION, "malformed", Duration::ZERO);
-            tracing::warn!(
-                function = H::FUNCTION,
-                message_id = delivery.message_id().unwrap_or_default(),
-                outcome = "malformed",
-                detail = %error,
-                "message processed"
-            );
-            Disposition::DeadLetter(DeadLetter {
-                reason: DeadLetterReason::Malformed,
-                error,
-            })
-        }
-    };
+    messages: &[RabbitMqMessage],
+) -> Vec<Settlement> {
+    let decoded: Vec<Decoded> = messages.iter().map(decode).collect();
+    let well_formed: Vec<IncomingDelivery> = decoded
+        .iter()
+        .filter(|d| d.malformed.is_none())
+        .map(|d| d.delivery.clone())
+        .collect();
+    let mut processed = match &well_formed[..] {
+        [] => Vec::new(),
+        [single] => vec![process(handler, &services.outbox, single).await],
+        several => process_batch(handler, &services.outbox, several).await,
+    }
+    .into_iter();
+    let dispositions: Vec<Disposition> = decoded
+        .iter()
+        .map(|d| match &d.malformed {
+            Some(error) => malformed::<H>(&d.delivery, error),
+            None => processed.next().unwrap_or_else(|| Disposition::Requeue {
+                after: Duration::ZERO,
+                error: "not processed".to_owned(),
+            }),
+        })
+        .collect();
+    // Concurrently: the dead letters' confirms are independent round trips.
+    join_all(
+        decoded
+            .iter()
+            .zip(dispositions)
+            .map(|(d, disposition)| settle::<H>(services.publisher(), &d.delivery, disposition)),
+    )
+    .await
+}
+
+/// The disposition of a message whose body the event could not give us.
+fn malformed<H: Handler>(delivery: &IncomingDelivery, error: &str) -> Disposition {
+    metrics::record(H::FUNCTION, "malformed", Duration::ZERO);
+    tracing::warn!(
+        function = H::FUNCTION,
+        message_id = delivery.message_id().unwrap_or_default(),
+        outcome = "malformed",
+        detail = %error,
+        "message processed"
+    );
+    Disposition::DeadLetter(DeadLetter {
+        reason: DeadLetterReason::Malformed,
+        error: error.to_owned(),
+    })
+}
+
+async fn settle<H: Handler>(
+    publisher: &Publisher,
+    delivery: &IncomingDelivery,
+    disposition: Disposition,
+) -> Settlement {
     match disposition {
         Disposition::Ack => Ok(Settled::Acked),
         Disposition::DeadLetter(dead) => {
-            dead_letter::publish(services.publisher(), H::FUNCTION, &delivery, &dead).await?;
+            dead_letter::publish(publisher, H::FUNCTION, delivery, &dead).await?;
             Ok(Settled::DeadLettered)
         }
         Disposition::Requeue { error, .. } => Err(Unsettled::Requeue(error)),

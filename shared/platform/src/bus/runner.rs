@@ -64,11 +64,19 @@ impl Runner {
 
     /// Adds a function's consumer and the recorder of its dead-letter queue.
     pub fn add_function<H: Handler>(&mut self, handler: H) -> &mut Self {
-        self.queues.push(H::queue());
         let processor = Arc::new(HandlerProcessor::new(handler, self.services.outbox.clone()));
         self.add_consumer(processor);
+        self.add_dead_letter_recorder(H::queue())
+    }
+
+    /// Adds the recorder of one function's dead-letter queue (alone: the `dead-letters`
+    /// binary records every function's).
+    pub fn add_dead_letter_recorder(&mut self, queue: FunctionQueue) -> &mut Self {
+        if !self.queues.contains(&queue) {
+            self.queues.push(queue);
+        }
         let recorder = Arc::new(DeadLetterRecorder::new(
-            H::FUNCTION,
+            queue.function,
             self.services.pool.clone(),
         ));
         self.add_consumer(recorder);

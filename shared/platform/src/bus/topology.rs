@@ -57,6 +57,14 @@ pub fn dead_letter_queue_name(function: &str) -> String {
     format!("paybus.{function}.dlq")
 }
 
+/// The function whose dead-letter queue `queue` is (`paybus.<function>.dlq`), if it is one.
+pub fn dead_letter_queue_function(queue: &str) -> Option<&str> {
+    queue
+        .strip_prefix("paybus.")?
+        .strip_suffix(".dlq")
+        .filter(|function| !function.is_empty())
+}
+
 fn queue_arguments(function: &str) -> FieldTable {
     let mut args = FieldTable::default();
     let text = |s: &str| AMQPValue::LongString(s.into());

@@ -1,0 +1,6 @@
+//! The `api` binary: the HTTP API alone, behind API Gateway as a Lambda in AWS, or a plain
+//! server elsewhere.
+
+fn main() -> std::process::ExitCode {
+    paybus_platform::function::block_on(paybus_api::process::run(paybus_catalog::audit_checks()))
+}

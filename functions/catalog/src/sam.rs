@@ -1,0 +1,651 @@
+//! The AWS SAM template (`infra/aws/template.yaml`), generated from the catalog by
+//! `paybus template`; a test keeps the shipped file equal to it and runs `cfn-lint` on it.
+//!
+//! One Lambda per catalog function on its Amazon MQ queue, the dead-letter recorder on every
+//! dead-letter queue and `paybus.unrouted`, the sweeper on a schedule, the HTTP API behind an
+//! API Gateway HTTP API, and the `migrate` function behind a custom resource that every other
+//! function depends on. Secrets are references (`PAYBUS_*_FROM`, see
+//! `paybus_platform::secrets`), never values; alarms cover every dead-letter queue, every
+//! function's errors and the API's 5xx answers.
+
+use paybus_platform::bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name, queue_name};
+
+use crate::{
+    FUNCTIONS,
+    yaml::{Node, get_att, list, map, reference, sub},
+};
+
+/// Where the template lives, relative to the repository.
+pub const TEMPLATE_PATH: &str = "infra/aws/template.yaml";
+
+/// A Lambda of the template: its binary (built from `crate_dir`, relative to the repository)
+/// and its logical id's stem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployable {
+    pub binary: &'static str,
+    pub crate_dir: String,
+    pub logical_id: String,
+}
+
+impl Deployable {
+    fn new(binary: &'static str, crate_dir: &str) -> Self {
+        Self {
+            binary,
+            crate_dir: crate_dir.to_owned(),
+            logical_id: pascal_case(binary),
+        }
+    }
+
+    fn function_id(&self) -> String {
+        format!("{}Function", self.logical_id)
+    }
+
+    fn log_group_id(&self) -> String {
+        format!("{}LogGroup", self.logical_id)
+    }
+}
+
+/// Every Lambda the template deploys: the catalog's functions, then the platform's own.
+pub fn deployables() -> Vec<Deployable> {
+    let mut all: Vec<Deployable> = FUNCTIONS
+        .iter()
+        .map(|f| Deployable::new(f.name, &format!("functions/{}", f.name)))
+        .collect();
+    all.extend([
+        Deployable::new("dead-letters", "functions/dead-letters"),
+        Deployable::new("sweeper", "functions/sweeper"),
+        Deployable::new("api", "api"),
+        Deployable::new("migrate", "functions/migrate"),
+    ]);
+    all
+}
+
+/// `confirm-withdrawal` → `ConfirmWithdrawal`.
+pub fn pascal_case(name: &str) -> String {
+    name.split(['-', '_', '.'])
+        .map(|word| {
+            let mut chars = word.chars();
+            chars
+                .next()
+                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The template as YAML text (what `paybus template` prints).
+pub fn template_yaml() -> String {
+    format!(
+        "# Generated from the function catalog by `paybus template > {TEMPLATE_PATH}`: do not\n\
+         # edit by hand (a test compares this file with the catalog). infra/aws/README.md\n\
+         # explains every parameter, `sam build`, `sam deploy --guided` and rollback.\n{}",
+        template().to_yaml()
+    )
+}
+
+/// The template as a document.
+pub fn template() -> Node {
+    let all = deployables();
+    let mut resources = map! {};
+    for function in FUNCTIONS {
+        let lambda = Deployable::new(function.name, &format!("functions/{}", function.name));
+        let mut properties = common_properties(
+            &lambda,
+            &format!(
+                "paybus {}: consumes {} ({})",
+                function.name,
+                function.queue.queue(),
+                function.queue.routing_key
+            ),
+        );
+        properties.insert(
+            "Environment",
+            map! { "Variables" => map! { "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn") } },
+        );
+        properties.insert(
+            "Policies",
+            secret_policies(&["DatabaseUrlSecretArn", "AmqpUrlSecretArn"]),
+        );
+        properties.insert(
+            "Events",
+            map! { "Queue" => mq_event(&function.queue.queue()) },
+        );
+        resources.insert_commented(
+            Some(&format!(
+                "{}: one Lambda on paybus.{} (an infrastructure fault fails the batch; Amazon MQ\nretries it; every handler is idempotent).",
+                function.name, function.name
+            )),
+            &lambda.function_id(),
+            function_resource(&lambda, properties),
+        );
+        add_log_group(&mut resources, &lambda);
+        add_errors_alarm(&mut resources, &lambda);
+        add_queue_alarm(
+            &mut resources,
+            &format!("{}DeadLetterQueueAlarm", lambda.logical_id),
+            &dead_letter_queue_name(function.name),
+        );
+    }
+
+    // The dead-letter recorder: one MQ event per dead-letter queue, and paybus.unrouted.
+    let recorder = Deployable::new("dead-letters", "functions/dead-letters");
+    let mut events = map! {};
+    for function in FUNCTIONS {
+        events.insert(
+            &format!("{}DeadLetters", pascal_case(function.name)),
+            mq_event(&dead_letter_queue_name(function.name)),
+        );
+    }
+    events.insert("Unrouted", mq_event(UNROUTED_QUEUE));
+    let mut properties = common_properties(
+        &recorder,
+        "paybus dead-letter recorder: every paybus.<function>.dlq and paybus.unrouted into the dead_letters table",
+    );
+    properties.insert("Policies", secret_policies(&["DatabaseUrlSecretArn"]));
+    properties.insert("Events", events);
+    resources.insert_commented(
+        Some("The dead-letter recorder: what every function dead-letters ends up in `dead_letters`,\nonce however often a batch is replayed."),
+        &recorder.function_id(),
+        function_resource(&recorder, properties),
+    );
+    add_log_group(&mut resources, &recorder);
+    add_errors_alarm(&mut resources, &recorder);
+    add_queue_alarm(&mut resources, "UnroutedQueueAlarm", UNROUTED_QUEUE);
+    resources.insert(
+        "DeadLettersRecordedAlarm",
+        alarm(
+            "Dead letters arrived (the recorder was invoked): query the dead_letters table and replay or archive them",
+            "AWS/Lambda",
+            "Invocations",
+            list![map! { "Name" => "FunctionName", "Value" => reference(&recorder.function_id()) }],
+            "Sum",
+            300,
+            1,
+        ),
+    );
+
+    // The sweeper: every job once per scheduled invocation.
+    let sweeper = Deployable::new("sweeper", "functions/sweeper");
+    let mut properties = common_properties(
+        &sweeper,
+        "paybus sweeper: outbox relay, due retries, reapers (every function's jobs), on a schedule",
+    );
+    properties.insert(
+        "Environment",
+        map! { "Variables" => map! { "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn") } },
+    );
+    properties.insert(
+        "Policies",
+        secret_policies(&["DatabaseUrlSecretArn", "AmqpUrlSecretArn"]),
+    );
+    // Runs overlapping would only contend for the same rows (claims are SKIP LOCKED): one.
+    properties.insert("ReservedConcurrentExecutions", 1i64);
+    properties.insert(
+        "Events",
+        map! { "Schedule" => map! {
+            "Type" => "Schedule",
+            "Properties" => map! { "Schedule" => reference("SweeperSchedule") },
+        } },
+    );
+    resources.insert_commented(
+        Some("The sweeper: in AWS nothing else relays the outbox, re-publishes due retries or reaps."),
+        &sweeper.function_id(),
+        function_resource(&sweeper, properties),
+    );
+    add_log_group(&mut resources, &sweeper);
+    add_errors_alarm(&mut resources, &sweeper);
+
+    // The HTTP API: the same axum router behind an API Gateway HTTP API.
+    let api = Deployable::new("api", "api");
+    let mut properties = common_properties(
+        &api,
+        "paybus HTTP API: chain-monitor intake and the admin API (the axum router through lambda_http)",
+    );
+    properties.insert(
+        "Environment",
+        map! { "Variables" => map! {
+            "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn"),
+            "PAYBUS_ADMIN_JWT_SECRET_FROM" => reference("AdminJwtSecretArn"),
+            "PAYBUS_CHAIN_MONITOR_SECRET_FROM" => reference("ChainMonitorSecretArn"),
+        } },
+    );
+    properties.insert(
+        "Policies",
+        secret_policies(&[
+            "DatabaseUrlSecretArn",
+            "AmqpUrlSecretArn",
+            "AdminJwtSecretArn",
+            "ChainMonitorSecretArn",
+        ]),
+    );
+    properties.insert(
+        "Events",
+        map! { "Http" => map! {
+            "Type" => "HttpApi",
+            "Properties" => map! { "ApiId" => reference("HttpApi") },
+        } },
+    );
+    resources.insert_commented(
+        Some("The HTTP API: every route ($default) goes to one Lambda running the axum router."),
+        &api.function_id(),
+        function_resource(&api, properties),
+    );
+    add_log_group(&mut resources, &api);
+    add_errors_alarm(&mut resources, &api);
+    resources.insert(
+        "HttpApi",
+        map! {
+            "Type" => "AWS::Serverless::HttpApi",
+            "Properties" => map! {
+                "Description" => "paybus HTTP API",
+                "DefaultRouteSettings" => map! {
+                    "ThrottlingBurstLimit" => reference("ApiThrottlingBurstLimit"),
+                    "ThrottlingRateLimit" => reference("ApiThrottlingRateLimit"),
+                },
+            },
+        },
+    );
+    resources.insert(
+        "HttpApi5xxAlarm",
+        alarm(
+            "The HTTP API answered 5xx (503: the database was unreachable; 500: see the API's log)",
+            "AWS/ApiGateway",
+            "5xx",
+            list![
+                map! { "Name" => "ApiId", "Value" => reference("HttpApi") },
+                map! { "Name" => "Stage", "Value" => "$default" },
+            ],
+            "Sum",
+            300,
+            1,
+        ),
+    );
+
+    // Migrations and topology: a custom resource every other function depends on.
+    let migrate = Deployable::new("migrate", "functions/migrate");
+    let mut properties = common_properties(
+        &migrate,
+        "paybus migrate: database migrations and the RabbitMQ topology, on every deploy (custom resource)",
+    );
+    properties.insert(
+        "Environment",
+        map! { "Variables" => map! { "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn") } },
+    );
+    properties.insert(
+        "Policies",
+        secret_policies(&["DatabaseUrlSecretArn", "AmqpUrlSecretArn"]),
+    );
+    // A new version with every code change: the custom resource's `Version` follows it.
+    properties.insert("AutoPublishAlias", "live");
+    properties.insert("Timeout", 600i64);
+    resources.insert_commented(
+        Some("Migrations and topology: run by CloudFormation (the Migration custom resource) before\nany other function is created or updated."),
+        &migrate.function_id(),
+        map! {
+            "Type" => "AWS::Serverless::Function",
+            "Metadata" => build_metadata(&migrate),
+            "Properties" => properties,
+        },
+    );
+    add_log_group(&mut resources, &migrate);
+    resources.insert(
+        "Migration",
+        map! {
+            "Type" => "Custom::PaybusMigration",
+            "Properties" => map! {
+                "ServiceToken" => get_att(&migrate.function_id(), "Arn"),
+                "Version" => reference(&format!("{}.Version", migrate.function_id())),
+                "Queues" => Node::List(FUNCTIONS.iter().map(|f| Node::from(queue_name(f.name))).collect()),
+            },
+        },
+    );
+
+    let mut outputs = map! {
+        "ApiUrl" => map! {
+            "Description" => "The HTTP API's base URL",
+            "Value" => sub("https://${HttpApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}/"),
+        },
+    };
+    for lambda in &all {
+        outputs.insert(
+            &format!("{}FunctionName", lambda.logical_id),
+            map! { "Value" => reference(&lambda.function_id()) },
+        );
+    }
+
+    map! {
+        "AWSTemplateFormatVersion" => "2010-09-09",
+        "Transform" => "AWS::Serverless-2016-10-31",
+        "Description" => "paybus: one Lambda per function on Amazon MQ for RabbitMQ, the dead-letter recorder, the sweeper, the HTTP API and the migrations (generated from the function catalog)",
+        "Parameters" => parameters(),
+        "Conditions" => map! {
+            "HasAlarmTopic" => map! { "Fn::Not" => list![map! { "Fn::Equals" => list![reference("AlarmTopicArn"), ""] }] },
+        },
+        "Globals" => globals(),
+        "Resources" => resources,
+        "Outputs" => outputs,
+    }
+}
+
+fn parameters() -> Node {
+    fn string(description: &str) -> Node {
+        map! { "Type" => "String", "Description" => description }
+    }
+    fn number(description: &str, default: i64, min: i64, max: i64) -> Node {
+        map! {
+            "Type" => "Number",
+            "Description" => description,
+            "Default" => default,
+            "MinValue" => min,
+            "MaxValue" => max,
+        }
+    }
+    let mut p = map! {};
+    p.insert_commented(
+        Some("The broker and how the event source mappings log in."),
+        "BrokerArn",
+        string("ARN of the Amazon MQ for RabbitMQ broker (arn:aws:mq:<region>:<account>:broker:<name>:<id>)"),
+    );
+    p.insert(
+        "BrokerVirtualHost",
+        map! { "Type" => "String", "Description" => "The broker's virtual host paybus uses", "Default" => "/" },
+    );
+    p.insert(
+        "BrokerCredentialsSecretArn",
+        string("Secrets Manager secret {\"username\": ..., \"password\": ...} the event source mappings read the queues with"),
+    );
+    p.insert_commented(
+        Some("Secrets: ARNs only; each function fetches what it needs at start-up (PAYBUS_*_FROM)."),
+        "DatabaseUrlSecretArn",
+        string("Secrets Manager secret whose value is PAYBUS_DATABASE_URL (mysql://user:password@host:3306/paybus)"),
+    );
+    p.insert(
+        "AmqpUrlSecretArn",
+        string("Secrets Manager secret whose value is PAYBUS_AMQP_URL (amqps://user:password@<broker>.mq.<region>.amazonaws.com:5671/%2f)"),
+    );
+    p.insert(
+        "AdminJwtSecretArn",
+        string("Secrets Manager secret whose value is PAYBUS_ADMIN_JWT_SECRET (at least 32 characters)"),
+    );
+    p.insert(
+        "ChainMonitorSecretArn",
+        string("Secrets Manager secret whose value is PAYBUS_CHAIN_MONITOR_SECRET (at least 16 characters)"),
+    );
+    p.insert(
+        "SecretsExtensionLayerArn",
+        string("ARN of the AWS Parameters and Secrets Lambda Extension layer for arm64 in this region (see infra/aws/README.md)"),
+    );
+    p.insert_commented(
+        Some("The network: the functions reach the database and the broker from these subnets."),
+        "SubnetIds",
+        map! { "Type" => "List<AWS::EC2::Subnet::Id>", "Description" => "Private subnets with a route to the database, the broker, Secrets Manager (endpoint or NAT) and S3 (for the migration's answer)" },
+    );
+    p.insert(
+        "SecurityGroupIds",
+        map! { "Type" => "List<AWS::EC2::SecurityGroup::Id>", "Description" => "Security groups allowed to reach the database (3306) and the broker (5671)" },
+    );
+    p.insert_commented(
+        Some("Batches and concurrency."),
+        "BatchSize",
+        number(
+            "Messages per Amazon MQ batch (one invocation)",
+            100,
+            1,
+            10_000,
+        ),
+    );
+    p.insert(
+        "BatchingWindowSeconds",
+        number(
+            "How long a mapping gathers messages before invoking with a smaller batch",
+            1,
+            0,
+            300,
+        ),
+    );
+    p.insert(
+        "LambdaConcurrency",
+        number(
+            "PAYBUS_LAMBDA_CONCURRENCY: messages of one batch processed at once",
+            64,
+            1,
+            65_535,
+        ),
+    );
+    p.insert(
+        "DatabaseMaxConnections",
+        number(
+            "PAYBUS_DB_MAX_CONNECTIONS: pool size of each execution environment",
+            32,
+            1,
+            1_000,
+        ),
+    );
+    p.insert(
+        "FunctionMemorySize",
+        number(
+            "Memory of each function (MB); CPU grows with it",
+            512,
+            128,
+            10_240,
+        ),
+    );
+    p.insert(
+        "FunctionTimeout",
+        number(
+            "Seconds one invocation (a whole batch) may take",
+            120,
+            10,
+            900,
+        ),
+    );
+    p.insert(
+        "SweeperSchedule",
+        map! { "Type" => "String", "Description" => "How often the sweeper runs every job once (EventBridge rate or cron)", "Default" => "rate(1 minute)" },
+    );
+    p.insert(
+        "ApiThrottlingRateLimit",
+        number(
+            "Requests per second the HTTP API accepts (steady)",
+            200,
+            1,
+            10_000,
+        ),
+    );
+    p.insert(
+        "ApiThrottlingBurstLimit",
+        number("Requests the HTTP API accepts in a burst", 400, 1, 10_000),
+    );
+    p.insert_commented(
+        Some("Operations."),
+        "LogLevel",
+        map! { "Type" => "String", "Description" => "RUST_LOG of every function", "Default" => "info" },
+    );
+    p.insert(
+        "LogRetentionInDays",
+        map! {
+            "Type" => "Number",
+            "Description" => "How long the functions' logs are kept",
+            "Default" => 30i64,
+            "AllowedValues" => list![1i64, 3i64, 5i64, 7i64, 14i64, 30i64, 60i64, 90i64, 120i64, 150i64, 180i64, 365i64, 400i64, 545i64, 731i64, 1096i64, 1827i64, 2192i64, 2557i64, 2922i64, 3288i64, 3653i64],
+        },
+    );
+    p.insert(
+        "AlarmTopicArn",
+        map! { "Type" => "String", "Description" => "SNS topic the alarms notify (empty: alarms without notifications)", "Default" => "" },
+    );
+    p
+}
+
+fn globals() -> Node {
+    map! {
+        "Function" => map! {
+            "Runtime" => "provided.al2023",
+            "Architectures" => list!["arm64"],
+            "Handler" => "bootstrap",
+            "MemorySize" => reference("FunctionMemorySize"),
+            "Timeout" => reference("FunctionTimeout"),
+            "Layers" => list![reference("SecretsExtensionLayerArn")],
+            "VpcConfig" => map! {
+                "SubnetIds" => reference("SubnetIds"),
+                "SecurityGroupIds" => reference("SecurityGroupIds"),
+            },
+            "Environment" => map! { "Variables" => map! {
+                "PAYBUS_DATABASE_URL_FROM" => reference("DatabaseUrlSecretArn"),
+                "PAYBUS_DB_MAX_CONNECTIONS" => reference("DatabaseMaxConnections"),
+                "PAYBUS_LAMBDA_CONCURRENCY" => reference("LambdaConcurrency"),
+                "PAYBUS_LOG_FORMAT" => "json",
+                "RUST_LOG" => reference("LogLevel"),
+            } },
+        },
+    }
+}
+
+/// `sam build` builds the binary with cargo-lambda (`sam build --beta-features`).
+fn build_metadata(lambda: &Deployable) -> Node {
+    map! {
+        "BuildMethod" => "rust-cargolambda",
+        "BuildProperties" => map! { "Binary" => lambda.binary },
+    }
+}
+
+/// What every Lambda but `migrate` has: its code, its log group, its description.
+fn common_properties(lambda: &Deployable, description: &str) -> Node {
+    map! {
+        "Description" => description,
+        "CodeUri" => format!("../../{}", lambda.crate_dir),
+        "LoggingConfig" => map! {
+            "LogFormat" => "JSON",
+            "LogGroup" => reference(&lambda.log_group_id()),
+        },
+    }
+}
+
+/// A function resource that waits for the migration (schema and queues exist first).
+fn function_resource(lambda: &Deployable, properties: Node) -> Node {
+    map! {
+        "Type" => "AWS::Serverless::Function",
+        "DependsOn" => "Migration",
+        "Metadata" => build_metadata(lambda),
+        "Properties" => properties,
+    }
+}
+
+fn mq_event(queue: &str) -> Node {
+    map! {
+        "Type" => "MQ",
+        "Properties" => map! {
+            "Broker" => reference("BrokerArn"),
+            "Queues" => list![queue],
+            "SourceAccessConfigurations" => list![
+                map! { "Type" => "BASIC_AUTH", "URI" => reference("BrokerCredentialsSecretArn") },
+                map! { "Type" => "VIRTUAL_HOST", "URI" => reference("BrokerVirtualHost") },
+            ],
+            "BatchSize" => reference("BatchSize"),
+            "MaximumBatchingWindowInSeconds" => reference("BatchingWindowSeconds"),
+        },
+    }
+}
+
+/// `secretsmanager:GetSecretValue` on exactly these secrets (least privilege per function).
+fn secret_policies(parameters: &[&str]) -> Node {
+    Node::List(
+        parameters
+            .iter()
+            .map(|p| map! { "AWSSecretsManagerGetSecretValuePolicy" => map! { "SecretArn" => reference(p) } })
+            .collect(),
+    )
+}
+
+fn add_log_group(resources: &mut Node, lambda: &Deployable) {
+    resources.insert(
+        &lambda.log_group_id(),
+        map! {
+            "Type" => "AWS::Logs::LogGroup",
+            "Properties" => map! {
+                "LogGroupName" => sub(&format!("/paybus/${{AWS::StackName}}/{}", lambda.binary)),
+                "RetentionInDays" => reference("LogRetentionInDays"),
+            },
+        },
+    );
+}
+
+fn add_errors_alarm(resources: &mut Node, lambda: &Deployable) {
+    resources.insert(
+        &format!("{}ErrorsAlarm", lambda.logical_id),
+        alarm(
+            &format!(
+                "{}: an invocation failed (an infrastructure fault; an Amazon MQ batch is retried whole)",
+                lambda.binary
+            ),
+            "AWS/Lambda",
+            "Errors",
+            list![map! { "Name" => "FunctionName", "Value" => reference(&lambda.function_id()) }],
+            "Sum",
+            60,
+            1,
+        ),
+    );
+}
+
+/// A queue that keeps ready messages for 15 minutes: its recorder is not draining it.
+fn add_queue_alarm(resources: &mut Node, id: &str, queue: &str) {
+    resources.insert(
+        id,
+        alarm(
+            &format!("{queue} has kept ready messages for 15 minutes: the dead-letter recorder is not draining it (see its errors)"),
+            "AWS/AmazonMQ",
+            "MessageReadyCount",
+            list![
+                map! { "Name" => "Broker", "Value" => map! { "Fn::Select" => list![6i64, map! { "Fn::Split" => list![":", reference("BrokerArn")] }] } },
+                map! { "Name" => "VirtualHost", "Value" => reference("BrokerVirtualHost") },
+                map! { "Name" => "Queue", "Value" => queue },
+            ],
+            "Maximum",
+            300,
+            3,
+        ),
+    );
+}
+
+fn alarm(
+    description: &str,
+    namespace: &str,
+    metric: &str,
+    dimensions: Node,
+    statistic: &str,
+    period: i64,
+    periods: i64,
+) -> Node {
+    let actions = map! { "Fn::If" => list!["HasAlarmTopic", list![reference("AlarmTopicArn")], reference("AWS::NoValue")] };
+    map! {
+        "Type" => "AWS::CloudWatch::Alarm",
+        "Properties" => map! {
+            "AlarmDescription" => description,
+            "Namespace" => namespace,
+            "MetricName" => metric,
+            "Dimensions" => dimensions,
+            "Statistic" => statistic,
+            "Period" => period,
+            "EvaluationPeriods" => periods,
+            "DatapointsToAlarm" => periods,
+            "Threshold" => 0i64,
+            "ComparisonOperator" => "GreaterThanThreshold",
+            "TreatMissingData" => "notBreaching",
+            "AlarmActions" => actions.clone(),
+            "OKActions" => actions,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_logical_ids() {
+        assert_eq!(pascal_case("confirm-withdrawal"), "ConfirmWithdrawal");
+        assert_eq!(pascal_case("api"), "Api");
+        assert_eq!(pascal_case("dead-letters"), "DeadLetters");
+    }
+}

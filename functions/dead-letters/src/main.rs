@@ -1,0 +1,6 @@
+//! The dead-letter recorder binary: in AWS a Lambda on every function's dead-letter queue and
+//! `paybus.unrouted`; locally a consumer of each (the catalog's functions).
+
+fn main() -> std::process::ExitCode {
+    paybus_platform::function::dead_letters_main(paybus_catalog::queues)
+}
