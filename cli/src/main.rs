@@ -143,13 +143,7 @@ async fn main() -> ExitCode {
         Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
         Command::Run => run(settings).await,
         Command::Serve => serve(settings).await,
-        Command::Openapi => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&paybus_api::openapi::document())?
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Openapi => print_openapi(),
         Command::Audit => run_audit(&settings).await,
         Command::Catalog => {
             print!("{}", paybus_catalog::markdown_table());
@@ -224,6 +218,12 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let api = api.await.context("the HTTP API task panicked")?;
     consumers?;
     api.context("the HTTP API stopped")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_openapi() -> anyhow::Result<ExitCode> {
+    let document = serde_json::to_string_pretty(&paybus_api::openapi::document())?;
+    println!("{document}");
     Ok(ExitCode::SUCCESS)
 }
 
