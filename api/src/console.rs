@@ -45,8 +45,14 @@ pub const ROOT: &str = "/console";
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/console", get(|| async { Redirect::to("/console/dead-letters") }))
-        .route("/console/login", get(session::login_page).post(session::login))
+        .route(
+            "/console",
+            get(|| async { Redirect::to("/console/dead-letters") }),
+        )
+        .route(
+            "/console/login",
+            get(session::login_page).post(session::login),
+        )
         .route("/console/logout", post(session::logout))
         .route("/console/dead-letters", get(dead_letters::groups))
         .route("/console/dead-letters/group", get(dead_letters::group))

@@ -145,9 +145,7 @@ impl PartialSchema for Created {
 
 impl ToSchema for Created {}
 
-fn error_responses(
-    answers: &[(u16, &str)],
-) -> BTreeMap<String, RefOr<Response>> {
+fn error_responses(answers: &[(u16, &str)]) -> BTreeMap<String, RefOr<Response>> {
     answers
         .iter()
         .map(|(status, description)| {
@@ -171,14 +169,23 @@ pub(crate) struct AdminErrors;
 impl IntoResponses for AdminErrors {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
         error_responses(&[
-            (400, "Malformed JSON, a missing, unknown or ill-typed field, a bad path value"),
+            (
+                400,
+                "Malformed JSON, a missing, unknown or ill-typed field, a bad path value",
+            ),
             (401, "Missing, malformed, tampered or expired token"),
-            (403, "The token lacks the role (GET needs OPS, anything else ADMIN)"),
+            (
+                403,
+                "The token lacks the role (GET needs OPS, anything else ADMIN)",
+            ),
             (404, "No such row"),
             (408, "The body did not arrive in time"),
             (409, "Conflicts with the row's current state"),
             (413, "Body larger than 64 KiB"),
-            (503, "The database is unavailable, or PAYBUS_ADMIN_JWT_SECRET is unset"),
+            (
+                503,
+                "The database is unavailable, or PAYBUS_ADMIN_JWT_SECRET is unset",
+            ),
         ])
     }
 }
@@ -195,7 +202,10 @@ impl IntoResponses for SignedErrors {
             (408, "The body did not arrive in time"),
             (409, "Conflicts with the charge's current state"),
             (413, "Body larger than 64 KiB"),
-            (503, "The database is unavailable, or the route's secret is unset"),
+            (
+                503,
+                "The database is unavailable, or the route's secret is unset",
+            ),
         ])
     }
 }

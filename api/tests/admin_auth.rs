@@ -36,9 +36,7 @@ fn admin_operations(document: &Value) -> Vec<(Method, String)> {
                 .as_array()
                 .is_some_and(|schemes| schemes.iter().any(|s| s.get("admin_token").is_some()));
             if needs_token {
-                let concrete = path
-                    .replace("{id}", "1")
-                    .replace("{symbol}", "BTC-USDT");
+                let concrete = path.replace("{id}", "1").replace("{symbol}", "BTC-USDT");
                 operations.push((
                     Method::from_bytes(method.to_uppercase().as_bytes()).expect("method"),
                     concrete,
@@ -65,20 +63,39 @@ async fn every_admin_operation_refuses_missing_bad_expired_and_underprivileged_t
     let api = Api::new().await;
     let document = serde_json::to_value(paybus_api::openapi::document()).expect("serialise");
     let operations = admin_operations(&document);
-    assert!(operations.len() >= 25, "too few admin operations: {operations:?}");
+    assert!(
+        operations.len() >= 25,
+        "too few admin operations: {operations:?}"
+    );
     let expired = format!("Bearer {}", expired_token());
     let forged = format!("Bearer {}x", token(&[Role::Admin]));
 
     let mut checked = 0;
     for (method, path) in &operations {
         // Reads need OPS: a token with no role lacks it. Changes need ADMIN: OPS lacks it.
-        let weaker: &[Role] = if method == Method::GET { &[] } else { &[Role::Ops] };
+        let weaker: &[Role] = if method == Method::GET {
+            &[]
+        } else {
+            &[Role::Ops]
+        };
         let underprivileged = format!("Bearer {}", token(weaker));
         for (case, authorization, expected) in [
             ("no token", None, StatusCode::UNAUTHORIZED),
-            ("a bad token", Some(forged.as_str()), StatusCode::UNAUTHORIZED),
-            ("an expired token", Some(expired.as_str()), StatusCode::UNAUTHORIZED),
-            ("a token without the role", Some(underprivileged.as_str()), StatusCode::FORBIDDEN),
+            (
+                "a bad token",
+                Some(forged.as_str()),
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                "an expired token",
+                Some(expired.as_str()),
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                "a token without the role",
+                Some(underprivileged.as_str()),
+                StatusCode::FORBIDDEN,
+            ),
         ] {
             let (status, body) = api.call(request(method, path, authorization)).await;
             assert_eq!(
@@ -105,5 +122,8 @@ async fn an_expired_token_says_it_expired() {
             Some(&format!("Bearer {}", expired_token())),
         ))
         .await;
-    assert_eq!((status, error_of(&body)), (StatusCode::UNAUTHORIZED, "expired token"));
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::UNAUTHORIZED, "expired token")
+    );
 }

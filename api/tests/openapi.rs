@@ -116,7 +116,10 @@ fn every_route_in_the_routers_is_documented_and_nothing_else() {
             .filter(|(_, path)| is_documentable(path))
             .collect();
     let documented = documented(&document);
-    assert!(routed.len() >= 30, "the source scan found too little: {routed:?}");
+    assert!(
+        routed.len() >= 30,
+        "the source scan found too little: {routed:?}"
+    );
 
     let undocumented: Vec<_> = routed.difference(&documented).collect();
     let unrouted: Vec<_> = documented.difference(&routed).collect();
@@ -133,9 +136,8 @@ fn every_route_in_the_routers_is_documented_and_nothing_else() {
 
 #[test]
 fn the_shipped_document_is_what_the_code_generates() {
-    let generated = serde_json::to_string_pretty(&paybus_api::openapi::document())
-        .expect("serialise")
-        + "\n";
+    let generated =
+        serde_json::to_string_pretty(&paybus_api::openapi::document()).expect("serialise") + "\n";
     if std::env::var_os("PAYBUS_UPDATE_OPENAPI").is_some() {
         std::fs::write(SHIPPED, &generated).expect("write api/openapi.json");
     }

@@ -34,24 +34,45 @@ async fn admin(api: &ApiProcess, token: &str, path: &str, body: Value) -> Value 
 /// signed verify call), then grant-bonus giving up (here: the row set as it leaves it).
 async fn failed_bonus_job(env: &TestEnv, api: &ApiProcess, token: &str) -> u64 {
     let now = chrono::Utc::now();
-    admin(api, token, "/v1/admin/charge-events", json!({
-        "title": "console test", "add_percent": 10,
-        "start_at": now - chrono::Duration::days(1), "end_at": now + chrono::Duration::days(1),
-    }))
+    admin(
+        api,
+        token,
+        "/v1/admin/charge-events",
+        json!({
+            "title": "console test", "add_percent": 10,
+            "start_at": now - chrono::Duration::days(1), "end_at": now + chrono::Duration::days(1),
+        }),
+    )
     .await;
-    let member = admin(api, token, "/v1/admin/members", json!({"nickname": "console"})).await;
-    let charge = admin(api, token, "/v1/admin/charges", json!({
-        "member_id": member["id"], "cans": 10, "price": "1000",
-        "payment_gateway": "PG", "method": "card",
-    }))
+    let member = admin(
+        api,
+        token,
+        "/v1/admin/members",
+        json!({"nickname": "console"}),
+    )
     .await;
-    let body = json!({"charge_id": charge["id"], "gateway_tx_id": "pg-console-1", "amount": "1000"})
-        .to_string();
+    let charge = admin(
+        api,
+        token,
+        "/v1/admin/charges",
+        json!({
+            "member_id": member["id"], "cans": 10, "price": "1000",
+            "payment_gateway": "PG", "method": "card",
+        }),
+    )
+    .await;
+    let body =
+        json!({"charge_id": charge["id"], "gateway_tx_id": "pg-console-1", "amount": "1000"})
+            .to_string();
     let response = reqwest::Client::new()
         .post(format!("{}/v1/payments/pg/verify", api.base_url))
         .header(
             signature::HEADER,
-            signature::sign(PAYMENTS_SECRET.as_bytes(), chrono::Utc::now().timestamp(), body.as_bytes()),
+            signature::sign(
+                PAYMENTS_SECRET.as_bytes(),
+                chrono::Utc::now().timestamp(),
+                body.as_bytes(),
+            ),
         )
         .header("content-type", "application/json")
         .body(body)
@@ -59,7 +80,9 @@ async fn failed_bonus_job(env: &TestEnv, api: &ApiProcess, token: &str) -> u64 {
         .await
         .expect("verify");
     let completed: Value = response.json().await.expect("JSON");
-    let job = completed["bonus_jobs"][0]["job_id"].as_u64().expect("a bonus job");
+    let job = completed["bonus_jobs"][0]["job_id"]
+        .as_u64()
+        .expect("a bonus job");
     sqlx::query(
         "UPDATE charge_event_job SET status = 'FAILED', retry_count = 3, \
          last_error = 'partner ledger refused: injected' WHERE id = ?",
@@ -74,9 +97,24 @@ async fn failed_bonus_job(env: &TestEnv, api: &ApiProcess, token: &str) -> u64 {
 /// Dead letters as the recorders write them: two of one group, one of another.
 async fn dead_letters(env: &TestEnv) {
     for (id, function, reason, error) in [
-        ("dl-1", "confirm-withdrawal", "rejected", "withdrawal 9001 not found"),
-        ("dl-2", "confirm-withdrawal", "rejected", "withdrawal 9002 not found"),
-        ("dl-3", "deliver-webhook", "delivery-limit", "partner answered 500 five times"),
+        (
+            "dl-1",
+            "confirm-withdrawal",
+            "rejected",
+            "withdrawal 9001 not found",
+        ),
+        (
+            "dl-2",
+            "confirm-withdrawal",
+            "rejected",
+            "withdrawal 9002 not found",
+        ),
+        (
+            "dl-3",
+            "deliver-webhook",
+            "delivery-limit",
+            "partner answered 500 five times",
+        ),
     ] {
         sqlx::query(
             "INSERT INTO dead_letters (dead_letter_id, function_name, message_id, routing_key, \
@@ -95,15 +133,31 @@ async fn dead_letters(env: &TestEnv) {
 /// A market with 8 open orders, suspended: its cancellations wait in the queue (no consumer
 /// runs beside `paybus serve`), so the suspension is in progress.
 async fn suspension(api: &ApiProcess, token: &str) {
-    admin(api, token, "/v1/admin/markets", json!({"symbol": "BTC-USDT"})).await;
+    admin(
+        api,
+        token,
+        "/v1/admin/markets",
+        json!({"symbol": "BTC-USDT"}),
+    )
+    .await;
     for account in 1..=8 {
-        admin(api, token, "/v1/admin/markets/BTC-USDT/orders", json!({
-            "account_id": account, "side": "BUY", "price": "100", "quantity": "1",
-        }))
+        admin(
+            api,
+            token,
+            "/v1/admin/markets/BTC-USDT/orders",
+            json!({
+                "account_id": account, "side": "BUY", "price": "100", "quantity": "1",
+            }),
+        )
         .await;
     }
-    admin(api, token, "/v1/admin/markets/BTC-USDT/suspend", json!({"note": "exchange halt"}))
-        .await;
+    admin(
+        api,
+        token,
+        "/v1/admin/markets/BTC-USDT/suspend",
+        json!({"note": "exchange halt"}),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -111,7 +165,8 @@ async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_rea
     let Some(python) = python_tool("PAYBUS_TEST_PYTHON", "python") else {
         return;
     };
-    let chromium = std::env::var("PAYBUS_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let chromium =
+        std::env::var("PAYBUS_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let env = TestEnv::new().await;
     let api = ApiProcess::start(&env).await;
     let token = api.token(&["ADMIN"]);
@@ -143,9 +198,16 @@ async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_rea
         .await
         .expect("read the job");
     assert_eq!(status, "PENDING");
-    for shot in ["1-login", "2-dead-letters", "3-dry-run-unavailable", "4-group", "5-jobs",
-        "6-job-retried", "7-suspensions", "8-audit"]
-    {
+    for shot in [
+        "1-login",
+        "2-dead-letters",
+        "3-dry-run-unavailable",
+        "4-group",
+        "5-jobs",
+        "6-job-retried",
+        "7-suspensions",
+        "8-audit",
+    ] {
         let path = screenshots.join(format!("{shot}.png"));
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         assert!(size > 1_000, "{} missing or empty", path.display());

@@ -54,12 +54,19 @@ async fn fuzzing_the_served_document_finds_no_server_error_and_no_schema_break()
     // It really ran: every operation was exercised, with a real number of cases.
     let tested = number_after(&stdout, "Tested: ");
     let cases = number_after(&stdout, "Test cases:\n  ");
-    assert!(tested >= 30 && cases >= 300, "tested {tested} operations, {cases} cases:\n{stdout}");
+    assert!(
+        tested >= 30 && cases >= 300,
+        "tested {tested} operations, {cases} cases:\n{stdout}"
+    );
 }
 
 fn number_after(text: &str, label: &str) -> u64 {
     text.split_once(label)
-        .map(|(_, rest)| rest.chars().take_while(char::is_ascii_digit).collect::<String>())
+        .map(|(_, rest)| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
         .and_then(|digits| digits.parse().ok())
         .unwrap_or(0)
 }

@@ -243,18 +243,16 @@ pub(crate) struct Selection {
 }
 
 impl Selection {
-    fn from_form(form: &FormFields) -> Result<Self, Response> {
+    /// The selection, or what is wrong with the form.
+    fn from_form(form: &FormFields) -> Result<Self, &'static str> {
         let (Some(function), Some(reason)) = (form.get("function"), form.get("reason")) else {
-            return Err(layout::error_page(
-                StatusCode::BAD_REQUEST,
-                "The form names no group (function and reason).",
-            ));
+            return Err("The form names no group (function and reason).");
         };
         let ids = form
             .all("ids")
             .map(str::parse)
             .collect::<Result<Vec<u64>, _>>()
-            .map_err(|_| layout::error_page(StatusCode::BAD_REQUEST, "ids must be letter ids"))?;
+            .map_err(|_| "ids must be letter ids")?;
         Ok(Self {
             function: function.to_owned(),
             reason: reason.to_owned(),
@@ -275,7 +273,12 @@ impl Selection {
         if self.ids.is_empty() {
             format!("group {} / {}", self.function, self.reason)
         } else {
-            format!("{} ticked letter(s) of {} / {}", self.ids.len(), self.function, self.reason)
+            format!(
+                "{} ticked letter(s) of {} / {}",
+                self.ids.len(),
+                self.function,
+                self.reason
+            )
         }
     }
 }
@@ -289,7 +292,7 @@ pub(crate) async fn replay(
 ) -> Response {
     let selection = match Selection::from_form(&form) {
         Ok(selection) => selection,
-        Err(refused) => return refused,
+        Err(problem) => return layout::error_page(StatusCode::BAD_REQUEST, problem),
     };
     let mode = selection.mode.as_deref().unwrap_or("dry-run");
     if mode == "archive" {
@@ -318,13 +321,19 @@ pub(crate) async fn archive(
 ) -> Response {
     match Selection::from_form(&form) {
         Ok(selection) => send_archive(&state, &session, &selection).await,
-        Err(refused) => refused,
+        Err(problem) => layout::error_page(StatusCode::BAD_REQUEST, problem),
     }
 }
 
 async fn send_archive(state: &AppState, session: &Session, selection: &Selection) -> Response {
-    let answer =
-        actions::call(state, session, Method::POST, ARCHIVE, Some(selection.target())).await;
+    let answer = actions::call(
+        state,
+        session,
+        Method::POST,
+        ARCHIVE,
+        Some(selection.target()),
+    )
+    .await;
     let flash = answer.failure(&Method::POST, ARCHIVE).unwrap_or_else(|| {
         Flash::Done(format!(
             "Archived {}: {}",

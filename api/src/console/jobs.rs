@@ -39,7 +39,10 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         Ok(jobs) => jobs,
         Err(error) => return layout::failure_page(error),
     };
-    let failed = jobs.iter().filter(|j| j.status == JobStatus::Failed).count();
+    let failed = jobs
+        .iter()
+        .filter(|j| j.status == JobStatus::Failed)
+        .count();
     layout::page(
         "Bonus jobs",
         Some(session),

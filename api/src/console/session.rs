@@ -141,7 +141,10 @@ pub(crate) async fn login(
     form: FormFields,
 ) -> Response {
     if !same_origin(&headers) {
-        return layout::error_page(StatusCode::FORBIDDEN, "This form was sent from another site.");
+        return layout::error_page(
+            StatusCode::FORBIDDEN,
+            "This form was sent from another site.",
+        );
     }
     let token = form.get("token").unwrap_or_default().trim().to_owned();
     match auth::authorize(&state, Some(&token), &Method::GET, "/console/login") {
@@ -168,9 +171,8 @@ pub(crate) async fn logout() -> Response {
 
 fn set_cookie(response: &mut Response, token: &str, max_age: u64) {
     // A JWT is base64url and dots: nothing to escape in a cookie value.
-    let cookie = format!(
-        "{COOKIE}={token}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={max_age}"
-    );
+    let cookie =
+        format!("{COOKIE}={token}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={max_age}");
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
@@ -197,9 +199,15 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
         assert!(same_origin(&headers));
-        headers.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
         assert!(same_origin(&headers));
-        headers.insert(header::ORIGIN, HeaderValue::from_static("https://evil.example"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        );
         assert!(!same_origin(&headers));
         headers.insert(header::ORIGIN, HeaderValue::from_static("null"));
         assert!(!same_origin(&headers));

@@ -104,12 +104,13 @@ pub(crate) async fn retry_failed(
     session: Session,
     symbol: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let symbol = match symbol.map_err(|_| ()).and_then(|Path(s)| market::symbol(&s).map_err(|_| ())) {
+    let symbol = match symbol
+        .map_err(|_| ())
+        .and_then(|Path(s)| market::symbol(&s).map_err(|_| ()))
+    {
         Ok(symbol) => symbol,
         Err(()) => {
-            return layout::failure_page(ApiError::BadRequest(
-                "not a market symbol".to_owned(),
-            ));
+            return layout::failure_page(ApiError::BadRequest("not a market symbol".to_owned()));
         }
     };
     let path = format!("/v1/admin/markets/{symbol}/suspension/retry-failed");

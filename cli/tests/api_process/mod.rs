@@ -29,8 +29,14 @@ impl ApiProcess {
             .envs(env.env_vars())
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
-            .env("PAYBUS_CHAIN_MONITOR_SECRET", "chain-monitor-secret-for-black-box-tests")
-            .env("PAYBUS_PAYMENTS_SECRET", "payments-secret-for-black-box-tests")
+            .env(
+                "PAYBUS_CHAIN_MONITOR_SECRET",
+                "chain-monitor-secret-for-black-box-tests",
+            )
+            .env(
+                "PAYBUS_PAYMENTS_SECRET",
+                "payments-secret-for-black-box-tests",
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -57,7 +63,14 @@ impl ApiProcess {
     pub fn token(&self, roles: &[&str]) -> String {
         let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
         command
-            .args(["token", "issue", "--subject", "black-box-tests", "--ttl", "1h"])
+            .args([
+                "token",
+                "issue",
+                "--subject",
+                "black-box-tests",
+                "--ttl",
+                "1h",
+            ])
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET);
         for role in roles {
             command.args(["--role", role]);
