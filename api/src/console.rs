@@ -97,3 +97,10 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
         ))
     }
 }
+
+/// `text` for a URL's query: unreserved characters kept, every other byte `%XX`.
+pub(crate) fn percent_encoded(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}

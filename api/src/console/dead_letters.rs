@@ -130,18 +130,9 @@ async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>
 fn group_href(function_name: &str, reason: &str) -> String {
     format!(
         "/console/dead-letters/group?function={}&reason={}",
-        query_value(function_name),
-        query_value(reason)
+        super::percent_encoded(function_name),
+        super::percent_encoded(reason)
     )
-}
-
-fn query_value(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn group_buttons(function_name: &str, reason: &str) -> Markup {

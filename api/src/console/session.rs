@@ -45,7 +45,7 @@ impl FromRequestParts<AppState> for Session {
             }),
             Err(ApiError::BadToken(reason)) => {
                 let to = if token.is_some() {
-                    format!("/console/login?refused={}", urlencode(reason))
+                    format!("/console/login?refused={}", super::percent_encoded(reason))
                 } else {
                     "/console/login".to_owned()
                 };
@@ -86,15 +86,6 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
         .find(|(name, _)| *name == COOKIE)
         .map(|(_, value)| value.to_owned())
         .filter(|value| !value.is_empty())
-}
-
-fn urlencode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[derive(Debug, Deserialize)]
