@@ -50,6 +50,22 @@ impl<'de> Deserialize<'de> for Amount {
     }
 }
 
+/// In the OpenAPI document: a string of at most 18 integer and 18 fractional digits.
+impl utoipa::PartialSchema for Amount {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::Type::String)
+            .pattern(Some(r"^[0-9]{1,18}(\.[0-9]{1,18})?$"))
+            .description(Some(
+                "A non-negative decimal as a string (never a JSON number), DECIMAL(36,18)",
+            ))
+            .examples(["100.25"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Amount {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,23 +7,44 @@ use serde::Serialize;
 
 use crate::{ApiError, AppState};
 
+/// This module's part of the OpenAPI document (see `crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(run))]
+pub(crate) struct Doc;
+
 pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new().route("/v1/admin/audit", get(run))
 }
 
-#[derive(Debug, Serialize)]
-struct AuditReport {
-    clean: bool,
-    violations: Vec<Violation>,
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct AuditReport {
+    pub(crate) clean: bool,
+    /// `{check, id, detail}` per violation.
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) violations: Vec<Violation>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/audit",
+    tag = "audit",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Every workflow's invariants, checked in one snapshot", body = AuditReport),
+        crate::openapi::AdminErrors
+    )
+)]
 async fn run(State(state): State<AppState>) -> Result<Json<AuditReport>, ApiError> {
-    // One snapshot for every check, so they agree with each other.
+    report(&state).await.map(Json)
+}
+
+/// Every check, in one snapshot so they agree with each other (the console's page too).
+pub(crate) async fn report(state: &AppState) -> Result<AuditReport, ApiError> {
     let mut tx = state.pool.begin().await?;
     let violations = audit::run(&mut tx, &state.audit).await?;
     tx.rollback().await?;
-    Ok(Json(AuditReport {
+    Ok(AuditReport {
         clean: violations.is_empty(),
         violations,
-    }))
+    })
 }

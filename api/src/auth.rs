@@ -66,9 +66,14 @@ pub fn issue(
         exp: now.saturating_add(ttl.as_secs()),
         iat: now,
     };
+    sign(secret, &claims)
+}
+
+/// Signs `claims` as they are (tests use it for an already expired token).
+pub fn sign(secret: &str, claims: &Claims) -> Result<String, jsonwebtoken::errors::Error> {
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
-        &claims,
+        claims,
         &EncodingKey::from_secret(secret.as_bytes()),
     )
 }
@@ -96,11 +101,6 @@ pub(crate) async fn require_role(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let Some(secret) = state.admin_jwt_secret.as_ref() else {
-        return Err(ApiError::Disabled(
-            "admin API disabled: PAYBUS_ADMIN_JWT_SECRET is not set",
-        ));
-    };
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -108,25 +108,42 @@ pub(crate) async fn require_role(
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    let Some(token) = presented else {
+    authorize(&state, presented, request.method(), request.uri().path())?;
+    Ok(next.run(request).await)
+}
+
+/// May the bearer of `token` send `method` to `path`? The one rule, for the admin API and
+/// the console: no secret configured 503, no or a bad token 401, a missing role 403.
+pub(crate) fn authorize(
+    state: &AppState,
+    token: Option<&str>,
+    method: &Method,
+    path: &str,
+) -> Result<Claims, ApiError> {
+    let Some(secret) = state.admin_jwt_secret.as_ref() else {
+        return Err(ApiError::Disabled(
+            "admin API disabled: PAYBUS_ADMIN_JWT_SECRET is not set",
+        ));
+    };
+    let Some(token) = token else {
         return Err(ApiError::BadToken(
             "missing admin token: send Authorization: Bearer <token>",
         ));
     };
     let claims = verify(secret.expose(), token).inspect_err(|_| {
-        tracing::warn!(path = %request.uri().path(), "admin request with a bad token");
+        tracing::warn!(%path, "admin request with a bad token");
     })?;
-    let needed = if matches!(*request.method(), Method::GET | Method::HEAD) {
+    let needed = if matches!(*method, Method::GET | Method::HEAD) {
         Role::Ops
     } else {
         Role::Admin
     };
     if !claims.allows(needed) {
-        tracing::warn!(sub = %claims.sub, path = %request.uri().path(), %needed, "admin request without the role");
+        tracing::warn!(sub = %claims.sub, %path, %needed, "admin request without the role");
         return Err(ApiError::Forbidden(needed));
     }
     tracing::debug!(sub = %claims.sub, "admin request");
-    Ok(next.run(request).await)
+    Ok(claims)
 }
 
 #[cfg(test)]

@@ -20,6 +20,23 @@ use axum::{
 
 use crate::AppState;
 
+/// W3's part of the OpenAPI document (see `crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(
+    payments::webhook,
+    payments::verify,
+    jobs::list,
+    jobs::show,
+    jobs::retry,
+    setup::create_member,
+    setup::show_member,
+    setup::create_charge,
+    setup::show_charge,
+    setup::create_event,
+    setup::show_event,
+))]
+pub(crate) struct Doc;
+
 pub(crate) fn payment_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/payments/{gateway}/webhook", post(payments::webhook))
@@ -41,7 +58,7 @@ pub(crate) fn admin_routes() -> Router<AppState> {
 
 /// A database fault stays one (503 while the database is unavailable, else 500); anything
 /// else the domain cannot read is ours: 500 without details.
-fn internal(error: paybus_bonuses::BonusError) -> crate::ApiError {
+pub(crate) fn internal(error: paybus_bonuses::BonusError) -> crate::ApiError {
     use paybus_bonuses::BonusError;
     match error {
         BonusError::Database(e) => crate::ApiError::Database(e),

@@ -15,6 +15,18 @@ use crate::AppState;
 
 pub(crate) use intake::routes as intake_routes;
 
+/// W2's part of the OpenAPI document (see `crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(
+    intake::withdrawal_confirmation,
+    intake::deposit_confirmation,
+    withdrawals::create,
+    withdrawals::show,
+    deposits::create,
+    deposits::show,
+))]
+pub(crate) struct Doc;
+
 pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/withdrawals", post(withdrawals::create))

@@ -12,7 +12,8 @@
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
-//! `GET /health` is liveness.
+//! `GET /health` is liveness; `GET /openapi.json` is the OpenAPI document ([`openapi`], where
+//! adding a route's annotation is described); `/console` is the web console ([`console`]).
 //! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
 //! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
 
@@ -25,8 +26,10 @@ pub mod bonuses;
 mod chain;
 pub mod config;
 pub mod confirmations;
+pub mod console;
 pub mod error;
 mod markets;
+pub mod openapi;
 mod p2p;
 mod partners;
 pub mod process;
@@ -117,7 +120,24 @@ impl AppState {
 /// The whole API. Admin routes check the bearer token before their body is read; every body
 /// is capped at [`BODY_LIMIT`].
 pub fn router(state: AppState) -> Router {
-    let admin = Router::new()
+    Router::new()
+        .route("/health", get(health))
+        .merge(openapi::routes())
+        .merge(confirmations::intake_routes())
+        .merge(bonuses::payment_routes())
+        .merge(admin_routes(&state))
+        .merge(console::routes())
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(log_request))
+        .with_state(state)
+}
+
+/// Every `/v1/admin/*` route behind the role check. The console sends its actions through
+/// this router too, so they pass the same checks as any API client's.
+pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
+    Router::new()
         .merge(partners::admin_routes())
         .merge(confirmations::admin_routes())
         .merge(bonuses::admin_routes())
@@ -128,17 +148,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_role,
-        ));
-    Router::new()
-        .route("/health", get(health))
-        .merge(confirmations::intake_routes())
-        .merge(bonuses::payment_routes())
-        .merge(admin)
-        .fallback(no_route)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(log_request))
-        .with_state(state)
+        ))
 }
 
 /// Binds the configured address and serves with the configured limits until `shutdown` is
@@ -192,7 +202,10 @@ async fn json_errors(request: Request, next: Next) -> Response {
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("application/json"));
+        // The console's own error pages are HTML on purpose.
+        .is_some_and(|value| {
+            value.starts_with("application/json") || value.starts_with("text/html")
+        });
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return response;
     }
@@ -213,12 +226,21 @@ async fn json_errors(request: Request, next: Next) -> Response {
     answer
 }
 
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "service",
+    responses((status = 200, description = "The process is up", body = Object))
+)]
 async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::NotFound(format!("no route for {method} {}", uri.path()))
+/// How the fallback's 404 starts (the console tells "this build lacks the route" by it).
+pub(crate) const NO_ROUTE: &str = "no route for";
+
+pub(crate) async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("{NO_ROUTE} {method} {}", uri.path()))
 }
 
 /// One span and one line per request: method, path, status and latency (an internal error's

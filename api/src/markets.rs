@@ -32,6 +32,21 @@ use serde_json::{Value, json};
 
 use crate::{ApiError, AppState, admin::path_id, amount::Amount, body, body::JsonBody, chain};
 
+/// W4's part of the OpenAPI document (see `crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(
+    create_market,
+    show_market,
+    place_order,
+    show_order,
+    fill_order,
+    suspend,
+    resume,
+    show_progress,
+    retry_failed,
+))]
+pub(crate) struct Doc;
+
 pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/markets", post(create_market))
@@ -80,12 +95,20 @@ fn path_symbol(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
     Ok(market::symbol(&symbol)?)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewMarketRequest {
     symbol: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/markets",
+    tag = "markets",
+    security(("admin_token" = [])),
+    request_body = NewMarketRequest,
+    responses((status = 201, description = "An ACTIVE market", body = Object), crate::openapi::AdminErrors)
+)]
 async fn create_market(
     State(state): State<AppState>,
     JsonBody(request): JsonBody<NewMarketRequest>,
@@ -99,6 +122,14 @@ async fn create_market(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/markets/{symbol}",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
+    responses((status = 200, description = "The market", body = Object), crate::openapi::AdminErrors)
+)]
 async fn show_market(
     State(state): State<AppState>,
     symbol: Result<Path<String>, PathRejection>,
@@ -111,15 +142,26 @@ async fn show_market(
         .ok_or(ApiError::NotFound(format!("market {symbol} not found")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewOrderRequest {
     account_id: u64,
+    /// BUY or SELL.
+    #[schema(value_type = String)]
     side: Side,
     price: Amount,
     quantity: Amount,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/markets/{symbol}/orders",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
+    request_body = NewOrderRequest,
+    responses((status = 201, description = "An OPEN order", body = Object), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(symbol, order_id))]
 async fn place_order(
     State(state): State<AppState>,
@@ -143,6 +185,14 @@ async fn place_order(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/orders/{id}",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The order", body = Object), crate::openapi::AdminErrors)
+)]
 async fn show_order(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
@@ -155,12 +205,21 @@ async fn show_order(
         .ok_or(ApiError::NotFound(format!("order {id} not found")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct FillRequest {
     quantity: Amount,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/orders/{id}/fills",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    request_body = FillRequest,
+    responses((status = 200, description = "The order after the fill", body = Object), crate::openapi::AdminErrors)
+)]
 async fn fill_order(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
@@ -180,7 +239,7 @@ async fn fill_order(
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SuspendRequest {
     /// Why ops suspended the market (kept on the batch).
@@ -190,6 +249,16 @@ struct SuspendRequest {
 
 /// 202 with the new batch (tasks are created and cancelled after the answer), or 200 with the
 /// existing one when the market was SUSPENDED already.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/markets/{symbol}/suspend",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
+    request_body(content = Option<SuspendRequest>, description = "Optional"),
+    responses((status = 202, description = "Suspended now: the new batch", body = Object),
+        (status = 200, description = "Already SUSPENDED: the existing batch, nothing created", body = Object), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(symbol))]
 async fn suspend(
     State(state): State<AppState>,
@@ -222,6 +291,14 @@ async fn suspend(
     Ok((status, Json(answer)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/markets/{symbol}/resume",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
+    responses((status = 200, description = "ACTIVE", body = Object), crate::openapi::AdminErrors)
+)]
 async fn resume(
     State(state): State<AppState>,
     symbol: Result<Path<String>, PathRejection>,
@@ -235,6 +312,14 @@ async fn resume(
     })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/markets/{symbol}/suspension",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
+    responses((status = 200, description = "The latest suspension's progress", body = Object), crate::openapi::AdminErrors)
+)]
 async fn show_progress(
     State(state): State<AppState>,
     symbol: Result<Path<String>, PathRejection>,
@@ -243,6 +328,14 @@ async fn show_progress(
     Ok(Json(progress::of_symbol(&state.pool, &symbol).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/markets/{symbol}/suspension/retry-failed",
+    tag = "markets",
+    security(("admin_token" = [])),
+    params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
+    responses((status = 200, description = "`{symbol, retried}`: FAILED tasks back to PENDING", body = Object), crate::openapi::AdminErrors)
+)]
 async fn retry_failed(
     State(state): State<AppState>,
     symbol: Result<Path<String>, PathRejection>,

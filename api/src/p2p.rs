@@ -35,6 +35,16 @@ use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, 
 /// `p2p_deposit_orders.partner_order_ref` is a VARCHAR(64).
 const PARTNER_ORDER_REF_MAX: usize = 64;
 
+/// W1's part of the OpenAPI document (see `crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(
+    create_deposit_order,
+    show_deposit_order,
+    create_withdraw_order,
+    show_withdraw_order,
+))]
+pub(crate) struct Doc;
+
 pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/p2p/deposit-orders", post(create_deposit_order))
@@ -65,7 +75,7 @@ impl From<CreateError> for ApiError {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewDepositOrderRequest {
     partner_id: u64,
@@ -84,6 +94,18 @@ struct DepositOrderView {
     matches: Vec<Match>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/p2p/deposit-orders",
+    tag = "p2p",
+    security(("admin_token" = [])),
+    request_body = NewDepositOrderRequest,
+    responses(
+        (status = 201, description = "The order with its matches: matched inside the request (switch off) or PENDING for match-deposit (switch on)", body = Object),
+        (status = 200, description = "The order already created for this partner_order_ref", body = Object),
+        crate::openapi::AdminErrors
+    )
+)]
 #[tracing::instrument(skip_all, fields(deposit_order_id, partner_id = request.partner_id))]
 async fn create_deposit_order(
     State(state): State<AppState>,
@@ -126,6 +148,14 @@ async fn create_deposit_order(
     Ok((status, Json(view)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/p2p/deposit-orders/{id}",
+    tag = "p2p",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The deposit order with its matches", body = Object), crate::openapi::AdminErrors)
+)]
 async fn show_deposit_order(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
@@ -143,7 +173,7 @@ async fn deposit_order_view(state: &AppState, id: u64) -> Result<DepositOrderVie
     Ok(DepositOrderView { order, matches })
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewWithdrawOrderRequest {
     partner_id: u64,
@@ -151,6 +181,14 @@ struct NewWithdrawOrderRequest {
     amount: Amount,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/p2p/withdraw-orders",
+    tag = "p2p",
+    security(("admin_token" = [])),
+    request_body = NewWithdrawOrderRequest,
+    responses((status = 201, description = "An OPEN withdraw order (a seller's liquidity)", body = Object), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(withdraw_order_id, partner_id = request.partner_id))]
 async fn create_withdraw_order(
     State(state): State<AppState>,
@@ -168,6 +206,14 @@ async fn create_withdraw_order(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/p2p/withdraw-orders/{id}",
+    tag = "p2p",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The withdraw order", body = Object), crate::openapi::AdminErrors)
+)]
 async fn show_withdraw_order(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,

@@ -13,13 +13,18 @@ use serde_json::{Value, json};
 
 use crate::{ApiError, AppState, admin::path_id, body::JsonBody};
 
+/// This module's part of the OpenAPI document (see `crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(create, show))]
+pub(crate) struct Doc;
+
 pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/partners", post(create))
         .route("/v1/admin/partners/{id}", get(show))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewPartnerRequest {
     name: String,
@@ -29,6 +34,14 @@ struct NewPartnerRequest {
     webhook_secret: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/partners",
+    tag = "partners",
+    security(("admin_token" = [])),
+    request_body = NewPartnerRequest,
+    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(partner_id))]
 async fn create(
     State(state): State<AppState>,
@@ -47,6 +60,17 @@ async fn create(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/partners/{id}",
+    tag = "partners",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses(
+        (status = 200, description = "The partner (never its webhook secret)", body = Object),
+        crate::openapi::AdminErrors
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,

@@ -45,6 +45,11 @@ enum Command {
     /// Run every function's consumer, the dead-letter recorders and the sweeper in this
     /// process until SIGTERM or Ctrl-C.
     Run,
+    /// Serve the HTTP API (and its console) alone, without the consumers: where the functions
+    /// run as Lambdas or in other processes.
+    Serve,
+    /// Print the HTTP API's OpenAPI 3 document (shipped as api/openapi.json).
+    Openapi,
     /// Check every workflow's invariants (the ledger's, seed 001 §7, and more); exits non-zero
     /// listing each violation.
     Audit,
@@ -143,6 +148,8 @@ async fn main() -> ExitCode {
         Command::Doctor => doctor::run(&settings).await,
         Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
         Command::Run => run(settings).await,
+        Command::Serve => serve(settings).await,
+        Command::Openapi => print_openapi(),
         Command::Audit => run_audit(&settings).await,
         Command::Catalog => {
             print!("{}", paybus_catalog::markdown_table());
@@ -228,6 +235,29 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let api = api.await.context("the HTTP API task panicked")?;
     consumers?;
     api.context("the HTTP API stopped")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_openapi() -> anyhow::Result<ExitCode> {
+    let document = serde_json::to_string_pretty(&paybus_api::openapi::document())?;
+    println!("{document}");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
+    let api_config = ApiConfig::from_env()?;
+    let services = Services::connect(settings)
+        .await
+        .context("while connecting to the database and the broker")?;
+    // The API publishes into function queues: they must exist before its first request.
+    services.declare_topology(&paybus_catalog::queues()).await?;
+    let shutdown = shutdown_on_signal();
+    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
+        .context("while building the HTTP API")?;
+    tracing::info!(addr = %api_config.http_addr, "paybus API serving; Ctrl-C or SIGTERM stops it");
+    paybus_api::serve(api_config, state, shutdown)
+        .await
+        .context("the HTTP API stopped")?;
     Ok(ExitCode::SUCCESS)
 }
 

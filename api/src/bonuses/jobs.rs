@@ -22,10 +22,13 @@ use crate::{ApiError, AppState, admin::path_id};
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
+    /// PENDING or FAILED (both when absent).
     #[serde(default)]
+    #[param(value_type = Option<String>)]
     status: Option<JobStatus>,
     #[serde(default)]
     after_id: u64,
@@ -33,13 +36,22 @@ pub(super) struct ListQuery {
     limit: Option<u32>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(super) struct JobList {
+    #[schema(value_type = Vec<Object>)]
     jobs: Vec<BonusJob>,
     /// Pass as `after_id` for the next page; `null` on the last one.
     next_after_id: Option<u64>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/charge-event-jobs",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    params(ListQuery),
+    responses((status = 200, description = "PENDING and FAILED jobs by id", body = JobList), crate::openapi::AdminErrors)
+)]
 pub(super) async fn list(
     State(state): State<AppState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -75,6 +87,14 @@ pub(super) async fn list(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/charge-event-jobs/{id}",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The job, whatever its state", body = Object), crate::openapi::AdminErrors)
+)]
 pub(super) async fn show(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
@@ -88,6 +108,14 @@ pub(super) async fn show(
         .ok_or_else(|| ApiError::NotFound(format!("bonus job {id} not found")))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/charge-event-jobs/{id}/retry",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "FAILED -> PENDING, due now, published", body = Object), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(job_id))]
 pub(super) async fn retry(
     State(state): State<AppState>,

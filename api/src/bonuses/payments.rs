@@ -49,9 +49,9 @@ const PAYMENT_SERVICE: Signer = Signer {
 };
 
 /// The body of both calls.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CompletionRequest {
+pub(super) struct CompletionRequest {
     charge_id: u64,
     /// The gateway's id of the payment (receipt, transaction or order id).
     gateway_tx_id: String,
@@ -75,6 +75,18 @@ enum Call {
 }
 
 /// `POST /v1/payments/{gateway}/webhook`: the gateway says the payment is done.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{gateway}/webhook",
+    tag = "payments",
+    security(("signature" = [])),
+    params(("gateway" = String, Path, description = "pg, payverse, hecto, google-iap or apple-iap")),
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The completed charge and its bonus jobs; `completed_now` says whether this call completed it", body = Object),
+        crate::openapi::SignedErrors
+    )
+)]
 pub(super) async fn webhook(
     State(state): State<AppState>,
     gateway: Result<Path<String>, PathRejection>,
@@ -85,6 +97,18 @@ pub(super) async fn webhook(
 }
 
 /// `POST /v1/payments/{gateway}/verify`: the app paid; the gateway confirmed the receipt.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{gateway}/verify",
+    tag = "payments",
+    security(("signature" = [])),
+    params(("gateway" = String, Path, description = "pg, payverse, hecto, google-iap or apple-iap")),
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "As the webhook", body = Object),
+        crate::openapi::SignedErrors
+    )
+)]
 pub(super) async fn verify(
     State(state): State<AppState>,
     gateway: Result<Path<String>, PathRejection>,

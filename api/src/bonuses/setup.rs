@@ -45,12 +45,20 @@ fn text(field: &str, value: &str) -> Result<String, ApiError> {
     Ok(value.to_owned())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewMemberRequest {
     nickname: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/members",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    request_body = NewMemberRequest,
+    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+)]
 pub(super) async fn create_member(
     State(state): State<AppState>,
     JsonBody(request): JsonBody<NewMemberRequest>,
@@ -62,6 +70,14 @@ pub(super) async fn create_member(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/members/{id}",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The member's balances", body = Object), crate::openapi::AdminErrors)
+)]
 pub(super) async fn show_member(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
@@ -74,18 +90,30 @@ pub(super) async fn show_member(
         .ok_or_else(|| ApiError::NotFound(format!("member {id} not found")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewChargeRequestBody {
     member_id: u64,
     cans: i32,
     price: Amount,
+    /// PG, PAYVERSE, HECTO, GOOGLE_IAP or APPLE_IAP.
+    #[schema(value_type = String)]
     payment_gateway: PaymentGateway,
+    /// The gateway's by default.
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     container: Option<Container>,
     method: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/charges",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    request_body = NewChargeRequestBody,
+    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+)]
 pub(super) async fn create_charge(
     State(state): State<AppState>,
     JsonBody(request): JsonBody<NewChargeRequestBody>,
@@ -126,6 +154,14 @@ pub(super) struct ChargeView {
     bonus_jobs: Vec<BonusJob>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/charges/{id}",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The charge with its bonus jobs", body = Object), crate::openapi::AdminErrors)
+)]
 pub(super) async fn show_charge(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,
@@ -142,12 +178,14 @@ pub(super) async fn show_charge(
     Ok(Json(ChargeView { charge, bonus_jobs }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewEventRequest {
     title: String,
     add_percent: i32,
+    #[schema(value_type = String, format = DateTime)]
     start_at: DateTime<Utc>,
+    #[schema(value_type = String, format = DateTime)]
     end_at: DateTime<Utc>,
     #[serde(default = "active_by_default")]
     active: bool,
@@ -175,6 +213,14 @@ fn in_timestamp_range(field: &str, at: DateTime<Utc>) -> Result<DateTime<Utc>, A
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/charge-events",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    request_body = NewEventRequest,
+    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+)]
 pub(super) async fn create_event(
     State(state): State<AppState>,
     JsonBody(request): JsonBody<NewEventRequest>,
@@ -209,6 +255,14 @@ pub(super) async fn create_event(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/charge-events/{id}",
+    tag = "bonuses",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The charge event", body = Object), crate::openapi::AdminErrors)
+)]
 pub(super) async fn show_event(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,

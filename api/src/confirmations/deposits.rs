@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::withdrawals::internal;
 use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, chain};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewDepositRequest {
     partner_id: u64,
@@ -27,6 +27,14 @@ pub(super) struct NewDepositRequest {
     to_address: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/deposits",
+    tag = "confirmations",
+    security(("admin_token" = [])),
+    request_body = NewDepositRequest,
+    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(deposit_id, partner_id = request.partner_id))]
 pub(super) async fn create(
     State(state): State<AppState>,
@@ -64,6 +72,14 @@ pub(super) async fn create(
 }
 
 /// The row as JSON (amounts as exact strings).
+#[utoipa::path(
+    get,
+    path = "/v1/admin/deposits/{id}",
+    tag = "confirmations",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses((status = 200, description = "The deposit", body = Object), crate::openapi::AdminErrors)
+)]
 pub(super) async fn show(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,

@@ -46,29 +46,41 @@ pub(crate) fn routes() -> Router<AppState> {
 
 /// `POST /v1/chain-monitor/withdrawal-confirmations`. Unknown fields are refused, as on every
 /// route: a misspelt field must not be silently dropped.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WithdrawalConfirmation {
+pub(super) struct WithdrawalConfirmation {
     withdrawal_id: u64,
     tx_hash: String,
 }
 
 /// `POST /v1/chain-monitor/deposit-confirmations`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct DepositConfirmation {
+pub(super) struct DepositConfirmation {
     deposit_id: u64,
 }
 
 /// The 202 answer: the confirmation is durably queued under this message id.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Accepted {
     pub accepted: bool,
+    #[schema(value_type = String, format = "uuid")]
     pub message_id: Uuid,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/chain-monitor/withdrawal-confirmations",
+    tag = "intake",
+    security(("signature" = [])),
+    request_body = WithdrawalConfirmation,
+    responses(
+        (status = 202, description = "Durably queued; confirm-withdrawal decides", body = Accepted),
+        crate::openapi::SignedErrors
+    )
+)]
 #[tracing::instrument(skip_all, fields(withdrawal_id, message_id))]
-async fn withdrawal_confirmation(
+pub(super) async fn withdrawal_confirmation(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -83,8 +95,19 @@ async fn withdrawal_confirmation(
     enqueue(&state.outbox, message).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/chain-monitor/deposit-confirmations",
+    tag = "intake",
+    security(("signature" = [])),
+    request_body = DepositConfirmation,
+    responses(
+        (status = 202, description = "Durably queued; confirm-deposit decides", body = Accepted),
+        crate::openapi::SignedErrors
+    )
+)]
 #[tracing::instrument(skip_all, fields(deposit_id, message_id))]
-async fn deposit_confirmation(
+pub(super) async fn deposit_confirmation(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,

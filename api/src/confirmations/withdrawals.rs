@@ -18,13 +18,17 @@ use serde_json::{Value, json};
 
 use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, chain};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewWithdrawalRequest {
     partner_id: u64,
+    /// `PARTNER` (default) or `USER`.
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     kind: WithdrawalKind,
+    /// `PROCESSING` (default), `BROADCASTING` or `STALE`.
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     status: WithdrawalStatus,
     currency: String,
     amount: Amount,
@@ -33,6 +37,14 @@ pub(super) struct NewWithdrawalRequest {
     tx_hash: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/withdrawals",
+    tag = "confirmations",
+    security(("admin_token" = [])),
+    request_body = NewWithdrawalRequest,
+    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+)]
 #[tracing::instrument(skip_all, fields(withdrawal_id, partner_id = request.partner_id))]
 pub(super) async fn create(
     State(state): State<AppState>,
@@ -86,6 +98,17 @@ pub(super) struct WithdrawalView {
     history: Vec<HistoryEntry>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/withdrawals/{id}",
+    tag = "confirmations",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses(
+        (status = 200, description = "The withdrawal with its status history", body = Object),
+        crate::openapi::AdminErrors
+    )
+)]
 pub(super) async fn show(
     State(state): State<AppState>,
     id: Result<Path<u64>, PathRejection>,

@@ -138,6 +138,25 @@ pub async fn locked(
     .await
 }
 
+/// Markets that have been suspended at least once (their latest suspension is on
+/// `current_batch_id`), the most recent batch first, at most `limit`: the console's list.
+/// Batch ids grow with time, so ordering by them needs no index beyond the primary key of a
+/// table that holds one row per market.
+pub async fn with_suspension(
+    conn: &mut MySqlConnection,
+    limit: u32,
+) -> Result<Vec<Market>, MarketError> {
+    let rows: Vec<MarketRow> = sqlx::query_as(
+        "SELECT id, symbol, status, suspended_at, resumed_at, current_batch_id, created_at \
+         FROM markets WHERE current_batch_id IS NOT NULL \
+         ORDER BY current_batch_id DESC LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.into_iter().map(MarketRow::into_market).collect()
+}
+
 async fn fetch(
     conn: &mut MySqlConnection,
     sql: &'static str,

@@ -1,0 +1,106 @@
+//! The web console (`/console`): server-rendered HTML for ops, readable without JavaScript,
+//! with nothing loaded from the network (the stylesheet is inline, the pages are compiled in).
+//!
+//! | page | shows | actions |
+//! | --- | --- | --- |
+//! | `/console/dead-letters` | dead letters waiting for ops, grouped by function and reason; a group's letters | dry run, replay, archive (a group or the ticked letters) |
+//! | `/console/jobs` | W3 bonus jobs PENDING or FAILED | retry a FAILED job |
+//! | `/console/suspensions` | W4 suspensions, newest first, with their progress (the page refreshes itself every 2 s while one is moving) | retry a suspension's FAILED tasks |
+//! | `/console/audit` | every workflow's invariants, checked now | — |
+//!
+//! **Who may do what** is the admin API's rule (`auth::authorize`): the token is kept in an
+//! `HttpOnly`, `SameSite=Strict` cookie scoped to `/console`, so pages can be rendered on the
+//! server (no JavaScript needed to send it) and no script on the page can read it;
+//! `SameSite=Strict` plus an `Origin` check on every POST keeps other sites from submitting
+//! forms with it. Reads need OPS, actions ADMIN.
+//!
+//! **Every action is an admin API call**: the console sends it through the same router, with
+//! the same token, so it passes the same checks and logs as `curl` would, and a route that
+//! this build lacks (404 from the router's fallback) is shown as "not available on this
+//! server" instead of failing.
+
+mod actions;
+mod audit;
+mod dead_letters;
+mod jobs;
+mod layout;
+mod session;
+mod suspensions;
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{FromRequest, Request},
+    http::StatusCode,
+    response::{Redirect, Response},
+    routing::{get, post},
+};
+
+use crate::AppState;
+
+pub(crate) use session::Session;
+
+/// Where the console lives.
+pub const ROOT: &str = "/console";
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/console",
+            get(|| async { Redirect::to("/console/dead-letters") }),
+        )
+        .route(
+            "/console/login",
+            get(session::login_page).post(session::login),
+        )
+        .route("/console/logout", post(session::logout))
+        .route("/console/dead-letters", get(dead_letters::groups))
+        .route("/console/dead-letters/group", get(dead_letters::group))
+        .route("/console/dead-letters/replay", post(dead_letters::replay))
+        .route("/console/dead-letters/archive", post(dead_letters::archive))
+        .route("/console/jobs", get(jobs::page))
+        .route("/console/jobs/{id}/retry", post(jobs::retry))
+        .route("/console/suspensions", get(suspensions::page))
+        .route(
+            "/console/suspensions/{symbol}/retry-failed",
+            post(suspensions::retry_failed),
+        )
+        .route("/console/audit", get(audit::page))
+}
+
+/// A submitted form (`application/x-www-form-urlencoded`), names in order and repeatable
+/// (ticked checkboxes repeat `ids=`).
+pub(crate) struct FormFields(Vec<(String, String)>);
+
+impl FormFields {
+    pub(crate) fn get<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        self.all(name).next()
+    }
+
+    pub(crate) fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(n, _)| n == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for FormFields {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let body = Bytes::from_request(request, state).await.map_err(|_| {
+            layout::error_page(StatusCode::BAD_REQUEST, "The form could not be read.")
+        })?;
+        Ok(FormFields(
+            form_urlencoded::parse(&body).into_owned().collect(),
+        ))
+    }
+}
+
+/// `text` for a URL's query: unreserved characters kept, every other byte `%XX`.
+pub(crate) fn percent_encoded(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}

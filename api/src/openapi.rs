@@ -1,0 +1,213 @@
+//! The OpenAPI 3 document, generated from the code (`GET /openapi.json`; shipped as
+//! `api/openapi.json`, regenerated with `paybus openapi > api/openapi.json`).
+//!
+//! **Adding a route** (the one pattern, kept honest by `api/tests/openapi.rs`):
+//! 1. register it in its module's router (`admin_routes()` / `payment_routes()` ...);
+//! 2. annotate the handler with `#[utoipa::path(...)]`: method, path, `tag`, `params`,
+//!    `request_body`, its success answers and the error set ([`AdminErrors`] for an admin
+//!    route, with `security(("admin_token" = []))`; [`SignedErrors`] for a signed one);
+//! 3. list the handler in its module's `Doc` (`#[openapi(paths(...))]`) — a new module adds
+//!    its `Doc` to [`document`].
+//!
+//! The test fails for a route in a router that the document lacks, a documented operation the
+//! router does not serve, or a shipped copy that differs from what the code generates.
+
+use std::collections::BTreeMap;
+
+use axum::{Json, Router, routing::get};
+use utoipa::{
+    IntoResponses, Modify, OpenApi, PartialSchema, ToSchema,
+    openapi::{
+        ContentBuilder, ObjectBuilder, RefOr, ResponseBuilder, Type,
+        response::Response,
+        schema::Schema,
+        security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme},
+    },
+};
+
+use crate::AppState;
+
+/// The whole document: the shared parts below and every route module's `Doc`.
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut document = ApiDoc::openapi();
+    for part in [
+        crate::confirmations::Doc::openapi(),
+        crate::bonuses::Doc::openapi(),
+        crate::partners::Doc::openapi(),
+        crate::audit::Doc::openapi(),
+        crate::markets::Doc::openapi(),
+        crate::p2p::Doc::openapi(),
+    ] {
+        document.merge(part);
+    }
+    document
+}
+
+/// Served without a token: it describes the API, it grants nothing. (Route paths are string
+/// literals everywhere, so `api/tests/openapi.rs` can read the route table from the source.)
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new().route("/openapi.json", get(serve))
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "paybus",
+        description = "The paybus HTTP API: signed intake from the chain monitor and the payment \
+            service, and the admin API (role tokens: OPS reads, ADMIN changes). Every error \
+            answer is JSON `{\"error\": \"...\"}`; amounts are decimal strings.",
+        license(name = "MIT", identifier = "MIT")
+    ),
+    paths(crate::health, serve),
+    modifiers(&SecuritySchemes),
+    tags(
+        (name = "service", description = "Liveness and this document"),
+        (name = "intake", description = "W2: chain-monitor confirmations (HMAC-signed)"),
+        (name = "payments", description = "W3: payment completions from every gateway (HMAC-signed)"),
+        (name = "confirmations", description = "W2 admin: withdrawals and deposits"),
+        (name = "partners", description = "Admin: partners"),
+        (name = "bonuses", description = "W3 admin: members, charges, charge events, bonus jobs"),
+        (name = "p2p", description = "W1: P2P deposit orders (buyers) and withdraw orders (sellers' liquidity)"),
+        (name = "markets", description = "W4 admin: markets, orders, suspensions"),
+        (name = "audit", description = "Every workflow's invariants"),
+    )
+)]
+struct ApiDoc;
+
+/// `GET /openapi.json`.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "service",
+    responses((status = 200, description = "This document", body = Object))
+)]
+async fn serve() -> Json<utoipa::openapi::OpenApi> {
+    Json(document())
+}
+
+/// The two ways a caller proves who it is.
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "A role token from `paybus token issue` (HS256, signed with \
+                         PAYBUS_ADMIN_JWT_SECRET): GET needs OPS or ADMIN, anything else ADMIN",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "signature",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-Paybus-Signature",
+                "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<body>\")>`",
+            ))),
+        );
+    }
+}
+
+/// The body of every error answer.
+pub(crate) struct ErrorBody;
+
+impl PartialSchema for ErrorBody {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .property(
+                "error",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some("What is wrong, for people")),
+            )
+            .required("error")
+            .into()
+    }
+}
+
+impl ToSchema for ErrorBody {}
+
+/// `{"id": N}`: the row a POST created.
+pub(crate) struct Created;
+
+impl PartialSchema for Created {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .property("id", ObjectBuilder::new().schema_type(Type::Integer))
+            .required("id")
+            .into()
+    }
+}
+
+impl ToSchema for Created {}
+
+fn error_responses(answers: &[(u16, &str)]) -> BTreeMap<String, RefOr<Response>> {
+    answers
+        .iter()
+        .map(|(status, description)| {
+            let response = ResponseBuilder::new()
+                .description(*description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(ErrorBody::schema()))
+                        .build(),
+                )
+                .build();
+            (status.to_string(), response.into())
+        })
+        .collect()
+}
+
+/// What any admin route may answer besides its success.
+pub(crate) struct AdminErrors;
+
+impl IntoResponses for AdminErrors {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        error_responses(&[
+            (
+                400,
+                "Malformed JSON, a missing, unknown or ill-typed field, a bad path value",
+            ),
+            (401, "Missing, malformed, tampered or expired token"),
+            (
+                403,
+                "The token lacks the role (GET needs OPS, anything else ADMIN)",
+            ),
+            (404, "No such row"),
+            (408, "The body did not arrive in time"),
+            (409, "Conflicts with the row's current state"),
+            (413, "Body larger than 64 KiB"),
+            (
+                503,
+                "The database is unavailable, or PAYBUS_ADMIN_JWT_SECRET is unset",
+            ),
+        ])
+    }
+}
+
+/// What a signed route (chain monitor, payment service) may answer besides its success.
+pub(crate) struct SignedErrors;
+
+impl IntoResponses for SignedErrors {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        error_responses(&[
+            (400, "Malformed JSON, a missing, unknown or ill-typed field"),
+            (401, "Missing, malformed, stale (±300 s) or wrong signature"),
+            (404, "Unknown gateway or charge"),
+            (408, "The body did not arrive in time"),
+            (409, "Conflicts with the charge's current state"),
+            (413, "Body larger than 64 KiB"),
+            (
+                503,
+                "The database is unavailable, or the route's secret is unset",
+            ),
+        ])
+    }
+}

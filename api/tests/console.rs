@@ -1,0 +1,227 @@
+//! The console's rules, through the router: strangers go to the login page, the token lives
+//! in an HttpOnly SameSite=Strict cookie, OPS reads but cannot act, forms from other sites are
+//! refused, and the dead-letter page groups what the recorders wrote. (The whole console in a
+//! real browser: `cli/tests/console_browser.rs`.)
+
+mod support;
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode, header},
+};
+use paybus_api::auth::Role;
+use support::{Api, token};
+use tower::ServiceExt;
+
+struct Page {
+    status: StatusCode,
+    location: Option<String>,
+    cookie: Option<String>,
+    body: String,
+}
+
+async fn send(api: &Api, request: Request<Body>) -> Page {
+    let response = api.router().oneshot(request).await.expect("infallible");
+    let header_of = |name| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (status, location, cookie) = (
+        response.status(),
+        header_of(header::LOCATION),
+        header_of(header::SET_COOKIE),
+    );
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    Page {
+        status,
+        location,
+        cookie,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+fn get_as(path: &str, roles: &[Role]) -> Request<Body> {
+    Request::get(path)
+        .header(header::COOKIE, format!("paybus_console={}", token(roles)))
+        .body(Body::empty())
+        .expect("request")
+}
+
+fn post_as(path: &str, roles: &[Role], form: &str) -> Request<Body> {
+    Request::post(path)
+        .header(header::COOKIE, format!("paybus_console={}", token(roles)))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(form.to_owned()))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn strangers_and_bad_tokens_are_sent_to_the_login_page() {
+    let api = Api::new().await;
+    let stranger = send(
+        &api,
+        Request::get("/console/jobs")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    let forged = send(
+        &api,
+        Request::get("/console/jobs")
+            .header(header::COOKIE, "paybus_console=not.a.jwt")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+
+    assert_eq!(stranger.status, StatusCode::SEE_OTHER);
+    assert_eq!(stranger.location.as_deref(), Some("/console/login"));
+    assert_eq!(forged.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        forged.location.as_deref(),
+        Some("/console/login?refused=invalid%20token")
+    );
+}
+
+#[tokio::test]
+async fn logging_in_keeps_the_token_in_an_httponly_same_site_cookie() {
+    let api = Api::new().await;
+    let ops = token(&[Role::Ops]);
+    let login = |form: String| {
+        Request::post("/console/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(form))
+            .expect("request")
+    };
+
+    let accepted = send(&api, login(format!("token={ops}"))).await;
+    let refused = send(&api, login("token=garbage".to_owned())).await;
+
+    assert_eq!(accepted.status, StatusCode::SEE_OTHER);
+    let cookie = accepted.cookie.expect("a cookie");
+    assert!(
+        cookie.starts_with(&format!("paybus_console={ops};")),
+        "{cookie}"
+    );
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age=3"] {
+        assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
+    }
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert!(refused.cookie.is_none());
+    assert!(
+        refused
+            .body
+            .contains("Your token was refused: invalid token")
+    );
+}
+
+#[tokio::test]
+async fn an_ops_token_reads_the_pages_but_cannot_act() {
+    let api = Api::new().await;
+    for page in [
+        "/console/dead-letters",
+        "/console/jobs",
+        "/console/suspensions",
+        "/console/audit",
+    ] {
+        let read = send(&api, get_as(page, &[Role::Ops])).await;
+        assert_eq!(read.status, StatusCode::OK, "{page}: {}", read.body);
+        assert!(read.body.starts_with("<!DOCTYPE html>"), "{page}");
+    }
+
+    let retry = send(&api, post_as("/console/jobs/1/retry", &[Role::Ops], "")).await;
+
+    assert_eq!(retry.status, StatusCode::FORBIDDEN);
+    assert!(
+        retry.body.contains("needs the ADMIN role"),
+        "{}",
+        retry.body
+    );
+}
+
+#[tokio::test]
+async fn a_form_posted_from_another_site_is_refused() {
+    let api = Api::new().await;
+    let mut request = post_as("/console/jobs/1/retry", &[Role::Admin], "");
+    request.headers_mut().insert(
+        header::ORIGIN,
+        "https://evil.example".parse().expect("header"),
+    );
+    request
+        .headers_mut()
+        .insert(header::HOST, "127.0.0.1:8080".parse().expect("header"));
+
+    let page = send(&api, request).await;
+
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    assert!(page.body.contains("another site"));
+}
+
+#[tokio::test]
+async fn dead_letters_are_grouped_by_function_and_reason_largest_first() {
+    let api = Api::new().await;
+    for (id, function, reason, status) in [
+        ("a", "grant-bonus", "rejected", "NEW"),
+        ("b", "confirm-deposit", "rejected", "NEW"),
+        ("c", "confirm-deposit", "rejected", "NEW"),
+        ("d", "confirm-deposit", "rejected", "ARCHIVED"),
+    ] {
+        sqlx::query(
+            "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, \
+             error, body, status) VALUES (?, ?, 'k', ?, 'e', '{}', ?)",
+        )
+        .bind(id)
+        .bind(function)
+        .bind(reason)
+        .bind(status)
+        .execute(&api.env.db)
+        .await
+        .expect("insert");
+    }
+
+    let page = send(&api, get_as("/console/dead-letters", &[Role::Ops])).await;
+
+    assert_eq!(page.status, StatusCode::OK);
+    let deposit = page
+        .body
+        .find("data-function=\"confirm-deposit\"")
+        .expect("group");
+    let bonus = page
+        .body
+        .find("data-function=\"grant-bonus\"")
+        .expect("group");
+    assert!(deposit < bonus, "the larger group first");
+    let row = &page.body[deposit..bonus];
+    assert!(
+        row.contains("<td class=\"n\">2</td>"),
+        "archived letters are not waiting: {row}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letter_action_says_when_the_server_lacks_its_route() {
+    let api = Api::new().await;
+    let page = send(
+        &api,
+        post_as(
+            "/console/dead-letters/replay",
+            &[Role::Admin],
+            "function=grant-bonus&reason=rejected&mode=dry-run",
+        ),
+    )
+    .await;
+
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains(
+            "Not available on this server: POST /v1/admin/dead-letters/replay answered 404"
+        ),
+        "{}",
+        page.body
+    );
+}

@@ -1,0 +1,123 @@
+//! The real `paybus serve` binary on a free loopback port, against a test's own database and
+//! vhost, with every secret set; and the Python tools of the black-box tests (schemathesis,
+//! playwright), which `infra/browser/install.sh` installs into `.local/venv`.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use paybus_platform::testing::{TestEnv, free_port};
+
+pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-black-box-tests";
+
+/// `paybus serve`, killed when dropped.
+pub struct ApiProcess {
+    pub base_url: String,
+    child: Child,
+}
+
+impl ApiProcess {
+    /// Starts the binary and waits until `/health` answers (at most 30 s).
+    pub async fn start(env: &TestEnv) -> Self {
+        let port = free_port();
+        let log = std::env::var("TEST_LOG").map_or_else(|_| Stdio::null(), |_| Stdio::inherit());
+        let child = Command::new(env!("CARGO_BIN_EXE_paybus"))
+            .arg("serve")
+            .envs(env.env_vars())
+            .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
+            .env(
+                "PAYBUS_CHAIN_MONITOR_SECRET",
+                "chain-monitor-secret-for-black-box-tests",
+            )
+            .env(
+                "PAYBUS_PAYMENTS_SECRET",
+                "payments-secret-for-black-box-tests",
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start paybus serve");
+        let process = Self {
+            base_url: format!("http://127.0.0.1:{port}"),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let health = format!("{}/health", process.base_url);
+        while Instant::now() < deadline {
+            let answered = reqwest::get(&health)
+                .await
+                .is_ok_and(|response| response.status().is_success());
+            if answered {
+                return process;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("paybus serve did not answer {health} within 30 s");
+    }
+
+    /// A token with `roles` (`OPS`, `ADMIN`), minted by `paybus token issue` as ops would.
+    pub fn token(&self, roles: &[&str]) -> String {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        command
+            .args([
+                "token",
+                "issue",
+                "--subject",
+                "black-box-tests",
+                "--ttl",
+                "1h",
+            ])
+            .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET);
+        for role in roles {
+            command.args(["--role", role]);
+        }
+        let output = command.output().expect("run paybus token issue");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_owned()
+    }
+}
+
+impl Drop for ApiProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Python tool of the black-box tests, or why it is missing. Missing fails the test when
+/// `PAYBUS_REQUIRE_PYTHON_TESTS` is set (infra/test.sh sets it, so CI never skips) and skips
+/// it otherwise, saying how to install.
+pub fn python_tool(variable: &str, venv_name: &str) -> Option<PathBuf> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = std::env::var_os(variable)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join(".local/venv/bin").join(venv_name));
+    if path.exists() {
+        return Some(path);
+    }
+    let message = format!(
+        "{} is missing: run infra/browser/install.sh (infra/test.sh does)",
+        path.display()
+    );
+    if std::env::var_os("PAYBUS_REQUIRE_PYTHON_TESTS").is_some() {
+        panic!("{message}");
+    }
+    eprintln!("SKIPPED: {message}");
+    None
+}
+
+/// Where a test run leaves what people look at (screenshots, reports).
+pub fn output_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.local/test-output")
+        .join(name);
+    std::fs::create_dir_all(&dir).expect("create the test output directory");
+    dir
+}
