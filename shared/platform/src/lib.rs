@@ -14,6 +14,7 @@ pub mod retry;
 pub mod signature;
 pub mod telemetry;
 pub mod transition;
+pub mod triage;
 
 #[cfg(feature = "test-harness")]
 pub mod testing;
