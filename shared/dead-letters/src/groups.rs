@@ -105,12 +105,11 @@ pub async fn overview(
     .await?;
     let total: i64 = rows.iter().map(|row| row.2).sum();
 
-    let ids: Vec<u64> = sqlx::query_scalar(
-        "SELECT id FROM dead_letters WHERE status = 'NEW' ORDER BY id LIMIT ?",
-    )
-    .bind(EXPOSURE_SCAN_LIMIT)
-    .fetch_all(&mut *conn)
-    .await?;
+    let ids: Vec<u64> =
+        sqlx::query_scalar("SELECT id FROM dead_letters WHERE status = 'NEW' ORDER BY id LIMIT ?")
+            .bind(EXPOSURE_SCAN_LIMIT)
+            .fetch_all(&mut *conn)
+            .await?;
     let mut by_group: BTreeMap<(String, String), Sums> = BTreeMap::new();
     let mut all = Sums::default();
     for id in &ids {

@@ -203,10 +203,11 @@ pub async fn show(
     let Some((letter, body)) = find(conn, id).await? else {
         return Ok(None);
     };
-    let headers: Option<String> = sqlx::query_scalar("SELECT headers FROM dead_letters WHERE id = ?")
-        .bind(id)
-        .fetch_one(&mut *conn)
-        .await?;
+    let headers: Option<String> =
+        sqlx::query_scalar("SELECT headers FROM dead_letters WHERE id = ?")
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
     let headers = headers
         .filter(|text| !text.is_empty())
         .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
@@ -261,10 +262,7 @@ pub async fn count_selected(
 }
 
 /// `select` over the NEW letters of `selection` (the group by index_dead_letters_by_function_reason).
-fn selecting(
-    select: &str,
-    selection: &Selection,
-) -> Result<QueryBuilder<MySql>, DeadLetterError> {
+fn selecting(select: &str, selection: &Selection) -> Result<QueryBuilder<MySql>, DeadLetterError> {
     let mut query = QueryBuilder::<MySql>::new(select);
     query.push(" FROM dead_letters WHERE status = 'NEW'");
     match selection {

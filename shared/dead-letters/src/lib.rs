@@ -23,5 +23,7 @@ mod triager;
 pub use error::DeadLetterError;
 pub use groups::{ExposureSum, Group, Overview};
 pub use letter::{DeadLetter, DeadLetterDetail, LetterStatus, ListFilter, Selection};
-pub use replay::{Action, ArchiveReport, Classified, DryRun, ReplayOptions, ReplayReport, ReplayResult};
+pub use replay::{
+    Action, ArchiveReport, Classified, DryRun, ReplayOptions, ReplayReport, ReplayResult,
+};
 pub use triager::Triager;

@@ -210,13 +210,21 @@ pub async fn replay(
     let mut conn = outbox.pool().acquire().await?;
     // Letters this call left NEW (not safe) are not "remaining": another call would only
     // classify them again.
-    let left_new = report.results.iter().filter(|r| r.result == "NOT_SENT").count() as u64;
+    let left_new = report
+        .results
+        .iter()
+        .filter(|r| r.result == "NOT_SENT")
+        .count() as u64;
     report.remaining = letter::count_selected(&mut conn, selection)
         .await?
         .saturating_sub(left_new);
     tracing::info!(
-        actor, replayed = report.replayed, already_applied = report.already_applied,
-        needs_human = report.needs_human, skipped = report.skipped, "dead letters replayed"
+        actor,
+        replayed = report.replayed,
+        already_applied = report.already_applied,
+        needs_human = report.needs_human,
+        skipped = report.skipped,
+        "dead letters replayed"
     );
     Ok(report)
 }
@@ -252,8 +260,17 @@ async fn replay_one(
     };
     if letter.status != letter::LetterStatus::New {
         result.detail = format!("the letter is {} now", letter.status);
-        record_action(&mut uow, id, "REPLAY", actor, None, result.result, &result.detail, None)
-            .await?;
+        record_action(
+            &mut uow,
+            id,
+            "REPLAY",
+            actor,
+            None,
+            result.result,
+            &result.detail,
+            None,
+        )
+        .await?;
         uow.commit().await?;
         return Ok(result);
     }

@@ -14,11 +14,8 @@ use paybus_money::Amount;
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
-
 /// What a replay of a dead letter would do.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, strum::Display,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, strum::Display)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Verdict {
@@ -111,7 +108,6 @@ impl Triage {
 }
 
 pub type TriageError = Box<dyn std::error::Error + Send + Sync>;
-pub type TriageFuture<'c> =
-    Pin<Box<dyn Future<Output = Result<Triage, TriageError>> + Send + 'c>>;
+pub type TriageFuture<'c> = Pin<Box<dyn Future<Output = Result<Triage, TriageError>> + Send + 'c>>;
 /// A function's triage over a dead letter's raw body (what `FunctionEntry` carries).
 pub type TriageFn = for<'c> fn(&'c mut MySqlConnection, &'c [u8]) -> TriageFuture<'c>;
