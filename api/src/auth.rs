@@ -93,7 +93,7 @@ pub fn verify(secret: &str, token: &str) -> Result<Claims, ApiError> {
 /// The middleware on every admin route.
 pub(crate) async fn require_role(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let Some(secret) = state.admin_jwt_secret.as_ref() else {
@@ -126,6 +126,8 @@ pub(crate) async fn require_role(
         return Err(ApiError::Forbidden(needed));
     }
     tracing::debug!(sub = %claims.sub, "admin request");
+    // Handlers that record who acted (dead-letter replays) read the claims.
+    request.extensions_mut().insert(claims);
     Ok(next.run(request).await)
 }
 

@@ -9,6 +9,7 @@
 //! | [`bonuses`] | W3: payment completions from every gateway (`/v1/payments/*`, HMAC-signed) and admin members, charges, charge events and bonus jobs | `paybus_bonuses` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
+//! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letters` over the catalog's triage |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
 //! `GET /health` is liveness.
@@ -24,6 +25,7 @@ pub mod bonuses;
 mod chain;
 pub mod config;
 pub mod confirmations;
+mod dead_letters;
 pub mod error;
 mod markets;
 mod partners;
@@ -41,10 +43,12 @@ use axum::{
     routing::get,
 };
 use paybus_bonuses::BonusRules;
+use paybus_dead_letters::Triager;
 use paybus_platform::{
     Secret,
     audit::Check,
     bus::{Outbox, Services},
+    function::FunctionEntry,
     signature,
 };
 use serde_json::json;
@@ -78,6 +82,9 @@ pub struct AppState {
     pub signature_tolerance: Duration,
     /// The invariants `GET /v1/admin/audit` checks (every workflow's: the catalog's list).
     pub audit: Arc<[Check]>,
+    /// Each function's dead-letter triage (the catalog's functions; none until
+    /// [`AppState::with_functions`]: every letter then needs a human).
+    pub dead_letters: Triager,
 }
 
 impl AppState {
@@ -91,7 +98,15 @@ impl AppState {
             bonus_rules: config.bonus_rules,
             signature_tolerance: signature::DEFAULT_TOLERANCE,
             audit: audit.into(),
+            dead_letters: Triager::new(&[]),
         }
+    }
+
+    /// The catalog's functions (`paybus_catalog::FUNCTIONS`), whose triage the dead-letter
+    /// routes ask.
+    pub fn with_functions(mut self, functions: &'static [FunctionEntry]) -> Self {
+        self.dead_letters = Triager::new(functions);
+        self
     }
 }
 
@@ -104,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .merge(bonuses::admin_routes())
         .merge(audit::admin_routes())
         .merge(markets::admin_routes())
+        .merge(dead_letters::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -1,6 +1,7 @@
 //! `paybus`: the operator's command line.
 
 mod bench;
+mod dead_letters;
 mod doctor;
 mod jobs;
 mod suspension;
@@ -54,6 +55,10 @@ enum Command {
     /// a FAILED one.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
+    /// Dead letters: grouped with the money at stake, shown, dry-run, replayed (only the safe
+    /// ones, rate-limited, with a progress bar) and archived.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -143,6 +148,7 @@ async fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Jobs(command) => jobs::run(&settings, command).await,
+        Command::DeadLetters(command) => dead_letters::run(&settings, command).await,
         Command::Sign { body } => sign(&body),
         Command::Token(TokenCommand::Issue {
             roles,
@@ -202,7 +208,8 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     // would be unroutable and wait for the relay.
     services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
-    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks());
+    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
+        .with_functions(paybus_catalog::FUNCTIONS);
     let api = tokio::spawn(paybus_api::serve(api_config, state, shutdown.clone()));
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;

@@ -73,7 +73,8 @@ impl Api {
         configure(&mut config);
         let services = env.services(&[]).await;
         Self {
-            state: AppState::new(&services, &config, paybus_catalog::audit_checks()),
+            state: AppState::new(&services, &config, paybus_catalog::audit_checks())
+                .with_functions(paybus_catalog::FUNCTIONS),
             config,
             services,
             env,

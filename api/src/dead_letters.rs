@@ -1,0 +1,243 @@
+//! Dead letters for ops (SPEC §5), on `paybus_dead_letters` (the same operations as `paybus
+//! dead-letters`). OPS reads and dry-runs, ADMIN replays and archives:
+//!
+//! - `GET /v1/admin/dead-letters/groups`: NEW letters grouped by function and reason (count,
+//!   first and last seen) with the money at stake per partner and currency, biggest first.
+//! - `GET /v1/admin/dead-letters[?function=][&reason=][&status=NEW|REPLAYED|ARCHIVED][&before_id=][&limit=]`:
+//!   letters newest first, 50 a page (at most 500); `next_before_id` continues.
+//! - `GET /v1/admin/dead-letters/{id}`: one letter: headers, body, the rows it refers to as
+//!   they stand, the verdict a replay would get now, and what ops did to it.
+//! - `GET /v1/admin/dead-letters/dry-run?ids=1,2,3` or `?function=&reason=` (a group), with
+//!   `&limit=` (default and most 500): each NEW letter classified *already_applied*, *safe*
+//!   or *needs_human*; nothing written.
+//! - `POST /v1/admin/dead-letters/replay` `{"selection": {"ids": [..]} | {"group":
+//!   {"function", "reason"}}, "limit"?, "per_second"?}`: replays the safe ones (verdict taken
+//!   again under each letter's lock) through the outbox, at most `per_second` (default 10) a
+//!   second and `limit` (default 100) a call; `remaining` says whether to call again.
+//! - `POST /v1/admin/dead-letters/archive` `{"selection", "limit"?}`: NEW → ARCHIVED.
+//!
+//! Every action is recorded (`dead_letter_actions`) under the token's subject.
+
+use axum::{
+    Extension, Json, Router,
+    extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
+    routing::{get, post},
+};
+use paybus_dead_letters::{
+    ArchiveReport, DeadLetter, DeadLetterDetail, DeadLetterError, DryRun, LetterStatus, ListFilter,
+    Overview, ReplayOptions, ReplayReport, Selection, groups, letter, replay,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
+
+const MAX_LIMIT: u32 = letter::MAX_PAGE;
+/// A replay answers within the request: 100 letters at 10 a second is ten seconds.
+const DEFAULT_REPLAY_LIMIT: u32 = 100;
+const MAX_PER_SECOND: f64 = 100.0;
+
+pub(crate) fn admin_routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/admin/dead-letters", get(list))
+        .route("/v1/admin/dead-letters/groups", get(overview))
+        .route("/v1/admin/dead-letters/dry-run", get(dry_run))
+        .route("/v1/admin/dead-letters/replay", post(replay))
+        .route("/v1/admin/dead-letters/archive", post(archive))
+        .route("/v1/admin/dead-letters/{id}", get(show))
+}
+
+fn into_api(error: DeadLetterError) -> ApiError {
+    match error {
+        DeadLetterError::Database(e) => ApiError::Database(e),
+        DeadLetterError::Outbox(e) => ApiError::Outbox(e),
+        DeadLetterError::Invalid(message) => ApiError::BadRequest(message),
+        DeadLetterError::NotFound(id) => {
+            ApiError::NotFound(format!("dead letter {id} does not exist"))
+        }
+        other @ DeadLetterError::Triage { .. } => ApiError::Internal(Box::new(other)),
+    }
+}
+
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query
+        .map(|Query(query)| query)
+        .map_err(|rejection| ApiError::BadRequest(rejection.body_text()))
+}
+
+fn limit(limit: Option<u32>, default: u32) -> Result<u32, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if (1..=MAX_LIMIT).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "limit must be from 1 to {MAX_LIMIT}"
+        )))
+    }
+}
+
+async fn overview(State(state): State<AppState>) -> Result<Json<Overview>, ApiError> {
+    let mut conn = state.pool.acquire().await?;
+    let overview = groups::overview(&mut conn, &state.dead_letters)
+        .await
+        .map_err(into_api)?;
+    Ok(Json(overview))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    function: Option<String>,
+    reason: Option<String>,
+    status: Option<LetterStatus>,
+    before_id: Option<u64>,
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+struct LetterList {
+    dead_letters: Vec<DeadLetter>,
+    /// Pass as `before_id` for the next page; `null` on the last one.
+    next_before_id: Option<u64>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    params: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<LetterList>, ApiError> {
+    let params = query(params)?;
+    let limit = limit(params.limit, 50)?;
+    let mut conn = state.pool.acquire().await?;
+    let letters = letter::list(
+        &mut conn,
+        &ListFilter {
+            function: params.function,
+            reason: params.reason,
+            status: params.status,
+            before_id: params.before_id,
+            limit: Some(limit),
+        },
+    )
+    .await
+    .map_err(into_api)?;
+    let full = letters.len() == limit as usize;
+    Ok(Json(LetterList {
+        next_before_id: letters.last().filter(|_| full).map(|l| l.id),
+        dead_letters: letters,
+    }))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<DeadLetterDetail>, ApiError> {
+    let id = path_id(id)?;
+    let mut conn = state.pool.acquire().await?;
+    letter::show(&mut conn, &state.dead_letters, id)
+        .await
+        .map_err(into_api)?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("dead letter {id} does not exist")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DryRunQuery {
+    /// Comma-separated letter ids.
+    ids: Option<String>,
+    function: Option<String>,
+    reason: Option<String>,
+    limit: Option<u32>,
+}
+
+impl DryRunQuery {
+    fn selection(&self) -> Result<Selection, ApiError> {
+        match (&self.ids, &self.function, &self.reason) {
+            (Some(ids), None, None) => ids
+                .split(',')
+                .map(|id| id.trim().parse::<u64>())
+                .collect::<Result<Vec<_>, _>>()
+                .map(Selection::Ids)
+                .map_err(|_| {
+                    ApiError::BadRequest("ids must be comma-separated positive integers".into())
+                }),
+            (None, Some(function), Some(reason)) => Ok(Selection::Group {
+                function: function.clone(),
+                reason: reason.clone(),
+            }),
+            _ => Err(ApiError::BadRequest(
+                "select letters with ids=1,2,3 or with function= and reason= (a group)".into(),
+            )),
+        }
+    }
+}
+
+async fn dry_run(
+    State(state): State<AppState>,
+    params: Result<Query<DryRunQuery>, QueryRejection>,
+) -> Result<Json<DryRun>, ApiError> {
+    let params = query(params)?;
+    let selection = params.selection()?;
+    let limit = limit(params.limit, MAX_LIMIT)?;
+    let mut conn = state.pool.acquire().await?;
+    let run = replay::dry_run(&mut conn, &state.dead_letters, &selection, limit)
+        .await
+        .map_err(into_api)?;
+    Ok(Json(run))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    selection: Selection,
+    limit: Option<u32>,
+    per_second: Option<f64>,
+}
+
+async fn replay(
+    State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
+    JsonBody(request): JsonBody<ReplayRequest>,
+) -> Result<Json<ReplayReport>, ApiError> {
+    let per_second = request
+        .per_second
+        .unwrap_or(ReplayOptions::default().per_second);
+    if !(per_second > 0.0 && per_second <= MAX_PER_SECOND) {
+        return Err(ApiError::BadRequest(format!(
+            "per_second must be above 0 and at most {MAX_PER_SECOND}"
+        )));
+    }
+    let options = ReplayOptions {
+        per_second,
+        limit: limit(request.limit, DEFAULT_REPLAY_LIMIT)?,
+    };
+    let report = replay::replay(
+        &state.outbox,
+        &state.dead_letters,
+        &request.selection,
+        &claims.sub,
+        options,
+        |_| {},
+    )
+    .await
+    .map_err(into_api)?;
+    Ok(Json(report))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArchiveRequest {
+    selection: Selection,
+    limit: Option<u32>,
+}
+
+async fn archive(
+    State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
+    JsonBody(request): JsonBody<ArchiveRequest>,
+) -> Result<Json<ArchiveReport>, ApiError> {
+    let limit = limit(request.limit, MAX_LIMIT)?;
+    let report = replay::archive(&state.outbox, &request.selection, &claims.sub, limit)
+        .await
+        .map_err(into_api)?;
+    Ok(Json(report))
+}
