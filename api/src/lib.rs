@@ -12,7 +12,7 @@
 //! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letters` over the catalog's triage |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
-//! `GET /health` is liveness.
+//! `GET /health` is liveness, `GET /metrics` the Prometheus scrape.
 //! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
 //! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
 
@@ -47,7 +47,7 @@ use paybus_dead_letters::Triager;
 use paybus_platform::{
     Secret,
     audit::Check,
-    bus::{Outbox, Services},
+    bus::{Outbox, Services, metrics as bus_metrics},
     function::FunctionEntry,
     signature,
 };
@@ -85,6 +85,8 @@ pub struct AppState {
     /// Each function's dead-letter triage (the catalog's functions; none until
     /// [`AppState::with_functions`]: every letter then needs a human).
     pub dead_letters: Triager,
+    /// The catalog's functions: their work tables are `/metrics` gauges.
+    pub functions: &'static [FunctionEntry],
 }
 
 impl AppState {
@@ -99,6 +101,7 @@ impl AppState {
             signature_tolerance: signature::DEFAULT_TOLERANCE,
             audit: audit.into(),
             dead_letters: Triager::new(&[]),
+            functions: &[],
         }
     }
 
@@ -106,6 +109,7 @@ impl AppState {
     /// routes ask.
     pub fn with_functions(mut self, functions: &'static [FunctionEntry]) -> Self {
         self.dead_letters = Triager::new(functions);
+        self.functions = functions;
         self
     }
 }
@@ -127,6 +131,7 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(confirmations::intake_routes())
         .merge(bonuses::payment_routes())
         .merge(admin)
@@ -206,6 +211,25 @@ async fn json_errors(request: Request, next: Next) -> Response {
 
 async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// Prometheus: the in-process counters and histograms plus the database's gauges (outbox
+/// backlog, dead letters, due and stuck rows). No token, as `/health`: serve the API on a
+/// network only ops and the scraper reach.
+async fn metrics(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Result<Response, ApiError> {
+    let tables: Vec<_> = state
+        .functions
+        .iter()
+        .flat_map(|function| function.work_tables.iter().copied())
+        .collect();
+    let gauges = bus_metrics::read_gauges(&state.pool, &tables).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, bus_metrics::CONTENT_TYPE)],
+        bus_metrics::encode(&gauges),
+    )
+        .into_response())
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {

@@ -11,10 +11,17 @@
 //! | `broken_chain` | each entry's `balance_after` = the previous entry's (or 0) ± its amount, per partner and currency in id order |
 //!
 //! Amounts are read as text, never as a float or a rounded decimal.
+//!
+//! Each check also has a `recent` form over the entries written since an instant (the
+//! continuous auditor's window, `index_ledger_entries_recent`), whose cost follows the window,
+//! not the table: the references keyed in the window, the window's entries and their
+//! predecessors (chain), and the balances of the (partner, currency) pairs the window touched,
+//! compared with their last entry's `balance_after` — which, with the chain intact, is the sum
+//! of their entries.
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding};
+use paybus_platform::audit::{self, Check, Finding, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -25,20 +32,46 @@ pub const CHECKS: &[Check] = &[
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(duplicate_keyed_entries(conn).await?)) })
         },
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_duplicate_keyed_entries(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "misplaced_idem_key",
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(misplaced_idem_keys(conn).await?)) })
         },
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_misplaced_idem_keys(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "balance_mismatch",
         run: |conn| Box::pin(async move { Ok(audit::violations(balance_mismatches(conn).await?)) }),
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_balance_mismatches(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "broken_chain",
         run: |conn| Box::pin(async move { Ok(audit::violations(broken_chains(conn).await?)) }),
+        recent: Some(|conn, window| {
+            Box::pin(
+                async move { Ok(audit::violations(recent_broken_chains(conn, window).await?)) },
+            )
+        }),
     },
 ];
 
@@ -268,6 +301,148 @@ pub async fn broken_chains(conn: &mut MySqlConnection) -> Result<Vec<Violation>,
          WHERE balance_after <> expected \
          ORDER BY id",
     )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(entry_id, partner_id, currency, balance_after, expected)| Violation::BrokenChain {
+                entry_id,
+                partner_id,
+                currency,
+                balance_after,
+                expected,
+            },
+        )
+        .collect())
+}
+
+/// [`duplicate_keyed_entries`] for the references keyed in `window`.
+pub async fn recent_duplicate_keyed_entries(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(String, u64, String, String)> = sqlx::query_as(
+        "SELECT e.reference_type, e.reference_id, e.entry_type, \
+                CAST(GROUP_CONCAT(e.id ORDER BY e.id) AS CHAR) \
+         FROM (SELECT DISTINCT reference_type, reference_id FROM ledger_entries \
+               WHERE created_at >= ? AND idem_key IS NOT NULL) touched \
+         JOIN ledger_entries e \
+           ON e.reference_type = touched.reference_type \
+          AND e.reference_id = touched.reference_id \
+         WHERE e.idem_key IS NOT NULL \
+         GROUP BY e.reference_type, e.reference_id, e.entry_type \
+         HAVING COUNT(*) > 1 \
+         ORDER BY e.reference_type, e.reference_id, e.entry_type",
+    )
+    .bind(window.since)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(reference_type, reference_id, entry_type, ids)| Violation::DuplicateKeyedEntries {
+                reference_type,
+                reference_id,
+                entry_type,
+                entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
+            },
+        )
+        .collect())
+}
+
+/// [`misplaced_idem_keys`] among the entries written in `window`.
+pub async fn recent_misplaced_idem_keys(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(
+        "SELECT id, idem_key, entry_type, reference_type, reference_id \
+         FROM ledger_entries \
+         WHERE created_at >= ? AND idem_key IS NOT NULL \
+           AND NOT ( \
+                (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
+                 AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
+             OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
+                 AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
+             OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
+                 AND idem_key = CONCAT('DEP_FEE:', reference_id))) \
+         ORDER BY id",
+    )
+    .bind(window.since)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(entry_id, idem_key, entry_type, reference_type, reference_id)| {
+                Violation::MisplacedIdemKey {
+                    entry_id,
+                    idem_key,
+                    entry_type,
+                    reference_type,
+                    reference_id,
+                }
+            },
+        )
+        .collect())
+}
+
+/// The balances of the (partner, currency) pairs `window` touched against their last entry's
+/// `balance_after` (`entries_sum` then names that value: the sum of the entries as long as
+/// the chain holds, which [`recent_broken_chains`] checks).
+pub async fn recent_balance_mismatches(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT last.partner_id, last.currency, CAST(b.balance AS CHAR), \
+                CAST(last.balance_after AS CHAR) \
+         FROM (SELECT partner_id, currency, MAX(id) AS id FROM ledger_entries \
+               WHERE created_at >= ? GROUP BY partner_id, currency) touched \
+         JOIN ledger_entries last ON last.id = touched.id \
+         LEFT JOIN partner_balances b \
+           ON b.partner_id = last.partner_id AND b.currency = last.currency \
+         WHERE b.balance IS NULL OR b.balance <> last.balance_after \
+         ORDER BY 1, 2",
+    )
+    .bind(window.since)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(partner_id, currency, balance, entries_sum)| Violation::BalanceMismatch {
+                partner_id,
+                currency,
+                balance,
+                entries_sum,
+            },
+        )
+        .collect())
+}
+
+/// [`broken_chains`] for the entries written in `window`, each against its predecessor (one
+/// lookup on `index_ledger_entries_chain` per entry).
+pub async fn recent_broken_chains(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, u64, String, String, String)> = sqlx::query_as(
+        "SELECT id, partner_id, currency, CAST(balance_after AS CHAR), CAST(expected AS CHAR) \
+         FROM ( \
+             SELECT e.id, e.partner_id, e.currency, e.balance_after, \
+                    COALESCE((SELECT p.balance_after FROM ledger_entries p \
+                              WHERE p.partner_id = e.partner_id AND p.currency = e.currency \
+                                AND p.id < e.id \
+                              ORDER BY p.id DESC LIMIT 1), 0) \
+                    + CASE WHEN e.entry_type = 'CREDIT' THEN e.amount ELSE -e.amount END \
+                      AS expected \
+             FROM ledger_entries e WHERE e.created_at >= ?) chain \
+         WHERE balance_after <> expected \
+         ORDER BY id",
+    )
+    .bind(window.since)
     .fetch_all(conn)
     .await?;
     Ok(rows

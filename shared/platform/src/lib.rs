@@ -4,6 +4,7 @@
 //! workflows live in their domain crates (`shared/<domain>`) and functions (`functions/<name>`).
 
 pub mod audit;
+pub mod auditor;
 pub mod broker;
 pub mod bus;
 pub mod config;
