@@ -24,6 +24,7 @@ use anyhow::bail;
 use paybus_platform::{bus::Services, testing::TestEnv};
 use sqlx::MySqlPool;
 
+mod auditor;
 mod confirm_withdrawal;
 mod grant_bonus;
 mod suspend;
@@ -37,6 +38,9 @@ pub enum Workflow {
     /// W4: the suspend request's latency against the number of open orders (and the seed's
     /// in-request loop), and cancels per second end to end against direct.
     Suspend,
+    /// Ops: one continuous-auditor pass over a ledger of `--items` entries against the full
+    /// audit of the same rows (try `--items 1000000`).
+    Auditor,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -67,6 +71,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
         Workflow::GrantBonus => grant_bonus::run(&args).await,
         Workflow::Suspend => suspend::run(&args).await,
+        Workflow::Auditor => auditor::run(&args).await,
     }
 }
 

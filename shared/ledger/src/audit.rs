@@ -422,39 +422,59 @@ pub async fn recent_balance_mismatches(
         .collect())
 }
 
-/// [`broken_chains`] for the entries written in `window`, each against its predecessor (one
-/// lookup on `index_ledger_entries_chain` per entry).
+/// [`broken_chains`] for the entries written in `window`: per (partner, currency) the window
+/// touched, its chain from the entry just before the window (one index dive on
+/// `index_ledger_entries_chain`) through the window's entries. Every statement reads the
+/// window's rows plus one per pair, whatever the table's size; constants per pair keep the
+/// plan a range scan (a correlated "previous entry" subquery let the optimizer pick scans of
+/// a partner's whole chain).
 pub async fn recent_broken_chains(
     conn: &mut MySqlConnection,
     window: Window,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, u64, String, String, String)> = sqlx::query_as(
-        "SELECT id, partner_id, currency, CAST(balance_after AS CHAR), CAST(expected AS CHAR) \
-         FROM ( \
-             SELECT e.id, e.partner_id, e.currency, e.balance_after, \
-                    COALESCE((SELECT p.balance_after FROM ledger_entries p \
-                              WHERE p.partner_id = e.partner_id AND p.currency = e.currency \
-                                AND p.id < e.id \
-                              ORDER BY p.id DESC LIMIT 1), 0) \
-                    + CASE WHEN e.entry_type = 'CREDIT' THEN e.amount ELSE -e.amount END \
-                      AS expected \
-             FROM ledger_entries e WHERE e.created_at >= ?) chain \
-         WHERE balance_after <> expected \
-         ORDER BY id",
+    let touched: Vec<(u64, String, u64)> = sqlx::query_as(
+        "SELECT partner_id, currency, MIN(id) FROM ledger_entries WHERE created_at >= ? \
+         GROUP BY partner_id, currency ORDER BY 1, 2",
     )
     .bind(window.since)
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, partner_id, currency, balance_after, expected)| Violation::BrokenChain {
+    let mut found = Vec::new();
+    for (partner_id, currency, first_id) in touched {
+        let rows: Vec<(u64, String, String)> = sqlx::query_as(
+            "SELECT id, CAST(balance_after AS CHAR), CAST(expected AS CHAR) FROM ( \
+                 SELECT id, balance_after, \
+                        COALESCE(LAG(balance_after) OVER (ORDER BY id), 0) \
+                        + CASE WHEN entry_type = 'CREDIT' THEN amount ELSE -amount END \
+                          AS expected \
+                 FROM ledger_entries \
+                 WHERE partner_id = ? AND currency = ? \
+                   AND id >= COALESCE((SELECT MAX(id) FROM ledger_entries \
+                                       WHERE partner_id = ? AND currency = ? AND id < ?), 0)) \
+                 chain \
+             WHERE id >= ? AND balance_after <> expected ORDER BY id",
+        )
+        .bind(partner_id)
+        .bind(&currency)
+        .bind(partner_id)
+        .bind(&currency)
+        .bind(first_id)
+        .bind(first_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        found.extend(rows.into_iter().map(|(entry_id, balance_after, expected)| {
+            Violation::BrokenChain {
                 entry_id,
                 partner_id,
-                currency,
+                currency: currency.clone(),
                 balance_after,
                 expected,
-            },
-        )
-        .collect())
+            }
+        }));
+    }
+    found.sort_by_key(|violation| match violation {
+        Violation::BrokenChain { entry_id, .. } => *entry_id,
+        _ => 0,
+    });
+    Ok(found)
 }
