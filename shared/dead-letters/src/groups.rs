@@ -54,6 +54,9 @@ pub struct Overview {
 
 type ExposureKey = (Option<u64>, String);
 
+/// function, reason, count, first and last failed_at.
+type GroupRow = (String, String, i64, DateTime<Utc>, DateTime<Utc>);
+
 #[derive(Default)]
 struct Sums(BTreeMap<ExposureKey, (Amount, u64)>);
 
@@ -95,7 +98,7 @@ pub async fn overview(
     conn: &mut MySqlConnection,
     triager: &Triager,
 ) -> Result<Overview, DeadLetterError> {
-    let rows: Vec<(String, String, i64, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+    let rows: Vec<GroupRow> = sqlx::query_as(
         "SELECT function_name, reason, COUNT(*), MIN(failed_at), MAX(failed_at) \
          FROM dead_letters WHERE status = 'NEW' \
          GROUP BY function_name, reason \
