@@ -184,6 +184,73 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The keys that name their own entry (what [`super::IdemKey`] builds), negated: a `WHERE`
+/// tail of the full and the windowed misplaced-key checks.
+macro_rules! misplaced_key {
+    () => {
+        " AND NOT ( \
+            (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
+             AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
+         OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
+             AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
+         OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
+             AND idem_key = CONCAT('DEP_FEE:', reference_id)))"
+    };
+}
+
+fn duplicate(
+    (reference_type, reference_id, entry_type, ids): (String, u64, String, String),
+) -> Violation {
+    Violation::DuplicateKeyedEntries {
+        reference_type,
+        reference_id,
+        entry_type,
+        // GROUP_CONCAT stops at group_concat_max_len; the ids it did list are shown.
+        entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
+    }
+}
+
+fn misplaced(
+    (entry_id, idem_key, entry_type, reference_type, reference_id): (
+        u64,
+        String,
+        String,
+        String,
+        u64,
+    ),
+) -> Violation {
+    Violation::MisplacedIdemKey {
+        entry_id,
+        idem_key,
+        entry_type,
+        reference_type,
+        reference_id,
+    }
+}
+
+fn mismatch(
+    (partner_id, currency, balance, entries_sum): (u64, String, Option<String>, String),
+) -> Violation {
+    Violation::BalanceMismatch {
+        partner_id,
+        currency,
+        balance,
+        entries_sum,
+    }
+}
+
+fn broken(
+    (entry_id, partner_id, currency, balance_after, expected): (u64, u64, String, String, String),
+) -> Violation {
+    Violation::BrokenChain {
+        entry_id,
+        partner_id,
+        currency,
+        balance_after,
+        expected,
+    }
+}
+
 /// Seed 001 §7 ("no withdrawal with two keyed DEBITs"), for every reference and entry type.
 pub async fn duplicate_keyed_entries(
     conn: &mut MySqlConnection,
@@ -199,53 +266,22 @@ pub async fn duplicate_keyed_entries(
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(reference_type, reference_id, entry_type, ids)| Violation::DuplicateKeyedEntries {
-                reference_type,
-                reference_id,
-                entry_type,
-                // GROUP_CONCAT stops at group_concat_max_len; the ids it did list are shown.
-                entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(duplicate).collect())
 }
 
 /// Keys must name their own entry (what [`super::IdemKey`] guarantees for new rows).
 pub async fn misplaced_idem_keys(
     conn: &mut MySqlConnection,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(
+    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(concat!(
         "SELECT id, idem_key, entry_type, reference_type, reference_id \
-         FROM ledger_entries \
-         WHERE idem_key IS NOT NULL \
-           AND NOT ( \
-                (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
-                 AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
-             OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
-             OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_FEE:', reference_id))) \
-         ORDER BY id",
-    )
+             FROM ledger_entries WHERE idem_key IS NOT NULL",
+        misplaced_key!(),
+        " ORDER BY id"
+    ))
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, idem_key, entry_type, reference_type, reference_id)| {
-                Violation::MisplacedIdemKey {
-                    entry_id,
-                    idem_key,
-                    entry_type,
-                    reference_type,
-                    reference_id,
-                }
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(misplaced).collect())
 }
 
 /// Every balance row equals the signed sum of its entries, and no entries lack a balance row
@@ -274,17 +310,7 @@ pub async fn balance_mismatches(conn: &mut MySqlConnection) -> Result<Vec<Violat
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(partner_id, currency, balance, entries_sum)| Violation::BalanceMismatch {
-                partner_id,
-                currency,
-                balance,
-                entries_sum,
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(mismatch).collect())
 }
 
 /// Set-based chain check: `LAG` over each (partner, currency) in id order; the first entry
@@ -303,18 +329,7 @@ pub async fn broken_chains(conn: &mut MySqlConnection) -> Result<Vec<Violation>,
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, partner_id, currency, balance_after, expected)| Violation::BrokenChain {
-                entry_id,
-                partner_id,
-                currency,
-                balance_after,
-                expected,
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(broken).collect())
 }
 
 /// [`duplicate_keyed_entries`] for the references keyed in `window`.
@@ -338,17 +353,7 @@ pub async fn recent_duplicate_keyed_entries(
     .bind(window.since)
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(reference_type, reference_id, entry_type, ids)| Violation::DuplicateKeyedEntries {
-                reference_type,
-                reference_id,
-                entry_type,
-                entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(duplicate).collect())
 }
 
 /// [`misplaced_idem_keys`] among the entries written in `window`.
@@ -356,36 +361,16 @@ pub async fn recent_misplaced_idem_keys(
     conn: &mut MySqlConnection,
     window: Window,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(
+    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(concat!(
         "SELECT id, idem_key, entry_type, reference_type, reference_id \
-         FROM ledger_entries \
-         WHERE created_at >= ? AND idem_key IS NOT NULL \
-           AND NOT ( \
-                (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
-                 AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
-             OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
-             OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_FEE:', reference_id))) \
-         ORDER BY id",
-    )
+             FROM ledger_entries WHERE created_at >= ? AND idem_key IS NOT NULL",
+        misplaced_key!(),
+        " ORDER BY id"
+    ))
     .bind(window.since)
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, idem_key, entry_type, reference_type, reference_id)| {
-                Violation::MisplacedIdemKey {
-                    entry_id,
-                    idem_key,
-                    entry_type,
-                    reference_type,
-                    reference_id,
-                }
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(misplaced).collect())
 }
 
 /// The balances of the (partner, currency) pairs `window` touched against their last entry's
@@ -409,17 +394,7 @@ pub async fn recent_balance_mismatches(
     .bind(window.since)
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(partner_id, currency, balance, entries_sum)| Violation::BalanceMismatch {
-                partner_id,
-                currency,
-                balance,
-                entries_sum,
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(mismatch).collect())
 }
 
 /// [`broken_chains`] for the entries written in `window`: per (partner, currency) the window
@@ -463,13 +438,13 @@ pub async fn recent_broken_chains(
         .fetch_all(&mut *conn)
         .await?;
         found.extend(rows.into_iter().map(|(entry_id, balance_after, expected)| {
-            Violation::BrokenChain {
+            broken((
                 entry_id,
                 partner_id,
-                currency: currency.clone(),
+                currency.clone(),
                 balance_after,
                 expected,
-            }
+            ))
         }));
     }
     found.sort_by_key(|violation| match violation {
