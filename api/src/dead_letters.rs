@@ -10,11 +10,12 @@
 //! - `GET /v1/admin/dead-letters/dry-run?ids=1,2,3` or `?function=&reason=` (a group), with
 //!   `&limit=` (default and most 500): each NEW letter classified *already_applied*, *safe*
 //!   or *needs_human*; nothing written.
-//! - `POST /v1/admin/dead-letters/replay` `{"selection": {"ids": [..]} | {"group":
-//!   {"function", "reason"}}, "limit"?, "per_second"?}`: replays the safe ones (verdict taken
-//!   again under each letter's lock) through the outbox, at most `per_second` (default 10) a
-//!   second and `limit` (default 100) a call; `remaining` says whether to call again.
-//! - `POST /v1/admin/dead-letters/archive` `{"selection", "limit"?}`: NEW → ARCHIVED.
+//! - `POST /v1/admin/dead-letters/replay` `{"ids": [..]} | {"group": {"function", "reason"}}`
+//!   with `"dry_run"?` (false), `"limit"?`, `"per_second"?`: with `dry_run: true` the dry run
+//!   above (the console's one form); otherwise replays the safe ones (verdict taken again
+//!   under each letter's lock) through the outbox, at most `per_second` (default 10) a second
+//!   and `limit` (default 100) a call; `remaining` says whether to call again.
+//! - `POST /v1/admin/dead-letters/archive` `{"ids" | "group", "limit"?}`: NEW → ARCHIVED.
 //!
 //! Every action is recorded (`dead_letter_actions`) under the token's subject.
 
@@ -185,19 +186,60 @@ async fn dry_run(
     Ok(Json(run))
 }
 
+/// A group of letters in a request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupName {
+    function: String,
+    reason: String,
+}
+
+/// `{"ids": [..]}` or `{"group": {..}}`, exactly one.
+fn selection(ids: Option<Vec<u64>>, group: Option<GroupName>) -> Result<Selection, ApiError> {
+    match (ids, group) {
+        (Some(ids), None) => Ok(Selection::Ids(ids)),
+        (None, Some(GroupName { function, reason })) => Ok(Selection::Group { function, reason }),
+        _ => Err(ApiError::BadRequest(
+            "select letters with \"ids\": [..] or with \"group\": {\"function\", \"reason\"} \
+             (one of them)"
+                .into(),
+        )),
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReplayRequest {
-    selection: Selection,
+    ids: Option<Vec<u64>>,
+    group: Option<GroupName>,
+    #[serde(default)]
+    dry_run: bool,
     limit: Option<u32>,
     per_second: Option<f64>,
+}
+
+/// A replay's answer, or the dry run's when asked for one.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ReplayAnswer {
+    DryRun(DryRun),
+    Replay(ReplayReport),
 }
 
 async fn replay(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     JsonBody(request): JsonBody<ReplayRequest>,
-) -> Result<Json<ReplayReport>, ApiError> {
+) -> Result<Json<ReplayAnswer>, ApiError> {
+    let selection = selection(request.ids, request.group)?;
+    if request.dry_run {
+        let limit = limit(request.limit, MAX_LIMIT)?;
+        let mut conn = state.pool.acquire().await?;
+        let run = replay::dry_run(&mut conn, &state.dead_letters, &selection, limit)
+            .await
+            .map_err(into_api)?;
+        return Ok(Json(ReplayAnswer::DryRun(run)));
+    }
     let per_second = request
         .per_second
         .unwrap_or(ReplayOptions::default().per_second);
@@ -213,20 +255,21 @@ async fn replay(
     let report = replay::replay(
         &state.outbox,
         &state.dead_letters,
-        &request.selection,
+        &selection,
         &claims.sub,
         options,
         |_| {},
     )
     .await
     .map_err(into_api)?;
-    Ok(Json(report))
+    Ok(Json(ReplayAnswer::Replay(report)))
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ArchiveRequest {
-    selection: Selection,
+    ids: Option<Vec<u64>>,
+    group: Option<GroupName>,
     limit: Option<u32>,
 }
 
@@ -235,8 +278,9 @@ async fn archive(
     Extension(claims): Extension<Claims>,
     JsonBody(request): JsonBody<ArchiveRequest>,
 ) -> Result<Json<ArchiveReport>, ApiError> {
+    let selection = selection(request.ids, request.group)?;
     let limit = limit(request.limit, MAX_LIMIT)?;
-    let report = replay::archive(&state.outbox, &request.selection, &claims.sub, limit)
+    let report = replay::archive(&state.outbox, &selection, &claims.sub, limit)
         .await
         .map_err(into_api)?;
     Ok(Json(report))

@@ -58,7 +58,7 @@ async fn dead_lettered_confirmation(api: &Api) -> (u64, u64) {
     (withdrawal, letter)
 }
 
-const REPLAY_BODY: &str = r#"{"selection": {"ids": [1]}}"#;
+const REPLAY_BODY: &str = r#"{"ids": [1]}"#;
 
 fn request(method: &str, path: &str, token: Option<&str>) -> Request<Body> {
     let mut builder = Request::builder()
@@ -158,11 +158,23 @@ async fn ops_dry_run_then_an_admin_replay_sends_the_safe_letter_and_records_who(
         withdrawal
     );
 
+    // The console's one form: a dry run over POST, then the replay.
+    let group = json!({"function": "confirm-withdrawal", "reason": "failed"});
+    let (status, run) = api
+        .call(admin_post(
+            "/v1/admin/dead-letters/replay",
+            &json!({"group": group, "dry_run": true}),
+        ))
+        .await;
+    assert_eq!(
+        (status, run["safe"].as_u64()),
+        (StatusCode::OK, Some(1)),
+        "{run}"
+    );
     let (status, report) = api
         .call(admin_post(
             "/v1/admin/dead-letters/replay",
-            &json!({"selection": {"group": {"function": "confirm-withdrawal", "reason": "failed"}},
-                    "per_second": 100}),
+            &json!({"group": group, "per_second": 100}),
         ))
         .await;
     assert_eq!(status, StatusCode::OK, "{report}");
@@ -213,23 +225,27 @@ async fn client_mistakes_on_dead_letter_routes_are_400_or_404() {
             StatusCode::NOT_FOUND,
         ),
         (
+            admin_post("/v1/admin/dead-letters/replay", &json!({"ids": []})),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
             admin_post(
-                "/v1/admin/dead-letters/replay",
-                &json!({"selection": {"ids": []}}),
+                "/v1/admin/dead-letters/archive",
+                &json!({"ids": [1], "group": {"function": "f", "reason": "r"}}),
             ),
             StatusCode::BAD_REQUEST,
         ),
         (
             admin_post(
                 "/v1/admin/dead-letters/replay",
-                &json!({"selection": {"ids": [1]}, "per_second": 0}),
+                &json!({"ids": [1], "per_second": 0}),
             ),
             StatusCode::BAD_REQUEST,
         ),
         (
             admin_post(
                 "/v1/admin/dead-letters/archive",
-                &json!({"selection": {"ids": [1]}, "x": 1}),
+                &json!({"ids": [1], "x": 1}),
             ),
             StatusCode::BAD_REQUEST,
         ),
