@@ -98,7 +98,7 @@ pub fn verify(secret: &str, token: &str) -> Result<Claims, ApiError> {
 /// The middleware on every admin route.
 pub(crate) async fn require_role(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let presented = request
@@ -108,7 +108,9 @@ pub(crate) async fn require_role(
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    authorize(&state, presented, request.method(), request.uri().path())?;
+    let claims = authorize(&state, presented, request.method(), request.uri().path())?;
+    // Handlers that record who acted (dead-letter replays) read the claims.
+    request.extensions_mut().insert(claims);
     Ok(next.run(request).await)
 }
 

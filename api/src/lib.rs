@@ -10,10 +10,12 @@
 //! | `p2p` | W1: create and read P2P deposit orders (matched inline or queued, by the switch) and withdraw orders | `paybus_p2p` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
+//! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letter_ops` over the catalog's triage |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
-//! `GET /health` is liveness; `GET /openapi.json` is the OpenAPI document ([`openapi`], where
-//! adding a route's annotation is described); `/console` is the web console ([`console`]).
+//! `GET /health` is liveness, `GET /metrics` the Prometheus scrape; `GET /openapi.json` is the
+//! OpenAPI document ([`openapi`], where adding a route's annotation is described); `/console`
+//! is the web console ([`console`]).
 //! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
 //! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
 
@@ -27,6 +29,7 @@ mod chain;
 pub mod config;
 pub mod confirmations;
 pub mod console;
+mod dead_letters;
 pub mod error;
 mod markets;
 pub mod openapi;
@@ -47,11 +50,13 @@ use axum::{
     routing::get,
 };
 use paybus_bonuses::BonusRules;
+use paybus_dead_letter_ops::Triager;
 use paybus_p2p::Matcher;
 use paybus_platform::{
     Secret,
     audit::Check,
-    bus::{Outbox, Services},
+    bus::{Outbox, Services, metrics as bus_metrics},
+    function::FunctionEntry,
     signature,
 };
 use serde_json::json;
@@ -90,6 +95,11 @@ pub struct AppState {
     pub async_matching_enabled: bool,
     /// W1's matcher (inline matching, and creating queued orders).
     pub matcher: Matcher,
+    /// Each function's dead-letter triage (the catalog's functions; none until
+    /// [`AppState::with_functions`]: every letter then needs a human).
+    pub dead_letters: Triager,
+    /// The catalog's functions: their work tables are `/metrics` gauges.
+    pub functions: &'static [FunctionEntry],
 }
 
 impl AppState {
@@ -113,7 +123,17 @@ impl AppState {
             audit: audit.into(),
             async_matching_enabled: config.async_matching_enabled,
             matcher,
+            dead_letters: Triager::new(&[]),
+            functions: &[],
         })
+    }
+
+    /// The catalog's functions (`paybus_catalog::FUNCTIONS`), whose triage the dead-letter
+    /// routes ask.
+    pub fn with_functions(mut self, functions: &'static [FunctionEntry]) -> Self {
+        self.dead_letters = Triager::new(functions);
+        self.functions = functions;
+        self
     }
 }
 
@@ -122,6 +142,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(openapi::routes())
         .merge(confirmations::intake_routes())
         .merge(bonuses::payment_routes())
@@ -144,6 +165,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(p2p::admin_routes())
         .merge(audit::admin_routes())
         .merge(markets::admin_routes())
+        .merge(dead_letters::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -236,6 +258,30 @@ async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "text/plain"))
+)]
+/// Prometheus: the in-process counters and histograms plus the database's gauges (outbox
+/// backlog, dead letters, due and stuck rows). No token, as `/health`: serve the API on a
+/// network only ops and the scraper reach.
+async fn metrics(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Result<Response, ApiError> {
+    let tables: Vec<_> = state
+        .functions
+        .iter()
+        .flat_map(|function| function.work_tables.iter().copied())
+        .collect();
+    let gauges = bus_metrics::read_gauges(&state.pool, &tables).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, bus_metrics::CONTENT_TYPE)],
+        bus_metrics::encode(&gauges),
+    )
+        .into_response())
+}
 /// How the fallback's 404 starts (the console tells "this build lacks the route" by it).
 pub(crate) const NO_ROUTE: &str = "no route for";
 

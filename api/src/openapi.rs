@@ -37,6 +37,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::audit::Doc::openapi(),
         crate::markets::Doc::openapi(),
         crate::p2p::Doc::openapi(),
+        crate::dead_letters::Doc::openapi(),
     ] {
         document.merge(part);
     }
@@ -58,7 +59,7 @@ pub(crate) fn routes() -> Router<AppState> {
             answer is JSON `{\"error\": \"...\"}`; amounts are decimal strings.",
         license(name = "MIT", identifier = "MIT")
     ),
-    paths(crate::health, serve),
+    paths(crate::health, crate::metrics, serve),
     modifiers(&SecuritySchemes),
     tags(
         (name = "service", description = "Liveness and this document"),
@@ -69,7 +70,8 @@ pub(crate) fn routes() -> Router<AppState> {
         (name = "bonuses", description = "W3 admin: members, charges, charge events, bonus jobs"),
         (name = "p2p", description = "W1: P2P deposit orders (buyers) and withdraw orders (sellers' liquidity)"),
         (name = "markets", description = "W4 admin: markets, orders, suspensions"),
-        (name = "audit", description = "Every workflow's invariants"),
+        (name = "audit", description = "Every workflow's invariants, and the continuous auditor's passes"),
+        (name = "dead-letters", description = "Ops: dead letters grouped, shown, dry-run, replayed, archived"),
     )
 )]
 struct ApiDoc;

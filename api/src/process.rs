@@ -25,7 +25,8 @@ pub async fn run(audit: Vec<Check>) -> Result<(), FunctionError> {
     let config = ApiConfig::from_env()?;
     let services = Services::connect(settings).await?;
     let state = AppState::new(&services, &config, audit)
-        .map_err(|error| FunctionError::Service(Box::new(error)))?;
+        .map_err(|error| FunctionError::Service(Box::new(error)))?
+        .with_functions(paybus_catalog::FUNCTIONS);
     if function::in_lambda() {
         warn_about_closed_routes(&state);
         tracing::info!("HTTP API answering API Gateway events");

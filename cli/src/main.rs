@@ -1,6 +1,7 @@
 //! `paybus`: the operator's command line.
 
 mod bench;
+mod dead_letters;
 mod doctor;
 mod jobs;
 mod suspension;
@@ -65,6 +66,10 @@ enum Command {
         #[arg(long)]
         binaries: bool,
     },
+    /// Dead letters: grouped with the money at stake, shown, dry-run, replayed (only the safe
+    /// ones, rate-limited, with a progress bar) and archived.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -166,6 +171,7 @@ async fn main() -> ExitCode {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::DeadLetters(command) => dead_letters::run(&settings, command).await,
         Command::Sign { body } => sign(&body),
         Command::Token(TokenCommand::Issue {
             roles,
@@ -226,7 +232,8 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
     let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
-        .context("while building the HTTP API")?;
+        .context("while building the HTTP API")?
+        .with_functions(paybus_catalog::FUNCTIONS);
     let api = tokio::spawn(paybus_api::serve(api_config, state, shutdown.clone()));
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;
@@ -253,7 +260,8 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
     let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
-        .context("while building the HTTP API")?;
+        .context("while building the HTTP API")?
+        .with_functions(paybus_catalog::FUNCTIONS);
     tracing::info!(addr = %api_config.http_addr, "paybus API serving; Ctrl-C or SIGTERM stops it");
     paybus_api::serve(api_config, state, shutdown)
         .await

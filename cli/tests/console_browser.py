@@ -36,11 +36,13 @@ with sync_playwright() as playwright:
     expect(groups.first.locator("td.n")).to_have_text("2")
     shot(page, "2-dead-letters")
 
-    # Dry run: this build has no replay API yet, and the page says so.
+    # Dry run: the seeded letters name a withdrawal that does not exist, so both need a human
+    # and nothing is sent.
     groups.first.get_by_role("button", name="Dry run").click()
-    expect(page.locator(".flash.warn")).to_contain_text("Not available on this server")
-    expect(page.locator(".flash.warn")).to_contain_text("/v1/admin/dead-letters/replay")
-    shot(page, "3-dry-run-unavailable")
+    expect(page.locator("p.flash[role=status]")).to_contain_text("Dry run of group confirm-withdrawal")
+    expect(page.locator("p.flash[role=status]")).to_contain_text("needs_human: 2")
+    expect(page.locator("p.flash[role=status]")).to_contain_text("safe: 0")
+    shot(page, "3-dry-run")
 
     # Drill down into the group: its letters.
     page.get_by_role("link", name="confirm-withdrawal").click()

@@ -201,7 +201,7 @@ async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_rea
     for shot in [
         "1-login",
         "2-dead-letters",
-        "3-dry-run-unavailable",
+        "3-dry-run",
         "4-group",
         "5-jobs",
         "6-job-retried",

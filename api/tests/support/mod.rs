@@ -74,7 +74,8 @@ impl Api {
         let services = env.services(&[]).await;
         Self {
             state: AppState::new(&services, &config, paybus_catalog::audit_checks())
-                .expect("build the API state"),
+                .expect("build the API state")
+                .with_functions(paybus_catalog::FUNCTIONS),
             config,
             services,
             env,

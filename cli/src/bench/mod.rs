@@ -24,6 +24,7 @@ use anyhow::bail;
 use paybus_platform::{bus::Services, testing::TestEnv};
 use sqlx::MySqlPool;
 
+mod auditor;
 mod confirm_withdrawal;
 mod grant_bonus;
 mod lambda_batch;
@@ -45,6 +46,9 @@ pub enum Workflow {
     /// One Lambda environment on one Amazon MQ batch of W2 confirmations (`--items` of them)
     /// against the local consumer at the same concurrency.
     LambdaBatch,
+    /// Ops: one continuous-auditor pass over a ledger of `--items` entries against the full
+    /// audit of the same rows (try `--items 1000000`).
+    Auditor,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -77,6 +81,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workflow::Suspend => suspend::run(&args).await,
         Workflow::Match => matching::run(&args).await,
         Workflow::LambdaBatch => lambda_batch::run(&args).await,
+        Workflow::Auditor => auditor::run(&args).await,
     }
 }
 

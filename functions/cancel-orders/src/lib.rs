@@ -25,6 +25,7 @@
 
 pub mod cancel;
 pub mod config;
+mod triage;
 
 use std::{sync::Arc, time::Duration};
 
@@ -183,6 +184,15 @@ impl Function for CancelOrders {
                 MaterialiserConfig::default(),
             )),
         ])
+    }
+
+    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] = &[&TASKS];
+
+    async fn triage(
+        conn: &mut sqlx::MySqlConnection,
+        message: CancelTasksCreated,
+    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+        triage::triage(conn, message).await
     }
 }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use paybus_platform::{
     audit::Check,
+    auditor::{Auditor, AuditorConfig},
     bus::{Runner, Services, sweeper::Job, topology::FunctionQueue},
     function::{BuildError, FunctionEntry},
 };
@@ -59,9 +60,14 @@ pub fn register(runner: &mut Runner) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// Every function's maintenance jobs (the sweeper's, besides the outbox relay).
+/// Every function's maintenance jobs (the sweeper's, besides the outbox relay), and the
+/// continuous auditor over [`AUDIT`].
 pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
-    let mut jobs = Vec::new();
+    let mut jobs: Vec<Arc<dyn Job>> = vec![Arc::new(Auditor::new(
+        services.pool.clone(),
+        audit_checks(),
+        AuditorConfig::from_env()?,
+    ))];
     for function in FUNCTIONS {
         jobs.extend(function.jobs(services)?);
     }

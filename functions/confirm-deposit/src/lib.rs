@@ -18,6 +18,7 @@
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
 
 mod confirmation;
+mod triage;
 
 pub use confirmation::{Confirmation, Confirmed, DEPOSIT_CONFIRMED, confirm_if_detected};
 pub use paybus_confirmations::{DepositTxConfirmed, deposit::DepositStatus};
@@ -89,5 +90,12 @@ fn not_confirmed(deposit_id: u64, status: DepositStatus) -> Outcome {
 impl Function for ConfirmDeposit {
     fn build(_: &Services) -> Result<Self, BuildError> {
         Ok(ConfirmDeposit)
+    }
+
+    async fn triage(
+        conn: &mut sqlx::MySqlConnection,
+        message: DepositTxConfirmed,
+    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+        triage::triage(conn, message).await
     }
 }

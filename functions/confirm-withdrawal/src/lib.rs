@@ -20,6 +20,7 @@
 
 mod batch;
 mod confirmation;
+mod triage;
 
 pub use batch::{BatchDecision, Confirming, confirm_all, confirm_all_if_in_flight};
 pub use confirmation::{Confirmation, Confirmed, WITHDRAWAL_CONFIRMED, confirm_if_in_flight};
@@ -135,5 +136,12 @@ pub(crate) fn not_confirmed(
 impl Function for ConfirmWithdrawal {
     fn build(_: &Services) -> Result<Self, BuildError> {
         Ok(ConfirmWithdrawal)
+    }
+
+    async fn triage(
+        conn: &mut sqlx::MySqlConnection,
+        message: WithdrawalTxConfirmed,
+    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+        triage::triage(conn, message).await
     }
 }

@@ -36,6 +36,7 @@
 pub mod bulkhead;
 pub mod config;
 pub mod delivery;
+mod triage;
 
 use std::sync::Arc;
 
@@ -294,6 +295,15 @@ impl Function for DeliverWebhook {
             services,
             DueSweepConfig::default(),
         ))])
+    }
+
+    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] = &[&NOTIFICATIONS];
+
+    async fn triage(
+        conn: &mut sqlx::MySqlConnection,
+        message: NotificationCreated,
+    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+        triage::triage(conn, message).await
     }
 }
 

@@ -25,6 +25,7 @@
 pub mod attempt;
 pub mod config;
 pub mod reaper;
+mod triage;
 pub mod worker;
 
 use std::sync::Arc;
@@ -153,5 +154,15 @@ impl Function for GrantBonus {
                 config.processing_timeout,
             )),
         ])
+    }
+
+    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] =
+        &[&paybus_bonuses::job::BONUS_JOBS];
+
+    async fn triage(
+        conn: &mut sqlx::MySqlConnection,
+        message: BonusJobCreated,
+    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+        triage::triage(conn, message).await
     }
 }

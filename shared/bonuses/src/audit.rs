@@ -18,10 +18,12 @@ pub const CHECKS: &[Check] = &[
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(member_can_balances(conn).await?)) })
         },
+        recent: None,
     },
     Check {
         name: "bonus_job_results",
         run: |conn| Box::pin(async move { Ok(audit::violations(bonus_job_results(conn).await?)) }),
+        recent: None,
     },
 ];
 

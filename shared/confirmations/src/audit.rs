@@ -17,10 +17,12 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "withdrawal_debits",
         run: |conn| Box::pin(async move { Ok(audit::violations(withdrawal_debits(conn).await?)) }),
+        recent: None,
     },
     Check {
         name: "deposit_entries",
         run: |conn| Box::pin(async move { Ok(audit::violations(deposit_entries(conn).await?)) }),
+        recent: None,
     },
 ];
 

@@ -11,10 +11,17 @@
 //! | `broken_chain` | each entry's `balance_after` = the previous entry's (or 0) ± its amount, per partner and currency in id order |
 //!
 //! Amounts are read as text, never as a float or a rounded decimal.
+//!
+//! Each check also has a `recent` form over the entries written since an instant (the
+//! continuous auditor's window, `index_ledger_entries_recent`), whose cost follows the window,
+//! not the table: the references keyed in the window, the window's entries and their
+//! predecessors (chain), and the balances of the (partner, currency) pairs the window touched,
+//! compared with their last entry's `balance_after` — which, with the chain intact, is the sum
+//! of their entries.
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding};
+use paybus_platform::audit::{self, Check, Finding, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -25,20 +32,46 @@ pub const CHECKS: &[Check] = &[
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(duplicate_keyed_entries(conn).await?)) })
         },
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_duplicate_keyed_entries(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "misplaced_idem_key",
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(misplaced_idem_keys(conn).await?)) })
         },
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_misplaced_idem_keys(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "balance_mismatch",
         run: |conn| Box::pin(async move { Ok(audit::violations(balance_mismatches(conn).await?)) }),
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_balance_mismatches(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "broken_chain",
         run: |conn| Box::pin(async move { Ok(audit::violations(broken_chains(conn).await?)) }),
+        recent: Some(|conn, window| {
+            Box::pin(
+                async move { Ok(audit::violations(recent_broken_chains(conn, window).await?)) },
+            )
+        }),
     },
 ];
 
@@ -151,6 +184,73 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The keys that name their own entry (what [`super::IdemKey`] builds), negated: a `WHERE`
+/// tail of the full and the windowed misplaced-key checks.
+macro_rules! misplaced_key {
+    () => {
+        " AND NOT ( \
+            (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
+             AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
+         OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
+             AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
+         OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
+             AND idem_key = CONCAT('DEP_FEE:', reference_id)))"
+    };
+}
+
+fn duplicate(
+    (reference_type, reference_id, entry_type, ids): (String, u64, String, String),
+) -> Violation {
+    Violation::DuplicateKeyedEntries {
+        reference_type,
+        reference_id,
+        entry_type,
+        // GROUP_CONCAT stops at group_concat_max_len; the ids it did list are shown.
+        entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
+    }
+}
+
+fn misplaced(
+    (entry_id, idem_key, entry_type, reference_type, reference_id): (
+        u64,
+        String,
+        String,
+        String,
+        u64,
+    ),
+) -> Violation {
+    Violation::MisplacedIdemKey {
+        entry_id,
+        idem_key,
+        entry_type,
+        reference_type,
+        reference_id,
+    }
+}
+
+fn mismatch(
+    (partner_id, currency, balance, entries_sum): (u64, String, Option<String>, String),
+) -> Violation {
+    Violation::BalanceMismatch {
+        partner_id,
+        currency,
+        balance,
+        entries_sum,
+    }
+}
+
+fn broken(
+    (entry_id, partner_id, currency, balance_after, expected): (u64, u64, String, String, String),
+) -> Violation {
+    Violation::BrokenChain {
+        entry_id,
+        partner_id,
+        currency,
+        balance_after,
+        expected,
+    }
+}
+
 /// Seed 001 §7 ("no withdrawal with two keyed DEBITs"), for every reference and entry type.
 pub async fn duplicate_keyed_entries(
     conn: &mut MySqlConnection,
@@ -166,53 +266,22 @@ pub async fn duplicate_keyed_entries(
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(reference_type, reference_id, entry_type, ids)| Violation::DuplicateKeyedEntries {
-                reference_type,
-                reference_id,
-                entry_type,
-                // GROUP_CONCAT stops at group_concat_max_len; the ids it did list are shown.
-                entry_ids: ids.split(',').filter_map(|id| id.parse().ok()).collect(),
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(duplicate).collect())
 }
 
 /// Keys must name their own entry (what [`super::IdemKey`] guarantees for new rows).
 pub async fn misplaced_idem_keys(
     conn: &mut MySqlConnection,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(
+    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(concat!(
         "SELECT id, idem_key, entry_type, reference_type, reference_id \
-         FROM ledger_entries \
-         WHERE idem_key IS NOT NULL \
-           AND NOT ( \
-                (entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL' \
-                 AND idem_key = CONCAT('WDR_CONFIRM:', reference_id)) \
-             OR (entry_type = 'CREDIT' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_CREDIT:', reference_id)) \
-             OR (entry_type = 'FEE' AND reference_type = 'DEPOSIT' \
-                 AND idem_key = CONCAT('DEP_FEE:', reference_id))) \
-         ORDER BY id",
-    )
+             FROM ledger_entries WHERE idem_key IS NOT NULL",
+        misplaced_key!(),
+        " ORDER BY id"
+    ))
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, idem_key, entry_type, reference_type, reference_id)| {
-                Violation::MisplacedIdemKey {
-                    entry_id,
-                    idem_key,
-                    entry_type,
-                    reference_type,
-                    reference_id,
-                }
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(misplaced).collect())
 }
 
 /// Every balance row equals the signed sum of its entries, and no entries lack a balance row
@@ -241,17 +310,7 @@ pub async fn balance_mismatches(conn: &mut MySqlConnection) -> Result<Vec<Violat
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(partner_id, currency, balance, entries_sum)| Violation::BalanceMismatch {
-                partner_id,
-                currency,
-                balance,
-                entries_sum,
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(mismatch).collect())
 }
 
 /// Set-based chain check: `LAG` over each (partner, currency) in id order; the first entry
@@ -270,16 +329,127 @@ pub async fn broken_chains(conn: &mut MySqlConnection) -> Result<Vec<Violation>,
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(entry_id, partner_id, currency, balance_after, expected)| Violation::BrokenChain {
+    Ok(rows.into_iter().map(broken).collect())
+}
+
+/// [`duplicate_keyed_entries`] for the references keyed in `window`.
+pub async fn recent_duplicate_keyed_entries(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(String, u64, String, String)> = sqlx::query_as(
+        "SELECT e.reference_type, e.reference_id, e.entry_type, \
+                CAST(GROUP_CONCAT(e.id ORDER BY e.id) AS CHAR) \
+         FROM (SELECT DISTINCT reference_type, reference_id FROM ledger_entries \
+               WHERE created_at >= ? AND idem_key IS NOT NULL) touched \
+         JOIN ledger_entries e \
+           ON e.reference_type = touched.reference_type \
+          AND e.reference_id = touched.reference_id \
+         WHERE e.idem_key IS NOT NULL \
+         GROUP BY e.reference_type, e.reference_id, e.entry_type \
+         HAVING COUNT(*) > 1 \
+         ORDER BY e.reference_type, e.reference_id, e.entry_type",
+    )
+    .bind(window.since)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(duplicate).collect())
+}
+
+/// [`misplaced_idem_keys`] among the entries written in `window`.
+pub async fn recent_misplaced_idem_keys(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(concat!(
+        "SELECT id, idem_key, entry_type, reference_type, reference_id \
+             FROM ledger_entries WHERE created_at >= ? AND idem_key IS NOT NULL",
+        misplaced_key!(),
+        " ORDER BY id"
+    ))
+    .bind(window.since)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(misplaced).collect())
+}
+
+/// The balances of the (partner, currency) pairs `window` touched against their last entry's
+/// `balance_after` (`entries_sum` then names that value: the sum of the entries as long as
+/// the chain holds, which [`recent_broken_chains`] checks).
+pub async fn recent_balance_mismatches(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT last.partner_id, last.currency, CAST(b.balance AS CHAR), \
+                CAST(last.balance_after AS CHAR) \
+         FROM (SELECT partner_id, currency, MAX(id) AS id FROM ledger_entries \
+               WHERE created_at >= ? GROUP BY partner_id, currency) touched \
+         JOIN ledger_entries last ON last.id = touched.id \
+         LEFT JOIN partner_balances b \
+           ON b.partner_id = last.partner_id AND b.currency = last.currency \
+         WHERE b.balance IS NULL OR b.balance <> last.balance_after \
+         ORDER BY 1, 2",
+    )
+    .bind(window.since)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(mismatch).collect())
+}
+
+/// [`broken_chains`] for the entries written in `window`: per (partner, currency) the window
+/// touched, its chain from the entry just before the window (one index dive on
+/// `index_ledger_entries_chain`) through the window's entries. Every statement reads the
+/// window's rows plus one per pair, whatever the table's size; constants per pair keep the
+/// plan a range scan (a correlated "previous entry" subquery let the optimizer pick scans of
+/// a partner's whole chain).
+pub async fn recent_broken_chains(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let touched: Vec<(u64, String, u64)> = sqlx::query_as(
+        "SELECT partner_id, currency, MIN(id) FROM ledger_entries WHERE created_at >= ? \
+         GROUP BY partner_id, currency ORDER BY 1, 2",
+    )
+    .bind(window.since)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut found = Vec::new();
+    for (partner_id, currency, first_id) in touched {
+        let rows: Vec<(u64, String, String)> = sqlx::query_as(
+            "SELECT id, CAST(balance_after AS CHAR), CAST(expected AS CHAR) FROM ( \
+                 SELECT id, balance_after, \
+                        COALESCE(LAG(balance_after) OVER (ORDER BY id), 0) \
+                        + CASE WHEN entry_type = 'CREDIT' THEN amount ELSE -amount END \
+                          AS expected \
+                 FROM ledger_entries \
+                 WHERE partner_id = ? AND currency = ? \
+                   AND id >= COALESCE((SELECT MAX(id) FROM ledger_entries \
+                                       WHERE partner_id = ? AND currency = ? AND id < ?), 0)) \
+                 chain \
+             WHERE id >= ? AND balance_after <> expected ORDER BY id",
+        )
+        .bind(partner_id)
+        .bind(&currency)
+        .bind(partner_id)
+        .bind(&currency)
+        .bind(first_id)
+        .bind(first_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        found.extend(rows.into_iter().map(|(entry_id, balance_after, expected)| {
+            broken((
                 entry_id,
                 partner_id,
-                currency,
+                currency.clone(),
                 balance_after,
                 expected,
-            },
-        )
-        .collect())
+            ))
+        }));
+    }
+    found.sort_by_key(|violation| match violation {
+        Violation::BrokenChain { entry_id, .. } => *entry_id,
+        _ => 0,
+    });
+    Ok(found)
 }

@@ -22,4 +22,6 @@ mod posting;
 
 pub use batch::post_all;
 pub use idem_key::IdemKey;
-pub use posting::{EntryType, LedgerError, Posted, Posting, ReferenceType, balance, post};
+pub use posting::{
+    EntryType, LedgerError, Posted, Posting, ReferenceType, balance, key_exists, post,
+};

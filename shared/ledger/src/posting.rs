@@ -334,6 +334,16 @@ pub async fn balance(
         .await
 }
 
+/// Whether the keyed entry `key` is in the ledger (a dead letter's triage: its posting is
+/// already applied).
+pub async fn key_exists(conn: &mut MySqlConnection, key: &IdemKey) -> Result<bool, sqlx::Error> {
+    let found: Option<u64> = sqlx::query_scalar("SELECT id FROM ledger_entries WHERE idem_key = ?")
+        .bind(key.as_str())
+        .fetch_optional(conn)
+        .await?;
+    Ok(found.is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

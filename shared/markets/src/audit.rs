@@ -20,10 +20,12 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "suspension_sets",
         run: |conn| Box::pin(async move { Ok(audit::violations(suspension_sets(conn).await?)) }),
+        recent: None,
     },
     Check {
         name: "cancel_tasks",
         run: |conn| Box::pin(async move { Ok(audit::violations(cancel_tasks(conn).await?)) }),
+        recent: None,
     },
 ];
 

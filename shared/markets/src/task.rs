@@ -13,6 +13,7 @@
 
 use paybus_platform::retry::{AttemptCount, Lease, WorkTable};
 use serde::Serialize;
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 /// `tasks.state`.
 #[derive(
@@ -59,6 +60,39 @@ pub enum TaskState {
 pub enum TaskType {
     /// Cancel one order of a suspended market (target: the order id).
     CancelOpenOrder,
+}
+
+/// A task as ops see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct TaskView {
+    pub id: u64,
+    pub batch_id: u64,
+    pub target_id: u64,
+    pub state: String,
+    pub attempts: u32,
+    pub next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub last_error: Option<String>,
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The tasks among `ids` (any batch), in id order; ids without a row are absent.
+pub async fn find_all(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+) -> Result<Vec<TaskView>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::<MySql>::new(
+        "SELECT id, batch_id, target_id, state, attempts, next_attempt_at, last_error, \
+                finished_at FROM tasks WHERE id IN (",
+    );
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(") ORDER BY id");
+    query.build_query_as().fetch_all(conn).await
 }
 
 /// The task rows as the retry kit works them: an in-place lease (the row stays PENDING; a

@@ -21,18 +21,22 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "p2p_seller_liquidity",
         run: |conn| Box::pin(async move { Ok(audit::violations(seller_liquidity(conn).await?)) }),
+        recent: None,
     },
     Check {
         name: "p2p_stale_reservations",
         run: |conn| Box::pin(async move { Ok(audit::violations(stale_reservations(conn).await?)) }),
+        recent: None,
     },
     Check {
         name: "p2p_deposit_fills",
         run: |conn| Box::pin(async move { Ok(audit::violations(deposit_fills(conn).await?)) }),
+        recent: None,
     },
     Check {
         name: "p2p_settlement_legs",
         run: |conn| Box::pin(async move { Ok(audit::violations(settlement_legs(conn).await?)) }),
+        recent: None,
     },
 ];
 

@@ -67,6 +67,37 @@ pub enum NotificationStatus {
     Failed,
 }
 
+/// A notification as ops see it (the frozen payload left out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct NotificationView {
+    pub id: u64,
+    pub partner_id: u64,
+    pub event: String,
+    pub reference_type: String,
+    pub reference_id: u64,
+    pub status: String,
+    pub attempts: u32,
+    pub next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub last_error: Option<String>,
+    pub delivered_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The notification, or `None` (a dead letter's triage).
+pub async fn find(
+    conn: &mut MySqlConnection,
+    id: u64,
+) -> Result<Option<NotificationView>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, partner_id, event, reference_type, reference_id, status, attempts, \
+                next_attempt_at, last_error, delivered_at, created_at \
+         FROM partner_notifications WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await
+}
+
 /// The notification rows as the retry kit works them.
 pub static NOTIFICATIONS: WorkTable = WorkTable {
     table: "partner_notifications",

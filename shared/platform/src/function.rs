@@ -20,11 +20,12 @@ use std::{process::ExitCode, sync::Arc};
 
 use aws_lambda_events::event::rabbitmq::RabbitMqEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
+use sqlx::MySqlConnection;
 
 use crate::{
     ConfigError, Settings,
     bus::{
-        Handler, Runner, Services, StartupError, lambda,
+        Envelope, Handler, Runner, Services, StartupError, lambda,
         runner::outbox_relay_job,
         shutdown_on_signal,
         sweeper::{self, Job},
@@ -32,8 +33,10 @@ use crate::{
     },
     config::LogFormat,
     db,
+    retry::WorkTable,
     secrets::{self, SecretError},
     telemetry,
+    triage::{Triage, TriageError, TriageFn, TriageFuture},
 };
 
 /// A function could not be built at start-up.
@@ -60,6 +63,23 @@ pub trait Function: Handler + Sized {
     fn jobs(_services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
         Ok(Vec::new())
     }
+
+    /// The retry kit's tables this function works (their due and stuck rows are metrics).
+    const WORK_TABLES: &'static [&'static WorkTable] = &[];
+
+    /// What a replay of one of this function's dead letters would do (`paybus dead-letters`):
+    /// read the row `message` refers to and classify it. Without a triage of its own a
+    /// function's dead letters all need a human: nothing is replayed blind.
+    fn triage(
+        conn: &mut MySqlConnection,
+        message: Self::Message,
+    ) -> impl Future<Output = Result<Triage, TriageError>> + Send {
+        let _ = (conn, message);
+        std::future::ready(Ok(Triage::needs_human(format!(
+            "{} has no dead-letter triage: check the row by hand before replaying",
+            Self::FUNCTION
+        ))))
+    }
 }
 
 type AddTo = fn(&mut Runner) -> Result<(), BuildError>;
@@ -73,6 +93,9 @@ pub struct FunctionEntry {
     pub queue: FunctionQueue,
     add_to: AddTo,
     jobs: Jobs,
+    triage: TriageFn,
+    /// The retry kit's tables the function works.
+    pub work_tables: &'static [&'static WorkTable],
 }
 
 impl std::fmt::Debug for FunctionEntry {
@@ -94,7 +117,14 @@ impl FunctionEntry {
             },
             add_to: add_to::<F>,
             jobs: F::jobs,
+            triage: triage_body::<F>,
+            work_tables: F::WORK_TABLES,
         }
+    }
+
+    /// The function's triage of a dead letter's raw body (see [`Function::triage`]).
+    pub fn triage<'c>(&self, conn: &'c mut MySqlConnection, body: &'c [u8]) -> TriageFuture<'c> {
+        (self.triage)(conn, body)
     }
 
     /// Builds the handler and adds its consumer (and dead-letter recorder) to `runner`.
@@ -106,6 +136,20 @@ impl FunctionEntry {
     pub fn jobs(&self, services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
         (self.jobs)(services)
     }
+}
+
+/// Parses `body` as the function's envelope and triages its data; a body that is not one
+/// needs a human.
+fn triage_body<'c, F: Function>(conn: &'c mut MySqlConnection, body: &'c [u8]) -> TriageFuture<'c> {
+    Box::pin(async move {
+        match serde_json::from_slice::<Envelope<F::Message>>(body) {
+            Ok(envelope) => F::triage(conn, envelope.data).await,
+            Err(error) => Ok(Triage::needs_human(format!(
+                "the body is not a readable {} envelope ({error}): nothing to replay",
+                <F::Message as crate::bus::Message>::TYPE
+            ))),
+        }
+    })
 }
 
 fn add_to<F: Function>(runner: &mut Runner) -> Result<(), BuildError> {

@@ -4,6 +4,7 @@
 //! workflows live in their domain crates (`shared/<domain>`) and functions (`functions/<name>`).
 
 pub mod audit;
+pub mod auditor;
 pub mod broker;
 pub mod bus;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod secrets;
 pub mod signature;
 pub mod telemetry;
 pub mod transition;
+pub mod triage;
 
 #[cfg(feature = "test-harness")]
 pub mod testing;

@@ -1,10 +1,27 @@
 //! Per-function outcome counters and handler latency, kept in the process. The log line of
 //! each outcome carries the same facts for log-based metrics (CloudWatch in Lambda).
+//!
+//! The same figures in the Prometheus format ([`encode`], served at the API's `/metrics`):
+//! `paybus_messages_total{function,outcome}` (outcome `done` = processed, `skipped`, `retry`
+//! and `requeued` = retried, `failed` / `dead_lettered` / `malformed` = dead-lettered, and a
+//! function's own labels such as `deferred`), `paybus_handler_seconds{function}` (a
+//! histogram of handler latency), `paybus_audit_violations_total{check}` and the last audit
+//! pass; plus gauges the caller reads from the database at scrape time ([`Gauges`]).
 
 use std::{
     collections::BTreeMap,
-    sync::{Mutex, OnceLock},
+    sync::{Mutex, OnceLock, atomic::AtomicU64},
     time::Duration,
+};
+
+use prometheus_client::{
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
 };
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +39,22 @@ fn registry() -> &'static Mutex<BTreeMap<Key, Stat>> {
 }
 
 pub fn record(function: &str, outcome: &'static str, elapsed: Duration) {
+    let exported = exported();
+    exported
+        .messages
+        .get_or_create(&vec![
+            ("function".to_owned(), function.to_owned()),
+            ("outcome".to_owned(), outcome.to_owned()),
+        ])
+        .inc();
+    // Counts without a latency (one per task of a message, a parked delivery) are recorded
+    // with a zero duration: they are not handler calls.
+    if !elapsed.is_zero() {
+        exported
+            .handler_seconds
+            .get_or_create(&vec![("function".to_owned(), function.to_owned())])
+            .observe(elapsed.as_secs_f64());
+    }
     let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
     let mut map = registry()
         .lock()
@@ -47,4 +80,191 @@ pub fn count(function: &str, outcome: &str) -> u64 {
         .filter(|(f, o, _)| f == function && *o == outcome)
         .map(|(_, _, s)| s.count)
         .sum()
+}
+
+type Labels = Vec<(String, String)>;
+
+/// Handler latency buckets: 1 ms to ~16 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The in-process figures in the Prometheus client's types.
+struct Exported {
+    messages: Family<Labels, Counter>,
+    handler_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    audit_violations: Family<Labels, Counter>,
+    audit_last_violations: Gauge,
+    audit_last_seconds: Gauge<f64, AtomicU64>,
+    audit_passes: Counter,
+}
+
+fn exported() -> &'static Exported {
+    static EXPORTED: OnceLock<Exported> = OnceLock::new();
+    EXPORTED.get_or_init(|| Exported {
+        messages: Family::default(),
+        handler_seconds: Family::new_with_constructor(latency_histogram),
+        audit_violations: Family::default(),
+        audit_last_violations: Gauge::default(),
+        audit_last_seconds: Gauge::default(),
+        audit_passes: Counter::default(),
+    })
+}
+
+/// The continuous auditor's pass: its violations by check, and the pass's own figures.
+pub fn record_audit_pass(violations: &[crate::audit::Violation], duration: Duration) {
+    let exported = exported();
+    exported.audit_passes.inc();
+    for violation in violations {
+        exported
+            .audit_violations
+            .get_or_create(&vec![("check".to_owned(), violation.check.to_owned())])
+            .inc();
+    }
+    exported
+        .audit_last_violations
+        .set(i64::try_from(violations.len()).unwrap_or(i64::MAX));
+    exported.audit_last_seconds.set(duration.as_secs_f64());
+}
+
+/// Figures read from the database at scrape time (the same in every process).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Gauges {
+    /// Outbox rows not yet published, and the age of the oldest (seconds).
+    pub outbox_backlog: u64,
+    pub outbox_oldest_seconds: f64,
+    /// NEW dead letters per function (what every `paybus.<function>.dlq` drained into).
+    pub dead_letters: Vec<(String, u64)>,
+    /// Per work table: rows due for a retry now, and rows stuck (see `retry::WorkTable::stuck`).
+    pub due_retries: Vec<(String, u64)>,
+    pub stuck_rows: Vec<(String, u64)>,
+}
+
+/// Everything in the Prometheus text format (OpenMetrics 1.0), `gauges` included.
+pub fn encode(gauges: &Gauges) -> String {
+    let exported = exported();
+    let mut registry = Registry::with_prefix("paybus");
+    registry.register(
+        "messages",
+        "Messages handled, by function and outcome",
+        exported.messages.clone(),
+    );
+    registry.register(
+        "handler_seconds",
+        "Handler latency by function",
+        exported.handler_seconds.clone(),
+    );
+    registry.register(
+        "audit_violations",
+        "Invariant violations found by the continuous auditor, by check",
+        exported.audit_violations.clone(),
+    );
+    registry.register(
+        "audit_passes",
+        "Continuous auditor passes run by this process",
+        exported.audit_passes.clone(),
+    );
+    registry.register(
+        "audit_last_pass_violations",
+        "Violations found by this process's last auditor pass",
+        exported.audit_last_violations.clone(),
+    );
+    registry.register(
+        "audit_last_pass_seconds",
+        "Duration of this process's last auditor pass",
+        exported.audit_last_seconds.clone(),
+    );
+    let backlog: Gauge = Gauge::default();
+    backlog.set(i64::try_from(gauges.outbox_backlog).unwrap_or(i64::MAX));
+    registry.register(
+        "outbox_backlog",
+        "Outbox messages not yet published",
+        backlog,
+    );
+    let oldest: Gauge<f64, AtomicU64> = Gauge::default();
+    oldest.set(gauges.outbox_oldest_seconds);
+    registry.register(
+        "outbox_oldest_unpublished_seconds",
+        "Age of the oldest unpublished outbox message",
+        oldest,
+    );
+    for (name, help, label, values) in [
+        (
+            "dead_letters",
+            "NEW dead letters by function (the drained dead-letter queues)",
+            "function",
+            &gauges.dead_letters,
+        ),
+        (
+            "due_retries",
+            "Rows due for a retry now, by work table",
+            "table",
+            &gauges.due_retries,
+        ),
+        (
+            "stuck_rows",
+            "Rows overdue or claimed for too long, by work table",
+            "table",
+            &gauges.stuck_rows,
+        ),
+    ] {
+        let family: Family<Labels, Gauge> = Family::default();
+        for (value_label, value) in values {
+            family
+                .get_or_create(&vec![(label.to_owned(), value_label.clone())])
+                .set(i64::try_from(*value).unwrap_or(i64::MAX));
+        }
+        registry.register(name, help, family);
+    }
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
+}
+
+/// The `Content-Type` of [`encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long a row may sit due (or claimed) before it counts as stuck.
+pub const STUCK_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// Reads the scrape-time [`Gauges`]: the outbox backlog, NEW dead letters per function, and
+/// each of `work_tables`' due and stuck rows (every statement on an index named for it).
+pub async fn read_gauges(
+    pool: &sqlx::MySqlPool,
+    work_tables: &[&crate::retry::WorkTable],
+) -> Result<Gauges, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let (backlog, oldest): (i64, Option<f64>) = sqlx::query_as(
+        "SELECT COUNT(*), \
+                CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6 AS DOUBLE) \
+         FROM outbox_messages WHERE published_at IS NULL",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let dead_letters: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT function_name, COUNT(*) FROM dead_letters WHERE status = 'NEW' \
+         GROUP BY function_name ORDER BY function_name",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut gauges = Gauges {
+        outbox_backlog: u64::try_from(backlog).unwrap_or(0),
+        outbox_oldest_seconds: oldest.unwrap_or(0.0),
+        dead_letters: dead_letters
+            .into_iter()
+            .map(|(function, n)| (function, u64::try_from(n).unwrap_or(0)))
+            .collect(),
+        ..Gauges::default()
+    };
+    for table in work_tables {
+        gauges
+            .due_retries
+            .push((table.table.to_owned(), table.count_due(&mut conn).await?));
+        gauges.stuck_rows.push((
+            table.table.to_owned(),
+            table.count_stuck(&mut conn, STUCK_AFTER).await?,
+        ));
+    }
+    Ok(gauges)
 }

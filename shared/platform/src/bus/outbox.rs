@@ -124,6 +124,14 @@ impl UnitOfWork<'_> {
         Ok(())
     }
 
+    /// Writes an already serialised message (a dead letter's replay, whose data type only
+    /// its function knows) into the outbox inside this transaction.
+    pub async fn send_outgoing(&mut self, message: OutgoingMessage) -> Result<(), OutboxError> {
+        insert(&mut self.tx, std::slice::from_ref(&message)).await?;
+        self.staged.push(message);
+        Ok(())
+    }
+
     /// Commits, then publishes what this transaction sent.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         self.tx.commit().await?;

@@ -372,6 +372,45 @@ impl WorkTable {
 
     /// Where row `id` stands now; `None` when there is no such row. A locking read, so it
     /// sees the latest committed version even inside a REPEATABLE READ snapshot.
+    /// Rows due for an attempt now (a retry whose time came, or a new row not yet taken).
+    pub async fn count_due(&self, conn: &mut MySqlConnection) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE {} = '{}' AND ({} IS NULL OR {} <= NOW(6))",
+            self.table, self.status, self.due, self.next_attempt_at, self.next_attempt_at
+        );
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(conn)
+            .await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// Rows nothing is moving: due for longer than `overdue` (the due sweep or the worker
+    /// should have taken them), or, with a status lease, claimed longer than `overdue` ago
+    /// (the reaper should have returned them).
+    pub async fn count_stuck(
+        &self,
+        conn: &mut MySqlConnection,
+        overdue: Duration,
+    ) -> Result<u64, sqlx::Error> {
+        let mut sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE ({} = '{}' AND {} < NOW(6) - INTERVAL ? MICROSECOND)",
+            self.table, self.status, self.due, self.next_attempt_at
+        );
+        if let Lease::Status { status, claimed_at } = self.lease {
+            let _ = write!(
+                sql,
+                " OR ({} = '{status}' AND {claimed_at} < NOW(6) - INTERVAL ? MICROSECOND)",
+                self.status
+            );
+        }
+        let micros = micros(overdue);
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(micros);
+        if matches!(self.lease, Lease::Status { .. }) {
+            query = query.bind(micros);
+        }
+        Ok(u64::try_from(query.fetch_one(conn).await?).unwrap_or(0))
+    }
+
     pub async fn describe(
         &self,
         conn: &mut MySqlConnection,

@@ -1,0 +1,258 @@
+//! `/v1/admin/dead-letters` through the router: OPS reads and dry-runs, ADMIN replays and
+//! archives, everyone else is refused; a replay over HTTP records the token's subject.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+mod support;
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode, header},
+};
+use paybus_api::auth::Role;
+use paybus_confirmations::WithdrawalTxConfirmed;
+use paybus_platform::bus::{Envelope, dead_letter::record_given_up};
+use serde_json::json;
+use support::*;
+
+/// An in-flight withdrawal and the dead letter of its confirmation; (withdrawal, letter) ids.
+async fn dead_lettered_confirmation(api: &Api) -> (u64, u64) {
+    let pool = &api.services.pool;
+    let partner = sqlx::query(
+        "INSERT INTO partners (name, webhook_url, webhook_secret) VALUES ('acme', NULL, 'x')",
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .last_insert_id();
+    let withdrawal = sqlx::query(
+        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
+         VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42, 'T-address', '0xabc')",
+    )
+    .bind(partner)
+    .execute(pool)
+    .await
+    .unwrap()
+    .last_insert_id();
+    let message = Envelope::new(WithdrawalTxConfirmed {
+        withdrawal_id: withdrawal,
+        tx_hash: "0xabc".to_owned(),
+    })
+    .to_outgoing()
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    record_given_up(
+        &mut conn,
+        "confirm-withdrawal",
+        "letter-1",
+        &message,
+        "boom",
+        4,
+    )
+    .await
+    .unwrap();
+    let letter =
+        sqlx::query_scalar("SELECT id FROM dead_letters WHERE dead_letter_id = 'letter-1'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    (withdrawal, letter)
+}
+
+const REPLAY_BODY: &str = r#"{"ids": [1]}"#;
+
+fn request(method: &str, path: &str, token: Option<&str>) -> Request<Body> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(token) = token {
+        builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    builder
+        .body(Body::from(if method == "POST" { REPLAY_BODY } else { "" }))
+        .unwrap()
+}
+
+const READS: &[&str] = &[
+    "/v1/admin/dead-letters",
+    "/v1/admin/dead-letters/groups",
+    "/v1/admin/dead-letters/1",
+    "/v1/admin/dead-letters/dry-run?ids=1",
+];
+const CHANGES: &[&str] = &[
+    "/v1/admin/dead-letters/replay",
+    "/v1/admin/dead-letters/archive",
+];
+
+#[tokio::test]
+async fn dead_letter_routes_are_401_without_a_valid_token_and_403_without_the_role() {
+    let api = Api::new().await;
+    let expired = paybus_api::auth::issue(
+        ADMIN_JWT_SECRET,
+        "tests",
+        &[Role::Admin],
+        std::time::Duration::ZERO,
+    )
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let calls = READS
+        .iter()
+        .map(|path| ("GET", *path))
+        .chain(CHANGES.iter().map(|path| ("POST", *path)));
+    for (method, path) in calls {
+        for token in [None, Some("not-a-token"), Some(expired.as_str())] {
+            let (status, answer) = api.call(request(method, path, token)).await;
+            assert_eq!(
+                status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} {token:?}: {answer}"
+            );
+        }
+        if method == "POST" {
+            let ops = token(&[Role::Ops]);
+            let (status, answer) = api.call(request(method, path, Some(&ops))).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {answer}");
+        }
+    }
+    let ops = token(&[Role::Ops]);
+    for path in READS {
+        let (status, answer) = api.call(request("GET", path, Some(&ops))).await;
+        // Letter 1 does not exist yet: 404 for the one letter, 200 for the lists.
+        assert!(
+            status == StatusCode::OK || status == StatusCode::NOT_FOUND,
+            "OPS reads {path}: {status} {answer}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn ops_dry_run_then_an_admin_replay_sends_the_safe_letter_and_records_who() {
+    let api = Api::new().await;
+    let (withdrawal, letter) = dead_lettered_confirmation(&api).await;
+    let ops = token(&[Role::Ops]);
+
+    let (status, groups) = api
+        .call(request("GET", "/v1/admin/dead-letters/groups", Some(&ops)))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{groups}");
+    assert_eq!(groups["groups"][0]["function"], "confirm-withdrawal");
+    assert_eq!(groups["groups"][0]["count"], 1);
+    assert_eq!(groups["exposure"][0]["amount"], "42");
+    assert_eq!(groups["exposure"][0]["currency"], "USDT");
+
+    let (status, run) = api
+        .call(request(
+            "GET",
+            "/v1/admin/dead-letters/dry-run?function=confirm-withdrawal&reason=failed",
+            Some(&ops),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(
+        (run["safe"].as_u64(), run["needs_human"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(run["letters"][0]["triage"]["verdict"], "safe");
+    assert_eq!(
+        run["letters"][0]["triage"]["referenced"][0]["id"],
+        withdrawal
+    );
+
+    // The console's one form: a dry run over POST, then the replay.
+    let group = json!({"function": "confirm-withdrawal", "reason": "failed"});
+    let (status, run) = api
+        .call(admin_post(
+            "/v1/admin/dead-letters/replay",
+            &json!({"group": group, "dry_run": true}),
+        ))
+        .await;
+    assert_eq!(
+        (status, run["safe"].as_u64()),
+        (StatusCode::OK, Some(1)),
+        "{run}"
+    );
+    let (status, report) = api
+        .call(admin_post(
+            "/v1/admin/dead-letters/replay",
+            &json!({"group": group, "per_second": 100}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["replayed"], 1);
+    let (status, shown) = api
+        .call(admin_get(&format!("/v1/admin/dead-letters/{letter}")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["status"], "REPLAYED");
+    assert_eq!(shown["actions"][0]["actor"], "tests");
+    assert_eq!(shown["actions"][0]["result"], "REPLAYED");
+    assert_eq!(
+        api.scalar(
+            "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'"
+        )
+        .await,
+        1,
+        "the replay went through the outbox"
+    );
+}
+
+#[tokio::test]
+async fn client_mistakes_on_dead_letter_routes_are_400_or_404() {
+    let api = Api::new().await;
+    for (request, status) in [
+        (
+            admin_get("/v1/admin/dead-letters/dry-run"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_get("/v1/admin/dead-letters/dry-run?ids=1,x"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_get("/v1/admin/dead-letters?limit=0"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_get("/v1/admin/dead-letters?status=LOST"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_get("/v1/admin/dead-letters/0"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_get("/v1/admin/dead-letters/77"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            admin_post("/v1/admin/dead-letters/replay", &json!({"ids": []})),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_post(
+                "/v1/admin/dead-letters/archive",
+                &json!({"ids": [1], "group": {"function": "f", "reason": "r"}}),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_post(
+                "/v1/admin/dead-letters/replay",
+                &json!({"ids": [1], "per_second": 0}),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_post(
+                "/v1/admin/dead-letters/archive",
+                &json!({"ids": [1], "x": 1}),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let uri = request.uri().to_string();
+        let (got, answer) = api.call(request).await;
+        assert_eq!(got, status, "{uri}: {answer}");
+        assert!(answer["error"].is_string(), "{answer}");
+    }
+}

@@ -1,0 +1,29 @@
+//! Dead letters for ops (SPEC §5): what `paybus dead-letters` and the admin API's
+//! `/v1/admin/dead-letters` do, on the `dead_letters` table the platform's recorders fill.
+//!
+//! - [`letter`]: a dead letter as stored, the list, one letter with its headers, body and the
+//!   rows it refers to ([`letter::show`]), and [`Selection`] (ids, or a function + reason group).
+//! - [`groups`]: the letters grouped by function and reason (count, first and last seen) with
+//!   the money at stake summed per partner and currency, biggest first.
+//! - [`Triager`]: asks the letter's function (the catalog's `FunctionEntry::triage`) what a
+//!   replay would do: *already applied*, *safe to replay*, *needs a human*.
+//! - [`replay`]: the dry run (every selected letter classified, nothing written) and the
+//!   replay itself: only safe letters, re-checked under the letter's lock, sent through the
+//!   outbox at a bounded rate, each recorded in `dead_letter_actions`; and [`replay::archive`].
+//!
+//! No replay ever relies on the dry run it follows: the verdict is taken again in the
+//! transaction that sends the message, and the function's own guards stand behind that.
+
+mod error;
+pub mod groups;
+pub mod letter;
+pub mod replay;
+mod triager;
+
+pub use error::DeadLetterError;
+pub use groups::{ExposureSum, Group, Overview};
+pub use letter::{DeadLetter, DeadLetterDetail, LetterStatus, ListFilter, Selection};
+pub use replay::{
+    Action, ArchiveReport, Classified, DryRun, ReplayOptions, ReplayReport, ReplayResult,
+};
+pub use triager::Triager;

@@ -1,0 +1,287 @@
+//! The continuous auditor: a sweeper job that runs every workflow's invariants (the catalog's
+//! checks) over recent rows, every minute by default.
+//!
+//! A pass opens one read-only transaction (one snapshot for every check), runs each check's
+//! `recent` form over the window (rows written in the last `window`, default 15 min; the full
+//! form for a check without one), and then:
+//! - logs each violation as one ERROR line (`check`, `description`: what a CloudWatch metric
+//!   filter or an alarm on ERROR lines catches),
+//! - counts it in the metrics (`paybus_audit_violations_total{check}`, and the last pass's
+//!   figures as gauges),
+//! - upserts it into `audit_findings` (first / last seen, times seen, the pass that saw it
+//!   last) and records the pass in `audit_passes`: what `GET /v1/admin/audit/status` shows.
+//!
+//! Passes older than `retention` are deleted by the next pass. Rows older than the window
+//! are not re-read every minute: `paybus audit` (and `GET /v1/admin/audit`) runs the full
+//! checks on demand, e.g. nightly.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::MySqlPool;
+
+use crate::{
+    ConfigError,
+    audit::{self, Check, Violation, Window},
+    bus::{
+        metrics,
+        sweeper::{Job, JobFuture, JobReport},
+    },
+    config::Vars,
+};
+
+pub const VAR_INTERVAL_MS: &str = "PAYBUS_AUDITOR_INTERVAL_MS";
+pub const VAR_WINDOW_SECS: &str = "PAYBUS_AUDITOR_WINDOW_SECS";
+pub const VAR_RETENTION_HOURS: &str = "PAYBUS_AUDITOR_RETENTION_HOURS";
+
+/// How the auditor runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditorConfig {
+    /// Pause between passes (default 60 s, `PAYBUS_AUDITOR_INTERVAL_MS`).
+    pub interval: Duration,
+    /// A pass checks the rows written this long before it (default 15 min,
+    /// `PAYBUS_AUDITOR_WINDOW_SECS`): longer than the interval, so a transaction that
+    /// committed late is still seen by a later pass.
+    pub window: Duration,
+    /// Passes kept in `audit_passes` (default 7 days, `PAYBUS_AUDITOR_RETENTION_HOURS`).
+    pub retention: Duration,
+}
+
+impl Default for AuditorConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            window: Duration::from_secs(15 * 60),
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl AuditorConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Vars::from_env())
+    }
+
+    pub fn from_vars(vars: HashMap<String, String>) -> Result<Self, ConfigError> {
+        Self::read(&Vars::new(vars))
+    }
+
+    /// The defaults, overridden by the variables that are set; a malformed value names the
+    /// variable.
+    pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
+        let defaults = Self::default();
+        let positive = |value: &u64| *value > 0;
+        Ok(Self {
+            interval: Duration::from_millis(vars.parse(
+                VAR_INTERVAL_MS,
+                defaults.interval.as_millis() as u64,
+                "milliseconds, at least 1",
+                positive,
+            )?),
+            window: Duration::from_secs(vars.parse(
+                VAR_WINDOW_SECS,
+                defaults.window.as_secs(),
+                "seconds, at least 1",
+                positive,
+            )?),
+            retention: Duration::from_secs(
+                vars.parse(
+                    VAR_RETENTION_HOURS,
+                    defaults.retention.as_secs() / 3600,
+                    "hours, at least 1",
+                    positive,
+                )? * 3600,
+            ),
+        })
+    }
+}
+
+/// What one pass found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pass {
+    pub id: u64,
+    pub window_since: DateTime<Utc>,
+    pub checks: u32,
+    pub violations: Vec<Violation>,
+    pub duration: Duration,
+}
+
+/// The auditor job.
+#[derive(Clone)]
+pub struct Auditor {
+    pool: MySqlPool,
+    checks: Arc<[Check]>,
+    config: AuditorConfig,
+}
+
+impl Auditor {
+    pub fn new(pool: MySqlPool, checks: Vec<Check>, config: AuditorConfig) -> Self {
+        Self {
+            pool,
+            checks: checks.into(),
+            config,
+        }
+    }
+
+    /// One pass over the window ending now (the database's clock).
+    #[tracing::instrument(skip_all, fields(checks = self.checks.len()))]
+    pub async fn pass(&self) -> Result<Pass, sqlx::Error> {
+        let started = std::time::Instant::now();
+        let window = i64::try_from(self.config.window.as_micros()).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        let (started_at, since): (DateTime<Utc>, DateTime<Utc>) =
+            sqlx::query_as("SELECT NOW(6), NOW(6) - INTERVAL ? MICROSECOND")
+                .bind(window)
+                .fetch_one(&mut *tx)
+                .await?;
+        let violations = audit::run_recent(&mut tx, &self.checks, Window { since }).await?;
+        tx.rollback().await?;
+        let duration = started.elapsed();
+
+        let checks = u32::try_from(self.checks.len()).unwrap_or(u32::MAX);
+        let mut tx = self.pool.begin().await?;
+        let id = sqlx::query(
+            "INSERT INTO audit_passes \
+             (started_at, finished_at, window_since, checks, violations, duration_ms) \
+             VALUES (?, NOW(6), ?, ?, ?, ?)",
+        )
+        .bind(started_at)
+        .bind(since)
+        .bind(checks)
+        .bind(u32::try_from(violations.len()).unwrap_or(u32::MAX))
+        .bind(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+        .execute(&mut *tx)
+        .await?
+        .last_insert_id();
+        for violation in &violations {
+            record_finding(&mut tx, id, violation).await?;
+        }
+        tx.commit().await?;
+
+        for violation in &violations {
+            tracing::error!(
+                check = violation.check, description = %violation.description, pass = id,
+                "audit violation"
+            );
+        }
+        metrics::record_audit_pass(&violations, duration);
+        let retention = i64::try_from(self.config.retention.as_micros()).unwrap_or(i64::MAX);
+        sqlx::query("DELETE FROM audit_passes WHERE started_at < NOW(6) - INTERVAL ? MICROSECOND")
+            .bind(retention)
+            .execute(&self.pool)
+            .await?;
+        Ok(Pass {
+            id,
+            window_since: since,
+            checks,
+            violations,
+            duration,
+        })
+    }
+}
+
+async fn record_finding(
+    conn: &mut sqlx::MySqlConnection,
+    pass_id: u64,
+    violation: &Violation,
+) -> Result<(), sqlx::Error> {
+    use sha2::{Digest, Sha256};
+    let fingerprint = hex::encode(Sha256::digest(
+        format!("{}\n{}", violation.check, violation.description).as_bytes(),
+    ));
+    let detail = serde_json::Value::Object(violation.detail.clone()).to_string();
+    sqlx::query(
+        "INSERT INTO audit_findings \
+         (fingerprint, check_name, description, detail, last_pass_id) VALUES (?, ?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE last_seen_at = NOW(6), times_seen = times_seen + 1, \
+                                 detail = VALUES(detail), last_pass_id = VALUES(last_pass_id)",
+    )
+    .bind(fingerprint)
+    .bind(violation.check)
+    .bind(violation.description.chars().take(2000).collect::<String>())
+    .bind(detail)
+    .bind(pass_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+impl Job for Auditor {
+    fn name(&self) -> &'static str {
+        "auditor"
+    }
+
+    fn interval(&self) -> Duration {
+        self.config.interval
+    }
+
+    fn run_once(&self) -> JobFuture<'_> {
+        Box::pin(async move {
+            let pass = self.pass().await?;
+            Ok(JobReport {
+                changed: pass.violations.len() as u64,
+            })
+        })
+    }
+}
+
+/// A pass as recorded in `audit_passes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct PassRecord {
+    pub id: u64,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub window_since: Option<DateTime<Utc>>,
+    pub checks: u32,
+    pub violations: u32,
+    pub duration_ms: u64,
+}
+
+/// A violation as recorded in `audit_findings`.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Finding {
+    pub id: u64,
+    pub check_name: String,
+    pub description: String,
+    #[sqlx(json)]
+    pub detail: serde_json::Value,
+    pub first_seen_at: DateTime<Utc>,
+    pub last_seen_at: DateTime<Utc>,
+    pub times_seen: u32,
+    pub last_pass_id: u64,
+}
+
+/// The latest passes, newest first.
+pub async fn recent_passes(
+    conn: &mut sqlx::MySqlConnection,
+    limit: u32,
+) -> Result<Vec<PassRecord>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, started_at, finished_at, window_since, checks, violations, duration_ms \
+         FROM audit_passes ORDER BY id DESC LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// Findings, most recently seen first; `only_pass`: only those the given pass saw.
+pub async fn findings(
+    conn: &mut sqlx::MySqlConnection,
+    only_pass: Option<u64>,
+    limit: u32,
+) -> Result<Vec<Finding>, sqlx::Error> {
+    let select = "SELECT id, check_name, description, detail, first_seen_at, last_seen_at, \
+                  times_seen, last_pass_id FROM audit_findings";
+    let query = match only_pass {
+        Some(pass) => sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "{select} WHERE last_pass_id = ? ORDER BY id LIMIT ?"
+        )))
+        .bind(pass),
+        None => sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "{select} ORDER BY last_seen_at DESC, id DESC LIMIT ?"
+        ))),
+    };
+    query.bind(limit).fetch_all(conn).await
+}

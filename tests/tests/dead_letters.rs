@@ -1,0 +1,365 @@
+//! Dead-letter triage and replay against real rows (issue 12): groups with the money at
+//! stake, the dry run's verdicts, and a replay that sends only what is safe and applies it
+//! once, through the outbox, the broker and the function.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
+use paybus_confirmations::{
+    DepositTxConfirmed, WithdrawalTxConfirmed,
+    testing::{BROADCAST_TX, deposit, withdrawal},
+    withdrawal::{WithdrawalKind, WithdrawalStatus},
+};
+use paybus_dead_letter_ops::{ReplayOptions, Selection, Triager, groups, letter, replay};
+use paybus_money::dec;
+use paybus_platform::{
+    bus::{Envelope, Message, Runner, Services, dead_letter::record_given_up},
+    testing::{TestEnv, eventually},
+    triage::Verdict,
+};
+use sqlx::MySqlPool;
+use tokio_util::sync::CancellationToken;
+
+const TRIAGER: Triager = Triager::new(paybus_catalog::FUNCTIONS);
+
+/// Records `data` as a dead letter of `function` (reason `failed`), as a function that gave
+/// the message up writes it. Returns the letter's id.
+async fn dead_letter<M: Message>(pool: &MySqlPool, function: &str, data: M) -> u64 {
+    let message = Envelope::new(data).to_outgoing().unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let key = format!("{function}:{}", message.id);
+    assert!(
+        record_given_up(&mut conn, function, &key, &message, "boom", 4)
+            .await
+            .unwrap()
+    );
+    sqlx::query_scalar("SELECT id FROM dead_letters WHERE dead_letter_id = ?")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+fn confirmation(withdrawal_id: u64) -> WithdrawalTxConfirmed {
+    WithdrawalTxConfirmed {
+        withdrawal_id,
+        tx_hash: BROADCAST_TX.to_owned(),
+    }
+}
+
+async fn in_flight(pool: &MySqlPool, partner: u64, amount: &str) -> u64 {
+    withdrawal(
+        pool,
+        partner,
+        WithdrawalKind::Normal,
+        WithdrawalStatus::Broadcasting,
+        amount,
+    )
+    .await
+}
+
+async fn debits(pool: &MySqlPool, withdrawal_id: u64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM ledger_entries \
+         WHERE reference_type = 'WITHDRAWAL' AND reference_id = ? AND entry_type = 'DEBIT'",
+    )
+    .bind(withdrawal_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn confirmations_sent(pool: &MySqlPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn group() -> Selection {
+    Selection::Group {
+        function: "confirm-withdrawal".to_owned(),
+        reason: "failed".to_owned(),
+    }
+}
+
+fn fast() -> ReplayOptions {
+    ReplayOptions {
+        per_second: 1_000.0,
+        ..ReplayOptions::default()
+    }
+}
+
+async fn setup() -> (TestEnv, Services, u64) {
+    let env = TestEnv::new().await;
+    let services = env.services(&paybus_catalog::queues()).await;
+    let partner = paybus_partners::testing::partner(&services.pool, "acme", None).await;
+    (env, services, partner)
+}
+
+#[tokio::test]
+async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_and_not_sent() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let id = in_flight(pool, partner, "100").await;
+    let letter_id = dead_letter(pool, "confirm-withdrawal", confirmation(id)).await;
+    // Confirmed since, by a later copy of the same confirmation.
+    let outcome = paybus_confirm_withdrawal::confirm(
+        &services.outbox,
+        &confirmation(id),
+        uuid::Uuid::now_v7(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.label(), "done");
+    let sent_before = confirmations_sent(pool).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let run = replay::dry_run(&mut conn, &TRIAGER, &group(), 500)
+        .await
+        .unwrap();
+    assert_eq!((run.already_applied, run.safe, run.needs_human), (1, 0, 0));
+    let detail = letter::show(&mut conn, &TRIAGER, letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(detail.triage.verdict, Verdict::AlreadyApplied);
+    assert_eq!(detail.triage.referenced[0].entity, "withdrawal");
+    assert_eq!(
+        detail.triage.referenced[0].state.as_deref(),
+        Some("CONFIRMED")
+    );
+    assert_eq!(detail.body["data"]["withdrawal_id"], id);
+    assert_eq!(detail.headers["x-paybus-function"], "confirm-withdrawal");
+
+    let report = replay::replay(
+        &services.outbox,
+        &TRIAGER,
+        &group(),
+        "alice",
+        fast(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.replayed, report.already_applied), (0, 1));
+    assert_eq!(
+        confirmations_sent(pool).await,
+        sent_before,
+        "nothing was sent"
+    );
+    assert_eq!(debits(pool, id).await, 1);
+    let detail = letter::show(&mut conn, &TRIAGER, letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        detail.letter.status.as_str(),
+        "NEW",
+        "left for ops to archive"
+    );
+    let trail: Vec<_> = detail
+        .actions
+        .iter()
+        .map(|a| {
+            (
+                a.action.as_str(),
+                a.actor.as_str(),
+                a.verdict.as_deref(),
+                a.result.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        trail,
+        [("REPLAY", "alice", Some("already_applied"), "NOT_SENT")]
+    );
+}
+
+#[tokio::test]
+async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_group_applies_nothing()
+ {
+    let (env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let safe = in_flight(pool, partner, "100").await;
+    let never_broadcast = withdrawal(
+        pool,
+        partner,
+        WithdrawalKind::Normal,
+        WithdrawalStatus::Requested,
+        "7",
+    )
+    .await;
+    dead_letter(pool, "confirm-withdrawal", confirmation(safe)).await;
+    dead_letter(pool, "confirm-withdrawal", confirmation(never_broadcast)).await;
+    dead_letter(pool, "confirm-withdrawal", confirmation(999_999)).await;
+    let mut runner = Runner::new(Services::connect(env.settings.clone()).await.unwrap());
+    runner.add_function(ConfirmWithdrawal);
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(runner.run(shutdown.clone()));
+
+    let mut conn = pool.acquire().await.unwrap();
+    let run = replay::dry_run(&mut conn, &TRIAGER, &group(), 500)
+        .await
+        .unwrap();
+    assert_eq!((run.already_applied, run.safe, run.needs_human), (0, 1, 2));
+    let first = replay::replay(
+        &services.outbox,
+        &TRIAGER,
+        &group(),
+        "alice",
+        fast(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (first.replayed, first.needs_human, first.already_applied),
+        (1, 2, 0)
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            paybus_confirmations::withdrawal::find(&mut pool.acquire().await.unwrap(), safe)
+                .await
+                .unwrap()
+                .is_some_and(|w| w.status == WithdrawalStatus::Confirmed)
+        })
+        .await,
+        "the replayed confirmation was applied"
+    );
+    let sent = confirmations_sent(pool).await;
+
+    let second = replay::replay(
+        &services.outbox,
+        &TRIAGER,
+        &group(),
+        "alice",
+        fast(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (second.replayed, second.needs_human, second.skipped),
+        (0, 2, 0)
+    );
+    assert_eq!(
+        confirmations_sent(pool).await,
+        sent,
+        "the second replay sent nothing"
+    );
+    // Room for a (wrong) second application to land before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    consumer.await.unwrap().unwrap();
+    assert_eq!(debits(pool, safe).await, 1, "debited once");
+    assert_eq!(debits(pool, never_broadcast).await, 0);
+    paybus_confirmations::testing::assert_audit_clean(pool).await;
+}
+
+#[tokio::test]
+async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() {
+    let (_env, services, acme) = setup().await;
+    let pool = &services.pool;
+    let globex = paybus_partners::testing::partner(pool, "globex", None).await;
+    for amount in ["100", "250.5"] {
+        let id = in_flight(pool, acme, amount).await;
+        dead_letter(pool, "confirm-withdrawal", confirmation(id)).await;
+    }
+    // Already applied: holds nothing up.
+    let confirmed = withdrawal(
+        pool,
+        acme,
+        WithdrawalKind::Normal,
+        WithdrawalStatus::Confirmed,
+        "5000",
+    )
+    .await;
+    dead_letter(pool, "confirm-withdrawal", confirmation(confirmed)).await;
+    let detected = deposit(pool, globex, "DETECTED", "1000", "1").await;
+    dead_letter(
+        pool,
+        "confirm-deposit",
+        DepositTxConfirmed {
+            deposit_id: detected,
+        },
+    )
+    .await;
+    // Archived: not in the overview.
+    let archived = in_flight(pool, globex, "9999").await;
+    let archived = dead_letter(pool, "confirm-withdrawal", confirmation(archived)).await;
+    let report = replay::archive(
+        &services.outbox,
+        &Selection::Ids(vec![archived]),
+        "alice",
+        10,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.archived, 1);
+
+    let mut conn = pool.acquire().await.unwrap();
+    let overview = groups::overview(&mut conn, &TRIAGER).await.unwrap();
+    let counts: Vec<_> = overview
+        .groups
+        .iter()
+        .map(|g| (g.function.as_str(), g.reason.as_str(), g.count))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("confirm-withdrawal", "failed", 3),
+            ("confirm-deposit", "failed", 1)
+        ]
+    );
+    let sums = |list: &[paybus_dead_letter_ops::ExposureSum]| -> Vec<(Option<u64>, String, paybus_money::Amount, u64)> {
+        list.iter()
+            .map(|s| (s.partner_id, s.currency.clone(), s.amount, s.letters))
+            .collect()
+    };
+    assert_eq!(
+        sums(&overview.exposure),
+        [
+            (Some(globex), "USDT".to_owned(), dec("1000"), 1),
+            (Some(acme), "USDT".to_owned(), dec("350.5"), 2),
+        ]
+    );
+    assert_eq!(
+        sums(&overview.groups[0].exposure),
+        [(Some(acme), "USDT".to_owned(), dec("350.5"), 2)]
+    );
+    assert!(overview.exposure_complete);
+    assert!(overview.groups[0].first_failed_at <= overview.groups[0].last_failed_at);
+}
+
+#[tokio::test]
+async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let id = in_flight(pool, partner, "1").await;
+    // A confirm-withdrawal letter whose body is a deposit confirmation: not its envelope.
+    dead_letter(
+        pool,
+        "confirm-withdrawal",
+        DepositTxConfirmed { deposit_id: id },
+    )
+    .await;
+    dead_letter(pool, "retired-function", confirmation(id)).await;
+    let mut conn = pool.acquire().await.unwrap();
+    for selection in [
+        group(),
+        Selection::Group {
+            function: "retired-function".to_owned(),
+            reason: "failed".to_owned(),
+        },
+    ] {
+        let run = replay::dry_run(&mut conn, &TRIAGER, &selection, 500)
+            .await
+            .unwrap();
+        assert_eq!((run.safe, run.needs_human), (0, 1), "{selection:?}");
+    }
+}
