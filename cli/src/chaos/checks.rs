@@ -13,7 +13,10 @@ use paybus_platform::{audit, bus::Services, bus::topology};
 use serde::Serialize;
 use sqlx::MySqlPool;
 
-use super::{duplicator::{Duplicator, TAP_QUEUE}, load::Load};
+use super::{
+    duplicator::{Duplicator, TAP_QUEUE},
+    load::Load,
+};
 
 /// One thing the run proved wrong.
 #[derive(Debug, Clone, Serialize)]
@@ -22,7 +25,7 @@ pub struct Violation {
     pub detail: String,
 }
 
-fn violation(check: &str, detail: impl Into<String>) -> Violation {
+pub(super) fn violation(check: &str, detail: impl Into<String>) -> Violation {
     Violation {
         check: check.to_owned(),
         detail: detail.into(),
@@ -160,7 +163,11 @@ pub(super) async fn await_quiescence(
             ),
             Err(e) => moving.push(format!("broker: {e}")),
         }
-        quiet_polls = if moving.is_empty() { quiet_polls + 1 } else { 0 };
+        quiet_polls = if moving.is_empty() {
+            quiet_polls + 1
+        } else {
+            0
+        };
         if quiet_polls >= 2 {
             return Quiescence {
                 reached: true,
@@ -208,7 +215,9 @@ pub struct DeadLetters {
     pub count: i64,
 }
 
-pub(super) async fn dead_letters_by_reason(pool: &MySqlPool) -> Result<Vec<DeadLetters>, sqlx::Error> {
+pub(super) async fn dead_letters_by_reason(
+    pool: &MySqlPool,
+) -> Result<Vec<DeadLetters>, sqlx::Error> {
     let rows: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT function_name, reason, COUNT(*) FROM dead_letters \
          GROUP BY function_name, reason ORDER BY function_name, reason",
@@ -232,7 +241,10 @@ fn marker_of(body: &[u8]) -> Option<u64> {
     rest.split(',').next()?.trim().parse().ok()
 }
 
-async fn malformed_dead_letters(pool: &MySqlPool, injected: &[u64]) -> Result<Vec<Violation>, sqlx::Error> {
+async fn malformed_dead_letters(
+    pool: &MySqlPool,
+    injected: &[u64],
+) -> Result<Vec<Violation>, sqlx::Error> {
     let bodies: Vec<Vec<u8>> =
         sqlx::query_scalar("SELECT body FROM dead_letters WHERE reason = 'malformed'")
             .fetch_all(pool)
@@ -248,12 +260,19 @@ async fn malformed_dead_letters(pool: &MySqlPool, injected: &[u64]) -> Result<Ve
                 "unexplained_dead_letter",
                 format!(
                     "a malformed dead letter the run did not inject: {}",
-                    String::from_utf8_lossy(&body).chars().take(120).collect::<String>()
+                    String::from_utf8_lossy(&body)
+                        .chars()
+                        .take(120)
+                        .collect::<String>()
                 ),
             )),
         }
     }
-    let missing: Vec<u64> = injected.iter().filter(|m| !found.contains(m)).copied().collect();
+    let missing: Vec<u64> = injected
+        .iter()
+        .filter(|m| !found.contains(m))
+        .copied()
+        .collect();
     if !missing.is_empty() {
         violations.push(violation(
             "malformed_not_dead_lettered",
@@ -304,7 +323,10 @@ pub(super) async fn run_all(
     if !quiescence.reached {
         violations.push(violation(
             "no_quiescence",
-            format!("still moving at the deadline: {}", quiescence.still_moving.join("; ")),
+            format!(
+                "still moving at the deadline: {}",
+                quiescence.still_moving.join("; ")
+            ),
         ));
     }
     for (what, n) in not_terminal(pool).await? {
@@ -312,7 +334,10 @@ pub(super) async fn run_all(
     }
     let mut conn = pool.acquire().await?;
     for found in audit::run(&mut conn, &paybus_catalog::audit_checks()).await? {
-        violations.push(violation(&format!("audit:{}", found.check), found.description));
+        violations.push(violation(
+            &format!("audit:{}", found.check),
+            found.description,
+        ));
     }
     drop(conn);
     violations.extend(malformed_dead_letters(pool, &duplicator.malformed()).await?);
@@ -330,18 +355,50 @@ pub(super) async fn run_all(
 }
 
 /// Rows by state, per workflow table (the report's counts).
-pub(super) async fn counts(pool: &MySqlPool) -> Result<BTreeMap<String, BTreeMap<String, i64>>, sqlx::Error> {
+pub(super) async fn counts(
+    pool: &MySqlPool,
+) -> Result<BTreeMap<String, BTreeMap<String, i64>>, sqlx::Error> {
     const BY_STATE: &[(&str, &str)] = &[
-        ("W1 deposit orders", "SELECT COALESCE(CONCAT(status, ' ', close_reason), status), COUNT(*) FROM p2p_deposit_orders GROUP BY 1"),
-        ("W1 matches", "SELECT status, COUNT(*) FROM p2p_matches GROUP BY status"),
-        ("W2 withdrawals", "SELECT status, COUNT(*) FROM withdrawals GROUP BY status"),
-        ("W2 deposits", "SELECT status, COUNT(*) FROM deposits GROUP BY status"),
-        ("W3 charges", "SELECT CONCAT(status, ' ', payment_status), COUNT(*) FROM charges GROUP BY 1"),
-        ("W3 bonus jobs", "SELECT status, COUNT(*) FROM charge_event_job GROUP BY status"),
-        ("W4 orders", "SELECT status, COUNT(*) FROM orders GROUP BY status"),
-        ("W4 cancel tasks", "SELECT state, COUNT(*) FROM tasks GROUP BY state"),
-        ("webhooks", "SELECT status, COUNT(*) FROM partner_notifications GROUP BY status"),
-        ("ledger entries", "SELECT entry_type, COUNT(*) FROM ledger_entries GROUP BY entry_type"),
+        (
+            "W1 deposit orders",
+            "SELECT COALESCE(CONCAT(status, ' ', close_reason), status), COUNT(*) FROM p2p_deposit_orders GROUP BY 1",
+        ),
+        (
+            "W1 matches",
+            "SELECT status, COUNT(*) FROM p2p_matches GROUP BY status",
+        ),
+        (
+            "W2 withdrawals",
+            "SELECT status, COUNT(*) FROM withdrawals GROUP BY status",
+        ),
+        (
+            "W2 deposits",
+            "SELECT status, COUNT(*) FROM deposits GROUP BY status",
+        ),
+        (
+            "W3 charges",
+            "SELECT CONCAT(status, ' ', payment_status), COUNT(*) FROM charges GROUP BY 1",
+        ),
+        (
+            "W3 bonus jobs",
+            "SELECT status, COUNT(*) FROM charge_event_job GROUP BY status",
+        ),
+        (
+            "W4 orders",
+            "SELECT status, COUNT(*) FROM orders GROUP BY status",
+        ),
+        (
+            "W4 cancel tasks",
+            "SELECT state, COUNT(*) FROM tasks GROUP BY state",
+        ),
+        (
+            "webhooks",
+            "SELECT status, COUNT(*) FROM partner_notifications GROUP BY status",
+        ),
+        (
+            "ledger entries",
+            "SELECT entry_type, COUNT(*) FROM ledger_entries GROUP BY entry_type",
+        ),
     ];
     let mut all = BTreeMap::new();
     for (what, sql) in BY_STATE {

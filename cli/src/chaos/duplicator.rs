@@ -173,9 +173,7 @@ async fn consume(
     stop: &CancellationToken,
 ) -> Result<(), lapin::Error> {
     let channel = declare_tap(link).await?;
-    channel
-        .basic_qos(64, BasicQosOptions::default())
-        .await?;
+    channel.basic_qos(64, BasicQosOptions::default()).await?;
     let mut deliveries = channel
         .basic_consume(
             TAP_QUEUE.into(),
@@ -199,9 +197,8 @@ async fn consume(
             continue;
         };
         let n = counters.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let sends = (1..copies).map(|_| {
-            publisher.publish_raw("", queue, &delivery.data, delivery.properties.clone())
-        });
+        let sends = (1..copies)
+            .map(|_| publisher.publish_raw("", queue, &delivery.data, delivery.properties.clone()));
         let all = futures_util::future::join_all(sends).await;
         if let Some(Err(e)) = all.into_iter().find(Result::is_err) {
             // Not acked: the tap delivers it again (more copies: still "at least copies").

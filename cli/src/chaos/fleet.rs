@@ -32,7 +32,10 @@ pub(super) struct Binary {
 
 /// Every catalog function (the canary aside: no load uses it) and the sweeper, found in
 /// `dir` unless substituted.
-pub(super) fn binaries(dir: &Path, substitutes: &[(String, PathBuf)]) -> anyhow::Result<Vec<Binary>> {
+pub(super) fn binaries(
+    dir: &Path,
+    substitutes: &[(String, PathBuf)],
+) -> anyhow::Result<Vec<Binary>> {
     let mut names: Vec<&str> = paybus_catalog::FUNCTIONS
         .iter()
         .map(|f| f.name)
@@ -41,7 +44,10 @@ pub(super) fn binaries(dir: &Path, substitutes: &[(String, PathBuf)]) -> anyhow:
     names.push("sweeper");
     for (name, _) in substitutes {
         if !names.contains(&name.as_str()) {
-            bail!("--substitute {name}=...: no such function (one of {})", names.join(", "));
+            bail!(
+                "--substitute {name}=...: no such function (one of {})",
+                names.join(", ")
+            );
         }
     }
     let mut binaries = Vec::with_capacity(names.len());
@@ -138,7 +144,12 @@ impl Fleet {
                 starts: AtomicU32::new(0),
             });
             let log = log_dir.join(format!("{}.log", binary.name));
-            tasks.spawn(supervise(supervised.clone(), env.clone(), log, stop.clone()));
+            tasks.spawn(supervise(
+                supervised.clone(),
+                env.clone(),
+                log,
+                stop.clone(),
+            ));
             processes.push(supervised);
         }
         Ok(Self {

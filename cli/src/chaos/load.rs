@@ -130,7 +130,9 @@ impl Client {
                 Err(e) => e.to_string(),
             };
             if started.elapsed() > REQUEST_DEADLINE {
-                let what = format!("{method} {path}: no definitive answer in {REQUEST_DEADLINE:?} (last: {last})");
+                let what = format!(
+                    "{method} {path}: no definitive answer in {REQUEST_DEADLINE:?} (last: {last})"
+                );
                 tally.lost(what.clone());
                 bail!(what);
             }
@@ -165,11 +167,7 @@ impl Client {
 }
 
 fn sign(secret: &str, body: &[u8]) -> String {
-    paybus_platform::signature::sign(
-        secret.as_bytes(),
-        chrono::Utc::now().timestamp(),
-        body,
-    )
+    paybus_platform::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), body)
 }
 
 fn id_of(answer: &Value) -> anyhow::Result<u64> {
@@ -310,7 +308,13 @@ async fn w1_deposit_orders(
                               "amount": (i % 5 + 1).to_string(),
                               "partner_order_ref": format!("chaos-{i}")});
             let _ = client
-                .copies(&tally, copies, Signer::Admin, "/v1/admin/p2p/deposit-orders", &body)
+                .copies(
+                    &tally,
+                    copies,
+                    Signer::Admin,
+                    "/v1/admin/p2p/deposit-orders",
+                    &body,
+                )
                 .await;
             Ok(())
         }
@@ -359,8 +363,13 @@ async fn w2_confirmations(
                 };
                 let body = json!({"deposit_id": id_of(&deposit)?});
                 let _ = client
-                    .copies(&tally, copies, Signer::ChainMonitor,
-                        "/v1/chain-monitor/deposit-confirmations", &body)
+                    .copies(
+                        &tally,
+                        copies,
+                        Signer::ChainMonitor,
+                        "/v1/chain-monitor/deposit-confirmations",
+                        &body,
+                    )
                     .await;
             } else {
                 let Ok(withdrawal) = client
@@ -378,8 +387,13 @@ async fn w2_confirmations(
                 let body = json!({"withdrawal_id": id_of(&withdrawal)?,
                                   "tx_hash": format!("0xwithdrawal{i}")});
                 let _ = client
-                    .copies(&tally, copies, Signer::ChainMonitor,
-                        "/v1/chain-monitor/withdrawal-confirmations", &body)
+                    .copies(
+                        &tally,
+                        copies,
+                        Signer::ChainMonitor,
+                        "/v1/chain-monitor/withdrawal-confirmations",
+                        &body,
+                    )
                     .await;
             }
             Ok(())
@@ -423,7 +437,11 @@ async fn w3_payment_completions(
     for m in 0..members {
         member_ids.push(id_of(
             &client
-                .admin_post(&tally, "/v1/admin/members", json!({"nickname": format!("chaos{m}")}))
+                .admin_post(
+                    &tally,
+                    "/v1/admin/members",
+                    json!({"nickname": format!("chaos{m}")}),
+                )
                 .await?,
         )?);
     }
@@ -485,7 +503,8 @@ async fn w4_market_orders(
         symbols.push(symbol);
     }
     let symbols = Arc::new(symbols);
-    let placed: Arc<Vec<AtomicUsize>> = Arc::new((0..markets).map(|_| AtomicUsize::new(0)).collect());
+    let placed: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..markets).map(|_| AtomicUsize::new(0)).collect());
     let (client, copies) = (client.clone(), profile.copies);
     let suspends = Arc::new(Mutex::new(Vec::new()));
     drive(orders, profile.concurrency, {

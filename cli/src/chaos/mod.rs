@@ -212,7 +212,8 @@ impl Dice {
 }
 
 fn repository_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
+    cli.parent().unwrap_or(cli).to_path_buf()
 }
 
 /// The run's own MariaDB and RabbitMQ, in one state folder.
@@ -225,10 +226,21 @@ impl OwnServices {
     /// Kills what a previous run in `state_dir` left running, wipes it, starts both.
     async fn start(state_dir: PathBuf) -> anyhow::Result<Self> {
         tokio::task::spawn_blocking(move || {
+            // A previous run killed before its end left its servers running: kill them by
+            // their pid files. Everything that names a service is overridden, so that a
+            // missing pid file can never make the script fall back to the default node or
+            // socket (the developer's or CI's shared instances).
             let stop = repository_dir().join("infra/local/stop.sh");
             let _ = std::process::Command::new(stop)
                 .args(["--kill", "mariadb", "rabbitmq"])
                 .env("PAYBUS_STATE_DIR", &state_dir)
+                .env(
+                    "PAYBUS_RABBITMQ_NODENAME",
+                    "paybus-chaos-leftover@localhost",
+                )
+                .env("PAYBUS_AMQP_PORT", "1")
+                .env("PAYBUS_MARIADB_PORT", "1")
+                .stdin(std::process::Stdio::null())
                 .output();
             let _ = std::fs::remove_dir_all(&state_dir);
             std::fs::create_dir_all(state_dir.join("logs"))?;
@@ -317,9 +329,7 @@ async fn drive(
         .await
         .context("while connecting to the run's own database and broker")?;
     db::migrate(&services.pool).await?;
-    services
-        .declare_topology(&paybus_catalog::queues())
-        .await?;
+    services.declare_topology(&paybus_catalog::queues()).await?;
 
     let outside = outside::World::start(profile).await;
     let api = outside::start_api(&services, &outside).await?;
@@ -350,13 +360,8 @@ async fn drive(
     let load = load?;
 
     let quiet_from = Instant::now();
-    let quiescence = checks::await_quiescence(
-        &services,
-        &duplicator,
-        &load,
-        profile.quiescence_timeout,
-    )
-    .await;
+    let quiescence =
+        checks::await_quiescence(&services, &duplicator, &load, profile.quiescence_timeout).await;
     let time_to_quiescence = quiet_from.elapsed();
     let fleet = Arc::try_unwrap(fleet)
         .map_err(|_| anyhow::anyhow!("the fault schedule still holds the fleet"))?;
@@ -365,7 +370,13 @@ async fn drive(
     stop.cancel();
     api.stop().await;
 
-    let violations = checks::run_all(&services, &duplicator, &load, quiescence).await?;
+    let mut violations = checks::run_all(&services, &duplicator, &load, quiescence).await?;
+    violations.extend(
+        fault_log
+            .iter()
+            .filter(|fault| fault.what.ends_with("FAILED"))
+            .map(|fault| checks::violation("fault_not_applied", fault.what.clone())),
+    );
     let counts = checks::counts(&services.pool).await?;
     let dead_letters = checks::dead_letters_by_reason(&services.pool).await?;
     Ok(Report {

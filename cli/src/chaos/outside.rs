@@ -190,11 +190,19 @@ pub(super) async fn faults(
     // (when, which) of the service restarts, in time order.
     let mut restarts: Vec<(Duration, &'static str)> = Vec::new();
     let spread = |n: u32, offset: f64| {
-        (0..n).map(move |i| profile.fault_window.mul_f64((f64::from(i) + offset) / f64::from(n)))
+        (0..n).map(move |i| {
+            profile
+                .fault_window
+                .mul_f64((f64::from(i) + offset) / f64::from(n))
+        })
     };
     restarts.extend(spread(profile.broker_restarts, 0.3).map(|at| (at, "broker")));
     restarts.extend(spread(profile.database_restarts, 0.6).map(|at| (at, "database")));
     restarts.sort();
+    // Restarts take a while (a clean RabbitMQ stop of quorum queues, InnoDB recovery): they run
+    // on their own schedule, so the kills go on meanwhile, and every one of them happens even
+    // when it ends after the window.
+    let restarter = tokio::spawn(restart_on_schedule(restarts, mariadb, rabbitmq, started));
     let webhook_outage_at = profile.fault_window / 4;
     let mut webhook_outage_done = profile.webhook_outage.is_zero();
     let tick = Duration::from_millis(250);
@@ -231,7 +239,9 @@ pub(super) async fn faults(
                     "quote service: next 3 quotes 503, next 2 trades 500"
                 }
                 2 => {
-                    world.quotes.set_trade_delay(QUOTE_TIMEOUT + QUOTE_TIMEOUT / 2);
+                    world
+                        .quotes
+                        .set_trade_delay(QUOTE_TIMEOUT + QUOTE_TIMEOUT / 2);
                     "quote service: createTrade hangs past the client's timeout"
                 }
                 3 => {
@@ -245,39 +255,51 @@ pub(super) async fn faults(
             };
             record(what.to_owned(), Duration::ZERO, &mut log);
         }
-        if let Some(&(at, which)) = restarts.first()
-            && now >= at
-        {
-            restarts.remove(0);
-            let service = if which == "broker" {
-                rabbitmq.clone()
-            } else {
-                mariadb.clone()
-            };
-            let began = Instant::now();
-            // A database restart is a crash (SIGKILL, InnoDB recovery); the broker's is clean:
-            // a single RabbitMQ 3.10 node sometimes elects no quorum leader after a SIGKILL.
-            let crash = which == "database";
-            let outcome = tokio::task::spawn_blocking(move || {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.restart(crash)))
-            })
-            .await;
-            let ok = matches!(outcome, Ok(Ok(())));
-            record(
-                format!(
-                    "{which} restart{}{}",
-                    if crash { " (SIGKILL)" } else { "" },
-                    if ok { "" } else { " FAILED" }
-                ),
-                began.elapsed(),
-                &mut log,
-            );
-        }
         tokio::select! {
             () = stop.cancelled() => {}
             () = tokio::time::sleep(tick) => {}
         }
     }
     world.quotes.set_trade_delay(QUOTE_DELAY);
+    if let Ok(restarts) = restarter.await {
+        log.extend(restarts);
+    }
+    log.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    log
+}
+
+async fn restart_on_schedule(
+    schedule: Vec<(Duration, &'static str)>,
+    mariadb: Arc<PrivateService>,
+    rabbitmq: Arc<PrivateService>,
+    started: Instant,
+) -> Vec<Fault> {
+    let mut log = Vec::new();
+    for (at, which) in schedule {
+        tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
+        let service = if which == "broker" {
+            rabbitmq.clone()
+        } else {
+            mariadb.clone()
+        };
+        let began = Instant::now();
+        // A database restart is a crash (SIGKILL, InnoDB recovery); the broker's is clean:
+        // a single RabbitMQ 3.10 node sometimes elects no quorum leader after a SIGKILL.
+        let crash = which == "database";
+        let outcome = tokio::task::spawn_blocking(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.restart(crash)))
+        })
+        .await;
+        let ok = matches!(outcome, Ok(Ok(())));
+        log.push(Fault {
+            at_s: (began - started).as_secs_f64(),
+            what: format!(
+                "{which} restart{}{}",
+                if crash { " (SIGKILL)" } else { "" },
+                if ok { "" } else { " FAILED" }
+            ),
+            took_ms: began.elapsed().as_millis() as u64,
+        });
+    }
     log
 }

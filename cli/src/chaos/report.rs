@@ -98,16 +98,43 @@ impl fmt::Display for Report {
         writeln!(f, "\nload (through the HTTP API)")?;
         sent_line(f, "W1 deposit orders", &self.load.w1_deposit_orders)?;
         sent_line(f, "W2 confirmations", &self.load.w2_confirmations)?;
-        sent_line(f, "W3 payment completions", &self.load.w3_payment_completions)?;
+        sent_line(
+            f,
+            "W3 payment completions",
+            &self.load.w3_payment_completions,
+        )?;
         sent_line(f, "W4 market orders", &self.load.w4_market_orders)?;
-        writeln!(f, "  W4 markets suspended mid-load: {}", self.load.w4_markets)?;
-        let kills = self.faults.iter().filter(|x| x.what.starts_with("SIGKILL")).count();
+        writeln!(
+            f,
+            "  W4 markets suspended mid-load: {}",
+            self.load.w4_markets
+        )?;
+        let kills = self
+            .faults
+            .iter()
+            .filter(|x| x.what.starts_with("SIGKILL"))
+            .count();
         writeln!(f, "\nfaults: {kills} SIGKILLs of function processes, and")?;
-        for fault in self.faults.iter().filter(|x| !x.what.starts_with("SIGKILL") && !x.what.starts_with("quote")) {
-            writeln!(f, "  {:>7.1}s  {} ({} ms)", fault.at_s, fault.what, fault.took_ms)?;
+        for fault in self
+            .faults
+            .iter()
+            .filter(|x| !x.what.starts_with("SIGKILL") && !x.what.starts_with("quote"))
+        {
+            writeln!(
+                f,
+                "  {:>7.1}s  {} ({} ms)",
+                fault.at_s, fault.what, fault.took_ms
+            )?;
         }
-        let quote_phases = self.faults.iter().filter(|x| x.what.starts_with("quote")).count();
-        writeln!(f, "  quote service: {quote_phases} changes (healthy / failing / hanging / slow)")?;
+        let quote_phases = self
+            .faults
+            .iter()
+            .filter(|x| x.what.starts_with("quote"))
+            .count();
+        writeln!(
+            f,
+            "  quote service: {quote_phases} changes (healthy / failing / hanging / slow)"
+        )?;
         let processes: Vec<String> = self
             .process_exits
             .iter()
@@ -116,7 +143,11 @@ impl fmt::Display for Report {
         writeln!(f, "  processes (killed/started): {}", processes.join(", "))?;
         writeln!(f, "\nfigures")?;
         writeln!(f, "  load sent in             {:>8.1?}", fig.load_sent)?;
-        writeln!(f, "  time to quiescence       {:>8.1?}", fig.time_to_quiescence)?;
+        writeln!(
+            f,
+            "  time to quiescence       {:>8.1?}",
+            fig.time_to_quiescence
+        )?;
         writeln!(f, "  whole run                {:>8.1?}", fig.total)?;
         writeln!(f, "  peak queue depth         {:>8}", fig.peak_queue_depth)?;
         writeln!(
@@ -139,11 +170,18 @@ impl fmt::Display for Report {
             writeln!(f, "  none")?;
         }
         for group in &self.dead_letters {
-            writeln!(f, "  {:<20} {:<16} {:>6}", group.function, group.reason, group.count)?;
+            writeln!(
+                f,
+                "  {:<20} {:<16} {:>6}",
+                group.function, group.reason, group.count
+            )?;
         }
         writeln!(f, "\nlogs: {}", self.state_dir.display())?;
         if self.violations.is_empty() {
-            writeln!(f, "\nPASSED: every item terminal, audit clean, every malformed message dead-lettered, no other dead letter unexplained, every queue empty, every webhook delivered or FAILED")
+            writeln!(
+                f,
+                "\nPASSED: every item terminal, audit clean, every malformed message dead-lettered, no other dead letter unexplained, every queue empty, every webhook delivered or FAILED"
+            )
         } else {
             writeln!(f, "\nFAILED: {} violation(s)", self.violations.len())?;
             for v in &self.violations {

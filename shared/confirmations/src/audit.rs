@@ -4,6 +4,7 @@
 //! | check | invariant |
 //! | --- | --- |
 //! | `withdrawal_debits` | every CONFIRMED NORMAL withdrawal has its `WDR_CONFIRM` DEBIT for its partner, currency and amount; no other withdrawal has one |
+//! | `withdrawal_debit_count` | no withdrawal has more than one DEBIT referencing it, keyed or not (the seed's double debit: its DEBITs carried no key) |
 //! | `deposit_entries` | every CONFIRMED deposit has its `DEP_CREDIT` of `amount`, and its `DEP_FEE` of `fee` when `fee > 0` (none otherwise); no other deposit has either |
 
 use std::fmt;
@@ -17,6 +18,12 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "withdrawal_debits",
         run: |conn| Box::pin(async move { Ok(audit::violations(withdrawal_debits(conn).await?)) }),
+    },
+    Check {
+        name: "withdrawal_debit_count",
+        run: |conn| {
+            Box::pin(async move { Ok(audit::violations(withdrawal_debit_count(conn).await?)) })
+        },
     },
     Check {
         name: "deposit_entries",
@@ -45,6 +52,8 @@ pub enum Violation {
         kind: Option<String>,
         status: Option<String>,
     },
+    /// A withdrawal debited more than once (DEBITs referencing it, with or without key).
+    WithdrawalDebitedTwice { withdrawal_id: u64, debits: i64 },
     /// A CONFIRMED deposit without its `DEP_CREDIT` CREDIT.
     DepositCreditMissing { deposit_id: u64 },
     /// A CONFIRMED deposit with `fee > 0` without its `DEP_FEE` FEE.
@@ -73,6 +82,7 @@ impl Finding for Violation {
             Violation::WithdrawalDebitMissing { .. } => "withdrawal_debit_missing",
             Violation::WithdrawalDebitMismatch { .. } => "withdrawal_debit_mismatch",
             Violation::UnexpectedWithdrawalDebit { .. } => "unexpected_withdrawal_debit",
+            Violation::WithdrawalDebitedTwice { .. } => "withdrawal_debited_twice",
             Violation::DepositCreditMissing { .. } => "deposit_credit_missing",
             Violation::DepositFeeMissing { .. } => "deposit_fee_missing",
             Violation::DepositEntryMismatch { .. } => "deposit_entry_mismatch",
@@ -117,6 +127,13 @@ impl fmt::Display for Violation {
                      which does not exist"
                 ),
             },
+            Violation::WithdrawalDebitedTwice {
+                withdrawal_id,
+                debits,
+            } => write!(
+                f,
+                "withdrawal {withdrawal_id} has {debits} DEBIT entries (one is owed)"
+            ),
             Violation::DepositCreditMissing { deposit_id } => write!(
                 f,
                 "deposit {deposit_id} is CONFIRMED but has no DEP_CREDIT:{deposit_id} CREDIT"
@@ -213,6 +230,30 @@ pub async fn withdrawal_debits(conn: &mut MySqlConnection) -> Result<Vec<Violati
             ),
     );
     Ok(violations)
+}
+
+/// Withdrawals with more than one DEBIT referencing them. The `WDR_CONFIRM` key makes a
+/// second keyed DEBIT impossible; this finds the unkeyed ones a design without the key (the
+/// seed's) would write.
+pub async fn withdrawal_debit_count(
+    conn: &mut MySqlConnection,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64)> = sqlx::query_as(
+        "SELECT reference_id, COUNT(*) FROM ledger_entries \
+         WHERE reference_type = 'WITHDRAWAL' AND entry_type = 'DEBIT' \
+         GROUP BY reference_id HAVING COUNT(*) > 1 ORDER BY reference_id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(withdrawal_id, debits)| Violation::WithdrawalDebitedTwice {
+                withdrawal_id,
+                debits,
+            },
+        )
+        .collect())
 }
 
 /// Deposits and their confirmation CREDIT (`DEP_CREDIT:{id}`, of `amount`) and FEE
