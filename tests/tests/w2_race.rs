@@ -19,7 +19,7 @@ use paybus_platform::{
     testing::{TestEnv, eventually, scalar},
     transition::Transition,
 };
-use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
+use sqlx::{MySql, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};

@@ -82,7 +82,7 @@ pub async fn read_then_update(
     conn: &mut MySqlConnection,
     withdrawal_id: u64,
     tx_hash: &str,
-    between: impl Future<Output = ()>,
+    between: impl Future,
 ) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
     let (status, partner_id, amount): (String, u64, Amount) =
         sqlx::query_as("SELECT status, partner_id, amount FROM withdrawals WHERE id = ?")
