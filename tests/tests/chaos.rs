@@ -84,7 +84,9 @@ fn every_workflow_comes_out_exactly_once_under_duplicates_crashes_and_restarts()
 #[test]
 fn the_seeds_read_then_update_confirmation_is_caught_as_a_double_debit() {
     let substitute = format!("confirm-withdrawal={BROKEN_CONFIRM_WITHDRAWAL}");
-    // Only the duplicates are needed to expose it: no service restarts, a short window.
+    // Only the duplicates are needed to expose it: no service restarts, a short window. Its
+    // notifications bypass the outbox (the seed's design), so they wait for the due sweep and
+    // the run is not quiet soon: a short bound keeps the test short.
     let (code, report) = chaos(
         "chaos-test-broken",
         &[
@@ -96,6 +98,8 @@ fn the_seeds_read_then_update_confirmation_is_caught_as_a_double_debit() {
             "0",
             "--fault-window-s",
             "10",
+            "--quiescence-timeout-s",
+            "45",
         ],
     );
 
