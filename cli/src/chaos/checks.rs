@@ -113,22 +113,28 @@ pub(super) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32
     let channel = services.connection().create_channel().await?;
     let mut found = Vec::new();
     for queue in all_queues() {
-        let declared = channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        if declared.message_count() > 0 {
-            found.push((queue, declared.message_count()));
+        let n = ready(&channel, &queue).await?;
+        if n > 0 {
+            found.push((queue, n));
         }
     }
     let _ = channel.close(200, "done".into()).await;
     Ok(found)
+}
+
+/// Messages ready in `queue` (a passive declare).
+pub(super) async fn ready(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(declared.message_count())
 }
 
 /// Whether the run went quiet in time, and what was still moving if not.

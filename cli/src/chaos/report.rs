@@ -11,7 +11,6 @@ use std::{
     time::Duration,
 };
 
-use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_platform::bus::link::BrokerLink;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -208,18 +207,8 @@ impl DepthWatch {
                     if let Ok(channel) = link.current().connection.create_channel().await {
                         let mut sum = 0_u64;
                         for queue in &queues {
-                            if let Ok(q) = channel
-                                .queue_declare(
-                                    queue.as_str().into(),
-                                    QueueDeclareOptions {
-                                        passive: true,
-                                        ..Default::default()
-                                    },
-                                    FieldTable::default(),
-                                )
-                                .await
-                            {
-                                sum += u64::from(q.message_count());
+                            if let Ok(n) = super::checks::ready(&channel, queue).await {
+                                sum += u64::from(n);
                             }
                         }
                         peak.fetch_max(sum, Ordering::Relaxed);
