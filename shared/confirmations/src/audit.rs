@@ -4,7 +4,7 @@
 //! | check | invariant |
 //! | --- | --- |
 //! | `withdrawal_debits` | every CONFIRMED NORMAL withdrawal has its `WDR_CONFIRM` DEBIT for its partner, currency and amount; no other withdrawal has one |
-//! | `withdrawal_debit_count` | no withdrawal has more than one DEBIT referencing it, keyed or not (the seed's double debit: its DEBITs carried no key) |
+//! | `withdrawal_debit_count` | a CONFIRMED NORMAL withdrawal has at most one confirmation DEBIT: a DEBIT of its whole amount referencing it, keyed `WDR_CONFIRM:{id}` or unkeyed (the seed's double debit carried no key; P2P legs and corrections are other amounts or other keys) |
 //! | `deposit_entries` | every CONFIRMED deposit has its `DEP_CREDIT` of `amount`, and its `DEP_FEE` of `fee` when `fee > 0` (none otherwise); no other deposit has either |
 
 use std::fmt;
@@ -52,7 +52,8 @@ pub enum Violation {
         kind: Option<String>,
         status: Option<String>,
     },
-    /// A withdrawal debited more than once (DEBITs referencing it, with or without key).
+    /// A CONFIRMED NORMAL withdrawal with more than one DEBIT of its whole amount (keyed or
+    /// not).
     WithdrawalDebitedTwice { withdrawal_id: u64, debits: i64 },
     /// A CONFIRMED deposit without its `DEP_CREDIT` CREDIT.
     DepositCreditMissing { deposit_id: u64 },
@@ -132,7 +133,7 @@ impl fmt::Display for Violation {
                 debits,
             } => write!(
                 f,
-                "withdrawal {withdrawal_id} has {debits} DEBIT entries (one is owed)"
+                "withdrawal {withdrawal_id} is debited its amount {debits} times (once is owed)"
             ),
             Violation::DepositCreditMissing { deposit_id } => write!(
                 f,
@@ -232,16 +233,19 @@ pub async fn withdrawal_debits(conn: &mut MySqlConnection) -> Result<Vec<Violati
     Ok(violations)
 }
 
-/// Withdrawals with more than one DEBIT referencing them. The `WDR_CONFIRM` key makes a
-/// second keyed DEBIT impossible; this finds the unkeyed ones a design without the key (the
-/// seed's) would write.
+/// CONFIRMED NORMAL withdrawals debited their whole amount more than once. The
+/// `WDR_CONFIRM` key makes a second keyed DEBIT impossible; this finds the unkeyed ones a design
+/// without the key (the seed's `onTxConfirmed`) writes next to it or instead of it.
 pub async fn withdrawal_debit_count(
     conn: &mut MySqlConnection,
 ) -> Result<Vec<Violation>, sqlx::Error> {
     let rows: Vec<(u64, i64)> = sqlx::query_as(
-        "SELECT reference_id, COUNT(*) FROM ledger_entries \
-         WHERE reference_type = 'WITHDRAWAL' AND entry_type = 'DEBIT' \
-         GROUP BY reference_id HAVING COUNT(*) > 1 ORDER BY reference_id",
+        "SELECT w.id, COUNT(*) FROM withdrawals w \
+         JOIN ledger_entries e ON e.reference_type = 'WITHDRAWAL' AND e.reference_id = w.id \
+         WHERE w.status = 'CONFIRMED' AND w.kind = 'NORMAL' \
+           AND e.entry_type = 'DEBIT' AND e.amount = w.amount \
+           AND (e.idem_key IS NULL OR e.idem_key = CONCAT('WDR_CONFIRM:', w.id)) \
+         GROUP BY w.id HAVING COUNT(*) > 1 ORDER BY w.id",
     )
     .fetch_all(&mut *conn)
     .await?;
