@@ -208,6 +208,37 @@ async fn two_keyed_debits_on_one_withdrawal_are_reported() {
 }
 
 #[tokio::test]
+async fn a_confirmed_withdrawal_debited_again_without_key_is_reported() {
+    // Seed 001 §1, the incident: the duplicate's DEBIT bypassed the key. A P2P leg of another
+    // amount on the same withdrawal is not a confirmation DEBIT and is not counted.
+    let env = TestEnv::new().await;
+    let partner = new_partner(&env.db).await;
+    let withdrawal = new_withdrawal(&env.db, partner, "NORMAL", "CONFIRMED", "100").await;
+    post(&env.db, withdrawal_debit(partner, withdrawal, "100")).await;
+    for amount in ["100", "10"] {
+        let unkeyed = Posting::new(
+            partner,
+            "USDT",
+            EntryType::Debit,
+            dec(amount),
+            ReferenceType::Withdrawal,
+            withdrawal,
+        );
+        post(&env.db, unkeyed).await;
+    }
+
+    let found = violations(&env.db).await;
+
+    assert_eq!(
+        found,
+        reported([W2::WithdrawalDebitedTwice {
+            withdrawal_id: withdrawal,
+            debits: 2,
+        }])
+    );
+}
+
+#[tokio::test]
 async fn a_key_that_names_another_reference_is_reported() {
     let env = TestEnv::new().await;
     let partner = new_partner(&env.db).await;

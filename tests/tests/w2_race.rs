@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
-use paybus_confirmations::testing::assert_audit_clean;
+use paybus_confirmations::testing::{assert_audit_clean, read_then_update};
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::{Amount, dec};
@@ -19,7 +19,7 @@ use paybus_platform::{
     testing::{TestEnv, eventually, scalar},
     transition::Transition,
 };
-use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
+use sqlx::{MySql, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
@@ -296,72 +296,6 @@ enum Design {
     ConditionalUpdate,
 }
 
-/// The seed's original design, kept here only to prove the hazard on this database:
-/// `findById` (a plain read: the REPEATABLE READ snapshot), `status == BROADCASTING`, then an
-/// unconditional overwrite (`modify()`), a DEBIT without idempotency key, the history row
-/// and the notification. Returns whether it debited.
-async fn read_then_update(
-    conn: &mut MySqlConnection,
-    withdrawal_id: u64,
-    tx_hash: &str,
-    snapshots_taken: &Barrier,
-) -> bool {
-    let (status, partner_id, amount): (String, u64, Amount) =
-        sqlx::query_as("SELECT status, partner_id, amount FROM withdrawals WHERE id = ?")
-            .bind(withdrawal_id)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-    // Every copy has read before any writes: the incident's 64-second window, made certain.
-    snapshots_taken.wait().await;
-    if !["BROADCASTING", "PROCESSING", "STALE"].contains(&status.as_str()) {
-        return false;
-    }
-    sqlx::query(
-        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = NOW(6) \
-         WHERE id = ?",
-    )
-    .bind(tx_hash)
-    .bind(withdrawal_id)
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    ledger::post(
-        conn,
-        &Posting::new(
-            partner_id,
-            "USDT",
-            EntryType::Debit,
-            amount,
-            ReferenceType::Withdrawal,
-            withdrawal_id,
-        ),
-    )
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status) \
-         VALUES (?, ?, 'CONFIRMED')",
-    )
-    .bind(withdrawal_id)
-    .bind(&status)
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    // The seed's table had no unique key here and sent two webhooks; ours ignores the copy.
-    sqlx::query(
-        "INSERT IGNORE INTO partner_notifications \
-         (partner_id, event, reference_type, reference_id, payload) \
-         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, '{}')",
-    )
-    .bind(partner_id)
-    .bind(withdrawal_id)
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    true
-}
-
 /// Runs `COPIES` concurrent transactions per withdrawal, on separate connections, each first
 /// reading the withdrawal (its snapshot) and waiting until every copy has read, then
 /// processing it with `design` and committing. Withdrawals go in waves, so the pool always has
@@ -380,10 +314,14 @@ async fn race_copies(outbox: &Outbox, ids: &[u64], design: Design) -> usize {
                 copies.spawn(async move {
                     let mut uow = outbox.begin().await.unwrap();
                     let debited = match design {
-                        Design::ReadThenUpdate => {
-                            read_then_update(&mut uow, withdrawal_id, &tx_hash, &snapshots_taken)
-                                .await
-                        }
+                        Design::ReadThenUpdate => read_then_update(
+                            &mut uow,
+                            withdrawal_id,
+                            &tx_hash,
+                            snapshots_taken.wait(),
+                        )
+                        .await
+                        .unwrap(),
                         Design::ConditionalUpdate => {
                             let _snapshot: String =
                                 sqlx::query_scalar("SELECT status FROM withdrawals WHERE id = ?")

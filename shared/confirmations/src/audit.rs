@@ -4,6 +4,7 @@
 //! | check | invariant |
 //! | --- | --- |
 //! | `withdrawal_debits` | every CONFIRMED NORMAL withdrawal has its `WDR_CONFIRM` DEBIT for its partner, currency and amount; no other withdrawal has one |
+//! | `withdrawal_debit_count` | a CONFIRMED NORMAL withdrawal has at most one confirmation DEBIT: a DEBIT of its whole amount referencing it, keyed `WDR_CONFIRM:{id}` or unkeyed (the seed's double debit carried no key; P2P legs and corrections are other amounts or other keys) |
 //! | `deposit_entries` | every CONFIRMED deposit has its `DEP_CREDIT` of `amount`, and its `DEP_FEE` of `fee` when `fee > 0` (none otherwise); no other deposit has either |
 
 use std::fmt;
@@ -17,6 +18,13 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "withdrawal_debits",
         run: |conn| Box::pin(async move { Ok(audit::violations(withdrawal_debits(conn).await?)) }),
+        recent: None,
+    },
+    Check {
+        name: "withdrawal_debit_count",
+        run: |conn| {
+            Box::pin(async move { Ok(audit::violations(withdrawal_debit_count(conn).await?)) })
+        },
         recent: None,
     },
     Check {
@@ -47,6 +55,9 @@ pub enum Violation {
         kind: Option<String>,
         status: Option<String>,
     },
+    /// A CONFIRMED NORMAL withdrawal with more than one DEBIT of its whole amount (keyed or
+    /// not).
+    WithdrawalDebitedTwice { withdrawal_id: u64, debits: i64 },
     /// A CONFIRMED deposit without its `DEP_CREDIT` CREDIT.
     DepositCreditMissing { deposit_id: u64 },
     /// A CONFIRMED deposit with `fee > 0` without its `DEP_FEE` FEE.
@@ -75,6 +86,7 @@ impl Finding for Violation {
             Violation::WithdrawalDebitMissing { .. } => "withdrawal_debit_missing",
             Violation::WithdrawalDebitMismatch { .. } => "withdrawal_debit_mismatch",
             Violation::UnexpectedWithdrawalDebit { .. } => "unexpected_withdrawal_debit",
+            Violation::WithdrawalDebitedTwice { .. } => "withdrawal_debited_twice",
             Violation::DepositCreditMissing { .. } => "deposit_credit_missing",
             Violation::DepositFeeMissing { .. } => "deposit_fee_missing",
             Violation::DepositEntryMismatch { .. } => "deposit_entry_mismatch",
@@ -119,6 +131,13 @@ impl fmt::Display for Violation {
                      which does not exist"
                 ),
             },
+            Violation::WithdrawalDebitedTwice {
+                withdrawal_id,
+                debits,
+            } => write!(
+                f,
+                "withdrawal {withdrawal_id} is debited its amount {debits} times (once is owed)"
+            ),
             Violation::DepositCreditMissing { deposit_id } => write!(
                 f,
                 "deposit {deposit_id} is CONFIRMED but has no DEP_CREDIT:{deposit_id} CREDIT"
@@ -215,6 +234,33 @@ pub async fn withdrawal_debits(conn: &mut MySqlConnection) -> Result<Vec<Violati
             ),
     );
     Ok(violations)
+}
+
+/// CONFIRMED NORMAL withdrawals debited their whole amount more than once. The
+/// `WDR_CONFIRM` key makes a second keyed DEBIT impossible; this finds the unkeyed ones a design
+/// without the key (the seed's `onTxConfirmed`) writes next to it or instead of it.
+pub async fn withdrawal_debit_count(
+    conn: &mut MySqlConnection,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64)> = sqlx::query_as(
+        "SELECT w.id, COUNT(*) FROM withdrawals w \
+         JOIN ledger_entries e ON e.reference_type = 'WITHDRAWAL' AND e.reference_id = w.id \
+         WHERE w.status = 'CONFIRMED' AND w.kind = 'NORMAL' \
+           AND e.entry_type = 'DEBIT' AND e.amount = w.amount \
+           AND (e.idem_key IS NULL OR e.idem_key = CONCAT('WDR_CONFIRM:', w.id)) \
+         GROUP BY w.id HAVING COUNT(*) > 1 ORDER BY w.id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(withdrawal_id, debits)| Violation::WithdrawalDebitedTwice {
+                withdrawal_id,
+                debits,
+            },
+        )
+        .collect())
 }
 
 /// Deposits and their confirmation CREDIT (`DEP_CREDIT:{id}`, of `amount`) and FEE

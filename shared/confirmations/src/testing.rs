@@ -1,9 +1,10 @@
 //! Fixtures for tests (feature `test-harness`): withdrawals and deposits as the signer and the
 //! chain monitor's detection would have written them, and the audit W2 must pass.
 
-use paybus_money::dec;
+use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
+use paybus_money::{Amount, dec};
 use paybus_platform::{audit::Check, testing::assert_audit_clean as assert_clean};
-use sqlx::MySqlPool;
+use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::withdrawal::{WithdrawalKind, WithdrawalStatus};
 
@@ -69,4 +70,66 @@ pub const AUDIT: &[&[Check]] = &[paybus_ledger::audit::CHECKS, crate::audit::CHE
 /// Fails the test on any violation of [`AUDIT`].
 pub async fn assert_audit_clean(pool: &MySqlPool) {
     assert_clean(pool, AUDIT).await;
+}
+
+/// The seed's original `onTxConfirmed` (seed 001 §1), kept only to prove the hazard: by the
+/// W2 race test's control, and by the deliberately broken build `paybus chaos` must catch.
+/// `findById` (a plain read: the REPEATABLE READ snapshot), `status == BROADCASTING`, then
+/// `between` (the window between the read and the write: the incident's 64 seconds), an
+/// unconditional overwrite (`modify()`), a DEBIT without idempotency key, the history row
+/// and the notification. Returns whether it debited.
+pub async fn read_then_update(
+    conn: &mut MySqlConnection,
+    withdrawal_id: u64,
+    tx_hash: &str,
+    between: impl Future,
+) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+    let (status, partner_id, amount): (String, u64, Amount) =
+        sqlx::query_as("SELECT status, partner_id, amount FROM withdrawals WHERE id = ?")
+            .bind(withdrawal_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    between.await;
+    if !["BROADCASTING", "PROCESSING", "STALE"].contains(&status.as_str()) {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = NOW(6) \
+         WHERE id = ?",
+    )
+    .bind(tx_hash)
+    .bind(withdrawal_id)
+    .execute(&mut *conn)
+    .await?;
+    ledger::post(
+        conn,
+        &Posting::new(
+            partner_id,
+            "USDT",
+            EntryType::Debit,
+            amount,
+            ReferenceType::Withdrawal,
+            withdrawal_id,
+        ),
+    )
+    .await?;
+    sqlx::query(
+        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status) \
+         VALUES (?, ?, 'CONFIRMED')",
+    )
+    .bind(withdrawal_id)
+    .bind(&status)
+    .execute(&mut *conn)
+    .await?;
+    // The seed's table had no unique key here and sent two webhooks; ours ignores the copy.
+    sqlx::query(
+        "INSERT IGNORE INTO partner_notifications \
+         (partner_id, event, reference_type, reference_id, payload) \
+         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, '{}')",
+    )
+    .bind(partner_id)
+    .bind(withdrawal_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(true)
 }

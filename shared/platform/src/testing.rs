@@ -354,6 +354,13 @@ impl PrivateService {
 
     pub fn start_rabbitmq() -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
+        Self::start_rabbitmq_in(std::env::temp_dir().join(format!("paybus-broker-{}", &id[..12])))
+    }
+
+    /// A RabbitMQ node whose state (data, logs) lives in `state_dir`; its node name is
+    /// unique to this start, so nodes of several state folders never meet.
+    pub fn start_rabbitmq_in(state_dir: std::path::PathBuf) -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
         let amqp_port = free_port();
         let vars = vec![
             ("PAYBUS_AMQP_PORT".to_owned(), amqp_port.to_string()),
@@ -372,7 +379,7 @@ impl PrivateService {
         ];
         Self::launch(
             "rabbitmq",
-            format!("paybus-broker-{}", &id[..12]),
+            state_dir,
             vars,
             &format!("amqp://guest:guest@127.0.0.1:{amqp_port}/%2f"),
         )
@@ -381,11 +388,16 @@ impl PrivateService {
     /// Starts a MariaDB server (a few seconds) with an empty `paybus` database.
     pub fn start_mariadb() -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
+        Self::start_mariadb_in(std::env::temp_dir().join(format!("paybus-mariadb-{}", &id[..12])))
+    }
+
+    /// A MariaDB server whose state (data, socket, log) lives in `state_dir`.
+    pub fn start_mariadb_in(state_dir: std::path::PathBuf) -> Self {
         let port = free_port();
         let vars = vec![("PAYBUS_MARIADB_PORT".to_owned(), port.to_string())];
         Self::launch(
             "mariadb",
-            format!("paybus-mariadb-{}", &id[..12]),
+            state_dir,
             vars,
             &format!("mysql://root@127.0.0.1:{port}/paybus"),
         )
@@ -393,11 +405,10 @@ impl PrivateService {
 
     fn launch(
         service: &'static str,
-        dir_name: String,
+        state_dir: std::path::PathBuf,
         mut vars: Vec<(String, String)>,
         url: &str,
     ) -> Self {
-        let state_dir = std::env::temp_dir().join(dir_name);
         vars.push((
             "PAYBUS_STATE_DIR".to_owned(),
             state_dir.display().to_string(),
@@ -435,6 +446,27 @@ impl PrivateService {
 
     pub fn start_again(&self) {
         self.script("start.sh", &[self.service]);
+    }
+
+    /// `infra/local/restart-<service>.sh`: a clean stop (or, with `crash`, a SIGKILL), then a
+    /// start on the same ports and data.
+    pub fn restart(&self, crash: bool) {
+        let script = format!("restart-{}.sh", self.service);
+        self.script(&script, if crash { &["--kill"] } else { &[] });
+    }
+
+    /// The state folder (data and logs).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
+    }
+
+    /// Kills the service and keeps its state folder (its logs, for a report to point at).
+    pub fn kill_keeping_state(self) {
+        let _ = std::process::Command::new(local_script("stop.sh"))
+            .args(["--kill", self.service])
+            .envs(self.vars.iter().cloned())
+            .output();
+        std::mem::forget(self);
     }
 }
 

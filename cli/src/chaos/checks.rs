@@ -1,0 +1,415 @@
+//! What a chaos run must end in, read from the database and the broker: quiescence within a
+//! bound, every item terminal, the audit clean, every malformed message a dead letter with
+//! reason `malformed` and no other dead letter without a cause, no message in any queue,
+//! every webhook delivered or FAILED, no client request without a definitive answer.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use lapin::{options::QueueDeclareOptions, types::FieldTable};
+use paybus_platform::{audit, bus::Services, bus::topology};
+use serde::Serialize;
+use sqlx::MySqlPool;
+
+use super::{
+    duplicator::{Duplicator, TAP_QUEUE},
+    load::Load,
+};
+
+/// One thing the run proved wrong.
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    pub check: String,
+    pub detail: String,
+}
+
+pub(super) fn violation(check: &str, detail: impl Into<String>) -> Violation {
+    Violation {
+        check: check.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+/// Rows that are not terminal (each count must be 0 at quiescence), with the rule they break.
+const NOT_TERMINAL: &[(&str, &str)] = &[
+    (
+        "W1 deposit orders PENDING or MATCHING",
+        "SELECT COUNT(*) FROM p2p_deposit_orders WHERE status IN ('PENDING', 'MATCHING')",
+    ),
+    (
+        "W1 matches still RESERVED",
+        "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'",
+    ),
+    (
+        "W2 withdrawals not CONFIRMED",
+        "SELECT COUNT(*) FROM withdrawals WHERE status <> 'CONFIRMED'",
+    ),
+    (
+        "W2 deposits not CONFIRMED",
+        "SELECT COUNT(*) FROM deposits WHERE status <> 'CONFIRMED'",
+    ),
+    (
+        "W3 purchases not COMPLETE",
+        "SELECT COUNT(*) FROM charges WHERE status = 'CHARGE' AND payment_status <> 'COMPLETE'",
+    ),
+    (
+        "W3 bonus jobs PENDING or PROCESSING",
+        "SELECT COUNT(*) FROM charge_event_job WHERE status IN ('PENDING', 'PROCESSING')",
+    ),
+    (
+        "W4 markets not SUSPENDED",
+        "SELECT COUNT(*) FROM markets WHERE status <> 'SUSPENDED'",
+    ),
+    (
+        "W4 suspensions not materialised",
+        "SELECT COUNT(*) FROM task_batches WHERE materialised_at IS NULL",
+    ),
+    (
+        "W4 cancel tasks PENDING",
+        "SELECT COUNT(*) FROM tasks WHERE state = 'PENDING'",
+    ),
+    (
+        "W4 open orders in suspended markets",
+        "SELECT COUNT(*) FROM orders o JOIN markets m ON m.id = o.market_id \
+         WHERE m.status = 'SUSPENDED' AND o.status IN ('OPEN', 'PARTIALLY_FILLED')",
+    ),
+    (
+        "webhooks neither delivered nor FAILED",
+        "SELECT COUNT(*) FROM partner_notifications WHERE status = 'PENDING'",
+    ),
+    (
+        "outbox messages not published",
+        "SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL",
+    ),
+];
+
+async fn not_terminal(pool: &MySqlPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let mut found = Vec::new();
+    for (what, sql) in NOT_TERMINAL {
+        let n: i64 = sqlx::query_scalar(*sql).fetch_one(pool).await?;
+        if n > 0 {
+            found.push(((*what).to_owned(), n));
+        }
+    }
+    Ok(found)
+}
+
+/// Every queue of the run: the functions', their dead-letter queues, the unrouted queue and
+/// the tap.
+fn all_queues() -> Vec<String> {
+    let mut queues: Vec<String> = paybus_catalog::queues()
+        .iter()
+        .flat_map(|q| [q.queue(), q.dead_letter_queue()])
+        .collect();
+    queues.push(topology::UNROUTED_QUEUE.to_owned());
+    queues.push(TAP_QUEUE.to_owned());
+    queues
+}
+
+/// Messages in each non-empty queue (ready ones; with no consumer left, that is all of them).
+pub(super) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32)>, lapin::Error> {
+    let channel = services.connection().create_channel().await?;
+    let mut found = Vec::new();
+    for queue in all_queues() {
+        let n = ready(&channel, &queue).await?;
+        if n > 0 {
+            found.push((queue, n));
+        }
+    }
+    let _ = channel.close(200, "done".into()).await;
+    Ok(found)
+}
+
+/// Messages ready in `queue` (a passive declare).
+pub(super) async fn ready(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(declared.message_count())
+}
+
+/// Whether the run went quiet in time, and what was still moving if not.
+#[derive(Debug, Clone, Serialize)]
+pub struct Quiescence {
+    pub reached: bool,
+    pub still_moving: Vec<String>,
+}
+
+/// Polls until nothing is pending in the database and every queue is empty, twice in a row
+/// (a message between two polls must not pass for quiet), or `timeout`.
+pub(super) async fn await_quiescence(
+    services: &Services,
+    _duplicator: &Duplicator,
+    _load: &Load,
+    timeout: Duration,
+) -> Quiescence {
+    let deadline = Instant::now() + timeout;
+    let mut quiet_polls = 0;
+    let mut last = Vec::new();
+    loop {
+        let mut moving = Vec::new();
+        match not_terminal(&services.pool).await {
+            Ok(rows) => moving.extend(rows.into_iter().map(|(what, n)| format!("{what}: {n}"))),
+            Err(e) => moving.push(format!("database: {e}")),
+        }
+        match queue_depths(services).await {
+            Ok(queues) => moving.extend(
+                queues
+                    .into_iter()
+                    .map(|(queue, n)| format!("queue {queue}: {n} message(s)")),
+            ),
+            Err(e) => moving.push(format!("broker: {e}")),
+        }
+        quiet_polls = if moving.is_empty() {
+            quiet_polls + 1
+        } else {
+            0
+        };
+        if quiet_polls >= 2 {
+            return Quiescence {
+                reached: true,
+                still_moving: Vec::new(),
+            };
+        }
+        if Instant::now() >= deadline {
+            return Quiescence {
+                reached: false,
+                still_moving: if moving.is_empty() { last } else { moving },
+            };
+        }
+        last = moving;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Dead letters a function owes for items it gave up on (a visible, terminal failure): the
+/// rows in that failed state. Any other dead letter, or more of them than such rows, has no
+/// explained cause.
+const FAILED_ITEMS: &[(&str, &str)] = &[
+    (
+        "match-deposit",
+        "SELECT COUNT(*) FROM p2p_deposit_orders WHERE close_reason = 'MATCH_FAILED'",
+    ),
+    (
+        "deliver-webhook",
+        "SELECT COUNT(*) FROM partner_notifications WHERE status = 'FAILED'",
+    ),
+    (
+        "grant-bonus",
+        "SELECT COUNT(*) FROM charge_event_job WHERE status = 'FAILED'",
+    ),
+    (
+        "cancel-orders",
+        "SELECT COUNT(*) FROM tasks WHERE state = 'FAILED'",
+    ),
+];
+
+/// Dead letters by function and reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetters {
+    pub function: String,
+    pub reason: String,
+    pub count: i64,
+}
+
+pub(super) async fn dead_letters_by_reason(
+    pool: &MySqlPool,
+) -> Result<Vec<DeadLetters>, sqlx::Error> {
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT function_name, reason, COUNT(*) FROM dead_letters \
+         GROUP BY function_name, reason ORDER BY function_name, reason",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(function, reason, count)| DeadLetters {
+            function,
+            reason,
+            count,
+        })
+        .collect())
+}
+
+/// The marker of a malformed message the run injected, read back from a dead letter's body.
+fn marker_of(body: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(body).ok()?;
+    let rest = text.strip_prefix("{\"chaos_malformed\": ")?;
+    rest.split(',').next()?.trim().parse().ok()
+}
+
+async fn malformed_dead_letters(
+    pool: &MySqlPool,
+    injected: &[u64],
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let bodies: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT body FROM dead_letters WHERE reason = 'malformed'")
+            .fetch_all(pool)
+            .await?;
+    let mut found = BTreeSet::new();
+    let mut violations = Vec::new();
+    for body in bodies {
+        match marker_of(&body) {
+            Some(marker) => {
+                found.insert(marker);
+            }
+            None => violations.push(violation(
+                "unexplained_dead_letter",
+                format!(
+                    "a malformed dead letter the run did not inject: {}",
+                    String::from_utf8_lossy(&body)
+                        .chars()
+                        .take(120)
+                        .collect::<String>()
+                ),
+            )),
+        }
+    }
+    let missing: Vec<u64> = injected
+        .iter()
+        .filter(|m| !found.contains(m))
+        .copied()
+        .collect();
+    if !missing.is_empty() {
+        violations.push(violation(
+            "malformed_not_dead_lettered",
+            format!(
+                "{} of {} malformed messages have no dead letter with reason malformed (markers {missing:?})",
+                missing.len(),
+                injected.len()
+            ),
+        ));
+    }
+    Ok(violations)
+}
+
+async fn other_dead_letters(pool: &MySqlPool) -> Result<Vec<Violation>, sqlx::Error> {
+    let mut violations = Vec::new();
+    for group in dead_letters_by_reason(pool).await? {
+        if group.reason == "malformed" {
+            continue;
+        }
+        let owed = match FAILED_ITEMS.iter().find(|(f, _)| *f == group.function) {
+            Some((_, sql)) if group.reason == "failed" => {
+                sqlx::query_scalar::<_, i64>(*sql).fetch_one(pool).await?
+            }
+            _ => 0,
+        };
+        if group.count > owed {
+            violations.push(violation(
+                "unexplained_dead_letter",
+                format!(
+                    "{} dead letter(s) of {} with reason {} ({} item(s) of it failed visibly)",
+                    group.count, group.function, group.reason, owed
+                ),
+            ));
+        }
+    }
+    Ok(violations)
+}
+
+/// Every check, after quiescence and with every function process stopped.
+pub(super) async fn run_all(
+    services: &Services,
+    duplicator: &Duplicator,
+    load: &Load,
+    quiescence: Quiescence,
+) -> anyhow::Result<Vec<Violation>> {
+    let pool = &services.pool;
+    let mut violations = Vec::new();
+    if !quiescence.reached {
+        violations.push(violation(
+            "no_quiescence",
+            format!(
+                "still moving at the deadline: {}",
+                quiescence.still_moving.join("; ")
+            ),
+        ));
+    }
+    for (what, n) in not_terminal(pool).await? {
+        violations.push(violation("not_terminal", format!("{what}: {n}")));
+    }
+    let mut conn = pool.acquire().await?;
+    for found in audit::run(&mut conn, &paybus_catalog::audit_checks()).await? {
+        violations.push(violation(
+            &format!("audit:{}", found.check),
+            found.description,
+        ));
+    }
+    drop(conn);
+    violations.extend(malformed_dead_letters(pool, &duplicator.malformed()).await?);
+    violations.extend(other_dead_letters(pool).await?);
+    for (queue, n) in queue_depths(services).await? {
+        violations.push(violation(
+            "message_left_in_queue",
+            format!("{queue}: {n} message(s)"),
+        ));
+    }
+    for lost in load.lost() {
+        violations.push(violation("request_lost", lost));
+    }
+    Ok(violations)
+}
+
+/// Rows by state, per workflow table (the report's counts).
+pub(super) async fn counts(
+    pool: &MySqlPool,
+) -> Result<BTreeMap<String, BTreeMap<String, i64>>, sqlx::Error> {
+    const BY_STATE: &[(&str, &str)] = &[
+        (
+            "W1 deposit orders",
+            "SELECT COALESCE(CONCAT(status, ' ', close_reason), status), COUNT(*) FROM p2p_deposit_orders GROUP BY 1",
+        ),
+        (
+            "W1 matches",
+            "SELECT status, COUNT(*) FROM p2p_matches GROUP BY status",
+        ),
+        (
+            "W2 withdrawals",
+            "SELECT status, COUNT(*) FROM withdrawals GROUP BY status",
+        ),
+        (
+            "W2 deposits",
+            "SELECT status, COUNT(*) FROM deposits GROUP BY status",
+        ),
+        (
+            "W3 charges",
+            "SELECT CONCAT(status, ' ', payment_status), COUNT(*) FROM charges GROUP BY 1",
+        ),
+        (
+            "W3 bonus jobs",
+            "SELECT status, COUNT(*) FROM charge_event_job GROUP BY status",
+        ),
+        (
+            "W4 orders",
+            "SELECT status, COUNT(*) FROM orders GROUP BY status",
+        ),
+        (
+            "W4 cancel tasks",
+            "SELECT state, COUNT(*) FROM tasks GROUP BY state",
+        ),
+        (
+            "webhooks",
+            "SELECT status, COUNT(*) FROM partner_notifications GROUP BY status",
+        ),
+        (
+            "ledger entries",
+            "SELECT entry_type, COUNT(*) FROM ledger_entries GROUP BY entry_type",
+        ),
+    ];
+    let mut all = BTreeMap::new();
+    for (what, sql) in BY_STATE {
+        let rows: Vec<(String, i64)> = sqlx::query_as(*sql).fetch_all(pool).await?;
+        all.insert((*what).to_owned(), rows.into_iter().collect());
+    }
+    Ok(all)
+}

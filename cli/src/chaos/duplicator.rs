@@ -1,0 +1,231 @@
+//! Every message delivered `copies` times, and one malformed message in `malformed_every`.
+//!
+//! A tap queue bound to `#` on `paybus.events` sees every event the system publishes; for each
+//! it publishes `copies - 1` copies (same body and properties, so the same message id) straight
+//! to the function's queue, all at once, while the original is usually being handled: the
+//! duplicates a chain monitor, a relay racing the fast path or a broker redelivery produce.
+//! Copies go through the default exchange, so the tap never sees them again. A malformed
+//! message (a body that is not an envelope, carrying a numbered marker) goes to the same queue;
+//! the checks find each marker among the dead letters with reason `malformed`.
+//!
+//! The tap is acked only after its copies are confirmed, so a broker restart loses none: the
+//! loop resubscribes on the new connection and the unacked delivery comes back.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures_util::StreamExt;
+use lapin::{
+    BasicProperties,
+    options::{
+        BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
+    types::FieldTable,
+};
+use paybus_platform::bus::{Services, link::BrokerLink, publisher::Publisher, topology};
+use tokio_util::sync::CancellationToken;
+
+use super::Profile;
+
+/// The tap's queue: durable, so a broker restart keeps what it had not copied yet.
+pub(super) const TAP_QUEUE: &str = "chaos.tap";
+
+#[derive(Default)]
+struct Counters {
+    seen: AtomicU64,
+    copies: AtomicU64,
+    /// Markers of the malformed messages injected (confirmed by the broker).
+    malformed: Mutex<Vec<u64>>,
+}
+
+pub(super) struct Duplicator {
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Duplicator {
+    pub(super) async fn start(
+        services: &Services,
+        profile: &Profile,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        declare_tap(&services.link).await?;
+        let queues: HashMap<String, String> = paybus_catalog::queues()
+            .iter()
+            .map(|q| (q.routing_key.to_owned(), q.queue()))
+            .collect();
+        let counters = Arc::new(Counters::default());
+        let stop = stop.child_token();
+        let task = tokio::spawn(run(
+            services.link.clone(),
+            services.publisher().clone(),
+            Arc::new(queues),
+            profile.copies,
+            profile.malformed_every,
+            counters.clone(),
+            stop.clone(),
+        ));
+        Ok(Self {
+            counters,
+            stop,
+            task,
+        })
+    }
+
+    pub(super) async fn stop(&self) {
+        self.stop.cancel();
+        while !self.task.is_finished() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(super) fn seen(&self) -> u64 {
+        self.counters.seen.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn copies(&self) -> u64 {
+        self.counters.copies.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn malformed(&self) -> Vec<u64> {
+        self.counters
+            .malformed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+async fn declare_tap(link: &BrokerLink) -> Result<lapin::Channel, lapin::Error> {
+    let channel = link.current().connection.create_channel().await?;
+    channel
+        .queue_declare(
+            TAP_QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            TAP_QUEUE.into(),
+            topology::EVENTS_EXCHANGE.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(channel)
+}
+
+/// The body of malformed message `marker`: JSON, but not an envelope.
+pub(super) fn malformed_body(marker: u64) -> Vec<u8> {
+    format!("{{\"chaos_malformed\": {marker}, \"data\": ").into_bytes()
+}
+
+async fn run(
+    link: BrokerLink,
+    publisher: Publisher,
+    queues: Arc<HashMap<String, String>>,
+    copies: u32,
+    malformed_every: u64,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let result = consume(
+            &link,
+            &publisher,
+            &queues,
+            copies,
+            malformed_every,
+            &counters,
+            &stop,
+        )
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "chaos tap: reconnecting");
+        }
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+async fn consume(
+    link: &BrokerLink,
+    publisher: &Publisher,
+    queues: &HashMap<String, String>,
+    copies: u32,
+    malformed_every: u64,
+    counters: &Counters,
+    stop: &CancellationToken,
+) -> Result<(), lapin::Error> {
+    let channel = declare_tap(link).await?;
+    channel.basic_qos(64, BasicQosOptions::default()).await?;
+    let mut deliveries = channel
+        .basic_consume(
+            TAP_QUEUE.into(),
+            "chaos-tap".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    loop {
+        let delivery = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            next = deliveries.next() => match next {
+                Some(delivery) => delivery?,
+                None => return Ok(()),
+            },
+        };
+        let routing_key = delivery.routing_key.to_string();
+        let Some(queue) = queues.get(&routing_key) else {
+            // Nothing binds it (e.g. a type no function consumes): nothing to duplicate.
+            delivery.ack(BasicAckOptions::default()).await?;
+            continue;
+        };
+        let n = counters.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        let sends = (1..copies)
+            .map(|_| publisher.publish_raw("", queue, &delivery.data, delivery.properties.clone()));
+        let all = futures_util::future::join_all(sends).await;
+        if let Some(Err(e)) = all.into_iter().find(Result::is_err) {
+            // Not acked: the tap delivers it again (more copies: still "at least copies").
+            tracing::debug!(error = %e, "chaos tap: a copy was not confirmed");
+            return Ok(());
+        }
+        counters
+            .copies
+            .fetch_add(u64::from(copies - 1), Ordering::Relaxed);
+        if n % malformed_every == 0 {
+            let marker = n / malformed_every;
+            let properties = BasicProperties::default()
+                .with_message_id(format!("chaos-malformed-{marker}").as_str().into())
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2);
+            if publisher
+                .publish_raw("", queue, &malformed_body(marker), properties)
+                .await
+                .is_ok()
+            {
+                counters
+                    .malformed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(marker);
+            }
+        }
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+}

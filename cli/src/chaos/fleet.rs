@@ -1,0 +1,250 @@
+//! The function processes of a chaos run: every catalog function's real binary and the
+//! sweeper, each a separate OS process under a supervisor that starts it again at once when it
+//! dies (a SIGKILL from the schedule, or a failed start while the database is down).
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::bail;
+use paybus_platform::Settings;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Dice,
+    outside::{QUOTE_API_KEY, QUOTE_TIMEOUT, World},
+};
+
+/// One process to run: a function's name and the binary that runs it.
+#[derive(Debug, Clone)]
+pub(super) struct Binary {
+    pub(super) name: String,
+    pub(super) path: PathBuf,
+}
+
+/// Every catalog function (the canary aside: no load uses it) and the sweeper, found in
+/// `dir` unless substituted.
+pub(super) fn binaries(
+    dir: &Path,
+    substitutes: &[(String, PathBuf)],
+) -> anyhow::Result<Vec<Binary>> {
+    let mut names: Vec<&str> = paybus_catalog::FUNCTIONS
+        .iter()
+        .map(|f| f.name)
+        .filter(|name| *name != "canary")
+        .collect();
+    names.push("sweeper");
+    for (name, _) in substitutes {
+        if !names.contains(&name.as_str()) {
+            bail!(
+                "--substitute {name}=...: no such function (one of {})",
+                names.join(", ")
+            );
+        }
+    }
+    let mut binaries = Vec::with_capacity(names.len());
+    let mut missing = Vec::new();
+    for name in names {
+        let path = substitutes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or_else(|| dir.join(name), |(_, p)| p.clone());
+        if !path.is_file() {
+            missing.push(path.display().to_string());
+        }
+        binaries.push(Binary {
+            name: name.to_owned(),
+            path,
+        });
+    }
+    if !missing.is_empty() {
+        bail!(
+            "function binaries not found: {} (build them with `cargo build --workspace --bins`, \
+             or point --bin-dir at them)",
+            missing.join(", ")
+        );
+    }
+    Ok(binaries)
+}
+
+/// The environment of every function process: the run's database and broker, and settings
+/// short enough that a crashed attempt is reaped and a retry is due within the run.
+pub(super) fn environment(settings: &Settings, world: &World) -> HashMap<String, String> {
+    let quote_timeout = QUOTE_TIMEOUT.as_millis().to_string();
+    [
+        ("PAYBUS_DATABASE_URL", settings.database.url.to_string()),
+        ("PAYBUS_AMQP_URL", settings.broker.url.to_string()),
+        ("PAYBUS_DB_MAX_CONNECTIONS", "24".to_owned()),
+        ("PAYBUS_PREFETCH", "16".to_owned()),
+        ("RUST_LOG", "warn".to_owned()),
+        ("PAYBUS_QUOTE_URL", world.quotes.url()),
+        ("PAYBUS_QUOTE_API_KEY", QUOTE_API_KEY.to_owned()),
+        ("PAYBUS_QUOTE_TIMEOUT_MS", quote_timeout),
+        ("PAYBUS_QUOTE_CONNECT_TIMEOUT_MS", "500".to_owned()),
+        // > 2 x the quote timeout + 10 s, as the setting requires.
+        ("PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS", "15000".to_owned()),
+        ("PAYBUS_MATCH_POLL_INTERVAL_MS", "500".to_owned()),
+        ("PAYBUS_BONUS_WORKER_INTERVAL_MS", "1000".to_owned()),
+        ("PAYBUS_BONUS_PROCESSING_TIMEOUT_MS", "10000".to_owned()),
+        ("PAYBUS_WEBHOOK_TIMEOUT_MS", "2000".to_owned()),
+        ("PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS", "2000".to_owned()),
+        ("PAYBUS_FIRST_CHARGE_BONUS_PERCENT", "10".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// How one process ended its life in the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessRecord {
+    pub name: String,
+    /// Times the schedule SIGKILLed it.
+    pub killed: u32,
+    /// Times it was started (1 + restarts).
+    pub starts: u32,
+}
+
+struct Supervised {
+    binary: Binary,
+    /// The pid of the live process (0 while it is restarting).
+    pid: AtomicU64,
+    killed: AtomicU32,
+    starts: AtomicU32,
+}
+
+pub(super) struct Fleet {
+    processes: Vec<Arc<Supervised>>,
+    stop: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Fleet {
+    pub(super) async fn start(
+        binaries: &[Binary],
+        env: HashMap<String, String>,
+        log_dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let stop = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut processes = Vec::new();
+        for binary in binaries {
+            let supervised = Arc::new(Supervised {
+                binary: binary.clone(),
+                pid: AtomicU64::new(0),
+                killed: AtomicU32::new(0),
+                starts: AtomicU32::new(0),
+            });
+            let log = log_dir.join(format!("{}.log", binary.name));
+            tasks.spawn(supervise(
+                supervised.clone(),
+                env.clone(),
+                log,
+                stop.clone(),
+            ));
+            processes.push(supervised);
+        }
+        Ok(Self {
+            processes,
+            stop,
+            tasks,
+        })
+    }
+
+    /// SIGKILLs one live process chosen by `dice`; its name.
+    pub(super) async fn kill_random(&self, dice: &mut Dice) -> Option<String> {
+        let process = &self.processes[dice.below(self.processes.len())];
+        let pid = process.pid.load(Ordering::SeqCst);
+        if pid == 0 {
+            return None;
+        }
+        signal(pid, "KILL").await;
+        process.killed.fetch_add(1, Ordering::Relaxed);
+        Some(process.binary.name.clone())
+    }
+
+    /// SIGTERM to every process (they finish in-flight messages and exit); waits for them.
+    pub(super) async fn stop(mut self) -> Vec<ProcessRecord> {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        self.processes
+            .iter()
+            .map(|p| ProcessRecord {
+                name: p.binary.name.clone(),
+                killed: p.killed.load(Ordering::Relaxed),
+                starts: p.starts.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}
+
+/// `kill -<signal> <pid>`: only ever a pid this run started.
+async fn signal(pid: u64, signal: &str) {
+    let _ = tokio::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .await;
+}
+
+async fn supervise(
+    process: Arc<Supervised>,
+    env: HashMap<String, String>,
+    log: PathBuf,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log);
+        let Ok((stdout, stderr)) = log_file.and_then(|f| Ok((f.try_clone()?, f))) else {
+            tracing::error!(log = %log.display(), "cannot open the process log");
+            return;
+        };
+        let child = tokio::process::Command::new(&process.binary.path)
+            .envs(&env)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) => {
+                tracing::error!(binary = %process.binary.path.display(), error = %e, "cannot start");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        process.starts.fetch_add(1, Ordering::Relaxed);
+        process
+            .pid
+            .store(child.id().map_or(0, u64::from), Ordering::SeqCst);
+        tokio::select! {
+            _ = child.wait() => {
+                process.pid.store(0, Ordering::SeqCst);
+                // Started again at once; a process that cannot start (database down) waits a
+                // little between tries.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            () = stop.cancelled() => {
+                if let Some(pid) = child.id() {
+                    signal(u64::from(pid), "TERM").await;
+                }
+                if tokio::time::timeout(Duration::from_secs(30), child.wait()).await.is_err() {
+                    let _ = child.kill().await;
+                }
+                process.pid.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+}

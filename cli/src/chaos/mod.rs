@@ -1,0 +1,405 @@
+//! `paybus chaos`: a fault-injection run that proves exactly-once effects across every
+//! workflow (SPEC §6, issue 13).
+//!
+//! It owns everything it breaks: a MariaDB server and a RabbitMQ node of its own (started with
+//! `infra/local`'s scripts on free ports, state in `--state-dir`, never the developer's or CI's
+//! shared instances), the real function binaries as separate OS processes (so a SIGKILL is a
+//! real crash), a quote service stub and a partner webhook endpoint. It drives a mixed load
+//! through the public entry points (W1 deposit orders, W2 signed confirmations, W3 payment
+//! completions through every gateway path, W4 suspensions while clients place and fill
+//! orders), delivers every message `--copies` times (a tap republishes each event to its queue
+//! concurrently) plus one malformed message in `--malformed-every`, and meanwhile kills a
+//! random function process every `--kill-every-ms`, restarts the broker and the database, and
+//! makes the quote service slow, failing and timing out and the partner endpoint fail for a
+//! while. Then it waits (bounded) for quiescence and checks, from the database and the broker,
+//! that every item is terminal, the audit is clean, every malformed message is a dead letter
+//! and no other dead letter is unexplained, no queue holds a message and every webhook was
+//! delivered or FAILED. Exit 1 on any violation.
+
+mod checks;
+mod duplicator;
+mod fleet;
+mod load;
+mod outside;
+mod report;
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use paybus_platform::{Settings, bus::Services, db, testing::PrivateService};
+use tokio_util::sync::CancellationToken;
+
+use self::{
+    fleet::Fleet,
+    report::{Figures, Report},
+};
+
+/// How much load and how many faults: `--quick` (CI) or the full profile, each value
+/// overridable on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChaosArgs {
+    /// The CI profile: ~200 items, a kill every 3 s, one broker and one database restart,
+    /// a 6 s webhook outage. Without it: the full profile (10,000 items, a kill every 2 s,
+    /// two broker restarts, one database restart, a 30 s webhook outage).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Workflow items in all (split W1 20 %, W2 30 %, W3 20 %, W4 30 %).
+    #[arg(long)]
+    pub items: Option<usize>,
+    /// SIGKILL a random function process this often (0: never).
+    #[arg(long)]
+    pub kill_every_ms: Option<u64>,
+    /// Broker restarts during the run.
+    #[arg(long)]
+    pub broker_restarts: Option<u32>,
+    /// Database restarts (SIGKILL, then start: a crash) during the run.
+    #[arg(long)]
+    pub database_restarts: Option<u32>,
+    /// How long the partner webhook endpoint answers 503.
+    #[arg(long)]
+    pub webhook_outage_ms: Option<u64>,
+    /// Faults go on for at least this long (and until the load is sent).
+    #[arg(long)]
+    pub fault_window_s: Option<u64>,
+    /// Give up waiting for quiescence after this long (a violation).
+    #[arg(long)]
+    pub quiescence_timeout_s: Option<u64>,
+    /// Deliveries of every message (the original and copies published at once).
+    #[arg(long, default_value_t = 3)]
+    pub copies: u32,
+    /// One malformed message is injected per this many messages seen.
+    #[arg(long, default_value_t = 100)]
+    pub malformed_every: u64,
+    /// Seed of the fault schedule's random choices (default: from the clock; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Where the run's MariaDB, RabbitMQ and process logs live (wiped at the start; default
+    /// `.local/chaos` in the repository).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Where the function binaries are (default: next to this `paybus`; build them first with
+    /// `cargo build --workspace --bins`).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Run another binary as one function, e.g. a deliberately broken build:
+    /// `--substitute confirm-withdrawal=/path/to/binary` (repeatable).
+    #[arg(long = "substitute", value_parser = parse_substitute)]
+    pub substitutes: Vec<(String, PathBuf)>,
+}
+
+fn parse_substitute(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not FUNCTION=PATH"))?;
+    Ok((name.to_owned(), PathBuf::from(path)))
+}
+
+/// The resolved run: the profile with the overrides applied.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Profile {
+    pub name: &'static str,
+    pub items: usize,
+    pub copies: u32,
+    pub malformed_every: u64,
+    pub kill_every: Duration,
+    pub broker_restarts: u32,
+    pub database_restarts: u32,
+    pub webhook_outage: Duration,
+    pub fault_window: Duration,
+    pub quiescence_timeout: Duration,
+    pub seed: u64,
+    /// Requests in flight per workflow driver.
+    pub concurrency: u16,
+}
+
+impl Profile {
+    fn from_args(args: &ChaosArgs) -> anyhow::Result<Self> {
+        let mut profile = if args.quick {
+            Self {
+                name: "quick",
+                items: 200,
+                copies: 3,
+                malformed_every: 100,
+                kill_every: Duration::from_secs(3),
+                broker_restarts: 1,
+                database_restarts: 1,
+                webhook_outage: Duration::from_secs(6),
+                fault_window: Duration::from_secs(30),
+                quiescence_timeout: Duration::from_secs(180),
+                seed: 0,
+                concurrency: 8,
+            }
+        } else {
+            Self {
+                name: "full",
+                items: 10_000,
+                copies: 3,
+                malformed_every: 100,
+                kill_every: Duration::from_secs(2),
+                broker_restarts: 2,
+                database_restarts: 1,
+                webhook_outage: Duration::from_secs(30),
+                fault_window: Duration::from_secs(120),
+                quiescence_timeout: Duration::from_secs(600),
+                seed: 0,
+                concurrency: 32,
+            }
+        };
+        if let Some(items) = args.items {
+            profile.items = items;
+        }
+        if let Some(ms) = args.kill_every_ms {
+            profile.kill_every = Duration::from_millis(ms);
+        }
+        if let Some(n) = args.broker_restarts {
+            profile.broker_restarts = n;
+        }
+        if let Some(n) = args.database_restarts {
+            profile.database_restarts = n;
+        }
+        if let Some(ms) = args.webhook_outage_ms {
+            profile.webhook_outage = Duration::from_millis(ms);
+        }
+        if let Some(s) = args.fault_window_s {
+            profile.fault_window = Duration::from_secs(s);
+        }
+        if let Some(s) = args.quiescence_timeout_s {
+            profile.quiescence_timeout = Duration::from_secs(s);
+        }
+        profile.copies = args.copies;
+        profile.malformed_every = args.malformed_every;
+        profile.seed = args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+        if profile.items < 20 {
+            bail!("--items must be at least 20 (every workflow gets a share)");
+        }
+        if profile.copies == 0 || profile.malformed_every == 0 {
+            bail!("--copies and --malformed-every must be at least 1");
+        }
+        Ok(profile)
+    }
+}
+
+/// A small deterministic generator for the fault schedule (reproducible with `--seed`).
+#[derive(Debug, Clone)]
+pub(crate) struct Dice(u64);
+
+impl Dice {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// A number in `0..n` (xorshift64*).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (x % n.max(1) as u64) as usize
+    }
+}
+
+fn repository_dir() -> PathBuf {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
+    cli.parent().unwrap_or(cli).to_path_buf()
+}
+
+/// The run's own MariaDB and RabbitMQ, in one state folder.
+struct OwnServices {
+    mariadb: Arc<PrivateService>,
+    rabbitmq: Arc<PrivateService>,
+}
+
+impl OwnServices {
+    /// Kills what a previous run in `state_dir` left running, wipes it, starts both.
+    async fn start(state_dir: PathBuf) -> anyhow::Result<Self> {
+        tokio::task::spawn_blocking(move || {
+            // A previous run killed before its end left its servers running: kill them by
+            // their pid files. Everything that names a service is overridden, so that a
+            // missing pid file can never make the script fall back to the default node or
+            // socket (the developer's or CI's shared instances).
+            let stop = repository_dir().join("infra/local/stop.sh");
+            let _ = std::process::Command::new(stop)
+                .args(["--kill", "mariadb", "rabbitmq"])
+                .env("PAYBUS_STATE_DIR", &state_dir)
+                .env(
+                    "PAYBUS_RABBITMQ_NODENAME",
+                    "paybus-chaos-leftover@localhost",
+                )
+                .env("PAYBUS_AMQP_PORT", "1")
+                .env("PAYBUS_MARIADB_PORT", "1")
+                .stdin(std::process::Stdio::null())
+                .output();
+            let _ = std::fs::remove_dir_all(&state_dir);
+            std::fs::create_dir_all(state_dir.join("logs"))?;
+            let mariadb = PrivateService::start_mariadb_in(state_dir.clone());
+            let rabbitmq = PrivateService::start_rabbitmq_in(state_dir);
+            anyhow::Ok(Self {
+                mariadb: Arc::new(mariadb),
+                rabbitmq: Arc::new(rabbitmq),
+            })
+        })
+        .await?
+    }
+
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let mut settings = Settings::from_vars(
+            [
+                ("PAYBUS_DATABASE_URL", self.mariadb.url.as_str()),
+                ("PAYBUS_AMQP_URL", self.rabbitmq.url.as_str()),
+                ("PAYBUS_DB_MAX_CONNECTIONS", "48"),
+                ("PAYBUS_DB_ACQUIRE_TIMEOUT_MS", "3000"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        )?;
+        settings.broker.prefetch = 32;
+        Ok(settings)
+    }
+}
+
+pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
+    let profile = Profile::from_args(&args)?;
+    let bin_dir = match &args.bin_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the directory of this paybus binary")?
+            .to_path_buf(),
+    };
+    let binaries = fleet::binaries(&bin_dir, &args.substitutes)?;
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| repository_dir().join(".local/chaos"));
+    let state_dir = std::path::absolute(&state_dir)?;
+    eprintln!(
+        "chaos ({} profile, seed {}): starting MariaDB and RabbitMQ of its own in {}",
+        profile.name,
+        profile.seed,
+        state_dir.display()
+    );
+    let own = OwnServices::start(state_dir.clone()).await?;
+    let result = drive(&profile, &own, &binaries, &state_dir).await;
+    let OwnServices { mariadb, rabbitmq } = own;
+    tokio::task::spawn_blocking(move || {
+        // The fault schedule has ended, so these are the last handles; the state folder (logs)
+        // stays for whoever reads the report.
+        for service in [mariadb, rabbitmq] {
+            if let Ok(service) = Arc::try_unwrap(service) {
+                service.kill_keeping_state();
+            }
+        }
+    })
+    .await?;
+    let report = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn drive(
+    profile: &Profile,
+    own: &OwnServices,
+    binaries: &[fleet::Binary],
+    state_dir: &Path,
+) -> anyhow::Result<Report> {
+    let settings = own.settings()?;
+    let services = Services::connect(settings.clone())
+        .await
+        .context("while connecting to the run's own database and broker")?;
+    db::migrate(&services.pool).await?;
+    services.declare_topology(&paybus_catalog::queues()).await?;
+
+    let outside = outside::World::start(profile).await;
+    let api = outside::start_api(&services, &outside).await?;
+    let stop = CancellationToken::new();
+    let duplicator = duplicator::Duplicator::start(&services, profile, stop.clone()).await?;
+    let depth = report::DepthWatch::start(services.link.clone(), stop.clone());
+
+    let env = fleet::environment(&settings, &outside);
+    let fleet = Arc::new(Fleet::start(binaries, env, &state_dir.join("logs")).await?);
+    let started = Instant::now();
+
+    let faults_stop = CancellationToken::new();
+    let faults = tokio::spawn(outside::faults(
+        profile.clone(),
+        fleet.clone(),
+        own.mariadb.clone(),
+        own.rabbitmq.clone(),
+        outside.clone(),
+        faults_stop.clone(),
+    ));
+    let load = load::run(profile, &api, &outside).await;
+    let load_sent = started.elapsed();
+    // The faults run at least their window, then stop.
+    let window_left = profile.fault_window.saturating_sub(started.elapsed());
+    tokio::time::sleep(window_left).await;
+    faults_stop.cancel();
+    let fault_log = faults.await?;
+    let load = load?;
+
+    let quiet_from = Instant::now();
+    let quiescence =
+        checks::await_quiescence(&services, &duplicator, &load, profile.quiescence_timeout).await;
+    let time_to_quiescence = quiet_from.elapsed();
+    let fleet = Arc::try_unwrap(fleet)
+        .map_err(|_| anyhow::anyhow!("the fault schedule still holds the fleet"))?;
+    let exits = fleet.stop().await;
+    duplicator.stop().await;
+    stop.cancel();
+    api.stop().await;
+
+    let mut violations = checks::run_all(&services, &duplicator, &load, quiescence).await?;
+    violations.extend(
+        fault_log
+            .iter()
+            .filter(|fault| fault.what.ends_with("FAILED"))
+            .map(|fault| checks::violation("fault_not_applied", fault.what.clone())),
+    );
+    let counts = checks::counts(&services.pool).await?;
+    let dead_letters = checks::dead_letters_by_reason(&services.pool).await?;
+    Ok(Report {
+        profile: profile.clone(),
+        figures: Figures {
+            load_sent,
+            time_to_quiescence,
+            total: started.elapsed(),
+            peak_queue_depth: depth.peak(),
+            messages_seen: duplicator.seen(),
+            copies_published: duplicator.copies(),
+            malformed_injected: duplicator.malformed().len() as u64,
+            quote_calls: outside.quotes.quote_calls(),
+            trade_calls: outside.quotes.trade_calls(),
+            webhook_posts: outside.webhooks.posts(),
+            webhook_refused: outside.webhooks.refused(),
+        },
+        load,
+        faults: fault_log,
+        process_exits: exits,
+        counts,
+        dead_letters,
+        violations,
+        state_dir: state_dir.to_path_buf(),
+    })
+}

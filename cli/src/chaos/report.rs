@@ -1,0 +1,230 @@
+//! The chaos run's report: a table for people, the same as JSON (`--json`) for machines.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use paybus_platform::bus::link::BrokerLink;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Profile,
+    checks::{DeadLetters, Violation},
+    fleet::ProcessRecord,
+    load::{Load, Sent},
+    outside::Fault,
+};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    /// From the first request to the last answer.
+    #[serde(serialize_with = "seconds")]
+    pub load_sent: Duration,
+    /// From the end of the faults until nothing moved.
+    #[serde(serialize_with = "seconds")]
+    pub time_to_quiescence: Duration,
+    #[serde(serialize_with = "seconds")]
+    pub total: Duration,
+    /// The most messages ready in all queues at once (sampled every 500 ms).
+    pub peak_queue_depth: u64,
+    /// Events the tap saw, copies it published, malformed messages it injected.
+    pub messages_seen: u64,
+    pub copies_published: u64,
+    pub malformed_injected: u64,
+    pub quote_calls: u64,
+    pub trade_calls: u64,
+    pub webhook_posts: u64,
+    pub webhook_refused: u64,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 10.0).round() / 10.0)
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub profile: Profile,
+    pub figures: Figures,
+    pub load: Load,
+    pub faults: Vec<Fault>,
+    pub process_exits: Vec<ProcessRecord>,
+    /// Rows by state per workflow table, after the run.
+    pub counts: BTreeMap<String, BTreeMap<String, i64>>,
+    pub dead_letters: Vec<DeadLetters>,
+    pub violations: Vec<Violation>,
+    /// The run's MariaDB, RabbitMQ and process logs.
+    pub state_dir: PathBuf,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+fn sent_line(f: &mut fmt::Formatter<'_>, name: &str, sent: &Sent) -> fmt::Result {
+    let answers: Vec<String> = sent
+        .answers
+        .iter()
+        .map(|(status, n)| format!("{status}: {n}"))
+        .collect();
+    writeln!(
+        f,
+        "  {name:<26} {:>6} items {:>7} requests  ({})",
+        sent.items,
+        sent.requests,
+        answers.join(", ")
+    )
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.profile;
+        let fig = &self.figures;
+        writeln!(
+            f,
+            "paybus chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed",
+            p.name, p.seed, p.items, p.copies, p.malformed_every
+        )?;
+        writeln!(f, "\nload (through the HTTP API)")?;
+        sent_line(f, "W1 deposit orders", &self.load.w1_deposit_orders)?;
+        sent_line(f, "W2 confirmations", &self.load.w2_confirmations)?;
+        sent_line(
+            f,
+            "W3 payment completions",
+            &self.load.w3_payment_completions,
+        )?;
+        sent_line(f, "W4 market orders", &self.load.w4_market_orders)?;
+        writeln!(
+            f,
+            "  W4 markets suspended mid-load: {}",
+            self.load.w4_markets
+        )?;
+        let kills = self
+            .faults
+            .iter()
+            .filter(|x| x.what.starts_with("SIGKILL"))
+            .count();
+        writeln!(f, "\nfaults: {kills} SIGKILLs of function processes, and")?;
+        for fault in self
+            .faults
+            .iter()
+            .filter(|x| !x.what.starts_with("SIGKILL") && !x.what.starts_with("quote"))
+        {
+            writeln!(
+                f,
+                "  {:>7.1}s  {} ({} ms)",
+                fault.at_s, fault.what, fault.took_ms
+            )?;
+        }
+        let quote_phases = self
+            .faults
+            .iter()
+            .filter(|x| x.what.starts_with("quote"))
+            .count();
+        writeln!(
+            f,
+            "  quote service: {quote_phases} changes (healthy / failing / hanging / slow)"
+        )?;
+        let processes: Vec<String> = self
+            .process_exits
+            .iter()
+            .map(|p| format!("{} {}k/{}s", p.name, p.killed, p.starts))
+            .collect();
+        writeln!(f, "  processes (killed/started): {}", processes.join(", "))?;
+        writeln!(f, "\nfigures")?;
+        writeln!(f, "  load sent in             {:>8.1?}", fig.load_sent)?;
+        writeln!(
+            f,
+            "  time to quiescence       {:>8.1?}",
+            fig.time_to_quiescence
+        )?;
+        writeln!(f, "  whole run                {:>8.1?}", fig.total)?;
+        writeln!(f, "  peak queue depth         {:>8}", fig.peak_queue_depth)?;
+        writeln!(
+            f,
+            "  messages seen / copies / malformed  {} / {} / {}",
+            fig.messages_seen, fig.copies_published, fig.malformed_injected
+        )?;
+        writeln!(
+            f,
+            "  quote calls / trade calls {} / {};  webhook POSTs {} ({} refused)",
+            fig.quote_calls, fig.trade_calls, fig.webhook_posts, fig.webhook_refused
+        )?;
+        writeln!(f, "\nitems by state")?;
+        for (table, states) in &self.counts {
+            let states: Vec<String> = states.iter().map(|(s, n)| format!("{s} {n}")).collect();
+            writeln!(f, "  {table:<20} {}", states.join(", "))?;
+        }
+        writeln!(f, "\ndead letters by reason")?;
+        if self.dead_letters.is_empty() {
+            writeln!(f, "  none")?;
+        }
+        for group in &self.dead_letters {
+            writeln!(
+                f,
+                "  {:<20} {:<16} {:>6}",
+                group.function, group.reason, group.count
+            )?;
+        }
+        writeln!(f, "\nlogs: {}", self.state_dir.display())?;
+        if self.violations.is_empty() {
+            writeln!(
+                f,
+                "\nPASSED: every item terminal, audit clean, every malformed message dead-lettered, no other dead letter unexplained, every queue empty, every webhook delivered or FAILED"
+            )
+        } else {
+            writeln!(f, "\nFAILED: {} violation(s)", self.violations.len())?;
+            for v in &self.violations {
+                writeln!(f, "  [{}] {}", v.check, v.detail)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Samples the ready messages of every queue twice a second; keeps the peak of their sum.
+pub(super) struct DepthWatch {
+    peak: Arc<AtomicU64>,
+}
+
+impl DepthWatch {
+    pub(super) fn start(link: BrokerLink, stop: CancellationToken) -> Self {
+        let peak = Arc::new(AtomicU64::new(0));
+        let queues: Vec<String> = paybus_catalog::queues().iter().map(|q| q.queue()).collect();
+        tokio::spawn({
+            let peak = peak.clone();
+            async move {
+                while !stop.is_cancelled() {
+                    if let Ok(channel) = link.current().connection.create_channel().await {
+                        let mut sum = 0_u64;
+                        for queue in &queues {
+                            if let Ok(n) = super::checks::ready(&channel, queue).await {
+                                sum += u64::from(n);
+                            }
+                        }
+                        peak.fetch_max(sum, Ordering::Relaxed);
+                        let _ = channel.close(200, "sampled".into()).await;
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        });
+        Self { peak }
+    }
+
+    pub(super) fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,117 @@
+//! `paybus chaos --quick` as CI runs it: the real binaries against a MariaDB and a RabbitMQ of
+//! the run's own (never the shared test services, which it would restart), every message
+//! three times, malformed ones, SIGKILLs, a broker and a database restart. It passes on this
+//! build; with one function swapped for the seed's read-then-update design it fails, naming
+//! the double debit: the harness can fail.
+//!
+//! Needs the workspace's binaries built (`cargo nextest run --workspace` builds them).
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::Value;
+
+const BROKEN_CONFIRM_WITHDRAWAL: &str = env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update");
+
+/// The `paybus` binary of this build (next to every function binary).
+fn paybus() -> PathBuf {
+    let paybus = Path::new(BROKEN_CONFIRM_WITHDRAWAL).with_file_name("paybus");
+    assert!(
+        paybus.is_file(),
+        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
+        paybus.display()
+    );
+    paybus
+}
+
+/// Runs `paybus chaos --quick --json` with `args` in its own state folder under `.local/`;
+/// the exit code and the report.
+fn chaos(state: &str, args: &[&str]) -> (i32, Value) {
+    let state_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.local")
+        .join(state);
+    let output = Command::new(paybus())
+        .args(["chaos", "--quick", "--json", "--state-dir"])
+        .arg(&state_dir)
+        .args(args)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}):\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().unwrap_or(-1), report)
+}
+
+fn faults_named(report: &Value, prefix: &str) -> usize {
+    report["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["what"].as_str().unwrap().starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn every_workflow_comes_out_exactly_once_under_duplicates_crashes_and_restarts() {
+    let (code, report) = chaos("chaos-test-pass", &["--seed", "13"]);
+
+    assert_eq!(report["violations"], Value::Array(vec![]), "{report:#}");
+    assert_eq!(code, 0);
+    // The run was not a quiet one: every kind of fault happened.
+    assert!(faults_named(&report, "SIGKILL") >= 3, "{report:#}");
+    assert_eq!(faults_named(&report, "broker restart"), 1);
+    assert_eq!(faults_named(&report, "database restart (SIGKILL)"), 1);
+    assert!(report["figures"]["malformed_injected"].as_u64().unwrap() >= 1);
+    assert!(report["figures"]["copies_published"].as_u64().unwrap() >= 2 * 200);
+    let malformed: i64 = report["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] == "malformed")
+        .map(|d| d["count"].as_i64().unwrap())
+        .sum();
+    assert!(malformed >= report["figures"]["malformed_injected"].as_i64().unwrap());
+}
+
+#[test]
+fn the_seeds_read_then_update_confirmation_is_caught_as_a_double_debit() {
+    let substitute = format!("confirm-withdrawal={BROKEN_CONFIRM_WITHDRAWAL}");
+    // Only the duplicates are needed to expose it: no service restarts, a short window. Its
+    // notifications bypass the outbox (the seed's design), so they wait for the due sweep and
+    // the run is not quiet soon: a short bound keeps the test short.
+    let (code, report) = chaos(
+        "chaos-test-broken",
+        &[
+            "--substitute",
+            &substitute,
+            "--broker-restarts",
+            "0",
+            "--database-restarts",
+            "0",
+            "--fault-window-s",
+            "10",
+            "--quiescence-timeout-s",
+            "45",
+        ],
+    );
+
+    assert_eq!(code, 1, "{report:#}");
+    let checks: Vec<&str> = report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["check"].as_str().unwrap())
+        .collect();
+    assert!(
+        checks.contains(&"audit:withdrawal_debited_twice"),
+        "no double debit found: {checks:?}"
+    );
+}
