@@ -262,7 +262,7 @@ async fn health() -> Json<serde_json::Value> {
     get,
     path = "/metrics",
     tag = "service",
-    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "text/plain"))
+    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text"))
 )]
 /// Prometheus: the in-process counters and histograms plus the database's gauges (outbox
 /// backlog, dead letters, due and stuck rows). No token, as `/health`: serve the API on a
