@@ -3,14 +3,18 @@
 //! database at the same concurrency, and the database's write ceiling.
 //!
 //! Each item is one purchase by a member of its own (members' row locks never collide, as
-//! across real members) during a charge event, so each completion owes one bonus job:
+//! across real members) during a charge event, so each completion owes one bonus job, and
+//! each job's message is delivered twice (the duplicate must be refused) in both phases:
 //!
-//! - **direct**: `concurrency` tasks each run an item's completion transaction, then claim and
-//!   grant its job (`grant_bonus::attempt`), on the database only.
+//! - **direct**: the same transactions at the same concurrency on the database only, an
+//!   in-process queue standing in for the broker: `concurrency` tasks run the completion
+//!   transactions while `concurrency` others take the created jobs, claim and grant each
+//!   (`grant_bonus::attempt`), then claim it again as the duplicate would.
 //! - **end to end**: `concurrency` tasks complete the payments (the transaction commits the job
-//!   and its `charge.bonus_job.created` message through the outbox); grant-bonus consumes the
-//!   messages (prefetch `concurrency`, its own connection and pool, as a separate process) and
-//!   grants them. The clock stops when every bonus is granted.
+//!   and its `charge.bonus_job.created` message through the outbox) and publish a copy of the
+//!   message; grant-bonus consumes both (prefetch `concurrency`, its own connection and pool,
+//!   as a separate process), grants one and skips the other. The clock stops when every
+//!   message is processed.
 //!
 //! Grants per second of both, their ratio, and the useful grants per second against the
 //! ceiling. Then it checks the result came out exactly once: one EVENT charge per purchase,
@@ -19,13 +23,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use paybus_bonuses::BonusJobCreated;
 use paybus_bonuses::{
     BonusRules, Completion, PaymentCompletion, charge::PaymentGateway, completion,
 };
 use paybus_grant_bonus::{GrantBonus, Source, attempt};
 use paybus_money::Amount;
 use paybus_platform::{
-    bus::{Runner, Services, metrics},
+    bus::{Envelope, Runner, Services, metrics},
     retry::Clock,
     testing::TestEnv,
 };
@@ -77,6 +82,17 @@ async fn insert_purchases(
     Ok(paid)
 }
 
+const GRANT_BONUS_QUEUE: &str = "paybus.grant-bonus";
+
+async fn purge(services: &Services, queue: &str) -> anyhow::Result<()> {
+    let channel = services.connection().create_channel().await?;
+    channel
+        .queue_purge(queue.into(), lapin::options::QueuePurgeOptions::default())
+        .await
+        .with_context(|| format!("purging {queue}"))?;
+    Ok(())
+}
+
 fn price() -> Amount {
     Amount::whole(i64::from(CANS) * 100)
 }
@@ -107,16 +123,33 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.items, args.concurrency
     );
 
-    // Direct: completion, claim and grant, on the database only.
+    // Direct: the same transactions at the same concurrency, with an in-process queue where
+    // the broker would be: `concurrency` tasks complete the payments while `concurrency` others
+    // take the jobs, claim and grant each, and claim it again as its duplicate would.
     let paid = std::sync::Arc::new(insert_purchases(&services.pool, args.items).await?);
     let policy = paybus_bonuses::job::retry_policy();
+    let (created, jobs) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let jobs = std::sync::Arc::new(tokio::sync::Mutex::new(jobs));
     let counters = Counters::read(&services.pool).await?;
-    let elapsed = drive(paid.len(), args.concurrency, {
+    let completing = drive(paid.len(), args.concurrency, {
         let (paid, services) = (paid.clone(), services.clone());
         move |i| {
-            let (paid, services, policy) = (paid.clone(), services.clone(), policy.clone());
+            let (paid, services, created) = (paid.clone(), services.clone(), created.clone());
             async move {
                 let job_id = complete(&services, &paid[i]).await?;
+                created.send(job_id).context("the granting tasks stopped")?;
+                Ok(())
+            }
+        }
+    });
+    let granting = drive(paid.len(), args.concurrency, {
+        let services = services.clone();
+        move |_| {
+            let (services, policy, jobs) = (services.clone(), policy.clone(), jobs.clone());
+            async move {
+                let Some(job_id) = jobs.lock().await.recv().await else {
+                    bail!("the completing tasks stopped early");
+                };
                 let attempt::Claimed::Job(claimed) =
                     attempt::claim(&services.pool, job_id, &Clock::Database).await?
                 else {
@@ -133,11 +166,16 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 if !matches!(granted, paybus_grant_bonus::Attempted::Granted { .. }) {
                     bail!("bonus job {job_id}: {granted:?}");
                 }
-                Ok(())
+                match attempt::claim(&services.pool, job_id, &Clock::Database).await? {
+                    attempt::Claimed::NotClaimed(state) if state.status == "DONE" => Ok(()),
+                    other => bail!("bonus job {job_id}: the duplicate was not refused: {other:?}"),
+                }
             }
         }
-    })
-    .await?;
+    });
+    let (completed, granted) = tokio::join!(completing, granting);
+    completed?;
+    let elapsed = granted?;
     let direct = Phase {
         name: "direct on the database",
         unit: "grants",
@@ -146,6 +184,9 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         statements: Some(counters.since(&services.pool).await?),
     };
 
+    // The direct phase's completions published their messages too; they are not this phase's.
+    purge(&services, GRANT_BONUS_QUEUE).await?;
+
     // End to end: completions here, grants by grant-bonus through the broker.
     let paid = std::sync::Arc::new(insert_purchases(&services.pool, args.items).await?);
     let shutdown = CancellationToken::new();
@@ -153,26 +194,40 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     runner.add_function(GrantBonus::default());
     let running = tokio::spawn(runner.run(shutdown.clone()));
     let granted = || metrics::count("grant-bonus", "done");
+    let processed = || granted() + metrics::count("grant-bonus", "skipped");
     let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     drive(paid.len(), args.concurrency, {
         let (paid, services) = (paid.clone(), services.clone());
         move |i| {
             let (paid, services) = (paid.clone(), services.clone());
-            async move { complete(&services, &paid[i]).await.map(|_| ()) }
+            async move {
+                let job_id = complete(&services, &paid[i]).await?;
+                let duplicate = Envelope::new(BonusJobCreated { job_id }).to_outgoing()?;
+                services
+                    .publisher()
+                    .publish_event(&duplicate)
+                    .await
+                    .context("publishing a duplicate")?;
+                Ok(())
+            }
         }
     })
     .await?;
     let deadline = started + Duration::from_secs(600);
-    while granted() < paid.len() as u64 {
+    while processed() < 2 * paid.len() as u64 {
         if Instant::now() > deadline {
             bail!(
-                "only {} of {} bonuses granted in 10 minutes",
-                granted(),
-                paid.len()
+                "only {} of {} messages processed in 10 minutes ({} granted)",
+                processed(),
+                2 * paid.len(),
+                granted()
             );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if granted() != paid.len() as u64 {
+        bail!("{} grants for {} jobs", granted(), paid.len());
     }
     let end_to_end = Phase {
         name: "end to end (completion, broker, grant)",

@@ -8,7 +8,14 @@
 //! `paybus_p2p::testing::create_and_match_holding_locks`), each buyer waiting for its own
 //! answer. It prints throughput and p50/p99 latency of each, their ratio (target >= 20x), and
 //! how close the production path comes to the ideal (every buyer waiting only for its two quote
-//! calls). Then it checks that every order was MATCHED and the audit is clean.
+//! calls).
+//!
+//! A third phase matches the same number of orders with the switch on: the orders are created
+//! PENDING with their `p2p.deposit_order.created` message, a copy of every message is
+//! published too, and match-deposit consumes both (prefetch `--concurrency`, the real
+//! runtime). Its rate against the inline path is the "through the broker, duplicates
+//! included" ratio (target >= 0.8). Then it checks that every order was MATCHED and the audit
+//! is clean.
 
 use std::{
     sync::{Arc, Mutex},
@@ -16,12 +23,18 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use paybus_match_deposit::MatchDeposit;
+use paybus_p2p::messages::DepositOrderCreated;
 use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, NewDepositOrder,
     quote::QuoteClient,
     testing::{self, QuoteStub},
 };
-use paybus_platform::testing::TestEnv;
+use paybus_platform::{
+    bus::{Envelope, Handler, Runner, metrics},
+    testing::TestEnv,
+};
+use tokio_util::sync::CancellationToken;
 
 use super::{BenchArgs, Counters, Phase, bench_services, drive, met};
 
@@ -158,6 +171,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         statements: None,
     };
 
+    let through_broker = through_the_broker(&env, args, &config, &partners).await?;
+
     let matched: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM p2p_deposit_orders WHERE status = 'MATCHED'")
             .fetch_one(&services.pool)
@@ -165,7 +180,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut conn = services.pool.acquire().await?;
     let violations =
         paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
-    let expected = i64::try_from(args.items + baseline_items)?;
+    let expected = i64::try_from(2 * args.items + baseline_items)?;
     if matched != expected || !violations.is_empty() {
         bail!("{matched} of {expected} orders MATCHED; audit: {violations:?}");
     }
@@ -178,6 +193,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             latencies.quantile(0.99)
         );
     }
+    through_broker.print();
     let ratio = production.rate() / baseline.rate();
     let ideal = f64::from(args.concurrency) / (QUOTE_DELAY * CALLS_PER_ORDER).as_secs_f64();
     println!(
@@ -196,6 +212,79 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ours.quantile(0.99),
         seed.quantile(0.99)
     );
+    let broker_ratio = through_broker.rate() / production.rate();
+    println!(
+        "through the broker / inline:                 {broker_ratio:.2}  (target >= 0.80: {})",
+        met(broker_ratio >= 0.8)
+    );
     println!("every order MATCHED ({matched}), audit clean");
     Ok(())
+}
+
+/// `args.items` orders created with the switch on, every message published twice, matched by
+/// match-deposit through the broker; the clock stops when every message was processed.
+async fn through_the_broker(
+    env: &TestEnv,
+    args: &BenchArgs,
+    config: &paybus_p2p::MatchingConfig,
+    partners: &[u64],
+) -> anyhow::Result<Phase> {
+    let services = bench_services(env, args.concurrency).await?;
+    let matcher = Matcher::new(services.outbox.clone(), config.clone())?;
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(MatchDeposit::new(matcher.clone()));
+    let running = tokio::spawn(runner.run(shutdown.clone()));
+    let processed = || {
+        metrics::count(MatchDeposit::FUNCTION, "done")
+            + metrics::count(MatchDeposit::FUNCTION, "skipped")
+    };
+    let before = processed();
+    let counters = Counters::read(&services.pool).await?;
+    let started = Instant::now();
+    drive(args.items, args.concurrency, {
+        let (matcher, services, partners) = (matcher.clone(), services.clone(), partners.to_vec());
+        move |i| {
+            let (matcher, services, new) = (matcher.clone(), services.clone(), order(&partners, i));
+            async move {
+                let Created::Queued(deposit_order_id) = matcher
+                    .create(&new, Handoff::Queued)
+                    .await
+                    .context("creating a deposit order")?
+                else {
+                    bail!("a new order was not queued");
+                };
+                let duplicate =
+                    Envelope::new(DepositOrderCreated { deposit_order_id }).to_outgoing()?;
+                services
+                    .publisher()
+                    .publish_event(&duplicate)
+                    .await
+                    .context("publishing a duplicate")?;
+                Ok(())
+            }
+        }
+    })
+    .await?;
+    let deadline = started + Duration::from_secs(600);
+    let messages = 2 * args.items as u64;
+    while processed() - before < messages {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {messages} messages processed in 10 minutes",
+                processed() - before
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let phase = Phase {
+        name: "through the broker (switch on, duplicates)",
+        unit: "orders",
+        count: args.items,
+        elapsed: started.elapsed(),
+        statements: Some(counters.since(&services.pool).await?),
+    };
+    shutdown.cancel();
+    running.await??;
+    Ok(phase)
 }
