@@ -426,6 +426,60 @@ fn settings_on(env: &TestEnv, broker: &PrivateBroker) -> Settings {
     settings
 }
 
+/// A consumer and a publisher on one link, fed 300 pings through the outbox 10 ms apart while
+/// `interrupt` takes the broker node they are connected to away (restarts it, kills it...)
+/// after 800 ms. Returns how many were sent.
+async fn ping_through_an_interruption(
+    services: &Services,
+    interrupt: impl FnOnce() -> tokio::task::JoinHandle<()>,
+) -> u64 {
+    let producer_services = services.clone();
+    let producer = tokio::spawn(async move {
+        let mut sent = 0u64;
+        for _ in 0..300 {
+            // Through the outbox: a commit is a promise, whatever the broker does.
+            if send_ping(&producer_services.outbox).await.is_ok() {
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sent
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    interrupt().await.unwrap();
+    producer.await.unwrap()
+}
+
+/// Every ping ponged, each once.
+async fn assert_every_ping_ponged_once(env: &TestEnv, sent: u64) {
+    let all_ponged = eventually(Duration::from_secs(120), || async {
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
+        )
+        .await
+            == i64::try_from(sent).unwrap()
+    })
+    .await;
+    assert!(
+        all_ponged,
+        "ponged {} of {sent}",
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
+        )
+        .await
+    );
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
+        )
+        .await,
+        i64::try_from(sent).unwrap()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_returns() {
     let env = TestEnv::new().await;
@@ -500,58 +554,18 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
     let services = services_on(&settings_on(&env, &broker), &[Canary::queue()]).await;
     let (stop, run) = start_runner(&services);
 
-    let producer_services = services.clone();
-    let producer = tokio::spawn(async move {
-        let mut sent = 0u64;
-        for _ in 0..300 {
-            // Through the outbox: a commit is a promise, whatever the broker does.
-            if send_ping(&producer_services.outbox).await.is_ok() {
-                sent += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        sent
-    });
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let restart = broker.clone();
-    tokio::task::spawn_blocking(move || {
-        restart.stop();
-        restart.start_again();
-    })
-    .await
-    .unwrap();
-    let sent = producer.await.unwrap();
-
-    let all_ponged = eventually(Duration::from_secs(120), || async {
-        scalar(
-            &env.db,
-            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
-        )
-        .await
-            == i64::try_from(sent).unwrap()
+    let sent = ping_through_an_interruption(&services, move || {
+        tokio::task::spawn_blocking(move || {
+            broker.stop();
+            broker.start_again();
+        })
     })
     .await;
+
+    assert_every_ping_ponged_once(&env, sent).await;
     stop.cancel();
     run.await.unwrap();
-
     assert_eq!(sent, 300);
-    assert!(
-        all_ponged,
-        "ponged {} of {sent}",
-        scalar(
-            &env.db,
-            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
-        )
-        .await
-    );
-    assert_eq!(
-        scalar(
-            &env.db,
-            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
-        )
-        .await,
-        300
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -758,60 +772,6 @@ async fn dead_letter_headers_stored_by_an_earlier_paybus_are_rewritten_readable(
 
 // ---- Failover between broker nodes (PAYBUS_AMQP_URL listing several) ----
 
-/// A consumer and a publisher on one link, fed 300 pings through the outbox 10 ms apart while
-/// `break_node` takes the node they are connected to away after 800 ms. Returns how many
-/// were sent.
-async fn ping_through_a_node_loss(
-    services: &Services,
-    break_node: impl FnOnce() -> tokio::task::JoinHandle<()>,
-) -> u64 {
-    let producer_services = services.clone();
-    let producer = tokio::spawn(async move {
-        let mut sent = 0u64;
-        for _ in 0..300 {
-            // Through the outbox: a commit is a promise, whatever the broker does.
-            if send_ping(&producer_services.outbox).await.is_ok() {
-                sent += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        sent
-    });
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    break_node().await.unwrap();
-    producer.await.unwrap()
-}
-
-/// Every ping ponged, each once.
-async fn assert_every_ping_ponged_once(env: &TestEnv, sent: u64) {
-    let all_ponged = eventually(Duration::from_secs(120), || async {
-        scalar(
-            &env.db,
-            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
-        )
-        .await
-            == i64::try_from(sent).unwrap()
-    })
-    .await;
-    assert!(
-        all_ponged,
-        "ponged {} of {sent}",
-        scalar(
-            &env.db,
-            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
-        )
-        .await
-    );
-    assert_eq!(
-        scalar(
-            &env.db,
-            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
-        )
-        .await,
-        i64::try_from(sent).unwrap()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broker_url_that_refuses_connections_is_skipped_for_the_next() {
     let env = TestEnv::new().await;
@@ -850,7 +810,7 @@ async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_aw
     let (stop, run) = start_runner(&services);
 
     let sent =
-        ping_through_a_node_loss(&services, || tokio::spawn(async move { first.cut() })).await;
+        ping_through_an_interruption(&services, || tokio::spawn(async move { first.cut() })).await;
 
     assert_every_ping_ponged_once(&env, sent).await;
     assert_eq!(services.link.node(), 1, "the link moved to the second URL");
@@ -878,7 +838,7 @@ async fn a_consumer_and_publisher_keep_working_when_their_cluster_node_is_killed
     let (stop, run) = start_runner(&services);
 
     let killed = cluster.clone();
-    let sent = ping_through_a_node_loss(&services, move || {
+    let sent = ping_through_an_interruption(&services, move || {
         tokio::task::spawn_blocking(move || killed.kill_node(1))
     })
     .await;
