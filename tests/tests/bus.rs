@@ -554,10 +554,12 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
     let services = services_on(&settings_on(&env, &broker), &[Canary::queue()]).await;
     let (stop, run) = start_runner(&services);
 
+    // A clone: the last handle's drop removes the broker, which must outlive the restart.
+    let restart = broker.clone();
     let sent = ping_through_an_interruption(&services, move || {
         tokio::task::spawn_blocking(move || {
-            broker.stop();
-            broker.start_again();
+            restart.stop();
+            restart.start_again();
         })
     })
     .await;
