@@ -53,7 +53,7 @@ async fn check_database(settings: &Settings) -> Result<String, String> {
 }
 
 async fn check_broker(settings: &Settings) -> Result<String, String> {
-    let url = redact::url(&settings.broker.url);
+    let url = settings.broker.redacted();
     tokio::time::timeout(CHECK_TIMEOUT, broker::probe(&settings.broker))
         .await
         .map_err(|_| format!("no answer from {url} within {CHECK_TIMEOUT:?}"))?

@@ -23,11 +23,13 @@ paybus_error() { printf 'ERROR: %s\n' "$*" >&2; }
 
 # Serialises the scripts of one state folder (start/stop/restart running at
 # the same time). The lock fd is closed for the daemons, which outlive us.
+#   paybus_lock [FOLDER]   (default: PAYBUS_STATE_DIR)
 paybus_lock() {
-  mkdir -p -- "$PAYBUS_STATE_DIR"
-  exec {PAYBUS_LOCK_FD}>"$PAYBUS_STATE_DIR/.lock"
+  local dir=${1:-$PAYBUS_STATE_DIR}
+  mkdir -p -- "$dir"
+  exec {PAYBUS_LOCK_FD}>"$dir/.lock"
   if ! flock -w 300 "$PAYBUS_LOCK_FD"; then
-    paybus_error "another paybus local-services script holds $PAYBUS_STATE_DIR/.lock"
+    paybus_error "another paybus local-services script holds $dir/.lock"
     return 1
   fi
 }
@@ -262,30 +264,49 @@ stop_mariadb() {
 
 # --------------------------------------------------------------- RabbitMQ
 
-PAYBUS_RABBITMQ_PIDFILE="$PAYBUS_RABBITMQ_DIR/pid"
-PAYBUS_RABBITMQ_OUT="$PAYBUS_RABBITMQ_DIR/server.out"
-PAYBUS_RABBITMQ_LOG="$PAYBUS_RABBITMQ_DIR/log/$PAYBUS_RABBITMQ_NODENAME.log"
+# Points the functions below at one node: its name, ports and state folder.
+# Called once here for the node of env.sh; infra/local/cluster.sh calls it for
+# each node of the cluster in turn.
+#   paybus_rabbitmq_use NODENAME AMQP_PORT MGMT_PORT DIST_PORT STATE_FOLDER
+paybus_rabbitmq_use() {
+  PAYBUS_RABBITMQ_NODENAME=$1
+  PAYBUS_AMQP_PORT=$2
+  PAYBUS_RABBITMQ_MGMT_PORT=$3
+  PAYBUS_RABBITMQ_DIST_PORT=$4
+  PAYBUS_RABBITMQ_DIR=$5
+  PAYBUS_RABBITMQ_PIDFILE="$PAYBUS_RABBITMQ_DIR/pid"
+  # The node this state folder was started as (written at each start): stop and
+  # start act on the node of their own folder only, never on one that merely
+  # answers to the same name (the shared paybus@localhost of other people's tests).
+  PAYBUS_RABBITMQ_NODEFILE="$PAYBUS_RABBITMQ_DIR/nodename"
+  PAYBUS_RABBITMQ_OUT="$PAYBUS_RABBITMQ_DIR/server.out"
+  PAYBUS_RABBITMQ_LOG="$PAYBUS_RABBITMQ_DIR/log/$PAYBUS_RABBITMQ_NODENAME.log"
 
-# The node's environment, as NAME=VALUE words for env(1). As root, Debian's
-# wrappers (/usr/sbin/rabbitmq-server, /usr/sbin/rabbitmqctl) switch to the
-# rabbitmq user with `su`, which keeps these variables; server and CLI then
-# share that user's cookie, /var/lib/rabbitmq/.erlang.cookie.
-PAYBUS_RABBITMQ_ENV=(
-  RABBITMQ_NODENAME="$PAYBUS_RABBITMQ_NODENAME"
-  RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-  RABBITMQ_NODE_PORT="$PAYBUS_AMQP_PORT"
-  RABBITMQ_DIST_PORT="$PAYBUS_RABBITMQ_DIST_PORT"
-  RABBITMQ_MNESIA_BASE="$PAYBUS_RABBITMQ_DIR/mnesia"
-  RABBITMQ_LOG_BASE="$PAYBUS_RABBITMQ_DIR/log"
-  RABBITMQ_PID_FILE="$PAYBUS_RABBITMQ_PIDFILE"
-  RABBITMQ_CONFIG_FILE="$PAYBUS_RABBITMQ_DIR/rabbitmq.conf"
-  RABBITMQ_ADVANCED_CONFIG_FILE="$PAYBUS_RABBITMQ_DIR/advanced.config"
-  RABBITMQ_ENABLED_PLUGINS_FILE="$PAYBUS_RABBITMQ_DIR/enabled_plugins"
-  RABBITMQ_CONF_ENV_FILE="$PAYBUS_RABBITMQ_DIR/rabbitmq-env.conf"
-  # Erlang distribution and a newly started epmd on loopback only.
-  RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-  ERL_EPMD_ADDRESS=127.0.0.1
-)
+  # The node's environment, as NAME=VALUE words for env(1). As root, Debian's
+  # wrappers (/usr/sbin/rabbitmq-server, /usr/sbin/rabbitmqctl) switch to the
+  # rabbitmq user with `su`, which keeps these variables; server and CLI then
+  # share that user's cookie, /var/lib/rabbitmq/.erlang.cookie (so every node
+  # started here has the same cookie, and the nodes of a cluster can talk).
+  PAYBUS_RABBITMQ_ENV=(
+    RABBITMQ_NODENAME="$PAYBUS_RABBITMQ_NODENAME"
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+    RABBITMQ_NODE_PORT="$PAYBUS_AMQP_PORT"
+    RABBITMQ_DIST_PORT="$PAYBUS_RABBITMQ_DIST_PORT"
+    RABBITMQ_MNESIA_BASE="$PAYBUS_RABBITMQ_DIR/mnesia"
+    RABBITMQ_LOG_BASE="$PAYBUS_RABBITMQ_DIR/log"
+    RABBITMQ_PID_FILE="$PAYBUS_RABBITMQ_PIDFILE"
+    RABBITMQ_CONFIG_FILE="$PAYBUS_RABBITMQ_DIR/rabbitmq.conf"
+    RABBITMQ_ADVANCED_CONFIG_FILE="$PAYBUS_RABBITMQ_DIR/advanced.config"
+    RABBITMQ_ENABLED_PLUGINS_FILE="$PAYBUS_RABBITMQ_DIR/enabled_plugins"
+    RABBITMQ_CONF_ENV_FILE="$PAYBUS_RABBITMQ_DIR/rabbitmq-env.conf"
+    # Erlang distribution and a newly started epmd on loopback only.
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+    ERL_EPMD_ADDRESS=127.0.0.1
+  )
+}
+
+paybus_rabbitmq_use "$PAYBUS_RABBITMQ_NODENAME" "$PAYBUS_AMQP_PORT" \
+  "$PAYBUS_RABBITMQ_MGMT_PORT" "$PAYBUS_RABBITMQ_DIST_PORT" "$PAYBUS_RABBITMQ_DIR"
 
 paybus_rabbitmqctl() {
   env "${PAYBUS_RABBITMQ_ENV[@]}" rabbitmqctl -n "$PAYBUS_RABBITMQ_NODENAME" "$@"
@@ -359,21 +380,51 @@ CONF
   fi
 }
 
+# The node this state folder's RabbitMQ runs as: the name in its live
+# process's environment, else the one recorded at its last start. Fails when the
+# folder knows of no node (never started here).
+paybus_rabbitmq_own_node() {
+  local pid name=
+  if pid=$(paybus_rabbitmq_pid); then
+    name=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" |
+      sed -n 's/^RABBITMQ_NODENAME=//p' | head -n 1) || name=
+  fi
+  if [[ -z $name && -r $PAYBUS_RABBITMQ_NODEFILE ]]; then
+    name=$(head -n 1 -- "$PAYBUS_RABBITMQ_NODEFILE")
+  fi
+  [[ -n $name ]] || return 1
+  printf '%s\n' "$name"
+}
+
 start_rabbitmq() {
   paybus_require_commands rabbitmq-server rabbitmqctl || return 1
   if ((EUID != 0)); then
     paybus_error "RabbitMQ: start as root (Debian's rabbitmq-server runs only as root or rabbitmq)"
     return 1
   fi
-  local pid launcher
+  local pid launcher own
   mkdir -p -- "$PAYBUS_RABBITMQ_DIR"
+  pid=$(paybus_rabbitmq_pid) || pid=
+  own=$(paybus_rabbitmq_own_node) || own=
 
+  if [[ -n $pid && $own != "$PAYBUS_RABBITMQ_NODENAME" ]]; then
+    paybus_error "RabbitMQ: $PAYBUS_RABBITMQ_DIR already runs node $own (pid $pid), not $PAYBUS_RABBITMQ_NODENAME; set PAYBUS_RABBITMQ_NODENAME=$own or stop it first"
+    return 1
+  fi
   if rabbitmq_answers; then
+    # A node of that name answering is ours only if this folder runs or ran it: the same
+    # name started from another folder (the shared paybus@localhost, when only
+    # PAYBUS_STATE_DIR was overridden) must not be taken for this folder's node.
+    if [[ -z $pid && $own != "$PAYBUS_RABBITMQ_NODENAME" ]]; then
+      paybus_error "RabbitMQ: node $PAYBUS_RABBITMQ_NODENAME already runs, but not from $PAYBUS_RABBITMQ_DIR; give this folder a node name and ports of its own (PAYBUS_RABBITMQ_NODENAME, PAYBUS_AMQP_PORT, PAYBUS_RABBITMQ_MGMT_PORT, PAYBUS_RABBITMQ_DIST_PORT)"
+      return 1
+    fi
     paybus_info "RabbitMQ: already running (node $PAYBUS_RABBITMQ_NODENAME)"
+    printf '%s\n' "$PAYBUS_RABBITMQ_NODENAME" >"$PAYBUS_RABBITMQ_NODEFILE"
     return 0
   fi
 
-  if pid=$(paybus_rabbitmq_pid); then
+  if [[ -n $pid ]]; then
     paybus_info "RabbitMQ: node process (pid $pid) is up but not answering yet; waiting"
     paybus_rabbitmq_wait "$pid" || return 1
   else
@@ -382,6 +433,7 @@ start_rabbitmq() {
     fi
     rm -f -- "$PAYBUS_RABBITMQ_PIDFILE"
     paybus_rabbitmq_files || return 1
+    printf '%s\n' "$PAYBUS_RABBITMQ_NODENAME" >"$PAYBUS_RABBITMQ_NODEFILE"
     PAYBUS_RABBITMQ_LOG_OFFSET=$(stat -c %s -- "$PAYBUS_RABBITMQ_LOG" 2>/dev/null || echo 0)
     paybus_info "RabbitMQ: starting node $PAYBUS_RABBITMQ_NODENAME (AMQP 127.0.0.1:$PAYBUS_AMQP_PORT)"
     {
@@ -395,8 +447,14 @@ start_rabbitmq() {
   paybus_info "RabbitMQ: running (pid $(paybus_rabbitmq_pid || echo '?'))"
 }
 
+# Stops this state folder's node, and only it: by its pid (which names the
+# folder's pid file in its environment), or, with no live pid, by the node name
+# recorded at its start. A node that merely answers to PAYBUS_RABBITMQ_NODENAME
+# is not stopped when the folder records no node of that name: with only
+# PAYBUS_STATE_DIR overridden, the fallback `rabbitmqctl -n paybus@localhost
+# stop` would have stopped the shared node other people's tests run on.
 stop_rabbitmq() {
-  local pid=
+  local pid= own=
   pid=$(paybus_rabbitmq_pid) || pid=
   if [[ ${1:-} == --kill && -n $pid ]]; then
     paybus_info "RabbitMQ: killing the node (pid $pid) with SIGKILL"
@@ -404,11 +462,21 @@ stop_rabbitmq() {
     paybus_wait_exit "$pid" 10 || true
     return 0
   fi
-  if [[ -n $pid ]] || rabbitmq_answers; then
-    paybus_info "RabbitMQ: stopping node $PAYBUS_RABBITMQ_NODENAME"
+  own=$(paybus_rabbitmq_own_node) || own=
+  if [[ -z $own ]]; then
+    if rabbitmq_answers; then
+      paybus_error "RabbitMQ: node $PAYBUS_RABBITMQ_NODENAME answers, but $PAYBUS_RABBITMQ_DIR records no node (it was not started from this folder); refusing to stop it"
+      return 1
+    fi
+    paybus_info "RabbitMQ: not running"
+    rm -f -- "$PAYBUS_RABBITMQ_PIDFILE"
+    return 0
+  fi
+  if [[ -n $pid ]] || PAYBUS_RABBITMQ_NODENAME=$own rabbitmq_answers; then
+    paybus_info "RabbitMQ: stopping node $own"
     # `stop` with the pid file waits until the OS process has exited.
-    paybus_rabbitmqctl -q stop "$PAYBUS_RABBITMQ_PIDFILE" >/dev/null 2>&1 ||
-      paybus_rabbitmqctl -q stop >/dev/null 2>&1 || true
+    PAYBUS_RABBITMQ_NODENAME=$own paybus_rabbitmqctl -q stop "$PAYBUS_RABBITMQ_PIDFILE" >/dev/null 2>&1 ||
+      PAYBUS_RABBITMQ_NODENAME=$own paybus_rabbitmqctl -q stop >/dev/null 2>&1 || true
     if [[ -n $pid ]] && ! paybus_wait_exit "$pid" "$PAYBUS_STOP_TIMEOUT"; then
       paybus_kill_wait "$pid" "RabbitMQ node"
     fi

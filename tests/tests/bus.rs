@@ -14,7 +14,8 @@ use paybus_platform::{
         topology,
     },
     testing::{
-        self, PrivateBroker, PrivateService, TestEnv, eventually, queue_depth, scalar, services_on,
+        self, PrivateBroker, PrivateCluster, PrivateService, TestEnv, eventually,
+        outage::Relay as TcpRelay, queue_depth, scalar, services_on,
     },
 };
 use tokio_util::sync::CancellationToken;
@@ -425,6 +426,60 @@ fn settings_on(env: &TestEnv, broker: &PrivateBroker) -> Settings {
     settings
 }
 
+/// A consumer and a publisher on one link, fed 300 pings through the outbox 10 ms apart while
+/// `interrupt` takes the broker node they are connected to away (restarts it, kills it...)
+/// after 800 ms. Returns how many were sent.
+async fn ping_through_an_interruption(
+    services: &Services,
+    interrupt: impl FnOnce() -> tokio::task::JoinHandle<()>,
+) -> u64 {
+    let producer_services = services.clone();
+    let producer = tokio::spawn(async move {
+        let mut sent = 0u64;
+        for _ in 0..300 {
+            // Through the outbox: a commit is a promise, whatever the broker does.
+            if send_ping(&producer_services.outbox).await.is_ok() {
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sent
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    interrupt().await.unwrap();
+    producer.await.unwrap()
+}
+
+/// Every ping ponged, each once.
+async fn assert_every_ping_ponged_once(env: &TestEnv, sent: u64) {
+    let all_ponged = eventually(Duration::from_secs(120), || async {
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
+        )
+        .await
+            == i64::try_from(sent).unwrap()
+    })
+    .await;
+    assert!(
+        all_ponged,
+        "ponged {} of {sent}",
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
+        )
+        .await
+    );
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
+        )
+        .await,
+        i64::try_from(sent).unwrap()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_returns() {
     let env = TestEnv::new().await;
@@ -499,58 +554,20 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
     let services = services_on(&settings_on(&env, &broker), &[Canary::queue()]).await;
     let (stop, run) = start_runner(&services);
 
-    let producer_services = services.clone();
-    let producer = tokio::spawn(async move {
-        let mut sent = 0u64;
-        for _ in 0..300 {
-            // Through the outbox: a commit is a promise, whatever the broker does.
-            if send_ping(&producer_services.outbox).await.is_ok() {
-                sent += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        sent
-    });
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // A clone: the last handle's drop removes the broker, which must outlive the restart.
     let restart = broker.clone();
-    tokio::task::spawn_blocking(move || {
-        restart.stop();
-        restart.start_again();
-    })
-    .await
-    .unwrap();
-    let sent = producer.await.unwrap();
-
-    let all_ponged = eventually(Duration::from_secs(120), || async {
-        scalar(
-            &env.db,
-            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
-        )
-        .await
-            == i64::try_from(sent).unwrap()
+    let sent = ping_through_an_interruption(&services, move || {
+        tokio::task::spawn_blocking(move || {
+            restart.stop();
+            restart.start_again();
+        })
     })
     .await;
+
+    assert_every_ping_ponged_once(&env, sent).await;
     stop.cancel();
     run.await.unwrap();
-
     assert_eq!(sent, 300);
-    assert!(
-        all_ponged,
-        "ponged {} of {sent}",
-        scalar(
-            &env.db,
-            "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'"
-        )
-        .await
-    );
-    assert_eq!(
-        scalar(
-            &env.db,
-            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
-        )
-        .await,
-        300
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -753,4 +770,84 @@ async fn dead_letter_headers_stored_by_an_earlier_paybus_are_rewritten_readable(
     .await
     .unwrap();
     assert_eq!(reason, "failed", "queryable with plain SQL");
+}
+
+// ---- Failover between broker nodes (PAYBUS_AMQP_URL listing several) ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_url_that_refuses_connections_is_skipped_for_the_next() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    let mut dead = env.settings.broker.url.clone();
+    dead.set_port(Some(testing::free_port())).unwrap();
+    settings.broker.url = dead;
+    settings.broker.failover_urls = vec![env.settings.broker.url.clone()];
+
+    let services = services_on(&settings, &[Canary::queue()]).await;
+
+    assert_eq!(services.link.node(), 1, "connected to the second URL");
+    let channel = tap(&services, "test.tap").await;
+    send_ping(&services.outbox).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queue_depth(&channel, "test.tap").await == 1
+        })
+        .await
+    );
+}
+
+/// Two URLs in front of the shared test broker, each through a relay of its own: cutting the
+/// first relay is, from the client's side, its node going away (the socket closes, the port
+/// refuses). The fast proof of the failover path, next to the real node kill below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_away() {
+    let env = TestEnv::new().await;
+    let first = TcpRelay::to(&env.settings.broker.url).await;
+    let second = TcpRelay::to(&env.settings.broker.url).await;
+    let mut settings = env.settings.clone();
+    settings.broker.url = first.url(&env.settings.broker.url);
+    settings.broker.failover_urls = vec![second.url(&env.settings.broker.url)];
+    let services = services_on(&settings, &[Canary::queue()]).await;
+    assert_eq!(services.link.node(), 0);
+    let (stop, run) = start_runner(&services);
+
+    let sent =
+        ping_through_an_interruption(&services, || tokio::spawn(async move { first.cut() })).await;
+
+    assert_every_ping_ponged_once(&env, sent).await;
+    assert_eq!(services.link.node(), 1, "the link moved to the second URL");
+    stop.cancel();
+    run.await.unwrap();
+    assert_eq!(sent, 300);
+}
+
+/// The real thing: a RabbitMQ cluster of three nodes of the test's own, the canary's quorum
+/// queue replicated on all three, and the node that the consumer and the publisher are
+/// connected to SIGKILLed mid-stream. The link moves to another node, the quorum queue elects
+/// a leader among the two left, and every ping is ponged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_and_publisher_keep_working_when_their_cluster_node_is_killed() {
+    let env = TestEnv::new().await;
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(PrivateCluster::start)
+            .await
+            .unwrap(),
+    );
+    let mut settings = env.settings.clone();
+    settings.broker = cluster.broker_settings(&env.settings.broker, 1);
+    let services = services_on(&settings, &[Canary::queue()]).await;
+    assert_eq!(services.link.node(), 0, "connected to node 1");
+    let (stop, run) = start_runner(&services);
+
+    let killed = cluster.clone();
+    let sent = ping_through_an_interruption(&services, move || {
+        tokio::task::spawn_blocking(move || killed.kill_node(1))
+    })
+    .await;
+
+    assert_every_ping_ponged_once(&env, sent).await;
+    assert_ne!(services.link.node(), 0, "the link left the killed node");
+    stop.cancel();
+    run.await.unwrap();
+    assert_eq!(sent, 300);
 }

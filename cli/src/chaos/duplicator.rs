@@ -34,7 +34,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::Profile;
 
-/// The tap's queue: durable, so a broker restart keeps what it had not copied yet.
+/// The tap's queue: a quorum queue, so a broker restart keeps what it had not copied yet, and
+/// on a cluster the death of one node neither loses it nor makes it unavailable (a classic
+/// queue lives on one node only).
 pub(super) const TAP_QUEUE: &str = "chaos.tap";
 
 #[derive(Default)]
@@ -113,7 +115,10 @@ async fn declare_tap(link: &BrokerLink) -> Result<lapin::Channel, lapin::Error> 
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            FieldTable::from(std::collections::BTreeMap::from([(
+                "x-queue-type".into(),
+                lapin::types::AMQPValue::LongString("quorum".into()),
+            )])),
         )
         .await?;
     channel

@@ -75,13 +75,14 @@ pub(super) fn binaries(
     Ok(binaries)
 }
 
-/// The environment of every function process: the run's database and broker, and settings
-/// short enough that a crashed attempt is reaped and a retry is due within the run.
+/// The environment of every function process: the run's database and broker (every node, in
+/// the harness's order; [`Fleet::start`] gives each process its own), and settings short
+/// enough that a crashed attempt is reaped and a retry is due within the run.
 pub(super) fn environment(settings: &Settings, world: &World) -> HashMap<String, String> {
     let quote_timeout = QUOTE_TIMEOUT.as_millis().to_string();
     [
         ("PAYBUS_DATABASE_URL", settings.database.url.to_string()),
-        ("PAYBUS_AMQP_URL", settings.broker.url.to_string()),
+        ("PAYBUS_AMQP_URL", settings.broker.to_env_value()),
         ("PAYBUS_DB_MAX_CONNECTIONS", "24".to_owned()),
         ("PAYBUS_PREFETCH", "16".to_owned()),
         ("RUST_LOG", "warn".to_owned()),
@@ -128,15 +129,25 @@ pub(super) struct Fleet {
 }
 
 impl Fleet {
+    /// Starts every binary with `env`, process `i` with `PAYBUS_AMQP_URL` set to
+    /// `broker_node_orders[i % len]` (the broker's nodes, each order starting at another node).
     pub(super) async fn start(
         binaries: &[Binary],
         env: HashMap<String, String>,
+        broker_node_orders: &[String],
         log_dir: &Path,
     ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
         let mut processes = Vec::new();
-        for binary in binaries {
+        for (i, binary) in binaries.iter().enumerate() {
+            let mut env = env.clone();
+            if !broker_node_orders.is_empty() {
+                env.insert(
+                    "PAYBUS_AMQP_URL".to_owned(),
+                    broker_node_orders[i % broker_node_orders.len()].clone(),
+                );
+            }
             let supervised = Arc::new(Supervised {
                 binary: binary.clone(),
                 pid: AtomicU64::new(0),
@@ -144,12 +155,7 @@ impl Fleet {
                 starts: AtomicU32::new(0),
             });
             let log = log_dir.join(format!("{}.log", binary.name));
-            tasks.spawn(supervise(
-                supervised.clone(),
-                env.clone(),
-                log,
-                stop.clone(),
-            ));
+            tasks.spawn(supervise(supervised.clone(), env, log, stop.clone()));
             processes.push(supervised);
         }
         Ok(Self {

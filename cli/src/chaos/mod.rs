@@ -11,11 +11,15 @@
 //! concurrently) plus one malformed message in `--malformed-every`, and meanwhile kills a
 //! random function process every `--kill-every-ms`, restarts the broker and the database, and
 //! makes the quote service slow, failing and timing out and the partner endpoint fail for a
-//! while. Then it waits (bounded) for quiescence and checks, from the database and the broker,
+//! while. The full profile runs on a RabbitMQ cluster of three nodes: every function process is
+//! given all three URLs (each its own order, so the connections spread over the nodes), and the
+//! schedule also SIGKILLs a broker node (started again at once) while consumers and publishers
+//! fail over to the others. Then it waits (bounded) for quiescence and checks, from the database and the broker,
 //! that every item is terminal, the audit is clean, every malformed message is a dead letter
 //! and no other dead letter is unexplained, no queue holds a message and every webhook was
 //! delivered or FAILED. Exit 1 on any violation.
 
+mod broker;
 mod checks;
 mod duplicator;
 mod fleet;
@@ -32,6 +36,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use paybus_platform::{Settings, bus::Services, db, testing::PrivateService};
+
+use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;
 
 use self::{
@@ -44,8 +50,9 @@ use self::{
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
     /// The CI profile: ~200 items, a kill every 3 s, one broker and one database restart,
-    /// a 6 s webhook outage. Without it: the full profile (10,000 items, a kill every 2 s,
-    /// two broker restarts, one database restart, a 30 s webhook outage).
+    /// a 6 s webhook outage, one RabbitMQ node. Without it: the full profile (10,000 items, a
+    /// kill every 2 s, two broker restarts, two SIGKILLs of a broker node, one database
+    /// restart, a 30 s webhook outage, a three-node RabbitMQ cluster).
     #[arg(long)]
     pub quick: bool,
     /// Print the report as JSON instead of a table.
@@ -57,9 +64,17 @@ pub struct ChaosArgs {
     /// SIGKILL a random function process this often (0: never).
     #[arg(long)]
     pub kill_every_ms: Option<u64>,
-    /// Broker restarts during the run.
+    /// Broker restarts during the run (clean; on a cluster, one node at a time).
     #[arg(long)]
     pub broker_restarts: Option<u32>,
+    /// RabbitMQ nodes: 1, or 3 (a cluster; every process gets every node's URL and fails
+    /// over).
+    #[arg(long)]
+    pub broker_nodes: Option<usize>,
+    /// SIGKILLs of a random broker node (started again at once) during the run; needs a
+    /// cluster (`--broker-nodes 3`).
+    #[arg(long)]
+    pub broker_node_kills: Option<u32>,
     /// Database restarts (SIGKILL, then start: a crash) during the run.
     #[arg(long)]
     pub database_restarts: Option<u32>,
@@ -111,6 +126,9 @@ pub struct Profile {
     pub malformed_every: u64,
     pub kill_every: Duration,
     pub broker_restarts: u32,
+    /// RabbitMQ nodes the run starts (3: a cluster).
+    pub broker_nodes: usize,
+    pub broker_node_kills: u32,
     pub database_restarts: u32,
     pub webhook_outage: Duration,
     pub fault_window: Duration,
@@ -130,6 +148,8 @@ impl Profile {
                 malformed_every: 100,
                 kill_every: Duration::from_secs(3),
                 broker_restarts: 1,
+                broker_nodes: 1,
+                broker_node_kills: 0,
                 database_restarts: 1,
                 webhook_outage: Duration::from_secs(6),
                 fault_window: Duration::from_secs(30),
@@ -145,6 +165,8 @@ impl Profile {
                 malformed_every: 100,
                 kill_every: Duration::from_secs(2),
                 broker_restarts: 2,
+                broker_nodes: 3,
+                broker_node_kills: 2,
                 database_restarts: 1,
                 webhook_outage: Duration::from_secs(30),
                 fault_window: Duration::from_secs(120),
@@ -161,6 +183,30 @@ impl Profile {
         }
         if let Some(n) = args.broker_restarts {
             profile.broker_restarts = n;
+        }
+        if let Some(n) = args.broker_nodes {
+            if !OwnBroker::NODE_COUNTS.contains(&n) {
+                bail!("--broker-nodes must be 1 or 3 (a cluster whose majority survives a kill)");
+            }
+            profile.broker_nodes = n;
+            // A single node cannot take a node kill (it can stay leaderless after it); a quick
+            // run asked onto a cluster takes one.
+            if args.broker_node_kills.is_none() {
+                profile.broker_node_kills = match (n, profile.broker_node_kills) {
+                    (1, _) => 0,
+                    (_, 0) => 1,
+                    (_, kills) => kills,
+                };
+            }
+        }
+        if let Some(n) = args.broker_node_kills {
+            profile.broker_node_kills = n;
+        }
+        if profile.broker_node_kills > 0 && profile.broker_nodes == 1 {
+            bail!(
+                "--broker-node-kills needs a cluster (--broker-nodes 3): a single RabbitMQ node \
+                 can stay without a quorum queue leader after a SIGKILL"
+            );
         }
         if let Some(n) = args.database_restarts {
             profile.database_restarts = n;
@@ -219,12 +265,12 @@ fn repository_dir() -> PathBuf {
 /// The run's own MariaDB and RabbitMQ, in one state folder.
 struct OwnServices {
     mariadb: Arc<PrivateService>,
-    rabbitmq: Arc<PrivateService>,
+    rabbitmq: Arc<OwnBroker>,
 }
 
 impl OwnServices {
     /// Kills what a previous run in `state_dir` left running, wipes it, starts both.
-    async fn start(state_dir: PathBuf) -> anyhow::Result<Self> {
+    async fn start(state_dir: PathBuf, broker_nodes: usize) -> anyhow::Result<Self> {
         tokio::task::spawn_blocking(move || {
             // A previous run killed before its end left its servers running: kill them by
             // their pid files. Everything that names a service is overridden, so that a
@@ -242,10 +288,11 @@ impl OwnServices {
                 .env("PAYBUS_MARIADB_PORT", "1")
                 .stdin(std::process::Stdio::null())
                 .output();
+            OwnBroker::kill_leftover_cluster(&state_dir);
             let _ = std::fs::remove_dir_all(&state_dir);
             std::fs::create_dir_all(state_dir.join("logs"))?;
             let mariadb = PrivateService::start_mariadb_in(state_dir.clone());
-            let rabbitmq = PrivateService::start_rabbitmq_in(state_dir);
+            let rabbitmq = OwnBroker::start(&state_dir, broker_nodes);
             anyhow::Ok(Self {
                 mariadb: Arc::new(mariadb),
                 rabbitmq: Arc::new(rabbitmq),
@@ -254,11 +301,11 @@ impl OwnServices {
         .await?
     }
 
+    /// The harness's own settings: the run's database, and the broker's nodes from node 1.
     fn settings(&self) -> anyhow::Result<Settings> {
         let mut settings = Settings::from_vars(
             [
                 ("PAYBUS_DATABASE_URL", self.mariadb.url.as_str()),
-                ("PAYBUS_AMQP_URL", self.rabbitmq.url.as_str()),
                 ("PAYBUS_DB_MAX_CONNECTIONS", "48"),
                 ("PAYBUS_DB_ACQUIRE_TIMEOUT_MS", "3000"),
             ]
@@ -266,6 +313,7 @@ impl OwnServices {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
         )?;
+        settings.broker = self.rabbitmq.settings(&settings.broker, 1);
         settings.broker.prefetch = 32;
         Ok(settings)
     }
@@ -287,21 +335,24 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| repository_dir().join(".local/chaos"));
     let state_dir = std::path::absolute(&state_dir)?;
     eprintln!(
-        "chaos ({} profile, seed {}): starting MariaDB and RabbitMQ of its own in {}",
+        "chaos ({} profile, seed {}): starting MariaDB and RabbitMQ ({} node{}) of its own in {}",
         profile.name,
         profile.seed,
+        profile.broker_nodes,
+        if profile.broker_nodes == 1 { "" } else { "s" },
         state_dir.display()
     );
-    let own = OwnServices::start(state_dir.clone()).await?;
+    let own = OwnServices::start(state_dir.clone(), profile.broker_nodes).await?;
     let result = drive(&profile, &own, &binaries, &state_dir).await;
     let OwnServices { mariadb, rabbitmq } = own;
     tokio::task::spawn_blocking(move || {
         // The fault schedule has ended, so these are the last handles; the state folder (logs)
         // stays for whoever reads the report.
-        for service in [mariadb, rabbitmq] {
-            if let Ok(service) = Arc::try_unwrap(service) {
-                service.kill_keeping_state();
-            }
+        if let Ok(mariadb) = Arc::try_unwrap(mariadb) {
+            mariadb.kill_keeping_state();
+        }
+        if let Ok(rabbitmq) = Arc::try_unwrap(rabbitmq) {
+            rabbitmq.kill_keeping_state();
         }
     })
     .await?;
@@ -338,7 +389,16 @@ async fn drive(
     let depth = report::DepthWatch::start(services.link.clone(), stop.clone());
 
     let env = fleet::environment(&settings, &outside);
-    let fleet = Arc::new(Fleet::start(binaries, env, &state_dir.join("logs")).await?);
+    // Each process its own order of the nodes: the connections spread over the cluster, so
+    // any node's death moves some of them.
+    let node_orders: Vec<String> = (1..=own.rabbitmq.nodes())
+        .map(|first| {
+            own.rabbitmq
+                .settings(&settings.broker, first)
+                .to_env_value()
+        })
+        .collect();
+    let fleet = Arc::new(Fleet::start(binaries, env, &node_orders, &state_dir.join("logs")).await?);
     let started = Instant::now();
 
     let faults_stop = CancellationToken::new();
@@ -386,6 +446,13 @@ async fn drive(
             time_to_quiescence,
             total: started.elapsed(),
             peak_queue_depth: depth.peak(),
+            broker_node_kills: fault_log
+                .iter()
+                .filter(|fault| {
+                    fault.what.starts_with(outside::BROKER_NODE_KILL)
+                        && !fault.what.ends_with("FAILED")
+                })
+                .count() as u64,
             messages_seen: duplicator.seen(),
             copies_published: duplicator.copies(),
             malformed_injected: duplicator.malformed().len() as u64,
@@ -402,4 +469,47 @@ async fn drive(
         violations,
         state_dir: state_dir.to_path_buf(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        chaos: ChaosArgs,
+    }
+
+    fn profile(args: &[&str]) -> anyhow::Result<Profile> {
+        let command =
+            Command::try_parse_from(std::iter::once("chaos").chain(args.iter().copied()))?;
+        Profile::from_args(&command.chaos)
+    }
+
+    #[test]
+    fn the_full_profile_runs_on_a_cluster_and_kills_its_nodes_and_quick_on_one_node() {
+        let full = profile(&[]).unwrap();
+        assert_eq!((full.broker_nodes, full.broker_node_kills), (3, 2));
+        let quick = profile(&["--quick"]).unwrap();
+        assert_eq!((quick.broker_nodes, quick.broker_node_kills), (1, 0));
+    }
+
+    #[test]
+    fn a_quick_run_asked_onto_a_cluster_kills_one_node_and_a_full_one_on_a_node_none() {
+        let quick = profile(&["--quick", "--broker-nodes", "3"]).unwrap();
+        assert_eq!(quick.broker_node_kills, 1);
+        let full = profile(&["--broker-nodes", "1"]).unwrap();
+        assert_eq!(full.broker_node_kills, 0);
+    }
+
+    #[test]
+    fn node_kills_on_a_single_node_or_a_two_node_cluster_are_refused() {
+        let error = profile(&["--quick", "--broker-node-kills", "1"]).unwrap_err();
+        assert!(error.to_string().contains("--broker-nodes 3"), "{error}");
+        let error = profile(&["--broker-nodes", "2"]).unwrap_err();
+        assert!(error.to_string().contains("1 or 3"), "{error}");
+    }
 }

@@ -18,7 +18,10 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
 
-use super::{Dice, Profile, fleet::Fleet};
+use super::{Dice, Profile, broker::OwnBroker, fleet::Fleet};
+
+/// How a broker node kill is named in the fault log (the report counts them by it).
+pub(super) const BROKER_NODE_KILL: &str = "broker node SIGKILL";
 
 pub(super) const CHAIN_MONITOR_SECRET: &str = "chaos-chain-monitor-secret";
 pub(super) const PAYMENTS_SECRET: &str = "chaos-payment-service-secret";
@@ -165,15 +168,15 @@ pub struct Fault {
 }
 
 /// The fault schedule, until `stop`: a SIGKILL of a random function process every
-/// `kill_every` (its supervisor restarts it at once), the broker and database restarts spread
-/// evenly over the fault window, the webhook outage at a quarter of it, and the quote service
-/// alternating between healthy, failing (503s, refused trades) and hanging past the client's
-/// timeout. Returns what it did.
+/// `kill_every` (its supervisor restarts it at once), the broker restarts, broker node kills
+/// and database restarts spread evenly over the fault window, the webhook outage at a quarter
+/// of it, and the quote service alternating between healthy, failing (503s, refused trades)
+/// and hanging past the client's timeout. Returns what it did.
 pub(super) async fn faults(
     profile: Profile,
     fleet: Arc<Fleet>,
     mariadb: Arc<PrivateService>,
-    rabbitmq: Arc<PrivateService>,
+    rabbitmq: Arc<OwnBroker>,
     world: World,
     stop: CancellationToken,
 ) -> Vec<Fault> {
@@ -188,7 +191,7 @@ pub(super) async fn faults(
         });
     };
     // (when, which) of the service restarts, in time order.
-    let mut restarts: Vec<(Duration, &'static str)> = Vec::new();
+    let mut restarts: Vec<(Duration, Restart)> = Vec::new();
     let spread = |n: u32, offset: f64| {
         (0..n).map(move |i| {
             profile
@@ -196,13 +199,22 @@ pub(super) async fn faults(
                 .mul_f64((f64::from(i) + offset) / f64::from(n))
         })
     };
-    restarts.extend(spread(profile.broker_restarts, 0.3).map(|at| (at, "broker")));
-    restarts.extend(spread(profile.database_restarts, 0.6).map(|at| (at, "database")));
-    restarts.sort();
+    restarts.extend(spread(profile.broker_restarts, 0.3).map(|at| (at, Restart::Broker)));
+    restarts
+        .extend(spread(profile.broker_node_kills, 0.45).map(|at| (at, Restart::BrokerNodeKill)));
+    restarts.extend(spread(profile.database_restarts, 0.6).map(|at| (at, Restart::Database)));
+    restarts.sort_by_key(|(at, _)| *at);
     // Restarts take a while (a clean RabbitMQ stop of quorum queues, InnoDB recovery): they run
     // on their own schedule, so the kills go on meanwhile, and every one of them happens even
-    // when it ends after the window.
-    let restarter = tokio::spawn(restart_on_schedule(restarts, mariadb, rabbitmq, started));
+    // when it ends after the window. One at a time: never two broker nodes down at once, so a
+    // majority of the cluster always stands.
+    let restarter = tokio::spawn(restart_on_schedule(
+        restarts,
+        mariadb,
+        rabbitmq,
+        Dice::new(profile.seed.rotate_left(17)),
+        started,
+    ));
     let webhook_outage_at = profile.fault_window / 4;
     let mut webhook_outage_done = profile.webhook_outage.is_zero();
     let tick = Duration::from_millis(250);
@@ -268,36 +280,67 @@ pub(super) async fn faults(
     log
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Restart {
+    /// A clean stop and start of a broker node (a single node: the broker).
+    Broker,
+    /// SIGKILL of a random node of the cluster, then a start (it rejoins).
+    BrokerNodeKill,
+    /// SIGKILL of the database, then a start (InnoDB recovery).
+    Database,
+}
+
 async fn restart_on_schedule(
-    schedule: Vec<(Duration, &'static str)>,
+    schedule: Vec<(Duration, Restart)>,
     mariadb: Arc<PrivateService>,
-    rabbitmq: Arc<PrivateService>,
+    rabbitmq: Arc<OwnBroker>,
+    mut dice: Dice,
     started: Instant,
 ) -> Vec<Fault> {
     let mut log = Vec::new();
-    for (at, which) in schedule {
+    let nodes = rabbitmq.nodes();
+    let mut broker_restarts = 0;
+    for (at, restart) in schedule {
         tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
-        let service = if which == "broker" {
-            rabbitmq.clone()
-        } else {
-            mariadb.clone()
-        };
         let began = Instant::now();
-        // A database restart is a crash (SIGKILL, InnoDB recovery); the broker's is clean:
-        // a single RabbitMQ 3.10 node sometimes elects no quorum leader after a SIGKILL.
-        let crash = which == "database";
+        // The broker's restarts are clean (a single RabbitMQ 3.10 node sometimes elects no
+        // quorum leader after a SIGKILL); its crashes are node kills, on a cluster only.
+        let (what, apply): (String, Box<dyn FnOnce() + Send>) = match restart {
+            Restart::Broker => {
+                let node = broker_restarts % nodes + 1;
+                broker_restarts += 1;
+                let rabbitmq = rabbitmq.clone();
+                let what = if nodes == 1 {
+                    "broker restart".to_owned()
+                } else {
+                    format!("broker restart (node {node})")
+                };
+                (what, Box::new(move || rabbitmq.restart_node(node)))
+            }
+            Restart::BrokerNodeKill => {
+                let node = dice.below(nodes) + 1;
+                let rabbitmq = rabbitmq.clone();
+                (
+                    format!("{BROKER_NODE_KILL} (node {node}), started again"),
+                    Box::new(move || rabbitmq.crash_node(node)),
+                )
+            }
+            Restart::Database => {
+                let mariadb = mariadb.clone();
+                (
+                    "database restart (SIGKILL)".to_owned(),
+                    Box::new(move || mariadb.restart(true)),
+                )
+            }
+        };
         let outcome = tokio::task::spawn_blocking(move || {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.restart(crash)))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(apply))
         })
         .await;
         let ok = matches!(outcome, Ok(Ok(())));
         log.push(Fault {
             at_s: (began - started).as_secs_f64(),
-            what: format!(
-                "{which} restart{}{}",
-                if crash { " (SIGKILL)" } else { "" },
-                if ok { "" } else { " FAILED" }
-            ),
+            what: format!("{what}{}", if ok { "" } else { " FAILED" }),
             took_ms: began.elapsed().as_millis() as u64,
         });
     }

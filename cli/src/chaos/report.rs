@@ -35,6 +35,8 @@ pub struct Figures {
     pub total: Duration,
     /// The most messages ready in all queues at once (sampled every 500 ms).
     pub peak_queue_depth: u64,
+    /// Broker nodes SIGKILLed (and started again) during the run.
+    pub broker_node_kills: u64,
     /// Events the tap saw, copies it published, malformed messages it injected.
     pub messages_seen: u64,
     pub copies_published: u64,
@@ -91,8 +93,17 @@ impl fmt::Display for Report {
         let fig = &self.figures;
         writeln!(
             f,
-            "paybus chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed",
-            p.name, p.seed, p.items, p.copies, p.malformed_every
+            "paybus chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed, {}",
+            p.name,
+            p.seed,
+            p.items,
+            p.copies,
+            p.malformed_every,
+            if p.broker_nodes == 1 {
+                "one RabbitMQ node".to_owned()
+            } else {
+                format!("a RabbitMQ cluster of {} nodes", p.broker_nodes)
+            }
         )?;
         writeln!(f, "\nload (through the HTTP API)")?;
         sent_line(f, "W1 deposit orders", &self.load.w1_deposit_orders)?;
@@ -113,7 +124,11 @@ impl fmt::Display for Report {
             .iter()
             .filter(|x| x.what.starts_with("SIGKILL"))
             .count();
-        writeln!(f, "\nfaults: {kills} SIGKILLs of function processes, and")?;
+        writeln!(
+            f,
+            "\nfaults: {kills} SIGKILLs of function processes, {} SIGKILLs of a broker node, and",
+            fig.broker_node_kills
+        )?;
         for fault in self
             .faults
             .iter()

@@ -1,42 +1,90 @@
 //! The RabbitMQ connection. Topology, publishing and consuming build on this.
+//!
+//! The broker may be one node or the nodes of a cluster (`PAYBUS_AMQP_URL` lists them): a
+//! connection goes to the first node that takes it, trying them in turn.
+
+use std::time::Duration;
 
 use lapin::{Connection, ConnectionProperties};
+use url::Url;
 
 use crate::config::BrokerSettings;
+
+/// How long one node may take to accept a connection: a node that hangs (a paused VM, an
+/// address that drops packets) must not hold up trying the next one.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot reach the broker at {url}: {source}")]
 pub struct BrokerUnreachable {
+    /// The node (or, when none answered, every node tried), password hidden.
     pub url: String,
     #[source]
     pub source: lapin::Error,
 }
 
-/// Opens one connection. Recovery after a drop is the bus link's job
-/// (`bus::link::BrokerLink`), not lapin's: lapin's auto-recovery sometimes gave up after a
-/// clean broker restart, and sometimes finished after we had replaced the connection, leaving
-/// a recovered consumer holding prefetched deliveries nobody read. One mechanism, ours.
+/// Opens one connection to one node.
+pub async fn connect_node(url: &Url) -> Result<Connection, BrokerUnreachable> {
+    let attempt = Connection::connect(url.as_str(), ConnectionProperties::default());
+    let result = match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(lapin::Error::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no connection within {CONNECT_TIMEOUT:?}"),
+        ))),
+    };
+    result.map_err(|source| BrokerUnreachable {
+        url: crate::redact::url(url),
+        source,
+    })
+}
+
+/// Opens one connection, trying the nodes in turn from node `first` of
+/// [`BrokerSettings::urls`] (wrapping around, each node once): the connection and the index of
+/// the node that took it. When none does, the error names every node and the last one's cause.
+pub async fn connect_from(
+    settings: &BrokerSettings,
+    first: usize,
+) -> Result<(Connection, usize), BrokerUnreachable> {
+    let nodes = settings.urls().count();
+    let mut last = None;
+    for index in (first..first + nodes).map(|i| i % nodes) {
+        match connect_node(settings.node(index)).await {
+            Ok(connection) => return Ok((connection, index)),
+            Err(error) => {
+                if nodes > 1 {
+                    tracing::warn!(%error, node = index, "broker node unreachable; trying the next");
+                }
+                last = Some(error.source);
+            }
+        }
+    }
+    Err(BrokerUnreachable {
+        url: settings.redacted(),
+        source: last.unwrap_or_else(|| lapin::Error::from(std::io::Error::other("no broker URL"))),
+    })
+}
+
+/// Opens one connection to the first node that takes it. Recovery after a drop is the bus
+/// link's job (`bus::link::BrokerLink`), not lapin's: lapin's auto-recovery sometimes gave up
+/// after a clean broker restart, and sometimes finished after we had replaced the connection,
+/// leaving a recovered consumer holding prefetched deliveries nobody read. One mechanism, ours.
 pub async fn connect(settings: &BrokerSettings) -> Result<Connection, BrokerUnreachable> {
-    Connection::connect(settings.url.as_str(), ConnectionProperties::default())
+    connect_from(settings, 0)
         .await
-        .map_err(|source| BrokerUnreachable {
-            url: crate::redact::url(&settings.url),
-            source,
-        })
+        .map(|(connection, _)| connection)
 }
 
 /// One connection attempt, closed again: for health checks, which want the real reason
-/// ("connection refused") at once rather than a recovering connection that keeps trying.
+/// ("connection refused") at once rather than a recovering connection that keeps trying. With
+/// several nodes, the broker is reachable when one of them is.
 pub async fn probe(settings: &BrokerSettings) -> Result<(), BrokerUnreachable> {
-    let unreachable = |source| BrokerUnreachable {
-        url: crate::redact::url(&settings.url),
-        source,
-    };
-    let connection = Connection::connect(settings.url.as_str(), ConnectionProperties::default())
-        .await
-        .map_err(unreachable)?;
+    let (connection, index) = connect_from(settings, 0).await?;
     connection
         .close(200, "probe done".into())
         .await
-        .map_err(unreachable)
+        .map_err(|source| BrokerUnreachable {
+            url: crate::redact::url(settings.node(index)),
+            source,
+        })
 }

@@ -49,8 +49,13 @@ impl fmt::Debug for DatabaseSettings {
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct BrokerSettings {
-    /// `amqp://user:password@host:port/vhost` (vhost URL-encoded, `%2f` is `/`).
+    /// `amqp://user:password@host:port/vhost` (vhost URL-encoded, `%2f` is `/`): the node
+    /// tried first.
     pub url: Url,
+    /// The cluster's other nodes, tried in turn when `url` does not answer or its connection
+    /// drops (the link moves on to the next node); empty for a single broker. Same vhost as
+    /// `url`.
+    pub failover_urls: Vec<Url>,
     /// Deliveries in flight per consumer: bounds each function's concurrency.
     pub prefetch: u16,
     /// Messages of one Amazon MQ batch processed at once by a Lambda (its prefetch): the
@@ -62,10 +67,65 @@ impl fmt::Debug for BrokerSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BrokerSettings")
             .field("url", &crate::redact::url(&self.url))
+            .field(
+                "failover_urls",
+                &self
+                    .failover_urls
+                    .iter()
+                    .map(crate::redact::url)
+                    .collect::<Vec<_>>(),
+            )
             .field("prefetch", &self.prefetch)
             .field("lambda_concurrency", &self.lambda_concurrency)
             .finish()
     }
+}
+
+impl BrokerSettings {
+    /// Every node, in the order they are tried: `url`, then `failover_urls`.
+    pub fn urls(&self) -> impl Iterator<Item = &Url> {
+        std::iter::once(&self.url).chain(&self.failover_urls)
+    }
+
+    /// Node `index` of [`Self::urls`] (wrapping around).
+    pub fn node(&self, index: usize) -> &Url {
+        let index = index % (1 + self.failover_urls.len());
+        if index == 0 {
+            &self.url
+        } else {
+            &self.failover_urls[index - 1]
+        }
+    }
+
+    /// The same nodes on another vhost (a test's or a chaos run's own).
+    pub fn set_vhost(&mut self, vhost: &str) {
+        let path = format!("/{}", urlencoding_vhost(vhost));
+        self.url.set_path(&path);
+        for url in &mut self.failover_urls {
+            url.set_path(&path);
+        }
+    }
+
+    /// The `PAYBUS_AMQP_URL` value that reads back as these nodes (for a child process);
+    /// it holds the passwords: never log it.
+    pub fn to_env_value(&self) -> String {
+        self.urls().map(Url::as_str).collect::<Vec<_>>().join(",")
+    }
+
+    /// The nodes with their passwords hidden, for log lines and errors.
+    pub fn redacted(&self) -> String {
+        self.urls()
+            .map(crate::redact::url)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A vhost as a URL path segment (`/` is `%2f`).
+fn urlencoding_vhost(vhost: &str) -> String {
+    url::form_urlencoded::byte_serialize(vhost.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +168,7 @@ impl Settings {
     }
 
     pub fn read(env: &Vars) -> Result<Self, ConfigError> {
+        let (first_node, failover_urls) = broker_nodes(env)?;
         Ok(Self {
             database: DatabaseSettings {
                 url: env.url(
@@ -130,12 +191,8 @@ impl Settings {
                 )?),
             },
             broker: BrokerSettings {
-                url: env.url(
-                    "PAYBUS_AMQP_URL",
-                    DEFAULT_AMQP_URL,
-                    &["amqp", "amqps"],
-                    "a URL like amqp://user:password@host:5672/%2f",
-                )?,
+                url: first_node,
+                failover_urls,
                 prefetch: env.parse(
                     "PAYBUS_PREFETCH",
                     64,
@@ -157,6 +214,41 @@ impl Settings {
             },
         })
     }
+}
+
+/// `PAYBUS_AMQP_URL`: one broker URL, or the nodes of a cluster separated by commas (tried in
+/// that order), all on the same vhost. One variable rather than a second list variable: a
+/// deployment that keeps the URL in a secret (`PAYBUS_AMQP_URL_FROM`) moves to a cluster by
+/// changing the secret's value only.
+fn broker_nodes(env: &Vars) -> Result<(Url, Vec<Url>), ConfigError> {
+    const VARIABLE: &str = "PAYBUS_AMQP_URL";
+    const EXPECTED: &str = "a URL like amqp://user:password@host:5672/%2f, or the nodes of a \
+                            cluster as such URLs separated by commas, all on the same vhost";
+    let raw = env.get(VARIABLE).unwrap_or(DEFAULT_AMQP_URL);
+    let invalid = || env.error(VARIABLE, &redact_list(raw), EXPECTED);
+    let mut nodes = Vec::new();
+    for part in raw.split(',') {
+        // An empty entry ("a,,b", a trailing comma) is a typo, not a node to skip: it reads
+        // as unset, whose default "" is no URL.
+        let one = Vars::new(HashMap::from([(VARIABLE.to_owned(), part.to_owned())]));
+        let url = one
+            .url(VARIABLE, "", &["amqp", "amqps"], EXPECTED)
+            .map_err(|_| invalid())?;
+        nodes.push(url);
+    }
+    let first = nodes.remove(0);
+    // Another vhost on another node would be another system: its own queues and messages.
+    if nodes.iter().any(|url| url.path() != first.path()) {
+        return Err(invalid());
+    }
+    Ok((first, nodes))
+}
+
+fn redact_list(raw: &str) -> String {
+    raw.split(',')
+        .map(|part| crate::redact::text(part.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Environment variables as settings are read from them: the one parser every crate's own
@@ -374,6 +466,52 @@ mod tests {
             Some("0123456789abcdef-tok")
         );
         assert!(!format!("{long:?}").contains("0123456789abcdef-tok"));
+    }
+
+    #[test]
+    fn a_comma_separated_amqp_url_lists_the_nodes_of_a_cluster_in_order() {
+        let list = "amqp://u:pw@127.0.0.1:5701/%2f, amqp://u:pw@127.0.0.1:5702/%2f,amqp://u:pw@127.0.0.1:5703/%2f";
+        let s = Settings::from_vars(vars(&[("PAYBUS_AMQP_URL", list)])).unwrap();
+
+        let ports: Vec<_> = s.broker.urls().map(|u| u.port().unwrap()).collect();
+        assert_eq!(ports, [5701, 5702, 5703]);
+        assert_eq!(s.broker.node(4).port(), Some(5702));
+        // What a child process is given reads back as the same nodes.
+        let again = Settings::from_vars(vars(&[("PAYBUS_AMQP_URL", &s.broker.to_env_value())]));
+        assert_eq!(again.unwrap().broker, s.broker);
+        assert!(!s.broker.redacted().contains("pw"));
+        assert!(!format!("{:?}", s.broker).contains("pw"));
+    }
+
+    #[test]
+    fn a_single_amqp_url_has_no_failover_nodes() {
+        let s = Settings::from_vars(HashMap::new()).unwrap();
+        assert!(s.broker.failover_urls.is_empty());
+        assert_eq!(s.broker.to_env_value(), DEFAULT_AMQP_URL);
+    }
+
+    #[test]
+    fn a_bad_node_list_is_an_error_naming_the_variable_without_passwords() {
+        for bad in [
+            "amqp://u:s3cret@a:5672/%2f,",
+            "amqp://u:s3cret@a:5672/%2f,,amqp://u:s3cret@b:5672/%2f",
+            "amqp://u:s3cret@a:5672/%2f,http://u:s3cret@b/%2f",
+            "amqp://u:s3cret@a:5672/%2f,amqp://u:s3cret@b:5672/other",
+        ] {
+            let err = Settings::from_vars(vars(&[("PAYBUS_AMQP_URL", bad)])).unwrap_err();
+            assert_eq!(err.variable, "PAYBUS_AMQP_URL", "{bad}");
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+            assert!(err.to_string().contains("separated by commas"), "{err}");
+        }
+    }
+
+    #[test]
+    fn moving_the_nodes_to_another_vhost_moves_every_node() {
+        let list = "amqp://u:pw@a:5672/%2f,amqp://u:pw@b:5672/%2f";
+        let mut s = Settings::from_vars(vars(&[("PAYBUS_AMQP_URL", list)])).unwrap();
+        s.broker.set_vhost("paybus_test/1");
+        let paths: Vec<_> = s.broker.urls().map(|u| u.path().to_owned()).collect();
+        assert_eq!(paths, ["/paybus_test%2F1", "/paybus_test%2F1"]);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`, `PAYBUS_AMQP_URL`
 //! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
 
+pub mod cluster;
 pub mod lambda;
 pub mod outage;
 
@@ -176,7 +177,7 @@ impl TestEnv {
 
         let mut settings = base;
         settings.database.url.set_path(&format!("/{name}"));
-        settings.broker.url.set_path(&format!("/{name}"));
+        settings.broker.set_vhost(name);
         let db = db::connect(&settings.database)
             .await
             .expect("connect to the test database");
@@ -206,7 +207,7 @@ impl TestEnv {
             ),
             (
                 "PAYBUS_AMQP_URL".to_owned(),
-                self.settings.broker.url.to_string(),
+                self.settings.broker.to_env_value(),
             ),
             // Tests run in parallel: any API a child starts takes a free port.
             ("PAYBUS_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
@@ -331,6 +332,8 @@ pub struct PrivateService {
 /// Kept for readability at call sites: a private RabbitMQ node.
 pub type PrivateBroker = PrivateService;
 
+pub use cluster::PrivateCluster;
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -343,6 +346,21 @@ fn local_script(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../infra/local")
         .join(name)
+}
+
+/// Runs `infra/local/<name> <args>` with `vars`; panics with its output if it fails.
+fn run_local_script(name: &str, args: &[&str], vars: &[(String, String)]) {
+    let output = std::process::Command::new(local_script(name))
+        .args(args)
+        .envs(vars.iter().cloned())
+        .output()
+        .expect("run an infra/local script");
+    assert!(
+        output.status.success(),
+        "{name} {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 impl PrivateService {
@@ -424,17 +442,7 @@ impl PrivateService {
     }
 
     fn script(&self, name: &str, args: &[&str]) {
-        let output = std::process::Command::new(local_script(name))
-            .args(args)
-            .envs(self.vars.iter().cloned())
-            .output()
-            .expect("run an infra/local script");
-        assert!(
-            output.status.success(),
-            "{name} {args:?} failed:\n{}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        run_local_script(name, args, &self.vars);
     }
 
     /// Stops the service cleanly and waits until it is gone. (RabbitMQ 3.10 single-node

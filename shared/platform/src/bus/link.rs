@@ -4,13 +4,22 @@
 //! (backing off while the broker is away), declares the topology it knows again, and bumps a
 //! generation number that consumers follow (the publisher always takes the live channel).
 //!
+//! With several broker nodes (`PAYBUS_AMQP_URL` lists a cluster), the first connection goes to
+//! the first node that takes it, and every replacement tries the nodes in turn starting after
+//! the one whose connection dropped: when a node dies, its consumers and the publisher move to a
+//! live one within a second or two, and the quorum queues (replicated on every node) carry on
+//! there.
+//!
 //! Why not lapin's auto-recovery: in our broker-restart tests (RabbitMQ 3.10, lapin 4.12.3)
 //! it sometimes gave up after a clean broker restart, leaving the process connected to
 //! nothing, and sometimes completed after a replacement, leaving a recovered consumer with
 //! prefetched deliveries that nobody read. One recovery mechanism, tested, is ours.
 
 use std::{
-    sync::{Arc, RwLock, Weak},
+    sync::{
+        Arc, RwLock, Weak,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -44,12 +53,16 @@ pub struct BrokerLink {
 struct Inner {
     settings: BrokerSettings,
     live: RwLock<Arc<Live>>,
+    /// The index (in `settings.urls()`) of the node the live connection is to.
+    node: AtomicUsize,
     generation: watch::Sender<u64>,
     topology: RwLock<Vec<FunctionQueue>>,
 }
 
-async fn open(settings: &BrokerSettings) -> Result<Live, BrokerUnreachable> {
-    let connection = broker::connect(settings).await?;
+/// A connection to the first node that takes it, from node `first` on, with its publishing
+/// channel; and that node's index.
+async fn open(settings: &BrokerSettings, first: usize) -> Result<(Live, usize), BrokerUnreachable> {
+    let (connection, node) = broker::connect_from(settings, first).await?;
     let publish_channel = async {
         let channel = connection.create_channel().await?;
         channel
@@ -59,23 +72,25 @@ async fn open(settings: &BrokerSettings) -> Result<Live, BrokerUnreachable> {
     }
     .await
     .map_err(|source| BrokerUnreachable {
-        url: crate::redact::url(&settings.url),
+        url: crate::redact::url(settings.node(node)),
         source,
     })?;
-    Ok(Live {
+    let live = Live {
         connection: Arc::new(connection),
         publish_channel,
-    })
+    };
+    Ok((live, node))
 }
 
 impl BrokerLink {
     /// Connects and starts the watchdog (it stops when the last clone of the link is gone).
     pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerUnreachable> {
-        let live = open(settings).await?;
+        let (live, node) = open(settings, 0).await?;
         let link = Self {
             inner: Arc::new(Inner {
                 settings: settings.clone(),
                 live: RwLock::new(Arc::new(live)),
+                node: AtomicUsize::new(node),
                 generation: watch::channel(0).0,
                 topology: RwLock::new(Vec::new()),
             }),
@@ -90,6 +105,12 @@ impl BrokerLink {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
+    }
+
+    /// The node the live connection is to: its index in [`BrokerSettings::urls`] (0 for a
+    /// single broker).
+    pub fn node(&self) -> usize {
+        self.inner.node.load(Ordering::SeqCst)
     }
 
     /// Changes whenever the link has replaced the connection.
@@ -149,6 +170,9 @@ async fn declare_on(
 
 async fn watchdog(inner: Weak<Inner>) {
     let mut failures: u32 = 0;
+    // A node that took the connection but could not declare the topology: the next try starts
+    // after it.
+    let mut unusable: Option<usize> = None;
     loop {
         let pause = if failures == 0 {
             CHECK_EVERY
@@ -166,18 +190,20 @@ async fn watchdog(inner: Weak<Inner>) {
             failures = 0;
             continue;
         }
-        let url = crate::redact::url(&inner.settings.url);
-        let fresh = match open(&inner.settings).await {
+        // The node that dropped is tried last: the next one is likelier to be alive.
+        let lost = inner.node.load(Ordering::SeqCst);
+        let (fresh, node) = match open(&inner.settings, unusable.unwrap_or(lost) + 1).await {
             Ok(fresh) => fresh,
             Err(error) => {
                 // Once, then every ~30 s: an outage should be visible, not flood the log.
                 if failures % 5 == 0 {
-                    tracing::warn!(%url, %error, failures, "broker unreachable; reconnecting");
+                    tracing::warn!(%error, failures, "broker unreachable; reconnecting");
                 }
                 failures = failures.saturating_add(1);
                 continue;
             }
         };
+        let url = crate::redact::url(inner.settings.node(node));
         let topology = inner
             .topology
             .read()
@@ -185,6 +211,7 @@ async fn watchdog(inner: Weak<Inner>) {
             .clone();
         if let Err(error) = declare_on(&fresh.connection, &topology).await {
             tracing::warn!(%url, %error, "new broker connection could not declare the topology; retrying");
+            unusable = Some(node);
             failures = failures.saturating_add(1);
             continue;
         }
@@ -192,8 +219,16 @@ async fn watchdog(inner: Weak<Inner>) {
             .live
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(fresh);
+        inner.node.store(node, Ordering::SeqCst);
         inner.generation.send_modify(|g| *g += 1);
-        tracing::warn!(%url, after_failures = failures, "broker connection re-established");
+        tracing::warn!(
+            %url,
+            node,
+            lost_node = lost,
+            after_failures = failures,
+            "broker connection re-established"
+        );
         failures = 0;
+        unusable = None;
     }
 }
