@@ -1,5 +1,6 @@
 //! The real `grant-bonus` binary as AWS Lambda runs it: an Amazon MQ batch with a duplicate
-//! and malformed messages through a local Runtime API, twice (Amazon MQ's replay).
+//! and malformed messages through a local Runtime API, twice (Amazon MQ's replay); and a
+//! broker that is away while the environment starts.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;
@@ -10,6 +11,7 @@ use paybus_platform::{
     bus::{Envelope, Handler, Message},
     testing::{
         lambda::{LambdaProcess, MqEvent, RuntimeApi},
+        outage::Relay,
         queue_depth,
     },
 };
@@ -73,4 +75,49 @@ async fn a_batch_with_a_duplicate_and_malformed_messages_grants_each_bonus_once(
         "each malformed message dead-lettered by each run (the recorder keeps one row per id)"
     );
     testing::assert_audit_clean(w3.pool()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_away_at_start_fails_the_invocation_untouched_and_the_next_one_grants_once() {
+    // The init does not wait for the broker (it connects in the background): the first
+    // invocation waits for it, and with the broker away it fails before touching a message.
+    let w3 = W3::new().await;
+    ten_percent_event(w3.pool()).await;
+    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    let event =
+        MqEvent::new("paybus.grant-bonus").envelope(&Envelope::new(BonusJobCreated { job_id }));
+    let broker = Relay::to(&w3.env.settings.broker.url).await;
+    broker.cut();
+    let mut vars = w3.env.env_vars();
+    vars.insert(
+        "PAYBUS_AMQP_URL".to_owned(),
+        broker.url(&w3.env.settings.broker.url).to_string(),
+    );
+    let mut api = RuntimeApi::start().await;
+    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_grant-bonus"), &api, vars);
+    api.next_call(std::time::Duration::from_secs(30)).await;
+
+    let failed = lambda.invoke(&mut api, event.json()).await.error();
+    let untouched = w3.job(job_id).await;
+    broker.restore().await;
+    let granted = lambda.invoke(&mut api, event.json()).await.response();
+
+    assert_eq!(failed["errorType"], "paybus.StartupError", "{failed}");
+    assert!(
+        failed["errorMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("broker")),
+        "{failed}"
+    );
+    assert_eq!(
+        (untouched.status, untouched.retry_count),
+        (JobStatus::Pending, 0),
+        "no message was looked at"
+    );
+    assert_eq!(
+        granted,
+        json!({"processed": 1, "acked": 1, "dead_lettered": 0})
+    );
+    w3.assert_granted_once(charge.member_id, 110).await;
 }
