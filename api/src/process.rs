@@ -11,30 +11,71 @@
 //! bodies (the router still refuses more than 64 KiB), throttling per stage. Elsewhere the
 //! binary serves HTTP itself with those limits, until SIGTERM.
 
+use axum::{Router, response::IntoResponse};
 use paybus_platform::{
     audit::Check,
-    bus::{Services, shutdown_on_signal},
+    bus::{Services, services::PendingServices, shutdown_on_signal},
     function::{self, FunctionError},
 };
+use tokio::sync::OnceCell;
+use tower::ServiceExt;
 
-use crate::{ApiConfig, AppState, router, serve, warn_about_closed_routes};
+use crate::{ApiConfig, ApiError, AppState, router, serve, warn_about_closed_routes};
 
 /// Reads the settings (fetching `_FROM` references), connects, and serves until stopped.
 pub async fn run(audit: Vec<Check>) -> Result<(), FunctionError> {
     let settings = function::settings().await?;
     let config = ApiConfig::from_env()?;
-    let services = Services::connect(settings).await?;
-    let state = AppState::new(&services, &config, audit)
-        .map_err(|error| FunctionError::Service(Box::new(error)))?
-        .with_functions(paybus_catalog::FUNCTIONS);
     if function::in_lambda() {
-        warn_about_closed_routes(&state);
-        tracing::info!("HTTP API answering API Gateway events");
-        return lambda_http::run(router(state))
-            .await
-            .map_err(FunctionError::Lambda);
+        return answer_api_gateway(Services::start(settings).await?, config, audit).await;
     }
+    let services = Services::connect(settings).await?;
+    let state = app_state(&services, &config, audit)
+        .map_err(|error| FunctionError::Service(Box::new(error)))?;
     serve(config, state, shutdown_on_signal())
         .await
         .map_err(|error| FunctionError::Service(Box::new(error)))
+}
+
+fn app_state(
+    services: &Services,
+    config: &ApiConfig,
+    audit: Vec<Check>,
+) -> Result<AppState, ApiError> {
+    Ok(AppState::new(services, config, audit)?.with_functions(paybus_catalog::FUNCTIONS))
+}
+
+/// The router behind API Gateway. As every function's Lambda, the broker connects while the
+/// runtime waits for the first request (see `Services::start`); that request awaits it and
+/// builds the router, once. Until that succeeds requests are answered 503, and the next one
+/// tries again.
+async fn answer_api_gateway(
+    services: PendingServices,
+    config: ApiConfig,
+    audit: Vec<Check>,
+) -> Result<(), FunctionError> {
+    let built: &OnceCell<Router> = &OnceCell::new();
+    let (services, config, audit) = (&services, &config, &audit);
+    tracing::info!("HTTP API answering API Gateway events");
+    lambda_http::run(lambda_http::service_fn(
+        move |request: lambda_http::Request| async move {
+            let app = built
+                .get_or_try_init(|| async {
+                    let services = services.ready().await.map_err(|error| {
+                        tracing::error!(%error, "the API cannot start");
+                        ApiError::Disabled("the API cannot reach the broker yet; retry later")
+                    })?;
+                    let state = app_state(services, config, audit.clone())?;
+                    warn_about_closed_routes(&state);
+                    Ok::<_, ApiError>(router(state))
+                })
+                .await;
+            match app {
+                Ok(app) => app.clone().oneshot(request).await,
+                Err(error) => Ok(error.into_response()),
+            }
+        },
+    ))
+    .await
+    .map_err(FunctionError::Lambda)
 }

@@ -8,7 +8,10 @@
 //! `paybus_platform::secrets`), never values; alarms cover every dead-letter queue, every
 //! function's errors and the API's 5xx answers.
 
-use paybus_platform::bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name, queue_name};
+use paybus_platform::{
+    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name, queue_name},
+    secrets::FROM_SUFFIX,
+};
 
 use crate::{
     FUNCTIONS,
@@ -73,6 +76,189 @@ pub fn pascal_case(name: &str) -> String {
         .collect()
 }
 
+/// A secret a Lambda reads at start-up. The template never holds its value: the function gets
+/// `<variable>_FROM` = the Secrets Manager ARN in `parameter`, and the right to read that one
+/// secret (`paybus_platform::secrets` fetches it through the Parameters and Secrets extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SecretSetting {
+    pub variable: &'static str,
+    /// The template parameter holding the secret's ARN.
+    pub parameter: &'static str,
+    description: &'static str,
+}
+
+impl SecretSetting {
+    /// `PAYBUS_X_FROM`.
+    pub fn reference_variable(&self) -> String {
+        format!("{}{FROM_SUFFIX}", self.variable)
+    }
+}
+
+pub const DATABASE_URL: SecretSetting = SecretSetting {
+    variable: "PAYBUS_DATABASE_URL",
+    parameter: "DatabaseUrlSecretArn",
+    description: "Secrets Manager secret whose value is PAYBUS_DATABASE_URL (mysql://user:password@host:3306/paybus)",
+};
+pub const AMQP_URL: SecretSetting = SecretSetting {
+    variable: "PAYBUS_AMQP_URL",
+    parameter: "AmqpUrlSecretArn",
+    description: "Secrets Manager secret whose value is PAYBUS_AMQP_URL (amqps://user:password@<broker>.mq.<region>.amazonaws.com:5671/%2f)",
+};
+pub const ADMIN_JWT_SECRET: SecretSetting = SecretSetting {
+    variable: "PAYBUS_ADMIN_JWT_SECRET",
+    parameter: "AdminJwtSecretArn",
+    description: "Secrets Manager secret whose value is PAYBUS_ADMIN_JWT_SECRET (at least 32 characters)",
+};
+pub const CHAIN_MONITOR_SECRET: SecretSetting = SecretSetting {
+    variable: "PAYBUS_CHAIN_MONITOR_SECRET",
+    parameter: "ChainMonitorSecretArn",
+    description: "Secrets Manager secret whose value is PAYBUS_CHAIN_MONITOR_SECRET (at least 16 characters)",
+};
+pub const PAYMENTS_SECRET: SecretSetting = SecretSetting {
+    variable: "PAYBUS_PAYMENTS_SECRET",
+    parameter: "PaymentsSecretArn",
+    description: "Secrets Manager secret whose value is PAYBUS_PAYMENTS_SECRET, the key the payment service signs gateway completions with (W3; at least 16 characters)",
+};
+pub const QUOTE_API_KEY: SecretSetting = SecretSetting {
+    variable: "PAYBUS_QUOTE_API_KEY",
+    parameter: "QuoteApiKeySecretArn",
+    description: "Secrets Manager secret whose value is PAYBUS_QUOTE_API_KEY, sent to the quote service as a bearer token (W1; at least 16 characters)",
+};
+
+/// Every secret parameter of the template, in its order.
+pub const SECRETS: &[SecretSetting] = &[
+    DATABASE_URL,
+    AMQP_URL,
+    ADMIN_JWT_SECRET,
+    CHAIN_MONITOR_SECRET,
+    PAYMENTS_SECRET,
+    QUOTE_API_KEY,
+];
+
+/// A setting that is no secret, passed as a plain variable from a template parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainSetting {
+    pub variable: &'static str,
+    pub parameter: &'static str,
+    description: &'static str,
+    default: &'static str,
+    /// The values the parameter accepts (empty: any string).
+    allowed: &'static [&'static str],
+}
+
+pub const QUOTE_URL: PlainSetting = PlainSetting {
+    variable: "PAYBUS_QUOTE_URL",
+    parameter: "QuoteServiceUrl",
+    description: "PAYBUS_QUOTE_URL: the quote service's base URL (W1, https://...). Empty: every matching attempt fails, counted and visible, and the create API refuses inline matching (503)",
+    default: "",
+    allowed: &[],
+};
+pub const ASYNC_MATCHING_ENABLED: PlainSetting = PlainSetting {
+    variable: "PAYBUS_ASYNC_MATCHING_ENABLED",
+    parameter: "AsyncMatchingEnabled",
+    description: "PAYBUS_ASYNC_MATCHING_ENABLED: true hands new deposit orders to match-deposit through the queue; false (the safe default) matches them inline in the create request (W1)",
+    default: "false",
+    allowed: &["false", "true"],
+};
+
+/// Every plain setting parameter of the template, in its order.
+pub const PLAIN_SETTINGS: &[PlainSetting] = &[QUOTE_URL, ASYNC_MATCHING_ENABLED];
+
+/// What one Lambda reads beyond the globals every function gets (the database URL's
+/// reference, the pool size, the batch concurrency, the log settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// Secrets besides the database URL's (which every Lambda reads).
+    pub secrets: Vec<SecretSetting>,
+    pub settings: Vec<PlainSetting>,
+}
+
+impl Needs {
+    fn add(&mut self, other: Needs) {
+        for secret in other.secrets {
+            if !self.secrets.contains(&secret) {
+                self.secrets.push(secret);
+            }
+        }
+        for setting in other.settings {
+            if !self.settings.contains(&setting) {
+                self.settings.push(setting);
+            }
+        }
+    }
+}
+
+/// What the Lambda running `binary` reads at start-up. A test derives the secrets each binary
+/// reads from the code (every `Vars::secret` call its crates make) and insists they are
+/// here.
+pub fn needs(binary: &str) -> Needs {
+    let bus = Needs {
+        secrets: vec![AMQP_URL],
+        settings: Vec::new(),
+    };
+    match binary {
+        // Records into the database; publishes nothing.
+        "dead-letters" => Needs::default(),
+        "migrate" => bus,
+        "api" => {
+            let mut api = Needs {
+                secrets: vec![
+                    AMQP_URL,
+                    ADMIN_JWT_SECRET,
+                    CHAIN_MONITOR_SECRET,
+                    PAYMENTS_SECRET,
+                ],
+                settings: vec![ASYNC_MATCHING_ENABLED],
+            };
+            // The create route matches inline with the same quote service as match-deposit.
+            api.add(function_needs("match-deposit"));
+            api
+        }
+        // Runs every function's jobs (match-deposit's due orders call the quote service).
+        "sweeper" => {
+            let mut sweeper = bus;
+            for function in FUNCTIONS {
+                sweeper.add(function_needs(function.name));
+            }
+            sweeper
+        }
+        function => {
+            let mut consumer = bus;
+            consumer.add(function_needs(function));
+            consumer
+        }
+    }
+}
+
+/// A catalog function's own settings beyond the bus (its handler's and its jobs').
+fn function_needs(function: &str) -> Needs {
+    match function {
+        "match-deposit" => Needs {
+            secrets: vec![QUOTE_API_KEY],
+            settings: vec![QUOTE_URL],
+        },
+        _ => Needs::default(),
+    }
+}
+
+/// A Lambda's `Environment` (its variables beyond the globals) and `Policies` from its needs.
+fn add_needs(properties: &mut Node, binary: &str) {
+    let needs = needs(binary);
+    let mut variables = map! {};
+    for secret in &needs.secrets {
+        variables.insert(&secret.reference_variable(), reference(secret.parameter));
+    }
+    for setting in &needs.settings {
+        variables.insert(setting.variable, reference(setting.parameter));
+    }
+    if matches!(&variables, Node::Map(entries) if !entries.is_empty()) {
+        properties.insert("Environment", map! { "Variables" => variables });
+    }
+    let mut secrets = vec![DATABASE_URL];
+    secrets.extend(needs.secrets);
+    properties.insert("Policies", secret_policies(&secrets));
+}
+
 /// The template as YAML text (what `paybus template` prints).
 pub fn template_yaml() -> String {
     format!(
@@ -98,14 +284,7 @@ pub fn template() -> Node {
                 function.queue.routing_key
             ),
         );
-        properties.insert(
-            "Environment",
-            map! { "Variables" => map! { "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn") } },
-        );
-        properties.insert(
-            "Policies",
-            secret_policies(&["DatabaseUrlSecretArn", "AmqpUrlSecretArn"]),
-        );
+        add_needs(&mut properties, function.name);
         properties.insert(
             "Events",
             map! { "Queue" => mq_event(&function.queue.queue()) },
@@ -141,7 +320,7 @@ pub fn template() -> Node {
         &recorder,
         "paybus dead-letter recorder: every paybus.<function>.dlq and paybus.unrouted into the dead_letters table",
     );
-    properties.insert("Policies", secret_policies(&["DatabaseUrlSecretArn"]));
+    add_needs(&mut properties, recorder.binary);
     properties.insert("Events", events);
     resources.insert_commented(
         Some("The dead-letter recorder: what every function dead-letters ends up in `dead_letters`,\nonce however often a batch is replayed."),
@@ -170,14 +349,7 @@ pub fn template() -> Node {
         &sweeper,
         "paybus sweeper: outbox relay, due retries, reapers (every function's jobs), on a schedule",
     );
-    properties.insert(
-        "Environment",
-        map! { "Variables" => map! { "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn") } },
-    );
-    properties.insert(
-        "Policies",
-        secret_policies(&["DatabaseUrlSecretArn", "AmqpUrlSecretArn"]),
-    );
+    add_needs(&mut properties, sweeper.binary);
     // Runs overlapping would only contend for the same rows (claims are SKIP LOCKED): one.
     properties.insert("ReservedConcurrentExecutions", 1i64);
     properties.insert(
@@ -201,23 +373,7 @@ pub fn template() -> Node {
         &api,
         "paybus HTTP API: chain-monitor intake and the admin API (the axum router through lambda_http)",
     );
-    properties.insert(
-        "Environment",
-        map! { "Variables" => map! {
-            "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn"),
-            "PAYBUS_ADMIN_JWT_SECRET_FROM" => reference("AdminJwtSecretArn"),
-            "PAYBUS_CHAIN_MONITOR_SECRET_FROM" => reference("ChainMonitorSecretArn"),
-        } },
-    );
-    properties.insert(
-        "Policies",
-        secret_policies(&[
-            "DatabaseUrlSecretArn",
-            "AmqpUrlSecretArn",
-            "AdminJwtSecretArn",
-            "ChainMonitorSecretArn",
-        ]),
-    );
+    add_needs(&mut properties, api.binary);
     properties.insert(
         "Events",
         map! { "Http" => map! {
@@ -267,14 +423,7 @@ pub fn template() -> Node {
         &migrate,
         "paybus migrate: database migrations and the RabbitMQ topology, on every deploy (custom resource)",
     );
-    properties.insert(
-        "Environment",
-        map! { "Variables" => map! { "PAYBUS_AMQP_URL_FROM" => reference("AmqpUrlSecretArn") } },
-    );
-    properties.insert(
-        "Policies",
-        secret_policies(&["DatabaseUrlSecretArn", "AmqpUrlSecretArn"]),
-    );
+    add_needs(&mut properties, migrate.binary);
     // A new version with every code change: the custom resource's `Version` follows it.
     properties.insert("AutoPublishAlias", "live");
     properties.insert("Timeout", 600i64);
@@ -354,23 +503,15 @@ fn parameters() -> Node {
         "BrokerCredentialsSecretArn",
         string("Secrets Manager secret {\"username\": ..., \"password\": ...} the event source mappings read the queues with"),
     );
-    p.insert_commented(
-        Some("Secrets: ARNs only; each function fetches what it needs at start-up (PAYBUS_*_FROM)."),
-        "DatabaseUrlSecretArn",
-        string("Secrets Manager secret whose value is PAYBUS_DATABASE_URL (mysql://user:password@host:3306/paybus)"),
-    );
-    p.insert(
-        "AmqpUrlSecretArn",
-        string("Secrets Manager secret whose value is PAYBUS_AMQP_URL (amqps://user:password@<broker>.mq.<region>.amazonaws.com:5671/%2f)"),
-    );
-    p.insert(
-        "AdminJwtSecretArn",
-        string("Secrets Manager secret whose value is PAYBUS_ADMIN_JWT_SECRET (at least 32 characters)"),
-    );
-    p.insert(
-        "ChainMonitorSecretArn",
-        string("Secrets Manager secret whose value is PAYBUS_CHAIN_MONITOR_SECRET (at least 16 characters)"),
-    );
+    for (n, secret) in SECRETS.iter().enumerate() {
+        p.insert_commented(
+            (n == 0).then_some(
+                "Secrets: ARNs only; each function fetches what it needs at start-up (PAYBUS_*_FROM).",
+            ),
+            secret.parameter,
+            string(secret.description),
+        );
+    }
     p.insert(
         "SecretsExtensionLayerArn",
         string("ARN of the AWS Parameters and Secrets Lambda Extension layer for arm64 in this region (see infra/aws/README.md)"),
@@ -456,6 +597,24 @@ fn parameters() -> Node {
         "ApiThrottlingBurstLimit",
         number("Requests the HTTP API accepts in a burst", 400, 1, 10_000),
     );
+    for (n, setting) in PLAIN_SETTINGS.iter().enumerate() {
+        let mut parameter = map! {
+            "Type" => "String",
+            "Description" => setting.description,
+            "Default" => setting.default,
+        };
+        if !setting.allowed.is_empty() {
+            parameter.insert(
+                "AllowedValues",
+                Node::List(setting.allowed.iter().map(|v| Node::from(*v)).collect()),
+            );
+        }
+        p.insert_commented(
+            (n == 0).then_some("Workflow settings (not secrets)."),
+            setting.parameter,
+            parameter,
+        );
+    }
     p.insert_commented(
         Some("Operations."),
         "LogLevel",
@@ -548,11 +707,11 @@ fn mq_event(queue: &str) -> Node {
 }
 
 /// `secretsmanager:GetSecretValue` on exactly these secrets (least privilege per function).
-fn secret_policies(parameters: &[&str]) -> Node {
+fn secret_policies(secrets: &[SecretSetting]) -> Node {
     Node::List(
-        parameters
+        secrets
             .iter()
-            .map(|p| map! { "AWSSecretsManagerGetSecretValuePolicy" => map! { "SecretArn" => reference(p) } })
+            .map(|secret| map! { "AWSSecretsManagerGetSecretValuePolicy" => map! { "SecretArn" => reference(secret.parameter) } })
             .collect(),
     )
 }

@@ -1,6 +1,7 @@
 //! Cold start of every Lambda binary of the template, as Lambda starts it: process start to
-//! the first `GET /next` on a local Runtime API (the init: settings, the eager database and
-//! broker connections), then the first invocation (its first event to its answer).
+//! the first `GET /next` on a local Runtime API (the init: settings and the database pool; the
+//! broker connection only started), then the first invocation (its first event to its answer,
+//! including the wait for the broker connection).
 //!
 //! A measurement, not a test of time: it is ignored by default and reads release binaries
 //! from `PAYBUS_LAMBDA_BIN_DIR`:

@@ -12,9 +12,11 @@
 //! deployables: the sweeper ([`sweeper_main`]) and the dead-letter recorder
 //! ([`dead_letters_main`]).
 //!
-//! Start-up connects to the database and the broker eagerly, before the first event: a wrong
-//! URL or an unreachable database is an init error Lambda reports (and the first batch does
-//! not pay for the connections); `_FROM` references are fetched first (see [`secrets`]).
+//! Start-up fetches the `_FROM` references first (see [`secrets`]), reads the settings and
+//! connects to the database before the first event: a wrong setting or an unreachable
+//! database is an init error Lambda reports. The broker connection, most of a cold start, is
+//! opened in the background in a Lambda (the first invocation awaits it before any message is
+//! handled, see [`Services::start`]) and before anything else in a local process.
 
 use std::{process::ExitCode, sync::Arc};
 
@@ -246,13 +248,14 @@ pub fn dead_letters_main(queues: fn() -> Vec<FunctionQueue>) -> ExitCode {
 /// Builds the services and the handler once, then runs it until SIGTERM (locally) or for the
 /// life of the Lambda execution environment.
 pub async fn run<F: Function>() -> Result<(), FunctionError> {
-    let services = start().await?;
-    let handler = F::build(&services)?;
     if in_lambda() {
-        return lambda::run(handler, services)
+        let services = Services::start(settings().await?).await?;
+        return lambda::run(services, F::build)
             .await
             .map_err(FunctionError::Lambda);
     }
+    let services = start().await?;
+    let handler = F::build(&services)?;
     let mut runner = Runner::new(services);
     runner.add_function(handler);
     runner.run(shutdown_on_signal()).await?;
@@ -263,16 +266,26 @@ pub async fn run<F: Function>() -> Result<(), FunctionError> {
 /// scheduled Lambda (EventBridge) and each invocation runs every job once, failing the
 /// invocation if one failed; locally each job runs on its own timer until SIGTERM.
 pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
-    let services = start().await?;
-    let mut all = vec![outbox_relay_job(&services)];
-    all.extend(jobs(&services)?);
+    let all_jobs = |services: &Services| -> Result<Vec<Arc<dyn Job>>, BuildError> {
+        let mut all = vec![outbox_relay_job(services)];
+        all.extend(jobs(services)?);
+        Ok(all)
+    };
     if !in_lambda() {
-        sweeper::run(all, shutdown_on_signal()).await;
+        let services = start().await?;
+        sweeper::run(all_jobs(&services)?, shutdown_on_signal()).await;
         return Ok(());
     }
-    let all = &all;
+    // As a consumer's Lambda: the broker connects while the runtime waits for its first tick.
+    let services = &Services::start(settings().await?).await?;
+    let built = &tokio::sync::OnceCell::new();
+    let all_jobs = &all_jobs;
     lambda_runtime::run(service_fn(
         move |_: LambdaEvent<serde_json::Value>| async move {
+            let services = services.ready().await?;
+            let all = built
+                .get_or_try_init(|| async { all_jobs(services) })
+                .await?;
             let mut report = serde_json::Map::new();
             let mut failed = Vec::new();
             for (name, result) in sweeper::run_all_once(all).await {

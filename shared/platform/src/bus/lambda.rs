@@ -37,6 +37,7 @@ use lapin::{
 };
 use serde::{Deserialize, Serialize};
 use sqlx::MySqlPool;
+use tokio::sync::OnceCell;
 use tracing::Instrument;
 
 use super::{
@@ -45,7 +46,7 @@ use super::{
     handler::{Handler, process, process_batch},
     metrics,
     publisher::{PublishError, Publisher},
-    services::Services,
+    services::{PendingServices, Services},
 };
 
 /// The Lambda's response for a batch that settled every message.
@@ -92,19 +93,66 @@ impl From<BatchError> for Diagnostic {
     }
 }
 
-/// Runs `handler` under the Lambda runtime until the execution environment ends. The process
-/// has already set up tracing (lambda_runtime's own set-up would panic on a second
-/// subscriber).
-pub async fn run<H: Handler>(handler: H, services: Services) -> Result<(), lambda_runtime::Error> {
-    let handler = &handler;
+/// Runs the function under the Lambda runtime until the execution environment ends. The
+/// runtime asks for its first event while the broker connection is still being opened
+/// ([`Services::start`]); the first invocation awaits it, then `build`s the handler (once).
+/// Until both succeed every invocation fails as a whole, touching nothing, and the next one
+/// tries again. The process has already set up tracing (lambda_runtime's own set-up would
+/// panic on a second subscriber).
+pub async fn run<H, E>(
+    services: PendingServices,
+    build: impl Fn(&Services) -> Result<H, E>,
+) -> Result<(), lambda_runtime::Error>
+where
+    H: Handler,
+    E: std::fmt::Display,
+{
     let services = &services;
+    let build = &build;
+    let handler = &OnceCell::new();
     tracing::info!(function = H::FUNCTION, "lambda runtime starting");
     lambda_runtime::run(service_fn(
         move |event: LambdaEvent<RabbitMqEvent>| async move {
-            handle_event(handler, services, event.payload).await
+            let services = services.ready().await.map_err(InvocationError::start)?;
+            let handler = handler
+                .get_or_try_init(|| async { build(services) })
+                .await
+                .map_err(InvocationError::start)?;
+            Ok::<_, InvocationError>(handle_event(handler, services, event.payload).await?)
         },
     ))
     .await
+}
+
+/// Why an invocation failed: Amazon MQ delivers the whole batch again either way.
+#[derive(Debug, thiserror::Error)]
+pub enum InvocationError {
+    /// The function could not start (the broker unreachable, a setting of its own wrong):
+    /// no message was looked at.
+    #[error("the function could not start: {0}")]
+    Start(String),
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}
+
+impl InvocationError {
+    fn start(error: impl std::fmt::Display) -> Self {
+        let error = Self::Start(error.to_string());
+        tracing::error!(%error, "invocation failed");
+        error
+    }
+}
+
+impl From<InvocationError> for Diagnostic {
+    fn from(error: InvocationError) -> Self {
+        match error {
+            InvocationError::Batch(batch) => batch.into(),
+            start @ InvocationError::Start(_) => Diagnostic {
+                error_type: "paybus.StartupError".to_owned(),
+                error_message: start.to_string(),
+            },
+        }
+    }
 }
 
 /// Settles every message of one Amazon MQ event: ack (nothing to do), or a confirmed dead

@@ -1,10 +1,22 @@
 //! What a process builds once at start-up and hands to every consumer and job: the pool, the
 //! broker connection, the confirm-mode publisher and the outbox.
+//!
+//! A Lambda execution environment does not wait for the broker during its init
+//! ([`Services::start`]): the AMQP handshake, the channel and `confirm.select` are most of a
+//! cold start (the database-only recorder initialises in a tenth of the time), so they run in
+//! the background while the runtime asks for its first event, and the first invocation awaits
+//! them ([`PendingServices::ready`]) before any handler runs. Nothing publishes on a half-built
+//! link: a handler only ever sees complete [`Services`], so a publish after commit still either
+//! happens or leaves its outbox row to the relay.
 
-use std::sync::Arc;
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use lapin::Connection;
 use sqlx::MySqlPool;
+use tokio::{sync::OnceCell, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::{link::BrokerLink, outbox::Outbox, publisher::Publisher, topology};
@@ -36,15 +48,38 @@ pub struct Services {
 }
 
 impl Services {
+    /// Connects to the database and the broker (at the same time) and returns once both are
+    /// ready.
     pub async fn connect(settings: Settings) -> Result<Self, StartupError> {
+        let (pool, link) = tokio::try_join!(
+            async { Ok::<_, StartupError>(db::connect(&settings.database).await?) },
+            async { Ok(BrokerLink::connect(&settings.broker).await?) },
+        )?;
+        Ok(Self::assemble(settings, pool, link))
+    }
+
+    /// Connects to the database now and starts connecting to the broker in the background
+    /// (a Lambda's init: see the module's comment). A wrong or unreachable database still
+    /// fails here.
+    pub async fn start(settings: Settings) -> Result<PendingServices, StartupError> {
         let pool = db::connect(&settings.database).await?;
-        let link = BrokerLink::connect(&settings.broker).await?;
-        Ok(Self {
+        let broker = settings.broker.clone();
+        let connecting = tokio::spawn(async move { BrokerLink::connect(&broker).await });
+        Ok(PendingServices {
+            settings,
+            pool,
+            connecting: Mutex::new(Some((Instant::now(), connecting))),
+            ready: OnceCell::new(),
+        })
+    }
+
+    fn assemble(settings: Settings, pool: MySqlPool, link: BrokerLink) -> Self {
+        Self {
             outbox: Outbox::new(pool.clone(), Publisher::new(link.clone())),
             settings,
             pool,
             link,
-        })
+        }
     }
 
     /// The live broker connection (it may be replaced after an outage: take it anew rather
@@ -69,6 +104,62 @@ impl Services {
                 doing: "declaring the topology",
                 source,
             })
+    }
+}
+
+/// [`Services`] whose broker connection is being opened in the background
+/// ([`Services::start`]).
+pub struct PendingServices {
+    settings: Settings,
+    pool: MySqlPool,
+    /// The connection started at init (and when), until the first [`ready`](Self::ready)
+    /// takes it.
+    connecting: Mutex<Option<(Instant, BrokerConnecting)>>,
+    ready: OnceCell<Services>,
+}
+
+type BrokerConnecting = JoinHandle<Result<BrokerLink, BrokerUnreachable>>;
+
+impl PendingServices {
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The services, once the broker is connected: the connection started at init or, if
+    /// that one failed, a new attempt (every call after a failure tries again, as a new
+    /// execution environment's init would).
+    pub async fn ready(&self) -> Result<&Services, StartupError> {
+        self.ready
+            .get_or_try_init(|| async {
+                let started = self
+                    .connecting
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .take();
+                let link = match started {
+                    Some((since, connecting)) => {
+                        let awaited = Instant::now();
+                        let link = match connecting.await {
+                            Ok(connected) => connected?,
+                            // The connecting task panicked: connect here instead.
+                            Err(_) => BrokerLink::connect(&self.settings.broker).await?,
+                        };
+                        tracing::info!(
+                            connected_after = ?since.elapsed(),
+                            waited = ?awaited.elapsed(),
+                            "broker connected"
+                        );
+                        link
+                    }
+                    None => BrokerLink::connect(&self.settings.broker).await?,
+                };
+                Ok(Services::assemble(
+                    self.settings.clone(),
+                    self.pool.clone(),
+                    link,
+                ))
+            })
+            .await
     }
 }
 
