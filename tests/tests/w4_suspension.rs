@@ -579,3 +579,54 @@ async fn suspending_a_market_without_open_orders_reports_zero_tasks_created() {
     let (status, resumed) = api.post("/v1/admin/markets/EMPTY/resume", None).await;
     assert_eq!((status, &resumed["resumed_now"]), (200, &json!(true)));
 }
+
+/// Found by `paybus chaos` (its full profile, clients placing and filling while ops suspend):
+/// the newest orders of a market were filled before the suspension, so the frozen bound (then
+/// the highest *open* id) sat below them and the audit read them as accepted while suspended.
+/// The bound is the highest order id placed before the suspension, whatever became of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_filled_before_a_suspension_are_not_read_as_accepted_during_it() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[CancelOrders::queue()]).await;
+    let api = Api::start(&services).await;
+    market(&env.db, "BTC").await;
+    let mut placed = Vec::new();
+    for _ in 0..3 {
+        let (status, order) = api
+            .post(
+                "/v1/admin/markets/BTC/orders",
+                Some(json!({"account_id": 1, "side": "BUY", "price": "100", "quantity": "1"})),
+            )
+            .await;
+        assert_eq!(status, 201, "{order}");
+        placed.push(order["id"].as_u64().unwrap());
+    }
+    let newest = placed[2];
+    let (status, filled) = api
+        .post(
+            &format!("/v1/admin/orders/{newest}/fills"),
+            Some(json!({"quantity": "1"})),
+        )
+        .await;
+    assert_eq!((status, filled["status"].as_str()), (200, Some("FILLED")));
+
+    let (status, suspended) = api.post("/v1/admin/markets/BTC/suspend", None).await;
+
+    assert_eq!(status, 202, "{suspended}");
+    let bound = scalar(
+        &env.db,
+        "SELECT CAST(max_target_id AS SIGNED) FROM task_batches",
+    )
+    .await;
+    assert_eq!(
+        u64::try_from(bound).unwrap(),
+        newest,
+        "the bound covers every order placed before"
+    );
+    let (_, progress) = api.get("/v1/admin/markets/BTC/suspension").await;
+    assert_eq!(
+        progress["created"], 2,
+        "only the two open orders owe a cancel"
+    );
+    assert_audit_clean(&env.db).await;
+}

@@ -4,7 +4,7 @@
 //! suspend (one short transaction, flat in N):
 //!   UPDATE markets SET status = 'SUSPENDED' WHERE symbol = ? AND status = 'ACTIVE'
 //!   ├─ 0 rows → already SUSPENDED: 200 with the existing batch, nothing created
-//!   └─ 1 row  → INSERT task_batches (market, max_target_id = highest open order id now)
+//!   └─ 1 row  → INSERT task_batches (market, max_target_id = highest order id now)
 //!               → first tasks + messages (bounded: `Plan::in_request`) → COMMIT → 202
 //! materialiser (after the commit, a chunk per transaction, resumable) → the rest of the tasks
 //! cancel-orders → one conditional cancel per task → DONE / SKIPPED / FAILED
@@ -113,13 +113,15 @@ pub async fn suspend(
             .fetch_one(&mut *uow)
             .await?;
     // The frozen set's bound: placements in flight committed before our UPDATE got the row,
-    // and none can commit after it.
-    let max_target_id: u64 = sqlx::query_scalar(
-        "SELECT CAST(COALESCE(MAX(id), 0) AS UNSIGNED) FROM orders WHERE open_market_id = ?",
-    )
-    .bind(market_id)
-    .fetch_one(&mut *uow)
-    .await?;
+    // and none can commit after it, so every order of this market placed before the
+    // suspension has an id up to the highest id committed now (of any market: the primary
+    // key's end, one index dive whatever the history). Not the highest *open* id of the
+    // market: its newest orders may have been filled already, and the audit would read them
+    // as accepted while suspended (found by `paybus chaos`).
+    let max_target_id: u64 =
+        sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS UNSIGNED) FROM orders")
+            .fetch_one(&mut *uow)
+            .await?;
     let batch_id = sqlx::query(
         "INSERT INTO task_batches (type, market_id, ref, reason, note, max_target_id) \
          VALUES (?, ?, ?, ?, ?, ?)",
