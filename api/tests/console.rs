@@ -204,8 +204,17 @@ async fn dead_letters_are_grouped_by_function_and_reason_largest_first() {
 }
 
 #[tokio::test]
-async fn a_dead_letter_dry_run_from_the_console_shows_what_the_api_answered() {
+async fn a_dead_letter_dry_run_from_the_console_shows_each_letters_verdict() {
     let api = Api::new().await;
+    let letter = sqlx::query(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
+         body) VALUES ('unreadable', 'grant-bonus', 'k', 'rejected', 'e', '{}')",
+    )
+    .execute(&api.env.db)
+    .await
+    .expect("insert")
+    .last_insert_id();
+
     let page = send(
         &api,
         post_as(
@@ -218,10 +227,23 @@ async fn a_dead_letter_dry_run_from_the_console_shows_what_the_api_answered() {
 
     assert_eq!(page.status, StatusCode::OK);
     assert!(
-        page.body
-            .contains("Dry run of group grant-bonus / rejected: already_applied: 0"),
+        page.body.contains(
+            "Dry run of group grant-bonus / rejected: 1 letter(s) classified — safe: 0, \
+             already_applied: 0, needs_human: 1. Nothing was sent."
+        ),
         "{}",
         page.body
     );
-    assert!(page.body.contains("safe: 0"), "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            "data-letter-id=\"{letter}\" data-verdict=\"needs_human\""
+        )),
+        "the letter's own row: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("is not a readable"),
+        "the verdict's reason: {}",
+        page.body
+    );
 }
