@@ -297,7 +297,10 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'",
     )
     .await;
-    assert_eq!(sent, 1, "one confirmation re-sent, by the first replay only");
+    assert_eq!(
+        sent, 1,
+        "one confirmation re-sent, by the first replay only"
+    );
     // Every replay is on the letters' trail, under the token's subject: the safe letter
     // replayed once, each of the others refused twice.
     let trail: Vec<(String, String, String, i64)> = sqlx::query_as(

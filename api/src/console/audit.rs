@@ -40,7 +40,10 @@ pub(crate) async fn page(State(state): State<AppState>, session: Session) -> Res
     let late_after = chrono::Duration::from_std(interval * 3).unwrap_or(chrono::Duration::MAX);
     let earlier: Vec<_> = all
         .iter()
-        .filter(|finding| last.as_ref().is_none_or(|pass| finding.last_pass_id != pass.id))
+        .filter(|finding| {
+            last.as_ref()
+                .is_none_or(|pass| finding.last_pass_id != pass.id)
+        })
         .collect();
     layout::page(
         "Audit",

@@ -79,7 +79,11 @@ async fn a_due_pending_order_is_safe_to_replay_and_exposes_what_it_still_waits_f
     assert_eq!(triage.referenced[0].state.as_deref(), Some("PENDING"));
     let exposure = triage.exposure.unwrap();
     assert_eq!(
-        (exposure.partner_id, exposure.currency.as_str(), exposure.amount),
+        (
+            exposure.partner_id,
+            exposure.currency.as_str(),
+            exposure.amount
+        ),
         (Some(partner), testing::CURRENCY, dec("100"))
     );
 }
