@@ -388,12 +388,12 @@ async fn settlement_legs_in(
         &mut *conn,
         "SELECT id, credits, debits, fees, entries, expected_fees FROM ( \
              SELECT m.id, \
-                    CAST(SUM(e.entry_type = 'CREDIT' AND e.partner_id = d.partner_id \
-                             AND e.currency = d.currency AND e.amount = m.amount) AS SIGNED) AS credits, \
-                    CAST(SUM(e.entry_type = 'DEBIT' AND e.partner_id = w.partner_id \
-                             AND e.currency = w.currency AND e.amount = m.amount) AS SIGNED) AS debits, \
-                    CAST(SUM(e.entry_type = 'FEE' AND e.partner_id = d.partner_id \
-                             AND e.currency = d.currency AND e.amount = m.fee) AS SIGNED) AS fees, \
+                    CAST(COALESCE(SUM(e.entry_type = 'CREDIT' AND e.partner_id = d.partner_id \
+                             AND e.currency = d.currency AND e.amount = m.amount), 0) AS SIGNED) AS credits, \
+                    CAST(COALESCE(SUM(e.entry_type = 'DEBIT' AND e.partner_id = w.partner_id \
+                             AND e.currency = w.currency AND e.amount = m.amount), 0) AS SIGNED) AS debits, \
+                    CAST(COALESCE(SUM(e.entry_type = 'FEE' AND e.partner_id = d.partner_id \
+                             AND e.currency = d.currency AND e.amount = m.fee), 0) AS SIGNED) AS fees, \
                     CAST(COUNT(e.id) AS SIGNED) AS entries, \
                     CAST(m.fee > 0 AS SIGNED) AS expected_fees \
              FROM p2p_matches m {recent} \
