@@ -6,7 +6,7 @@
 //! | `/console/dead-letters` | dead letters waiting for ops, grouped by function and reason; a group's letters | dry run, replay, archive (a group or the ticked letters) |
 //! | `/console/jobs` | W3 bonus jobs PENDING or FAILED | retry a FAILED job |
 //! | `/console/suspensions` | W4 suspensions, newest first, with their progress (the page refreshes itself every 2 s while one is moving) | retry a suspension's FAILED tasks |
-//! | `/console/audit` | every workflow's invariants, checked now | — |
+//! | `/console/audit` | the continuous auditor's latest pass and its findings (recorded by the sweeper; the page runs no check) | — |
 //!
 //! **Who may do what** is the admin API's rule (`auth::authorize`): the token is kept in an
 //! `HttpOnly`, `SameSite=Strict` cookie scoped to `/console`, so pages can be rendered on the

@@ -52,7 +52,7 @@ pub(crate) fn admin_routes() -> Router<AppState> {
         .route("/v1/admin/dead-letters/{id}", get(show))
 }
 
-fn into_api(error: DeadLetterError) -> ApiError {
+pub(crate) fn into_api(error: DeadLetterError) -> ApiError {
     match error {
         DeadLetterError::Database(e) => ApiError::Database(e),
         DeadLetterError::Outbox(e) => ApiError::Outbox(e),

@@ -204,8 +204,17 @@ async fn dead_letters_are_grouped_by_function_and_reason_largest_first() {
 }
 
 #[tokio::test]
-async fn a_dead_letter_dry_run_from_the_console_shows_what_the_api_answered() {
+async fn a_dead_letter_dry_run_from_the_console_shows_each_letters_verdict() {
     let api = Api::new().await;
+    let letter = sqlx::query(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
+         body) VALUES ('unreadable', 'grant-bonus', 'k', 'rejected', 'e', '{}')",
+    )
+    .execute(&api.env.db)
+    .await
+    .expect("insert")
+    .last_insert_id();
+
     let page = send(
         &api,
         post_as(
@@ -218,10 +227,71 @@ async fn a_dead_letter_dry_run_from_the_console_shows_what_the_api_answered() {
 
     assert_eq!(page.status, StatusCode::OK);
     assert!(
-        page.body
-            .contains("Dry run of group grant-bonus / rejected: already_applied: 0"),
+        page.body.contains(
+            "Dry run of group grant-bonus / rejected: 1 letter(s) classified — safe: 0, \
+             already_applied: 0, needs_human: 1. Nothing was sent."
+        ),
         "{}",
         page.body
     );
-    assert!(page.body.contains("safe: 0"), "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            "data-letter-id=\"{letter}\" data-verdict=\"needs_human\""
+        )),
+        "the letter's own row: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("is not a readable"),
+        "the verdict's reason: {}",
+        page.body
+    );
+}
+
+#[tokio::test]
+async fn the_audit_page_shows_the_auditors_latest_pass_and_runs_no_check_itself() {
+    let api = Api::new().await;
+    let before = send(&api, get_as("/console/audit", &[Role::Ops])).await;
+    assert!(
+        before.body.contains("data-clean=\"unknown\""),
+        "no pass yet: {}",
+        before.body
+    );
+
+    // Cans nobody paid for, found by a pass of the auditor.
+    let member = sqlx::query("INSERT INTO members (nickname, pg_can) VALUES ('gifted', 5)")
+        .execute(&api.env.db)
+        .await
+        .expect("insert")
+        .last_insert_id();
+    paybus_platform::auditor::Auditor::new(
+        api.services.pool.clone(),
+        paybus_catalog::audit_checks(),
+        paybus_platform::auditor::AuditorConfig::default(),
+    )
+    .pass()
+    .await
+    .expect("a pass");
+    // Put right since: the page still shows what the latest pass found, not a live check.
+    sqlx::query("UPDATE members SET pg_can = 0 WHERE id = ?")
+        .bind(member)
+        .execute(&api.env.db)
+        .await
+        .expect("update");
+
+    let page = send(&api, get_as("/console/audit", &[Role::Ops])).await;
+
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("data-clean=\"false\""), "{}", page.body);
+    assert!(
+        page.body
+            .contains("tr class=\"finding\" data-check=\"member_balance_mismatch\""),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains(&format!("member {member} holds 5 pg cans")),
+        "{}",
+        page.body
+    );
 }

@@ -1,17 +1,28 @@
 //! The console in a real browser: Debian's chromium driven by playwright (PyPI), against the
 //! real `paybus serve` binary and its own test database. The script
 //! (`tests/console_browser.py`) logs in with a token from `paybus token issue`, sees the
-//! dead-letter groups and dry-runs one (the replay API is absent from this build: the page
-//! must say so), opens the bonus jobs and retries the FAILED one, sees a suspension's
-//! progress and the audit status. Screenshots land in `.local/test-output/console/`.
+//! dead-letter groups with the money at stake, dry-runs a group and sees each letter's verdict
+//! (one safe, two needing a human), replays it and sees each letter's result (the safe one
+//! re-sent, the others not), replays it again (nothing sent), opens the bonus jobs and retries
+//! the FAILED one, sees a suspension's progress and the auditor's latest pass. A real
+//! confirm-withdrawal consumer runs beside it, and the test then checks the database: the
+//! replayed confirmation debited its withdrawal exactly once, and every click left its trail.
+//! Screenshots land in `.local/test-output/console/`.
 
 mod api_process;
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 use api_process::{ApiProcess, output_dir, python_tool};
-use paybus_platform::{signature, testing::TestEnv};
+use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
+use paybus_platform::{
+    auditor::{Auditor, AuditorConfig},
+    bus::{Envelope, Runner},
+    signature,
+    testing::{TestEnv, eventually, scalar},
+};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 const PAYMENTS_SECRET: &str = "payments-secret-for-black-box-tests";
 
@@ -94,7 +105,8 @@ async fn failed_bonus_job(env: &TestEnv, api: &ApiProcess, token: &str) -> u64 {
     job
 }
 
-/// Dead letters as the recorders write them: two of one group, one of another.
+/// Dead letters as the recorders write them: two of one group that need a human (their
+/// bodies are unreadable), one of another group.
 async fn dead_letters(env: &TestEnv) {
     for (id, function, reason, error) in [
         (
@@ -130,6 +142,48 @@ async fn dead_letters(env: &TestEnv) {
     }
 }
 
+/// A withdrawal of 100 USDT still BROADCASTING, and its confirmation dead-lettered in the
+/// group of the two above (the database was down for longer than the retries): a letter that
+/// is safe to replay. Returns (withdrawal id, letter id).
+async fn safe_letter(env: &TestEnv) -> (u64, u64) {
+    let partner = sqlx::query(
+        "INSERT INTO partners (name, webhook_secret) VALUES ('console partner', 'whsec_console')",
+    )
+    .execute(&env.db)
+    .await
+    .expect("insert a partner")
+    .last_insert_id();
+    let withdrawal = sqlx::query(
+        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
+         VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 100, 'T-address', '0xconsole')",
+    )
+    .bind(partner)
+    .execute(&env.db)
+    .await
+    .expect("insert a withdrawal")
+    .last_insert_id();
+    let message = Envelope::new(WithdrawalTxConfirmed {
+        withdrawal_id: withdrawal,
+        tx_hash: "0xconsole".to_owned(),
+    })
+    .to_outgoing()
+    .expect("an envelope");
+    let letter = sqlx::query(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, message_id, routing_key, \
+         reason, error, attempts, body) \
+         VALUES ('dl-safe', 'confirm-withdrawal', ?, ?, 'rejected', \
+                 'database unavailable for longer than the retries', 3, ?)",
+    )
+    .bind(message.id.to_string())
+    .bind(&message.routing_key)
+    .bind(&message.body)
+    .execute(&env.db)
+    .await
+    .expect("insert the safe letter")
+    .last_insert_id();
+    (withdrawal, letter)
+}
+
 /// A market with 8 open orders, suspended: its cancellations wait in the queue (no consumer
 /// runs beside `paybus serve`), so the suspension is in progress.
 async fn suspension(api: &ApiProcess, token: &str) {
@@ -161,18 +215,34 @@ async fn suspension(api: &ApiProcess, token: &str) {
 }
 
 #[tokio::test]
-async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_real_browser() {
+async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_real_browser() {
     let Some(python) = python_tool("PAYBUS_TEST_PYTHON", "python") else {
         return;
     };
     let chromium =
         std::env::var("PAYBUS_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let env = TestEnv::new().await;
+    let services = env.services(&paybus_catalog::queues()).await;
     let api = ApiProcess::start(&env).await;
     let token = api.token(&["ADMIN"]);
     dead_letters(&env).await;
+    let (withdrawal, safe) = safe_letter(&env).await;
     let job = failed_bonus_job(&env, &api, &token).await;
     suspension(&api, &token).await;
+    // One pass of the continuous auditor, as the sweeper runs it: what the audit page shows.
+    Auditor::new(
+        env.db.clone(),
+        paybus_catalog::audit_checks(),
+        AuditorConfig::default(),
+    )
+    .pass()
+    .await
+    .expect("an auditor pass");
+    // The function the replayed confirmation goes to (`paybus serve` runs no consumer).
+    let mut runner = Runner::new(services);
+    runner.add_function(ConfirmWithdrawal);
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(runner.run(shutdown.clone()));
     let screenshots = output_dir("console");
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/console_browser.py");
@@ -182,6 +252,7 @@ async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_rea
         .args([&api.base_url, &token])
         .arg(&screenshots)
         .arg(&chromium)
+        .arg(safe.to_string())
         .output()
         .expect("run the browser script");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -189,6 +260,65 @@ async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_rea
         output.status.success(),
         "the browser script failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The replay clicked in the browser reached the function: the withdrawal is confirmed and
+    // debited once; the second replay sent nothing.
+    let confirmed = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM withdrawals WHERE id = ?")
+            .bind(withdrawal)
+            .fetch_one(&env.db)
+            .await
+            .expect("read the withdrawal")
+            == "CONFIRMED"
+    };
+    assert!(
+        eventually(Duration::from_secs(30), confirmed).await,
+        "the replayed confirmation was applied"
+    );
+    // Room for a (wrong) second application to land before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    consumer
+        .await
+        .expect("the consumer task")
+        .expect("the consumer");
+    let debits: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM ledger_entries WHERE reference_type = 'WITHDRAWAL' \
+         AND reference_id = ? AND entry_type = 'DEBIT'",
+    )
+    .bind(withdrawal)
+    .fetch_one(&env.db)
+    .await
+    .expect("count the debits");
+    assert_eq!(debits, 1, "debited once");
+    let sent = scalar(
+        &env.db,
+        "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'",
+    )
+    .await;
+    assert_eq!(
+        sent, 1,
+        "one confirmation re-sent, by the first replay only"
+    );
+    // Every replay is on the letters' trail, under the token's subject: the safe letter
+    // replayed once, each of the others refused twice.
+    let trail: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT l.dead_letter_id, a.result, a.actor, COUNT(*) FROM dead_letter_actions a \
+         JOIN dead_letters l ON l.id = a.dead_letter_id WHERE a.action = 'REPLAY' \
+         GROUP BY l.dead_letter_id, a.result, a.actor ORDER BY l.dead_letter_id",
+    )
+    .fetch_all(&env.db)
+    .await
+    .expect("read the trail");
+    let actor = "black-box-tests".to_owned();
+    assert_eq!(
+        trail,
+        [
+            ("dl-1".to_owned(), "NOT_SENT".to_owned(), actor.clone(), 2),
+            ("dl-2".to_owned(), "NOT_SENT".to_owned(), actor.clone(), 2),
+            ("dl-safe".to_owned(), "REPLAYED".to_owned(), actor, 1),
+        ]
     );
 
     // The retry clicked in the browser reached the database.
@@ -199,14 +329,16 @@ async fn ops_log_in_see_dead_letters_retry_a_job_and_watch_a_suspension_in_a_rea
         .expect("read the job");
     assert_eq!(status, "PENDING");
     for shot in [
-        "1-login",
-        "2-dead-letters",
-        "3-dry-run",
-        "4-group",
-        "5-jobs",
-        "6-job-retried",
-        "7-suspensions",
-        "8-audit",
+        "01-login",
+        "02-dead-letters",
+        "03-dry-run",
+        "04-replay",
+        "05-replay-again",
+        "06-group",
+        "07-jobs",
+        "08-job-retried",
+        "09-suspensions",
+        "10-audit",
     ] {
         let path = screenshots.join(format!("{shot}.png"));
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

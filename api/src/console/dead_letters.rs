@@ -1,12 +1,14 @@
 //! The dead-letters page: letters waiting for ops (status NEW), grouped by function and
-//! reason, a group's letters, and the dry-run / replay / archive buttons.
+//! reason with the money they hold up, a group's letters, and the dry-run / replay / archive
+//! buttons.
 //!
-//! The buttons call the dead-letter admin API (`POST /v1/admin/dead-letters/replay` with
-//! `{group: {function, reason} | ids: [...], dry_run}` and `POST
-//! /v1/admin/dead-letters/archive` with `{group | ids}`); while this build has no such routes
-//! the page says so and changes nothing. The read below is the console's own, over the
-//! `dead_letters` table the recorders write (its index `index_dead_letters_by_function_reason`
-//! serves both queries).
+//! The reads are the dead-letter library's (`paybus_dead_letter_ops::groups::overview` and
+//! `letter::list`, what `GET /v1/admin/dead-letters/groups` and `GET /v1/admin/dead-letters`
+//! answer). The buttons call the dead-letter admin API (`POST /v1/admin/dead-letters/replay`
+//! with `{group: {function, reason} | ids: [...], dry_run}` and `POST
+//! /v1/admin/dead-letters/archive` with `{group | ids}`), and the page shows what it answered
+//! letter by letter: the dry run's verdict and reason for each letter, the replay's verdict
+//! (taken again under the letter's lock), result and re-sent message id for each.
 
 use axum::{
     extract::{Query, State, rejection::QueryRejection},
@@ -15,108 +17,76 @@ use axum::{
 };
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
+use paybus_dead_letter_ops::{ExposureSum, ListFilter, Overview, groups, letter};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sqlx::MySqlConnection;
 
 use super::{
     FormFields, Session, actions,
     layout::{self, Flash},
 };
-use crate::AppState;
+use crate::{AppState, dead_letters::into_api};
 
-/// Groups shown (the largest first), letters shown in a group (the newest first).
-const GROUPS_SHOWN: u32 = 200;
+/// Letters shown in a group (the newest first).
 const LETTERS_SHOWN: u32 = 200;
 
 const REPLAY: &str = "/v1/admin/dead-letters/replay";
 const ARCHIVE: &str = "/v1/admin/dead-letters/archive";
 
-/// Letters of one function that failed for one reason.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct Group {
-    pub(crate) function_name: String,
-    pub(crate) reason: String,
-    pub(crate) letters: i64,
-    pub(crate) first_failed_at: DateTime<Utc>,
-    pub(crate) last_failed_at: DateTime<Utc>,
-}
-
-/// NEW dead letters grouped by function and reason, the largest group first.
-pub(crate) async fn groups_waiting(conn: &mut MySqlConnection) -> Result<Vec<Group>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT function_name, reason, COUNT(*) AS letters, MIN(failed_at) AS first_failed_at, \
-                MAX(failed_at) AS last_failed_at \
-         FROM dead_letters WHERE status = 'NEW' \
-         GROUP BY function_name, reason ORDER BY letters DESC, function_name, reason LIMIT ?",
-    )
-    .bind(GROUPS_SHOWN)
-    .fetch_all(conn)
-    .await
-}
-
-/// One dead letter, as a group lists it.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct Letter {
-    pub(crate) id: u64,
-    pub(crate) message_id: Option<String>,
-    pub(crate) routing_key: String,
-    pub(crate) error: String,
-    pub(crate) attempts: u32,
-    pub(crate) failed_at: DateTime<Utc>,
-}
-
-/// A group's NEW letters, the newest first.
-pub(crate) async fn letters_of(
-    conn: &mut MySqlConnection,
-    function_name: &str,
-    reason: &str,
-) -> Result<Vec<Letter>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, message_id, routing_key, error, attempts, failed_at FROM dead_letters \
-         WHERE function_name = ? AND reason = ? AND status = 'NEW' ORDER BY id DESC LIMIT ?",
-    )
-    .bind(function_name)
-    .bind(reason)
-    .bind(LETTERS_SHOWN)
-    .fetch_all(conn)
-    .await
-}
-
 /// `GET /console/dead-letters`.
 pub(crate) async fn groups(State(state): State<AppState>, session: Session) -> Response {
-    render_groups(&state, &session, None).await
+    render_groups(&state, &session, None, None).await
 }
 
-async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>) -> Response {
-    let groups = async {
+async fn render_groups(
+    state: &AppState,
+    session: &Session,
+    flash: Option<Flash>,
+    outcome: Option<Markup>,
+) -> Response {
+    let overview = async {
         let mut conn = state.pool.acquire().await?;
-        groups_waiting(&mut conn).await
+        groups::overview(&mut conn, &state.dead_letters)
+            .await
+            .map_err(into_api)
     };
-    let groups = match groups.await {
-        Ok(groups) => groups,
-        Err(error) => return layout::failure_page(error.into()),
+    let Overview {
+        groups,
+        exposure,
+        exposure_complete,
+    } = match overview.await {
+        Ok(overview) => overview,
+        Err(error) => return layout::failure_page(error),
     };
     layout::page(
         "Dead letters",
         Some(session),
         html! {
             @if let Some(flash) = &flash { (flash) }
+            @if let Some(outcome) = &outcome { (outcome) }
             @if groups.is_empty() {
                 p.flash { "No dead letter is waiting: nothing failed for good." }
             } @else {
                 p.hint { "Letters waiting for ops (NEW), grouped by function and reason. A dry run classifies each letter (already applied, safe to replay, needs a human) and changes nothing; replay sends only the safe ones." }
+                @if !exposure.is_empty() {
+                    p #exposure {
+                        "Money held up by letters a replay could still apply: "
+                        (sums(&exposure))
+                        @if !exposure_complete { " (at least: only the oldest letters were read)" }
+                    }
+                }
                 table {
-                    thead { tr { th { "Function" } th { "Reason" } th.n { "Letters" } th { "First" } th { "Last" } th { "Actions" } } }
+                    thead { tr { th { "Function" } th { "Reason" } th.n { "Letters" } th { "First" } th { "Last" } th { "At stake" } th { "Actions" } } }
                     tbody {
                         @for group in &groups {
-                            tr.group data-function=(group.function_name) data-reason=(group.reason) {
-                                td { a href=(group_href(&group.function_name, &group.reason)) { (group.function_name) } }
+                            tr.group data-function=(group.function) data-reason=(group.reason) {
+                                td { a href=(group_href(&group.function, &group.reason)) { (group.function) } }
                                 td { code { (group.reason) } }
-                                td.n { (group.letters) }
+                                td.n { (group.count) }
                                 td { (at(group.first_failed_at)) }
                                 td { (at(group.last_failed_at)) }
-                                td { (group_buttons(&group.function_name, &group.reason)) }
+                                td { (sums(&group.exposure)) }
+                                td { (group_buttons(&group.function, &group.reason)) }
                             }
                         }
                     }
@@ -125,6 +95,24 @@ async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>
         },
     )
     .into_response()
+}
+
+/// Exposure sums in one line, biggest first: "100 USDT (partner 3), 5 CAN (members)".
+fn sums(exposure: &[ExposureSum]) -> Markup {
+    html! {
+        @if exposure.is_empty() { "—" }
+        @for (i, sum) in exposure.iter().enumerate() {
+            @if i > 0 { ", " }
+            span.exposure {
+                (sum.amount) " " (sum.currency) " ("
+                @match sum.partner_id {
+                    Some(partner) => { "partner " (partner) },
+                    None => { "members" },
+                }
+                ")"
+            }
+        }
+    }
 }
 
 fn group_href(function_name: &str, reason: &str) -> String {
@@ -174,11 +162,17 @@ pub(crate) async fn group(
     let (function_name, reason) = (query.function, query.reason);
     let letters = async {
         let mut conn = state.pool.acquire().await?;
-        letters_of(&mut conn, &function_name, &reason).await
+        let filter = ListFilter {
+            function: Some(function_name.clone()),
+            reason: Some(reason.clone()),
+            limit: Some(LETTERS_SHOWN),
+            ..ListFilter::default()
+        };
+        letter::list(&mut conn, &filter).await.map_err(into_api)
     };
     let letters = match letters.await {
         Ok(letters) => letters,
-        Err(error) => return layout::failure_page(error.into()),
+        Err(error) => return layout::failure_page(error),
     };
     let title = format!("Dead letters: {function_name} / {reason}");
     layout::page(
@@ -197,7 +191,7 @@ pub(crate) async fn group(
                         thead { tr { th {} th.n { "Id" } th { "Message" } th { "Routing key" } th { "Error" } th.n { "Attempts" } th { "Failed at" } } }
                         tbody {
                             @for letter in &letters {
-                                tr {
+                                tr.letter data-letter-id=(letter.id) {
                                     td { input type="checkbox" name="ids" value=(letter.id) aria-label=(format!("letter {}", letter.id)); }
                                     td.n { (letter.id) }
                                     td { code { (letter.message_id.as_deref().unwrap_or("—")) } }
@@ -208,6 +202,9 @@ pub(crate) async fn group(
                                 }
                             }
                         }
+                    }
+                    @if letters.len() == LETTERS_SHOWN as usize {
+                        p.hint { "The newest " (LETTERS_SHOWN) " letters are shown; the group's buttons act on all of them." }
                     }
                     p {
                         "Ticked letters: "
@@ -293,15 +290,173 @@ pub(crate) async fn replay(
     let mut body = selection.target();
     body["dry_run"] = json!(dry_run);
     let answer = actions::call(&state, &session, Method::POST, REPLAY, Some(body)).await;
-    let what = if dry_run { "Dry run" } else { "Replay" };
-    let flash = answer.failure(&Method::POST, REPLAY).unwrap_or_else(|| {
-        Flash::Done(format!(
-            "{what} of {}: {}",
-            selection.describe(),
-            summary(&answer.body)
-        ))
-    });
-    render_groups(&state, &session, Some(flash)).await
+    if let Some(failure) = answer.failure(&Method::POST, REPLAY) {
+        return render_groups(&state, &session, Some(failure), None).await;
+    }
+    let (flash, outcome) = if dry_run {
+        dry_run_outcome(&selection, &answer.body)
+    } else {
+        replay_outcome(&selection, &answer.body)
+    };
+    render_groups(&state, &session, Some(flash), Some(outcome)).await
+}
+
+/// The dry run's answer (`DryRun`), as far as the page shows it.
+#[derive(Debug, Deserialize)]
+struct DryRunView {
+    already_applied: u64,
+    safe: u64,
+    needs_human: u64,
+    #[serde(default)]
+    remaining: u64,
+    letters: Vec<ClassifiedView>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ClassifiedView {
+    letter: LetterView,
+    triage: TriageView,
+}
+
+#[derive(Debug, Deserialize)]
+struct LetterView {
+    id: u64,
+    function_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct TriageView {
+    verdict: String,
+    reason: String,
+    exposure: Option<ExposureView>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExposureView {
+    partner_id: Option<u64>,
+    currency: String,
+    amount: String,
+}
+
+/// The replay's answer (`ReplayReport`), as far as the page shows it.
+#[derive(Debug, Deserialize)]
+struct ReplayView {
+    replayed: u64,
+    already_applied: u64,
+    needs_human: u64,
+    skipped: u64,
+    #[serde(default)]
+    remaining: u64,
+    results: Vec<ResultView>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResultView {
+    id: u64,
+    function_name: String,
+    verdict: Option<String>,
+    result: String,
+    detail: String,
+    replay_message_id: Option<String>,
+}
+
+/// An answer the page cannot read: shown as it came (its shape belongs to the API).
+fn unreadable(what: &str, body: &Value) -> (Flash, Markup) {
+    (
+        Flash::Warn(format!(
+            "{what} done, but its answer could not be read letter by letter: {body}"
+        )),
+        html! {},
+    )
+}
+
+fn remaining_note(remaining: u64) -> String {
+    if remaining == 0 {
+        String::new()
+    } else {
+        format!("; {remaining} more letter(s) of the selection were left for another call")
+    }
+}
+
+fn dry_run_outcome(selection: &Selection, body: &Value) -> (Flash, Markup) {
+    let Ok(run) = serde_json::from_value::<DryRunView>(body.clone()) else {
+        return unreadable("The dry run", body);
+    };
+    let flash = Flash::Done(format!(
+        "Dry run of {}: {} letter(s) classified — safe: {}, already_applied: {}, \
+         needs_human: {}. Nothing was sent{}.",
+        selection.describe(),
+        run.letters.len(),
+        run.safe,
+        run.already_applied,
+        run.needs_human,
+        remaining_note(run.remaining)
+    ));
+    let outcome = html! {
+        section #outcome data-kind="dry-run" {
+            h2 { "Dry run: each letter's verdict" }
+            table #letter-verdicts {
+                thead { tr { th.n { "Letter" } th { "Function" } th { "Verdict" } th { "Why" } th { "At stake" } } }
+                tbody {
+                    @for classified in &run.letters {
+                        tr.verdict data-letter-id=(classified.letter.id) data-verdict=(classified.triage.verdict) {
+                            td.n { (classified.letter.id) }
+                            td { (classified.letter.function_name) }
+                            td { span class=(format!("badge {}", classified.triage.verdict)) { (classified.triage.verdict) } }
+                            td { (classified.triage.reason) }
+                            td {
+                                @match &classified.triage.exposure {
+                                    Some(exposure) => {
+                                        (exposure.amount) " " (exposure.currency)
+                                        @if let Some(partner) = exposure.partner_id { " (partner " (partner) ")" }
+                                    },
+                                    None => { "—" },
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    (flash, outcome)
+}
+
+fn replay_outcome(selection: &Selection, body: &Value) -> (Flash, Markup) {
+    let Ok(report) = serde_json::from_value::<ReplayView>(body.clone()) else {
+        return unreadable("The replay", body);
+    };
+    let flash = Flash::Done(format!(
+        "Replay of {}: replayed: {}, already_applied: {}, needs_human: {}, skipped: {}{}.",
+        selection.describe(),
+        report.replayed,
+        report.already_applied,
+        report.needs_human,
+        report.skipped,
+        remaining_note(report.remaining)
+    ));
+    let outcome = html! {
+        section #outcome data-kind="replay" {
+            h2 { "Replay: what happened to each letter" }
+            p.hint { "Each verdict was taken again under the letter's lock; only safe letters were re-sent (through the outbox, as a new message)." }
+            table #letter-results {
+                thead { tr { th.n { "Letter" } th { "Function" } th { "Verdict" } th { "Result" } th { "Why" } th { "Re-sent as" } } }
+                tbody {
+                    @for result in &report.results {
+                        tr.result data-letter-id=(result.id) data-verdict=(result.verdict.as_deref().unwrap_or("")) data-result=(result.result) {
+                            td.n { (result.id) }
+                            td { (result.function_name) }
+                            td { (result.verdict.as_deref().unwrap_or("—")) }
+                            td { span class=(format!("badge {}", result.result)) { (result.result) } }
+                            td { (result.detail) }
+                            td { code { (result.replay_message_id.as_deref().unwrap_or("—")) } }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    (flash, outcome)
 }
 
 /// `POST /console/dead-letters/archive`.
@@ -327,25 +482,13 @@ async fn send_archive(state: &AppState, session: &Session, selection: &Selection
     .await;
     let flash = answer.failure(&Method::POST, ARCHIVE).unwrap_or_else(|| {
         Flash::Done(format!(
-            "Archived {}: {}",
+            "Archived {}: archived: {}{}",
             selection.describe(),
-            summary(&answer.body)
+            answer.body["archived"],
+            remaining_note(answer.body["remaining"].as_u64().unwrap_or(0))
         ))
     });
-    render_groups(state, session, Some(flash)).await
-}
-
-/// The API's answer in one line (its exact shape belongs to the dead-letter API).
-fn summary(body: &Value) -> String {
-    match body {
-        Value::Object(fields) => fields
-            .iter()
-            .filter(|(_, value)| !value.is_array() && !value.is_object())
-            .map(|(name, value)| format!("{name}: {value}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        other => other.to_string(),
-    }
+    render_groups(state, session, Some(flash), None).await
 }
 
 fn at(time: DateTime<Utc>) -> String {

@@ -23,7 +23,9 @@ th{background:#eef1f4;font-weight:600}td.n{text-align:right;font-variant-numeric
 .hint{color:#5b6570}pre{background:#fff;border:1px solid #e3e6ea;padding:.6rem;overflow:auto}
 button{cursor:pointer;padding:.25rem .7rem}button.danger{color:#a40000}
 progress{width:14rem}.badge{padding:0 .4rem;border-radius:3px;background:#e3e6ea}
-.badge.FAILED,.badge.needs_attention,.badge.dirty{background:#fdecea}.badge.clean,.badge.complete{background:#e8f4ea}
+.badge.FAILED,.badge.needs_attention,.badge.dirty,.badge.needs_human,.badge.NOT_SENT{background:#fdecea}
+.badge.clean,.badge.complete,.badge.safe,.badge.REPLAYED{background:#e8f4ea}.badge.already_applied,.badge.SKIPPED{background:#eef1f4}
+section{margin:1rem 0}h2{font-size:1.1rem}
 textarea{display:block;margin:.4rem 0;width:100%;max-width:40rem}
 ";
 

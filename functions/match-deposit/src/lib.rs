@@ -16,8 +16,13 @@
 //! Its sweeper jobs ([`jobs`]) are the seed's worker loop and maintenance: the due-orders
 //! batch claim (every poll interval: retries that came due, orders whose message was lost,
 //! orders the reaper handed back), the zombie reaper and expiry.
+//!
+//! Its dead letters are classified by `triage` (terminal order: already applied; PENDING and
+//! due: safe; otherwise a human decides), and its work table (`p2p_deposit_orders`, through the
+//! retry kit's `DEPOSIT_ORDERS`) reports due and stuck rows in `/metrics`.
 
 pub mod jobs;
+mod triage;
 
 use std::sync::Arc;
 
@@ -162,6 +167,16 @@ impl Function for MatchDeposit {
             Arc::new(ZombieReaper::new(matcher.clone())),
             Arc::new(Expiry::new(matcher)),
         ])
+    }
+
+    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] =
+        &[&paybus_p2p::deposit_order::DEPOSIT_ORDERS];
+
+    async fn triage(
+        conn: &mut sqlx::MySqlConnection,
+        message: DepositOrderCreated,
+    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+        triage::triage(conn, message).await
     }
 }
 

@@ -4,10 +4,16 @@
 //! | --- | --- |
 //! | `member_can_balances` | each member's balance in each container equals the cans of its COMPLETE charges there (purchases and granted bonuses): no credit lost, none doubled |
 //! | `bonus_job_results` | every DONE job has its own EVENT charge (same member, container, cans and reason); no other job has a result; every EVENT charge is the result of exactly one job; every job comes from a COMPLETE purchase of its member |
+//!
+//! Each check has a `recent` form for the continuous auditor: the same SQL over the members,
+//! charges and jobs the window touched — changed since its start (`index_members_recent`,
+//! `index_charges_recent`, `index_charge_event_job_recent`), or linked to a row that was (a
+//! charge's member, a job's source and result charges). A member's balance is still checked
+//! against all of its charges: the window narrows which members, not the sum.
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding};
+use paybus_platform::audit::{self, Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -18,12 +24,24 @@ pub const CHECKS: &[Check] = &[
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(member_can_balances(conn).await?)) })
         },
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_member_can_balances(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "bonus_job_results",
         run: |conn| Box::pin(async move { Ok(audit::violations(bonus_job_results(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_bonus_job_results(conn, window).await?,
+                ))
+            })
+        }),
     },
 ];
 
@@ -116,12 +134,55 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The members a window touched: changed since its start, or with a charge changed since.
+const TOUCHED_MEMBERS: &str = " JOIN ( \
+        SELECT id FROM members WHERE updated_at >= ? \
+        UNION SELECT member_id FROM charges WHERE updated_at >= ?) touched \
+     ON touched.id = m.id";
+
+/// The bonus jobs a window touched: changed since its start, or whose source or result charge
+/// changed since.
+const TOUCHED_JOBS: &str = " JOIN ( \
+        SELECT id FROM charge_event_job WHERE updated_at >= ? \
+        UNION SELECT tj.id FROM charges tc \
+              JOIN charge_event_job tj ON tj.result_charge_id = tc.id \
+              WHERE tc.updated_at >= ? \
+        UNION SELECT tj.id FROM charges tc \
+              JOIN charge_event_job tj ON tj.source_charge_id = tc.id \
+              WHERE tc.updated_at >= ?) touched \
+     ON touched.id = j.id";
+
+/// The charges a window touched: changed since its start, or the result of a job changed
+/// since.
+const TOUCHED_CHARGES: &str = " JOIN ( \
+        SELECT id FROM charges WHERE updated_at >= ? \
+        UNION SELECT result_charge_id FROM charge_event_job \
+              WHERE updated_at >= ? AND result_charge_id IS NOT NULL) touched \
+     ON touched.id = c.id";
+
 /// Every member's three balances against its COMPLETE charges.
 pub async fn member_can_balances(
     conn: &mut MySqlConnection,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT m.id, CAST(m.pg_can AS SIGNED), CAST(m.aos_can AS SIGNED), \
+    member_can_balances_in(conn, Scope::All).await
+}
+
+/// [`member_can_balances`] for the members `window` touched.
+pub async fn recent_member_can_balances(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    member_can_balances_in(conn, Scope::Recent(window)).await
+}
+
+async fn member_can_balances_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64, i64, i64, i64, i64, i64)> = scope
+        .fetch(
+            conn,
+            "SELECT m.id, CAST(m.pg_can AS SIGNED), CAST(m.aos_can AS SIGNED), \
                 CAST(m.ios_can AS SIGNED), \
                 CAST(COALESCE(SUM(CASE WHEN c.container = 'pg' THEN c.cans END), 0) AS SIGNED) \
                     AS pg_charged, \
@@ -129,14 +190,14 @@ pub async fn member_can_balances(
                     AS aos_charged, \
                 CAST(COALESCE(SUM(CASE WHEN c.container = 'ios' THEN c.cans END), 0) AS SIGNED) \
                     AS ios_charged \
-         FROM members m \
+         FROM members m {recent} \
          LEFT JOIN charges c ON c.member_id = m.id AND c.payment_status = 'COMPLETE' \
          GROUP BY m.id, m.pg_can, m.aos_can, m.ios_can \
          HAVING m.pg_can <> pg_charged OR m.aos_can <> aos_charged OR m.ios_can <> ios_charged \
          ORDER BY m.id",
-    )
-    .fetch_all(conn)
-    .await?;
+            TOUCHED_MEMBERS,
+        )
+        .await?;
     let mut violations = Vec::new();
     for (member_id, pg, aos, ios, pg_charged, aos_charged, ios_charged) in rows {
         for (container, balance, charged) in [
@@ -159,17 +220,34 @@ pub async fn member_can_balances(
 
 /// Bonus jobs and their EVENT charges, both directions, and their source purchases.
 pub async fn bonus_job_results(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let missing: Vec<(u64, Option<u64>)> = sqlx::query_as(
-        "SELECT j.id, j.result_charge_id FROM charge_event_job j \
+    bonus_job_results_in(conn, Scope::All).await
+}
+
+/// [`bonus_job_results`] for the jobs and charges `window` touched.
+pub async fn recent_bonus_job_results(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    bonus_job_results_in(conn, Scope::Recent(window)).await
+}
+
+async fn bonus_job_results_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let missing: Vec<(u64, Option<u64>)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT j.id, j.result_charge_id FROM charge_event_job j {recent} \
          LEFT JOIN charges c ON c.id = j.result_charge_id \
          WHERE j.status = 'DONE' \
            AND (c.id IS NULL OR c.status <> 'EVENT' OR c.member_id <> j.member_id \
                 OR c.container <> j.container OR c.cans <> j.additional_can \
                 OR c.method <> j.method_snapshot) \
          ORDER BY j.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            TOUCHED_JOBS,
+        )
+        .await?;
     let mut violations: Vec<Violation> = missing
         .into_iter()
         .map(|(job_id, result_charge_id)| Violation::BonusChargeMissing {
@@ -178,12 +256,14 @@ pub async fn bonus_job_results(conn: &mut MySqlConnection) -> Result<Vec<Violati
         })
         .collect();
 
-    let unexpected: Vec<(u64, String, u64)> = sqlx::query_as(
-        "SELECT id, status, result_charge_id FROM charge_event_job \
-         WHERE status <> 'DONE' AND result_charge_id IS NOT NULL ORDER BY id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let unexpected: Vec<(u64, String, u64)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT j.id, j.status, j.result_charge_id FROM charge_event_job j {recent} \
+             WHERE j.status <> 'DONE' AND j.result_charge_id IS NOT NULL ORDER BY j.id",
+            TOUCHED_JOBS,
+        )
+        .await?;
     violations.extend(
         unexpected
             .into_iter()
@@ -196,28 +276,32 @@ pub async fn bonus_job_results(conn: &mut MySqlConnection) -> Result<Vec<Violati
             ),
     );
 
-    let event_charges: Vec<(u64, i64)> = sqlx::query_as(
-        "SELECT c.id, COUNT(j.id) FROM charges c \
-         LEFT JOIN charge_event_job j ON j.result_charge_id = c.id \
-         WHERE c.status = 'EVENT' GROUP BY c.id HAVING COUNT(j.id) <> 1 ORDER BY c.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let event_charges: Vec<(u64, i64)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT c.id, COUNT(j.id) FROM charges c {recent} \
+             LEFT JOIN charge_event_job j ON j.result_charge_id = c.id \
+             WHERE c.status = 'EVENT' GROUP BY c.id HAVING COUNT(j.id) <> 1 ORDER BY c.id",
+            TOUCHED_CHARGES,
+        )
+        .await?;
     violations.extend(
         event_charges
             .into_iter()
             .map(|(charge_id, jobs)| Violation::EventChargeJobs { charge_id, jobs }),
     );
 
-    let orphans: Vec<(u64, u64)> = sqlx::query_as(
-        "SELECT j.id, j.source_charge_id FROM charge_event_job j \
-         JOIN charges s ON s.id = j.source_charge_id \
-         WHERE s.status <> 'CHARGE' OR s.payment_status <> 'COMPLETE' \
-            OR s.member_id <> j.member_id \
-         ORDER BY j.id",
-    )
-    .fetch_all(conn)
-    .await?;
+    let orphans: Vec<(u64, u64)> = scope
+        .fetch(
+            conn,
+            "SELECT j.id, j.source_charge_id FROM charge_event_job j {recent} \
+             JOIN charges s ON s.id = j.source_charge_id \
+             WHERE s.status <> 'CHARGE' OR s.payment_status <> 'COMPLETE' \
+                OR s.member_id <> j.member_id \
+             ORDER BY j.id",
+            TOUCHED_JOBS,
+        )
+        .await?;
     violations.extend(orphans.into_iter().map(|(job_id, source_charge_id)| {
         Violation::JobWithoutCompletedPurchase {
             job_id,

@@ -6,10 +6,16 @@
 //! | `withdrawal_debits` | every CONFIRMED NORMAL withdrawal has its `WDR_CONFIRM` DEBIT for its partner, currency and amount; no other withdrawal has one |
 //! | `withdrawal_debit_count` | a CONFIRMED NORMAL withdrawal has at most one confirmation DEBIT: a DEBIT of its whole amount referencing it, keyed `WDR_CONFIRM:{id}` or unkeyed (the seed's double debit carried no key; P2P legs and corrections are other amounts or other keys) |
 //! | `deposit_entries` | every CONFIRMED deposit has its `DEP_CREDIT` of `amount`, and its `DEP_FEE` of `fee` when `fee > 0` (none otherwise); no other deposit has either |
+//!
+//! Each check has a `recent` form for the continuous auditor: the same SQL over the withdrawals
+//! or deposits the window touched — moved to CONFIRMED (or changed) since its start
+//! (`index_withdrawals_by_status_age`, `index_deposits_recent`), or referenced by a ledger entry
+//! written since (`index_ledger_entries_recent`) — and the keyed entries written since or
+//! belonging to those rows. Its cost follows the window, not the tables.
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding};
+use paybus_platform::audit::{self, Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -18,19 +24,37 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "withdrawal_debits",
         run: |conn| Box::pin(async move { Ok(audit::violations(withdrawal_debits(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_withdrawal_debits(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "withdrawal_debit_count",
         run: |conn| {
             Box::pin(async move { Ok(audit::violations(withdrawal_debit_count(conn).await?)) })
         },
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_withdrawal_debit_count(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "deposit_entries",
         run: |conn| Box::pin(async move { Ok(audit::violations(deposit_entries(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_deposit_entries(conn, window).await?,
+                ))
+            })
+        }),
     },
 ];
 
@@ -178,25 +202,79 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The withdrawals a window touched: moved to CONFIRMED (or changed while CONFIRMED) since its
+/// start, or referenced by a ledger entry written since.
+const TOUCHED_WITHDRAWALS: &str = " JOIN ( \
+        SELECT id FROM withdrawals WHERE status = 'CONFIRMED' AND updated_at >= ? \
+        UNION SELECT reference_id FROM ledger_entries \
+              WHERE created_at >= ? AND reference_type = 'WITHDRAWAL') touched \
+     ON touched.id = w.id";
+
+/// The confirmation DEBITs a window touched: written since its start, or keyed to a withdrawal
+/// changed since (whatever its status now).
+const TOUCHED_WITHDRAWAL_DEBITS: &str = " JOIN ( \
+        SELECT id FROM ledger_entries WHERE created_at >= ? \
+        UNION SELECT le.id FROM withdrawals tw \
+              JOIN ledger_entries le ON le.idem_key = CONCAT('WDR_CONFIRM:', tw.id) \
+              WHERE tw.status IN ('REQUESTED', 'PROCESSING', 'BROADCASTING', 'STALE', \
+                                  'CONFIRMED', 'FAILED') \
+                AND tw.updated_at >= ?) touched \
+     ON touched.id = e.id";
+
+/// The deposits a window touched: changed since its start, or referenced by a ledger entry
+/// written since.
+const TOUCHED_DEPOSITS: &str = " JOIN ( \
+        SELECT id FROM deposits WHERE updated_at >= ? \
+        UNION SELECT reference_id FROM ledger_entries \
+              WHERE created_at >= ? AND reference_type = 'DEPOSIT') touched \
+     ON touched.id = d.id";
+
+/// The keyed deposit entries a window touched: written since its start, or keyed to a deposit
+/// changed since.
+const TOUCHED_DEPOSIT_ENTRIES: &str = " JOIN ( \
+        SELECT id FROM ledger_entries WHERE created_at >= ? \
+        UNION SELECT le.id FROM deposits td \
+              JOIN ledger_entries le ON le.idem_key IN (CONCAT('DEP_CREDIT:', td.id), \
+                                                         CONCAT('DEP_FEE:', td.id)) \
+              WHERE td.updated_at >= ?) touched \
+     ON touched.id = e.id";
+
 /// Withdrawals and their confirmation DEBITs (`WDR_CONFIRM:{id}`), both directions.
 pub async fn withdrawal_debits(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    withdrawal_debits_in(conn, Scope::All).await
+}
+
+/// [`withdrawal_debits`] over the rows `window` touched.
+pub async fn recent_withdrawal_debits(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    withdrawal_debits_in(conn, Scope::Recent(window)).await
+}
+
+async fn withdrawal_debits_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
     // CONFIRMED NORMAL withdrawals whose DEBIT is missing or disagrees with them. The key is
     // unique, so the join finds at most one entry.
-    let rows: Vec<(u64, String, Option<u64>, Option<String>)> = sqlx::query_as(
-        "SELECT w.id, \
+    let rows: Vec<(u64, String, Option<u64>, Option<String>)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT w.id, \
                 CONCAT(CAST(w.amount AS CHAR), ' ', w.currency, ' of partner ', w.partner_id), \
                 e.id, \
                 CONCAT(e.entry_type, ' ', CAST(e.amount AS CHAR), ' ', e.currency, \
                        ' of partner ', e.partner_id) \
-         FROM withdrawals w \
+         FROM withdrawals w {recent} \
          LEFT JOIN ledger_entries e ON e.idem_key = CONCAT('WDR_CONFIRM:', w.id) \
          WHERE w.status = 'CONFIRMED' AND w.kind = 'NORMAL' \
            AND (e.id IS NULL OR e.partner_id <> w.partner_id OR e.currency <> w.currency \
                 OR e.amount <> w.amount OR e.entry_type <> 'DEBIT') \
          ORDER BY w.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            TOUCHED_WITHDRAWALS,
+        )
+        .await?;
     let mut violations: Vec<Violation> = rows
         .into_iter()
         .map(|(withdrawal_id, expected, entry, found)| match entry {
@@ -211,17 +289,20 @@ pub async fn withdrawal_debits(conn: &mut MySqlConnection) -> Result<Vec<Violati
         .collect();
 
     // Confirmation DEBITs of withdrawals that must not have one.
-    let rows: Vec<(u64, u64, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT e.id, CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED), w.kind, w.status \
-         FROM ledger_entries e \
-         LEFT JOIN withdrawals w \
-           ON w.id = CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED) \
-         WHERE e.idem_key LIKE 'WDR|_CONFIRM:%' ESCAPE '|' \
-           AND (w.id IS NULL OR w.kind <> 'NORMAL' OR w.status <> 'CONFIRMED') \
-         ORDER BY e.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<(u64, u64, Option<String>, Option<String>)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT e.id, CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED), w.kind, \
+                    w.status \
+             FROM ledger_entries e {recent} \
+             LEFT JOIN withdrawals w \
+               ON w.id = CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED) \
+             WHERE e.idem_key LIKE 'WDR|_CONFIRM:%' ESCAPE '|' \
+               AND (w.id IS NULL OR w.kind <> 'NORMAL' OR w.status <> 'CONFIRMED') \
+             ORDER BY e.id",
+            TOUCHED_WITHDRAWAL_DEBITS,
+        )
+        .await?;
     violations.extend(
         rows.into_iter()
             .map(
@@ -242,16 +323,33 @@ pub async fn withdrawal_debits(conn: &mut MySqlConnection) -> Result<Vec<Violati
 pub async fn withdrawal_debit_count(
     conn: &mut MySqlConnection,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, i64)> = sqlx::query_as(
-        "SELECT w.id, COUNT(*) FROM withdrawals w \
+    withdrawal_debit_count_in(conn, Scope::All).await
+}
+
+/// [`withdrawal_debit_count`] over the withdrawals `window` touched.
+pub async fn recent_withdrawal_debit_count(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    withdrawal_debit_count_in(conn, Scope::Recent(window)).await
+}
+
+async fn withdrawal_debit_count_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64)> = scope
+        .fetch(
+            conn,
+            "SELECT w.id, COUNT(*) FROM withdrawals w {recent} \
          JOIN ledger_entries e ON e.reference_type = 'WITHDRAWAL' AND e.reference_id = w.id \
          WHERE w.status = 'CONFIRMED' AND w.kind = 'NORMAL' \
            AND e.entry_type = 'DEBIT' AND e.amount = w.amount \
            AND (e.idem_key IS NULL OR e.idem_key = CONCAT('WDR_CONFIRM:', w.id)) \
          GROUP BY w.id HAVING COUNT(*) > 1 ORDER BY w.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            TOUCHED_WITHDRAWALS,
+        )
+        .await?;
     Ok(rows
         .into_iter()
         .map(
@@ -266,16 +364,32 @@ pub async fn withdrawal_debit_count(
 /// Deposits and their confirmation CREDIT (`DEP_CREDIT:{id}`, of `amount`) and FEE
 /// (`DEP_FEE:{id}`, of `fee`, present exactly when `fee > 0`), both directions.
 pub async fn deposit_entries(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    deposit_entries_in(conn, Scope::All).await
+}
+
+/// [`deposit_entries`] over the deposits and entries `window` touched.
+pub async fn recent_deposit_entries(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    deposit_entries_in(conn, Scope::Recent(window)).await
+}
+
+async fn deposit_entries_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
     // The CREDIT: one per CONFIRMED deposit, of the deposit's amount.
     let mut violations = deposit_entry_check(
         conn,
+        scope,
         "SELECT d.id AS deposit_id, \
                 CONCAT('CREDIT ', CAST(d.amount AS CHAR), ' ', d.currency, \
                        ' of partner ', d.partner_id) AS expected, \
                 e.id AS entry_id, e.idem_key, \
                 CONCAT(e.entry_type, ' ', CAST(e.amount AS CHAR), ' ', e.currency, \
                        ' of partner ', e.partner_id) AS found \
-         FROM deposits d \
+         FROM deposits d {recent} \
          LEFT JOIN ledger_entries e ON e.idem_key = CONCAT('DEP_CREDIT:', d.id) \
          WHERE d.status = 'CONFIRMED' \
            AND (e.id IS NULL OR e.partner_id <> d.partner_id OR e.currency <> d.currency \
@@ -290,13 +404,14 @@ pub async fn deposit_entries(conn: &mut MySqlConnection) -> Result<Vec<Violation
     violations.extend(
         deposit_entry_check(
             conn,
+            scope,
             "SELECT d.id AS deposit_id, \
                     CONCAT('FEE ', CAST(d.fee AS CHAR), ' ', d.currency, \
                            ' of partner ', d.partner_id) AS expected, \
                     e.id AS entry_id, e.idem_key, \
                     CONCAT(e.entry_type, ' ', CAST(e.amount AS CHAR), ' ', e.currency, \
                            ' of partner ', e.partner_id) AS found \
-             FROM deposits d \
+             FROM deposits d {recent} \
              LEFT JOIN ledger_entries e ON e.idem_key = CONCAT('DEP_FEE:', d.id) \
              WHERE d.status = 'CONFIRMED' \
                AND ((e.id IS NULL AND d.fee > 0) \
@@ -310,19 +425,21 @@ pub async fn deposit_entries(conn: &mut MySqlConnection) -> Result<Vec<Violation
     );
 
     // Keyed deposit entries whose deposit is not CONFIRMED.
-    let rows: Vec<(u64, String, u64, Option<String>)> = sqlx::query_as(
-        "SELECT e.id, e.idem_key, CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED), \
+    let rows: Vec<(u64, String, u64, Option<String>)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT e.id, e.idem_key, CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED), \
                 d.status \
-         FROM ledger_entries e \
+         FROM ledger_entries e {recent} \
          LEFT JOIN deposits d \
            ON d.id = CAST(SUBSTRING_INDEX(e.idem_key, ':', -1) AS UNSIGNED) \
          WHERE (e.idem_key LIKE 'DEP|_CREDIT:%' ESCAPE '|' \
                 OR e.idem_key LIKE 'DEP|_FEE:%' ESCAPE '|') \
            AND (d.id IS NULL OR d.status <> 'CONFIRMED') \
          ORDER BY e.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            TOUCHED_DEPOSIT_ENTRIES,
+        )
+        .await?;
     violations.extend(
         rows.into_iter()
             .map(
@@ -351,10 +468,11 @@ struct DepositEntryRow {
 /// mismatch.
 async fn deposit_entry_check(
     conn: &mut MySqlConnection,
+    scope: Scope,
     sql: &'static str,
     missing: fn(u64) -> Violation,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<DepositEntryRow> = sqlx::query_as(sql).fetch_all(conn).await?;
+    let rows: Vec<DepositEntryRow> = scope.fetch(conn, sql, TOUCHED_DEPOSITS).await?;
     Ok(rows
         .into_iter()
         .map(|row| match row.entry_id {

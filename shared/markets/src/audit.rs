@@ -8,10 +8,16 @@
 //! | `task_disagrees_with_order` | a DONE task's order is CANCELLED for the batch's reason; a SKIPPED task's order is closed |
 //!
 //! One task per (batch, target) is the unique key `uk_tasks_batch_target`, not a check.
+//!
+//! Each check has a `recent` form for the continuous auditor, the same SQL narrowed by the
+//! window: batches materialised since its start (`index_task_batches_preparing`), orders of a
+//! SUSPENDED market placed since (`index_orders_by_market`), and tasks changed since
+//! (`index_tasks_recent`) with their batches. A batch's frozen set is checked once, in the
+//! passes after it is materialised: nothing enters or leaves it later.
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding};
+use paybus_platform::audit::{self, Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -20,12 +26,20 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "suspension_sets",
         run: |conn| Box::pin(async move { Ok(audit::violations(suspension_sets(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_suspension_sets(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "cancel_tasks",
         run: |conn| Box::pin(async move { Ok(audit::violations(cancel_tasks(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move { Ok(audit::violations(recent_cancel_tasks(conn, window).await?)) })
+        }),
     },
 ];
 
@@ -113,18 +127,51 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The batches materialised since a window's start.
+const MATERIALISED_BATCHES: &str = " JOIN ( \
+        SELECT id FROM task_batches WHERE materialised_at >= ?) touched \
+     ON touched.id = b.id";
+
+/// The batches a window touched: materialised since its start, or with a task changed since.
+const TOUCHED_BATCHES: &str = " JOIN ( \
+        SELECT id FROM task_batches WHERE materialised_at >= ? \
+        UNION SELECT batch_id FROM tasks WHERE updated_at >= ?) touched \
+     ON touched.id = b.id";
+
+/// The tasks changed since a window's start.
+const TOUCHED_TASKS: &str = " JOIN ( \
+        SELECT id FROM tasks WHERE updated_at >= ?) touched \
+     ON touched.id = t.id";
+
 /// The frozen sets of open suspensions: nothing left behind, nothing added after.
 pub async fn suspension_sets(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let left: Vec<(u64, String, u64)> = sqlx::query_as(
-        "SELECT o.id, b.ref, b.id \
-         FROM task_batches b \
+    suspension_sets_in(conn, Scope::All).await
+}
+
+/// [`suspension_sets`] for the batches materialised and the orders placed in `window`.
+pub async fn recent_suspension_sets(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    suspension_sets_in(conn, Scope::Recent(window)).await
+}
+
+async fn suspension_sets_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let left: Vec<(u64, String, u64)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT o.id, b.ref, b.id \
+         FROM task_batches b {recent} \
          JOIN orders o ON o.open_market_id = b.market_id AND o.id <= b.max_target_id \
          LEFT JOIN tasks t ON t.batch_id = b.id AND t.target_id = o.id \
          WHERE b.closed_at IS NULL AND b.materialised_at IS NOT NULL AND t.id IS NULL \
          ORDER BY o.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            MATERIALISED_BATCHES,
+        )
+        .await?;
     let mut violations: Vec<Violation> = left
         .into_iter()
         .map(
@@ -135,16 +182,18 @@ pub async fn suspension_sets(conn: &mut MySqlConnection) -> Result<Vec<Violation
             },
         )
         .collect();
-    let late: Vec<(u64, String, u64, u64)> = sqlx::query_as(
-        "SELECT o.id, m.symbol, b.id, b.max_target_id \
-         FROM markets m \
-         JOIN task_batches b ON b.id = m.current_batch_id \
-         JOIN orders o ON o.market_id = m.id AND o.id > b.max_target_id \
-         WHERE m.status = 'SUSPENDED' \
-         ORDER BY o.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let late: Vec<(u64, String, u64, u64)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT o.id, m.symbol, b.id, b.max_target_id \
+             FROM markets m \
+             JOIN task_batches b ON b.id = m.current_batch_id \
+             JOIN orders o ON o.market_id = m.id AND o.id > b.max_target_id {recent} \
+             WHERE m.status = 'SUSPENDED' \
+             ORDER BY o.id",
+            " AND o.created_at >= ?",
+        )
+        .await?;
     violations.extend(
         late.into_iter()
             .map(|(order_id, symbol, batch_id, max_target_id)| {
@@ -161,16 +210,33 @@ pub async fn suspension_sets(conn: &mut MySqlConnection) -> Result<Vec<Violation
 
 /// Batches and their tasks: counts add up, and every settled task agrees with its order.
 pub async fn cancel_tasks(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let counts: Vec<(u64, u64, i64)> = sqlx::query_as(
-        "SELECT b.id, b.created_count, COUNT(t.id) \
-         FROM task_batches b LEFT JOIN tasks t ON t.batch_id = b.id \
+    cancel_tasks_in(conn, Scope::All).await
+}
+
+/// [`cancel_tasks`] for the batches and tasks `window` touched.
+pub async fn recent_cancel_tasks(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    cancel_tasks_in(conn, Scope::Recent(window)).await
+}
+
+async fn cancel_tasks_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let counts: Vec<(u64, u64, i64)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT b.id, b.created_count, COUNT(t.id) \
+         FROM task_batches b {recent} LEFT JOIN tasks t ON t.batch_id = b.id \
          WHERE b.materialised_at IS NOT NULL \
          GROUP BY b.id, b.created_count \
          HAVING COUNT(t.id) <> b.created_count \
          ORDER BY b.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            TOUCHED_BATCHES,
+        )
+        .await?;
     let mut violations: Vec<Violation> = counts
         .into_iter()
         .map(
@@ -181,9 +247,11 @@ pub async fn cancel_tasks(conn: &mut MySqlConnection) -> Result<Vec<Violation>, 
             },
         )
         .collect();
-    let disagreeing: Vec<(u64, String, u64, Option<String>)> = sqlx::query_as(
-        "SELECT t.id, t.state, t.target_id, o.status \
-         FROM tasks t \
+    let disagreeing: Vec<(u64, String, u64, Option<String>)> = scope
+        .fetch(
+            &mut *conn,
+            "SELECT t.id, t.state, t.target_id, o.status \
+         FROM tasks t {recent} \
          JOIN task_batches b ON b.id = t.batch_id \
          LEFT JOIN orders o ON o.id = t.target_id \
          WHERE t.type = 'CANCEL_OPEN_ORDER' AND ( \
@@ -192,9 +260,9 @@ pub async fn cancel_tasks(conn: &mut MySqlConnection) -> Result<Vec<Violation>, 
             OR (t.state = 'SKIPPED' AND (o.id IS NULL \
                                          OR o.status IN ('OPEN', 'PARTIALLY_FILLED')))) \
          ORDER BY t.id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+            TOUCHED_TASKS,
+        )
+        .await?;
     violations.extend(
         disagreeing
             .into_iter()

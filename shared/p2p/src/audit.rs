@@ -7,10 +7,20 @@
 //! | `p2p_stale_reservations` | no RESERVED match older than the zombie timeout (`PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS`, default 5 min), none on a closed order |
 //! | `p2p_deposit_fills` | every deposit order's CONFIRMED matches sum to what it filled (`amount - remaining`); a MATCHED order's to its whole amount |
 //! | `p2p_settlement_legs` | every CONFIRMED match has exactly its legs (buyer CREDIT, seller DEBIT, buyer FEE when it carries a fee); no `P2P_SETTLEMENT` entry without a CONFIRMED match |
+//!
+//! Each check has a `recent` form for the continuous auditor: the same SQL over the orders,
+//! matches and entries the window touched — changed since its start
+//! (`index_p2p_withdraw_orders_recent`, `index_p2p_deposit_orders_recent`,
+//! `index_p2p_matches_recent`, `index_ledger_entries_recent`), or linked to one that was (a
+//! match's orders, a settlement entry's match). An order is still checked against all of its
+//! matches: the window narrows which orders, not the sums. `p2p_stale_reservations` reads only
+//! the live RESERVED matches (`index_p2p_matches_reserved_age`), a set bounded by the attempts
+//! in flight whatever the table's size, so its recent form is its full one: a reservation
+//! becomes stale by growing old, which no window of recent writes would show.
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding};
+use paybus_platform::audit::{self, Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -21,22 +31,41 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "p2p_seller_liquidity",
         run: |conn| Box::pin(async move { Ok(audit::violations(seller_liquidity(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_seller_liquidity(conn, window).await?,
+                ))
+            })
+        }),
     },
     Check {
         name: "p2p_stale_reservations",
         run: |conn| Box::pin(async move { Ok(audit::violations(stale_reservations(conn).await?)) }),
-        recent: None,
+        // Bounded already (see the module docs): the same read every pass.
+        recent: Some(|conn, _| {
+            Box::pin(async move { Ok(audit::violations(stale_reservations(conn).await?)) })
+        }),
     },
     Check {
         name: "p2p_deposit_fills",
         run: |conn| Box::pin(async move { Ok(audit::violations(deposit_fills(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(
+                async move { Ok(audit::violations(recent_deposit_fills(conn, window).await?)) },
+            )
+        }),
     },
     Check {
         name: "p2p_settlement_legs",
         run: |conn| Box::pin(async move { Ok(audit::violations(settlement_legs(conn).await?)) }),
-        recent: None,
+        recent: Some(|conn, window| {
+            Box::pin(async move {
+                Ok(audit::violations(
+                    recent_settlement_legs(conn, window).await?,
+                ))
+            })
+        }),
     },
 ];
 
@@ -175,23 +204,71 @@ fn exact(text: String) -> String {
         .map_or(text, |amount| amount.to_string())
 }
 
+/// The withdraw orders a window touched: changed since its start, or with a match changed
+/// since.
+const TOUCHED_WITHDRAW_ORDERS: &str = " JOIN ( \
+        SELECT id FROM p2p_withdraw_orders WHERE updated_at >= ? \
+        UNION SELECT withdraw_order_id FROM p2p_matches WHERE updated_at >= ?) touched \
+     ON touched.id = w.id";
+
+/// The deposit orders a window touched: changed since its start, or with a match changed
+/// since.
+const TOUCHED_DEPOSIT_ORDERS: &str = " JOIN ( \
+        SELECT id FROM p2p_deposit_orders WHERE updated_at >= ? \
+        UNION SELECT deposit_order_id FROM p2p_matches WHERE updated_at >= ?) touched \
+     ON touched.id = d.id";
+
+/// The matches a window touched: changed since its start, or settled by an entry written
+/// since.
+const TOUCHED_MATCHES: &str = " JOIN ( \
+        SELECT id FROM p2p_matches WHERE updated_at >= ? \
+        UNION SELECT reference_id FROM ledger_entries \
+              WHERE created_at >= ? AND reference_type = 'P2P_SETTLEMENT') touched \
+     ON touched.id = m.id";
+
+/// The settlement entries a window touched: written since its start, or settling a match
+/// changed since.
+const TOUCHED_SETTLEMENT_ENTRIES: &str = " JOIN ( \
+        SELECT id FROM ledger_entries WHERE created_at >= ? \
+        UNION SELECT le.id FROM p2p_matches tm \
+              JOIN ledger_entries le \
+                ON le.reference_type = 'P2P_SETTLEMENT' AND le.reference_id = tm.id \
+              WHERE tm.updated_at >= ?) touched \
+     ON touched.id = e.id";
+
 /// Withdraw orders against their matches.
 pub async fn seller_liquidity(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, String, String, String, String)> = sqlx::query_as(
+    seller_liquidity_in(conn, Scope::All).await
+}
+
+/// [`seller_liquidity`] for the withdraw orders `window` touched.
+pub async fn recent_seller_liquidity(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    seller_liquidity_in(conn, Scope::Recent(window)).await
+}
+
+async fn seller_liquidity_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, String, String, String, String)> = scope.fetch(
+        conn,
         "SELECT id, CAST(amount AS CHAR), CAST(remaining_amount AS CHAR), \
                 CAST(reserved_amount AS CHAR), CAST(confirmed AS CHAR), CAST(held AS CHAR) \
          FROM ( \
              SELECT w.id, w.amount, w.remaining_amount, w.reserved_amount, \
                     COALESCE(SUM(CASE WHEN m.status = 'CONFIRMED' THEN m.amount END), 0) AS confirmed, \
                     COALESCE(SUM(CASE WHEN m.status = 'RESERVED' THEN m.amount END), 0) AS held \
-             FROM p2p_withdraw_orders w \
+             FROM p2p_withdraw_orders w {recent} \
              LEFT JOIN p2p_matches m ON m.withdraw_order_id = w.id \
              GROUP BY w.id, w.amount, w.remaining_amount, w.reserved_amount) seller \
          WHERE confirmed > amount OR confirmed + held > amount \
             OR remaining_amount <> amount - confirmed OR reserved_amount <> held \
          ORDER BY id",
+        TOUCHED_WITHDRAW_ORDERS,
     )
-    .fetch_all(conn)
     .await?;
     Ok(rows
         .into_iter()
@@ -243,20 +320,36 @@ pub async fn stale_reservations(conn: &mut MySqlConnection) -> Result<Vec<Violat
 
 /// Deposit orders against their CONFIRMED matches.
 pub async fn deposit_fills(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, String, String, String, String)> = sqlx::query_as(
+    deposit_fills_in(conn, Scope::All).await
+}
+
+/// [`deposit_fills`] for the deposit orders `window` touched.
+pub async fn recent_deposit_fills(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    deposit_fills_in(conn, Scope::Recent(window)).await
+}
+
+async fn deposit_fills_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, String, String, String, String)> = scope.fetch(
+        conn,
         "SELECT id, status, CAST(amount AS CHAR), CAST(remaining_amount AS CHAR), \
                 CAST(confirmed AS CHAR) \
          FROM ( \
              SELECT d.id, d.status, d.amount, d.remaining_amount, \
                     COALESCE(SUM(CASE WHEN m.status = 'CONFIRMED' THEN m.amount END), 0) AS confirmed \
-             FROM p2p_deposit_orders d \
+             FROM p2p_deposit_orders d {recent} \
              LEFT JOIN p2p_matches m ON m.deposit_order_id = d.id \
              GROUP BY d.id, d.status, d.amount, d.remaining_amount) buyer \
          WHERE confirmed <> amount - remaining_amount \
             OR (status = 'MATCHED' AND confirmed <> amount) \
          ORDER BY id",
+        TOUCHED_DEPOSIT_ORDERS,
     )
-    .fetch_all(conn)
     .await?;
     Ok(rows
         .into_iter()
@@ -276,18 +369,34 @@ pub async fn deposit_fills(conn: &mut MySqlConnection) -> Result<Vec<Violation>,
 
 /// CONFIRMED matches against their `P2P_SETTLEMENT` ledger entries, both directions.
 pub async fn settlement_legs(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
-    let rows: Vec<(u64, i64, i64, i64, i64, i64)> = sqlx::query_as(
+    settlement_legs_in(conn, Scope::All).await
+}
+
+/// [`settlement_legs`] for the matches and settlement entries `window` touched.
+pub async fn recent_settlement_legs(
+    conn: &mut MySqlConnection,
+    window: Window,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    settlement_legs_in(conn, Scope::Recent(window)).await
+}
+
+async fn settlement_legs_in(
+    conn: &mut MySqlConnection,
+    scope: Scope,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let rows: Vec<(u64, i64, i64, i64, i64, i64)> = scope.fetch(
+        &mut *conn,
         "SELECT id, credits, debits, fees, entries, expected_fees FROM ( \
              SELECT m.id, \
-                    CAST(SUM(e.entry_type = 'CREDIT' AND e.partner_id = d.partner_id \
-                             AND e.currency = d.currency AND e.amount = m.amount) AS SIGNED) AS credits, \
-                    CAST(SUM(e.entry_type = 'DEBIT' AND e.partner_id = w.partner_id \
-                             AND e.currency = w.currency AND e.amount = m.amount) AS SIGNED) AS debits, \
-                    CAST(SUM(e.entry_type = 'FEE' AND e.partner_id = d.partner_id \
-                             AND e.currency = d.currency AND e.amount = m.fee) AS SIGNED) AS fees, \
+                    CAST(COALESCE(SUM(e.entry_type = 'CREDIT' AND e.partner_id = d.partner_id \
+                             AND e.currency = d.currency AND e.amount = m.amount), 0) AS SIGNED) AS credits, \
+                    CAST(COALESCE(SUM(e.entry_type = 'DEBIT' AND e.partner_id = w.partner_id \
+                             AND e.currency = w.currency AND e.amount = m.amount), 0) AS SIGNED) AS debits, \
+                    CAST(COALESCE(SUM(e.entry_type = 'FEE' AND e.partner_id = d.partner_id \
+                             AND e.currency = d.currency AND e.amount = m.fee), 0) AS SIGNED) AS fees, \
                     CAST(COUNT(e.id) AS SIGNED) AS entries, \
                     CAST(m.fee > 0 AS SIGNED) AS expected_fees \
-             FROM p2p_matches m \
+             FROM p2p_matches m {recent} \
              JOIN p2p_deposit_orders d ON d.id = m.deposit_order_id \
              JOIN p2p_withdraw_orders w ON w.id = m.withdraw_order_id \
              LEFT JOIN ledger_entries e \
@@ -297,8 +406,8 @@ pub async fn settlement_legs(conn: &mut MySqlConnection) -> Result<Vec<Violation
          WHERE credits <> 1 OR debits <> 1 OR fees <> expected_fees \
             OR entries <> 2 + expected_fees \
          ORDER BY id",
+        TOUCHED_MATCHES,
     )
-    .fetch_all(&mut *conn)
     .await?;
     let mut violations: Vec<Violation> = rows
         .into_iter()
@@ -313,14 +422,17 @@ pub async fn settlement_legs(conn: &mut MySqlConnection) -> Result<Vec<Violation
             },
         )
         .collect();
-    let rows: Vec<(u64, u64, Option<String>)> = sqlx::query_as(
-        "SELECT e.id, e.reference_id, m.status \
-         FROM ledger_entries e LEFT JOIN p2p_matches m ON m.id = e.reference_id \
-         WHERE e.reference_type = 'P2P_SETTLEMENT' AND (m.id IS NULL OR m.status <> 'CONFIRMED') \
-         ORDER BY e.id",
-    )
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<(u64, u64, Option<String>)> = scope
+        .fetch(
+            conn,
+            "SELECT e.id, e.reference_id, m.status \
+             FROM ledger_entries e {recent} LEFT JOIN p2p_matches m ON m.id = e.reference_id \
+             WHERE e.reference_type = 'P2P_SETTLEMENT' \
+               AND (m.id IS NULL OR m.status <> 'CONFIRMED') \
+             ORDER BY e.id",
+            TOUCHED_SETTLEMENT_ENTRIES,
+        )
+        .await?;
     violations.extend(rows.into_iter().map(|(entry_id, match_id, match_status)| {
         Violation::UnexpectedSettlementEntry {
             entry_id,

@@ -65,6 +65,47 @@ pub struct Window {
     pub since: DateTime<Utc>,
 }
 
+/// Which rows a check reads: all of them (`paybus audit`), or those a [`Window`] touched (the
+/// continuous auditor). A domain writes each check's SQL once, with a `{recent}` marker where
+/// the window narrows it, and runs it with [`Scope::fetch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Recent(Window),
+}
+
+/// The marker [`Scope::fetch`] replaces.
+pub const RECENT: &str = "{recent}";
+
+impl Scope {
+    /// Runs `sql` with its `{recent}` marker replaced: by nothing for [`Scope::All`], by
+    /// `recent` for [`Scope::Recent`] — a fragment (a JOIN onto the ids the window touched,
+    /// read through an index on their time column, or an extra condition) in which every `?`
+    /// is the window's start. `sql` itself takes no parameters.
+    pub async fn fetch<T>(
+        self,
+        conn: &mut MySqlConnection,
+        sql: &str,
+        recent: &str,
+    ) -> Result<Vec<T>, sqlx::Error>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::mysql::MySqlRow> + Send + Unpin,
+    {
+        debug_assert!(sql.contains(RECENT), "no {RECENT} marker in {sql}");
+        let (sql, since) = match self {
+            Scope::All => (sql.replace(RECENT, ""), None),
+            Scope::Recent(window) => (sql.replace(RECENT, recent), Some(window.since)),
+        };
+        let mut query = sqlx::query_as::<_, T>(sqlx::AssertSqlSafe(sql));
+        if let Some(since) = since {
+            for _ in 0..recent.matches('?').count() {
+                query = query.bind(since);
+            }
+        }
+        query.fetch_all(conn).await
+    }
+}
+
 /// A check over the rows of a [`Window`].
 pub type RecentFn = for<'c> fn(&'c mut MySqlConnection, Window) -> CheckFuture<'c>;
 
