@@ -290,7 +290,8 @@ async fn the_audit_page_shows_the_auditors_latest_pass_and_runs_no_check_itself(
         page.body
     );
     assert!(
-        page.body.contains(&format!("member {member} holds 5 pg cans")),
+        page.body
+            .contains(&format!("member {member} holds 5 pg cans")),
         "{}",
         page.body
     );
