@@ -1,21 +1,21 @@
 //! `paybus bench confirm-withdrawal`: W2's confirmation through the broker, each message sent
 //! twice, next to the same transaction driven directly and the database's write ceiling.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Instant};
 
 use anyhow::{Context, bail};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
 use paybus_platform::{
-    bus::{Envelope, Handler, Outcome, Runner, Services, metrics},
+    bus::{Envelope, Handler, Outcome, Runner, Services},
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met};
+use super::{
+    BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met, processed_by,
+    until_processed,
+};
 
 pub(super) async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64>> {
     let mut ids = Vec::with_capacity(usize::from(count));
@@ -191,12 +191,8 @@ pub(super) async fn through_the_broker(
     let mut runner = Runner::new(services.clone());
     runner.add_function(ConfirmWithdrawal);
     let running = tokio::spawn(runner.run(shutdown.clone()));
-    let processed = || {
-        metrics::count("confirm-withdrawal", "done")
-            + metrics::count("confirm-withdrawal", "skipped")
-    };
     // The counters are process-wide: count from where they stand now.
-    let before = processed();
+    let before = processed_by(ConfirmWithdrawal::FUNCTION);
     let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     for chunk in messages.chunks(512) {
@@ -204,17 +200,13 @@ pub(super) async fn through_the_broker(
             result.context("publishing a confirmation")?;
         }
     }
-    let deadline = started + Duration::from_secs(600);
-    while processed() - before < messages.len() as u64 {
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {} messages processed in 10 minutes",
-                processed() - before,
-                messages.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_processed(
+        ConfirmWithdrawal::FUNCTION,
+        before,
+        messages.len() as u64,
+        started,
+    )
+    .await?;
     let phase = Phase {
         name,
         unit: "messages",

@@ -20,7 +20,7 @@
 //! ceiling. Then it checks the result came out exactly once: one EVENT charge per purchase,
 //! the audit clean.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use paybus_bonuses::BonusJobCreated;
@@ -30,14 +30,17 @@ use paybus_bonuses::{
 use paybus_grant_bonus::{GrantBonus, Source, attempt};
 use paybus_money::Amount;
 use paybus_platform::{
-    bus::{Envelope, Runner, Services, metrics},
+    bus::{Handler, Runner, Services, metrics},
     retry::Clock,
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met};
+use super::{
+    BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met, processed_by,
+    publish_copy, until_processed,
+};
 
 /// Cans per purchase (and 100 per can as its price); the event adds 10%.
 const CANS: i32 = 100;
@@ -193,8 +196,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut runner = Runner::new(bench_services(&env, args.concurrency).await?);
     runner.add_function(GrantBonus::default());
     let running = tokio::spawn(runner.run(shutdown.clone()));
-    let granted = || metrics::count("grant-bonus", "done");
-    let processed = || granted() + metrics::count("grant-bonus", "skipped");
+    let granted = || metrics::count(GrantBonus::FUNCTION, "done");
+    let before = processed_by(GrantBonus::FUNCTION);
     let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     drive(paid.len(), args.concurrency, {
@@ -203,29 +206,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             let (paid, services) = (paid.clone(), services.clone());
             async move {
                 let job_id = complete(&services, &paid[i]).await?;
-                let duplicate = Envelope::new(BonusJobCreated { job_id }).to_outgoing()?;
-                services
-                    .publisher()
-                    .publish_event(&duplicate)
-                    .await
-                    .context("publishing a duplicate")?;
-                Ok(())
+                publish_copy(&services, BonusJobCreated { job_id }).await
             }
         }
     })
     .await?;
-    let deadline = started + Duration::from_secs(600);
-    while processed() < 2 * paid.len() as u64 {
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {} messages processed in 10 minutes ({} granted)",
-                processed(),
-                2 * paid.len(),
-                granted()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_processed(GrantBonus::FUNCTION, before, 2 * paid.len() as u64, started).await?;
     if granted() != paid.len() as u64 {
         bail!("{} grants for {} jobs", granted(), paid.len());
     }

@@ -31,12 +31,15 @@ use paybus_p2p::{
     testing::{self, QuoteStub},
 };
 use paybus_platform::{
-    bus::{Envelope, Handler, Runner, metrics},
+    bus::{Handler, Runner},
     testing::TestEnv,
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, Counters, Phase, bench_services, drive, met};
+use super::{
+    BenchArgs, Counters, Phase, bench_services, drive, met, processed_by, publish_copy,
+    until_processed,
+};
 
 /// Every quote service call takes this long.
 const QUOTE_DELAY: Duration = Duration::from_millis(200);
@@ -235,11 +238,7 @@ async fn through_the_broker(
     let mut runner = Runner::new(services.clone());
     runner.add_function(MatchDeposit::new(matcher.clone()));
     let running = tokio::spawn(runner.run(shutdown.clone()));
-    let processed = || {
-        metrics::count(MatchDeposit::FUNCTION, "done")
-            + metrics::count(MatchDeposit::FUNCTION, "skipped")
-    };
-    let before = processed();
+    let before = processed_by(MatchDeposit::FUNCTION);
     let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     drive(args.items, args.concurrency, {
@@ -254,29 +253,18 @@ async fn through_the_broker(
                 else {
                     bail!("a new order was not queued");
                 };
-                let duplicate =
-                    Envelope::new(DepositOrderCreated { deposit_order_id }).to_outgoing()?;
-                services
-                    .publisher()
-                    .publish_event(&duplicate)
-                    .await
-                    .context("publishing a duplicate")?;
-                Ok(())
+                publish_copy(&services, DepositOrderCreated { deposit_order_id }).await
             }
         }
     })
     .await?;
-    let deadline = started + Duration::from_secs(600);
-    let messages = 2 * args.items as u64;
-    while processed() - before < messages {
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {messages} messages processed in 10 minutes",
-                processed() - before
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_processed(
+        MatchDeposit::FUNCTION,
+        before,
+        2 * args.items as u64,
+        started,
+    )
+    .await?;
     let phase = Phase {
         name: "through the broker (switch on, duplicates)",
         unit: "orders",

@@ -20,8 +20,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::bail;
-use paybus_platform::{bus::Services, testing::TestEnv};
+use anyhow::{Context, bail};
+use paybus_platform::{
+    bus::{Envelope, Message, Services, metrics},
+    testing::TestEnv,
+};
 use sqlx::MySqlPool;
 
 mod auditor;
@@ -217,6 +220,44 @@ pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::R
     let services = Services::connect(settings).await?;
     services.declare_topology(&paybus_catalog::queues()).await?;
     Ok(services)
+}
+
+/// Messages `function` has finished (done or skipped) in this process so far.
+pub(crate) fn processed_by(function: &str) -> u64 {
+    metrics::count(function, "done") + metrics::count(function, "skipped")
+}
+
+/// Waits until `function` has finished `expected` messages more than `before`, at most 10
+/// minutes from `started`.
+pub(crate) async fn until_processed(
+    function: &str,
+    before: u64,
+    expected: u64,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let deadline = started + Duration::from_secs(600);
+    while processed_by(function) - before < expected {
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "{function}: only {} of {expected} messages processed in 10 minutes",
+                processed_by(function) - before
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Publishes a copy of a message the workflow already sent (the duplicate every bench
+/// delivers).
+pub(crate) async fn publish_copy<M: Message>(services: &Services, data: M) -> anyhow::Result<()> {
+    let copy = Envelope::new(data).to_outgoing()?;
+    services
+        .publisher()
+        .publish_event(&copy)
+        .await
+        .context("publishing a duplicate")?;
+    Ok(())
 }
 
 pub(crate) fn met(yes: bool) -> &'static str {
