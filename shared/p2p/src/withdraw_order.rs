@@ -144,22 +144,20 @@ pub(crate) async fn unreserve(
     id: u64,
     amount: Amount,
 ) -> Result<(), MatchError> {
-    let updated = sqlx::query(
+    move_reserved(
+        conn,
         "UPDATE p2p_withdraw_orders SET reserved_amount = reserved_amount - ? \
          WHERE id = ? AND reserved_amount >= ?",
+        id,
+        amount,
     )
-    .bind(amount)
-    .bind(id)
-    .bind(amount)
-    .execute(conn)
     .await?
-    .rows_affected();
-    if updated != 1 {
-        return Err(MatchError::inconsistent(format!(
+    .then_some(())
+    .ok_or_else(|| {
+        MatchError::inconsistent(format!(
             "withdraw order {id} holds less than the {amount} reserved on it"
-        )));
-    }
-    Ok(())
+        ))
+    })
 }
 
 /// Holds `amount` more for a match, if that much is still available; in the caller's
@@ -169,22 +167,38 @@ pub(crate) async fn reserve(
     id: u64,
     amount: Amount,
 ) -> Result<(), MatchError> {
-    let updated = sqlx::query(
+    move_reserved(
+        conn,
         "UPDATE p2p_withdraw_orders SET reserved_amount = reserved_amount + ? \
          WHERE id = ? AND status = 'OPEN' AND remaining_amount - reserved_amount >= ?",
+        id,
+        amount,
     )
-    .bind(amount)
-    .bind(id)
-    .bind(amount)
-    .execute(conn)
     .await?
-    .rows_affected();
-    if updated != 1 {
-        return Err(MatchError::inconsistent(format!(
+    .then_some(())
+    .ok_or_else(|| {
+        MatchError::inconsistent(format!(
             "withdraw order {id} no longer has {amount} available under our lock"
-        )));
-    }
-    Ok(())
+        ))
+    })
+}
+
+/// Runs one of the guarded reservation UPDATEs (`amount`, `id`, `amount`); whether it moved
+/// the row. The guard failing under the caller's lock means the books disagree.
+async fn move_reserved(
+    conn: &mut MySqlConnection,
+    sql: &'static str,
+    id: u64,
+    amount: Amount,
+) -> Result<bool, MatchError> {
+    let updated = sqlx::query(sql)
+        .bind(amount)
+        .bind(id)
+        .bind(amount)
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(updated == 1)
 }
 
 /// Uses `amount` of the reservation for good (a CONFIRMED match): remaining and reserved both
