@@ -63,23 +63,26 @@ struct Inner {
 /// channel; and that node's index.
 async fn open(settings: &BrokerSettings, first: usize) -> Result<(Live, usize), BrokerUnreachable> {
     let (connection, node) = broker::connect_from(settings, first).await?;
-    let publish_channel = async {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok::<_, lapin::Error>(channel)
-    }
-    .await
-    .map_err(|source| BrokerUnreachable {
-        url: crate::redact::url(settings.node(node)),
-        source,
-    })?;
+    let publish_channel =
+        open_publish_channel(&connection)
+            .await
+            .map_err(|source| BrokerUnreachable {
+                url: crate::redact::url(settings.node(node)),
+                source,
+            })?;
     let live = Live {
         connection: Arc::new(connection),
         publish_channel,
     };
     Ok((live, node))
+}
+
+async fn open_publish_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
 }
 
 impl BrokerLink {
@@ -116,6 +119,52 @@ impl BrokerLink {
     /// Changes whenever the link has replaced the connection.
     pub fn generation(&self) -> watch::Receiver<u64> {
         self.inner.generation.subscribe()
+    }
+
+    /// Replaces the publishing channel `nacked` with a fresh one on the same connection, unless
+    /// it was replaced already. Why: RabbitMQ 3.10's quorum-queue client inside a channel that
+    /// first published during a leader election can keep the dead leader and nack every
+    /// publish on that channel for as long as it lives (the cluster failover test saw minutes
+    /// of nacks while a fresh channel on the same node published fine). Publishes still in
+    /// flight on the old channel fail; their outbox rows are published again by the relay.
+    pub async fn renew_publish_channel(&self, nacked: &Channel) {
+        let live = self.current();
+        if live.publish_channel.id() != nacked.id() {
+            return;
+        }
+        let channel = match open_publish_channel(&live.connection).await {
+            Ok(channel) => channel,
+            Err(error) => {
+                tracing::warn!(%error, "cannot open a fresh publishing channel; keeping the old one");
+                return;
+            }
+        };
+        let replaced = {
+            let mut slot = self
+                .inner
+                .live
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let unchanged = Arc::ptr_eq(&slot.connection, &live.connection)
+                && slot.publish_channel.id() == nacked.id();
+            if unchanged {
+                *slot = Arc::new(Live {
+                    connection: live.connection.clone(),
+                    publish_channel: channel.clone(),
+                });
+            }
+            unchanged
+        };
+        let retired = if replaced { nacked } else { &channel };
+        let _ = retired
+            .close(200, "publishing channel replaced".into())
+            .await;
+        if replaced {
+            tracing::warn!(
+                node = self.node(),
+                "the broker nacked a publish; publishing on a fresh channel from now on"
+            );
+        }
     }
 
     /// Declares the topology now, and again on every replacement connection.

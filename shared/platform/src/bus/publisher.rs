@@ -66,12 +66,30 @@ impl Publisher {
 
     /// Publishes one event to `paybus.events` and waits for the broker's confirm.
     pub async fn publish_event(&self, message: &OutgoingMessage) -> Result<(), PublishError> {
-        let pending = send_event(&self.channel(), message).await?;
-        confirmed(
+        let channel = self.channel();
+        let pending = send_event(&channel, message).await?;
+        let result = confirmed(
             EVENTS_EXCHANGE,
             message,
             confirmation(pending, deadline()).await?,
-        )
+        );
+        self.renew_if_nacked(&channel, [&result]).await;
+        result
+    }
+
+    /// After a nack, the next publishes go on a fresh channel (see
+    /// [`BrokerLink::renew_publish_channel`]).
+    async fn renew_if_nacked<'r>(
+        &self,
+        channel: &Channel,
+        results: impl IntoIterator<Item = &'r Result<(), PublishError>>,
+    ) {
+        let nacked = results
+            .into_iter()
+            .any(|result| matches!(result, Err(PublishError::Nacked { .. })));
+        if nacked {
+            self.link.renew_publish_channel(channel).await;
+        }
     }
 
     /// Publishes all of them before waiting for any confirm (a confirm round trip per message
@@ -97,6 +115,7 @@ impl Publisher {
                 Err(e) => Err(e),
             });
         }
+        self.renew_if_nacked(&channel, &results).await;
         results
     }
 
@@ -113,8 +132,8 @@ impl Publisher {
             .as_ref()
             .map(|id| id.to_string())
             .unwrap_or_default();
-        let pending = self
-            .channel()
+        let channel = self.channel();
+        let pending = channel
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
@@ -126,12 +145,14 @@ impl Publisher {
                 properties,
             )
             .await?;
-        check(
+        let result = check(
             exchange,
             routing_key,
             &message_id,
             confirmation(pending, deadline()).await?,
-        )
+        );
+        self.renew_if_nacked(&channel, [&result]).await;
+        result
     }
 }
 
