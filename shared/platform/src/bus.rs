@@ -2,6 +2,7 @@
 //! transactional outbox and its relay, the consumer runtime with outcomes, dead letters, the
 //! Lambda adapter, the sweeper and the all-in-one runner.
 
+mod acks;
 pub mod consumer;
 pub mod dead_letter;
 pub mod delivery;

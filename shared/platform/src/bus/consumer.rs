@@ -1,9 +1,10 @@
 //! The local transport: a lapin consumer per function queue.
 //!
 //! Semantics (also in the README): a delivery is acked only after its handler's transaction
-//! committed, or after its dead letter was confirmed by the broker; prefetch bounds how many
-//! are in flight; an infrastructure error requeues it after a back-off pause. SIGTERM (the
-//! shutdown token) stops taking deliveries, lets in-flight ones finish, then returns.
+//! committed, or after its dead letter was confirmed by the broker (the acks go out in runs:
+//! `bus/acks.rs`); prefetch bounds how many are in flight; an infrastructure error requeues it
+//! after a back-off pause. SIGTERM (the shutdown token) stops taking deliveries, lets in-flight
+//! ones finish, then returns.
 
 use std::{sync::Arc, time::Duration};
 
@@ -11,16 +12,14 @@ use futures_util::{FutureExt, StreamExt, future::join_all};
 use lapin::{
     Acker, Connection,
     message::Delivery,
-    options::{
-        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
-        BasicRejectOptions,
-    },
+    options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
     types::FieldTable,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
+    acks::{ChannelAcks, Tag},
     dead_letter,
     delivery::{Disposition, IncomingDelivery, Processor},
     link::BrokerLink,
@@ -110,6 +109,7 @@ async fn consume_on<P: Processor>(
         )
         .await?;
     let batches = Arc::new(Semaphore::new(batches_in_flight(prefetch, max_batch)));
+    let acks = ChannelAcks::default();
     tracing::info!(function = processor.function(), queue = %processor.queue(), prefetch, max_batch, "consuming");
     let ended = loop {
         let slot = tokio::select! {
@@ -128,8 +128,9 @@ async fn consume_on<P: Processor>(
                     let batch = take_buffered(&mut deliveries, delivery, max_batch);
                     let processor = processor.clone();
                     let publisher = publisher.clone();
+                    let acks = acks.clone();
                     in_flight.spawn(async move {
-                        settle(&*processor, &publisher, batch).await;
+                        settle(&*processor, &publisher, &acks, batch).await;
                         drop(slot);
                     });
                 }
@@ -203,13 +204,19 @@ fn take_buffered(deliveries: &mut lapin::Consumer, first: Delivery, max: usize) 
     batch
 }
 
-/// Processes the deliveries (as a batch when there are several) and settles each.
-async fn settle<P: Processor>(processor: &P, publisher: &Publisher, batch: Vec<Delivery>) {
-    let (ackers, incoming): (Vec<Acker>, Vec<IncomingDelivery>) = batch
+/// Processes the deliveries (as a batch when there are several) and settles each: the
+/// processed ones with one ack for the batch, dead letters and requeues on their own.
+async fn settle<P: Processor>(
+    processor: &P,
+    publisher: &Publisher,
+    acks: &ChannelAcks,
+    batch: Vec<Delivery>,
+) {
+    let (ackers, incoming): (Vec<(Tag, Acker)>, Vec<IncomingDelivery>) = batch
         .into_iter()
         .map(|delivery| {
             (
-                delivery.acker,
+                (delivery.delivery_tag, delivery.acker),
                 IncomingDelivery {
                     body: delivery.data,
                     routing_key: delivery.routing_key.to_string(),
@@ -223,19 +230,29 @@ async fn settle<P: Processor>(processor: &P, publisher: &Publisher, batch: Vec<D
     } else {
         processor.process_batch(&incoming).await
     };
-    // Concurrently: one delivery's requeue pause must not hold back the others' acks.
-    join_all(ackers.into_iter().zip(&incoming).zip(dispositions).map(
-        |((acker, incoming), disposition)| {
-            settle_one(processor, publisher, acker, incoming, disposition)
-        },
-    ))
+    let mut processed = Vec::with_capacity(ackers.len());
+    let mut others = Vec::new();
+    for ((acker, incoming), disposition) in ackers.into_iter().zip(&incoming).zip(dispositions) {
+        match disposition {
+            Disposition::Ack => processed.push(acker),
+            other => others.push((acker, incoming, other)),
+        }
+    }
+    acks.processed(processor.function(), processed).await;
+    // Concurrently: one delivery's requeue pause must not hold back the others' settling.
+    join_all(others.into_iter().map(|(acker, incoming, disposition)| {
+        settle_alone(processor, publisher, acks, acker, incoming, disposition)
+    }))
     .await;
 }
 
-async fn settle_one<P: Processor>(
+/// A delivery that was not simply processed: dead-lettered, then acked once the dead letter
+/// is confirmed; or requeued after its pause.
+async fn settle_alone<P: Processor>(
     processor: &P,
     publisher: &Publisher,
-    acker: Acker,
+    acks: &ChannelAcks,
+    (tag, acker): (Tag, Acker),
     incoming: &IncomingDelivery,
     disposition: Disposition,
 ) {
@@ -252,24 +269,17 @@ async fn settle_one<P: Processor>(
         }
         Disposition::Requeue { after, error } => Some((after, error)),
     };
-    let result = match requeue {
-        None => acker.ack(BasicAckOptions::default()).await,
-        Some((after, error)) => {
-            tracing::debug!(function = processor.function(), ?after, %error, "requeue after pause");
-            tokio::time::sleep(after).await;
-            // `reject` (not `nack`) so the requeue counts towards the delivery limit on every
-            // RabbitMQ version (4.3 stopped counting nacks).
-            acker.reject(BasicRejectOptions { requeue: true }).await
+    match requeue {
+        None => {
+            acks.processed(processor.function(), vec![(tag, acker)])
+                .await
         }
-    };
-    match result {
-        Ok(true) => {}
-        // The channel dropped under us: the broker redelivers it, handlers are idempotent.
-        Ok(false) | Err(_) => tracing::warn!(
-            function = processor.function(),
-            message_id = incoming.message_id().unwrap_or_default(),
-            "could not settle delivery (channel closed); the broker will redeliver it"
-        ),
+        Some((after, error)) => {
+            tracing::debug!(function = processor.function(), ?after, %error, message_id = incoming.message_id().unwrap_or_default(), "requeue after pause");
+            acks.pausing(processor.function(), tag).await;
+            tokio::time::sleep(after).await;
+            acks.requeue(processor.function(), tag, acker).await;
+        }
     }
 }
 
