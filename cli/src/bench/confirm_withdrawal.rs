@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Instant};
 use anyhow::{Context, bail};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
 use paybus_platform::{
-    bus::{Envelope, Handler, Outcome, Runner, Services},
+    bus::{Envelope, Handler, Outcome, Runner, Services, link::BrokerLink, publisher::Publisher},
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
@@ -187,6 +187,10 @@ pub(super) async fn through_the_broker(
             .to_outgoing()
         })
         .collect::<Result<_, _>>()?;
+    // The input comes from another process in production (the chain monitor), on a connection
+    // of its own: publishing it on the consumer's connection would throttle the consumer's
+    // acks whenever the broker applies flow control to the publisher.
+    let producer = Publisher::new(BrokerLink::connect(&services.settings.broker).await?);
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
     runner.add_function(ConfirmWithdrawal);
@@ -196,7 +200,7 @@ pub(super) async fn through_the_broker(
     let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
     for chunk in messages.chunks(512) {
-        for result in services.publisher().publish_events(chunk).await {
+        for result in producer.publish_events(chunk).await {
             result.context("publishing a confirmation")?;
         }
     }

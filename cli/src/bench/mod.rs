@@ -29,6 +29,7 @@ use sqlx::MySqlPool;
 
 mod auditor;
 mod confirm_withdrawal;
+mod cpu;
 mod grant_bonus;
 mod lambda_batch;
 mod matching;
@@ -112,11 +113,12 @@ impl Phase {
             self.rate()
         );
         if let Some(statements) = &self.statements {
-            println!(
-                "    per {}: {}",
-                self.unit.trim_end_matches('s'),
-                statements.per(self.count)
-            );
+            let unit = self.unit.trim_end_matches('s');
+            println!("    per {unit}: {}", statements.per(self.count));
+            let (before, after) = &statements.cpu;
+            if let Some(cpu) = before.per_unit_since(after, unit, self.count) {
+                println!("    {cpu}");
+            }
         }
     }
 }
@@ -136,12 +138,16 @@ const COUNTERS: [(&str, &str); 10] = [
     ("Handler_commit", "handler_commit"),
 ];
 
-/// Statements the server executed between two readings of its counters. They are
-/// server-wide: anything else running on the same server during the phase is counted too.
-pub(crate) struct Statements([u64; COUNTERS.len()]);
+/// Statements the server executed between two readings of its counters, and the CPU time
+/// spent meanwhile. They are server- and machine-wide: anything else running during the phase
+/// is counted too.
+pub(crate) struct Statements {
+    counts: [u64; COUNTERS.len()],
+    cpu: (cpu::CpuTimes, cpu::CpuTimes),
+}
 
-/// A reading of [`COUNTERS`], taken before a phase.
-pub(crate) struct Counters([u64; COUNTERS.len()]);
+/// A reading of [`COUNTERS`] and of the CPU times, taken before a phase.
+pub(crate) struct Counters([u64; COUNTERS.len()], cpu::CpuTimes);
 
 impl Counters {
     pub(crate) async fn read(pool: &MySqlPool) -> anyhow::Result<Self> {
@@ -154,7 +160,7 @@ impl Counters {
                 values[i] = value.parse()?;
             }
         }
-        Ok(Self(values))
+        Ok(Self(values, cpu::CpuTimes::read()))
     }
 
     /// The statements since this reading (minus the readings' own `SHOW` statements).
@@ -165,7 +171,10 @@ impl Counters {
             *d = now.0[i].saturating_sub(self.0[i]);
         }
         delta[0] = delta[0].saturating_sub(1);
-        Ok(Statements(delta))
+        Ok(Statements {
+            counts: delta,
+            cpu: (self.1, now.1),
+        })
     }
 }
 
@@ -174,7 +183,7 @@ impl Statements {
         let units = units.max(1) as f64;
         COUNTERS
             .iter()
-            .zip(self.0)
+            .zip(self.counts)
             .map(|((_, label), n)| format!("{label} {:.2}", n as f64 / units))
             .collect::<Vec<_>>()
             .join(", ")
