@@ -58,15 +58,7 @@ impl CancelConfig {
     }
 
     pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
-        let attempts = vars.parse(
-            VAR_MAX_ATTEMPTS,
-            DEFAULT_MAX_ATTEMPTS,
-            "an attempt count, at least 1",
-            |n: &u32| *n > 0,
-        )?;
-        let retry = default_retry()
-            .with_max_attempts(attempts)
-            .map_err(|_| vars.error(VAR_MAX_ATTEMPTS, &attempts.to_string(), "at least 1"))?;
+        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, default_retry())?;
         Ok(Self {
             retry,
             ..Self::default()

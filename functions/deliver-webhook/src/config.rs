@@ -121,15 +121,7 @@ impl WebhookConfig {
             "milliseconds, at least 1",
             |ms: &u64| *ms > 0,
         )?);
-        let attempts = vars.parse(
-            VAR_MAX_ATTEMPTS,
-            DEFAULT_MAX_ATTEMPTS,
-            "an attempt count, at least 1",
-            |n: &u32| *n > 0,
-        )?;
-        let retry = default_retry()
-            .with_max_attempts(attempts)
-            .map_err(|_| vars.error(VAR_MAX_ATTEMPTS, &attempts.to_string(), "at least 1"))?;
+        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, default_retry())?;
         let partner_concurrency = vars.parse(
             VAR_PARTNER_CONCURRENCY,
             DEFAULT_PARTNER_CONCURRENCY,

@@ -9,6 +9,8 @@ use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
 
 use url::Url;
 
+use crate::retry::RetryPolicy;
+
 pub const DEFAULT_DATABASE_URL: &str = "mysql://root@127.0.0.1:13306/paybus";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5682/%2f";
 
@@ -314,6 +316,24 @@ impl Vars {
                 .filter(|v| valid(v))
                 .ok_or_else(|| self.error(variable, raw, expected)),
         }
+    }
+
+    /// `policy` with its attempt limit from `variable` (`*_MAX_ATTEMPTS` settings, at least 1);
+    /// `policy` as it is when unset.
+    pub fn max_attempts(
+        &self,
+        variable: &'static str,
+        policy: RetryPolicy,
+    ) -> Result<RetryPolicy, ConfigError> {
+        let attempts = self.parse(
+            variable,
+            policy.max_attempts(),
+            "an attempt count, at least 1",
+            |n: &u32| *n > 0,
+        )?;
+        policy
+            .with_max_attempts(attempts)
+            .map_err(|_| self.error(variable, &attempts.to_string(), "at least 1"))
     }
 
     /// A positive duration in milliseconds (`*_MS` settings); `default` when unset.
