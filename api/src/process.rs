@@ -13,36 +13,50 @@
 
 use axum::{Router, response::IntoResponse};
 use paybus_platform::{
-    audit::Check,
     bus::{Services, services::PendingServices, shutdown_on_signal},
     function::{self, FunctionError},
 };
 use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::{ApiConfig, ApiError, AppState, router, serve, warn_about_closed_routes};
 
 /// Reads the settings (fetching `_FROM` references), connects, and serves until stopped.
-pub async fn run(audit: Vec<Check>) -> Result<(), FunctionError> {
+pub async fn run() -> Result<(), FunctionError> {
     let settings = function::settings().await?;
     let config = ApiConfig::from_env()?;
     if function::in_lambda() {
-        return answer_api_gateway(Services::start(settings).await?, config, audit).await;
+        return answer_api_gateway(Services::start(settings).await?, config).await;
     }
     let services = Services::connect(settings).await?;
-    let state = app_state(&services, &config, audit)
+    serve_until_stopped(&services, config, shutdown_on_signal()).await
+}
+
+/// Serves HTTP on `config.http_addr` until `shutdown` (the `api` binary and `paybus serve`).
+/// The function queues are declared first: the API publishes into them, and a message
+/// published before its queue exists would be unroutable and wait for the relay.
+pub async fn serve_until_stopped(
+    services: &Services,
+    config: ApiConfig,
+    shutdown: CancellationToken,
+) -> Result<(), FunctionError> {
+    services.declare_topology(&paybus_catalog::queues()).await?;
+    let state = catalog_state(services, &config)
         .map_err(|error| FunctionError::Service(Box::new(error)))?;
-    serve(config, state, shutdown_on_signal())
+    tracing::info!(addr = %config.http_addr, "paybus API serving; Ctrl-C or SIGTERM stops it");
+    serve(config, state, shutdown)
         .await
         .map_err(|error| FunctionError::Service(Box::new(error)))
 }
 
-fn app_state(
-    services: &Services,
-    config: &ApiConfig,
-    audit: Vec<Check>,
-) -> Result<AppState, ApiError> {
-    Ok(AppState::new(services, config, audit)?.with_functions(paybus_catalog::FUNCTIONS))
+/// The API over every function of the catalog: its audit checks, and its functions' triage
+/// and work-table gauges.
+pub fn catalog_state(services: &Services, config: &ApiConfig) -> Result<AppState, ApiError> {
+    Ok(
+        AppState::new(services, config, paybus_catalog::audit_checks())?
+            .with_functions(paybus_catalog::FUNCTIONS),
+    )
 }
 
 /// The router behind API Gateway. As every function's Lambda, the broker connects while the
@@ -52,10 +66,9 @@ fn app_state(
 async fn answer_api_gateway(
     services: PendingServices,
     config: ApiConfig,
-    audit: Vec<Check>,
 ) -> Result<(), FunctionError> {
     let built: &OnceCell<Router> = &OnceCell::new();
-    let (services, config, audit) = (&services, &config, &audit);
+    let (services, config) = (&services, &config);
     tracing::info!("HTTP API answering API Gateway events");
     lambda_http::run(lambda_http::service_fn(
         move |request: lambda_http::Request| async move {
@@ -65,7 +78,7 @@ async fn answer_api_gateway(
                         tracing::error!(%error, "the API cannot start");
                         ApiError::Disabled("the API cannot reach the broker yet; retry later")
                     })?;
-                    let state = app_state(services, config, audit.clone())?;
+                    let state = catalog_state(services, config)?;
                     warn_about_closed_routes(&state);
                     Ok::<_, ApiError>(router(state))
                 })

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use paybus_api::{ApiConfig, AppState};
+use paybus_api::ApiConfig;
 use paybus_platform::{
     Settings, audit,
     bus::{Runner, Services, shutdown_on_signal, topology as bus_topology},
@@ -237,9 +237,8 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     // would be unroutable and wait for the relay.
     services.declare_topology(&paybus_catalog::queues()).await?;
     let shutdown = shutdown_on_signal();
-    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
-        .context("while building the HTTP API")?
-        .with_functions(paybus_catalog::FUNCTIONS);
+    let state = paybus_api::process::catalog_state(&services, &api_config)
+        .context("while building the HTTP API")?;
     let api = tokio::spawn(paybus_api::serve(api_config, state, shutdown.clone()));
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;
@@ -262,14 +261,7 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     let services = Services::connect(settings)
         .await
         .context("while connecting to the database and the broker")?;
-    // The API publishes into function queues: they must exist before its first request.
-    services.declare_topology(&paybus_catalog::queues()).await?;
-    let shutdown = shutdown_on_signal();
-    let state = AppState::new(&services, &api_config, paybus_catalog::audit_checks())
-        .context("while building the HTTP API")?
-        .with_functions(paybus_catalog::FUNCTIONS);
-    tracing::info!(addr = %api_config.http_addr, "paybus API serving; Ctrl-C or SIGTERM stops it");
-    paybus_api::serve(api_config, state, shutdown)
+    paybus_api::process::serve_until_stopped(&services, api_config, shutdown_on_signal())
         .await
         .context("the HTTP API stopped")?;
     Ok(ExitCode::SUCCESS)
