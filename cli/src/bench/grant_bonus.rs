@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     BenchArgs, Counters, Phase, bench_services, database_ceiling, drive, met, processed_by,
-    publish_copy, until_processed,
+    publish_copy, purge, until_processed,
 };
 
 /// Cans per purchase (and 100 per can as its price); the event adds 10%.
@@ -86,15 +86,6 @@ async fn insert_purchases(
 }
 
 const GRANT_BONUS_QUEUE: &str = "paybus.grant-bonus";
-
-async fn purge(services: &Services, queue: &str) -> anyhow::Result<()> {
-    let channel = services.connection().create_channel().await?;
-    channel
-        .queue_purge(queue.into(), lapin::options::QueuePurgeOptions::default())
-        .await
-        .with_context(|| format!("purging {queue}"))?;
-    Ok(())
-}
 
 fn price() -> Amount {
     Amount::whole(i64::from(CANS) * 100)

@@ -231,6 +231,16 @@ pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::R
     Ok(services)
 }
 
+/// Empties `queue`: what an earlier phase left there is not the next phase's.
+pub(crate) async fn purge(services: &Services, queue: &str) -> anyhow::Result<()> {
+    let channel = services.connection().create_channel().await?;
+    channel
+        .queue_purge(queue.into(), lapin::options::QueuePurgeOptions::default())
+        .await
+        .with_context(|| format!("purging {queue}"))?;
+    Ok(())
+}
+
 /// Messages `function` has finished (done or skipped) in this process so far.
 pub(crate) fn processed_by(function: &str) -> u64 {
     metrics::count(function, "done") + metrics::count(function, "skipped")
