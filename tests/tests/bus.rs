@@ -9,7 +9,9 @@ use paybus_canary::{Canary, Ping, send_ping};
 use paybus_platform::{
     Settings,
     bus::{
-        Envelope, Handler, Message, Runner, Services, dead_letter, metrics,
+        Envelope, Handler, Message, Runner, Services, consumer, dead_letter,
+        delivery::{Disposition, IncomingDelivery, Processor},
+        metrics,
         outbox::{Relay, RelayConfig},
         topology,
     },
@@ -271,6 +273,72 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
     );
     assert_eq!(metrics::count("canary", "done"), 1_000);
     assert_eq!(metrics::count("canary", "skipped"), 1_000);
+}
+
+/// Panics on the first delivery whose body is `boom`; records every body it processed.
+#[derive(Default)]
+struct PanicsOnce {
+    processed: std::sync::Mutex<Vec<String>>,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl Processor for PanicsOnce {
+    fn function(&self) -> &str {
+        Canary::FUNCTION
+    }
+
+    fn queue(&self) -> String {
+        Canary::queue().queue()
+    }
+
+    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
+        let body = String::from_utf8_lossy(&delivery.body).into_owned();
+        if body == "boom"
+            && !self
+                .panicked
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("a handler bug");
+        }
+        self.processed.lock().unwrap().push(body);
+        Disposition::Ack
+    }
+}
+
+/// Acks go out in runs, so a delivery never settled would hold back every later ack until the
+/// prefetch window (4 here) is full and the consumer stalls. A panicking handler's delivery is
+/// requeued instead: it comes back and is processed, and the 20 after it are acked meanwhile.
+#[tokio::test]
+async fn a_handler_panic_requeues_its_delivery_and_the_later_ones_are_still_acked() {
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let processor = Arc::new(PanicsOnce::default());
+    let shutdown = CancellationToken::new();
+    let consuming = tokio::spawn({
+        let (link, publisher) = (services.link.clone(), services.publisher().clone());
+        let (processor, shutdown) = (processor.clone(), shutdown.clone());
+        async move { consumer::consume(&link, processor, publisher, 4, shutdown).await }
+    });
+    publish_raw(&services, "canary.ping", b"boom").await;
+    for n in 1..=20 {
+        publish_raw(&services, "canary.ping", n.to_string().as_bytes()).await;
+    }
+
+    let all_processed = eventually(Duration::from_secs(30), || async {
+        processor.processed.lock().unwrap().len() == 21
+    })
+    .await;
+    let mut processed = processor.processed.lock().unwrap().clone();
+    assert!(all_processed, "processed only {processed:?}");
+    processed.sort();
+    let mut expected: Vec<String> = (1..=20).map(|n: u32| n.to_string()).collect();
+    expected.push("boom".to_owned());
+    expected.sort();
+    assert_eq!(processed, expected, "each message processed once");
+    shutdown.cancel();
+    consuming.await.unwrap().unwrap();
+    let channel = services.connection().create_channel().await.unwrap();
+    assert_eq!(queue_depth(&channel, &Canary::queue().queue()).await, 0);
 }
 
 async fn dead_letter_rows(env: &TestEnv) -> Vec<(String, String, String, String)> {

@@ -6,7 +6,7 @@
 //! after a back-off pause. SIGTERM (the shutdown token) stops taking deliveries, lets in-flight
 //! ones finish, then returns.
 
-use std::{sync::Arc, time::Duration};
+use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use futures_util::{FutureExt, StreamExt, future::join_all};
 use lapin::{
@@ -225,10 +225,31 @@ async fn settle<P: Processor>(
             )
         })
         .unzip();
-    let dispositions = if let [single] = &incoming[..] {
-        vec![processor.process(single).await]
-    } else {
-        processor.process_batch(&incoming).await
+    let processing = AssertUnwindSafe(async {
+        if let [single] = &incoming[..] {
+            vec![processor.process(single).await]
+        } else {
+            processor.process_batch(&incoming).await
+        }
+    });
+    let dispositions = match processing.catch_unwind().await {
+        Ok(dispositions) => dispositions,
+        // A handler bug must not leave its deliveries unsettled: acks go out in runs, so one
+        // delivery never settled would hold back every later ack on the channel until the
+        // prefetch window is full and the consumer stalls. They go back to the queue after
+        // the usual pause; one that always panics reaches the delivery limit and is
+        // dead-lettered.
+        Err(panic) => {
+            let message = panic_message(panic.as_ref());
+            tracing::error!(function = processor.function(), %message, deliveries = incoming.len(), "handler panicked; requeueing its deliveries");
+            incoming
+                .iter()
+                .map(|delivery| Disposition::Requeue {
+                    after: delivery.requeue_after(),
+                    error: format!("handler panicked: {message}"),
+                })
+                .collect()
+        }
     };
     let mut processed = Vec::with_capacity(ackers.len());
     let mut others = Vec::new();
@@ -244,6 +265,14 @@ async fn settle<P: Processor>(
         settle_alone(processor, publisher, acks, acker, incoming, disposition)
     }))
     .await;
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 /// A delivery that was not simply processed: dead-lettered, then acked once the dead letter
