@@ -35,8 +35,10 @@ async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
         .spawn()
         .expect("start paybus run");
 
+    // A liveness bound, not a speed claim: with builds running beside it, the debug `paybus
+    // run` once took over 30 s to start consuming.
     let ping = paybus(&env)
-        .args(["ping", "--timeout", "30"])
+        .args(["ping", "--timeout", "90"])
         .output()
         .expect("run paybus ping");
     let stdout = String::from_utf8_lossy(&ping.stdout);
