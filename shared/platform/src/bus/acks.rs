@@ -11,6 +11,12 @@
 //! finish out of order; a run is acked when its lowest delivery is settled. A delivery waiting
 //! out a requeue pause would hold back the ones after it for the length of the pause, so while
 //! one waits, the others are acked one by one as before.
+//!
+//! Held-back deliveries keep their prefetch slots. A slow delivery at the front (a webhook to
+//! a partner that never answers, up to its timeout) once held the deferred deliveries behind it
+//! until the whole prefetch was taken, and another partner's webhooks waited seconds
+//! (deliver-webhook's two-hundred-hanging-deliveries test). So once a quarter of the channel's
+//! prefetch is held back, the held ones are acked one by one.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,12 +33,19 @@ use tokio::sync::Mutex;
 /// out, so they reach the broker in the order the window decided them (a `multiple` ack
 /// overtaken by a later one would name a tag already acked, and the broker would close the
 /// channel).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(super) struct ChannelAcks {
     window: Arc<Mutex<AckWindow<Acker>>>,
 }
 
 impl ChannelAcks {
+    /// The window of a channel whose prefetch is `prefetch`.
+    pub(super) fn new(prefetch: u16) -> Self {
+        Self {
+            window: Arc::new(Mutex::new(AckWindow::new(hold_limit(prefetch)))),
+        }
+    }
+
     /// Acks `deliveries` (processed), together with whatever run they complete.
     pub(super) async fn processed(&self, function: &str, deliveries: Vec<(Tag, Acker)>) {
         let mut window = self.window.lock().await;
@@ -85,6 +98,12 @@ fn unsettled(function: &str, tag: Tag, what: &str, result: lapin::Result<bool>) 
     }
 }
 
+/// How many processed deliveries may wait for an earlier one before they are acked one by one:
+/// a quarter of the prefetch, so a slow delivery never holds more than that.
+fn hold_limit(prefetch: u16) -> usize {
+    usize::from(prefetch / 4).max(1)
+}
+
 /// A channel's delivery tags start at 1 and grow by one per delivery.
 pub(super) type Tag = u64;
 
@@ -108,20 +127,21 @@ pub(super) struct AckWindow<A> {
     settled: BTreeSet<Tag>,
     /// Waiting out a requeue pause before their reject.
     pausing: BTreeSet<Tag>,
+    /// Processed deliveries held back by an earlier one, at most (see `hold_limit`).
+    hold_limit: usize,
 }
 
-impl<A> Default for AckWindow<A> {
-    fn default() -> Self {
+impl<A> AckWindow<A> {
+    pub(super) fn new(hold_limit: usize) -> Self {
         Self {
             next: 1,
             ready: BTreeMap::new(),
             settled: BTreeSet::new(),
             pausing: BTreeSet::new(),
+            hold_limit: hold_limit.max(1),
         }
     }
-}
 
-impl<A> AckWindow<A> {
     /// The delivery `tag` is processed (its transaction committed, or its dead letter was
     /// confirmed) and may be acked.
     pub(super) fn processed(&mut self, tag: Tag, acker: A) {
@@ -152,7 +172,7 @@ impl<A> AckWindow<A> {
             self.next += 1;
         }
         due.extend(up_to);
-        if !self.pausing.is_empty() {
+        if !self.pausing.is_empty() || self.ready.len() >= self.hold_limit {
             for (tag, acker) in std::mem::take(&mut self.ready) {
                 self.settled.insert(tag);
                 due.push(Ack::One(tag, acker));
@@ -164,7 +184,7 @@ impl<A> AckWindow<A> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Ack, AckWindow};
+    use super::{Ack, AckWindow, hold_limit};
 
     fn processed(window: &mut AckWindow<()>, tags: std::ops::RangeInclusive<u64>) {
         for tag in tags {
@@ -174,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_batch_settled_in_order_is_acked_with_one_frame() {
-        let mut window = AckWindow::default();
+        let mut window = AckWindow::new(32);
         processed(&mut window, 1..=16);
         assert_eq!(window.due(), vec![Ack::UpTo(16, ())]);
         assert_eq!(window.due(), vec![]);
@@ -182,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_later_batch_waits_for_the_earlier_one_still_in_its_transaction() {
-        let mut window = AckWindow::default();
+        let mut window = AckWindow::new(32);
         processed(&mut window, 17..=32);
         assert_eq!(window.due(), vec![], "1..=16 are still being processed");
         processed(&mut window, 1..=16);
@@ -193,7 +213,7 @@ mod tests {
 
     #[test]
     fn a_delivery_in_its_requeue_pause_is_never_covered_and_holds_nothing_back() {
-        let mut window = AckWindow::default();
+        let mut window = AckWindow::new(32);
         window.pausing(5);
         processed(&mut window, 1..=4);
         processed(&mut window, 6..=7);
@@ -222,11 +242,49 @@ mod tests {
 
     #[test]
     fn a_rejected_delivery_ends_no_run_by_itself() {
-        let mut window = AckWindow::default();
+        let mut window = AckWindow::new(32);
         window.pausing(2);
         window.rejected(2);
         processed(&mut window, 1..=1);
         processed(&mut window, 3..=3);
         assert_eq!(window.due(), vec![Ack::UpTo(3, ())]);
+    }
+
+    #[test]
+    fn deliveries_held_back_by_a_slow_one_are_acked_alone_once_they_reach_the_limit() {
+        let mut window = AckWindow::new(4);
+        processed(&mut window, 2..=4);
+        assert_eq!(
+            window.due(),
+            vec![],
+            "1 is still being processed; 3 held back"
+        );
+        processed(&mut window, 5..=5);
+        assert_eq!(
+            window.due(),
+            vec![
+                Ack::One(2, ()),
+                Ack::One(3, ()),
+                Ack::One(4, ()),
+                Ack::One(5, ())
+            ],
+            "a slow 1 must not keep the prefetch slots of the ones behind it"
+        );
+        processed(&mut window, 6..=6);
+        assert_eq!(window.due(), vec![], "held again, below the limit");
+        processed(&mut window, 1..=1);
+        assert_eq!(
+            window.due(),
+            vec![Ack::UpTo(6, ())],
+            "the run moves past the ones acked alone"
+        );
+    }
+
+    #[test]
+    fn the_hold_limit_is_a_quarter_of_the_prefetch_and_at_least_one() {
+        assert_eq!(hold_limit(128), 32);
+        assert_eq!(hold_limit(64), 16);
+        assert_eq!(hold_limit(1), 1);
+        assert_eq!(hold_limit(0), 1);
     }
 }

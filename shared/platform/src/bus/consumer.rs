@@ -93,11 +93,9 @@ async fn consume_on<P: Processor>(
 ) -> Result<Ended, lapin::Error> {
     let max_batch = processor.max_batch().max(1);
     let channel = connection.create_channel().await?;
+    let window = channel_prefetch(prefetch, max_batch);
     channel
-        .basic_qos(
-            channel_prefetch(prefetch, max_batch),
-            BasicQosOptions::default(),
-        )
+        .basic_qos(window, BasicQosOptions::default())
         .await?;
     let tag = format!("{}-{}", processor.function(), uuid::Uuid::new_v4().simple());
     let mut deliveries = channel
@@ -109,7 +107,7 @@ async fn consume_on<P: Processor>(
         )
         .await?;
     let batches = Arc::new(Semaphore::new(batches_in_flight(prefetch, max_batch)));
-    let acks = ChannelAcks::default();
+    let acks = ChannelAcks::new(window);
     tracing::info!(function = processor.function(), queue = %processor.queue(), prefetch, max_batch, "consuming");
     let ended = loop {
         let slot = tokio::select! {
