@@ -19,6 +19,9 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
 /// Attempts in all, the first one included.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
+/// The default attempts and backoff together, checked when compiled.
+pub const DEFAULT_RETRY: RetryPolicy = RetryPolicy::constant(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF);
+
 pub const VAR_MAX_ATTEMPTS: &str = "PAYBUS_CANCEL_MAX_ATTEMPTS";
 
 /// How cancel-orders retries a task.
@@ -37,15 +40,10 @@ pub struct CancelConfig {
 impl Default for CancelConfig {
     fn default() -> Self {
         Self {
-            retry: default_retry(),
+            retry: DEFAULT_RETRY,
             lease: Duration::from_secs(30),
         }
     }
-}
-
-fn default_retry() -> RetryPolicy {
-    RetryPolicy::new(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF)
-        .unwrap_or_else(|_| unreachable!("the default policy has attempts and pauses"))
 }
 
 impl CancelConfig {
@@ -58,7 +56,7 @@ impl CancelConfig {
     }
 
     pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
-        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, default_retry())?;
+        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
         Ok(Self {
             retry,
             ..Self::default()

@@ -23,6 +23,9 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
 /// Attempts in all, the first one included.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
 
+/// The default attempts and backoff together, checked when compiled.
+pub const DEFAULT_RETRY: RetryPolicy = RetryPolicy::constant(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF);
+
 /// Whole-request timeout of one POST by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connect timeout by default (inside the request timeout).
@@ -82,7 +85,7 @@ impl Default for WebhookConfig {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lease_margin: DEFAULT_LEASE_MARGIN,
-            retry: default_retry(),
+            retry: DEFAULT_RETRY,
             partner_concurrency: DEFAULT_PARTNER_CONCURRENCY,
             partner_wait: DEFAULT_PARTNER_WAIT,
             breaker: BreakerPolicy {
@@ -91,11 +94,6 @@ impl Default for WebhookConfig {
             },
         }
     }
-}
-
-fn default_retry() -> RetryPolicy {
-    RetryPolicy::new(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF)
-        .unwrap_or_else(|_| unreachable!("the default policy has attempts and pauses"))
 }
 
 impl WebhookConfig {
@@ -121,7 +119,7 @@ impl WebhookConfig {
             "milliseconds, at least 1",
             |ms: &u64| *ms > 0,
         )?);
-        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, default_retry())?;
+        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
         let partner_concurrency = vars.parse(
             VAR_PARTNER_CONCURRENCY,
             DEFAULT_PARTNER_CONCURRENCY,

@@ -47,6 +47,9 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
     Duration::from_secs(60),
 ]);
 
+/// The default attempts and backoff together, checked when compiled.
+pub const DEFAULT_RETRY: RetryPolicy = RetryPolicy::constant(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF);
+
 /// What an attempt spends besides its two quote calls, at most (its short transactions), for
 /// the check that the zombie timeout cannot reap a live attempt.
 const ATTEMPT_MARGIN: Duration = Duration::from_secs(10);
@@ -130,7 +133,7 @@ impl Default for MatchingConfig {
     fn default() -> Self {
         Self {
             fill_policy: FillPolicy::default(),
-            retry: default_retry(),
+            retry: DEFAULT_RETRY,
             batch_size: DEFAULT_BATCH_SIZE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             zombie_timeout: DEFAULT_ZOMBIE_TIMEOUT,
@@ -139,11 +142,6 @@ impl Default for MatchingConfig {
             quote: QuoteConfig::default(),
         }
     }
-}
-
-fn default_retry() -> RetryPolicy {
-    RetryPolicy::new(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF)
-        .unwrap_or_else(|_| unreachable!("the default policy has attempts and pauses"))
 }
 
 impl MatchingConfig {
@@ -169,7 +167,7 @@ impl MatchingConfig {
             "`fill-or-cancel` or `partial-retry`",
             |_| true,
         )?;
-        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, default_retry())?;
+        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
         let batch_size = vars.parse(
             VAR_BATCH_SIZE,
             DEFAULT_BATCH_SIZE,

@@ -6,7 +6,7 @@
 //! kit applies the delay with its [`super::Clock`] in SQL, the same clock the claim and the
 //! due sweep compare `next_attempt_at` against.
 
-use std::time::Duration;
+use std::{borrow::Cow, time::Duration};
 
 use chrono::{DateTime, Utc};
 
@@ -55,6 +55,38 @@ impl RetryPolicy {
             max_attempts,
             backoff: backoff.at_least(MIN_DELAY),
         })
+    }
+
+    /// A policy written in the code, checked when it is compiled: `pub const DEFAULT_RETRY:
+    /// RetryPolicy = RetryPolicy::constant(5, DEFAULT_BACKOFF);` does not build with no
+    /// attempts, no pause or a pause shorter than [`MIN_DELAY`] (outside a `const` it would
+    /// panic, so settings read at run time go through [`RetryPolicy::new`]).
+    pub const fn constant(max_attempts: u32, backoff: Backoff) -> Self {
+        assert!(max_attempts > 0, "max_attempts must be at least 1");
+        let shortest = match &backoff {
+            Backoff::Exponential { initial, .. } => initial.as_nanos(),
+            Backoff::Schedule(Cow::Borrowed(steps)) => {
+                assert!(!steps.is_empty(), "the backoff schedule needs a pause");
+                let mut shortest = u128::MAX;
+                let mut i = 0;
+                while i < steps.len() {
+                    if steps[i].as_nanos() < shortest {
+                        shortest = steps[i].as_nanos();
+                    }
+                    i += 1;
+                }
+                shortest
+            }
+            Backoff::Schedule(Cow::Owned(_)) => panic!("a constant schedule is borrowed"),
+        };
+        assert!(
+            shortest >= MIN_DELAY.as_nanos(),
+            "no pause may be shorter than MIN_DELAY"
+        );
+        Self {
+            max_attempts,
+            backoff,
+        }
     }
 
     /// A schedule of pauses (the last repeats), e.g. for tests: `[100 ms, 200 ms]`.
@@ -158,5 +190,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(exponential.delay(1), MIN_DELAY);
+    }
+
+    const STEPS: &[Duration] = &[Duration::from_secs(1), Duration::from_secs(5)];
+
+    #[test]
+    fn a_constant_policy_is_the_one_new_builds_from_the_same_parts() {
+        const POLICY: RetryPolicy = RetryPolicy::constant(3, Backoff::schedule(STEPS));
+        assert_eq!(
+            POLICY,
+            RetryPolicy::new(3, Backoff::schedule(STEPS)).unwrap()
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "max_attempts must be at least 1")]
+    fn a_constant_policy_without_attempts_does_not_build() {
+        let _ = RetryPolicy::constant(0, Backoff::schedule(STEPS));
+    }
+
+    #[test]
+    #[should_panic(expected = "no pause may be shorter than MIN_DELAY")]
+    fn a_constant_policy_with_a_zero_pause_does_not_build() {
+        let _ = RetryPolicy::constant(2, Backoff::schedule(&[Duration::ZERO]));
     }
 }
