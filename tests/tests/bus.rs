@@ -341,6 +341,83 @@ async fn a_handler_panic_requeues_its_delivery_and_the_later_ones_are_still_acke
     assert_eq!(queue_depth(&channel, &Canary::queue().queue()).await, 0);
 }
 
+/// Holds the delivery whose body is `slow` until `release` is cancelled; records every body.
+#[derive(Default)]
+struct HoldsTheSlowOne {
+    processed: std::sync::Mutex<Vec<String>>,
+    release: CancellationToken,
+}
+
+impl Processor for HoldsTheSlowOne {
+    fn function(&self) -> &str {
+        Canary::FUNCTION
+    }
+
+    fn queue(&self) -> String {
+        Canary::queue().queue()
+    }
+
+    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
+        let body = String::from_utf8_lossy(&delivery.body).into_owned();
+        if body == "slow" {
+            self.release.cancelled().await;
+        }
+        self.processed.lock().unwrap().push(body);
+        Disposition::Ack
+    }
+}
+
+/// Acks go out in runs, and a run cannot pass a delivery still being processed. CI caught a
+/// webhook to a partner that never answered holding the deferred deliveries behind it until
+/// they took the whole prefetch. Now the held ones are acked one by one past a quarter of the
+/// prefetch (2 of 8 here): 40 messages behind a delivery that never finishes all flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_delivery_does_not_hold_the_prefetch_of_the_ones_behind_it() {
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let processor = Arc::new(HoldsTheSlowOne::default());
+    let shutdown = CancellationToken::new();
+    let consuming = tokio::spawn({
+        let (link, publisher) = (services.link.clone(), services.publisher().clone());
+        let (processor, shutdown) = (processor.clone(), shutdown.clone());
+        async move { consumer::consume(&link, processor, publisher, 8, shutdown).await }
+    });
+    publish_raw(&services, "canary.ping", b"slow").await;
+    for n in 1..=40 {
+        publish_raw(&services, "canary.ping", n.to_string().as_bytes()).await;
+    }
+
+    let the_rest_flowed = eventually(Duration::from_secs(20), || async {
+        processor.processed.lock().unwrap().len() == 40
+    })
+    .await;
+    let behind = processor.processed.lock().unwrap().clone();
+    processor.release.cancel();
+    let slow_done = eventually(Duration::from_secs(10), || async {
+        processor.processed.lock().unwrap().len() == 41
+    })
+    .await;
+    shutdown.cancel();
+    consuming.await.unwrap().unwrap();
+
+    assert!(
+        the_rest_flowed,
+        "only {} of the 40 behind the slow delivery were processed while it was held",
+        behind.len()
+    );
+    assert!(
+        !behind.contains(&"slow".to_owned()),
+        "the slow one was still held"
+    );
+    assert!(slow_done, "the slow one finished once released");
+    let channel = services.connection().create_channel().await.unwrap();
+    assert_eq!(
+        queue_depth(&channel, &Canary::queue().queue()).await,
+        0,
+        "every delivery acked, none requeued"
+    );
+}
+
 async fn dead_letter_rows(env: &TestEnv) -> Vec<(String, String, String, String)> {
     sqlx::query_as(
         "SELECT function_name, reason, error, COALESCE(headers, '') FROM dead_letters ORDER BY id",
