@@ -275,14 +275,62 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
     assert_eq!(metrics::count("canary", "skipped"), 1_000);
 }
 
-/// Panics on the first delivery whose body is `boom`; records every body it processed.
-#[derive(Default)]
-struct PanicsOnce {
-    processed: std::sync::Mutex<Vec<String>>,
-    panicked: std::sync::atomic::AtomicBool,
+/// Publishes a ping whose body is `first`, then `count` whose bodies are `1`, `2`, ….
+async fn publish_first_then_numbered(services: &Services, first: &str, count: u32) {
+    publish_raw(services, "canary.ping", first.as_bytes()).await;
+    for n in 1..=count {
+        publish_raw(services, "canary.ping", n.to_string().as_bytes()).await;
+    }
 }
 
-impl Processor for PanicsOnce {
+/// `processor`'s consumer with `prefetch`, running until the token is cancelled.
+fn consume_in_background<P: Processor + 'static>(
+    services: &Services,
+    processor: Arc<P>,
+    prefetch: u16,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), lapin::Error>>,
+) {
+    let shutdown = CancellationToken::new();
+    let consuming = tokio::spawn({
+        let (link, publisher) = (services.link.clone(), services.publisher().clone());
+        let shutdown = shutdown.clone();
+        async move { consumer::consume(&link, processor, publisher, prefetch, shutdown).await }
+    });
+    (shutdown, consuming)
+}
+
+/// What the canary recorder does with the delivery whose body is `special`.
+enum OnSpecial {
+    /// Panics the first time (a handler bug).
+    PanicOnce,
+    /// Waits until `release` is cancelled (a call that never answers).
+    HoldUntilReleased,
+}
+
+/// Records every body it processed from the canary queue; the `special` one gets `on_special`.
+struct Recorder {
+    special: &'static str,
+    on_special: OnSpecial,
+    processed: std::sync::Mutex<Vec<String>>,
+    panicked: std::sync::atomic::AtomicBool,
+    release: CancellationToken,
+}
+
+impl Recorder {
+    fn new(special: &'static str, on_special: OnSpecial) -> Self {
+        Self {
+            special,
+            on_special,
+            processed: std::sync::Mutex::default(),
+            panicked: std::sync::atomic::AtomicBool::default(),
+            release: CancellationToken::new(),
+        }
+    }
+}
+
+impl Processor for Recorder {
     fn function(&self) -> &str {
         Canary::FUNCTION
     }
@@ -293,12 +341,18 @@ impl Processor for PanicsOnce {
 
     async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
         let body = String::from_utf8_lossy(&delivery.body).into_owned();
-        if body == "boom"
-            && !self
-                .panicked
-                .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            panic!("a handler bug");
+        if body == self.special {
+            match self.on_special {
+                OnSpecial::PanicOnce => {
+                    if !self
+                        .panicked
+                        .swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        panic!("a handler bug");
+                    }
+                }
+                OnSpecial::HoldUntilReleased => self.release.cancelled().await,
+            }
         }
         self.processed.lock().unwrap().push(body);
         Disposition::Ack
@@ -312,17 +366,9 @@ impl Processor for PanicsOnce {
 async fn a_handler_panic_requeues_its_delivery_and_the_later_ones_are_still_acked() {
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
-    let processor = Arc::new(PanicsOnce::default());
-    let shutdown = CancellationToken::new();
-    let consuming = tokio::spawn({
-        let (link, publisher) = (services.link.clone(), services.publisher().clone());
-        let (processor, shutdown) = (processor.clone(), shutdown.clone());
-        async move { consumer::consume(&link, processor, publisher, 4, shutdown).await }
-    });
-    publish_raw(&services, "canary.ping", b"boom").await;
-    for n in 1..=20 {
-        publish_raw(&services, "canary.ping", n.to_string().as_bytes()).await;
-    }
+    let processor = Arc::new(Recorder::new("boom", OnSpecial::PanicOnce));
+    let (shutdown, consuming) = consume_in_background(&services, processor.clone(), 4);
+    publish_first_then_numbered(&services, "boom", 20).await;
 
     let all_processed = eventually(Duration::from_secs(30), || async {
         processor.processed.lock().unwrap().len() == 21
@@ -341,32 +387,6 @@ async fn a_handler_panic_requeues_its_delivery_and_the_later_ones_are_still_acke
     assert_eq!(queue_depth(&channel, &Canary::queue().queue()).await, 0);
 }
 
-/// Holds the delivery whose body is `slow` until `release` is cancelled; records every body.
-#[derive(Default)]
-struct HoldsTheSlowOne {
-    processed: std::sync::Mutex<Vec<String>>,
-    release: CancellationToken,
-}
-
-impl Processor for HoldsTheSlowOne {
-    fn function(&self) -> &str {
-        Canary::FUNCTION
-    }
-
-    fn queue(&self) -> String {
-        Canary::queue().queue()
-    }
-
-    async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
-        let body = String::from_utf8_lossy(&delivery.body).into_owned();
-        if body == "slow" {
-            self.release.cancelled().await;
-        }
-        self.processed.lock().unwrap().push(body);
-        Disposition::Ack
-    }
-}
-
 /// Acks go out in runs, and a run cannot pass a delivery still being processed. CI caught a
 /// webhook to a partner that never answered holding the deferred deliveries behind it until
 /// they took the whole prefetch. Now the held ones are acked one by one past a quarter of the
@@ -375,17 +395,9 @@ impl Processor for HoldsTheSlowOne {
 async fn a_slow_delivery_does_not_hold_the_prefetch_of_the_ones_behind_it() {
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
-    let processor = Arc::new(HoldsTheSlowOne::default());
-    let shutdown = CancellationToken::new();
-    let consuming = tokio::spawn({
-        let (link, publisher) = (services.link.clone(), services.publisher().clone());
-        let (processor, shutdown) = (processor.clone(), shutdown.clone());
-        async move { consumer::consume(&link, processor, publisher, 8, shutdown).await }
-    });
-    publish_raw(&services, "canary.ping", b"slow").await;
-    for n in 1..=40 {
-        publish_raw(&services, "canary.ping", n.to_string().as_bytes()).await;
-    }
+    let processor = Arc::new(Recorder::new("slow", OnSpecial::HoldUntilReleased));
+    let (shutdown, consuming) = consume_in_background(&services, processor.clone(), 8);
+    publish_first_then_numbered(&services, "slow", 40).await;
 
     let the_rest_flowed = eventually(Duration::from_secs(20), || async {
         processor.processed.lock().unwrap().len() == 40
