@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
+use paybus_platform::db;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
@@ -175,27 +176,35 @@ pub(crate) async fn release(
     if ids.is_empty() {
         return Ok(0);
     }
-    let list = id_list(ids);
-    let rows: Vec<(u64, u64, Amount)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT id, withdraw_order_id, amount FROM p2p_matches \
-         WHERE {column} IN ({list}) AND status = 'RESERVED' ORDER BY id FOR UPDATE"
-    )))
-    .fetch_all(&mut *conn)
-    .await?;
+    let list = db::placeholders(ids.len());
+    let rows: Vec<(u64, u64, Amount)> = ids
+        .iter()
+        .fold(
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT id, withdraw_order_id, amount FROM p2p_matches \
+                 WHERE {column} IN ({list}) AND status = 'RESERVED' ORDER BY id FOR UPDATE"
+            ))),
+            |query, id| query.bind(*id),
+        )
+        .fetch_all(&mut *conn)
+        .await?;
     if rows.is_empty() {
         return Ok(0);
     }
     let released: Vec<u64> = rows.iter().map(|(id, _, _)| *id).collect();
     let sellers: Vec<u64> = rows.iter().map(|(_, seller, _)| *seller).collect();
     withdraw_order::lock_in_order(conn, &sellers).await?;
-    sqlx::query(AssertSqlSafe(format!(
+    let release = sqlx::query(AssertSqlSafe(format!(
         "UPDATE p2p_matches SET status = 'RELEASED', released_at = NOW(6), release_reason = ? \
          WHERE id IN ({}) AND status = 'RESERVED'",
-        id_list(&released)
+        db::placeholders(released.len())
     )))
-    .bind(<&str>::from(reason))
-    .execute(&mut *conn)
-    .await?;
+    .bind(<&str>::from(reason));
+    released
+        .iter()
+        .fold(release, |query, id| query.bind(*id))
+        .execute(&mut *conn)
+        .await?;
     let mut per_seller: BTreeMap<u64, Amount> = BTreeMap::new();
     for (_, withdraw_order_id, amount) in &rows {
         let held = per_seller.entry(*withdraw_order_id).or_insert(Amount::ZERO);
@@ -207,14 +216,6 @@ pub(crate) async fn release(
         withdraw_order::unreserve(conn, withdraw_order_id, amount).await?;
     }
     Ok(released.len() as u64)
-}
-
-/// Ids the database gave us, inlined (one statement text per list length).
-pub(crate) fn id_list(ids: &[u64]) -> String {
-    ids.iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]
@@ -229,6 +230,5 @@ mod tests {
         assert_eq!(MatchStatus::from_str("RELEASED"), Ok(MatchStatus::Released));
         assert_eq!(<&str>::from(ReleaseReason::QuoteFailed), "QUOTE_FAILED");
         assert_eq!(ReleaseReason::OrderClosed.to_string(), "ORDER_CLOSED");
-        assert_eq!(id_list(&[3, 1, 2]), "3, 1, 2");
     }
 }

@@ -15,6 +15,7 @@ use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_platform::{
     bus::Outbox,
+    db,
     retry::{Claim, Clock},
 };
 use sqlx::{AssertSqlSafe, MySqlConnection};
@@ -23,7 +24,7 @@ use uuid::Uuid;
 use crate::{
     MatchError,
     deposit_order::{self, CloseReason, Closer},
-    matches::{self, Held, ReleaseReason, id_list},
+    matches::{self, Held, ReleaseReason},
     quote::{Quote, Trade},
     reserve::Fill,
     withdraw_order,
@@ -114,20 +115,23 @@ pub(crate) async fn confirm_fill(
     let first = ids.first().copied().unwrap_or_default();
     let sellers: Vec<u64> = fill.matches.iter().map(|m| m.withdraw_order_id).collect();
     withdraw_order::lock_in_order(conn, &sellers).await?;
-    let confirmed = sqlx::query(AssertSqlSafe(format!(
+    let confirm = sqlx::query(AssertSqlSafe(format!(
         "UPDATE p2p_matches \
          SET status = 'CONFIRMED', confirmed_at = NOW(6), rate = ?, external_trade_id = ?, \
              fee = IF(id = ?, ?, 0) \
          WHERE id IN ({}) AND status = 'RESERVED'",
-        id_list(&ids)
+        db::placeholders(ids.len())
     )))
     .bind(quote.rate)
     .bind(trade.trade_id.trim())
     .bind(first)
-    .bind(quote.fee)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    .bind(quote.fee);
+    let confirmed = ids
+        .iter()
+        .fold(confirm, |query, id| query.bind(*id))
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
     if confirmed != ids.len() as u64 {
         // The caller holds the order, so nobody else can have released its reservations:
         // this is not a race.

@@ -137,6 +137,14 @@ const PERMANENT_ERRORS: &[u16] = &[
     4025, // MariaDB: CONSTRAINT ... failed
 ];
 
+/// `?, ?, …`: one placeholder per value of an `IN` list, bound after the statement's other
+/// values. One statement text per list length stays in the connection's statement cache; ids
+/// formatted into the text made every call a new prepared statement (one more round trip) that
+/// pushed the cached ones out.
+pub fn placeholders(count: usize) -> String {
+    vec!["?"; count].join(", ")
+}
+
 /// The server's error number, when the error came from the server.
 pub fn error_number(error: &sqlx::Error) -> Option<u16> {
     match error {
@@ -208,4 +216,15 @@ pub fn is_duplicate_on(error: &sqlx::Error, key: &str) -> bool {
     message
         .strip_suffix(key)
         .is_some_and(|rest| rest.ends_with(['\'', '`', '"', '.']))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::placeholders;
+
+    #[test]
+    fn one_placeholder_per_value() {
+        assert_eq!(placeholders(1), "?");
+        assert_eq!(placeholders(3), "?, ?, ?");
+    }
 }

@@ -208,13 +208,18 @@ impl<M: Message> DueSweep<M> {
         column: &str,
         ids: &[u64],
     ) -> Result<BTreeMap<u64, Vec<u64>>, sqlx::Error> {
-        let list = super::rows::id_list(ids);
-        let rows: Vec<(u64, u64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT {column}, id FROM {} WHERE id IN ({list}) ORDER BY id",
-            self.table.table
-        )))
-        .fetch_all(conn)
-        .await?;
+        let rows: Vec<(u64, u64)> = ids
+            .iter()
+            .fold(
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT {column}, id FROM {} WHERE id IN ({}) ORDER BY id",
+                    self.table.table,
+                    crate::db::placeholders(ids.len())
+                ))),
+                |query, id| query.bind(*id),
+            )
+            .fetch_all(conn)
+            .await?;
         let mut groups: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for (key, id) in rows {
             groups.entry(key).or_default().push(id);

@@ -39,6 +39,7 @@ use sqlx::{
 };
 
 use super::{Clock, RetryDecision, RetryPolicy, clock::micros};
+use crate::db;
 
 /// How a claim keeps other attempts off a row while it is worked on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,20 +343,29 @@ impl WorkTable {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let list = id_list(&ids);
+        let list = db::placeholders(ids.len());
         let sql = format!(
             "UPDATE {} {BY_ID} SET {} WHERE id IN ({list})",
             self.table,
             self.claim_assignments()
         );
-        self.bind_claim(sqlx::query(AssertSqlSafe(sql)), lease, clock)
+        ids.iter()
+            .fold(
+                self.bind_claim(sqlx::query(AssertSqlSafe(sql)), lease, clock),
+                |query, id| query.bind(*id),
+            )
             .execute(&mut *conn)
             .await?;
-        let rows: Vec<ClaimedRow> = sqlx::query_as(AssertSqlSafe(
-            self.claimed_row_sql(&format!("id IN ({list}) ORDER BY id")),
-        ))
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows: Vec<ClaimedRow> = ids
+            .iter()
+            .fold(
+                sqlx::query_as(AssertSqlSafe(
+                    self.claimed_row_sql(&format!("id IN ({list}) ORDER BY id")),
+                )),
+                |query, id| query.bind(*id),
+            )
+            .fetch_all(&mut *conn)
+            .await?;
         Ok(rows.into_iter().map(claim_of).collect())
     }
 
@@ -631,11 +641,14 @@ impl WorkTable {
         let sql = format!(
             "UPDATE {} {BY_ID} SET {set} WHERE id IN ({}) AND {} = '{status}'",
             self.table,
-            id_list(&ids),
+            db::placeholders(ids.len()),
             self.status
         );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(clock.sql_now())
+        ids.iter()
+            .fold(
+                sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now()),
+                |query, id| query.bind(*id),
+            )
             .execute(&mut *conn)
             .await?;
         Ok(ids)
@@ -677,10 +690,13 @@ impl WorkTable {
         let sql = format!(
             "UPDATE {} {BY_ID} SET {marker} = {NOW} WHERE id IN ({})",
             self.table,
-            id_list(&ids)
+            db::placeholders(ids.len())
         );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(clock.sql_now())
+        ids.iter()
+            .fold(
+                sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now()),
+                |query, id| query.bind(*id),
+            )
             .execute(&mut *conn)
             .await?;
         Ok(ids)
@@ -697,17 +713,4 @@ fn claim_of((id, attempts, claimed_at, failed_before): ClaimedRow) -> Claim {
         claimed_at,
         failed_before: failed_before != 0,
     }
-}
-
-/// Ids are integers the database just gave us: safe to inline, and one statement text per
-/// batch size instead of a bind per id.
-pub(super) fn id_list(ids: &[u64]) -> String {
-    let mut list = String::with_capacity(ids.len() * 8);
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            list.push_str(", ");
-        }
-        let _ = write!(list, "{id}");
-    }
-    list
 }
