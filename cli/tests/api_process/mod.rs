@@ -37,6 +37,10 @@ impl ApiProcess {
                 "PAYBUS_PAYMENTS_SECRET",
                 "payments-secret-for-black-box-tests",
             )
+            // Deposit orders go to match-deposit through the broker, as deployed. With inline
+            // matching and no quote service, creating one answers the documented 503, which
+            // the fuzzer rightly counts as a server error.
+            .env("PAYBUS_ASYNC_MATCHING_ENABLED", "true")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
