@@ -33,6 +33,7 @@ static IN_PLACE: WorkTable = WorkTable {
     last_error_max: 40,
     lease: Lease::InPlace,
     republished_at: Some("republished_at"),
+    held_for_a_human: None,
 };
 
 /// W1's shape: a claim moves the row to an in-flight status, only failures count.
@@ -51,6 +52,7 @@ static BY_STATUS: WorkTable = WorkTable {
         claimed_at: "claimed_at",
     },
     republished_at: None,
+    held_for_a_human: None,
 };
 
 /// W3's shape: a status lease, and only a retry's failure counts (the seed's `retry_count`:
@@ -70,6 +72,7 @@ static RETRIES_COUNTED: WorkTable = WorkTable {
         claimed_at: "claimed_at",
     },
     republished_at: None,
+    held_for_a_human: None,
 };
 
 async fn work_table(env: &TestEnv) {

@@ -18,7 +18,7 @@ mod yaml;
 use std::sync::Arc;
 
 use paybus_platform::{
-    audit::Check,
+    audit::{Check, ExternalCheck},
     auditor::{Auditor, AuditorConfig},
     bus::{Runner, Services, sweeper::Job, topology::FunctionQueue},
     function::{BuildError, FunctionEntry},
@@ -63,15 +63,27 @@ pub fn register(runner: &mut Runner) -> Result<(), BuildError> {
 /// Every function's maintenance jobs (the sweeper's, besides the outbox relay), and the
 /// continuous auditor over [`AUDIT`].
 pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
-    let mut jobs: Vec<Arc<dyn Job>> = vec![Arc::new(Auditor::new(
-        services.pool.clone(),
-        audit_checks(),
-        AuditorConfig::from_env()?,
-    ))];
+    let mut jobs: Vec<Arc<dyn Job>> = vec![Arc::new(
+        Auditor::new(
+            services.pool.clone(),
+            audit_checks(),
+            AuditorConfig::from_env()?,
+        )
+        .with_external(external_checks(services)?),
+    )];
     for function in FUNCTIONS {
         jobs.extend(function.jobs(services)?);
     }
     Ok(jobs)
+}
+
+/// Every function's checks against counterparties (W1's trades at the quote service).
+pub fn external_checks(services: &Services) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+    let mut checks = Vec::new();
+    for function in FUNCTIONS {
+        checks.extend(function.external_checks(services)?);
+    }
+    Ok(checks)
 }
 
 /// Every audit check, in order.

@@ -9,6 +9,9 @@
 //! | a due PENDING order, the attempt fills it, or fill-or-cancel closes it, or it expired | `Done` (MATCHED / CANCELLED NO_LIQUIDITY / EXPIRED, committed with the partner's notification) |
 //! | the same, but the attempt did not fill it (still MATCHING, or an error) below max attempts | `Retry`: PENDING, `match_attempt_count` + 1, due after the backoff; the due-orders job claims it then |
 //! | the same at max attempts | `Failed`: CANCELLED MATCH_FAILED, and the message becomes its dead letter |
+//! | the same, but only other matchers' locks kept it from filling | `Retry` in a moment, not counted |
+//! | the attempt left a fill in doubt (createTrade's outcome unknown) | `Retry` after the check backoff, not counted: the fill stays held and the next attempt asks again under its key |
+//! | the same at `PAYBUS_MATCH_TRADE_CHECKS` | `Failed`: IN_DOUBT, and the message becomes its dead letter (needs a human: a trade may exist) |
 //! | an order already claimed, in its backoff, or closed (a duplicate or a late message) | `Skipped` with where it stands |
 //! | no such order | `Failed` (dead letter) |
 //! | the database is down | error: requeued (the order stays claimed; the reaper hands it back) |
@@ -28,7 +31,7 @@ use std::sync::Arc;
 
 use paybus_p2p::{
     Accounted, DeadLetters, DepositOrder, DepositOrderCreated, DepositOrderStatus, MatchError,
-    Matcher, MatchingConfig, deposit_order,
+    Matcher, MatchingConfig, deposit_order, quote::QuoteClient, reconcile::QuoteReconciler,
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
@@ -111,6 +114,19 @@ fn outcome(id: u64, accounted: Accounted) -> Outcome {
             error: format!("deposit order {id}, {error}"),
         },
         Accounted::GaveUp { error, .. } => Outcome::Failed(error),
+        Accounted::Deferred { after, error } => Outcome::Retry {
+            after,
+            error: format!("deposit order {id}, {error}"),
+        },
+        Accounted::InDoubt {
+            after: Some(after),
+            error,
+            ..
+        } => Outcome::Retry {
+            after,
+            error: format!("deposit order {id}, {error}"),
+        },
+        Accounted::InDoubt { error, .. } => Outcome::Failed(error),
         Accounted::ClaimLost { status } => Outcome::Skipped(format!(
             "deposit order {id} was taken over during the attempt (now {})",
             status.map_or_else(|| "gone".to_owned(), |s| s.to_string())
@@ -135,6 +151,17 @@ fn not_claimed(order: &DepositOrder, delivery_attempt: u32) -> Outcome {
                 order.last_error.as_deref().unwrap_or("none recorded")
             ))
         }
+        // The same for the message that parked the order IN_DOUBT.
+        DepositOrderStatus::InDoubt if delivery_attempt > 1 => Outcome::Failed(format!(
+            "deposit order {id} is IN_DOUBT: {}",
+            order
+                .last_error
+                .as_deref()
+                .unwrap_or("a trade may exist at the quote service")
+        )),
+        DepositOrderStatus::InDoubt => Outcome::Skipped(format!(
+            "deposit order {id} is IN_DOUBT (a trade may exist at the quote service): ops decide"
+        )),
         DepositOrderStatus::Pending => Outcome::Skipped(format!(
             "deposit order {id} is waiting for its next attempt (at {}, after {} failed)",
             order.next_attempt_at.map_or_else(
@@ -167,6 +194,25 @@ impl Function for MatchDeposit {
             Arc::new(ZombieReaper::new(matcher.clone())),
             Arc::new(Expiry::new(matcher)),
         ])
+    }
+
+    /// The reconciliation of settled fills with the quote service's trades (when one is
+    /// configured).
+    fn external_checks(
+        _services: &Services,
+    ) -> Result<Vec<Arc<dyn paybus_platform::audit::ExternalCheck>>, BuildError> {
+        let config = MatchingConfig::from_env()?;
+        let client = QuoteClient::new(&config.quote).map_err(|source| BuildError::Client {
+            what: "the quote service HTTP client",
+            source: source.into(),
+        })?;
+        Ok(client
+            .map(|client| {
+                Arc::new(QuoteReconciler::new(client))
+                    as Arc<dyn paybus_platform::audit::ExternalCheck>
+            })
+            .into_iter()
+            .collect())
     }
 
     const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] =

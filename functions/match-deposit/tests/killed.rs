@@ -1,6 +1,7 @@
-//! The real `match-deposit` binary killed (SIGKILL) between its reservation and its settle,
-//! while its createTrade call is in flight: the reaper hands the order back and releases the
-//! liquidity, the due-orders job retries it, and the quote service made one trade for it.
+//! The real `match-deposit` binary killed (SIGKILL) right after the quote service traded,
+//! before the settle: the fill stays held (another buyer cannot take its liquidity), the reaper
+//! hands the order back without releasing it, and the next attempt asks under the same key and
+//! settles that one trade — never NO_LIQUIDITY.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{process::Stdio, time::Duration};
@@ -18,7 +19,8 @@ use paybus_platform::{
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trades_once() {
+async fn a_function_killed_after_the_trade_was_made_is_reaped_resolved_under_its_key_and_settled_once()
+ {
     let env = TestEnv::new().await;
     let services = env.services(&[MatchDeposit::queue()]).await;
     let stub = QuoteStub::start().await;
@@ -33,7 +35,7 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
     )
     .unwrap();
     let id = matcher
-        .create(&testing::buyer(buyer, "40"), Handoff::Queued)
+        .create(&testing::buyer(buyer, "100"), Handoff::Queued)
         .await
         .unwrap()
         .id();
@@ -56,12 +58,13 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
     })
     .await;
     assert!(in_flight, "the function never reached createTrade");
-    // Between reserve and settle: claimed, the liquidity reserved, no transaction open.
+    // The quote service has traded; paybus has the fill TRADING, claimed, no transaction open.
+    assert_eq!(stub.trades().len(), 1);
     assert_eq!(order_state(&env.db, id).await.0, "MATCHING");
     assert_eq!(
         scalar(
             &env.db,
-            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'"
+            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'TRADING'"
         )
         .await,
         1
@@ -69,6 +72,31 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
 
     function.kill().await.unwrap();
     stub.set_trade_delay(Duration::ZERO);
+
+    // Another buyer meanwhile: the liquidity is still the dead attempt's fill's.
+    let other = matcher
+        .create(&testing::buyer(buyer, "100"), Handoff::Queued)
+        .await
+        .unwrap()
+        .id();
+    let handler = MatchDeposit::new(matcher.clone());
+    let ctx = paybus_platform::bus::Context {
+        outbox: &services.outbox,
+        attempt: 1,
+    };
+    handler
+        .handle(
+            paybus_platform::bus::Envelope::new(paybus_p2p::DepositOrderCreated {
+                deposit_order_id: other,
+            }),
+            &ctx,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        order_state(&env.db, other).await,
+        ("CANCELLED".to_owned(), Some("NO_LIQUIDITY".to_owned()), 0)
+    );
 
     // Later than the zombie timeout (5 minutes by default).
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
@@ -85,6 +113,7 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
         order_state(&env.db, id).await,
         ("PENDING".to_owned(), None, 0)
     );
+    // Handed back, not released: the trade may exist (it does).
     let reserved: String = sqlx::query_scalar(
         "SELECT CAST(reserved_amount AS CHAR) FROM p2p_withdraw_orders WHERE id = ?",
     )
@@ -92,7 +121,10 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
     .fetch_one(&env.db)
     .await
     .unwrap();
-    assert_eq!(reserved.parse::<paybus_money::Amount>().unwrap(), dec("0"));
+    assert_eq!(
+        reserved.parse::<paybus_money::Amount>().unwrap(),
+        dec("100")
+    );
 
     assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
 
@@ -104,7 +136,7 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
     let trades = stub.trades();
     assert_eq!(trades.len(), 1, "{trades:?}");
     let trade = &trades[&format!("p2p-deposit-{id}-fill-1")];
-    assert_eq!((trade.amount, trade.requests), (dec("40"), 2));
+    assert_eq!((trade.amount, trade.requests), (dec("100"), 2));
     let settled: String =
         sqlx::query_scalar("SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'")
             .fetch_one(&env.db)
@@ -114,10 +146,10 @@ async fn a_function_killed_between_reserve_and_settle_is_reaped_retried_and_trad
     assert_eq!(
         scalar(
             &env.db,
-            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RELEASED' AND release_reason = 'REAPED'"
+            "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RELEASED'"
         )
         .await,
-        1
+        0
     );
     assert_audit_clean(&env.db).await;
 }

@@ -8,113 +8,14 @@ use std::time::Duration;
 use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
 use paybus_money::dec;
 use paybus_p2p::{
-    DepositOrderCreated, FillPolicy, Handoff, Matcher, MatchingConfig, deposit_order,
-    testing::{self, QuoteStub, assert_audit_clean, order_state},
+    FillPolicy, MatchingConfig, deposit_order,
+    testing::{self, assert_audit_clean, order_state},
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Services},
-    retry::Clock,
-    testing::{TestEnv, scalar},
-};
-use sqlx::MySqlPool;
+use paybus_platform::bus::Outcome;
 
-// ---------------------------------------------------------------------------------------------
-// Harness
+mod world;
 
-struct World {
-    services: Services,
-    stub: QuoteStub,
-    clock: Clock,
-    buyer: u64,
-    seller_partner: u64,
-    env: TestEnv,
-}
-
-impl World {
-    async fn new() -> Self {
-        let env = TestEnv::new().await;
-        let services = env.services(&[MatchDeposit::queue()]).await;
-        let stub = QuoteStub::start().await;
-        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
-            .fetch_one(&env.db)
-            .await
-            .unwrap();
-        let buyer = testing::partner(&env.db, "buyer partner").await;
-        let seller_partner = testing::partner(&env.db, "seller partner").await;
-        Self {
-            services,
-            stub,
-            clock: Clock::manual(now),
-            buyer,
-            seller_partner,
-            env,
-        }
-    }
-
-    fn pool(&self) -> &MySqlPool {
-        &self.env.db
-    }
-
-    fn matcher(&self, policy: FillPolicy, max_attempts: u32) -> Matcher {
-        self.matcher_with(testing::config(&self.stub, policy, max_attempts))
-    }
-
-    fn matcher_with(&self, config: MatchingConfig) -> Matcher {
-        Matcher::new(self.services.outbox.clone(), config)
-            .unwrap()
-            .with_clock(self.clock.clone())
-    }
-
-    async fn seller(&self, amount: &str) -> u64 {
-        testing::seller(self.pool(), self.seller_partner, amount).await
-    }
-
-    /// A PENDING order, as the API creates it with async matching on (its message is not
-    /// sent anywhere: the tests hand it to the handler themselves).
-    async fn queued(&self, matcher: &Matcher, amount: &str) -> u64 {
-        matcher
-            .create(&testing::buyer(self.buyer, amount), Handoff::Queued)
-            .await
-            .unwrap()
-            .id()
-    }
-
-    async fn deliver(&self, handler: &MatchDeposit, id: u64, attempt: u32) -> Outcome {
-        let ctx = Context {
-            outbox: &self.services.outbox,
-            attempt,
-        };
-        handler
-            .handle(
-                Envelope::new(DepositOrderCreated {
-                    deposit_order_id: id,
-                }),
-                &ctx,
-            )
-            .await
-            .unwrap()
-    }
-
-    async fn count(&self, sql: &'static str) -> i64 {
-        scalar(self.pool(), sql).await
-    }
-}
-
-async fn seller_amounts(pool: &MySqlPool, id: u64) -> (String, String, String) {
-    sqlx::query_as(
-        "SELECT CAST(remaining_amount AS CHAR), CAST(reserved_amount AS CHAR), status \
-         FROM p2p_withdraw_orders WHERE id = ?",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-fn trim(text: &str) -> &str {
-    let text = text.trim_end_matches('0');
-    text.trim_end_matches('.')
-}
+use world::{World, seller_amounts, trim};
 
 // ---------------------------------------------------------------------------------------------
 // The attempt
@@ -345,37 +246,6 @@ async fn a_failing_quote_service_counts_an_attempt_releases_the_reservation_and_
     world.clock.advance(Duration::from_secs(1));
     assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
-    assert_audit_clean(world.pool()).await;
-}
-
-#[tokio::test]
-async fn a_trade_that_times_out_is_retried_under_the_same_key_and_made_once() {
-    let world = World::new().await;
-    let mut config = testing::config(&world.stub, FillPolicy::FillOrCancel, 5);
-    config.quote.timeout = Duration::from_millis(300);
-    let matcher = world.matcher_with(config);
-    let handler = MatchDeposit::new(matcher.clone());
-    world.seller("100").await;
-    let id = world.queued(&matcher, "25").await;
-    // The quote service makes the trade but answers too late.
-    world.stub.set_trade_delay(Duration::from_secs(2));
-
-    let outcome = world.deliver(&handler, id, 1).await;
-
-    let Outcome::Retry { error, .. } = outcome else {
-        panic!("expected a retry, got {outcome:?}");
-    };
-    assert!(error.contains("createTrade timed out"), "{error}");
-
-    world.stub.set_trade_delay(Duration::ZERO);
-    world.clock.advance(Duration::from_secs(1));
-    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
-
-    assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
-    // The retry asked for the same trade and got it: one trade, two requests.
-    let trades = world.stub.trades();
-    assert_eq!(trades.len(), 1, "{trades:?}");
-    assert_eq!(trades[&format!("p2p-deposit-{id}-fill-1")].requests, 2);
     assert_audit_clean(world.pool()).await;
 }
 

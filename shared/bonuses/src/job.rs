@@ -115,6 +115,7 @@ pub static BONUS_JOBS: WorkTable = WorkTable {
         claimed_at: "processing_started_at",
     },
     republished_at: None,
+    held_for_a_human: None,
 };
 
 /// Seed 003's confirmed schedule: the immediate attempt, then 3 retries, 5, 10 and 15 minutes

@@ -111,6 +111,7 @@ pub static TASKS: WorkTable = WorkTable {
     last_error_max: 1000,
     lease: Lease::InPlace,
     republished_at: Some("republished_at"),
+    held_for_a_human: None,
 };
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! | --- | --- |
 //! | terminal (MATCHED, CANCELLED, EXPIRED) | done; the counter is not touched |
 //! | still MATCHING under this attempt's claim — normal return or error alike | `match_attempt_count` + 1; below max → PENDING, `claimed_at` NULL, next attempt after the backoff; at max → CANCELLED `MATCH_FAILED` + dead letter |
+//! | still MATCHING, a fill's createTrade outcome unknown (in doubt) | **not counted, not expired, its TRADING matches kept**: the fill's `trade_checks` + 1; below `PAYBUS_MATCH_TRADE_CHECKS` → PENDING after the check backoff (the next attempt asks again under the same key first); at the bound → IN_DOUBT + dead letter (needs a human) |
+//! | still MATCHING, only other matchers' locks kept it from filling (contended) | not counted: PENDING again in a moment (bounded by the order's expiry) |
 //! | past `expires_at` | EXPIRED (a retry could not finish in time) |
 //! | PENDING, or MATCHING under another claim | the claim was taken over (reaped): nothing is written |
 //!
@@ -31,14 +33,28 @@ use crate::{
     messages::DepositOrderCreated,
 };
 
+/// How long an order whose candidates were all held by other matchers waits before it looks
+/// again (not a failure: "it looks again shortly").
+pub const CONTENDED_PAUSE: Duration = Duration::from_secs(2);
+
 /// How an attempt ended, as the attempt saw it (accounting re-reads the order regardless).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptEnd {
     /// The order reached a terminal state in this attempt.
     Closed(CloseReason),
     /// Returned normally without filling it: still MATCHING (partial-retry's remainder, no
-    /// liquidity available, candidates busy).
+    /// liquidity available).
     NotFilled { remaining: Amount, why: String },
+    /// Fill-or-cancel came up short only because other matchers held the candidates: not a
+    /// failed attempt.
+    Contended { remaining: Amount },
+    /// createTrade's outcome for the fill `trade_key` is unknown (its matches stay TRADING);
+    /// `checks` counts the calls under that key that ended so, this one included.
+    InDoubt {
+        trade_key: String,
+        checks: u32,
+        error: String,
+    },
     /// The claim was taken over mid-attempt: nothing more is ours to write.
     ClaimLost,
 }
@@ -59,6 +75,15 @@ pub enum Accounted {
     },
     /// Counted at the limit: CANCELLED MATCH_FAILED (and its dead letter).
     GaveUp { failures: u32, error: String },
+    /// Not counted: PENDING again after `after` (contention).
+    Deferred { after: Duration, error: String },
+    /// A fill in doubt: PENDING again after the check backoff (`after`), or, at the bound
+    /// (`after` `None`), IN_DOUBT with its dead letter.
+    InDoubt {
+        checks: u32,
+        after: Option<Duration>,
+        error: String,
+    },
     /// Someone else owns the order now (or it is gone): nothing was written.
     ClaimLost { status: Option<DepositOrderStatus> },
 }
@@ -74,17 +99,25 @@ pub enum DeadLetters {
     Record,
 }
 
+/// The policies accounting applies: failed attempts, and the checks of a fill in doubt.
+#[derive(Debug, Clone, Copy)]
+pub struct Policies<'a> {
+    pub attempts: &'a RetryPolicy,
+    pub trade_checks: &'a RetryPolicy,
+}
+
 /// The accounting transaction of one attempt.
 #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id))]
 pub async fn account(
     outbox: &Outbox,
     claim: &Claim,
     attempt: &Result<AttemptEnd, MatchError>,
-    retry: &RetryPolicy,
+    policies: Policies<'_>,
     clock: &Clock,
     dead_letters: DeadLetters,
     correlation_id: Uuid,
 ) -> Result<Accounted, MatchError> {
+    let retry = policies.attempts;
     let mut uow = outbox.begin_read_committed().await?;
     let Some(order) = deposit_order::lock(&mut uow, claim.id).await? else {
         uow.rollback().await?;
@@ -103,12 +136,58 @@ pub async fn account(
             status: Some(order.status),
         });
     }
+    // In doubt: never closed, never counted — whatever its expiry says (a trade may exist).
+    if let Ok(AttemptEnd::InDoubt {
+        trade_key,
+        checks,
+        error,
+    }) = attempt
+    {
+        let accounted = in_doubt(
+            &mut uow,
+            claim,
+            &order,
+            InDoubtFill {
+                trade_key,
+                checks: *checks,
+                error,
+            },
+            policies.trade_checks,
+            clock,
+            dead_letters,
+            correlation_id,
+        )
+        .await?;
+        uow.commit().await?;
+        return Ok(accounted);
+    }
     if deposit_order::close_if_expired(&mut uow, &order, claim, clock, correlation_id).await? {
         uow.commit().await?;
         return Ok(Accounted::Terminal {
             status: DepositOrderStatus::Expired,
             reason: Some(CloseReason::Expired),
         });
+    }
+    if let Ok(AttemptEnd::Contended { remaining }) = attempt {
+        let error = format!(
+            "not filled: {remaining} of {} remaining (the candidates were held by other \
+             matchers; looking again in {CONTENDED_PAUSE:?}, not counted)",
+            order.amount
+        );
+        let accounted = match DEPOSIT_ORDERS
+            .defer(&mut uow, claim, CONTENDED_PAUSE, Some(&error), clock)
+            .await?
+        {
+            Settled::Yes => Accounted::Deferred {
+                after: CONTENDED_PAUSE,
+                error,
+            },
+            Settled::ClaimLost => Accounted::ClaimLost {
+                status: Some(order.status),
+            },
+        };
+        uow.commit().await?;
+        return Ok(accounted);
     }
 
     let failures = claim.attempts.saturating_add(1);
@@ -191,6 +270,110 @@ pub async fn account(
     Ok(accounted)
 }
 
+/// A fill whose createTrade outcome is unknown, as the attempt left it.
+struct InDoubtFill<'a> {
+    trade_key: &'a str,
+    checks: u32,
+    error: &'a str,
+}
+
+/// Accounting of an attempt that left a fill in doubt, in `uow` (which holds the order under
+/// `claim`): the fill's check count and error, then PENDING after the check backoff, or at the
+/// bound IN_DOUBT with its dead letter. Nothing is released but RESERVED leftovers.
+#[allow(clippy::too_many_arguments)]
+async fn in_doubt(
+    uow: &mut paybus_platform::bus::UnitOfWork<'_>,
+    claim: &Claim,
+    order: &deposit_order::DepositOrder,
+    fill: InDoubtFill<'_>,
+    checks_policy: &RetryPolicy,
+    clock: &Clock,
+    dead_letters: DeadLetters,
+    correlation_id: Uuid,
+) -> Result<Accounted, MatchError> {
+    let InDoubtFill {
+        trade_key,
+        checks,
+        error: call_error,
+    } = fill;
+    let max = checks_policy.max_attempts();
+    matches::release(
+        uow,
+        Held::OfOrders(&[claim.id]),
+        ReleaseReason::AttemptEnded,
+    )
+    .await?;
+    matches::note_unknown_outcome(uow, claim.id, trade_key, checks, call_error).await?;
+    let accounted = match checks_policy.after_failure(checks) {
+        RetryDecision::RetryAfter(after) => {
+            let error = format!(
+                "trade in doubt under key {trade_key} (check {checks}/{max}, asking again in \
+                 {after:?}): {call_error}"
+            );
+            match DEPOSIT_ORDERS
+                .defer(uow, claim, after, Some(&error), clock)
+                .await?
+            {
+                Settled::Yes => Accounted::InDoubt {
+                    checks,
+                    after: Some(after),
+                    error,
+                },
+                Settled::ClaimLost => Accounted::ClaimLost {
+                    status: Some(order.status),
+                },
+            }
+        }
+        RetryDecision::GiveUp => {
+            let error = format!(
+                "deposit order {}: createTrade's outcome stayed unknown after {checks} calls \
+                 under key {trade_key}: a trade may exist at the quote service; last: \
+                 {call_error}",
+                claim.id
+            );
+            if !deposit_order::hold_in_doubt(uow, claim, &error).await? {
+                return Ok(Accounted::ClaimLost {
+                    status: Some(order.status),
+                });
+            }
+            if dead_letters == DeadLetters::Record {
+                let message = Envelope::with_correlation(
+                    correlation_id,
+                    DepositOrderCreated {
+                        deposit_order_id: claim.id,
+                    },
+                )
+                .to_outgoing()
+                .map_err(|e| MatchError::Outbox(e.into()))?;
+                dead_letter::record_unsent(uow, FUNCTION, &message, &error, checks).await?;
+            }
+            Accounted::InDoubt {
+                checks,
+                after: None,
+                error,
+            }
+        }
+    };
+    match &accounted {
+        Accounted::InDoubt {
+            after: Some(after), ..
+        } => tracing::warn!(
+            deposit_order_id = claim.id,
+            trade_key,
+            checks,
+            ?after,
+            error = call_error,
+            "createTrade's outcome is unknown: the fill stays held; asking again under the same key"
+        ),
+        Accounted::InDoubt { error, .. } => tracing::error!(
+            deposit_order_id = claim.id, trade_key, checks, %error,
+            "trade in doubt: asking stopped; IN_DOUBT with a dead letter for a human"
+        ),
+        _ => {}
+    }
+    Ok(accounted)
+}
+
 /// The attempt's result as a `last_error` line.
 fn describe(attempt: &Result<AttemptEnd, MatchError>, remaining: Amount, amount: Amount) -> String {
     match attempt {
@@ -206,6 +389,10 @@ fn describe(attempt: &Result<AttemptEnd, MatchError>, remaining: Amount, amount:
         ),
         Ok(AttemptEnd::ClaimLost) => {
             format!("not filled: {remaining} of {amount} remaining (claim reported lost)")
+        }
+        // Both are accounted before a failure is described.
+        Ok(AttemptEnd::Contended { .. } | AttemptEnd::InDoubt { .. }) => {
+            format!("not filled: {remaining} of {amount} remaining")
         }
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! | check | invariant |
 //! | --- | --- |
-//! | `p2p_seller_liquidity` | no seller used or reserved beyond its offer: `remaining = amount - CONFIRMED`, `reserved = RESERVED`, `CONFIRMED <= amount` |
+//! | `p2p_seller_liquidity` | no seller used or reserved beyond its offer: `remaining = amount - CONFIRMED`, `reserved = RESERVED + TRADING`, `CONFIRMED <= amount` |
 //! | `p2p_stale_reservations` | no RESERVED match older than the zombie timeout (`PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS`, default 5 min), none on a closed order |
 //! | `p2p_deposit_fills` | every deposit order's CONFIRMED matches sum to what it filled (`amount - remaining`); a MATCHED order's to its whole amount |
 //! | `p2p_settlement_legs` | every CONFIRMED match has exactly its legs (buyer CREDIT, seller DEBIT, buyer FEE when it carries a fee); no `P2P_SETTLEMENT` entry without a CONFIRMED match |
+//! | `p2p_trades_in_doubt` | no TRADING fill (createTrade's outcome unknown) on a closed order; no IN_DOUBT order without its dead letter (after 5 minutes for it to be recorded); no TRADING fill sent longer ago than every check could take (`PAYBUS_MATCH_TRADE_CHECKS`' backoff plus the zombie timeout) whose order is not IN_DOUBT: asking about it stalled |
 //!
 //! Each check has a `recent` form for the continuous auditor: the same SQL over the orders,
 //! matches and entries the window touched — changed since its start
@@ -16,7 +17,8 @@
 //! matches: the window narrows which orders, not the sums. `p2p_stale_reservations` reads only
 //! the live RESERVED matches (`index_p2p_matches_reserved_age`), a set bounded by the attempts
 //! in flight whatever the table's size, so its recent form is its full one: a reservation
-//! becomes stale by growing old, which no window of recent writes would show.
+//! becomes stale by growing old, which no window of recent writes would show. The same holds
+//! for `p2p_trades_in_doubt` (TRADING matches and IN_DOUBT orders are live sets).
 
 use std::fmt;
 
@@ -54,6 +56,14 @@ pub const CHECKS: &[Check] = &[
             Box::pin(
                 async move { Ok(audit::violations(recent_deposit_fills(conn, window).await?)) },
             )
+        }),
+    },
+    Check {
+        name: "p2p_trades_in_doubt",
+        run: |conn| Box::pin(async move { Ok(audit::violations(trades_in_doubt(conn).await?)) }),
+        // Bounded already (see the module docs): the same read every pass.
+        recent: Some(|conn, _| {
+            Box::pin(async move { Ok(audit::violations(trades_in_doubt(conn).await?)) })
         }),
     },
     Check {
@@ -108,6 +118,23 @@ pub enum Violation {
         entries: i64,
         expected_fees: i64,
     },
+    /// A fill whose createTrade outcome is unknown (TRADING) on an order that was closed
+    /// anyway: a trade may exist for an order paybus gave up on.
+    InDoubtOnClosedOrder {
+        deposit_order_id: u64,
+        order_status: String,
+        trade_key: String,
+    },
+    /// An IN_DOUBT order with no dead letter: nobody was told to look.
+    InDoubtWithoutDeadLetter { deposit_order_id: u64 },
+    /// A TRADING fill sent longer ago than every check could take, on an order not parked
+    /// IN_DOUBT: asking about it stalled.
+    InDoubtUnattended {
+        deposit_order_id: u64,
+        order_status: String,
+        trade_key: String,
+        sent_for_secs: u64,
+    },
     /// A `P2P_SETTLEMENT` entry for a match that is not CONFIRMED (or does not exist).
     UnexpectedSettlementEntry {
         entry_id: u64,
@@ -124,6 +151,9 @@ impl Finding for Violation {
             Violation::DepositFill { .. } => "p2p_deposit_fill",
             Violation::SettlementLegs { .. } => "p2p_settlement_legs",
             Violation::UnexpectedSettlementEntry { .. } => "p2p_unexpected_settlement_entry",
+            Violation::InDoubtOnClosedOrder { .. } => "p2p_in_doubt_on_closed_order",
+            Violation::InDoubtWithoutDeadLetter { .. } => "p2p_in_doubt_without_dead_letter",
+            Violation::InDoubtUnattended { .. } => "p2p_in_doubt_unattended",
         }
     }
 }
@@ -143,7 +173,7 @@ impl fmt::Display for Violation {
                 f,
                 "withdraw order {withdraw_order_id} offers {amount} with {remaining_amount} \
                  remaining and {reserved_amount} reserved, but its matches have {confirmed} \
-                 CONFIRMED and {reserved_by_matches} RESERVED"
+                 CONFIRMED and {reserved_by_matches} RESERVED or TRADING"
             ),
             Violation::StaleReservation {
                 match_id,
@@ -178,6 +208,30 @@ impl fmt::Display for Violation {
                 "CONFIRMED match {match_id} has {credits} buyer CREDIT, {debits} seller DEBIT \
                  and {fees} FEE leg(s) ({entries} entries in all); expected 1, 1 and \
                  {expected_fees}"
+            ),
+            Violation::InDoubtOnClosedOrder {
+                deposit_order_id,
+                order_status,
+                trade_key,
+            } => write!(
+                f,
+                "deposit order {deposit_order_id} is {order_status} while its fill {trade_key} \
+                 is in doubt (TRADING): a trade may exist for it at the quote service"
+            ),
+            Violation::InDoubtWithoutDeadLetter { deposit_order_id } => write!(
+                f,
+                "deposit order {deposit_order_id} is IN_DOUBT without a dead letter"
+            ),
+            Violation::InDoubtUnattended {
+                deposit_order_id,
+                order_status,
+                trade_key,
+                sent_for_secs,
+            } => write!(
+                f,
+                "fill {trade_key} of deposit order {deposit_order_id} ({order_status}) has been \
+                 in doubt for {sent_for_secs} s, longer than every check could take, and the \
+                 order is not IN_DOUBT"
             ),
             Violation::UnexpectedSettlementEntry {
                 entry_id,
@@ -260,7 +314,8 @@ async fn seller_liquidity_in(
          FROM ( \
              SELECT w.id, w.amount, w.remaining_amount, w.reserved_amount, \
                     COALESCE(SUM(CASE WHEN m.status = 'CONFIRMED' THEN m.amount END), 0) AS confirmed, \
-                    COALESCE(SUM(CASE WHEN m.status = 'RESERVED' THEN m.amount END), 0) AS held \
+                    COALESCE(SUM(CASE WHEN m.status IN ('RESERVED', 'TRADING') \
+                                      THEN m.amount END), 0) AS held \
              FROM p2p_withdraw_orders w {recent} \
              LEFT JOIN p2p_matches m ON m.withdraw_order_id = w.id \
              GROUP BY w.id, w.amount, w.remaining_amount, w.reserved_amount) seller \
@@ -316,6 +371,84 @@ pub async fn stale_reservations(conn: &mut MySqlConnection) -> Result<Vec<Violat
             },
         )
         .collect())
+}
+
+/// How long after a dead-lettering decision its letter may still be on its way to
+/// `dead_letters` (published by the runtime, drained by the recorder).
+const DEAD_LETTER_GRACE: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// Fills in doubt (TRADING) and IN_DOUBT orders against where they must stand.
+pub async fn trades_in_doubt(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
+    let config = MatchingConfig::from_env().unwrap_or_default();
+    // Every check's pause, then a dead attempt's claim timing out, then slack.
+    let checks = config.trade_checks;
+    let asking: std::time::Duration = (1..checks.max_attempts()).map(|n| checks.delay(n)).sum();
+    let bound = asking + config.zombie_timeout + DEAD_LETTER_GRACE;
+    let micros = paybus_platform::retry::clock::micros;
+
+    let closed: Vec<(u64, String, String)> = sqlx::query_as(
+        "SELECT DISTINCT d.id, d.status, m.trade_key \
+         FROM p2p_matches m JOIN p2p_deposit_orders d ON d.id = m.deposit_order_id \
+         WHERE m.status = 'TRADING' AND d.status IN ('MATCHED', 'CANCELLED', 'EXPIRED') \
+         ORDER BY d.id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut violations: Vec<Violation> = closed
+        .into_iter()
+        .map(
+            |(deposit_order_id, order_status, trade_key)| Violation::InDoubtOnClosedOrder {
+                deposit_order_id,
+                order_status,
+                trade_key,
+            },
+        )
+        .collect();
+
+    // A letter's body is the `p2p.deposit_order.created` envelope naming the order (guarded:
+    // a malformed letter's body is not JSON, and MySQL refuses JSON_EXTRACT on it).
+    let unlettered: Vec<u64> = sqlx::query_scalar(
+        "SELECT o.id FROM p2p_deposit_orders o \
+         WHERE o.status = 'IN_DOUBT' AND o.updated_at < NOW(6) - INTERVAL ? MICROSECOND \
+           AND NOT EXISTS ( \
+               SELECT 1 FROM dead_letters l \
+               WHERE l.function_name = ? \
+                 AND CASE WHEN JSON_VALID(CAST(l.body AS CHAR CHARACTER SET utf8mb4)) \
+                          THEN CAST(JSON_UNQUOTE(JSON_EXTRACT( \
+                                   CAST(l.body AS CHAR CHARACTER SET utf8mb4), \
+                                   '$.data.deposit_order_id')) AS UNSIGNED) END = o.id) \
+         ORDER BY o.id",
+    )
+    .bind(micros(DEAD_LETTER_GRACE))
+    .bind(crate::FUNCTION)
+    .fetch_all(&mut *conn)
+    .await?;
+    violations.extend(
+        unlettered
+            .into_iter()
+            .map(|deposit_order_id| Violation::InDoubtWithoutDeadLetter { deposit_order_id }),
+    );
+
+    let unattended: Vec<(u64, String, String, i64)> = sqlx::query_as(
+        "SELECT d.id, d.status, m.trade_key, \
+                MAX(TIMESTAMPDIFF(SECOND, m.trade_sent_at, NOW(6))) \
+         FROM p2p_matches m JOIN p2p_deposit_orders d ON d.id = m.deposit_order_id \
+         WHERE m.status = 'TRADING' AND m.trade_sent_at < NOW(6) - INTERVAL ? MICROSECOND \
+           AND d.status IN ('PENDING', 'MATCHING') \
+         GROUP BY d.id, d.status, m.trade_key ORDER BY d.id",
+    )
+    .bind(micros(bound))
+    .fetch_all(conn)
+    .await?;
+    violations.extend(unattended.into_iter().map(
+        |(deposit_order_id, order_status, trade_key, seconds)| Violation::InDoubtUnattended {
+            deposit_order_id,
+            order_status,
+            trade_key,
+            sent_for_secs: u64::try_from(seconds).unwrap_or(0),
+        },
+    ));
+    Ok(violations)
 }
 
 /// Deposit orders against their CONFIRMED matches.

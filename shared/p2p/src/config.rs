@@ -12,6 +12,7 @@ use url::Url;
 
 pub const VAR_FILL_POLICY: &str = "PAYBUS_MATCH_FILL_POLICY";
 pub const VAR_MAX_ATTEMPTS: &str = "PAYBUS_MATCH_MAX_ATTEMPTS";
+pub const VAR_TRADE_CHECKS: &str = "PAYBUS_MATCH_TRADE_CHECKS";
 pub const VAR_BATCH_SIZE: &str = "PAYBUS_MATCH_BATCH_SIZE";
 pub const VAR_POLL_INTERVAL_MS: &str = "PAYBUS_MATCH_POLL_INTERVAL_MS";
 pub const VAR_ZOMBIE_TIMEOUT_MS: &str = "PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS";
@@ -49,6 +50,27 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
 
 /// The default attempts and backoff together, checked when compiled.
 pub const DEFAULT_RETRY: RetryPolicy = RetryPolicy::constant(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF);
+
+/// createTrade calls under one fill's key whose outcome may stay unknown before asking stops
+/// and the order is parked IN_DOUBT for a human.
+pub const DEFAULT_TRADE_CHECKS: u32 = 10;
+
+/// The pause after the 1st, 2nd, … unknown outcome (the last repeats): with the default 10
+/// checks, asking stops about 19 minutes after the first call — long enough to ride out a
+/// quote service incident, short enough that ops hear of it the same hour.
+pub const DEFAULT_TRADE_CHECK_BACKOFF: Backoff = Backoff::schedule(&[
+    Duration::from_secs(2),
+    Duration::from_secs(5),
+    Duration::from_secs(15),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+    Duration::from_secs(120),
+    Duration::from_secs(300),
+]);
+
+/// The default checks and their backoff together, checked when compiled.
+pub const DEFAULT_TRADE_CHECK_POLICY: RetryPolicy =
+    RetryPolicy::constant(DEFAULT_TRADE_CHECKS, DEFAULT_TRADE_CHECK_BACKOFF);
 
 /// What an attempt spends besides its two quote calls, at most (its short transactions), for
 /// the check that the zombie timeout cannot reap a live attempt.
@@ -115,6 +137,11 @@ pub struct MatchingConfig {
     /// Attempts and their backoff (`PAYBUS_MATCH_MAX_ATTEMPTS`, default 5; pauses 5 s, 15 s,
     /// 30 s, 60 s). At the limit: CANCELLED MATCH_FAILED and a dead letter.
     pub retry: RetryPolicy,
+    /// Calls under a fill's key whose outcome may stay unknown, and the pauses between them
+    /// (`PAYBUS_MATCH_TRADE_CHECKS`, default 10; 2 s, 5 s, 15 s, 30 s, 1 min, 2 min, then
+    /// 5 min). At the bound: IN_DOUBT and a dead letter (needs a human). Never counted as a
+    /// failed attempt.
+    pub trade_checks: RetryPolicy,
     /// Orders the due-orders job claims per batch (`PAYBUS_MATCH_BATCH_SIZE`, default 10).
     pub batch_size: u32,
     /// Pause between the due-orders job's passes (`PAYBUS_MATCH_POLL_INTERVAL_MS`, 1 s).
@@ -134,6 +161,7 @@ impl Default for MatchingConfig {
         Self {
             fill_policy: FillPolicy::default(),
             retry: DEFAULT_RETRY,
+            trade_checks: DEFAULT_TRADE_CHECK_POLICY,
             batch_size: DEFAULT_BATCH_SIZE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             zombie_timeout: DEFAULT_ZOMBIE_TIMEOUT,
@@ -168,6 +196,7 @@ impl MatchingConfig {
             |_| true,
         )?;
         let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
+        let trade_checks = vars.max_attempts(VAR_TRADE_CHECKS, DEFAULT_TRADE_CHECK_POLICY)?;
         let batch_size = vars.parse(
             VAR_BATCH_SIZE,
             DEFAULT_BATCH_SIZE,
@@ -202,6 +231,7 @@ impl MatchingConfig {
         Ok(Self {
             fill_policy,
             retry,
+            trade_checks,
             batch_size,
             poll_interval: vars.millis(VAR_POLL_INTERVAL_MS, DEFAULT_POLL_INTERVAL)?,
             zombie_timeout,
@@ -240,6 +270,7 @@ mod tests {
         assert_eq!(config, MatchingConfig::default());
         assert_eq!(config.fill_policy, FillPolicy::FillOrCancel);
         assert_eq!(config.retry.max_attempts(), 5);
+        assert_eq!(config.trade_checks.max_attempts(), 10);
         assert_eq!(config.batch_size, 10);
         assert_eq!(config.poll_interval, Duration::from_secs(1));
         assert_eq!(config.zombie_timeout, Duration::from_secs(300));

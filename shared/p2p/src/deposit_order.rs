@@ -8,7 +8,15 @@
 //!     │  └── accounting: not filled / error, below max ─────────┘  │ at max attempts ──────► CANCELLED (MATCH_FAILED) + dead letter
 //!     └───── reaper: claim older than the zombie timeout ──────────┘
 //!   PENDING / MATCHING (dead claim) ── past expires_at ──► EXPIRED
+//!
+//!   MATCHING ── a fill's createTrade outcome unknown ──► PENDING (uncounted; the next attempt
+//!               asks again under the fill's key first)
+//!            ── still unknown at PAYBUS_MATCH_TRADE_CHECKS ──► IN_DOUBT + dead letter
+//!   IN_DOUBT ── `paybus p2p recheck` (ops) ──► PENDING
 //! ```
+//!
+//! An order with a TRADING fill is never closed: no expiry, no NO_LIQUIDITY, no MATCH_FAILED
+//! while a trade may exist for it at the quote service (principle 12).
 //!
 //! The retry kit works the table through [`DEPOSIT_ORDERS`] (a status lease: MATCHING with
 //! `claimed_at`; failures counted in `match_attempt_count`). The terminal states and their
@@ -56,6 +64,9 @@ pub enum DepositOrderStatus {
     Pending,
     /// Claimed by an attempt (`claimed_at`).
     Matching,
+    /// A fill's createTrade outcome stayed unknown after every check: parked for a human (a
+    /// trade may exist at the quote service under the fill's key). Not terminal.
+    InDoubt,
     /// Terminal: filled.
     Matched,
     /// Terminal: not filled (no liquidity, or given up).
@@ -136,6 +147,7 @@ pub static DEPOSIT_ORDERS: WorkTable = WorkTable {
         claimed_at: "claimed_at",
     },
     republished_at: None,
+    held_for_a_human: Some("IN_DOUBT"),
 };
 
 /// A deposit order as stored.
@@ -270,6 +282,57 @@ pub(crate) async fn close_if_expired(
         correlation_id,
     )
     .await
+}
+
+/// MATCHING → IN_DOUBT under `claim`, with `error` as its `last_error` (asking about a fill in
+/// doubt stopped), in the caller's transaction; false when the claim was taken over.
+pub(crate) async fn hold_in_doubt(
+    conn: &mut MySqlConnection,
+    claim: &Claim,
+    error: &str,
+) -> Result<bool, MatchError> {
+    let sql = DEPOSIT_ORDERS.guarded_update(
+        "status = 'IN_DOUBT', claimed_at = NULL, next_attempt_at = NULL, last_error = ?",
+    );
+    let query = sqlx::query(AssertSqlSafe(sql)).bind(
+        error
+            .chars()
+            .take(DEPOSIT_ORDERS.last_error_max)
+            .collect::<String>(),
+    );
+    Ok(DEPOSIT_ORDERS
+        .bind_guard(query, claim)
+        .execute(conn)
+        .await?
+        .rows_affected()
+        == 1)
+}
+
+/// Ops' answer to an IN_DOUBT order (`paybus p2p recheck`): PENDING and due now, its fill's
+/// check count back to 0, so the next attempt asks the quote service again under the same
+/// key. False when the order is not IN_DOUBT (nothing written).
+pub async fn recheck(pool: &sqlx::MySqlPool, id: u64) -> Result<bool, MatchError> {
+    let mut tx = db::begin_read_committed(pool).await?;
+    let moved = sqlx::query(
+        "UPDATE p2p_deposit_orders SET status = 'PENDING', next_attempt_at = NULL \
+         WHERE id = ? AND status = 'IN_DOUBT'",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if moved {
+        sqlx::query(
+            "UPDATE p2p_matches SET trade_checks = 0 \
+             WHERE deposit_order_id = ? AND status = 'TRADING'",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(moved)
 }
 
 /// A buyer's order to create.
@@ -532,6 +595,8 @@ mod tests {
         }
         assert!(!DepositOrderStatus::Pending.is_terminal());
         assert!(!DepositOrderStatus::Matching.is_terminal());
+        assert!(!DepositOrderStatus::InDoubt.is_terminal());
+        assert_eq!(DepositOrderStatus::InDoubt.to_string(), "IN_DOUBT");
     }
 
     #[test]

@@ -13,10 +13,12 @@
 //!   [`deposit_order::close`] is the one way an order is closed.
 //! - [`matcher`]: [`Matcher`] — creating an order (inline or queued, by the switch) and the
 //!   attempt: reserve in a short transaction, trade with no lock held ([`quote`]), settle or
-//!   release in another; then [`accounting`] in a transaction of its own.
+//!   release in another — or, when createTrade's outcome is unknown, keep the fill in doubt
+//!   and ask again under its key; then [`accounting`] in a transaction of its own.
 //! - [`maintenance`]: the due-orders batch claim, the zombie reaper and expiry (match-deposit's
 //!   sweeper jobs).
-//! - [`audit`]: W1's invariants; [`config`]: its settings with the seed's defaults.
+//! - [`audit`]: W1's invariants; [`reconcile`]: W1's fills against the quote service's own
+//!   trades; [`config`]: its settings with the seed's defaults.
 
 pub mod accounting;
 pub mod audit;
@@ -28,6 +30,7 @@ pub mod matcher;
 pub mod matches;
 pub mod messages;
 pub mod quote;
+pub mod reconcile;
 mod reserve;
 mod settle;
 pub mod withdraw_order;

@@ -10,6 +10,7 @@ use paybus_platform::{
     db,
     retry::{Claim, Clock, clock::micros},
 };
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use crate::{
@@ -37,7 +38,10 @@ pub async fn claim_due(
 /// The zombie reaper (seed 000 §5): MATCHING orders claimed longer than `timeout` ago (their
 /// process died mid-attempt) go back to PENDING, due now, with no attempt counted; their
 /// RESERVED matches are released in the same transaction, so no liquidity stays held by a dead
-/// attempt. Only claimed rows (`claimed_at IS NOT NULL`). Returns the orders' ids.
+/// attempt. A TRADING fill (the attempt died after createTrade was sent) is *not* released: it
+/// stays held, and the order's next attempt asks the quote service about it under its key
+/// (resolution, not release). Only claimed rows (`claimed_at IS NOT NULL`). Returns the
+/// orders' ids.
 pub async fn reap_zombies(
     outbox: &Outbox,
     timeout: Duration,
@@ -49,16 +53,35 @@ pub async fn reap_zombies(
         .reap_expired(&mut tx, timeout, limit, clock)
         .await?;
     let released = matches::release(&mut tx, Held::OfOrders(&ids), ReleaseReason::Reaped).await?;
-    tx.commit().await?;
-    if !ids.is_empty() {
-        tracing::warn!(orders = ?ids, released, ?timeout, "zombie claims reaped: orders PENDING again");
+    if ids.is_empty() {
+        tx.rollback().await?;
+        return Ok(ids);
     }
+    let in_doubt: i64 = ids
+        .iter()
+        .fold(
+            sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT COUNT(DISTINCT trade_key) FROM p2p_matches \
+                 WHERE deposit_order_id IN ({}) AND status = 'TRADING'",
+                db::placeholders(ids.len())
+            ))),
+            |query, id| query.bind(*id),
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    tracing::warn!(
+        orders = ?ids, released, fills_in_doubt = in_doubt, ?timeout,
+        "zombie claims reaped: orders PENDING again (fills in doubt are kept and asked about)"
+    );
     Ok(ids)
 }
 
 /// Expiry: open orders past `expires_at` become EXPIRED and their reservations are released.
 /// A MATCHING order only once its claim is older than `zombie_timeout`: a live attempt closes
 /// its own order (its accounting sees the expiry), and its trade is never pulled from under it.
+/// Never an order with a fill in doubt (TRADING): a trade may exist for it; its attempts ask
+/// first, and it expires once the answer says no trade was made.
 pub async fn expire_due(
     outbox: &Outbox,
     zombie_timeout: Duration,
@@ -71,6 +94,9 @@ pub async fn expire_due(
          WHERE status IN ('PENDING', 'MATCHING') AND expires_at <= COALESCE(?, NOW(6)) \
            AND (status = 'PENDING' \
                 OR claimed_at <= COALESCE(?, NOW(6)) - INTERVAL ? MICROSECOND) \
+           AND NOT EXISTS (SELECT 1 FROM p2p_matches m \
+                           WHERE m.deposit_order_id = p2p_deposit_orders.id \
+                             AND m.status = 'TRADING') \
          ORDER BY expires_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
     )
     .bind(clock.sql_now())

@@ -3,12 +3,24 @@
 //! — and its outcome accounting.
 //!
 //! ```text
-//!  claim (committed) ─► reserve (short tx) ─► quote service: getQuote + createTrade ─► settle (short tx)
-//!                           │                  no transaction open, no row locked      or release (short tx)
-//!                           └ fill-or-cancel short: CANCELLED, no call                   │
-//!                                                                                         ▼
+//!  claim (committed) ─► reserve (short tx) ─► getQuote ─► mark TRADING ─► createTrade ─► settle (short tx)
+//!                         │   │                  │        (one UPDATE,       │  no transaction open,
+//!                         │   │                  │         committed first)  │  no row locked
+//!                         │   │                  └ failed: release ◄─────────┤ refused (4xx): release
+//!                         │   └ a fill in doubt: createTrade again, same key ┘ unknown: keep it TRADING
+//!                         └ fill-or-cancel short: CANCELLED, no call                   │
+//!                                                                                        ▼
 //!                                          outcome accounting (its own tx): re-read, count, retry or give up
 //! ```
+//!
+//! createTrade has three outcomes (principle 12, [`crate::quote`]): done (settle that trade),
+//! not done (release, count a failed attempt) and **unknown** (a timeout or reset after the
+//! request was written, a 5xx, an answer that does not parse): the fill's matches stay TRADING
+//! with the liquidity held, the attempt is not counted, and the order's next attempt — the
+//! due-orders job's, a message's, or the next after the reaper handed a dead attempt's order
+//! back — sends the same request under the same key before anything else, until the quote
+//! service says done or not done. Past `PAYBUS_MATCH_TRADE_CHECKS` the order is IN_DOUBT with
+//! a dead letter for a human.
 //!
 //! Every transaction here runs READ COMMITTED: each decision is a locking read or a guarded
 //! UPDATE, and no gap lock stalls a concurrent reserve that inserts its matches.
@@ -23,13 +35,13 @@ use uuid::Uuid;
 
 use crate::{
     CreateError, MatchError,
-    accounting::{self, Accounted, AttemptEnd, DeadLetters},
+    accounting::{self, Accounted, AttemptEnd, DeadLetters, Policies},
     config::MatchingConfig,
     deposit_order::{self, Inserted, NewDepositOrder},
     matches::ReleaseReason,
     messages::DepositOrderCreated,
-    quote::{QuoteClient, QuoteError, TradeRequest},
-    reserve::{self, Reservation},
+    quote::{Effect, Quote, QuoteClient, QuoteError, QuoteRequest, TradeRequest},
+    reserve::{self, Fill, Reservation},
     settle::{self, Settled},
 };
 
@@ -190,7 +202,10 @@ impl Matcher {
             &self.outbox,
             claim,
             &attempt,
-            &self.config.retry,
+            Policies {
+                attempts: &self.config.retry,
+                trade_checks: &self.config.trade_checks,
+            },
             &self.clock,
             dead_letters,
             correlation_id,
@@ -198,7 +213,8 @@ impl Matcher {
         .await
     }
 
-    /// The attempt itself: reserve, trade (no lock held), settle or release.
+    /// The attempt itself: reserve (or find a fill in doubt), trade with no lock held, settle
+    /// or release.
     #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id, attempt = claim.attempts + 1))]
     pub async fn attempt(
         &self,
@@ -220,6 +236,17 @@ impl Matcher {
             .await?
             {
                 Reservation::Held(fill) => break fill,
+                Reservation::InDoubt(fill) => {
+                    let sent = fill.sent.clone().ok_or_else(|| {
+                        MatchError::inconsistent("a fill in doubt without the quote it was sent at")
+                    })?;
+                    tracing::info!(
+                        deposit_order_id = claim.id, trade_key = %fill.trade_key,
+                        checks = fill.trade_checks,
+                        "a fill is in doubt: asking the quote service again under its key"
+                    );
+                    return self.trade(quote, claim, &fill, &sent, correlation_id).await;
+                }
                 Reservation::Closed(reason) => return Ok(AttemptEnd::Closed(reason)),
                 Reservation::ClaimLost => return Ok(AttemptEnd::ClaimLost),
                 Reservation::NothingAvailable { remaining } => {
@@ -229,10 +256,7 @@ impl Matcher {
                     });
                 }
                 Reservation::Contended { remaining } if tries >= CONTENDED_TRIES => {
-                    return Ok(AttemptEnd::NotFilled {
-                        remaining,
-                        why: "the candidates were held by other matchers".to_owned(),
-                    });
+                    return Ok(AttemptEnd::Contended { remaining });
                 }
                 Reservation::Contended { .. } => {
                     tokio::time::sleep(pause).await;
@@ -242,24 +266,67 @@ impl Matcher {
         };
 
         // No transaction is open here: the reservation committed, the claim keeps others off.
-        let request = TradeRequest {
-            currency: &fill.currency,
-            amount: fill.total,
-            reference: format!("p2p-deposit-{}", claim.id),
-            key: &fill.trade_key,
-        };
-        let (quote, trade) = match quote.trade(&request).await {
-            Ok(traded) => traded,
+        let reference = reference(claim.id);
+        let priced = match quote
+            .quote(&QuoteRequest {
+                currency: &fill.currency,
+                amount: fill.total,
+                reference: &reference,
+            })
+            .await
+        {
+            Ok(priced) => priced,
             Err(error) => {
+                // A quote has no side effect: nothing was traded.
                 settle::release(&self.outbox, claim, &fill, ReleaseReason::QuoteFailed).await?;
                 return Err(error.into());
+            }
+        };
+        // From this commit on, the trade may exist: a crash or a lost answer leaves the fill
+        // in doubt, held, never released.
+        if !settle::mark_trading(&self.outbox, &fill, &priced).await? {
+            return Ok(AttemptEnd::ClaimLost);
+        }
+        self.trade(quote, claim, &fill, &priced, correlation_id)
+            .await
+    }
+
+    /// createTrade for a TRADING fill (sent now for the first time, or again under the same
+    /// key and body), and what its outcome makes of the fill.
+    async fn trade(
+        &self,
+        client: &QuoteClient,
+        claim: &Claim,
+        fill: &Fill,
+        quote: &Quote,
+        correlation_id: Uuid,
+    ) -> Result<AttemptEnd, MatchError> {
+        let reference = reference(claim.id);
+        let request = TradeRequest {
+            quote_id: &quote.quote_id,
+            currency: &fill.currency,
+            amount: fill.total,
+            reference: &reference,
+            key: &fill.trade_key,
+        };
+        let trade = match client.create_trade(&request, quote).await {
+            Ok(trade) => trade,
+            Err(error) if error.effect() == Effect::NotDone => {
+                settle::release(&self.outbox, claim, fill, ReleaseReason::TradeRefused).await?;
+                return Err(error.into());
+            }
+            Err(error) => {
+                return Ok(AttemptEnd::InDoubt {
+                    trade_key: fill.trade_key.clone(),
+                    checks: fill.trade_checks.saturating_add(1),
+                    error: paybus_platform::telemetry::one_line(&error),
+                });
             }
         };
         match settle::settle(
             &self.outbox,
             claim,
-            &fill,
-            &quote,
+            fill,
             &trade,
             &self.clock,
             correlation_id,
@@ -272,8 +339,9 @@ impl Matcher {
                 why: format!("filled {} of it (partial-retry)", fill.total),
             }),
             Settled::ClaimLost => {
-                // The trade exists but the order was taken over. The next attempt on this fill
-                // asks for the same key and gets this trade back, so it is settled once.
+                // The trade exists but the order was taken over (its attempt looked dead). The
+                // fill is still TRADING: the next attempt asks for the same key, gets this
+                // trade back and settles it once.
                 tracing::warn!(
                     deposit_order_id = claim.id,
                     trade_id = %trade.trade_id,
@@ -285,4 +353,9 @@ impl Matcher {
             }
         }
     }
+}
+
+/// A deposit order's name at the quote service.
+fn reference(deposit_order_id: u64) -> String {
+    format!("p2p-deposit-{deposit_order_id}")
 }

@@ -1,6 +1,15 @@
 //! `p2p_matches`: one deposit order's share of one withdraw order, RESERVED by an attempt,
-//! then CONFIRMED by its settlement or RELEASED (the migration's header comment is the
-//! reference).
+//! TRADING once its createTrade is (about to be) sent, then CONFIRMED by its settlement or
+//! RELEASED (the migrations' header comments are the reference).
+//!
+//! ```text
+//!  RESERVED ──mark (before createTrade is sent)──► TRADING ──the service's trade──► CONFIRMED
+//!     │                                               │
+//!     └─► RELEASED (nothing was sent)                 └─► RELEASED (TRADE_REFUSED: a definitive refusal)
+//! ```
+//!
+//! A TRADING match is never released by anything but a definitive answer: not by the reaper,
+//! expiry, outcome accounting or a close (their releases take RESERVED rows only).
 
 use std::collections::BTreeMap;
 
@@ -27,8 +36,11 @@ use crate::{MatchError, parse_column, withdraw_order};
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum MatchStatus {
-    /// Liquidity held for an attempt between its reserve and its settle.
+    /// Liquidity held for an attempt between its reserve and its createTrade call.
     Reserved,
+    /// createTrade was (or is being) sent under the fill's key: the trade may exist at the
+    /// quote service, so the liquidity stays held until a definitive answer.
+    Trading,
     /// Terminal: traded and settled.
     Confirmed,
     /// Terminal: given back to the seller.
@@ -39,8 +51,10 @@ pub enum MatchStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display, strum::IntoStaticStr)]
 #[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum ReleaseReason {
-    /// The quote service did not trade it.
+    /// getQuote failed: createTrade was never sent.
     QuoteFailed,
+    /// createTrade was definitively refused (a 4xx that refuses the request): not traded.
+    TradeRefused,
     /// The attempt ended without settling it (an error after the trade, e.g. the database).
     AttemptEnded,
     /// The attempt's process died: the zombie reaper took the order back.
@@ -59,6 +73,11 @@ pub struct Match {
     pub fee: Amount,
     pub rate: Option<Amount>,
     pub trade_key: String,
+    pub quote_id: Option<String>,
+    pub trade_sent_at: Option<DateTime<Utc>>,
+    /// createTrade calls whose outcome stayed unknown.
+    pub trade_checks: u32,
+    pub last_trade_error: Option<String>,
     pub external_trade_id: Option<String>,
     pub status: MatchStatus,
     pub release_reason: Option<String>,
@@ -76,6 +95,10 @@ struct Row {
     fee: Amount,
     rate: Option<Amount>,
     trade_key: String,
+    quote_id: Option<String>,
+    trade_sent_at: Option<DateTime<Utc>>,
+    trade_checks: u32,
+    last_trade_error: Option<String>,
     external_trade_id: Option<String>,
     status: String,
     release_reason: Option<String>,
@@ -91,7 +114,8 @@ pub async fn of_deposit_order(
 ) -> Result<Vec<Match>, MatchError> {
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, deposit_order_id, withdraw_order_id, amount, fee, rate, trade_key, \
-                external_trade_id, status, release_reason, reserved_at, confirmed_at, released_at \
+                quote_id, trade_sent_at, trade_checks, last_trade_error, external_trade_id, \
+                status, release_reason, reserved_at, confirmed_at, released_at \
          FROM p2p_matches WHERE deposit_order_id = ? ORDER BY id",
     )
     .bind(deposit_order_id)
@@ -108,6 +132,10 @@ pub async fn of_deposit_order(
                 fee: row.fee,
                 rate: row.rate,
                 trade_key: row.trade_key,
+                quote_id: row.quote_id,
+                trade_sent_at: row.trade_sent_at,
+                trade_checks: row.trade_checks,
+                last_trade_error: row.last_trade_error,
                 external_trade_id: row.external_trade_id,
                 release_reason: row.release_reason,
                 reserved_at: row.reserved_at,
@@ -151,13 +179,72 @@ pub(crate) async fn reserve(
     Ok(id)
 }
 
+/// RESERVED → TRADING for one fill, with the quote it is about to be traded at (the rate, and
+/// the fee on its first match, as settlement will record them unless the trade says
+/// otherwise), committed by the caller **before** createTrade is sent, so that a crash or a
+/// lost answer after the send finds the fill in doubt, never releasable. False when not every
+/// match was still RESERVED (the reaper took the order back meanwhile): nothing is to be sent.
+pub(crate) async fn mark_trading(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+    quote_id: &str,
+    rate: Amount,
+    fee: Amount,
+) -> Result<bool, MatchError> {
+    let Some(&first) = ids.first() else {
+        return Ok(false);
+    };
+    let mark = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE p2p_matches \
+         SET status = 'TRADING', trade_sent_at = NOW(6), quote_id = ?, rate = ?, \
+             fee = IF(id = ?, ?, 0) \
+         WHERE id IN ({}) AND status = 'RESERVED'",
+        db::placeholders(ids.len())
+    )))
+    .bind(quote_id)
+    .bind(rate)
+    .bind(first)
+    .bind(fee);
+    let marked = ids
+        .iter()
+        .fold(mark, |query, id| query.bind(*id))
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(marked == ids.len() as u64)
+}
+
+/// One unknown outcome more for a TRADING fill: its `trade_checks` becomes `checks` and the
+/// error is kept, in the caller's transaction.
+pub(crate) async fn note_unknown_outcome(
+    conn: &mut MySqlConnection,
+    deposit_order_id: u64,
+    trade_key: &str,
+    checks: u32,
+    error: &str,
+) -> Result<(), MatchError> {
+    sqlx::query(
+        "UPDATE p2p_matches SET trade_checks = ?, last_trade_error = ? \
+         WHERE deposit_order_id = ? AND trade_key = ? AND status = 'TRADING'",
+    )
+    .bind(checks)
+    .bind(error.chars().take(2000).collect::<String>())
+    .bind(deposit_order_id)
+    .bind(trade_key)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Which reservations to give back.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Held<'a> {
     /// These matches (one attempt's), if still RESERVED.
     Matches(&'a [u64]),
-    /// Every RESERVED match of these deposit orders.
+    /// Every RESERVED match of these deposit orders (never a TRADING one: its trade may exist).
     OfOrders(&'a [u64]),
+    /// These matches of a fill that is TRADING, after a definitive refusal of its trade.
+    Refused(&'a [u64]),
 }
 
 /// RESERVED → RELEASED with `reason`, and the withdraw orders' reserved amounts given back,
@@ -169,10 +256,12 @@ pub(crate) async fn release(
     held: Held<'_>,
     reason: ReleaseReason,
 ) -> Result<u64, MatchError> {
-    let (column, ids) = match held {
-        Held::Matches(ids) => ("id", ids),
-        Held::OfOrders(ids) => ("deposit_order_id", ids),
+    let (column, ids, status) = match held {
+        Held::Matches(ids) => ("id", ids, MatchStatus::Reserved),
+        Held::OfOrders(ids) => ("deposit_order_id", ids, MatchStatus::Reserved),
+        Held::Refused(ids) => ("id", ids, MatchStatus::Trading),
     };
+    let status: &str = status.into();
     if ids.is_empty() {
         return Ok(0);
     }
@@ -182,7 +271,7 @@ pub(crate) async fn release(
         .fold(
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT id, withdraw_order_id, amount FROM p2p_matches \
-                 WHERE {column} IN ({list}) AND status = 'RESERVED' ORDER BY id FOR UPDATE"
+                 WHERE {column} IN ({list}) AND status = '{status}' ORDER BY id FOR UPDATE"
             ))),
             |query, id| query.bind(*id),
         )
@@ -196,7 +285,7 @@ pub(crate) async fn release(
     withdraw_order::lock_in_order(conn, &sellers).await?;
     let release = sqlx::query(AssertSqlSafe(format!(
         "UPDATE p2p_matches SET status = 'RELEASED', released_at = NOW(6), release_reason = ? \
-         WHERE id IN ({}) AND status = 'RESERVED'",
+         WHERE id IN ({}) AND status = '{status}'",
         db::placeholders(released.len())
     )))
     .bind(<&str>::from(reason));
@@ -228,6 +317,8 @@ mod tests {
     fn statuses_and_reasons_are_their_column_values() {
         assert_eq!(MatchStatus::Reserved.to_string(), "RESERVED");
         assert_eq!(MatchStatus::from_str("RELEASED"), Ok(MatchStatus::Released));
+        assert_eq!(MatchStatus::Trading.to_string(), "TRADING");
+        assert_eq!(<&str>::from(ReleaseReason::TradeRefused), "TRADE_REFUSED");
         assert_eq!(<&str>::from(ReleaseReason::QuoteFailed), "QUOTE_FAILED");
         assert_eq!(ReleaseReason::OrderClosed.to_string(), "ORDER_CLOSED");
     }

@@ -1,25 +1,50 @@
-//! The quote service client (the seeds' TORQ `getQuote` / `createTrade`): real HTTP with
-//! connect and request timeouts, called with **no transaction open and no row locked**
-//! (principle 3, seed 000 §0: the incident was this call made under `FOR UPDATE`).
+//! The quote service client (the seeds' TORQ `getQuote` / `createTrade`, and the trade lookup
+//! reconciliation needs): real HTTP with connect and request timeouts, called with **no
+//! transaction open and no row locked** (seed 000 §0: the incident was this call made under
+//! `FOR UPDATE`).
+//!
+//! The contract paybus needs from the quote service (the stub in `testing` implements it):
 //!
 //! ```text
 //! POST {base}/v1/quotes   {"currency": "USDT", "amount": "100", "reference": "p2p-deposit-7"}
 //!   200 {"quote_id": "q-1", "rate": "1391.5", "fee": "0.5"}
 //! POST {base}/v1/trades   Idempotency-Key: p2p-deposit-7-fill-1
 //!                         {"quote_id": "q-1", "currency": "USDT", "amount": "100", "reference": "p2p-deposit-7"}
-//!   200 {"trade_id": "t-1"}
+//!   200 {"trade_id": "t-1", "amount": "100", "rate": "1391.5", "fee": "0.5"}
+//!   409 the key is being processed, or was used for another amount
+//! GET  {base}/v1/trades?idempotency_key=p2p-deposit-7-fill-1
+//! GET  {base}/v1/trades?created_since=<RFC 3339>&created_before=<RFC 3339>[&after=<trade_id>][&limit=500]
+//!   200 {"trades": [{"trade_id", "idempotency_key", "reference", "currency", "amount", "rate",
+//!                    "fee", "created_at"}], "next_after": "<trade_id>" | null}
 //! ```
 //!
 //! Amounts are JSON strings (exact decimals). The idempotency key names the trade, not the
-//! request: one fill of one deposit order has one key however often it is tried, so a retry
-//! after a timeout, a crash or a lost settle gets the trade already made instead of a second
-//! one. Any non-2xx answer, a timeout, a refused connection or an answer that does not parse
-//! is a failed call; the attempt that made it releases its reservation and counts a failure.
+//! request: one fill of one deposit order has one key and one body (the quote it was sent
+//! with is stored before it is sent), so asking again after a timeout, a crash or a lost
+//! settle gets the trade already made — or, if the first request never arrived, makes it
+//! then — never a second one. A trade's `amount`, `rate` and `fee` in the answer are its own
+//! terms (the quote's are used when an older service leaves them out).
+//!
+//! ## Three outcomes (principle 12)
+//! Every failed call says what it leaves behind at the service ([`QuoteError::effect`]):
+//!
+//! | failure | getQuote, lookups | createTrade |
+//! | --- | --- | --- |
+//! | connection refused, DNS, TLS, connect timeout (nothing was sent) | not done | **not done** |
+//! | a 4xx other than 408, 409, 425 (a definitive refusal of the request) | not done | **not done** |
+//! | 408, 409 (key in use / reused), 425, any 5xx | not done | **unknown** |
+//! | a timeout or a reset after the request was written | not done | **unknown** |
+//! | a 2xx that does not parse, or a trade for another amount | not done | **unknown** |
+//!
+//! A quote and a lookup have no side effect, so any failure of theirs is "not done". An
+//! unknown createTrade keeps the fill's liquidity held (its matches stay TRADING) and is
+//! resolved only by asking again under the same key, never by releasing (`matcher`).
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use paybus_platform::Secret;
+use paybus_platform::{Secret, bus::metrics};
 use serde::{Deserialize, Serialize};
 use url::Url;
 
@@ -29,26 +54,37 @@ use crate::config::QuoteConfig;
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// How much of a refusing answer goes into the error.
 const BODY_EXCERPT_CHARS: usize = 300;
-/// `p2p_matches.external_trade_id` is a VARCHAR(128).
-const TRADE_ID_MAX: usize = 128;
+/// `p2p_matches.external_trade_id` and `quote_id` are VARCHAR(128).
+const ID_MAX: usize = 128;
+/// Trades asked for per page of a listing.
+const PAGE: u32 = 500;
 
 /// Which call failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display, strum::IntoStaticStr)]
 pub enum Call {
     #[strum(serialize = "getQuote")]
     GetQuote,
     #[strum(serialize = "createTrade")]
     CreateTrade,
+    #[strum(serialize = "listTrades")]
+    ListTrades,
 }
+
+pub use metrics::Effect;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuoteError {
     #[error("the quote service is not configured (PAYBUS_QUOTE_URL is not set)")]
     NotConfigured,
+    /// Connecting failed or timed out: nothing was sent.
+    #[error("quote service {call}: could not connect: {detail}")]
+    Connect { call: Call, detail: String },
+    /// The request was (or may have been) written, and no answer came in time.
     #[error("quote service {call} timed out after {timeout:?}")]
     Timeout { call: Call, timeout: Duration },
-    #[error("quote service {call}: connection failed: {detail}")]
-    Connect { call: Call, detail: String },
+    /// The connection failed after the request was (or may have been) written.
+    #[error("quote service {call}: the connection failed without an answer: {detail}")]
+    Transport { call: Call, detail: String },
     #[error("quote service {call} answered HTTP {status}: {body}")]
     Status {
         call: Call,
@@ -59,6 +95,41 @@ pub enum QuoteError {
     Invalid { call: Call, detail: String },
 }
 
+impl QuoteError {
+    pub fn call(&self) -> Option<Call> {
+        match self {
+            QuoteError::NotConfigured => None,
+            QuoteError::Connect { call, .. }
+            | QuoteError::Timeout { call, .. }
+            | QuoteError::Transport { call, .. }
+            | QuoteError::Status { call, .. }
+            | QuoteError::Invalid { call, .. } => Some(*call),
+        }
+    }
+
+    /// What the failed call leaves behind at the quote service (the module's table).
+    pub fn effect(&self) -> Effect {
+        if self.call() != Some(Call::CreateTrade) {
+            return Effect::NotDone;
+        }
+        match self {
+            QuoteError::NotConfigured | QuoteError::Connect { .. } => Effect::NotDone,
+            QuoteError::Status { status, .. } if is_refusal(*status) => Effect::NotDone,
+            QuoteError::Status { .. }
+            | QuoteError::Timeout { .. }
+            | QuoteError::Transport { .. }
+            | QuoteError::Invalid { .. } => Effect::Unknown,
+        }
+    }
+}
+
+/// A 4xx that refuses the request as such: nothing was done. 408 (the service gave up reading
+/// it), 409 (the key is in use, or was used with another body) and 425 (too early to replay)
+/// say nothing about a trade made under the key.
+fn is_refusal(status: u16) -> bool {
+    (400..500).contains(&status) && !matches!(status, 408 | 409 | 425)
+}
+
 /// A price for an amount, to be traded.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Quote {
@@ -67,36 +138,67 @@ pub struct Quote {
     pub fee: Amount,
 }
 
-/// The trade the quote service made (or had made already, for this key).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// The trade the quote service made (or had made already, for this key), with its terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trade {
     pub trade_id: String,
+    pub rate: Amount,
+    pub fee: Amount,
 }
 
-/// One fill to trade.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TradeRequest<'a> {
+#[derive(Deserialize)]
+struct TradeAnswer {
+    trade_id: String,
+    #[serde(default)]
+    amount: Option<Amount>,
+    #[serde(default)]
+    rate: Option<Amount>,
+    #[serde(default)]
+    fee: Option<Amount>,
+}
+
+/// A trade as the quote service's listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct TradeRecord {
+    pub trade_id: String,
+    pub idempotency_key: String,
+    #[serde(default)]
+    pub reference: Option<String>,
+    pub currency: String,
+    pub amount: Amount,
+    #[serde(default)]
+    pub rate: Option<Amount>,
+    #[serde(default)]
+    pub fee: Option<Amount>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Deserialize)]
+struct TradePage {
+    trades: Vec<TradeRecord>,
+    #[serde(default)]
+    next_after: Option<String>,
+}
+
+/// What to ask a quote for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuoteRequest<'a> {
     pub currency: &'a str,
     pub amount: Amount,
     /// Names the deposit order at the quote service (for its logs and support).
-    pub reference: String,
-    /// The fill's idempotency key.
+    pub reference: &'a str,
+}
+
+/// One fill to trade: the same body every time its key is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TradeRequest<'a> {
+    pub quote_id: &'a str,
+    pub currency: &'a str,
+    pub amount: Amount,
+    pub reference: &'a str,
+    /// The fill's idempotency key (a header, not the body).
+    #[serde(skip)]
     pub key: &'a str,
-}
-
-#[derive(Serialize)]
-struct QuoteBody<'a> {
-    currency: &'a str,
-    amount: Amount,
-    reference: &'a str,
-}
-
-#[derive(Serialize)]
-struct TradeBody<'a> {
-    quote_id: &'a str,
-    currency: &'a str,
-    amount: Amount,
-    reference: &'a str,
 }
 
 /// The client: build it once per process (it owns the connection pool).
@@ -130,23 +232,17 @@ impl QuoteClient {
         }))
     }
 
-    /// `getQuote`, then `createTrade` with the fill's key: the trade of one fill.
-    #[tracing::instrument(skip_all, fields(key = request.key, amount = %request.amount))]
-    pub async fn trade(&self, request: &TradeRequest<'_>) -> Result<(Quote, Trade), QuoteError> {
+    /// `getQuote`: a price for the amount (no side effect).
+    #[tracing::instrument(skip_all, fields(reference = request.reference, amount = %request.amount))]
+    pub async fn quote(&self, request: &QuoteRequest<'_>) -> Result<Quote, QuoteError> {
         let quote: Quote = self
-            .post(
-                Call::GetQuote,
-                &self.quotes,
-                &QuoteBody {
-                    currency: request.currency,
-                    amount: request.amount,
-                    reference: &request.reference,
-                },
-                None,
-            )
+            .send(Call::GetQuote, self.post(&self.quotes, request))
             .await?;
-        if quote.quote_id.trim().is_empty() {
-            return Err(invalid(Call::GetQuote, "an empty quote_id"));
+        if quote.quote_id.trim().is_empty() || quote.quote_id.chars().count() > ID_MAX {
+            return Err(invalid(
+                Call::GetQuote,
+                format!("quote_id {:?}", quote.quote_id),
+            ));
         }
         if !quote.rate.is_positive() {
             return Err(invalid(Call::GetQuote, format!("rate {}", quote.rate)));
@@ -157,43 +253,131 @@ impl QuoteClient {
                 format!("fee {} for an amount of {}", quote.fee, request.amount),
             ));
         }
-        let trade: Trade = self
-            .post(
-                Call::CreateTrade,
-                &self.trades,
-                &TradeBody {
-                    quote_id: &quote.quote_id,
-                    currency: request.currency,
-                    amount: request.amount,
-                    reference: &request.reference,
-                },
-                Some(request.key),
-            )
-            .await?;
-        let id = trade.trade_id.trim();
-        if id.is_empty() || id.chars().count() > TRADE_ID_MAX {
-            return Err(invalid(
-                Call::CreateTrade,
-                format!("trade_id {:?}", trade.trade_id),
-            ));
-        }
-        Ok((quote, trade))
+        Ok(quote)
     }
 
-    async fn post<T: for<'de> Deserialize<'de>>(
+    /// `createTrade` under the fill's key. `quote` supplies the terms an answer leaves out.
+    /// Every call is counted by its [`Effect`] in `/metrics`.
+    #[tracing::instrument(skip_all, fields(key = request.key, amount = %request.amount))]
+    pub async fn create_trade(
+        &self,
+        request: &TradeRequest<'_>,
+        quote: &Quote,
+    ) -> Result<Trade, QuoteError> {
+        let traded = self.create_trade_unrecorded(request, quote).await;
+        let effect = match &traded {
+            Ok(_) => Effect::Done,
+            Err(error) => error.effect(),
+        };
+        metrics::record_external_call(Call::CreateTrade.into(), effect);
+        traded
+    }
+
+    async fn create_trade_unrecorded(
+        &self,
+        request: &TradeRequest<'_>,
+        quote: &Quote,
+    ) -> Result<Trade, QuoteError> {
+        let answer: TradeAnswer = self
+            .send(
+                Call::CreateTrade,
+                self.post(&self.trades, request)
+                    .header(IDEMPOTENCY_KEY, request.key),
+            )
+            .await?;
+        let id = answer.trade_id.trim();
+        if id.is_empty() || id.chars().count() > ID_MAX {
+            return Err(invalid(
+                Call::CreateTrade,
+                format!("trade_id {:?}", answer.trade_id),
+            ));
+        }
+        if let Some(amount) = answer.amount
+            && amount != request.amount
+        {
+            // A trade under our key for another amount is not the trade asked for: a human
+            // has to look (it stays in doubt until then).
+            return Err(invalid(
+                Call::CreateTrade,
+                format!(
+                    "trade {id} under key {} is for {amount}, not {}",
+                    request.key, request.amount
+                ),
+            ));
+        }
+        let fee = answer.fee.unwrap_or(quote.fee);
+        let rate = answer.rate.unwrap_or(quote.rate);
+        if !rate.is_positive() || fee.is_negative() || fee > request.amount {
+            return Err(invalid(
+                Call::CreateTrade,
+                format!("trade {id}: rate {rate}, fee {fee} for {}", request.amount),
+            ));
+        }
+        Ok(Trade {
+            trade_id: id.to_owned(),
+            rate,
+            fee,
+        })
+    }
+
+    /// The trade made under `key`, if the quote service has one.
+    pub async fn trade_by_key(&self, key: &str) -> Result<Option<TradeRecord>, QuoteError> {
+        let mut url = self.trades.clone();
+        url.query_pairs_mut().append_pair("idempotency_key", key);
+        let page: TradePage = self
+            .send(Call::ListTrades, self.authorised(self.http.get(url)))
+            .await?;
+        Ok(page.trades.into_iter().find(|t| t.idempotency_key == key))
+    }
+
+    /// Every trade the quote service created in `[since, before)`, page by page.
+    pub async fn trades_created(
+        &self,
+        since: DateTime<Utc>,
+        before: DateTime<Utc>,
+    ) -> Result<Vec<TradeRecord>, QuoteError> {
+        let mut trades = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut url = self.trades.clone();
+            {
+                let mut query = url.query_pairs_mut();
+                query
+                    .append_pair("created_since", &rfc3339(since))
+                    .append_pair("created_before", &rfc3339(before))
+                    .append_pair("limit", &PAGE.to_string());
+                if let Some(after) = &after {
+                    query.append_pair("after", after);
+                }
+            }
+            let page: TradePage = self
+                .send(Call::ListTrades, self.authorised(self.http.get(url)))
+                .await?;
+            let full = page.trades.len() >= PAGE as usize;
+            trades.extend(page.trades);
+            match page.next_after {
+                Some(next) if full && after.as_deref() != Some(next.as_str()) => after = Some(next),
+                _ => return Ok(trades),
+            }
+        }
+    }
+
+    fn post(&self, url: &Url, body: &impl Serialize) -> reqwest::RequestBuilder {
+        self.authorised(self.http.post(url.clone()).json(body))
+    }
+
+    fn authorised(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(api_key) => request.bearer_auth(api_key.expose()),
+            None => request,
+        }
+    }
+
+    async fn send<T: for<'de> Deserialize<'de>>(
         &self,
         call: Call,
-        url: &Url,
-        body: &impl Serialize,
-        idempotency_key: Option<&str>,
+        request: reqwest::RequestBuilder,
     ) -> Result<T, QuoteError> {
-        let mut request = self.http.post(url.clone()).json(body);
-        if let Some(key) = idempotency_key {
-            request = request.header(IDEMPOTENCY_KEY, key);
-        }
-        if let Some(api_key) = &self.api_key {
-            request = request.bearer_auth(api_key.expose());
-        }
         let response = request.send().await.map_err(|e| self.transport(call, e))?;
         let status = response.status();
         if !status.is_success() {
@@ -212,19 +396,25 @@ impl QuoteClient {
     }
 
     /// A transport error as one line; the URL is left out (the configuration names it).
+    /// Connecting is the one phase in which nothing can have been sent.
     fn transport(&self, call: Call, error: reqwest::Error) -> QuoteError {
         let error = error.without_url();
-        if error.is_timeout() {
-            return QuoteError::Timeout {
+        let detail = paybus_platform::telemetry::one_line(&error);
+        if error.is_connect() {
+            QuoteError::Connect { call, detail }
+        } else if error.is_timeout() {
+            QuoteError::Timeout {
                 call,
                 timeout: self.timeout,
-            };
-        }
-        QuoteError::Connect {
-            call,
-            detail: paybus_platform::telemetry::one_line(&error),
+            }
+        } else {
+            QuoteError::Transport { call, detail }
         }
     }
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
 fn invalid(call: Call, detail: impl Into<String>) -> QuoteError {
@@ -286,5 +476,32 @@ mod tests {
         let text = excerpt(&long);
         assert!(!text.contains('\n'));
         assert_eq!(text.chars().count(), BODY_EXCERPT_CHARS);
+    }
+
+    #[test]
+    fn only_a_create_trade_can_be_unknown() {
+        let timeout = |call| QuoteError::Timeout {
+            call,
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(timeout(Call::GetQuote).effect(), Effect::NotDone);
+        assert_eq!(timeout(Call::ListTrades).effect(), Effect::NotDone);
+        assert_eq!(timeout(Call::CreateTrade).effect(), Effect::Unknown);
+        assert_eq!(QuoteError::NotConfigured.effect(), Effect::NotDone);
+    }
+
+    #[test]
+    fn a_4xx_refuses_except_the_ones_that_speak_of_the_key() {
+        let status = |status| QuoteError::Status {
+            call: Call::CreateTrade,
+            status,
+            body: String::new(),
+        };
+        for refused in [400, 401, 403, 404, 422, 429] {
+            assert_eq!(status(refused).effect(), Effect::NotDone, "{refused}");
+        }
+        for unknown in [408, 409, 425, 500, 502, 503, 504] {
+            assert_eq!(status(unknown).effect(), Effect::Unknown, "{unknown}");
+        }
     }
 }

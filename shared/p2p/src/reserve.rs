@@ -2,6 +2,10 @@
 //! the claimed order, lock the oldest candidates `FOR UPDATE SKIP LOCKED` (at most
 //! [`CANDIDATES`]; a candidate another matcher holds is skipped, never waited for), hold what
 //! the fill needs as RESERVED matches, commit. No lock outlives it.
+//!
+//! An order with a fill in doubt (TRADING: its createTrade's outcome is unknown) reserves
+//! nothing and is never closed here: the attempt asks about that fill first, under its key
+//! (principle 12).
 
 use paybus_money::Amount;
 use paybus_platform::{
@@ -15,6 +19,7 @@ use crate::{
     config::{CANDIDATES, FillPolicy},
     deposit_order::{self, CloseReason, Closer},
     matches::{self, Reserved},
+    quote::Quote,
 };
 
 /// What the reserve step came to.
@@ -22,6 +27,8 @@ use crate::{
 pub(crate) enum Reservation {
     /// Liquidity held for one fill: trade it, then settle or release.
     Held(Fill),
+    /// A fill of this order is TRADING (sent, outcome unknown): ask again under its key.
+    InDoubt(Fill),
     /// The order was closed here (fill-or-cancel found too little; or it had expired).
     Closed(CloseReason),
     /// Partial-retry found nothing available: the order stays MATCHING (seed 000 §3.1's
@@ -46,6 +53,10 @@ pub(crate) struct Fill {
     /// again (after a failed call, a crash, a lost settle) asks the quote service for the
     /// same trade.
     pub(crate) trade_key: String,
+    /// The quote a TRADING fill was sent with (the same body is sent again), and how many of
+    /// its calls ended unknown; `None` / 0 for a fill just reserved.
+    pub(crate) sent: Option<Quote>,
+    pub(crate) trade_checks: u32,
 }
 
 #[derive(sqlx::FromRow)]
@@ -72,6 +83,21 @@ pub(crate) async fn reserve(
             return Ok(Reservation::ClaimLost);
         }
     };
+    // One read of the order's fills: how many are settled (the next key's number), and
+    // whether one is in doubt.
+    let (settled_fills, in_doubt): (i64, Option<String>) = sqlx::query_as(
+        "SELECT CAST(COUNT(DISTINCT CASE WHEN status = 'CONFIRMED' THEN trade_key END) AS SIGNED), \
+                MAX(CASE WHEN status = 'TRADING' THEN trade_key END) \
+         FROM p2p_matches WHERE deposit_order_id = ?",
+    )
+    .bind(claim.id)
+    .fetch_one(&mut *uow)
+    .await?;
+    if let Some(trade_key) = in_doubt {
+        let fill = in_doubt_fill(&mut uow, &order, trade_key).await?;
+        uow.rollback().await?;
+        return Ok(Reservation::InDoubt(fill));
+    }
     if deposit_order::close_if_expired(&mut uow, &order, claim, clock, correlation_id).await? {
         uow.commit().await?;
         return Ok(Reservation::Closed(CloseReason::Expired));
@@ -134,13 +160,6 @@ pub(crate) async fn reserve(
         return Ok(Reservation::NothingAvailable { remaining: need });
     }
 
-    let settled_fills: i64 = sqlx::query_scalar(
-        "SELECT COUNT(DISTINCT trade_key) FROM p2p_matches \
-         WHERE deposit_order_id = ? AND status = 'CONFIRMED'",
-    )
-    .bind(claim.id)
-    .fetch_one(&mut *uow)
-    .await?;
     let trade_key = format!("p2p-deposit-{}-fill-{}", claim.id, settled_fills + 1);
     let mut reserved = Vec::with_capacity(plan.len());
     for (candidate, amount) in plan {
@@ -162,7 +181,79 @@ pub(crate) async fn reserve(
         matches: reserved,
         total: planned,
         trade_key,
+        sent: None,
+        trade_checks: 0,
     }))
+}
+
+#[derive(sqlx::FromRow)]
+struct TradingMatch {
+    id: u64,
+    withdraw_order_id: u64,
+    seller_partner_id: u64,
+    amount: Amount,
+    quote_id: String,
+    rate: Amount,
+    fee: Amount,
+    trade_checks: u32,
+}
+
+/// The TRADING matches under `trade_key` as the fill they were sent as (the quote they carry
+/// is the body sent again).
+async fn in_doubt_fill(
+    conn: &mut sqlx::MySqlConnection,
+    order: &deposit_order::DepositOrder,
+    trade_key: String,
+) -> Result<Fill, MatchError> {
+    let rows: Vec<TradingMatch> = sqlx::query_as(
+        "SELECT m.id, m.withdraw_order_id, w.partner_id AS seller_partner_id, m.amount, \
+                m.quote_id, m.rate, m.fee, m.trade_checks \
+         FROM p2p_matches m JOIN p2p_withdraw_orders w ON w.id = m.withdraw_order_id \
+         WHERE m.deposit_order_id = ? AND m.trade_key = ? AND m.status = 'TRADING' \
+         ORDER BY m.id",
+    )
+    .bind(order.id)
+    .bind(&trade_key)
+    .fetch_all(&mut *conn)
+    .await?;
+    let Some(first) = rows.first() else {
+        return Err(MatchError::inconsistent(format!(
+            "deposit order {}: fill {trade_key} is TRADING but has no matches",
+            order.id
+        )));
+    };
+    let mut total = Amount::ZERO;
+    let mut fee = Amount::ZERO;
+    for row in &rows {
+        total = total
+            .checked_add(row.amount)
+            .ok_or_else(|| MatchError::inconsistent("a fill beyond DECIMAL(36,18)"))?;
+        fee = fee
+            .checked_add(row.fee)
+            .ok_or_else(|| MatchError::inconsistent("a fee beyond DECIMAL(36,18)"))?;
+    }
+    Ok(Fill {
+        deposit_order_id: order.id,
+        buyer_partner_id: order.partner_id,
+        currency: order.currency.clone(),
+        sent: Some(Quote {
+            quote_id: first.quote_id.clone(),
+            rate: first.rate,
+            fee,
+        }),
+        trade_checks: rows.iter().map(|r| r.trade_checks).max().unwrap_or(0),
+        matches: rows
+            .iter()
+            .map(|r| Reserved {
+                match_id: r.id,
+                withdraw_order_id: r.withdraw_order_id,
+                seller_partner_id: r.seller_partner_id,
+                amount: r.amount,
+            })
+            .collect(),
+        total,
+        trade_key,
+    })
 }
 
 /// Oldest first, each candidate gives what it has until `need` is covered.

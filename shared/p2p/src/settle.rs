@@ -1,8 +1,10 @@
-//! An attempt's last short transaction: the quote service traded the fill, so its matches
-//! become CONFIRMED, the sellers' liquidity is used, the ledger legs are posted and, when
-//! nothing remains, the order is MATCHED — or, when the trade failed, the reservation is
-//! released. Both are conditional on the attempt's claim: an attempt whose claim was taken
-//! over (its process was presumed dead) writes nothing.
+//! The writes around an attempt's trade: the fill marked TRADING before createTrade is sent
+//! ([`mark_trading`]), then the last short transaction — the quote service traded the fill,
+//! so its matches become CONFIRMED with the trade's own terms, the sellers' liquidity is used,
+//! the ledger legs are posted and, when nothing remains, the order is MATCHED — or, when the
+//! call provably did not trade, the reservation is released. Both are conditional on the
+//! attempt's claim: an attempt whose claim was taken over (its process was presumed dead)
+//! writes nothing.
 //!
 //! Ledger legs per CONFIRMED match, reference `P2P_SETTLEMENT`/match id, `idem_key` NULL (seed
 //! 001: P2P legs legitimately repeat, so they stay out of the keyed set): the buyer's partner
@@ -41,12 +43,24 @@ pub(crate) enum Settled {
     ClaimLost,
 }
 
+/// RESERVED → TRADING with `quote`, in a statement of its own (autocommit), before createTrade
+/// is sent; false when the claim was taken over meanwhile (the reaper released the
+/// reservation): then nothing may be sent.
+pub(crate) async fn mark_trading(
+    outbox: &Outbox,
+    fill: &Fill,
+    quote: &Quote,
+) -> Result<bool, MatchError> {
+    let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
+    let mut conn = outbox.pool().acquire().await?;
+    matches::mark_trading(&mut conn, &ids, &quote.quote_id, quote.rate, quote.fee).await
+}
+
 #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id, trade_id = %trade.trade_id))]
 pub(crate) async fn settle(
     outbox: &Outbox,
     claim: &Claim,
     fill: &Fill,
-    quote: &Quote,
     trade: &Trade,
     clock: &Clock,
     correlation_id: Uuid,
@@ -60,7 +74,7 @@ pub(crate) async fn settle(
         }
     };
     // An error drops the transaction, which rolls it back.
-    let remaining = confirm_fill(&mut uow, fill, order.remaining_amount, quote, trade).await?;
+    let remaining = confirm_fill(&mut uow, fill, order.remaining_amount, trade).await?;
 
     let settled = if remaining.is_zero() {
         deposit_order::close(
@@ -86,8 +100,9 @@ pub(crate) async fn settle(
 }
 
 /// The fill's writes once traded, in the caller's transaction (which holds the deposit order):
-/// the ledger legs, its RESERVED matches CONFIRMED with the trade, the sellers' reservations
-/// used (in id order), the order's remaining and fee. Returns what remains of the order.
+/// the ledger legs, its TRADING matches CONFIRMED with the trade and its terms, the sellers'
+/// reservations used (in id order), the order's remaining and fee. Returns what remains of
+/// the order.
 ///
 /// The legs go first: their gate rows serialise every settlement of one partner, and a
 /// settlement queued at a gate while holding its sellers would make concurrent reserves skip
@@ -97,7 +112,6 @@ pub(crate) async fn confirm_fill(
     conn: &mut MySqlConnection,
     fill: &Fill,
     order_remaining: Amount,
-    quote: &Quote,
     trade: &Trade,
 ) -> Result<Amount, MatchError> {
     let id = fill.deposit_order_id;
@@ -110,7 +124,7 @@ pub(crate) async fn confirm_fill(
                 fill.total
             ))
         })?;
-    post_legs(conn, fill, quote.fee).await?;
+    post_legs(conn, fill, trade.fee).await?;
     let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
     let first = ids.first().copied().unwrap_or_default();
     let sellers: Vec<u64> = fill.matches.iter().map(|m| m.withdraw_order_id).collect();
@@ -119,13 +133,13 @@ pub(crate) async fn confirm_fill(
         "UPDATE p2p_matches \
          SET status = 'CONFIRMED', confirmed_at = NOW(6), rate = ?, external_trade_id = ?, \
              fee = IF(id = ?, ?, 0) \
-         WHERE id IN ({}) AND status = 'RESERVED'",
+         WHERE id IN ({}) AND status = 'TRADING'",
         db::placeholders(ids.len())
     )))
-    .bind(quote.rate)
+    .bind(trade.rate)
     .bind(trade.trade_id.trim())
     .bind(first)
-    .bind(quote.fee);
+    .bind(trade.fee);
     let confirmed = ids
         .iter()
         .fold(confirm, |query, id| query.bind(*id))
@@ -136,7 +150,7 @@ pub(crate) async fn confirm_fill(
         // The caller holds the order, so nobody else can have released its reservations:
         // this is not a race.
         return Err(MatchError::inconsistent(format!(
-            "deposit order {id}: {confirmed} of {} reserved matches still RESERVED at settle",
+            "deposit order {id}: {confirmed} of {} matches of the fill still TRADING at settle",
             ids.len()
         )));
     }
@@ -150,7 +164,7 @@ pub(crate) async fn confirm_fill(
          SET remaining_amount = ?, fee_amount = fee_amount + ? WHERE id = ?",
     )
     .bind(remaining)
-    .bind(quote.fee)
+    .bind(trade.fee)
     .bind(id)
     .execute(&mut *conn)
     .await?;
@@ -209,8 +223,9 @@ async fn post_legs(conn: &mut MySqlConnection, fill: &Fill, fee: Amount) -> Resu
     Ok(())
 }
 
-/// The trade failed: the fill's reservations go back to the sellers (if the claim still holds;
-/// otherwise whoever took the order over released them already).
+/// The fill provably did not trade (getQuote failed: its matches are RESERVED; createTrade
+/// was definitively refused: TRADING): its reservations go back to the sellers, if the claim
+/// still holds (otherwise whoever took the order over owns them now).
 #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id))]
 pub(crate) async fn release(
     outbox: &Outbox,
@@ -227,7 +242,12 @@ pub(crate) async fn release(
         }
     }
     let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
-    let released = matches::release(&mut uow, Held::Matches(&ids), reason).await?;
+    let held = if reason == ReleaseReason::TradeRefused {
+        Held::Refused(&ids)
+    } else {
+        Held::Matches(&ids)
+    };
+    let released = matches::release(&mut uow, held, reason).await?;
     uow.commit().await?;
     Ok(released)
 }

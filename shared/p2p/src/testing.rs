@@ -32,7 +32,7 @@ use crate::{
     config::{CANDIDATES, DEFAULT_ORDER_TTL},
     deposit_order::{self, CloseReason, Closer, Inserted, NewDepositOrder},
     matches::{self, Reserved},
-    quote::{Call, IDEMPOTENCY_KEY, QuoteClient, TradeRequest},
+    quote::{Call, IDEMPOTENCY_KEY, QuoteClient, QuoteRequest, TradeRequest},
     reserve::Fill,
     settle,
 };
@@ -129,8 +129,12 @@ pub async fn assert_audit_clean(pool: &MySqlPool) {
 pub struct StubTrade {
     pub trade_id: String,
     pub amount: Amount,
+    pub currency: String,
+    pub reference: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
     /// `createTrade` requests that carried its key (a retry of the same fill is one more).
     pub requests: u32,
+    seq: u64,
 }
 
 /// One call the stub received: which, for which order (`reference`), and when it arrived and
@@ -157,8 +161,33 @@ struct Book {
     quotes: u64,
     trade_requests: u64,
     trades: BTreeMap<String, StubTrade>,
+    next_seq: u64,
     failing_quotes: u32,
+    failing_trades: u32,
     refused_trades: u32,
+}
+
+impl Book {
+    /// Records a trade under `key` (or returns the one already there).
+    fn trade(
+        &mut self,
+        key: String,
+        amount: Amount,
+        currency: &str,
+        reference: &str,
+    ) -> &mut StubTrade {
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        self.trades.entry(key).or_insert_with(|| StubTrade {
+            trade_id: format!("t-{seq}"),
+            amount,
+            currency: currency.to_owned(),
+            reference: reference.to_owned(),
+            created_at: chrono::Utc::now(),
+            requests: 0,
+            seq,
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -177,6 +206,10 @@ impl Shared {
 
 struct Quotes(Shared);
 struct Trades(Shared);
+struct TradeListing(Shared);
+
+/// The stub's fixed rate.
+const RATE: &str = "1391.5";
 
 /// Records the call's arrival and when it will be answered.
 fn log_call(book: &mut Book, call: Call, request: &Request, delay: Duration) {
@@ -192,17 +225,18 @@ fn log_call(book: &mut Book, call: Call, request: &Request, delay: Duration) {
     });
 }
 
-/// The `amount` of a request body (zero when it has none).
-fn amount_of(request: &Request) -> Amount {
+/// A string field of a request body ("" when absent).
+fn field(request: &Request, name: &str) -> String {
     request
         .body_json::<serde_json::Value>()
         .ok()
-        .and_then(|body| {
-            body["amount"]
-                .as_str()
-                .and_then(|a| a.parse::<Amount>().ok())
-        })
-        .unwrap_or(Amount::ZERO)
+        .and_then(|body| body[name].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The `amount` of a request body (zero when it has none).
+fn amount_of(request: &Request) -> Amount {
+    field(request, "amount").parse().unwrap_or(Amount::ZERO)
 }
 
 impl Respond for Quotes {
@@ -222,7 +256,7 @@ impl Respond for Quotes {
         ResponseTemplate::new(200)
             .set_body_json(serde_json::json!({
                 "quote_id": format!("q-{n}"),
-                "rate": "1391.5",
+                "rate": RATE,
                 "fee": self.0.fee.min(amount),
             }))
             .set_delay(delay)
@@ -230,15 +264,23 @@ impl Respond for Quotes {
 }
 
 impl Respond for Trades {
+    /// Trades as soon as the request arrives; the delay comes before the answer, so a delay
+    /// longer than the client's timeout is a service that traded and then answered late.
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let delay = Duration::from_millis(self.0.trade_delay_ms.load(Ordering::SeqCst));
         let mut book = self.0.book();
         log_call(&mut book, Call::CreateTrade, request, delay);
         book.trade_requests += 1;
-        if book.refused_trades > 0 {
-            book.refused_trades -= 1;
+        if book.failing_trades > 0 {
+            book.failing_trades -= 1;
             return ResponseTemplate::new(500)
                 .set_body_string("trade engine error")
+                .set_delay(delay);
+        }
+        if book.refused_trades > 0 {
+            book.refused_trades -= 1;
+            return ResponseTemplate::new(422)
+                .set_body_string("quote expired")
                 .set_delay(delay);
         }
         let Some(key) = request
@@ -250,27 +292,96 @@ impl Respond for Trades {
             return ResponseTemplate::new(400).set_body_string("Idempotency-Key is required");
         };
         let amount = amount_of(request);
-        let next = book.trades.len() + 1;
-        let trade = book.trades.entry(key).or_insert_with(|| StubTrade {
-            trade_id: format!("t-{next}"),
+        let fee = self.0.fee.min(amount);
+        let trade = book.trade(
+            key,
             amount,
-            requests: 0,
-        });
+            &field(request, "currency"),
+            &field(request, "reference"),
+        );
         trade.requests += 1;
         // An idempotent API: the same key is the same trade; reused for another amount, refused.
         if trade.amount != amount {
-            return ResponseTemplate::new(422)
+            return ResponseTemplate::new(409)
                 .set_body_string("idempotency key reused with another amount")
                 .set_delay(delay);
         }
         ResponseTemplate::new(200)
-            .set_body_json(serde_json::json!({ "trade_id": trade.trade_id }))
+            .set_body_json(serde_json::json!({
+                "trade_id": trade.trade_id,
+                "amount": trade.amount,
+                "rate": RATE,
+                "fee": fee,
+            }))
             .set_delay(delay)
     }
 }
 
-/// The quote service as a real HTTP server (the seeds' TORQ): `POST /v1/quotes` and
-/// `POST /v1/trades`, idempotent by key, with adjustable delays and failures.
+impl Respond for TradeListing {
+    /// `GET /v1/trades?idempotency_key=…` or `?created_since=…&created_before=…[&after=…][&limit=…]`.
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let query: BTreeMap<String, String> = request.url.query_pairs().into_owned().collect();
+        let time = |name: &str| {
+            query
+                .get(name)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&chrono::Utc))
+        };
+        let book = self.0.book();
+        let mut trades: Vec<(&String, &StubTrade)> = match query.get("idempotency_key") {
+            Some(key) => book.trades.get_key_value(key).into_iter().collect(),
+            None => {
+                let (Some(since), Some(before)) = (time("created_since"), time("created_before"))
+                else {
+                    return ResponseTemplate::new(400)
+                        .set_body_string("created_since and created_before are required");
+                };
+                let after = query
+                    .get("after")
+                    .and_then(|id| book.trades.values().find(|t| &t.trade_id == id))
+                    .map_or(0, |t| t.seq);
+                book.trades
+                    .iter()
+                    .filter(|(_, t)| {
+                        t.created_at >= since && t.created_at < before && t.seq > after
+                    })
+                    .collect()
+            }
+        };
+        trades.sort_by_key(|(_, t)| t.seq);
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(500_usize);
+        let more = trades.len() > limit;
+        trades.truncate(limit);
+        let next_after = trades
+            .last()
+            .filter(|_| more)
+            .map(|(_, t)| t.trade_id.clone());
+        let trades: Vec<serde_json::Value> = trades
+            .into_iter()
+            .map(|(key, t)| {
+                serde_json::json!({
+                    "trade_id": t.trade_id,
+                    "idempotency_key": key,
+                    "reference": t.reference,
+                    "currency": t.currency,
+                    "amount": t.amount,
+                    "rate": RATE,
+                    "fee": self.0.fee.min(t.amount),
+                    "created_at": t.created_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                })
+            })
+            .collect();
+        ResponseTemplate::new(200)
+            .set_body_json(serde_json::json!({ "trades": trades, "next_after": next_after }))
+    }
+}
+
+/// The quote service as a real HTTP server (the seeds' TORQ) with the contract in
+/// [`crate::quote`]: `POST /v1/quotes`, `POST /v1/trades` (idempotent by key) and
+/// `GET /v1/trades`, with adjustable delays and failures.
 pub struct QuoteStub {
     server: MockServer,
     shared: Shared,
@@ -302,6 +413,11 @@ impl QuoteStub {
             .respond_with(Trades(shared.clone()))
             .mount(&server)
             .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/trades"))
+            .respond_with(TradeListing(shared.clone()))
+            .mount(&server)
+            .await;
         Self { server, shared }
     }
 
@@ -317,8 +433,15 @@ impl QuoteStub {
         }
     }
 
-    /// From now on, `createTrade` takes `delay` (e.g. longer than the client's timeout: a
-    /// hanging service).
+    /// A client of this stub.
+    pub fn client(&self) -> QuoteClient {
+        QuoteClient::new(&self.config())
+            .expect("a quote client")
+            .expect("the stub's URL is configured")
+    }
+
+    /// From now on, `createTrade` answers after `delay`, having traded at once: longer than
+    /// the client's timeout, it is the service that trades and then answers late.
     pub fn set_trade_delay(&self, delay: Duration) {
         let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         self.shared.trade_delay_ms.store(millis, Ordering::SeqCst);
@@ -329,9 +452,30 @@ impl QuoteStub {
         self.shared.book().failing_quotes = n;
     }
 
-    /// The next `n` `createTrade` calls answer 500 without trading.
+    /// The next `n` `createTrade` calls answer 500 without trading (the client cannot know:
+    /// an unknown outcome, resolved by asking again).
+    pub fn fail_next_trades(&self, n: u32) {
+        self.shared.book().failing_trades = n;
+    }
+
+    /// The next `n` `createTrade` calls are refused with 422 without trading (a definitive
+    /// refusal: not done).
     pub fn refuse_next_trades(&self, n: u32) {
         self.shared.book().refused_trades = n;
+    }
+
+    /// A trade the service made that paybus never asked for (reconciliation's orphan).
+    pub fn plant_trade(&self, key: &str, amount: &str, reference: &str) -> String {
+        self.shared
+            .book()
+            .trade(key.to_owned(), dec(amount), CURRENCY, reference)
+            .trade_id
+            .clone()
+    }
+
+    /// The service loses the trade made under `key` (reconciliation's missing trade).
+    pub fn forget_trade(&self, key: &str) -> Option<StubTrade> {
+        self.shared.book().trades.remove(key)
     }
 
     /// `getQuote` calls received so far.
@@ -430,14 +574,28 @@ async fn seed_create_and_match(
         });
     }
     let reason = if left.is_zero() {
-        // ④ the external call, every lock above still held.
-        let (quote, trade) = quote
-            .trade(&TradeRequest {
+        // ④ the external calls, every lock above still held.
+        let reference = format!("p2p-deposit-{id}");
+        let priced = quote
+            .quote(&QuoteRequest {
                 currency: &new.currency,
                 amount: new.amount,
-                reference: format!("p2p-deposit-{id}"),
-                key: &trade_key,
+                reference: &reference,
             })
+            .await?;
+        let ids: Vec<u64> = reserved.iter().map(|m| m.match_id).collect();
+        matches::mark_trading(&mut tx, &ids, &priced.quote_id, priced.rate, priced.fee).await?;
+        let trade = quote
+            .create_trade(
+                &TradeRequest {
+                    quote_id: &priced.quote_id,
+                    currency: &new.currency,
+                    amount: new.amount,
+                    reference: &reference,
+                    key: &trade_key,
+                },
+                &priced,
+            )
             .await?;
         // ⑤ the matches.
         let fill = Fill {
@@ -447,8 +605,10 @@ async fn seed_create_and_match(
             matches: reserved,
             total: new.amount,
             trade_key,
+            sent: Some(priced),
+            trade_checks: 0,
         };
-        settle::confirm_fill(&mut tx, &fill, new.amount, &quote, &trade).await?;
+        settle::confirm_fill(&mut tx, &fill, new.amount, &trade).await?;
         CloseReason::Filled
     } else {
         CloseReason::NoLiquidity

@@ -112,6 +112,7 @@ pub static NOTIFICATIONS: WorkTable = WorkTable {
     last_error_max: 2000,
     lease: Lease::InPlace,
     republished_at: Some("republished_at"),
+    held_for_a_human: None,
 };
 
 /// One notification to create.
@@ -383,7 +384,7 @@ pub async fn defer(
 ) -> Result<Settled, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     NOTIFICATIONS
-        .defer(&mut conn, &claimed.claim, delay, clock)
+        .defer(&mut conn, &claimed.claim, delay, None, clock)
         .await
 }
 

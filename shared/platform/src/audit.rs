@@ -125,6 +125,28 @@ impl fmt::Debug for Check {
     }
 }
 
+/// The span an [`ExternalCheck`] compares: what happened in `[since, until)`, `until` being the
+/// instant of the caller's snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Period {
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+}
+
+/// An invariant between paybus's rows and a counterparty's own record of the same effects
+/// (W1: the fills paybus settled against the trades the quote service made). It needs a
+/// client, so it is an object built at start-up (a function contributes it), not a `fn`;
+/// the continuous auditor runs it in the same pass and snapshot as the SQL checks, over its
+/// window, and its findings go where theirs go.
+pub trait ExternalCheck: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// The violations among the effects of `period`, read in `conn`'s snapshot. A
+    /// counterparty that cannot be reached is not a violation: the check logs it and finds
+    /// nothing (the next pass looks again).
+    fn run<'c>(&'c self, conn: &'c mut MySqlConnection, period: Period) -> CheckFuture<'c>;
+}
+
 /// Typed findings as violations (for a check's `run`).
 pub fn violations<F: Finding>(findings: Vec<F>) -> Vec<Violation> {
     findings.into_iter().map(Violation::from).collect()

@@ -23,7 +23,7 @@ use sqlx::MySqlPool;
 
 use crate::{
     ConfigError,
-    audit::{self, Check, Violation, Window},
+    audit::{self, Check, ExternalCheck, Period, Violation, Window},
     bus::{
         metrics,
         sweeper::{Job, JobFuture, JobReport},
@@ -112,6 +112,7 @@ pub struct Pass {
 pub struct Auditor {
     pool: MySqlPool,
     checks: Arc<[Check]>,
+    external: Arc<[Arc<dyn ExternalCheck>]>,
     config: AuditorConfig,
 }
 
@@ -120,12 +121,19 @@ impl Auditor {
         Self {
             pool,
             checks: checks.into(),
+            external: Arc::new([]),
             config,
         }
     }
 
+    /// The same auditor, also comparing paybus with counterparties' records every pass.
+    pub fn with_external(mut self, checks: Vec<Arc<dyn ExternalCheck>>) -> Self {
+        self.external = checks.into();
+        self
+    }
+
     /// One pass over the window ending now (the database's clock).
-    #[tracing::instrument(skip_all, fields(checks = self.checks.len()))]
+    #[tracing::instrument(skip_all, fields(checks = self.checks.len(), external = self.external.len()))]
     pub async fn pass(&self) -> Result<Pass, sqlx::Error> {
         let started = std::time::Instant::now();
         let window = i64::try_from(self.config.window.as_micros()).unwrap_or(i64::MAX);
@@ -135,11 +143,18 @@ impl Auditor {
                 .bind(window)
                 .fetch_one(&mut *tx)
                 .await?;
-        let violations = audit::run_recent(&mut tx, &self.checks, Window { since }).await?;
+        let mut violations = audit::run_recent(&mut tx, &self.checks, Window { since }).await?;
+        for check in self.external.iter() {
+            let period = Period {
+                since,
+                until: started_at,
+            };
+            violations.extend(check.run(&mut tx, period).await?);
+        }
         tx.rollback().await?;
         let duration = started.elapsed();
 
-        let checks = u32::try_from(self.checks.len()).unwrap_or(u32::MAX);
+        let checks = u32::try_from(self.checks.len() + self.external.len()).unwrap_or(u32::MAX);
         let mut tx = self.pool.begin().await?;
         let id = sqlx::query(
             "INSERT INTO audit_passes \

@@ -26,6 +26,7 @@ use sqlx::MySqlConnection;
 
 use crate::{
     ConfigError, Settings,
+    audit::ExternalCheck,
     bus::{
         Envelope, Handler, Runner, Services, StartupError, lambda,
         runner::outbox_relay_job,
@@ -66,6 +67,13 @@ pub trait Function: Handler + Sized {
         Ok(Vec::new())
     }
 
+    /// Checks of this function's effects against a counterparty's own record (W1's fills
+    /// against the quote service's trades): run by the continuous auditor every pass and by
+    /// `paybus audit`.
+    fn external_checks(_services: &Services) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+        Ok(Vec::new())
+    }
+
     /// The retry kit's tables this function works (their due and stuck rows are metrics).
     const WORK_TABLES: &'static [&'static WorkTable] = &[];
 
@@ -86,6 +94,7 @@ pub trait Function: Handler + Sized {
 
 type AddTo = fn(&mut Runner) -> Result<(), BuildError>;
 type Jobs = fn(&Services) -> Result<Vec<Arc<dyn Job>>, BuildError>;
+type ExternalChecks = fn(&Services) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError>;
 
 /// One line of the catalog: everything the platform derives about one function.
 #[derive(Clone, Copy)]
@@ -95,6 +104,7 @@ pub struct FunctionEntry {
     pub queue: FunctionQueue,
     add_to: AddTo,
     jobs: Jobs,
+    external_checks: ExternalChecks,
     triage: TriageFn,
     /// The retry kit's tables the function works.
     pub work_tables: &'static [&'static WorkTable],
@@ -119,6 +129,7 @@ impl FunctionEntry {
             },
             add_to: add_to::<F>,
             jobs: F::jobs,
+            external_checks: F::external_checks,
             triage: triage_body::<F>,
             work_tables: F::WORK_TABLES,
         }
@@ -137,6 +148,14 @@ impl FunctionEntry {
     /// The function's maintenance jobs.
     pub fn jobs(&self, services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
         (self.jobs)(services)
+    }
+
+    /// The function's checks against counterparties.
+    pub fn external_checks(
+        &self,
+        services: &Services,
+    ) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+        (self.external_checks)(services)
     }
 }
 

@@ -6,7 +6,9 @@
 //! and `requeued` = retried, `failed` / `dead_lettered` / `malformed` = dead-lettered, and a
 //! function's own labels such as `deferred`), `paybus_handler_seconds{function}` (a
 //! histogram of handler latency), `paybus_audit_violations_total{check}` and the last audit
-//! pass; plus gauges the caller reads from the database at scrape time ([`Gauges`]).
+//! pass, `paybus_external_calls_total{call,outcome}` (every call with a side effect elsewhere,
+//! by what it is known to have done: `done`, `not_done`, `unknown`); plus gauges the caller
+//! reads from the database at scrape time ([`Gauges`]).
 
 use std::{
     collections::BTreeMap,
@@ -97,6 +99,7 @@ struct Exported {
     audit_last_violations: Gauge,
     audit_last_seconds: Gauge<f64, AtomicU64>,
     audit_passes: Counter,
+    external_calls: Family<Labels, Counter>,
 }
 
 fn exported() -> &'static Exported {
@@ -108,6 +111,7 @@ fn exported() -> &'static Exported {
         audit_last_violations: Gauge::default(),
         audit_last_seconds: Gauge::default(),
         audit_passes: Counter::default(),
+        external_calls: Family::default(),
     })
 }
 
@@ -127,6 +131,40 @@ pub fn record_audit_pass(violations: &[crate::audit::Violation], duration: Durat
     exported.audit_last_seconds.set(duration.as_secs_f64());
 }
 
+/// What a call with a side effect elsewhere (a trade at the quote service, a partner's
+/// webhook) is known to have done (principle 12): the one vocabulary every such call reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// The counterparty answered that it did it.
+    Done,
+    /// Provably not done: refused before anything was sent, or a definitive refusal.
+    NotDone,
+    /// It may or may not have happened (a timeout or reset after sending, a 5xx, an answer
+    /// that does not parse): whoever holds the work keeps it and asks again under the same key.
+    Unknown,
+}
+
+impl Effect {
+    pub fn label(self) -> &'static str {
+        match self {
+            Effect::Done => "done",
+            Effect::NotDone => "not_done",
+            Effect::Unknown => "unknown",
+        }
+    }
+}
+
+/// Counts one external call (`call`: the counterparty's operation, e.g. `createTrade`).
+pub fn record_external_call(call: &str, effect: Effect) {
+    exported()
+        .external_calls
+        .get_or_create(&vec![
+            ("call".to_owned(), call.to_owned()),
+            ("outcome".to_owned(), effect.label().to_owned()),
+        ])
+        .inc();
+}
+
 /// Figures read from the database at scrape time (the same in every process).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Gauges {
@@ -138,6 +176,8 @@ pub struct Gauges {
     /// Per work table: rows due for a retry now, and rows stuck (see `retry::WorkTable::stuck`).
     pub due_retries: Vec<(String, u64)>,
     pub stuck_rows: Vec<(String, u64)>,
+    /// Per work table with such a status: rows parked for a human (W1's IN_DOUBT).
+    pub held_for_a_human: Vec<(String, u64)>,
 }
 
 /// Everything in the Prometheus text format (OpenMetrics 1.0), `gauges` included.
@@ -174,6 +214,11 @@ pub fn encode(gauges: &Gauges) -> String {
         "Duration of this process's last auditor pass",
         exported.audit_last_seconds.clone(),
     );
+    registry.register(
+        "external_calls",
+        "Calls with a side effect elsewhere, by call and what they are known to have done",
+        exported.external_calls.clone(),
+    );
     let backlog: Gauge = Gauge::default();
     backlog.set(i64::try_from(gauges.outbox_backlog).unwrap_or(i64::MAX));
     registry.register(
@@ -206,6 +251,12 @@ pub fn encode(gauges: &Gauges) -> String {
             "Rows overdue or claimed for too long, by work table",
             "table",
             &gauges.stuck_rows,
+        ),
+        (
+            "rows_held_for_a_human",
+            "Rows parked until ops act (e.g. a trade in doubt), by work table",
+            "table",
+            &gauges.held_for_a_human,
         ),
     ] {
         let family: Family<Labels, Gauge> = Family::default();
@@ -265,6 +316,9 @@ pub async fn read_gauges(
             table.table.to_owned(),
             table.count_stuck(&mut conn, STUCK_AFTER).await?,
         ));
+        if let Some(held) = table.count_held_for_a_human(&mut conn).await? {
+            gauges.held_for_a_human.push((table.table.to_owned(), held));
+        }
     }
     Ok(gauges)
 }

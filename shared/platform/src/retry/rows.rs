@@ -95,6 +95,9 @@ pub struct WorkTable {
     /// sweep stamps it when it re-publishes. Rows are inserted with it set (`DEFAULT
     /// CURRENT_TIMESTAMP(6)`): the transition that created the row sent its first message.
     pub republished_at: Option<&'static str>,
+    /// A status rows are parked in, neither due nor failed, until ops act on them (W1's
+    /// IN_DOUBT: a trade may exist at the counterparty). Counted in `/metrics`.
+    pub held_for_a_human: Option<&'static str>,
 }
 
 /// A row this attempt holds.
@@ -432,6 +435,24 @@ impl WorkTable {
         Ok(u64::try_from(query.fetch_one(conn).await?).unwrap_or(0))
     }
 
+    /// Rows in the [`WorkTable::held_for_a_human`] status; `None` when the table has none.
+    pub async fn count_held_for_a_human(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let Some(held) = self.held_for_a_human else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE {} = '{held}'",
+            self.table, self.status
+        );
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(conn)
+            .await?;
+        Ok(Some(u64::try_from(count).unwrap_or(0)))
+    }
+
     pub async fn describe(
         &self,
         conn: &mut MySqlConnection,
@@ -499,17 +520,23 @@ impl WorkTable {
         Ok(Settled::from_rows(rows))
     }
 
-    /// Hands the claim back unattempted: due again after `delay`, without counting an attempt
-    /// (the work was not tried: its partner's breaker is open, or its in-flight bound is
-    /// reached). Armed for the due sweep.
+    /// Hands the claim back without counting an attempt: due again after `delay` (the work
+    /// was not tried — its partner's breaker is open, its in-flight bound is reached — or it
+    /// waits on something that is not a failure: W1's candidates held by other matchers for a
+    /// moment, a trade whose outcome is still unknown). `note`, when given, becomes
+    /// `last_error`, so the row says why it waits. Armed for the due sweep.
     pub async fn defer(
         &self,
         conn: &mut MySqlConnection,
         claim: &Claim,
         delay: Duration,
+        note: Option<&str>,
         clock: &Clock,
     ) -> Result<Settled, sqlx::Error> {
         let mut set = format!("{} = {NOW} + INTERVAL ? MICROSECOND", self.next_attempt_at);
+        if note.is_some() {
+            let _ = write!(set, ", {} = ?", self.last_error);
+        }
         if self.count == AttemptCount::OnClaim {
             let _ = write!(set, ", {a} = {a} - 1", a = self.attempts);
         }
@@ -523,9 +550,12 @@ impl WorkTable {
         if let Some(marker) = self.republished_at {
             let _ = write!(set, ", {marker} = NULL");
         }
-        let query = sqlx::query(AssertSqlSafe(self.guarded_update(&set)))
+        let mut query = sqlx::query(AssertSqlSafe(self.guarded_update(&set)))
             .bind(clock.sql_now())
             .bind(micros(delay));
+        if let Some(note) = note {
+            query = query.bind(self.bounded(note));
+        }
         let rows = self
             .bind_guard(query, claim)
             .execute(conn)

@@ -1,0 +1,445 @@
+//! Reconciliation with the quote service: the trades it made against the fills paybus
+//! settled, both ways (principle 12: paybus reconciles its settled effects with the
+//! counterparty's record). Run by the continuous auditor every pass over its window (an
+//! [`ExternalCheck`], incremental: each pass lists only the trades created since the last,
+//! with an overlap), and by `paybus reconcile quotes [--since]` on demand.
+//!
+//! | finding | what it means |
+//! | --- | --- |
+//! | `p2p_orphan_trade` | the quote service made a trade under a paybus key that has no settled fill and no fill in doubt: money moved at the counterparty without a trace in paybus |
+//! | `p2p_missing_trade` | a fill paybus settled (CONFIRMED) whose trade the quote service does not have |
+//! | `p2p_trade_mismatch` | both have it, but not the same (another trade id, another amount) |
+//!
+//! Fills in doubt (TRADING: createTrade's outcome unknown) are listed apart, with whether the
+//! service has their trade: they are known and being resolved, not violations.
+//!
+//! Why one snapshot suffices: a fill is marked TRADING, committed, *before* its createTrade is
+//! sent, so every trade the service made before the snapshot has its fill TRADING or beyond in
+//! it. Only trades created before the period's end minus [`CLOCK_SKEW`] are judged, so the
+//! service's clock may run a little ahead of the database's.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    sync::Mutex,
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use paybus_money::Amount;
+use paybus_platform::{
+    audit::{self, CheckFuture, ExternalCheck, Finding as _, Period},
+    db,
+};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, MySqlConnection};
+
+use crate::quote::{QuoteClient, QuoteError, TradeRecord};
+
+/// How far the quote service's clock may run ahead of the database's.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(30);
+/// Trades are listed from this long before the period, so a fill settled in the period whose
+/// trade was made just before it is found in the listing rather than asked for one by one.
+const LOOKBACK: Duration = Duration::from_secs(10 * 60);
+/// An incremental pass lists again this much of what the last one listed.
+const OVERLAP: Duration = Duration::from_secs(2 * 60);
+/// Keys per `IN (...)` read.
+const CHUNK: usize = 500;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Quote(#[from] QuoteError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// A broken agreement between paybus and the quote service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "check", rename_all = "snake_case")]
+pub enum Discrepancy {
+    /// A trade with no settled fill and no fill in doubt in paybus.
+    OrphanTrade {
+        trade_id: String,
+        trade_key: String,
+        amount: Amount,
+        currency: String,
+        created_at: DateTime<Utc>,
+        /// What paybus has under the key: `no match`, `RELEASED`, `RESERVED`.
+        in_paybus: String,
+    },
+    /// A CONFIRMED fill whose trade the service does not have.
+    MissingTrade {
+        trade_key: String,
+        trade_id: String,
+        deposit_order_id: u64,
+        amount: Amount,
+        confirmed_at: DateTime<Utc>,
+    },
+    /// A settled fill and the service's trade under the same key disagree.
+    TradeMismatch {
+        trade_key: String,
+        deposit_order_id: u64,
+        paybus_trade_id: String,
+        paybus_amount: Amount,
+        service_trade_id: String,
+        service_amount: Amount,
+    },
+}
+
+impl audit::Finding for Discrepancy {
+    fn check(&self) -> &'static str {
+        match self {
+            Discrepancy::OrphanTrade { .. } => "p2p_orphan_trade",
+            Discrepancy::MissingTrade { .. } => "p2p_missing_trade",
+            Discrepancy::TradeMismatch { .. } => "p2p_trade_mismatch",
+        }
+    }
+}
+
+impl fmt::Display for Discrepancy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.check())?;
+        match self {
+            Discrepancy::OrphanTrade {
+                trade_id,
+                trade_key,
+                amount,
+                currency,
+                in_paybus,
+                ..
+            } => write!(
+                f,
+                "the quote service has trade {trade_id} for {amount} {currency} under key \
+                 {trade_key}, which paybus never settled ({in_paybus})"
+            ),
+            Discrepancy::MissingTrade {
+                trade_key,
+                trade_id,
+                deposit_order_id,
+                amount,
+                ..
+            } => write!(
+                f,
+                "paybus settled fill {trade_key} of deposit order {deposit_order_id} ({amount}) \
+                 as trade {trade_id}, which the quote service does not have"
+            ),
+            Discrepancy::TradeMismatch {
+                trade_key,
+                deposit_order_id,
+                paybus_trade_id,
+                paybus_amount,
+                service_trade_id,
+                service_amount,
+            } => write!(
+                f,
+                "fill {trade_key} of deposit order {deposit_order_id}: paybus settled trade \
+                 {paybus_trade_id} for {paybus_amount}, the quote service has trade \
+                 {service_trade_id} for {service_amount}"
+            ),
+        }
+    }
+}
+
+/// A fill whose createTrade outcome is unknown, as reconciliation sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FillInDoubt {
+    pub trade_key: String,
+    pub deposit_order_id: u64,
+    pub order_status: String,
+    pub amount: Amount,
+    pub sent_at: DateTime<Utc>,
+    pub checks: u32,
+    /// The service's trade under the key, when it has one (the next check settles it).
+    pub service_trade_id: Option<String>,
+}
+
+/// What one reconciliation found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reconciliation {
+    /// The service's trades judged were created in `[since, judged_until)`.
+    pub since: DateTime<Utc>,
+    pub judged_until: DateTime<Utc>,
+    pub trades_listed: usize,
+    pub fills_settled: usize,
+    pub discrepancies: Vec<Discrepancy>,
+    pub in_doubt: Vec<FillInDoubt>,
+}
+
+impl Reconciliation {
+    pub fn is_clean(&self) -> bool {
+        self.discrepancies.is_empty()
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct FillRow {
+    trade_key: String,
+    status: String,
+    amount: Amount,
+    trade_id: Option<String>,
+    deposit_order_id: u64,
+}
+
+#[derive(sqlx::FromRow)]
+struct SettledRow {
+    trade_key: String,
+    trade_id: String,
+    amount: Amount,
+    deposit_order_id: u64,
+    confirmed_at: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct DoubtRow {
+    trade_key: String,
+    deposit_order_id: u64,
+    order_status: String,
+    amount: Amount,
+    sent_at: DateTime<Utc>,
+    checks: u32,
+}
+
+/// Compares the quote service's trades created in `[since, until − CLOCK_SKEW)` with paybus's
+/// fills read in `conn` (one snapshot: open a transaction), and the fills settled in
+/// `[since, until)` with the service's trades.
+pub async fn reconcile(
+    conn: &mut MySqlConnection,
+    client: &QuoteClient,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<Reconciliation, ReconcileError> {
+    let judged_until = until - skew();
+    let listed_since = since - chrono::Duration::from_std(LOOKBACK).unwrap_or_default();
+    let trades = if judged_until > listed_since {
+        client.trades_created(listed_since, judged_until).await?
+    } else {
+        Vec::new()
+    };
+    let by_key: BTreeMap<&str, &TradeRecord> = trades
+        .iter()
+        .map(|t| (t.idempotency_key.as_str(), t))
+        .collect();
+    let fills = fills_by_key(conn, by_key.keys().copied()).await?;
+
+    let mut discrepancies = Vec::new();
+    for trade in trades.iter().filter(|t| t.created_at >= since) {
+        let rows = fills.get(trade.idempotency_key.as_str());
+        let of = |status: &str| -> Vec<&FillRow> {
+            rows.into_iter()
+                .flatten()
+                .filter(|r| r.status == status)
+                .collect()
+        };
+        let confirmed = of("CONFIRMED");
+        if let Some(first) = confirmed.first() {
+            let amount = sum(confirmed.iter().map(|r| r.amount));
+            let trade_id = first.trade_id.clone().unwrap_or_default();
+            if trade_id != trade.trade_id || amount != trade.amount {
+                discrepancies.push(Discrepancy::TradeMismatch {
+                    trade_key: trade.idempotency_key.clone(),
+                    deposit_order_id: first.deposit_order_id,
+                    paybus_trade_id: trade_id,
+                    paybus_amount: amount,
+                    service_trade_id: trade.trade_id.clone(),
+                    service_amount: trade.amount,
+                });
+            }
+            continue;
+        }
+        if !of("TRADING").is_empty() {
+            continue;
+        }
+        let in_paybus = rows
+            .and_then(|rows| rows.first())
+            .map_or_else(|| "no match".to_owned(), |r| r.status.clone());
+        discrepancies.push(Discrepancy::OrphanTrade {
+            trade_id: trade.trade_id.clone(),
+            trade_key: trade.idempotency_key.clone(),
+            amount: trade.amount,
+            currency: trade.currency.clone(),
+            created_at: trade.created_at,
+            in_paybus,
+        });
+    }
+
+    let settled: Vec<SettledRow> = sqlx::query_as(
+        "SELECT trade_key, MIN(external_trade_id) AS trade_id, SUM(amount) AS amount, \
+                MIN(deposit_order_id) AS deposit_order_id, MAX(confirmed_at) AS confirmed_at \
+         FROM p2p_matches \
+         WHERE status = 'CONFIRMED' AND confirmed_at >= ? AND confirmed_at < ? \
+         GROUP BY trade_key ORDER BY trade_key",
+    )
+    .bind(since)
+    .bind(until)
+    .fetch_all(&mut *conn)
+    .await?;
+    for fill in &settled {
+        let service = match by_key.get(fill.trade_key.as_str()) {
+            Some(trade) => Some((*trade).clone()),
+            // Traded before the listing's start (a fill in doubt for long): ask for it.
+            None => client.trade_by_key(&fill.trade_key).await?,
+        };
+        match service {
+            None => discrepancies.push(Discrepancy::MissingTrade {
+                trade_key: fill.trade_key.clone(),
+                trade_id: fill.trade_id.clone(),
+                deposit_order_id: fill.deposit_order_id,
+                amount: fill.amount,
+                confirmed_at: fill.confirmed_at,
+            }),
+            // Judged from the service's side above when it is in the judged listing.
+            Some(trade)
+                if by_key.contains_key(fill.trade_key.as_str()) && trade.created_at >= since => {}
+            Some(trade) if trade.trade_id != fill.trade_id || trade.amount != fill.amount => {
+                discrepancies.push(Discrepancy::TradeMismatch {
+                    trade_key: fill.trade_key.clone(),
+                    deposit_order_id: fill.deposit_order_id,
+                    paybus_trade_id: fill.trade_id.clone(),
+                    paybus_amount: fill.amount,
+                    service_trade_id: trade.trade_id,
+                    service_amount: trade.amount,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+
+    let doubts: Vec<DoubtRow> = sqlx::query_as(
+        "SELECT m.trade_key, m.deposit_order_id, d.status AS order_status, \
+                SUM(m.amount) AS amount, MIN(m.trade_sent_at) AS sent_at, \
+                MAX(m.trade_checks) AS checks \
+         FROM p2p_matches m JOIN p2p_deposit_orders d ON d.id = m.deposit_order_id \
+         WHERE m.status = 'TRADING' \
+         GROUP BY m.trade_key, m.deposit_order_id, d.status ORDER BY m.deposit_order_id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut in_doubt = Vec::with_capacity(doubts.len());
+    for doubt in doubts {
+        let service_trade_id = match by_key.get(doubt.trade_key.as_str()) {
+            Some(trade) => Some(trade.trade_id.clone()),
+            None => client
+                .trade_by_key(&doubt.trade_key)
+                .await?
+                .map(|t| t.trade_id),
+        };
+        in_doubt.push(FillInDoubt {
+            trade_key: doubt.trade_key,
+            deposit_order_id: doubt.deposit_order_id,
+            order_status: doubt.order_status,
+            amount: doubt.amount,
+            sent_at: doubt.sent_at,
+            checks: doubt.checks,
+            service_trade_id,
+        });
+    }
+
+    Ok(Reconciliation {
+        since,
+        judged_until,
+        trades_listed: trades.len(),
+        fills_settled: settled.len(),
+        discrepancies,
+        in_doubt,
+    })
+}
+
+fn skew() -> chrono::Duration {
+    chrono::Duration::from_std(CLOCK_SKEW).unwrap_or_default()
+}
+
+fn sum(amounts: impl Iterator<Item = Amount>) -> Amount {
+    amounts.fold(Amount::ZERO, |total, a| {
+        total.checked_add(a).unwrap_or(total)
+    })
+}
+
+/// paybus's matches under each key, whatever their state.
+async fn fills_by_key<'k>(
+    conn: &mut MySqlConnection,
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<BTreeMap<String, Vec<FillRow>>, sqlx::Error> {
+    let keys: BTreeSet<&str> = keys.collect();
+    let keys: Vec<&str> = keys.into_iter().collect();
+    let mut fills: BTreeMap<String, Vec<FillRow>> = BTreeMap::new();
+    for chunk in keys.chunks(CHUNK) {
+        let rows: Vec<FillRow> = chunk
+            .iter()
+            .fold(
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT trade_key, status, SUM(amount) AS amount, \
+                            MIN(external_trade_id) AS trade_id, \
+                            MIN(deposit_order_id) AS deposit_order_id \
+                     FROM p2p_matches WHERE trade_key IN ({}) \
+                     GROUP BY trade_key, status ORDER BY trade_key, status",
+                    db::placeholders(chunk.len())
+                ))),
+                |query, key| query.bind(*key),
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+        for row in rows {
+            fills.entry(row.trade_key.clone()).or_default().push(row);
+        }
+    }
+    Ok(fills)
+}
+
+/// The continuous auditor's reconciliation (an [`ExternalCheck`]): each pass lists the trades
+/// created since the previous pass's end (with an overlap), or over the auditor's window on
+/// the first pass.
+pub struct QuoteReconciler {
+    client: QuoteClient,
+    listed_until: Mutex<Option<DateTime<Utc>>>,
+}
+
+impl QuoteReconciler {
+    pub fn new(client: QuoteClient) -> Self {
+        Self {
+            client,
+            listed_until: Mutex::new(None),
+        }
+    }
+
+    async fn pass(
+        &self,
+        conn: &mut MySqlConnection,
+        period: Period,
+    ) -> Result<Vec<audit::Violation>, ReconcileError> {
+        let last = *self
+            .listed_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let overlap = chrono::Duration::from_std(OVERLAP).unwrap_or_default();
+        let since = last.map_or(period.since, |last| period.since.max(last - overlap));
+        let found = reconcile(conn, &self.client, since, period.until).await?;
+        *self
+            .listed_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(found.judged_until);
+        Ok(audit::violations(found.discrepancies))
+    }
+}
+
+impl ExternalCheck for QuoteReconciler {
+    fn name(&self) -> &'static str {
+        "p2p_quote_trades"
+    }
+
+    fn run<'c>(&'c self, conn: &'c mut MySqlConnection, period: Period) -> CheckFuture<'c> {
+        Box::pin(async move {
+            match self.pass(conn, period).await {
+                Ok(violations) => Ok(violations),
+                Err(ReconcileError::Database(error)) => Err(error),
+                Err(ReconcileError::Quote(error)) => {
+                    tracing::warn!(
+                        error = %paybus_platform::telemetry::one_line(&error),
+                        "quote service reconciliation skipped this pass: the service did not answer"
+                    );
+                    Ok(Vec::new())
+                }
+            }
+        })
+    }
+}
