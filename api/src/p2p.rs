@@ -7,8 +7,15 @@
 //!   and matched inside the request — reserve, quote call with no lock held, settle — and the
 //!   answer carries the outcome (MATCHED, CANCELLED, or PENDING again with the attempt's
 //!   `last_error` when it will be retried by match-deposit).
-//! - **on**: the order is answered PENDING and `p2p.deposit_order.created` is published with it
-//!   (one transaction); match-deposit matches it.
+//! - **on**: `p2p.deposit_order.created` is published with the order (one transaction) and
+//!   match-deposit matches it; the answer is the order as it stands when the answer is
+//!   written — PENDING, or already MATCHING (or even MATCHED) when match-deposit was quicker
+//!   than the read. A client polls `GET …/{id}` (or waits for the webhook) for the outcome.
+//!
+//! `POST /v1/admin/p2p/deposit-orders/{id}/recheck` (ADMIN) is ops' answer to an IN_DOUBT
+//! order (createTrade's outcome stayed unknown after every check): PENDING, due now, so
+//! match-deposit asks the quote service once more under the fill's key; 409 when the order is
+//! not IN_DOUBT.
 //!
 //! A repeated `partner_order_ref` returns the order already created (200) instead of a second
 //! one. Partners have no credentials of their own in paybus yet: these routes sit in the admin
@@ -40,6 +47,7 @@ const PARTNER_ORDER_REF_MAX: usize = 64;
 #[openapi(paths(
     create_deposit_order,
     show_deposit_order,
+    recheck_deposit_order,
     create_withdraw_order,
     show_withdraw_order,
 ))]
@@ -49,6 +57,10 @@ pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/p2p/deposit-orders", post(create_deposit_order))
         .route("/v1/admin/p2p/deposit-orders/{id}", get(show_deposit_order))
+        .route(
+            "/v1/admin/p2p/deposit-orders/{id}/recheck",
+            post(recheck_deposit_order),
+        )
         .route("/v1/admin/p2p/withdraw-orders", post(create_withdraw_order))
         .route(
             "/v1/admin/p2p/withdraw-orders/{id}",
@@ -101,7 +113,7 @@ struct DepositOrderView {
     security(("admin_token" = [])),
     request_body = NewDepositOrderRequest,
     responses(
-        (status = 201, description = "The order with its matches: matched inside the request (switch off) or PENDING for match-deposit (switch on)", body = Object),
+        (status = 201, description = "The order with its matches: matched inside the request (switch off), or as it stands once handed to match-deposit (switch on: PENDING, or already MATCHING / MATCHED)", body = Object),
         (status = 200, description = "The order already created for this partner_order_ref", body = Object),
         crate::openapi::AdminErrors
     )
@@ -162,6 +174,38 @@ async fn show_deposit_order(
 ) -> Result<Json<DepositOrderView>, ApiError> {
     let id = path_id(id)?;
     Ok(Json(deposit_order_view(&state, id).await?))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/p2p/deposit-orders/{id}/recheck",
+    tag = "p2p",
+    security(("admin_token" = [])),
+    params(("id" = u64, Path, description = "The row's id (a positive integer)")),
+    responses(
+        (status = 200, description = "IN_DOUBT -> PENDING, due now: match-deposit asks the quote service again under the fill's key", body = Object),
+        crate::openapi::AdminErrors
+    )
+)]
+#[tracing::instrument(skip_all, fields(deposit_order_id))]
+async fn recheck_deposit_order(
+    State(state): State<AppState>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<DepositOrderView>, ApiError> {
+    let id = path_id(id)?;
+    tracing::Span::current().record("deposit_order_id", id);
+    if deposit_order::recheck(&state.pool, id).await? {
+        tracing::info!(
+            deposit_order_id = id,
+            "IN_DOUBT order re-armed: its trade is asked about again"
+        );
+        return Ok(Json(deposit_order_view(&state, id).await?));
+    }
+    let view = deposit_order_view(&state, id).await?;
+    Err(ApiError::Conflict(format!(
+        "deposit order {id} is {}, not IN_DOUBT: nothing changed",
+        view.order.status
+    )))
 }
 
 async fn deposit_order_view(state: &AppState, id: u64) -> Result<DepositOrderView, ApiError> {

@@ -293,3 +293,57 @@ async fn without_a_quote_service_inline_matching_is_refused_with_503() {
         0
     );
 }
+
+#[tokio::test]
+async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
+    let stub = QuoteStub::start().await;
+    let api = api(&stub, |config| {
+        config.async_matching_enabled = false;
+        config.matching.quote.timeout = Duration::from_millis(300);
+        // One unknown outcome is the bound: the inline attempt parks the order at once.
+        config.matching.trade_checks =
+            paybus_platform::retry::RetryPolicy::with_schedule(1, vec![Duration::from_secs(1)])
+                .unwrap();
+    })
+    .await;
+    let partner = market(&api).await;
+    // The quote service trades, then answers after the client's timeout.
+    stub.set_trade_delay(Duration::from_secs(2));
+
+    let answer = created(&api, DEPOSIT_ORDERS, order(partner, "40")).await;
+
+    assert_eq!(answer["status"], "IN_DOUBT", "{answer}");
+    assert_eq!(answer["close_reason"], Value::Null);
+    assert_eq!(answer["match_attempt_count"], 0);
+    assert_eq!(answer["matches"][0]["status"], "TRADING");
+    assert_eq!(answer["matches"][0]["trade_checks"], 1);
+    let id = answer["id"].as_u64().unwrap();
+    let key = format!("p2p-deposit-{id}-fill-1");
+    assert_eq!(answer["matches"][0]["trade_key"], key.as_str());
+    assert!(
+        answer["last_error"].as_str().unwrap().contains(&key),
+        "{answer}"
+    );
+
+    let recheck = format!("{DEPOSIT_ORDERS}/{id}/recheck");
+    let (status, again) = api.call(admin_post(&recheck, &json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["status"], "PENDING");
+    assert_eq!(again["matches"][0]["trade_checks"], 0);
+    let (status, refused) = api.call(admin_post(&recheck, &json!({}))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert!(
+        error_of(&refused).contains("PENDING, not IN_DOUBT"),
+        "{refused}"
+    );
+    let (status, missing) = api
+        .call(admin_post(
+            &format!("{DEPOSIT_ORDERS}/987654/recheck"),
+            &json!({}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+    // OPS may read it, not re-arm it.
+    let (status, _) = api.call(with_roles("POST", &recheck, &[Role::Ops])).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}

@@ -5,6 +5,7 @@ mod chaos;
 mod dead_letters;
 mod doctor;
 mod jobs;
+mod p2p;
 mod suspension;
 
 use std::process::ExitCode;
@@ -52,9 +53,20 @@ enum Command {
     Serve,
     /// Print the HTTP API's OpenAPI 3 document (shipped as api/openapi.json).
     Openapi,
-    /// Check every workflow's invariants (the ledger's, seed 001 §7, and more); exits non-zero
-    /// listing each violation.
-    Audit,
+    /// Check every workflow's invariants (the ledger's, seed 001 §7, and more), and paybus's
+    /// effects against counterparties' records (the quote service's trades) since `--since`;
+    /// exits non-zero listing each violation.
+    Audit {
+        /// How far back the counterparty checks look, e.g. `30m`, `24h`, `7d`.
+        #[arg(long, default_value = "24h", value_parser = parse_ttl)]
+        since: std::time::Duration,
+    },
+    /// P2P deposit orders (W1): ask the quote service again about one in doubt.
+    #[command(subcommand)]
+    P2p(p2p::P2pCommand),
+    /// Compare paybus's effects with a counterparty's own record.
+    #[command(subcommand)]
+    Reconcile(p2p::ReconcileCommand),
     /// Print the function catalog as the README's markdown table.
     Catalog,
     /// Charge-event bonus jobs (W3): list those waiting for a retry or for ops, show one, retry
@@ -122,7 +134,7 @@ fn parse_role(text: &str) -> Result<paybus_api::auth::Role, String> {
         .map_err(|_| format!("{text:?} is not a role: OPS or ADMIN"))
 }
 
-fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
     let (number, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len()),
@@ -160,7 +172,9 @@ async fn main() -> ExitCode {
         Command::Run => run(settings).await,
         Command::Serve => serve(settings).await,
         Command::Openapi => print_openapi(),
-        Command::Audit => run_audit(&settings).await,
+        Command::Audit { since } => run_audit(&settings, since).await,
+        Command::P2p(command) => p2p::run(&settings, command).await,
+        Command::Reconcile(command) => p2p::reconcile(&settings, command).await,
         Command::Catalog => {
             print!("{}", paybus_catalog::markdown_table());
             Ok(ExitCode::SUCCESS)
@@ -315,13 +329,28 @@ fn sign(body: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn run_audit(settings: &Settings) -> anyhow::Result<ExitCode> {
+async fn run_audit(settings: &Settings, since: std::time::Duration) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
+    let external = paybus_catalog::external_checks()?;
     // One snapshot for every check, so they agree with each other.
     let mut tx = pool.begin().await?;
-    let violations = audit::run(&mut tx, &paybus_catalog::audit_checks())
+    let (until, from): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT NOW(6), NOW(6) - INTERVAL ? MICROSECOND")
+            .bind(paybus_platform::retry::clock::micros(since))
+            .fetch_one(&mut *tx)
+            .await?;
+    let mut violations = audit::run(&mut tx, &paybus_catalog::audit_checks())
         .await
         .context("while running the audit")?;
+    for check in &external {
+        let period = audit::Period { since: from, until };
+        violations.extend(
+            check
+                .run(&mut tx, period)
+                .await
+                .with_context(|| format!("while running {}", check.name()))?,
+        );
+    }
     tx.rollback().await?;
     if violations.is_empty() {
         println!("audit: clean (no violations)");

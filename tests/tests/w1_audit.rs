@@ -147,3 +147,133 @@ async fn each_w1_check_catches_the_violation_planted_for_it() {
         "{text:#?}"
     );
 }
+
+/// A TRADING match (createTrade sent, outcome unknown) of `order` on `seller`, sent `ago`.
+async fn trading(pool: &MySqlPool, order: u64, seller: u64, ago: &'static str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO p2p_matches (deposit_order_id, withdraw_order_id, amount, trade_key, status, \
+         quote_id, rate, trade_sent_at) \
+         VALUES (?, ?, 5, CONCAT('p2p-deposit-', ?, '-fill-1'), 'TRADING', 'q-1', 1, \
+                 NOW(6) - INTERVAL {ago})"
+    )))
+    .bind(order)
+    .bind(seller)
+    .bind(order)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_in_doubt_check_catches_a_closed_order_a_silent_in_doubt_order_and_a_stalled_fill() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[]).await;
+    let stub = QuoteStub::start().await;
+    let buyer = testing::partner(&env.db, "buyer").await;
+    let seller_partner = testing::partner(&env.db, "seller").await;
+    let seller = testing::seller(&env.db, seller_partner, "100").await;
+    let matcher = Matcher::new(
+        services.outbox.clone(),
+        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+    )
+    .unwrap();
+    let order = |amount| {
+        let matcher = matcher.clone();
+        async move {
+            matcher
+                .create(&testing::buyer(buyer, amount), Handoff::Queued)
+                .await
+                .unwrap()
+                .id()
+        }
+    };
+    let in_doubt_checks = |found: Vec<audit::Violation>| {
+        let mut found: Vec<(&'static str, String)> = found
+            .into_iter()
+            .filter(|v| v.check.starts_with("p2p_in_doubt"))
+            .map(|v| (v.check, v.description))
+            .collect();
+        found.sort();
+        found
+    };
+
+    // An order closed while its fill is in doubt (a trade may exist for it).
+    let closed = order("5").await;
+    trading(&env.db, closed, seller, "1 MINUTE").await;
+    execute(
+        &env.db,
+        "UPDATE p2p_deposit_orders SET status = 'CANCELLED', closed_at = NOW(6), \
+         close_reason = 'NO_LIQUIDITY' WHERE id = ?",
+        closed,
+    )
+    .await;
+    // An order parked IN_DOUBT ten minutes ago that nobody was told about.
+    let silent = order("5").await;
+    trading(&env.db, silent, seller, "20 MINUTE").await;
+    execute(
+        &env.db,
+        "UPDATE p2p_deposit_orders SET status = 'IN_DOUBT', \
+         updated_at = NOW(6) - INTERVAL 10 MINUTE WHERE id = ?",
+        silent,
+    )
+    .await;
+    // A fill in doubt for two hours on an order nobody is asking about.
+    let stalled = order("5").await;
+    trading(&env.db, stalled, seller, "2 HOUR").await;
+    // A fill in doubt for a minute, being asked about: fine.
+    let fresh = order("5").await;
+    trading(&env.db, fresh, seller, "1 MINUTE").await;
+
+    let found = in_doubt_checks(w1_violations(&env.db).await);
+
+    let checks: Vec<&str> = found.iter().map(|(check, _)| *check).collect();
+    assert_eq!(
+        checks,
+        [
+            "p2p_in_doubt_on_closed_order",
+            "p2p_in_doubt_unattended",
+            "p2p_in_doubt_without_dead_letter",
+        ],
+        "{found:#?}"
+    );
+    let text = |check: &str| &found.iter().find(|(c, _)| *c == check).unwrap().1;
+    assert!(
+        text("p2p_in_doubt_on_closed_order").contains(&format!(
+            "deposit order {closed} is CANCELLED while its fill"
+        )),
+        "{found:#?}"
+    );
+    assert!(
+        text("p2p_in_doubt_unattended").contains(&format!("of deposit order {stalled} (PENDING)")),
+        "{found:#?}"
+    );
+    assert!(
+        text("p2p_in_doubt_without_dead_letter").contains(&format!("deposit order {silent} is")),
+        "{found:#?}"
+    );
+
+    // Its dead letter recorded, the IN_DOUBT order is accounted for.
+    let mut conn = env.db.acquire().await.unwrap();
+    let letter = paybus_platform::bus::Envelope::new(paybus_p2p::DepositOrderCreated {
+        deposit_order_id: silent,
+    })
+    .to_outgoing()
+    .unwrap();
+    paybus_platform::bus::dead_letter::record_unsent(
+        &mut conn,
+        paybus_p2p::FUNCTION,
+        &letter,
+        "trade in doubt",
+        10,
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    let found = in_doubt_checks(w1_violations(&env.db).await);
+    assert!(
+        found
+            .iter()
+            .all(|(check, _)| *check != "p2p_in_doubt_without_dead_letter"),
+        "{found:#?}"
+    );
+}

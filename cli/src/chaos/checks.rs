@@ -9,6 +9,7 @@ use std::{
 };
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
+use paybus_p2p::{reconcile, testing::QuoteStub};
 use paybus_platform::{audit, bus::Services, bus::topology};
 use serde::Serialize;
 use sqlx::MySqlPool;
@@ -35,12 +36,13 @@ pub(super) fn violation(check: &str, detail: impl Into<String>) -> Violation {
 /// Rows that are not terminal (each count must be 0 at quiescence), with the rule they break.
 const NOT_TERMINAL: &[(&str, &str)] = &[
     (
-        "W1 deposit orders PENDING or MATCHING",
-        "SELECT COUNT(*) FROM p2p_deposit_orders WHERE status IN ('PENDING', 'MATCHING')",
+        "W1 deposit orders PENDING, MATCHING or IN_DOUBT",
+        "SELECT COUNT(*) FROM p2p_deposit_orders \
+         WHERE status IN ('PENDING', 'MATCHING', 'IN_DOUBT')",
     ),
     (
-        "W1 matches still RESERVED",
-        "SELECT COUNT(*) FROM p2p_matches WHERE status = 'RESERVED'",
+        "W1 matches still RESERVED or TRADING (a trade in doubt)",
+        "SELECT COUNT(*) FROM p2p_matches WHERE status IN ('RESERVED', 'TRADING')",
     ),
     (
         "W2 withdrawals not CONFIRMED",
@@ -197,7 +199,8 @@ pub(super) async fn await_quiescence(
 const FAILED_ITEMS: &[(&str, &str)] = &[
     (
         "match-deposit",
-        "SELECT COUNT(*) FROM p2p_deposit_orders WHERE close_reason = 'MATCH_FAILED'",
+        "SELECT COUNT(*) FROM p2p_deposit_orders \
+         WHERE close_reason = 'MATCH_FAILED' OR status = 'IN_DOUBT'",
     ),
     (
         "deliver-webhook",
@@ -317,11 +320,46 @@ async fn other_dead_letters(pool: &MySqlPool) -> Result<Vec<Violation>, sqlx::Er
     Ok(violations)
 }
 
+/// W1's settled fills against the quote service's trades, over the whole run (nothing moves
+/// at quiescence, so every trade is judged): no orphan trade, no missing trade.
+async fn quote_reconciliation(
+    pool: &MySqlPool,
+    quotes: &QuoteStub,
+    since: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<Vec<Violation>> {
+    let until = chrono::Utc::now()
+        + chrono::Duration::from_std(reconcile::CLOCK_SKEW + Duration::from_secs(1))?;
+    let mut tx = pool.begin().await?;
+    let found = reconcile::reconcile(&mut tx, &quotes.client(), since, until).await?;
+    tx.rollback().await?;
+    Ok(found
+        .discrepancies
+        .iter()
+        .map(|d| {
+            violation(
+                &format!("reconcile:{}", paybus_platform::audit::Finding::check(d)),
+                d.to_string(),
+            )
+        })
+        .chain(found.in_doubt.iter().map(|doubt| {
+            violation(
+                "reconcile:in_doubt",
+                format!(
+                    "fill {} of deposit order {} still in doubt at quiescence",
+                    doubt.trade_key, doubt.deposit_order_id
+                ),
+            )
+        }))
+        .collect())
+}
+
 /// Every check, after quiescence and with every function process stopped.
 pub(super) async fn run_all(
     services: &Services,
     duplicator: &Duplicator,
     load: &Load,
+    quotes: &QuoteStub,
+    started_at: chrono::DateTime<chrono::Utc>,
     quiescence: Quiescence,
 ) -> anyhow::Result<Vec<Violation>> {
     let pool = &services.pool;
@@ -346,6 +384,7 @@ pub(super) async fn run_all(
         ));
     }
     drop(conn);
+    violations.extend(quote_reconciliation(pool, quotes, started_at).await?);
     violations.extend(malformed_dead_letters(pool, &duplicator.malformed()).await?);
     violations.extend(other_dead_letters(pool).await?);
     for (queue, n) in queue_depths(services).await? {

@@ -400,6 +400,7 @@ async fn drive(
         .collect();
     let fleet = Arc::new(Fleet::start(binaries, env, &node_orders, &state_dir.join("logs")).await?);
     let started = Instant::now();
+    let started_at = chrono::Utc::now() - chrono::Duration::minutes(1);
 
     let faults_stop = CancellationToken::new();
     let faults = tokio::spawn(outside::faults(
@@ -430,7 +431,15 @@ async fn drive(
     stop.cancel();
     api.stop().await;
 
-    let mut violations = checks::run_all(&services, &duplicator, &load, quiescence).await?;
+    let mut violations = checks::run_all(
+        &services,
+        &duplicator,
+        &load,
+        &outside.quotes,
+        started_at,
+        quiescence,
+    )
+    .await?;
     violations.extend(
         fault_log
             .iter()

@@ -170,8 +170,9 @@ pub struct Fault {
 /// The fault schedule, until `stop`: a SIGKILL of a random function process every
 /// `kill_every` (its supervisor restarts it at once), the broker restarts, broker node kills
 /// and database restarts spread evenly over the fault window, the webhook outage at a quarter
-/// of it, and the quote service alternating between healthy, failing (503s, refused trades)
-/// and hanging past the client's timeout. Returns what it did.
+/// of it, and the quote service alternating between healthy, failing (503s, 500s without a
+/// trade, a 422 refusal), trading then answering after the client's timeout, and slow.
+/// Returns what it did.
 pub(super) async fn faults(
     profile: Profile,
     fleet: Arc<Fleet>,
@@ -247,14 +248,15 @@ pub(super) async fn faults(
             let what = match quote_phase % 4 {
                 1 => {
                     world.quotes.fail_next_quotes(3);
-                    world.quotes.refuse_next_trades(2);
-                    "quote service: next 3 quotes 503, next 2 trades 500"
+                    world.quotes.fail_next_trades(2);
+                    world.quotes.refuse_next_trades(1);
+                    "quote service: next 3 quotes 503, next 2 trades 500 (not traded), then one 422"
                 }
                 2 => {
                     world
                         .quotes
                         .set_trade_delay(QUOTE_TIMEOUT + QUOTE_TIMEOUT / 2);
-                    "quote service: createTrade hangs past the client's timeout"
+                    "quote service: trades, then answers createTrade after the client's timeout"
                 }
                 3 => {
                     world.quotes.set_trade_delay(QUOTE_TIMEOUT / 2);

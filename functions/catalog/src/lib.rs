@@ -69,7 +69,7 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
             audit_checks(),
             AuditorConfig::from_env()?,
         )
-        .with_external(external_checks(services)?),
+        .with_external(external_checks()?),
     )];
     for function in FUNCTIONS {
         jobs.extend(function.jobs(services)?);
@@ -78,10 +78,10 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
 }
 
 /// Every function's checks against counterparties (W1's trades at the quote service).
-pub fn external_checks(services: &Services) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+pub fn external_checks() -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
     let mut checks = Vec::new();
     for function in FUNCTIONS {
-        checks.extend(function.external_checks(services)?);
+        checks.extend(function.external_checks()?);
     }
     Ok(checks)
 }

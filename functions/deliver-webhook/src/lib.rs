@@ -20,6 +20,20 @@
 //! `partner_notifications` ([`jobs`]). The claim, the settles and the sweep are the platform's
 //! retry kit (`paybus_platform::retry`) on `paybus_partners::notifications::NOTIFICATIONS`.
 //!
+//! A webhook POST is a call with a side effect elsewhere, so it follows the three-outcome rule
+//! (principle 12) every such call in paybus follows — the next function that calls a
+//! counterparty does the same:
+//! - **done**: a 2xx. The notification is DELIVERED.
+//! - **not done**: nothing provably reached the partner, or the partner refused it (a
+//!   non-2xx answer): retried with backoff, FAILED at the limit.
+//! - **unknown**: a timeout or reset after the request was written — the partner may have
+//!   processed it. Handled like a failure *because the contract with partners is
+//!   at-least-once*: the same notification is sent again under the same
+//!   `X-Paybus-Notification-Id`, which partners deduplicate on, so a second delivery is safe
+//!   and nothing is released or lost. (W1's createTrade cannot be repeated blind like this:
+//!   its unknown outcome keeps the fill in doubt and asks under the same key; see
+//!   `paybus_p2p::quote`.)
+//!
 //! Delivery to the partner is at least once: a 2xx whose settle failed (database down) is
 //! requeued, skipped while its lease holds, and sent again after it, with the same
 //! `X-Paybus-Notification-Id`.

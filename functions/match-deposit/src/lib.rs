@@ -198,9 +198,8 @@ impl Function for MatchDeposit {
 
     /// The reconciliation of settled fills with the quote service's trades (when one is
     /// configured).
-    fn external_checks(
-        _services: &Services,
-    ) -> Result<Vec<Arc<dyn paybus_platform::audit::ExternalCheck>>, BuildError> {
+    fn external_checks() -> Result<Vec<Arc<dyn paybus_platform::audit::ExternalCheck>>, BuildError>
+    {
         let config = MatchingConfig::from_env()?;
         let client = QuoteClient::new(&config.quote).map_err(|source| BuildError::Client {
             what: "the quote service HTTP client",

@@ -1,8 +1,9 @@
 //! Reconciliation with the quote service: the trades it made against the fills paybus
 //! settled, both ways (principle 12: paybus reconciles its settled effects with the
-//! counterparty's record). Run by the continuous auditor every pass over its window (an
-//! [`ExternalCheck`], incremental: each pass lists only the trades created since the last,
-//! with an overlap), and by `paybus reconcile quotes [--since]` on demand.
+//! counterparty's record). Run by the continuous auditor over its window (an
+//! [`ExternalCheck`]: at most every [`RECONCILE_EVERY`], its findings reported again by the
+//! passes in between, so the audit status does not flicker), and by `paybus reconcile quotes
+//! [--since]` on demand.
 //!
 //! | finding | what it means |
 //! | --- | --- |
@@ -41,8 +42,10 @@ pub const CLOCK_SKEW: Duration = Duration::from_secs(30);
 /// Trades are listed from this long before the period, so a fill settled in the period whose
 /// trade was made just before it is found in the listing rather than asked for one by one.
 const LOOKBACK: Duration = Duration::from_secs(10 * 60);
-/// An incremental pass lists again this much of what the last one listed.
-const OVERLAP: Duration = Duration::from_secs(2 * 60);
+/// How often the auditor's reconciliation asks the quote service for its window's trades (the
+/// auditor passes every minute; listing 15 minutes of trades each time is the quote service's
+/// cost, not paybus's).
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(5 * 60);
 /// Keys per `IN (...)` read.
 const CHUNK: usize = 500;
 
@@ -386,20 +389,35 @@ async fn fills_by_key<'k>(
     Ok(fills)
 }
 
-/// The continuous auditor's reconciliation (an [`ExternalCheck`]): each pass lists the trades
-/// created since the previous pass's end (with an overlap), or over the auditor's window on
-/// the first pass.
+/// The continuous auditor's reconciliation (an [`ExternalCheck`]): the auditor's window, at
+/// most every [`RECONCILE_EVERY`]; the passes in between report the last reconciliation's
+/// findings again.
 pub struct QuoteReconciler {
     client: QuoteClient,
-    listed_until: Mutex<Option<DateTime<Utc>>>,
+    every: Duration,
+    last: Mutex<Option<(std::time::Instant, Vec<audit::Violation>)>>,
 }
 
 impl QuoteReconciler {
     pub fn new(client: QuoteClient) -> Self {
+        Self::every(client, RECONCILE_EVERY)
+    }
+
+    /// Reconciling at most every `every` (tests: zero, every pass).
+    pub fn every(client: QuoteClient, every: Duration) -> Self {
         Self {
             client,
-            listed_until: Mutex::new(None),
+            every,
+            last: Mutex::new(None),
         }
+    }
+
+    fn last(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, Vec<audit::Violation>)>> {
+        self.last
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     async fn pass(
@@ -407,18 +425,15 @@ impl QuoteReconciler {
         conn: &mut MySqlConnection,
         period: Period,
     ) -> Result<Vec<audit::Violation>, ReconcileError> {
-        let last = *self
-            .listed_until
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let overlap = chrono::Duration::from_std(OVERLAP).unwrap_or_default();
-        let since = last.map_or(period.since, |last| period.since.max(last - overlap));
-        let found = reconcile(conn, &self.client, since, period.until).await?;
-        *self
-            .listed_until
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(found.judged_until);
-        Ok(audit::violations(found.discrepancies))
+        if let Some((at, found)) = self.last().as_ref()
+            && at.elapsed() < self.every
+        {
+            return Ok(found.clone());
+        }
+        let found = reconcile(conn, &self.client, period.since, period.until).await?;
+        let violations = audit::violations(found.discrepancies);
+        *self.last() = Some((std::time::Instant::now(), violations.clone()));
+        Ok(violations)
     }
 }
 

@@ -160,6 +160,7 @@ struct Book {
     calls: Vec<StubCall>,
     quotes: u64,
     trade_requests: u64,
+    listings: u64,
     trades: BTreeMap<String, StubTrade>,
     next_seq: u64,
     failing_quotes: u32,
@@ -327,7 +328,8 @@ impl Respond for TradeListing {
                 .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
                 .map(|t| t.with_timezone(&chrono::Utc))
         };
-        let book = self.0.book();
+        let mut book = self.0.book();
+        book.listings += 1;
         let mut trades: Vec<(&String, &StubTrade)> = match query.get("idempotency_key") {
             Some(key) => book.trades.get_key_value(key).into_iter().collect(),
             None => {
@@ -473,6 +475,14 @@ impl QuoteStub {
             .clone()
     }
 
+    /// The trade under `key` was made `by` earlier than it was (reconciliation only judges
+    /// trades older than the clock skew it allows).
+    pub fn backdate_trade(&self, key: &str, by: Duration) {
+        if let Some(trade) = self.shared.book().trades.get_mut(key) {
+            trade.created_at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
+    }
+
     /// The service loses the trade made under `key` (reconciliation's missing trade).
     pub fn forget_trade(&self, key: &str) -> Option<StubTrade> {
         self.shared.book().trades.remove(key)
@@ -486,6 +496,11 @@ impl QuoteStub {
     /// `createTrade` calls received so far.
     pub fn trade_calls(&self) -> u64 {
         self.shared.book().trade_requests
+    }
+
+    /// `GET /v1/trades` calls received so far (listings and lookups by key).
+    pub fn listing_calls(&self) -> u64 {
+        self.shared.book().listings
     }
 
     /// Every call received, in arrival order.

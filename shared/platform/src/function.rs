@@ -68,9 +68,9 @@ pub trait Function: Handler + Sized {
     }
 
     /// Checks of this function's effects against a counterparty's own record (W1's fills
-    /// against the quote service's trades): run by the continuous auditor every pass and by
-    /// `paybus audit`.
-    fn external_checks(_services: &Services) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+    /// against the quote service's trades), built from the function's own settings: run by
+    /// the continuous auditor every pass and by `paybus audit`.
+    fn external_checks() -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
         Ok(Vec::new())
     }
 
@@ -94,7 +94,7 @@ pub trait Function: Handler + Sized {
 
 type AddTo = fn(&mut Runner) -> Result<(), BuildError>;
 type Jobs = fn(&Services) -> Result<Vec<Arc<dyn Job>>, BuildError>;
-type ExternalChecks = fn(&Services) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError>;
+type ExternalChecks = fn() -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError>;
 
 /// One line of the catalog: everything the platform derives about one function.
 #[derive(Clone, Copy)]
@@ -151,11 +151,8 @@ impl FunctionEntry {
     }
 
     /// The function's checks against counterparties.
-    pub fn external_checks(
-        &self,
-        services: &Services,
-    ) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
-        (self.external_checks)(services)
+    pub fn external_checks(&self) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+        (self.external_checks)()
     }
 }
 
