@@ -334,11 +334,7 @@ async fn run_audit(settings: &Settings, since: std::time::Duration) -> anyhow::R
     let external = paybus_catalog::external_checks()?;
     // One snapshot for every check, so they agree with each other.
     let mut tx = pool.begin().await?;
-    let (until, from): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
-        sqlx::query_as("SELECT NOW(6), NOW(6) - INTERVAL ? MICROSECOND")
-            .bind(paybus_platform::retry::clock::micros(since))
-            .fetch_one(&mut *tx)
-            .await?;
+    let (from, until) = looking_back(&mut tx, since).await?;
     let mut violations = audit::run(&mut tx, &paybus_catalog::audit_checks())
         .await
         .context("while running the audit")?;
@@ -361,4 +357,16 @@ async fn run_audit(settings: &Settings, since: std::time::Duration) -> anyhow::R
     }
     eprintln!("audit: {} violation(s)", violations.len());
     Ok(ExitCode::FAILURE)
+}
+
+/// `[now − since, now)` by the database's clock (the one every row's time is written with).
+pub(crate) async fn looking_back(
+    conn: &mut sqlx::MySqlConnection,
+    since: std::time::Duration,
+) -> anyhow::Result<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> {
+    let (from, now) = sqlx::query_as("SELECT NOW(6) - INTERVAL ? MICROSECOND, NOW(6)")
+        .bind(paybus_platform::retry::clock::micros(since))
+        .fetch_one(conn)
+        .await?;
+    Ok((from, now))
 }

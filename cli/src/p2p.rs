@@ -59,11 +59,7 @@ pub async fn reconcile(settings: &Settings, command: ReconcileCommand) -> anyhow
     };
     let pool = db::connect(&settings.database).await?;
     let mut tx = pool.begin().await?;
-    let (now, from): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
-        sqlx::query_as("SELECT NOW(6), NOW(6) - INTERVAL ? MICROSECOND")
-            .bind(paybus_platform::retry::clock::micros(since))
-            .fetch_one(&mut *tx)
-            .await?;
+    let (from, now) = crate::looking_back(&mut tx, since).await?;
     let found = reconcile::reconcile(&mut tx, &client, from, now)
         .await
         .context("while reconciling with the quote service")?;

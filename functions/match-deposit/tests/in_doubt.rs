@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
 use paybus_p2p::{
-    DepositOrderCreated, FillPolicy, deposit_order, reconcile,
+    DepositOrderCreated, FillPolicy, deposit_order,
     testing::{assert_audit_clean, order_state},
 };
 use paybus_platform::{bus::Outcome, function::Function, testing::eventually, triage::Verdict};
-use world::{World, seller_amounts, trim, with_timeout};
+use world::{World, reconciled, seller_amounts, trim, with_timeout};
 
 /// The client's timeout in these tests, and a quote service that answers well after it.
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -28,22 +28,6 @@ async fn match_statuses(world: &World, id: u64) -> Vec<String> {
         .fetch_all(world.pool())
         .await
         .unwrap()
-}
-
-/// paybus's reconciliation with the stub over the last hour.
-async fn reconciliation(world: &World) -> reconcile::Reconciliation {
-    let now = chrono::Utc::now();
-    let mut tx = world.pool().begin().await.unwrap();
-    let found = reconcile::reconcile(
-        &mut tx,
-        &world.stub.client(),
-        now - chrono::Duration::hours(1),
-        now + chrono::Duration::minutes(1),
-    )
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +105,7 @@ async fn a_trade_answered_late_keeps_its_liquidity_from_competing_buyers_and_is_
         ("0", "0", "FILLED")
     );
     // The quote service's trades are exactly paybus's settled fills.
-    let found = reconciliation(&world).await;
+    let found = reconciled(&world).await;
     assert!(found.is_clean(), "{:?}", found.discrepancies);
     assert_eq!((found.trades_listed, found.fills_settled), (1, 1));
     assert_audit_clean(world.pool()).await;
@@ -151,7 +135,7 @@ async fn a_5xx_from_create_trade_is_in_doubt_and_the_next_check_trades_once() {
 
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
     assert_eq!(world.stub.trades().len(), 1);
-    assert!(reconciliation(&world).await.is_clean());
+    assert!(reconciled(&world).await.is_clean());
     assert_audit_clean(world.pool()).await;
 }
 
@@ -251,7 +235,7 @@ async fn a_service_that_always_answers_late_parks_the_order_in_doubt_with_a_lett
         triage.reason
     );
     // Reconciliation lists it, with the trade the service has for it; no discrepancy.
-    let found = reconciliation(&world).await;
+    let found = reconciled(&world).await;
     assert!(found.is_clean(), "{:?}", found.discrepancies);
     assert_eq!(found.in_doubt.len(), 1);
     let doubt = &found.in_doubt[0];
@@ -286,7 +270,7 @@ async fn a_service_that_always_answers_late_parks_the_order_in_doubt_with_a_lett
     assert_eq!(due_orders.run_once().await.unwrap(), 1);
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
     assert_eq!(world.stub.trades().len(), 1);
-    assert!(reconciliation(&world).await.is_clean());
+    assert!(reconciled(&world).await.is_clean());
     assert_audit_clean(world.pool()).await;
 }
 

@@ -11,28 +11,13 @@ use std::{sync::Arc, time::Duration};
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::{
     FillPolicy,
-    reconcile::{self, Discrepancy, QuoteReconciler},
+    reconcile::{Discrepancy, QuoteReconciler},
 };
 use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
     bus::Outcome,
 };
-use world::World;
-
-async fn reconciled(world: &World) -> reconcile::Reconciliation {
-    let now = chrono::Utc::now();
-    let mut tx = world.pool().begin().await.unwrap();
-    let found = reconcile::reconcile(
-        &mut tx,
-        &world.stub.client(),
-        now - chrono::Duration::hours(1),
-        now + chrono::Duration::minutes(1),
-    )
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    found
-}
+use world::{World, reconciled};
 
 /// Two orders matched through the handler: two trades, two settled fills.
 async fn two_matched_orders(world: &World) -> (u64, u64) {

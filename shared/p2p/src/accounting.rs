@@ -106,6 +106,30 @@ pub struct Policies<'a> {
     pub trade_checks: &'a RetryPolicy,
 }
 
+impl DeadLetters {
+    /// The dead letter of an order given up on (or parked for a human), in the accounting
+    /// transaction, when no message carries the attempt; nothing when the runtime will
+    /// dead-letter the message that does.
+    async fn record(
+        self,
+        conn: &mut sqlx::MySqlConnection,
+        deposit_order_id: u64,
+        correlation_id: Uuid,
+        reason: &str,
+        attempts: u32,
+    ) -> Result<(), MatchError> {
+        if self == DeadLetters::ByTheRuntime {
+            return Ok(());
+        }
+        let message =
+            Envelope::with_correlation(correlation_id, DepositOrderCreated { deposit_order_id })
+                .to_outgoing()
+                .map_err(|e| MatchError::Outbox(e.into()))?;
+        dead_letter::record_unsent(conn, FUNCTION, &message, reason, attempts).await?;
+        Ok(())
+    }
+}
+
 /// The accounting transaction of one attempt.
 #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id))]
 pub async fn account(
@@ -238,18 +262,9 @@ pub async fn account(
                     "deposit order {}: gave up after {failures} attempts; last: {error}",
                     claim.id
                 );
-                if dead_letters == DeadLetters::Record {
-                    let message = Envelope::with_correlation(
-                        correlation_id,
-                        DepositOrderCreated {
-                            deposit_order_id: claim.id,
-                        },
-                    )
-                    .to_outgoing()
-                    .map_err(|e| MatchError::Outbox(e.into()))?;
-                    dead_letter::record_unsent(&mut uow, FUNCTION, &message, &reason, failures)
-                        .await?;
-                }
+                dead_letters
+                    .record(&mut uow, claim.id, correlation_id, &reason, failures)
+                    .await?;
                 Accounted::GaveUp {
                     failures,
                     error: reason,
@@ -336,17 +351,9 @@ async fn in_doubt(
                     status: Some(order.status),
                 });
             }
-            if dead_letters == DeadLetters::Record {
-                let message = Envelope::with_correlation(
-                    correlation_id,
-                    DepositOrderCreated {
-                        deposit_order_id: claim.id,
-                    },
-                )
-                .to_outgoing()
-                .map_err(|e| MatchError::Outbox(e.into()))?;
-                dead_letter::record_unsent(uow, FUNCTION, &message, &error, checks).await?;
-            }
+            dead_letters
+                .record(uow, claim.id, correlation_id, &error, checks)
+                .await?;
             Accounted::InDoubt {
                 checks,
                 after: None,

@@ -120,3 +120,19 @@ pub fn with_timeout(world: &World, timeout: Duration, policy: FillPolicy) -> Mat
             .expect("a valid policy");
     world.matcher_with(config)
 }
+
+/// paybus's reconciliation with the stub over the last hour (every trade judged).
+pub async fn reconciled(world: &World) -> paybus_p2p::reconcile::Reconciliation {
+    let now = chrono::Utc::now();
+    let mut tx = world.pool().begin().await.unwrap();
+    let found = paybus_p2p::reconcile::reconcile(
+        &mut tx,
+        &world.stub.client(),
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::minutes(1),
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    found
+}
