@@ -19,17 +19,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState};
 
-/// What a token lets its bearer do.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::Display, strum::EnumString,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum Role {
-    /// Reads: the views of every workflow, dead letters, the audit.
-    Ops,
-    /// Changes (create, retry, replay, suspend, ...) and reads.
-    Admin,
+paybus_platform::column_enum! {
+    /// What a token lets its bearer do.
+    pub enum Role {
+        /// Reads: the views of every workflow, dead letters, the audit.
+        Ops,
+        /// Changes (create, retry, replay, suspend, ...) and reads.
+        Admin,
+    }
 }
 
 /// A token's claims.

@@ -11,72 +11,36 @@ use crate::{BonusError, error::parse_column, job::BonusJob};
 
 const ENTITY: &str = "charge";
 
-/// `charges.status`: what a charge is (never changes).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum ChargeStatus {
-    /// A purchase of cans.
-    Charge,
-    /// Bonus cans granted for a purchase (a bonus job's result).
-    Event,
+paybus_platform::column_enum! {
+    /// `charges.status`: what a charge is (never changes).
+    pub enum ChargeStatus {
+        /// A purchase of cans.
+        Charge,
+        /// Bonus cans granted for a purchase (a bonus job's result).
+        Event,
+    }
 }
 
-/// `charges.payment_status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum PaymentStatus {
-    /// The payment started; nothing credited.
-    Request,
-    /// Terminal: paid and credited (an EVENT charge is born COMPLETE).
-    Complete,
+paybus_platform::column_enum! {
+    /// `charges.payment_status`.
+    pub enum PaymentStatus {
+        /// The payment started; nothing credited.
+        Request,
+        /// Terminal: paid and credited (an EVENT charge is born COMPLETE).
+        Complete,
+    }
 }
 
-/// `charges.payment_gateway` (and the bonus job's snapshot of it): who took the payment.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-    strum::VariantArray,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum PaymentGateway {
-    Pg,
-    Payverse,
-    Hecto,
-    GoogleIap,
-    AppleIap,
+paybus_platform::column_enum! {
+    /// `charges.payment_gateway` (and the bonus job's snapshot of it): who took the payment.
+    #[derive(strum::VariantArray)]
+    pub enum PaymentGateway {
+        Pg,
+        Payverse,
+        Hecto,
+        GoogleIap,
+        AppleIap,
+    }
 }
 
 impl PaymentGateway {

@@ -24,7 +24,7 @@ use paybus_platform::{
     db,
     retry::{AttemptCount, Backoff, Claim, Lease, RetryPolicy, WorkTable},
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
 
@@ -37,31 +37,19 @@ use crate::{
 
 const ENTITY: &str = "bonus job";
 
-/// `charge_event_job.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum JobStatus {
-    /// Waiting for its attempt (due when `next_retry_at` is NULL or past).
-    Pending,
-    /// Claimed by an attempt (`processing_started_at`); the reaper returns it if that attempt
-    /// died.
-    Processing,
-    /// Terminal: granted (`result_charge_id`, `processed_at`).
-    Done,
-    /// Terminal until ops retry it: the 3rd retry failed (with a dead letter).
-    Failed,
+paybus_platform::column_enum! {
+    /// `charge_event_job.status`.
+    pub enum JobStatus {
+        /// Waiting for its attempt (due when `next_retry_at` is NULL or past).
+        Pending,
+        /// Claimed by an attempt (`processing_started_at`); the reaper returns it if that attempt
+        /// died.
+        Processing,
+        /// Terminal: granted (`result_charge_id`, `processed_at`).
+        Done,
+        /// Terminal until ops retry it: the 3rd retry failed (with a dead letter).
+        Failed,
+    }
 }
 
 impl JobStatus {
@@ -70,26 +58,14 @@ impl JobStatus {
     }
 }
 
-/// `charge_event_job.job_type`: why the bonus is owed.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum JobType {
-    /// The member's first completed purchase (no event row: `charge_event_id` NULL).
-    FirstCharge,
-    /// A charge completed while a charge event was active.
-    ActiveChargeEvent,
+paybus_platform::column_enum! {
+    /// `charge_event_job.job_type`: why the bonus is owed.
+    pub enum JobType {
+        /// The member's first completed purchase (no event row: `charge_event_id` NULL).
+        FirstCharge,
+        /// A charge completed while a charge event was active.
+        ActiveChargeEvent,
+    }
 }
 
 impl JobType {

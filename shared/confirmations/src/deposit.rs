@@ -3,33 +3,21 @@
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::MySqlConnection;
 
 use crate::{ConfirmError, CreateError};
 
 const ENTITY: &str = "deposit";
 
-/// `deposits.status`. The chain monitor's detection inserts DETECTED (the admin API stands in
-/// for it); only confirm-deposit moves DETECTED to CONFIRMED.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum DepositStatus {
-    Detected,
-    Confirmed,
-    Failed,
+paybus_platform::column_enum! {
+    /// `deposits.status`. The chain monitor's detection inserts DETECTED (the admin API stands in
+    /// for it); only confirm-deposit moves DETECTED to CONFIRMED.
+    pub enum DepositStatus {
+        Detected,
+        Confirmed,
+        Failed,
+    }
 }
 
 impl DepositStatus {

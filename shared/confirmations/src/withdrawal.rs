@@ -3,39 +3,27 @@
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::{ConfirmError, CreateError};
 
 const ENTITY: &str = "withdrawal";
 
-/// `withdrawals.status`. Only confirm-withdrawal moves BROADCASTING / PROCESSING / STALE to
-/// CONFIRMED; REQUESTED, PROCESSING, BROADCASTING and STALE are set by the signer (the admin
-/// API stands in for it).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum WithdrawalStatus {
-    #[default]
-    Requested,
-    Processing,
-    Broadcasting,
-    Stale,
-    Confirmed,
-    Failed,
+paybus_platform::column_enum! {
+    /// `withdrawals.status`. Only confirm-withdrawal moves BROADCASTING / PROCESSING / STALE to
+    /// CONFIRMED; REQUESTED, PROCESSING, BROADCASTING and STALE are set by the signer (the admin
+    /// API stands in for it).
+    #[derive(Default)]
+    pub enum WithdrawalStatus {
+        #[default]
+        Requested,
+        Processing,
+        Broadcasting,
+        Stale,
+        Confirmed,
+        Failed,
+    }
 }
 
 impl WithdrawalStatus {
@@ -63,30 +51,18 @@ impl WithdrawalStatus {
     }
 }
 
-/// `withdrawals.kind`: only a NORMAL withdrawal's confirmation moves the partner's balance.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum WithdrawalKind {
-    /// The partner's own withdrawal: DEBIT once, keyed `WDR_CONFIRM:{id}`.
-    #[default]
-    Normal,
-    /// A settlement payout: the balance moved at settlement, no entry here.
-    SettlementWithdraw,
-    /// Between our own wallets: no entry.
-    SelfTransfer,
+paybus_platform::column_enum! {
+    /// `withdrawals.kind`: only a NORMAL withdrawal's confirmation moves the partner's balance.
+    #[derive(Default)]
+    pub enum WithdrawalKind {
+        /// The partner's own withdrawal: DEBIT once, keyed `WDR_CONFIRM:{id}`.
+        #[default]
+        Normal,
+        /// A settlement payout: the balance moved at settlement, no entry here.
+        SettlementWithdraw,
+        /// Between our own wallets: no entry.
+        SelfTransfer,
+    }
 }
 
 impl WithdrawalKind {

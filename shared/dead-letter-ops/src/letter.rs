@@ -12,30 +12,19 @@ use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::{DeadLetterError, Triager, replay::Action};
 
-/// `dead_letters.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE", ascii_case_insensitive)]
-pub enum LetterStatus {
-    /// Waiting for ops.
-    #[default]
-    New,
-    /// Re-sent through the outbox after a safe triage.
-    Replayed,
-    /// Put aside by ops.
-    Archived,
+paybus_platform::column_enum! {
+    /// `dead_letters.status`.
+    #[derive(Default)]
+    #[strum(ascii_case_insensitive)]
+    pub enum LetterStatus {
+        /// Waiting for ops.
+        #[default]
+        New,
+        /// Re-sent through the outbox after a safe triage.
+        Replayed,
+        /// Put aside by ops.
+        Archived,
+    }
 }
 
 impl LetterStatus {

@@ -8,27 +8,16 @@ use sqlx::MySqlConnection;
 
 use crate::{MarketError, error::parse_column};
 
-/// `markets.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum MarketStatus {
-    /// Orders are accepted. Inserted so; SUSPENDED → ACTIVE by resume, once the suspension's
-    /// cancellation is complete.
-    Active,
-    /// No order is accepted; ACTIVE → SUSPENDED by suspend, with the batch that cancels what
-    /// was open.
-    Suspended,
+paybus_platform::column_enum! {
+    /// `markets.status`.
+    pub enum MarketStatus {
+        /// Orders are accepted. Inserted so; SUSPENDED → ACTIVE by resume, once the suspension's
+        /// cancellation is complete.
+        Active,
+        /// No order is accepted; ACTIVE → SUSPENDED by suspend, with the batch that cancels what
+        /// was open.
+        Suspended,
+    }
 }
 
 /// A market as stored.

@@ -4,34 +4,23 @@
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::MySqlConnection;
 
 use crate::{MarketError, error::parse_column, market::MarketStatus};
 
-/// `orders.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum OrderStatus {
-    /// Placed while the market was ACTIVE; nothing filled yet.
-    Open,
-    /// Some quantity filled, some still open.
-    PartiallyFilled,
-    /// Terminal: the whole quantity filled.
-    Filled,
-    /// Terminal: cancelled (by cancel-orders, with the reason).
-    Cancelled,
+paybus_platform::column_enum! {
+    /// `orders.status`.
+    pub enum OrderStatus {
+        /// Placed while the market was ACTIVE; nothing filled yet.
+        Open,
+        /// Some quantity filled, some still open.
+        PartiallyFilled,
+        /// Terminal: the whole quantity filled.
+        Filled,
+        /// Terminal: cancelled (by cancel-orders, with the reason).
+        Cancelled,
+    }
 }
 
 impl OrderStatus {
@@ -40,24 +29,12 @@ impl OrderStatus {
     }
 }
 
-/// `orders.side`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum Side {
-    Buy,
-    Sell,
+paybus_platform::column_enum! {
+    /// `orders.side`.
+    pub enum Side {
+        Buy,
+        Sell,
+    }
 }
 
 /// Why an order was cancelled (`orders.cancel_reason`).

@@ -15,51 +15,27 @@ use paybus_platform::retry::{AttemptCount, Lease, WorkTable};
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-/// `tasks.state`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-    strum::EnumIter,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum TaskState {
-    /// Waiting for its (next) attempt.
-    Pending,
-    /// Terminal: this task's attempt did the work.
-    Done,
-    /// Terminal: the work was no longer needed (principle 7), with the reason.
-    Skipped,
-    /// Terminal until ops retry it: given up, with its error and a dead letter.
-    Failed,
+paybus_platform::column_enum! {
+    /// `tasks.state`.
+    #[derive(PartialOrd, Ord, strum::EnumIter)]
+    pub enum TaskState {
+        /// Waiting for its (next) attempt.
+        Pending,
+        /// Terminal: this task's attempt did the work.
+        Done,
+        /// Terminal: the work was no longer needed (principle 7), with the reason.
+        Skipped,
+        /// Terminal until ops retry it: given up, with its error and a dead letter.
+        Failed,
+    }
 }
 
-/// `tasks.type` and `task_batches.type`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum TaskType {
-    /// Cancel one order of a suspended market (target: the order id).
-    CancelOpenOrder,
+paybus_platform::column_enum! {
+    /// `tasks.type` and `task_batches.type`.
+    pub enum TaskType {
+        /// Cancel one order of a suspended market (target: the order id).
+        CancelOpenOrder,
+    }
 }
 
 /// A task as ops see it.

@@ -45,34 +45,23 @@ const PARTNER_REF_KEY: &str = "uk_p2p_deposit_orders_partner_ref";
 /// `partner_notifications.reference_type` of a deposit order's notifications.
 pub const NOTIFICATION_REFERENCE: &str = "P2P_DEPOSIT_ORDER";
 
-/// `p2p_deposit_orders.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum DepositOrderStatus {
-    /// Waiting for its (next) attempt.
-    Pending,
-    /// Claimed by an attempt (`claimed_at`).
-    Matching,
-    /// A fill's createTrade outcome stayed unknown after every check: parked for a human (a
-    /// trade may exist at the quote service under the fill's key). Not terminal.
-    InDoubt,
-    /// Terminal: filled.
-    Matched,
-    /// Terminal: not filled (no liquidity, or given up).
-    Cancelled,
-    /// Terminal: its time ran out.
-    Expired,
+paybus_platform::column_enum! {
+    /// `p2p_deposit_orders.status`.
+    pub enum DepositOrderStatus {
+        /// Waiting for its (next) attempt.
+        Pending,
+        /// Claimed by an attempt (`claimed_at`).
+        Matching,
+        /// A fill's createTrade outcome stayed unknown after every check: parked for a human (a
+        /// trade may exist at the quote service under the fill's key). Not terminal.
+        InDoubt,
+        /// Terminal: filled.
+        Matched,
+        /// Terminal: not filled (no liquidity, or given up).
+        Cancelled,
+        /// Terminal: its time ran out.
+        Expired,
+    }
 }
 
 impl DepositOrderStatus {
@@ -86,29 +75,18 @@ impl DepositOrderStatus {
     }
 }
 
-/// Why an order was closed (`p2p_deposit_orders.close_reason`); each reason has its status.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum CloseReason {
-    /// MATCHED: CONFIRMED matches cover the whole amount.
-    Filled,
-    /// CANCELLED by fill-or-cancel: the candidates could not fill it.
-    NoLiquidity,
-    /// CANCELLED by outcome accounting at the attempt limit (with a dead letter).
-    MatchFailed,
-    /// EXPIRED: past `expires_at`.
-    Expired,
+paybus_platform::column_enum! {
+    /// Why an order was closed (`p2p_deposit_orders.close_reason`); each reason has its status.
+    pub enum CloseReason {
+        /// MATCHED: CONFIRMED matches cover the whole amount.
+        Filled,
+        /// CANCELLED by fill-or-cancel: the candidates could not fill it.
+        NoLiquidity,
+        /// CANCELLED by outcome accounting at the attempt limit (with a dead letter).
+        MatchFailed,
+        /// EXPIRED: past `expires_at`.
+        Expired,
+    }
 }
 
 impl CloseReason {

@@ -21,30 +21,19 @@ use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use crate::{MatchError, parse_column, withdraw_order};
 
-/// `p2p_matches.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum MatchStatus {
-    /// Liquidity held for an attempt between its reserve and its createTrade call.
-    Reserved,
-    /// createTrade was (or is being) sent under the fill's key: the trade may exist at the
-    /// quote service, so the liquidity stays held until a definitive answer.
-    Trading,
-    /// Terminal: traded and settled.
-    Confirmed,
-    /// Terminal: given back to the seller.
-    Released,
+paybus_platform::column_enum! {
+    /// `p2p_matches.status`.
+    pub enum MatchStatus {
+        /// Liquidity held for an attempt between its reserve and its createTrade call.
+        Reserved,
+        /// createTrade was (or is being) sent under the fill's key: the trade may exist at the
+        /// quote service, so the liquidity stays held until a definitive answer.
+        Trading,
+        /// Terminal: traded and settled.
+        Confirmed,
+        /// Terminal: given back to the seller.
+        Released,
+    }
 }
 
 /// Why a reservation was given back (`p2p_matches.release_reason`).

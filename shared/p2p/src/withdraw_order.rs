@@ -8,25 +8,14 @@ use sqlx::MySqlConnection;
 
 use crate::{CreateError, MatchError, parse_column};
 
-/// `p2p_withdraw_orders.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum WithdrawOrderStatus {
-    /// Liquidity left (`remaining_amount > 0`), some of it possibly reserved.
-    Open,
-    /// Terminal: every unit used by CONFIRMED matches.
-    Filled,
+paybus_platform::column_enum! {
+    /// `p2p_withdraw_orders.status`.
+    pub enum WithdrawOrderStatus {
+        /// Liquidity left (`remaining_amount > 0`), some of it possibly reserved.
+        Open,
+        /// Terminal: every unit used by CONFIRMED matches.
+        Filled,
+    }
 }
 
 /// A withdraw order as stored.

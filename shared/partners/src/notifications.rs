@@ -42,29 +42,18 @@ impl Message for NotificationCreated {
     const TYPE: &'static str = "partner.notification.created";
 }
 
-/// `partner_notifications.status`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
-pub enum NotificationStatus {
-    /// Waiting for its (next) attempt, or in flight under a claim's lease.
-    Pending,
-    /// Terminal: the partner answered 2xx.
-    Delivered,
-    /// Terminal: the partner takes no webhooks.
-    Skipped,
-    /// Terminal until ops retry it: the attempt limit was reached (with a dead letter).
-    Failed,
+paybus_platform::column_enum! {
+    /// `partner_notifications.status`.
+    pub enum NotificationStatus {
+        /// Waiting for its (next) attempt, or in flight under a claim's lease.
+        Pending,
+        /// Terminal: the partner answered 2xx.
+        Delivered,
+        /// Terminal: the partner takes no webhooks.
+        Skipped,
+        /// Terminal until ops retry it: the attempt limit was reached (with a dead letter).
+        Failed,
+    }
 }
 
 /// A notification as ops see it (the frozen payload left out).

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod auditor;
 pub mod broker;
 pub mod bus;
+pub mod column;
 pub mod config;
 pub mod db;
 pub mod function;
@@ -22,3 +23,10 @@ pub mod triage;
 pub mod testing;
 
 pub use config::{ConfigError, Secret, Settings};
+
+/// What [`column_enum!`] expands to needs, whatever the calling crate depends on.
+#[doc(hidden)]
+pub mod __private {
+    pub use serde;
+    pub use strum;
+}
