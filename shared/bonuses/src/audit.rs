@@ -13,36 +13,14 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding, Scope, Window};
+use paybus_platform::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// W3's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    Check {
-        name: "member_can_balances",
-        run: |conn| {
-            Box::pin(async move { Ok(audit::violations(member_can_balances(conn).await?)) })
-        },
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_member_can_balances(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "bonus_job_results",
-        run: |conn| Box::pin(async move { Ok(audit::violations(bonus_job_results(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_bonus_job_results(conn, window).await?,
-                ))
-            })
-        }),
-    },
+    paybus_platform::audit_check!("member_can_balances", member_can_balances, recent: recent_member_can_balances),
+    paybus_platform::audit_check!("bonus_job_results", bonus_job_results, recent: recent_bonus_job_results),
 ];
 
 /// One broken W3 invariant; [`fmt::Display`] renders it as one line naming the ids involved.

@@ -15,47 +15,15 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding, Scope, Window};
+use paybus_platform::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// W2's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    Check {
-        name: "withdrawal_debits",
-        run: |conn| Box::pin(async move { Ok(audit::violations(withdrawal_debits(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_withdrawal_debits(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "withdrawal_debit_count",
-        run: |conn| {
-            Box::pin(async move { Ok(audit::violations(withdrawal_debit_count(conn).await?)) })
-        },
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_withdrawal_debit_count(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "deposit_entries",
-        run: |conn| Box::pin(async move { Ok(audit::violations(deposit_entries(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_deposit_entries(conn, window).await?,
-                ))
-            })
-        }),
-    },
+    paybus_platform::audit_check!("withdrawal_debits", withdrawal_debits, recent: recent_withdrawal_debits),
+    paybus_platform::audit_check!("withdrawal_debit_count", withdrawal_debit_count, recent: recent_withdrawal_debit_count),
+    paybus_platform::audit_check!("deposit_entries", deposit_entries, recent: recent_deposit_entries),
 ];
 
 /// One broken W2 invariant; [`fmt::Display`] renders it as one line naming the ids involved.

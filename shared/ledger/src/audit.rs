@@ -21,58 +21,16 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding, Window};
+use paybus_platform::audit::{Check, Finding, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// The ledger's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    Check {
-        name: "duplicate_keyed_entries",
-        run: |conn| {
-            Box::pin(async move { Ok(audit::violations(duplicate_keyed_entries(conn).await?)) })
-        },
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_duplicate_keyed_entries(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "misplaced_idem_key",
-        run: |conn| {
-            Box::pin(async move { Ok(audit::violations(misplaced_idem_keys(conn).await?)) })
-        },
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_misplaced_idem_keys(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "balance_mismatch",
-        run: |conn| Box::pin(async move { Ok(audit::violations(balance_mismatches(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_balance_mismatches(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "broken_chain",
-        run: |conn| Box::pin(async move { Ok(audit::violations(broken_chains(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(
-                async move { Ok(audit::violations(recent_broken_chains(conn, window).await?)) },
-            )
-        }),
-    },
+    paybus_platform::audit_check!("duplicate_keyed_entries", duplicate_keyed_entries, recent: recent_duplicate_keyed_entries),
+    paybus_platform::audit_check!("misplaced_idem_key", misplaced_idem_keys, recent: recent_misplaced_idem_keys),
+    paybus_platform::audit_check!("balance_mismatch", balance_mismatches, recent: recent_balance_mismatches),
+    paybus_platform::audit_check!("broken_chain", broken_chains, recent: recent_broken_chains),
 ];
 
 /// One broken invariant; [`fmt::Display`] renders it as one line naming the ids involved.

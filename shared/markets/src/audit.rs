@@ -17,30 +17,14 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding, Scope, Window};
+use paybus_platform::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// W4's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    Check {
-        name: "suspension_sets",
-        run: |conn| Box::pin(async move { Ok(audit::violations(suspension_sets(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_suspension_sets(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "cancel_tasks",
-        run: |conn| Box::pin(async move { Ok(audit::violations(cancel_tasks(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move { Ok(audit::violations(recent_cancel_tasks(conn, window).await?)) })
-        }),
-    },
+    paybus_platform::audit_check!("suspension_sets", suspension_sets, recent: recent_suspension_sets),
+    paybus_platform::audit_check!("cancel_tasks", cancel_tasks, recent: recent_cancel_tasks),
 ];
 
 /// One broken W4 invariant.

@@ -22,7 +22,7 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{self, Check, Finding, Scope, Window};
+use paybus_platform::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -30,53 +30,13 @@ use crate::config::MatchingConfig;
 
 /// W1's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    Check {
-        name: "p2p_seller_liquidity",
-        run: |conn| Box::pin(async move { Ok(audit::violations(seller_liquidity(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_seller_liquidity(conn, window).await?,
-                ))
-            })
-        }),
-    },
-    Check {
-        name: "p2p_stale_reservations",
-        run: |conn| Box::pin(async move { Ok(audit::violations(stale_reservations(conn).await?)) }),
-        // Bounded already (see the module docs): the same read every pass.
-        recent: Some(|conn, _| {
-            Box::pin(async move { Ok(audit::violations(stale_reservations(conn).await?)) })
-        }),
-    },
-    Check {
-        name: "p2p_deposit_fills",
-        run: |conn| Box::pin(async move { Ok(audit::violations(deposit_fills(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(
-                async move { Ok(audit::violations(recent_deposit_fills(conn, window).await?)) },
-            )
-        }),
-    },
-    Check {
-        name: "p2p_trades_in_doubt",
-        run: |conn| Box::pin(async move { Ok(audit::violations(trades_in_doubt(conn).await?)) }),
-        // Bounded already (see the module docs): the same read every pass.
-        recent: Some(|conn, _| {
-            Box::pin(async move { Ok(audit::violations(trades_in_doubt(conn).await?)) })
-        }),
-    },
-    Check {
-        name: "p2p_settlement_legs",
-        run: |conn| Box::pin(async move { Ok(audit::violations(settlement_legs(conn).await?)) }),
-        recent: Some(|conn, window| {
-            Box::pin(async move {
-                Ok(audit::violations(
-                    recent_settlement_legs(conn, window).await?,
-                ))
-            })
-        }),
-    },
+    paybus_platform::audit_check!("p2p_seller_liquidity", seller_liquidity, recent: recent_seller_liquidity),
+    // Bounded already (see the module docs): the same read every pass.
+    paybus_platform::audit_check!("p2p_stale_reservations", stale_reservations, bounded),
+    paybus_platform::audit_check!("p2p_deposit_fills", deposit_fills, recent: recent_deposit_fills),
+    // Bounded already (see the module docs): the same read every pass.
+    paybus_platform::audit_check!("p2p_trades_in_doubt", trades_in_doubt, bounded),
+    paybus_platform::audit_check!("p2p_settlement_legs", settlement_legs, recent: recent_settlement_legs),
 ];
 
 /// One broken W1 invariant; [`fmt::Display`] renders it as one line naming the ids involved.

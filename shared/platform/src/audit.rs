@@ -119,6 +119,44 @@ pub struct Check {
     pub recent: Option<RecentFn>,
 }
 
+/// A [`Check`] from a domain's typed check functions, without the boxing every registration
+/// would repeat:
+/// - `audit_check!("name", full, recent: windowed)`: `full(conn)` for `paybus audit`,
+///   `windowed(conn, window)` for the continuous auditor;
+/// - `audit_check!("name", full, bounded)`: the same read every pass (it reads a live set —
+///   reservations in flight, say — whose size does not grow with the table);
+/// - `audit_check!("name", full)`: no windowed form; the auditor runs the full one.
+///
+/// Each function returns `Result<Vec<F>, sqlx::Error>` for a [`Finding`] type `F`.
+#[macro_export]
+macro_rules! audit_check {
+    ($name:literal, $full:path, recent: $recent:path) => {
+        $crate::audit::Check {
+            name: $name,
+            run: |conn| Box::pin(async move { Ok($crate::audit::violations($full(conn).await?)) }),
+            recent: Some(|conn, window| {
+                Box::pin(async move { Ok($crate::audit::violations($recent(conn, window).await?)) })
+            }),
+        }
+    };
+    ($name:literal, $full:path, bounded) => {
+        $crate::audit::Check {
+            name: $name,
+            run: |conn| Box::pin(async move { Ok($crate::audit::violations($full(conn).await?)) }),
+            recent: Some(|conn, _| {
+                Box::pin(async move { Ok($crate::audit::violations($full(conn).await?)) })
+            }),
+        }
+    };
+    ($name:literal, $full:path) => {
+        $crate::audit::Check {
+            name: $name,
+            run: |conn| Box::pin(async move { Ok($crate::audit::violations($full(conn).await?)) }),
+            recent: None,
+        }
+    };
+}
+
 impl fmt::Debug for Check {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Check").field("name", &self.name).finish()
