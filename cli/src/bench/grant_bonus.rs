@@ -121,7 +121,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // the broker would be: `concurrency` tasks complete the payments while `concurrency` others
     // take the jobs, claim and grant each, and claim it again as its duplicate would.
     let paid = std::sync::Arc::new(insert_purchases(&services.pool, args.items).await?);
-    let policy = paybus_bonuses::job::retry_policy();
+    let policy = paybus_bonuses::job::RETRY_POLICY;
     let (created, jobs) = tokio::sync::mpsc::unbounded_channel::<u64>();
     let jobs = std::sync::Arc::new(tokio::sync::Mutex::new(jobs));
     let counters = Counters::read(&services.pool).await?;

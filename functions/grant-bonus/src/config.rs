@@ -56,24 +56,16 @@ impl GrantConfig {
     /// The defaults, overridden by the variables that are set; a malformed value names the
     /// variable and the expected form.
     pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
-        let millis = |variable, default: Duration| {
-            vars.parse(
-                variable,
-                u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
-                "milliseconds, at least 1",
-                |ms: &u64| *ms > 0,
-            )
-            .map(Duration::from_millis)
-        };
         Ok(Self {
-            worker_interval: millis(VAR_WORKER_INTERVAL_MS, DEFAULT_WORKER_INTERVAL)?,
+            worker_interval: vars.millis(VAR_WORKER_INTERVAL_MS, DEFAULT_WORKER_INTERVAL)?,
             worker_batch: vars.parse(
                 VAR_WORKER_BATCH,
                 DEFAULT_WORKER_BATCH,
                 "jobs per run, 1 to 1000",
                 |n: &u32| (1..=1_000).contains(n),
             )?,
-            processing_timeout: millis(VAR_PROCESSING_TIMEOUT_MS, DEFAULT_PROCESSING_TIMEOUT)?,
+            processing_timeout: vars
+                .millis(VAR_PROCESSING_TIMEOUT_MS, DEFAULT_PROCESSING_TIMEOUT)?,
         })
     }
 }

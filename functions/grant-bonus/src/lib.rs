@@ -52,7 +52,7 @@ pub struct GrantBonus {
 impl Default for GrantBonus {
     fn default() -> Self {
         Self {
-            policy: paybus_bonuses::job::retry_policy(),
+            policy: paybus_bonuses::job::RETRY_POLICY,
             clock: Clock::Database,
         }
     }

@@ -54,7 +54,7 @@ impl BonusWorker {
             pool,
             interval,
             batch,
-            policy: paybus_bonuses::job::retry_policy(),
+            policy: paybus_bonuses::job::RETRY_POLICY,
             clock: Clock::Database,
         }
     }

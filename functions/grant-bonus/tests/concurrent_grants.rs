@@ -55,7 +55,7 @@ async fn completions_claims_and_grants_of_different_members_at_once_all_commit_w
     let purchases = Arc::new(purchases(&services.pool).await);
 
     let barrier = Arc::new(Barrier::new(RACERS));
-    let policy = paybus_bonuses::job::retry_policy();
+    let policy = paybus_bonuses::job::RETRY_POLICY;
     let mut racers = JoinSet::new();
     for racer in 0..RACERS {
         let (outbox, purchases, barrier, policy) = (

@@ -106,11 +106,8 @@ pub const BACKOFF: Backoff = Backoff::schedule(&[
 
 /// The retry policy of every bonus job: a failed immediate attempt waits 5 minutes
 /// (`retry_count` stays 0); failed retry 1 waits 10 minutes, retry 2 waits 15; when retry 3
-/// fails the job is FAILED with `retry_count` 3.
-pub fn retry_policy() -> RetryPolicy {
-    RetryPolicy::new(MAX_ATTEMPTS, BACKOFF)
-        .unwrap_or_else(|_| unreachable!("the schedule has attempts and pauses"))
-}
+/// fails the job is FAILED with `retry_count` 3. Checked when compiled, like W1's.
+pub const RETRY_POLICY: RetryPolicy = RetryPolicy::constant(MAX_ATTEMPTS, BACKOFF);
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -458,7 +455,7 @@ mod tests {
 
     #[test]
     fn the_schedule_is_five_ten_fifteen_minutes_then_failed() {
-        let policy = retry_policy();
+        let policy = RETRY_POLICY;
         let minutes = |failures| match policy.after_failure(failures) {
             RetryDecision::RetryAfter(pause) => Some(pause.as_secs() / 60),
             RetryDecision::GiveUp => None,
