@@ -32,21 +32,15 @@ impl fmt::Display for Amount {
     }
 }
 
+/// paybus-money's own parsing (a JSON string of a plain decimal that fits), then the one rule
+/// requests add: not negative.
 impl<'de> Deserialize<'de> for Amount {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl de::Visitor<'_> for Visitor {
-            type Value = Amount;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a decimal amount as a string, e.g. \"100.25\"")
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Amount, E> {
-                Amount::parse(text).map_err(E::custom)
-            }
+        let money = Money::deserialize(deserializer)?;
+        if money.is_negative() {
+            return Err(de::Error::custom(format!("\"{money}\" is negative")));
         }
-        deserializer.deserialize_str(Visitor)
+        Ok(Amount(money))
     }
 }
 
