@@ -18,11 +18,11 @@ impl Amount {
         self.0
     }
 
-    pub(crate) fn parse(text: &str) -> Result<Self, String> {
-        if text.starts_with('-') {
-            return Err(format!("{text:?} is negative"));
+    fn non_negative(money: Money) -> Result<Self, String> {
+        if money.is_negative() {
+            return Err(format!("\"{money}\" is negative"));
         }
-        Money::parse(text).map(Amount).map_err(|e| e.to_string())
+        Ok(Amount(money))
     }
 }
 
@@ -36,11 +36,7 @@ impl fmt::Display for Amount {
 /// requests add: not negative.
 impl<'de> Deserialize<'de> for Amount {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let money = Money::deserialize(deserializer)?;
-        if money.is_negative() {
-            return Err(de::Error::custom(format!("\"{money}\" is negative")));
-        }
-        Ok(Amount(money))
+        Amount::non_negative(Money::deserialize(deserializer)?).map_err(de::Error::custom)
     }
 }
 
@@ -64,24 +60,28 @@ impl utoipa::ToSchema for Amount {}
 mod tests {
     use super::*;
 
+    /// A request's amount field holding `text`.
+    fn parse(text: &str) -> Result<Amount, String> {
+        serde_json::from_value(serde_json::Value::String(text.to_owned()))
+            .map_err(|e| e.to_string())
+    }
+
     #[test]
     fn plain_decimals_parse_exactly_over_the_whole_column() {
-        assert_eq!(Amount::parse("100").unwrap().to_string(), "100");
-        assert_eq!(Amount::parse("0.1").unwrap().to_string(), "0.1");
+        assert_eq!(parse("100").unwrap().to_string(), "100");
+        assert_eq!(parse("0.1").unwrap().to_string(), "0.1");
         assert_eq!(
-            Amount::parse("123456789012345678.1234567890")
-                .unwrap()
-                .to_string(),
+            parse("123456789012345678.1234567890").unwrap().to_string(),
             "123456789012345678.123456789"
         );
         for widest in [
             "999999999999999999.999999999999999999",
             "123456789012345678.123456789012345678",
         ] {
-            assert_eq!(Amount::parse(widest).unwrap().to_string(), widest);
+            assert_eq!(parse(widest).unwrap().to_string(), widest);
         }
         assert_eq!(
-            Amount::parse("0.000000000000000001").unwrap().value(),
+            parse("0.000000000000000001").unwrap().value(),
             Money::SMALLEST
         );
     }
@@ -100,7 +100,7 @@ mod tests {
             ("0.0000000000000000001", "decimal places"),
             ("1234567890123456789", "digits before"),
         ] {
-            let error = Amount::parse(text).unwrap_err();
+            let error = parse(text).unwrap_err();
             assert!(error.contains(reason), "{text:?}: {error}");
         }
     }
