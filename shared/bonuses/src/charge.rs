@@ -7,7 +7,7 @@ use paybus_money::Amount;
 use serde::{Deserialize, Serialize};
 use sqlx::MySqlConnection;
 
-use crate::{BonusError, error::parse_column, job::BonusJob};
+use crate::{BonusError, error::parse_column};
 
 const ENTITY: &str = "charge";
 
@@ -311,20 +311,33 @@ pub async fn payment_count(
     .await
 }
 
-/// Inserts the EVENT charge a bonus job grants (COMPLETE at birth, its reason the job's
-/// method snapshot); the caller holds the member's lock and credits the cans in the same
-/// transaction.
-pub async fn insert_bonus(conn: &mut MySqlConnection, job: &BonusJob) -> Result<u64, sqlx::Error> {
+/// The EVENT charge a bonus job grants: its snapshot of the purchase.
+#[derive(Debug, Clone, Copy)]
+pub struct BonusCharge<'a> {
+    pub member_id: u64,
+    pub cans: i32,
+    pub payment_gateway: PaymentGateway,
+    pub container: Container,
+    /// The reason the job recorded (`method_snapshot`).
+    pub method: &'a str,
+}
+
+/// Inserts the EVENT charge a bonus job grants (COMPLETE at birth); the caller holds the
+/// member's lock and credits the cans in the same transaction.
+pub async fn insert_bonus(
+    conn: &mut MySqlConnection,
+    bonus: &BonusCharge<'_>,
+) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query(
         "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, method, \
                               payment_status, completed_at) \
          VALUES (?, 'EVENT', ?, NULL, ?, ?, ?, 'COMPLETE', NOW(6))",
     )
-    .bind(job.member_id)
-    .bind(job.additional_can)
-    .bind(job.payment_gateway.as_str())
-    .bind(job.container.as_str())
-    .bind(&job.method_snapshot)
+    .bind(bonus.member_id)
+    .bind(bonus.cans)
+    .bind(bonus.payment_gateway.as_str())
+    .bind(bonus.container.as_str())
+    .bind(bonus.method)
     .execute(conn)
     .await?
     .last_insert_id())

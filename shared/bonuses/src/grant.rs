@@ -39,7 +39,17 @@ pub async fn grant_in(
 ) -> Result<Granted, BonusError> {
     let job = &claimed.job;
     member::lock(conn, job.member_id).await?;
-    let charge_id = charge::insert_bonus(conn, job).await?;
+    let charge_id = charge::insert_bonus(
+        conn,
+        &charge::BonusCharge {
+            member_id: job.member_id,
+            cans: job.additional_can,
+            payment_gateway: job.payment_gateway,
+            container: job.container,
+            method: &job.method_snapshot,
+        },
+    )
+    .await?;
     member::credit(conn, job.member_id, job.container, job.additional_can).await?;
     let done = BONUS_JOBS.guarded_update(
         "status = 'DONE', result_charge_id = ?, processed_at = COALESCE(?, NOW(6)), \

@@ -10,7 +10,10 @@ use paybus_platform::triage::Triage;
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-use crate::{DeadLetterError, Triager, replay::Action};
+use crate::{
+    DeadLetterError, Triager,
+    trail::{self, Action},
+};
 
 paybus_platform::column_enum! {
     /// `dead_letters.status`.
@@ -202,7 +205,7 @@ pub async fn show(
         .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
         .unwrap_or(serde_json::Value::Null);
     let triage = triager.triage(conn, &letter, &body).await?;
-    let actions = crate::replay::actions_of(conn, id).await?;
+    let actions = trail::of_letter(conn, id).await?;
     Ok(Some(DeadLetterDetail {
         body: body_view(&body),
         letter,

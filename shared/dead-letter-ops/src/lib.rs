@@ -9,7 +9,8 @@
 //!   replay would do: *already applied*, *safe to replay*, *needs a human*.
 //! - [`replay`]: the dry run (every selected letter classified, nothing written) and the
 //!   replay itself: only safe letters, re-checked under the letter's lock, sent through the
-//!   outbox at a bounded rate, each recorded in `dead_letter_actions`; and [`replay::archive`].
+//!   outbox at a bounded rate; and [`replay::archive`].
+//! - [`trail`]: every action on a letter (`dead_letter_actions`), written with the action.
 //!
 //! No replay ever relies on the dry run it follows: the verdict is taken again in the
 //! transaction that sends the message, and the function's own guards stand behind that.
@@ -18,12 +19,12 @@ mod error;
 pub mod groups;
 pub mod letter;
 pub mod replay;
+pub mod trail;
 mod triager;
 
 pub use error::DeadLetterError;
 pub use groups::{ExposureSum, Group, Overview};
 pub use letter::{DeadLetter, DeadLetterDetail, LetterStatus, ListFilter, Selection};
-pub use replay::{
-    Action, ArchiveReport, Classified, DryRun, ReplayOptions, ReplayReport, ReplayResult,
-};
+pub use replay::{ArchiveReport, Classified, DryRun, ReplayOptions, ReplayReport, ReplayResult};
+pub use trail::{Action, ActionKind, ActionResult};
 pub use triager::Triager;

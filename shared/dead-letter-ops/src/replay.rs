@@ -1,4 +1,4 @@
-//! The dry run, the replay and the archive, and their trail (`dead_letter_actions`).
+//! The dry run, the replay and the archive; each action goes into the letter's [`trail`].
 //!
 //! A replay takes each selected NEW letter in a transaction of its own: it locks the letter,
 //! asks its function for the verdict again (the dry run may be minutes old), and only when the
@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, SubsecRound, Utc};
+use chrono::{SubsecRound, Utc};
 use paybus_platform::{
     bus::{Envelope, Outbox, OutgoingMessage},
     triage::{Triage, Verdict},
@@ -22,68 +22,8 @@ use uuid::Uuid;
 use crate::{
     DeadLetterError, Triager,
     letter::{self, DeadLetter, MAX_PAGE, Selection},
+    trail::{self, ActionKind, ActionResult, Entry},
 };
-
-/// One entry of a letter's trail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct Action {
-    pub id: u64,
-    pub dead_letter_id: u64,
-    /// REPLAY or ARCHIVE.
-    pub action: String,
-    /// Who (the token's subject, or the CLI's `--actor`).
-    pub actor: String,
-    /// The triage's verdict when the action was taken (replays only).
-    pub verdict: Option<String>,
-    /// REPLAYED, NOT_SENT, ARCHIVED or SKIPPED (the letter was no longer NEW).
-    pub result: String,
-    pub detail: String,
-    pub replay_message_id: Option<String>,
-    pub created_at: DateTime<Utc>,
-}
-
-/// A letter's trail, oldest first.
-pub async fn actions_of(
-    conn: &mut MySqlConnection,
-    dead_letter_id: u64,
-) -> Result<Vec<Action>, DeadLetterError> {
-    Ok(sqlx::query_as(
-        "SELECT id, dead_letter_id, action, actor, verdict, result, detail, replay_message_id, \
-                created_at \
-         FROM dead_letter_actions WHERE dead_letter_id = ? ORDER BY id",
-    )
-    .bind(dead_letter_id)
-    .fetch_all(conn)
-    .await?)
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn record_action(
-    conn: &mut MySqlConnection,
-    dead_letter_id: u64,
-    action: &str,
-    actor: &str,
-    verdict: Option<Verdict>,
-    result: &str,
-    detail: &str,
-    replay_message_id: Option<Uuid>,
-) -> Result<(), DeadLetterError> {
-    sqlx::query(
-        "INSERT INTO dead_letter_actions \
-         (dead_letter_id, action, actor, verdict, result, detail, replay_message_id) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(dead_letter_id)
-    .bind(action)
-    .bind(actor.chars().take(100).collect::<String>())
-    .bind(verdict.map(|v| v.to_string()))
-    .bind(result)
-    .bind(detail.chars().take(1000).collect::<String>())
-    .bind(replay_message_id.map(|id| id.to_string()))
-    .execute(conn)
-    .await?;
-    Ok(())
-}
 
 /// One letter and what a replay would do with it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -160,7 +100,7 @@ pub struct ReplayResult {
     /// The verdict taken under the letter's lock (`None`: the letter was no longer NEW).
     pub verdict: Option<Verdict>,
     /// REPLAYED, NOT_SENT or SKIPPED.
-    pub result: &'static str,
+    pub result: ActionResult,
     pub detail: String,
     /// The re-sent message's id (REPLAYED only).
     pub replay_message_id: Option<Uuid>,
@@ -199,7 +139,7 @@ pub async fn replay(
         pace.tick().await;
         let result = replay_one(outbox, triager, id, actor).await?;
         match (result.result, result.verdict) {
-            ("REPLAYED", _) => report.replayed += 1,
+            (ActionResult::Replayed, _) => report.replayed += 1,
             (_, Some(Verdict::AlreadyApplied)) => report.already_applied += 1,
             (_, Some(_)) => report.needs_human += 1,
             (_, None) => report.skipped += 1,
@@ -213,7 +153,7 @@ pub async fn replay(
     let left_new = report
         .results
         .iter()
-        .filter(|r| r.result == "NOT_SENT")
+        .filter(|r| r.result == ActionResult::NotSent)
         .count() as u64;
     report.remaining = letter::count_selected(&mut conn, selection)
         .await?
@@ -254,23 +194,13 @@ async fn replay_one(
         id,
         function_name: letter.function_name.clone(),
         verdict: None,
-        result: "SKIPPED",
+        result: ActionResult::Skipped,
         detail: String::new(),
         replay_message_id: None,
     };
     if letter.status != letter::LetterStatus::New {
         result.detail = format!("the letter is {} now", letter.status);
-        record_action(
-            &mut uow,
-            id,
-            "REPLAY",
-            actor,
-            None,
-            result.result,
-            &result.detail,
-            None,
-        )
-        .await?;
+        trail::record(&mut uow, &result.entry(actor)).await?;
         uow.commit().await?;
         return Ok(result);
     }
@@ -280,7 +210,7 @@ async fn replay_one(
     if triage.verdict == Verdict::Safe {
         let message = replay_message(&body)?;
         result.replay_message_id = Some(message.id);
-        result.result = "REPLAYED";
+        result.result = ActionResult::Replayed;
         uow.send_outgoing(message).await?;
         sqlx::query(
             "UPDATE dead_letters SET status = 'REPLAYED', replayed_at = NOW(6) \
@@ -290,21 +220,26 @@ async fn replay_one(
         .execute(&mut *uow)
         .await?;
     } else {
-        result.result = "NOT_SENT";
+        result.result = ActionResult::NotSent;
     }
-    record_action(
-        &mut uow,
-        id,
-        "REPLAY",
-        actor,
-        result.verdict,
-        result.result,
-        &result.detail,
-        result.replay_message_id,
-    )
-    .await?;
+    trail::record(&mut uow, &result.entry(actor)).await?;
     uow.commit().await?;
     Ok(result)
+}
+
+impl ReplayResult {
+    /// The trail entry of this replay attempt by `actor`.
+    fn entry<'a>(&'a self, actor: &'a str) -> Entry<'a> {
+        Entry {
+            dead_letter_id: self.id,
+            action: ActionKind::Replay,
+            actor,
+            verdict: self.verdict,
+            result: self.result,
+            detail: &self.detail,
+            replay_message_id: self.replay_message_id,
+        }
+    }
 }
 
 /// The message a replay sends: the dead letter's envelope with a new id and time (a message
@@ -363,7 +298,19 @@ pub async fn archive(
         .rows_affected()
             == 1;
         if archived {
-            record_action(&mut tx, id, "ARCHIVE", actor, None, "ARCHIVED", "", None).await?;
+            trail::record(
+                &mut tx,
+                &Entry {
+                    dead_letter_id: id,
+                    action: ActionKind::Archive,
+                    actor,
+                    verdict: None,
+                    result: ActionResult::Archived,
+                    detail: "",
+                    replay_message_id: None,
+                },
+            )
+            .await?;
             report.archived += 1;
         }
         tx.commit().await?;
