@@ -49,7 +49,7 @@ pub(crate) struct AuditReport {
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Every workflow's invariants, checked in one snapshot", body = AuditReport),
-        crate::openapi::AdminErrors
+        crate::responses::AdminErrors
     )
 )]
 async fn run(State(state): State<AppState>) -> Result<Json<AuditReport>, ApiError> {
@@ -97,7 +97,7 @@ struct AuditStatus {
     path = "/v1/admin/audit/status",
     tag = "audit",
     security(("admin_token" = [])),
-    responses((status = 200, description = "The continuous auditor's last pass and its violations", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The continuous auditor's last pass and its violations", body = Object), crate::responses::AdminErrors)
 )]
 async fn status(State(state): State<AppState>) -> Result<Json<AuditStatus>, ApiError> {
     let mut conn = state.pool.acquire().await?;
@@ -119,7 +119,7 @@ async fn status(State(state): State<AppState>) -> Result<Json<AuditStatus>, ApiE
     tag = "audit",
     security(("admin_token" = [])),
     params(Page),
-    responses((status = 200, description = "Every violation the auditor found, most recent first", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "Every violation the auditor found, most recent first", body = Object), crate::responses::AdminErrors)
 )]
 async fn findings(
     State(state): State<AppState>,
@@ -137,7 +137,7 @@ async fn findings(
     tag = "audit",
     security(("admin_token" = [])),
     params(Page),
-    responses((status = 200, description = "The auditor's passes, newest first", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The auditor's passes, newest first", body = Object), crate::responses::AdminErrors)
 )]
 async fn passes(
     State(state): State<AppState>,

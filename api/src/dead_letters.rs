@@ -86,7 +86,7 @@ fn limit(limit: Option<u32>, default: u32) -> Result<u32, ApiError> {
     path = "/v1/admin/dead-letters/groups",
     tag = "dead-letters",
     security(("admin_token" = [])),
-    responses((status = 200, description = "NEW letters grouped by function and reason, with the money at stake, biggest first", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "NEW letters grouped by function and reason, with the money at stake, biggest first", body = Object), crate::responses::AdminErrors)
 )]
 async fn overview(State(state): State<AppState>) -> Result<Json<Overview>, ApiError> {
     let mut conn = state.pool.acquire().await?;
@@ -122,7 +122,7 @@ struct LetterList {
     tag = "dead-letters",
     security(("admin_token" = [])),
     params(ListQuery),
-    responses((status = 200, description = "Letters newest first; `next_before_id` continues", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "Letters newest first; `next_before_id` continues", body = Object), crate::responses::AdminErrors)
 )]
 async fn list(
     State(state): State<AppState>,
@@ -156,7 +156,7 @@ async fn list(
     tag = "dead-letters",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The letter: headers, body, the rows it refers to, the verdict a replay would get, what ops did to it", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The letter: headers, body, the rows it refers to, the verdict a replay would get, what ops did to it", body = Object), crate::responses::AdminErrors)
 )]
 async fn show(
     State(state): State<AppState>,
@@ -210,7 +210,7 @@ impl DryRunQuery {
     tag = "dead-letters",
     security(("admin_token" = [])),
     params(DryRunQuery),
-    responses((status = 200, description = "Each NEW letter classified already_applied, safe or needs_human; nothing written", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "Each NEW letter classified already_applied, safe or needs_human; nothing written", body = Object), crate::responses::AdminErrors)
 )]
 async fn dry_run(
     State(state): State<AppState>,
@@ -272,7 +272,7 @@ enum ReplayAnswer {
     tag = "dead-letters",
     security(("admin_token" = [])),
     request_body = ReplayRequest,
-    responses((status = 200, description = "The dry run (dry_run: true), or what the replay did: replayed, already_applied, needs_human, remaining", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The dry run (dry_run: true), or what the replay did: replayed, already_applied, needs_human, remaining", body = Object), crate::responses::AdminErrors)
 )]
 async fn replay(
     State(state): State<AppState>,
@@ -327,7 +327,7 @@ struct ArchiveRequest {
     tag = "dead-letters",
     security(("admin_token" = [])),
     request_body = ArchiveRequest,
-    responses((status = 200, description = "NEW letters of the selection ARCHIVED: archived, remaining", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "NEW letters of the selection ARCHIVED: archived, remaining", body = Object), crate::responses::AdminErrors)
 )]
 async fn archive(
     State(state): State<AppState>,

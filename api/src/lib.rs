@@ -36,6 +36,7 @@ pub mod openapi;
 mod p2p;
 mod partners;
 pub mod process;
+mod responses;
 pub mod server;
 mod signed;
 

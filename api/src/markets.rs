@@ -107,7 +107,7 @@ struct NewMarketRequest {
     tag = "markets",
     security(("admin_token" = [])),
     request_body = NewMarketRequest,
-    responses((status = 201, description = "An ACTIVE market", body = Object), crate::openapi::AdminErrors)
+    responses((status = 201, description = "An ACTIVE market", body = Object), crate::responses::AdminErrors)
 )]
 async fn create_market(
     State(state): State<AppState>,
@@ -128,7 +128,7 @@ async fn create_market(
     tag = "markets",
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
-    responses((status = 200, description = "The market", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The market", body = Object), crate::responses::AdminErrors)
 )]
 async fn show_market(
     State(state): State<AppState>,
@@ -160,7 +160,7 @@ struct NewOrderRequest {
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
     request_body = NewOrderRequest,
-    responses((status = 201, description = "An OPEN order", body = Object), crate::openapi::AdminErrors)
+    responses((status = 201, description = "An OPEN order", body = Object), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(symbol, order_id))]
 async fn place_order(
@@ -191,7 +191,7 @@ async fn place_order(
     tag = "markets",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The order", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The order", body = Object), crate::responses::AdminErrors)
 )]
 async fn show_order(
     State(state): State<AppState>,
@@ -218,7 +218,7 @@ struct FillRequest {
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
     request_body = FillRequest,
-    responses((status = 200, description = "The order after the fill", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The order after the fill", body = Object), crate::responses::AdminErrors)
 )]
 async fn fill_order(
     State(state): State<AppState>,
@@ -257,7 +257,7 @@ struct SuspendRequest {
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
     request_body(content = Option<SuspendRequest>, description = "Optional"),
     responses((status = 202, description = "Suspended now: the new batch", body = Object),
-        (status = 200, description = "Already SUSPENDED: the existing batch, nothing created", body = Object), crate::openapi::AdminErrors)
+        (status = 200, description = "Already SUSPENDED: the existing batch, nothing created", body = Object), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(symbol))]
 async fn suspend(
@@ -297,7 +297,7 @@ async fn suspend(
     tag = "markets",
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
-    responses((status = 200, description = "ACTIVE", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "ACTIVE", body = Object), crate::responses::AdminErrors)
 )]
 async fn resume(
     State(state): State<AppState>,
@@ -318,7 +318,7 @@ async fn resume(
     tag = "markets",
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
-    responses((status = 200, description = "The latest suspension's progress", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The latest suspension's progress", body = Object), crate::responses::AdminErrors)
 )]
 async fn show_progress(
     State(state): State<AppState>,
@@ -334,7 +334,7 @@ async fn show_progress(
     tag = "markets",
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
-    responses((status = 200, description = "`{symbol, retried}`: FAILED tasks back to PENDING", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "`{symbol, retried}`: FAILED tasks back to PENDING", body = Object), crate::responses::AdminErrors)
 )]
 async fn retry_failed(
     State(state): State<AppState>,

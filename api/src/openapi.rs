@@ -4,25 +4,19 @@
 //! **Adding a route** (the one pattern, kept honest by `api/tests/openapi.rs`):
 //! 1. register it in its module's router (`admin_routes()` / `payment_routes()` ...);
 //! 2. annotate the handler with `#[utoipa::path(...)]`: method, path, `tag`, `params`,
-//!    `request_body`, its success answers and the error set ([`AdminErrors`] for an admin
-//!    route, with `security(("admin_token" = []))`; [`SignedErrors`] for a signed one);
+//!    `request_body`, its success answers and the error set (`AdminErrors` for an admin
+//!    route, with `security(("admin_token" = []))`; `SignedErrors` for a signed one — both
+//!    in `crate::responses`, which route modules use without reaching back into this one);
 //! 3. list the handler in its module's `Doc` (`#[openapi(paths(...))]`) — a new module adds
 //!    its `Doc` to [`document`].
 //!
 //! The test fails for a route in a router that the document lacks, a documented operation the
 //! router does not serve, or a shipped copy that differs from what the code generates.
 
-use std::collections::BTreeMap;
-
 use axum::{Json, Router, routing::get};
 use utoipa::{
-    IntoResponses, Modify, OpenApi, PartialSchema, ToSchema,
-    openapi::{
-        ContentBuilder, ObjectBuilder, RefOr, ResponseBuilder, Type,
-        response::Response,
-        schema::Schema,
-        security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme},
-    },
+    Modify, OpenApi,
+    openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme},
 };
 
 use crate::AppState;
@@ -113,103 +107,5 @@ impl Modify for SecuritySchemes {
                 "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<body>\")>`",
             ))),
         );
-    }
-}
-
-/// The body of every error answer.
-pub(crate) struct ErrorBody;
-
-impl PartialSchema for ErrorBody {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .property(
-                "error",
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .description(Some("What is wrong, for people")),
-            )
-            .required("error")
-            .into()
-    }
-}
-
-impl ToSchema for ErrorBody {}
-
-/// `{"id": N}`: the row a POST created.
-pub(crate) struct Created;
-
-impl PartialSchema for Created {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .property("id", ObjectBuilder::new().schema_type(Type::Integer))
-            .required("id")
-            .into()
-    }
-}
-
-impl ToSchema for Created {}
-
-fn error_responses(answers: &[(u16, &str)]) -> BTreeMap<String, RefOr<Response>> {
-    answers
-        .iter()
-        .map(|(status, description)| {
-            let response = ResponseBuilder::new()
-                .description(*description)
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(ErrorBody::schema()))
-                        .build(),
-                )
-                .build();
-            (status.to_string(), response.into())
-        })
-        .collect()
-}
-
-/// What any admin route may answer besides its success.
-pub(crate) struct AdminErrors;
-
-impl IntoResponses for AdminErrors {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        error_responses(&[
-            (
-                400,
-                "Malformed JSON, a missing, unknown or ill-typed field, a bad path value",
-            ),
-            (401, "Missing, malformed, tampered or expired token"),
-            (
-                403,
-                "The token lacks the role (GET needs OPS, anything else ADMIN)",
-            ),
-            (404, "No such row"),
-            (408, "The body did not arrive in time"),
-            (409, "Conflicts with the row's current state"),
-            (413, "Body larger than 64 KiB"),
-            (
-                503,
-                "The database is unavailable, or PAYBUS_ADMIN_JWT_SECRET is unset",
-            ),
-        ])
-    }
-}
-
-/// What a signed route (chain monitor, payment service) may answer besides its success.
-pub(crate) struct SignedErrors;
-
-impl IntoResponses for SignedErrors {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        error_responses(&[
-            (400, "Malformed JSON, a missing, unknown or ill-typed field"),
-            (401, "Missing, malformed, stale (±300 s) or wrong signature"),
-            (404, "Unknown gateway or charge"),
-            (408, "The body did not arrive in time"),
-            (409, "Conflicts with the charge's current state"),
-            (413, "Body larger than 64 KiB"),
-            (
-                503,
-                "The database is unavailable, or the route's secret is unset",
-            ),
-        ])
     }
 }

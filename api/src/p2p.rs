@@ -115,7 +115,7 @@ struct DepositOrderView {
     responses(
         (status = 201, description = "The order with its matches: matched inside the request (switch off), or as it stands once handed to match-deposit (switch on: PENDING, or already MATCHING / MATCHED)", body = Object),
         (status = 200, description = "The order already created for this partner_order_ref", body = Object),
-        crate::openapi::AdminErrors
+        crate::responses::AdminErrors
     )
 )]
 #[tracing::instrument(skip_all, fields(deposit_order_id, partner_id = request.partner_id))]
@@ -166,7 +166,7 @@ async fn create_deposit_order(
     tag = "p2p",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The deposit order with its matches", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The deposit order with its matches", body = Object), crate::responses::AdminErrors)
 )]
 async fn show_deposit_order(
     State(state): State<AppState>,
@@ -184,7 +184,7 @@ async fn show_deposit_order(
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
     responses(
         (status = 200, description = "IN_DOUBT -> PENDING, due now: match-deposit asks the quote service again under the fill's key", body = Object),
-        crate::openapi::AdminErrors
+        crate::responses::AdminErrors
     )
 )]
 #[tracing::instrument(skip_all, fields(deposit_order_id))]
@@ -231,7 +231,7 @@ struct NewWithdrawOrderRequest {
     tag = "p2p",
     security(("admin_token" = [])),
     request_body = NewWithdrawOrderRequest,
-    responses((status = 201, description = "An OPEN withdraw order (a seller's liquidity)", body = Object), crate::openapi::AdminErrors)
+    responses((status = 201, description = "An OPEN withdraw order (a seller's liquidity)", body = Object), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(withdraw_order_id, partner_id = request.partner_id))]
 async fn create_withdraw_order(
@@ -256,7 +256,7 @@ async fn create_withdraw_order(
     tag = "p2p",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The withdraw order", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The withdraw order", body = Object), crate::responses::AdminErrors)
 )]
 async fn show_withdraw_order(
     State(state): State<AppState>,

@@ -40,7 +40,7 @@ struct NewPartnerRequest {
     tag = "partners",
     security(("admin_token" = [])),
     request_body = NewPartnerRequest,
-    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(partner_id))]
 async fn create(
@@ -68,7 +68,7 @@ async fn create(
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
     responses(
         (status = 200, description = "The partner (never its webhook secret)", body = Object),
-        crate::openapi::AdminErrors
+        crate::responses::AdminErrors
     )
 )]
 async fn show(

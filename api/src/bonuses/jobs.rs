@@ -50,7 +50,7 @@ pub(super) struct JobList {
     tag = "bonuses",
     security(("admin_token" = [])),
     params(ListQuery),
-    responses((status = 200, description = "PENDING and FAILED jobs by id", body = JobList), crate::openapi::AdminErrors)
+    responses((status = 200, description = "PENDING and FAILED jobs by id", body = JobList), crate::responses::AdminErrors)
 )]
 pub(super) async fn list(
     State(state): State<AppState>,
@@ -93,7 +93,7 @@ pub(super) async fn list(
     tag = "bonuses",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The job, whatever its state", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The job, whatever its state", body = Object), crate::responses::AdminErrors)
 )]
 pub(super) async fn show(
     State(state): State<AppState>,
@@ -114,7 +114,7 @@ pub(super) async fn show(
     tag = "bonuses",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "FAILED -> PENDING, due now, published", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "FAILED -> PENDING, due now, published", body = Object), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(job_id))]
 pub(super) async fn retry(

@@ -84,7 +84,7 @@ enum Call {
     request_body = CompletionRequest,
     responses(
         (status = 200, description = "The completed charge and its bonus jobs; `completed_now` says whether this call completed it", body = Object),
-        crate::openapi::SignedErrors
+        crate::responses::SignedErrors
     )
 )]
 pub(super) async fn webhook(
@@ -106,7 +106,7 @@ pub(super) async fn webhook(
     request_body = CompletionRequest,
     responses(
         (status = 200, description = "As the webhook", body = Object),
-        crate::openapi::SignedErrors
+        crate::responses::SignedErrors
     )
 )]
 pub(super) async fn verify(

@@ -57,7 +57,7 @@ pub(super) struct NewMemberRequest {
     tag = "bonuses",
     security(("admin_token" = [])),
     request_body = NewMemberRequest,
-    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
 )]
 pub(super) async fn create_member(
     State(state): State<AppState>,
@@ -76,7 +76,7 @@ pub(super) async fn create_member(
     tag = "bonuses",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The member's balances", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The member's balances", body = Object), crate::responses::AdminErrors)
 )]
 pub(super) async fn show_member(
     State(state): State<AppState>,
@@ -112,7 +112,7 @@ pub(super) struct NewChargeRequestBody {
     tag = "bonuses",
     security(("admin_token" = [])),
     request_body = NewChargeRequestBody,
-    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
 )]
 pub(super) async fn create_charge(
     State(state): State<AppState>,
@@ -160,7 +160,7 @@ pub(super) struct ChargeView {
     tag = "bonuses",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The charge with its bonus jobs", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The charge with its bonus jobs", body = Object), crate::responses::AdminErrors)
 )]
 pub(super) async fn show_charge(
     State(state): State<AppState>,
@@ -219,7 +219,7 @@ fn in_timestamp_range(field: &str, at: DateTime<Utc>) -> Result<DateTime<Utc>, A
     tag = "bonuses",
     security(("admin_token" = [])),
     request_body = NewEventRequest,
-    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
 )]
 pub(super) async fn create_event(
     State(state): State<AppState>,
@@ -261,7 +261,7 @@ pub(super) async fn create_event(
     tag = "bonuses",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The charge event", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The charge event", body = Object), crate::responses::AdminErrors)
 )]
 pub(super) async fn show_event(
     State(state): State<AppState>,

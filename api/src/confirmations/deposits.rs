@@ -33,7 +33,7 @@ pub(super) struct NewDepositRequest {
     tag = "confirmations",
     security(("admin_token" = [])),
     request_body = NewDepositRequest,
-    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(deposit_id, partner_id = request.partner_id))]
 pub(super) async fn create(
@@ -78,7 +78,7 @@ pub(super) async fn create(
     tag = "confirmations",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "The deposit", body = Object), crate::openapi::AdminErrors)
+    responses((status = 200, description = "The deposit", body = Object), crate::responses::AdminErrors)
 )]
 pub(super) async fn show(
     State(state): State<AppState>,

@@ -76,7 +76,7 @@ pub struct Accepted {
     request_body = WithdrawalConfirmation,
     responses(
         (status = 202, description = "Durably queued; confirm-withdrawal decides", body = Accepted),
-        crate::openapi::SignedErrors
+        crate::responses::SignedErrors
     )
 )]
 #[tracing::instrument(skip_all, fields(withdrawal_id, message_id))]
@@ -103,7 +103,7 @@ pub(super) async fn withdrawal_confirmation(
     request_body = DepositConfirmation,
     responses(
         (status = 202, description = "Durably queued; confirm-deposit decides", body = Accepted),
-        crate::openapi::SignedErrors
+        crate::responses::SignedErrors
     )
 )]
 #[tracing::instrument(skip_all, fields(deposit_id, message_id))]

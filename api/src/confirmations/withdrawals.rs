@@ -43,7 +43,7 @@ pub(super) struct NewWithdrawalRequest {
     tag = "confirmations",
     security(("admin_token" = [])),
     request_body = NewWithdrawalRequest,
-    responses((status = 201, body = crate::openapi::Created), crate::openapi::AdminErrors)
+    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(withdrawal_id, partner_id = request.partner_id))]
 pub(super) async fn create(
@@ -106,7 +106,7 @@ pub(super) struct WithdrawalView {
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
     responses(
         (status = 200, description = "The withdrawal with its status history", body = Object),
-        crate::openapi::AdminErrors
+        crate::responses::AdminErrors
     )
 )]
 pub(super) async fn show(
