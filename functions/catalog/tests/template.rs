@@ -172,9 +172,15 @@ fn cfn_lint() -> std::path::PathBuf {
     }
 }
 
+/// cfn-lint with every rule: its informational checks too (`I…`, e.g. a stateful resource
+/// without a deletion policy), and the experimental ones.
+const EVERY_RULE: [&str; 3] = ["--include-checks", "I", "--include-experimental"];
+
 #[test]
-fn cfn_lint_passes_on_the_shipped_template() {
+fn cfn_lint_passes_on_the_shipped_template_with_every_rule() {
     let output = Command::new(cfn_lint())
+        .args(EVERY_RULE)
+        .arg("--")
         .arg(TEMPLATE_PATH)
         .current_dir(repository())
         .output()
