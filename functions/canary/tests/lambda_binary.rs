@@ -108,3 +108,35 @@ async fn a_database_outage_fails_the_invocation_and_the_replay_pongs_each_ping_o
         assert_eq!(ping(&env, id).await, ("PONGED".to_owned(), 1), "ping {id}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_reported_to_lambda_as_the_init_error() {
+    let env = TestEnv::new().await;
+    let mut vars = env.env_vars();
+    vars.insert(
+        "PAYBUS_DATABASE_URL".to_owned(),
+        format!(
+            "mysql://root:hunter2@127.0.0.1:{}/paybus",
+            paybus_platform::testing::free_port()
+        ),
+    );
+    let mut api = RuntimeApi::start().await;
+    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_canary"), &api, vars);
+
+    let (from, answer) = api.answer(Duration::from_secs(30)).await;
+    let status = lambda.wait().await;
+
+    assert_eq!(from, "init");
+    let paybus_platform::testing::lambda::Answer::InitError(error) = answer else {
+        panic!("an init error, not {answer:?}");
+    };
+    assert_eq!(error["errorType"], "paybus.DatabaseUnreachable", "{error}");
+    let message = error["errorMessage"].as_str().unwrap();
+    assert!(message.contains("cannot reach the database"), "{message}");
+    assert!(
+        !message.contains("hunter2"),
+        "no password in Lambda's error: {message}"
+    );
+    assert_eq!(status, Some(1));
+    assert!(api.no_answer(), "it never asked for an event");
+}
