@@ -384,13 +384,14 @@ pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), 
             .map_err(StartupError::from)?;
         let concurrency = usize::from(settings.broker.lambda_concurrency);
         let pool = &pool;
+        let accepted = &lambda::recorder_queues(&queues());
         tracing::info!(
             function = lambda::DEAD_LETTER_RECORDER,
             "lambda runtime starting"
         );
         return lambda_runtime::run(service_fn(
             move |event: LambdaEvent<RabbitMqEvent>| async move {
-                lambda::record_dead_letters(pool, concurrency, event.payload).await
+                lambda::record_dead_letters(pool, concurrency, accepted, event.payload).await
             },
         ))
         .await
