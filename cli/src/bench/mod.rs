@@ -227,7 +227,11 @@ pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::R
     // Every in-flight handler holds a connection; a smaller pool would measure the pool.
     settings.database.max_connections = u32::from(concurrency) + 8;
     let services = Services::connect(settings).await?;
-    services.declare_topology(&paybus_catalog::queues()).await?;
+    services
+        .declare_topology(&paybus_catalog::queues_with(
+            &services.settings.broker.shards,
+        ))
+        .await?;
     Ok(services)
 }
 

@@ -9,7 +9,7 @@
 //! function's errors and the API's 5xx answers.
 
 use paybus_platform::{
-    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name, queue_name},
+    bus::topology::{Shards, UNROUTED_QUEUE, dead_letter_queue_name},
     secrets::FROM_SUFFIX,
 };
 
@@ -280,18 +280,37 @@ fn triggered_by_mq(binary: &str) -> bool {
     binary == "dead-letters" || FUNCTIONS.iter().any(|f| f.name == binary)
 }
 
-/// The template as YAML text (what `paybus template` prints).
+/// The template as YAML text (what `paybus template` prints), every function unsharded: the
+/// shipped `template.yaml`.
 pub fn template_yaml() -> String {
+    template_yaml_with(&Shards::default())
+}
+
+/// The template for the layout `shards` (`PAYBUS_SHARDS=… paybus template`).
+pub fn template_yaml_with(shards: &Shards) -> String {
+    let layout = if shards.is_empty() {
+        String::new()
+    } else {
+        format!("# Shard layout: PAYBUS_SHARDS={shards}\n")
+    };
     format!(
         "# Generated from the function catalog by `paybus template > {TEMPLATE_PATH}`: do not\n\
          # edit by hand (a test compares this file with the catalog). infra/aws/README.md\n\
-         # explains every parameter, `sam build`, `sam deploy --guided` and rollback.\n{}",
-        template().to_yaml()
+         # explains every parameter, `sam build`, `sam deploy --guided` and rollback.\n{layout}{}",
+        template_with(shards).to_yaml()
     )
 }
 
-/// The template as a document.
+/// The template as a document, every function unsharded.
 pub fn template() -> Node {
+    template_with(&Shards::default())
+}
+
+/// The template as a document for the layout `shards`: one trigger per shard of a sharded
+/// function (Amazon MQ gives each trigger one execution environment), the layout in every
+/// function's `PAYBUS_SHARDS` (the consumers read only their own queues, `migrate` declares
+/// them).
+pub fn template_with(shards: &Shards) -> Node {
     let all = deployables();
     let mut resources = map! {};
     for function in FUNCTIONS {
@@ -306,10 +325,16 @@ pub fn template() -> Node {
             ),
         );
         add_needs(&mut properties, function.name);
-        properties.insert(
-            "Events",
-            map! { "Queue" => mq_event(&function.queue.queue()) },
-        );
+        let mut events = map! {};
+        for queue in shards.queues(function.queue) {
+            let name = if queue.shard.count > 1 {
+                format!("Shard{}", queue.shard.index)
+            } else {
+                "Queue".to_owned()
+            };
+            events.insert(&name, mq_event(&queue.queue()));
+        }
+        properties.insert("Events", events);
         resources.insert_commented(
             Some(&format!(
                 "{}: one Lambda on paybus.{} (an infrastructure fault fails the batch; Amazon MQ\nretries it; every handler is idempotent).",
@@ -474,7 +499,7 @@ pub fn template() -> Node {
                 "ServiceToken" => get_att(&migrate.function_id(), "Arn"),
                 "ServiceTimeout" => MIGRATION_SERVICE_TIMEOUT_S,
                 "Version" => reference(&format!("{}.Version", migrate.function_id())),
-                "Queues" => Node::List(FUNCTIONS.iter().map(|f| Node::from(queue_name(f.name))).collect()),
+                "Queues" => Node::List(crate::queues_with(shards).iter().map(|q| Node::from(q.queue())).collect()),
             },
         },
     );
@@ -498,7 +523,7 @@ pub fn template() -> Node {
         "Description" => "paybus: one Lambda per function on Amazon MQ for RabbitMQ, the dead-letter recorder, the sweeper, the HTTP API and the migrations (generated from the function catalog)",
         "Parameters" => parameters(),
         "Conditions" => conditions(),
-        "Globals" => globals(),
+        "Globals" => globals(shards),
         "Resources" => resources,
         "Outputs" => outputs,
     }
@@ -693,7 +718,17 @@ fn parameters() -> Node {
     p
 }
 
-fn globals() -> Node {
+fn globals(shards: &Shards) -> Node {
+    let mut variables = map! {
+        "PAYBUS_DATABASE_URL_FROM" => reference("DatabaseUrlSecretArn"),
+        "PAYBUS_DB_MAX_CONNECTIONS" => reference("DatabaseMaxConnections"),
+        "PAYBUS_LAMBDA_CONCURRENCY" => reference("LambdaConcurrency"),
+        "PAYBUS_LOG_FORMAT" => "json",
+        "RUST_LOG" => reference("LogLevel"),
+    };
+    if !shards.is_empty() {
+        variables.insert(Shards::VARIABLE, shards.to_string());
+    }
     map! {
         "Function" => map! {
             "Runtime" => "provided.al2023",
@@ -706,13 +741,7 @@ fn globals() -> Node {
                 "SubnetIds" => reference("SubnetIds"),
                 "SecurityGroupIds" => reference("SecurityGroupIds"),
             },
-            "Environment" => map! { "Variables" => map! {
-                "PAYBUS_DATABASE_URL_FROM" => reference("DatabaseUrlSecretArn"),
-                "PAYBUS_DB_MAX_CONNECTIONS" => reference("DatabaseMaxConnections"),
-                "PAYBUS_LAMBDA_CONCURRENCY" => reference("LambdaConcurrency"),
-                "PAYBUS_LOG_FORMAT" => "json",
-                "RUST_LOG" => reference("LogLevel"),
-            } },
+            "Environment" => map! { "Variables" => variables },
         },
     }
 }

@@ -730,3 +730,24 @@ fn no_function_may_run_past_fourteen_minutes() {
         assert!(longest <= 840, "{id}: up to {longest} s");
     }
 }
+
+#[test]
+fn a_four_shard_function_translates_into_four_mappings_whose_role_may_use_them() {
+    let shards = paybus_platform::bus::topology::Shards::default().with("confirm-withdrawal", 4);
+    let translated = translate(&sam::template_with(&shards).to_json());
+
+    let triggered = mq_triggered(&translated);
+    assert_eq!(
+        triggered["ConfirmWithdrawalFunction"],
+        [
+            "paybus.confirm-withdrawal.s0",
+            "paybus.confirm-withdrawal.s1",
+            "paybus.confirm-withdrawal.s2",
+            "paybus.confirm-withdrawal.s3"
+        ]
+    );
+    assert_eq!(mq_trigger_problems(&translated), Vec::<String>::new());
+    let environment = &translated["Resources"]["ConfirmWithdrawalFunction"]["Properties"]["Environment"]
+        ["Variables"];
+    assert_eq!(environment["PAYBUS_SHARDS"], "confirm-withdrawal=4");
+}

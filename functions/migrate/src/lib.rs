@@ -62,10 +62,28 @@ pub struct Report {
     pub ahead: Vec<i64>,
     /// Function queues declared (one per shard), each function with its dead-letter queue.
     pub queues: usize,
+    /// Queues of an earlier shard layout, now unbound, that still hold messages (to drain).
+    pub retired: Vec<(String, u32)>,
 }
 
 impl Report {
     fn reason(&self) -> String {
+        let mut reason = self.applied();
+        if !self.retired.is_empty() {
+            let retired: Vec<String> = self
+                .retired
+                .iter()
+                .map(|(queue, n)| format!("{queue} ({n})"))
+                .collect();
+            reason.push_str(&format!(
+                "; queues of an earlier shard layout still hold messages, drain them with `paybus topology --drain-retired`: {}",
+                retired.join(", ")
+            ));
+        }
+        reason
+    }
+
+    fn applied(&self) -> String {
         match self.ahead.as_slice() {
             [] => format!(
                 "migrations applied ({} known); topology declared ({} function queue(s))",
@@ -81,25 +99,40 @@ impl Report {
     }
 }
 
-/// Applies every pending migration (none when the database is ahead of this code) and
-/// declares the exchanges and every catalog function's queues (both idempotent).
-pub async fn migrate_and_declare(settings: &Settings) -> Result<Report, StartupError> {
+/// Applies every pending migration (none when the database is ahead of this code), declares
+/// the exchanges and every catalog function's queues in the settings' shard layout, and
+/// retires the queues of an earlier layout (all idempotent).
+pub async fn migrate_and_declare(settings: &Settings) -> Result<Report, FunctionError> {
+    let shards = &settings.broker.shards;
+    paybus_catalog::check_shards(shards)?;
     let services = Services::connect(settings.clone()).await?;
-    let ahead = db::migrations_ahead(&services.pool).await?;
+    let ahead = db::migrations_ahead(&services.pool)
+        .await
+        .map_err(StartupError::from)?;
     if ahead.is_empty() {
-        db::migrate(&services.pool).await?;
+        db::migrate(&services.pool)
+            .await
+            .map_err(StartupError::from)?;
     } else {
         tracing::warn!(
             ?ahead,
             "the database has migrations newer than this release: nothing to apply"
         );
     }
-    let queues = paybus_catalog::queues();
+    let queues = paybus_catalog::queues_with(shards);
     services.declare_topology(&queues).await?;
+    let retired = services
+        .retire_earlier_layouts(&queues)
+        .await?
+        .into_iter()
+        .filter(|r| r.messages > 0)
+        .map(|r| (r.queue, r.messages))
+        .collect();
     let report = Report {
         migrations: db::MIGRATOR.iter().count(),
         ahead,
         queues: queues.len(),
+        retired,
     };
     tracing::info!(
         migrations = report.migrations,
@@ -178,9 +211,7 @@ pub struct Response {
 pub async fn handle(event: Value, client: &reqwest::Client) -> Result<Value, InvocationError> {
     if event.get("RequestType").is_none() {
         let settings = function::settings().await?;
-        let report = migrate_and_declare(&settings)
-            .await
-            .map_err(FunctionError::from)?;
+        let report = migrate_and_declare(&settings).await?;
         return Ok(serde_json::to_value(report).unwrap_or_default());
     }
     let request: Request = serde_json::from_value(event).map_err(InvocationError::BadRequest)?;
@@ -283,15 +314,17 @@ pub async fn answer(request: &Request) -> Response {
 
 async fn migrate_for_cloudformation() -> Result<Report, FunctionError> {
     let settings = function::settings().await?;
-    Ok(migrate_and_declare(&settings).await?)
+    migrate_and_declare(&settings).await
 }
 
-/// The topology of this (older) release declared again, migrations untouched.
+/// The topology of this (older) release declared again (its shard layout), migrations
+/// untouched.
 async fn redeclare_for_rollback() -> Result<usize, FunctionError> {
     let settings = function::settings().await?;
+    let queues = paybus_catalog::queues_with(&settings.broker.shards);
     let services = Services::connect(settings).await?;
-    let queues = paybus_catalog::queues();
     services.declare_topology(&queues).await?;
+    services.retire_earlier_layouts(&queues).await?;
     Ok(queues.len())
 }
 

@@ -113,10 +113,7 @@ impl FunctionEntry {
     pub const fn of<F: Function>() -> Self {
         Self {
             name: F::FUNCTION,
-            queue: FunctionQueue {
-                function: F::FUNCTION,
-                routing_key: <F::Message as crate::bus::Message>::TYPE,
-            },
+            queue: FunctionQueue::new(F::FUNCTION, <F::Message as crate::bus::Message>::TYPE),
             add_to: add_to::<F>,
             jobs: F::jobs,
             triage: triage_body::<F>,

@@ -54,7 +54,7 @@ use super::{
     metrics,
     publisher::{PublishError, Publisher},
     services::{PendingServices, Services},
-    topology::{FunctionQueue, UNROUTED_QUEUE},
+    topology::{FunctionQueue, Shards, UNROUTED_QUEUE},
 };
 
 /// The Lambda's response for a batch that settled every message.
@@ -226,9 +226,14 @@ impl From<InvocationError> for Diagnostic {
     }
 }
 
-/// The queues the Lambda of `H` reads.
-pub fn own_queues<H: Handler>() -> Vec<String> {
-    vec![H::queue().queue()]
+/// The queues the Lambda of `H` reads in the layout `shards`: its queue, or its shards (each
+/// shard has a trigger of its own; any of them may invoke it).
+pub fn own_queues<H: Handler>(shards: &Shards) -> Vec<String> {
+    shards
+        .queues(H::queue())
+        .iter()
+        .map(FunctionQueue::queue)
+        .collect()
 }
 
 /// Settles every message of one Amazon MQ event: ack (nothing to do), or a confirmed dead
@@ -240,7 +245,8 @@ pub async fn handle_event<H: Handler>(
     services: &Services,
     event: RabbitMqEvent,
 ) -> Result<BatchSummary, InvocationError> {
-    check_queues(H::FUNCTION, &own_queues::<H>(), &event)?;
+    let own = own_queues::<H>(&services.settings.broker.shards);
+    check_queues(H::FUNCTION, &own, &event)?;
     let concurrency = usize::from(services.settings.broker.lambda_concurrency);
     let settled = settle_concurrently(
         &event,
@@ -751,10 +757,7 @@ mod tests {
 
     #[test]
     fn the_recorder_reads_dead_letter_queues_and_the_unrouted_queue_only() {
-        let queues = recorder_queues(&[FunctionQueue {
-            function: "a",
-            routing_key: "a.happened",
-        }]);
+        let queues = recorder_queues(&FunctionQueue::new("a", "a.happened").sharded(2));
         assert_eq!(queues, ["paybus.a.dlq", "paybus.unrouted"]);
     }
 

@@ -92,6 +92,20 @@ impl Services {
         self.outbox.publisher()
     }
 
+    /// Unbinds the queues an earlier shard layout of these functions routed to (see
+    /// `topology::retire`); the retired queues that still exist, with what they hold.
+    pub async fn retire_earlier_layouts(
+        &self,
+        functions: &[topology::FunctionQueue],
+    ) -> Result<Vec<topology::Retired>, StartupError> {
+        topology::retire(&self.connection(), functions)
+            .await
+            .map_err(|source| StartupError::Amqp {
+                doing: "retiring the queues of an earlier shard layout",
+                source,
+            })
+    }
+
     /// Declares the exchanges and these functions' queues (idempotent).
     pub async fn declare_topology(
         &self,
