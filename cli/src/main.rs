@@ -44,9 +44,14 @@ enum Command {
         /// The vhost named in the definitions document.
         #[arg(long, default_value = "/")]
         vhost: String,
-        /// After declaring, move what the queues of an earlier shard layout still hold back
-        /// into paybus.events (run it once their consumers are gone).
-        #[arg(long, conflicts_with = "definitions")]
+        /// The shard layout declared before (PAYBUS_SHARDS's earlier value; "" for none
+        /// sharded): its queues that the current layout lacks are unbound and listed with what
+        /// they hold.
+        #[arg(long, value_name = "LAYOUT", value_parser = parse_shards, conflicts_with = "definitions")]
+        previous_shards: Option<bus_topology::Shards>,
+        /// Then move what those retired queues still hold back into paybus.events (run it once
+        /// their consumers are gone).
+        #[arg(long, requires = "previous_shards")]
         drain_retired: bool,
     },
     /// Run every function's consumer, the dead-letter recorders and the sweeper in this
@@ -122,6 +127,10 @@ enum TokenCommand {
     },
 }
 
+fn parse_shards(text: &str) -> Result<bus_topology::Shards, String> {
+    bus_topology::Shards::parse(text)
+}
+
 fn parse_role(text: &str) -> Result<paybus_api::auth::Role, String> {
     text.to_ascii_uppercase()
         .parse()
@@ -165,8 +174,18 @@ async fn main() -> ExitCode {
         Command::Topology {
             definitions,
             vhost,
+            previous_shards,
             drain_retired,
-        } => topology(&settings, definitions, &vhost, drain_retired).await,
+        } => {
+            topology(
+                &settings,
+                definitions,
+                &vhost,
+                previous_shards,
+                drain_retired,
+            )
+            .await
+        }
         Command::Run => run(settings).await,
         Command::Serve => serve(settings).await,
         Command::Openapi => print_openapi(),
@@ -221,6 +240,7 @@ async fn topology(
     settings: &Settings,
     definitions: bool,
     vhost: &str,
+    previous: Option<bus_topology::Shards>,
     drain_retired: bool,
 ) -> anyhow::Result<ExitCode> {
     let shards = &settings.broker.shards;
@@ -242,7 +262,16 @@ async fn topology(
             format!(" (PAYBUS_SHARDS={shards})")
         }
     );
-    let retired = services.retire_earlier_layouts(&queues).await?;
+    let Some(previous) = previous else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    paybus_catalog::check_shards(&previous)?;
+    let retired = services
+        .retire(&queues, &paybus_catalog::queues_with(&previous))
+        .await?;
+    if retired.is_empty() {
+        println!("no queue of the previous layout ({previous}) is retired");
+    }
     for queue in &retired {
         if drain_retired && queue.messages > 0 {
             let moved = bus_topology::drain(&services.connection(), &queue.queue)

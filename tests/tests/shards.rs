@@ -247,7 +247,7 @@ async fn a_new_shard_count_retires_the_old_queues_and_drains_them_into_the_new()
         .await
         .unwrap();
     let retired = services
-        .retire_earlier_layouts(&canary_queues(&four))
+        .retire(&canary_queues(&four), &canary_queues(&one))
         .await
         .unwrap();
     publish_pings(&services, &[41, 42, 43, 44, 45, 46, 47, 48, 49, 50], 1).await;
@@ -281,7 +281,7 @@ async fn a_new_shard_count_retires_the_old_queues_and_drains_them_into_the_new()
         .await
         .unwrap();
     let retired = services
-        .retire_earlier_layouts(&canary_queues(&one))
+        .retire(&canary_queues(&one), &canary_queues(&four))
         .await
         .unwrap();
     publish_pings(&services, &[51], 1).await;

@@ -36,7 +36,7 @@ use std::{collections::BTreeMap, process::ExitCode, time::Duration};
 use lambda_runtime::{LambdaEvent, service_fn};
 use paybus_platform::{
     Settings,
-    bus::{Services, StartupError},
+    bus::{Services, StartupError, topology},
     config::LogFormat,
     db,
     function::{self, BuildError, FunctionError},
@@ -101,8 +101,12 @@ impl Report {
 
 /// Applies every pending migration (none when the database is ahead of this code), declares
 /// the exchanges and every catalog function's queues in the settings' shard layout, and
-/// retires the queues of an earlier layout (all idempotent).
-pub async fn migrate_and_declare(settings: &Settings) -> Result<Report, FunctionError> {
+/// retires those of `earlier` (the queue names declared before, e.g. the old `Queues` of a
+/// CloudFormation Update) that this layout does not have (all idempotent).
+pub async fn migrate_and_declare(
+    settings: &Settings,
+    earlier: &[String],
+) -> Result<Report, FunctionError> {
     let shards = &settings.broker.shards;
     paybus_catalog::check_shards(shards)?;
     let services = Services::connect(settings.clone()).await?;
@@ -121,8 +125,9 @@ pub async fn migrate_and_declare(settings: &Settings) -> Result<Report, Function
     }
     let queues = paybus_catalog::queues_with(shards);
     services.declare_topology(&queues).await?;
+    let earlier = topology::layout_of(earlier, &paybus_catalog::queues_with(&Default::default()));
     let retired = services
-        .retire_earlier_layouts(&queues)
+        .retire(&queues, &earlier)
         .await?
         .into_iter()
         .filter(|r| r.messages > 0)
@@ -211,7 +216,7 @@ pub struct Response {
 pub async fn handle(event: Value, client: &reqwest::Client) -> Result<Value, InvocationError> {
     if event.get("RequestType").is_none() {
         let settings = function::settings().await?;
-        let report = migrate_and_declare(&settings).await?;
+        let report = migrate_and_declare(&settings, &[]).await?;
         return Ok(serde_json::to_value(report).unwrap_or_default());
     }
     let request: Request = serde_json::from_value(event).map_err(InvocationError::BadRequest)?;
@@ -280,7 +285,7 @@ pub async fn answer(request: &Request) -> Response {
         Work::RollBack { redeclare: false } => {
             "a rollback: migrations only go forward and the older release runs on the newer schema; nothing changed".to_owned()
         }
-        Work::RollBack { redeclare: true } => match redeclare_for_rollback().await {
+        Work::RollBack { redeclare: true } => match redeclare_for_rollback(&old_queues(request)).await {
             Ok(queues) => format!(
                 "a rollback: migrations only go forward, nothing applied; the rolled-back deploy had changed the queues, so this release's {queues} function queue(s) were declared again"
             ),
@@ -292,7 +297,7 @@ pub async fn answer(request: &Request) -> Response {
                 )
             }
         },
-        Work::Migrate => match migrate_for_cloudformation().await {
+        Work::Migrate => match migrate_for_cloudformation(&old_queues(request)).await {
             Ok(report) => {
                 response.data = BTreeMap::from([
                     ("Migrations".to_owned(), report.migrations.to_string()),
@@ -312,19 +317,39 @@ pub async fn answer(request: &Request) -> Response {
     response
 }
 
-async fn migrate_for_cloudformation() -> Result<Report, FunctionError> {
-    let settings = function::settings().await?;
-    migrate_and_declare(&settings).await
+/// The `Queues` the request replaces (an Update's old properties; none otherwise).
+fn old_queues(request: &Request) -> Vec<String> {
+    request
+        .old_resource_properties
+        .as_ref()
+        .and_then(|old| old.get("Queues"))
+        .and_then(Value::as_array)
+        .map(|queues| {
+            queues
+                .iter()
+                .filter_map(|q| q.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
-/// The topology of this (older) release declared again (its shard layout), migrations
-/// untouched.
-async fn redeclare_for_rollback() -> Result<usize, FunctionError> {
+async fn migrate_for_cloudformation(earlier: &[String]) -> Result<Report, FunctionError> {
+    let settings = function::settings().await?;
+    migrate_and_declare(&settings, earlier).await
+}
+
+/// The topology of this (older) release declared again (its shard layout), the rolled-back
+/// deploy's queues (`rolled_back`) retired, migrations untouched.
+async fn redeclare_for_rollback(rolled_back: &[String]) -> Result<usize, FunctionError> {
     let settings = function::settings().await?;
     let queues = paybus_catalog::queues_with(&settings.broker.shards);
     let services = Services::connect(settings).await?;
     services.declare_topology(&queues).await?;
-    services.retire_earlier_layouts(&queues).await?;
+    let earlier = topology::layout_of(
+        rolled_back,
+        &paybus_catalog::queues_with(&Default::default()),
+    );
+    services.retire(&queues, &earlier).await?;
     Ok(queues.len())
 }
 
@@ -356,7 +381,7 @@ pub fn main() -> ExitCode {
 async fn run() -> Result<(), FunctionError> {
     if !function::in_lambda() {
         let settings = function::settings().await?;
-        let report = migrate_and_declare(&settings).await?;
+        let report = migrate_and_declare(&settings, &[]).await?;
         println!("{}", report.reason());
         return Ok(());
     }

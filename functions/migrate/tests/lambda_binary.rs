@@ -9,6 +9,7 @@ use std::{collections::BTreeSet, sync::Arc};
 
 use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::put};
 use paybus_platform::{
+    bus::{Envelope, topology::Shards},
     db::MIGRATOR,
     testing::{
         TestEnv,
@@ -57,19 +58,28 @@ impl ResponseUrl {
         Self { url, answers }
     }
 
-    /// A request as CloudFormation sends it for the `Migration` resource of the template.
-    /// `old_version` makes it an Update (`OldResourceProperties`); `queues` is the `Queues`
-    /// property (the catalog's queues unless given).
-    fn request(
+    /// A request as CloudFormation sends it for the `Migration` resource of the template, the
+    /// catalog's unsharded queues as `Queues`. `old_version` makes it an Update
+    /// (`OldResourceProperties`, the same queues).
+    fn request(&self, request_type: &str, version: &str, old_version: Option<&str>) -> String {
+        let queues = unsharded_queues();
+        self.request_with(
+            request_type,
+            version,
+            &queues,
+            old_version.map(|old| (old, queues.as_slice())),
+        )
+    }
+
+    /// The same with the `Queues` given, and the old ones of an Update.
+    fn request_with(
         &self,
         request_type: &str,
         version: &str,
-        old_version: Option<&str>,
-        queues: Option<Vec<String>>,
+        queues: &[String],
+        old: Option<(&str, &[String])>,
     ) -> String {
-        let queues =
-            queues.unwrap_or_else(|| paybus_catalog::queues().iter().map(|q| q.queue()).collect());
-        let properties = |version: &str| {
+        let properties = |version: &str, queues: &[String]| {
             json!({
                 "ServiceToken": FUNCTION_ARN,
                 "ServiceTimeout": "660",
@@ -85,13 +95,13 @@ impl ResponseUrl {
             "RequestId": format!("{request_type}-{}", version.rsplit(':').next().unwrap()),
             "ResourceType": "Custom::PaybusMigration",
             "LogicalResourceId": "Migration",
-            "ResourceProperties": properties(version),
+            "ResourceProperties": properties(version, queues),
         });
         if request_type != "Create" {
             request["PhysicalResourceId"] = json!("paybus-migration");
         }
-        if let Some(old) = old_version {
-            request["OldResourceProperties"] = properties(old);
+        if let Some((old_version, old_queues)) = old {
+            request["OldResourceProperties"] = properties(old_version, old_queues);
         }
         request.to_string()
     }
@@ -104,6 +114,13 @@ impl ResponseUrl {
         assert_documented(&answer);
         answer
     }
+}
+
+fn unsharded_queues() -> Vec<String> {
+    paybus_catalog::queues_with(&Shards::default())
+        .iter()
+        .map(|q| q.queue())
+        .collect()
 }
 
 /// The response body CloudFormation documents: these fields and no others, `Status`
@@ -186,7 +203,7 @@ async fn the_custom_resource_migrates_declares_the_queues_and_always_answers() {
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Create", &version(1), None, None),
+            cloudformation.request("Create", &version(1), None),
         )
         .await
         .response();
@@ -194,7 +211,7 @@ async fn the_custom_resource_migrates_declares_the_queues_and_always_answers() {
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Update", &version(2), Some(&version(1)), None),
+            cloudformation.request("Update", &version(2), Some(&version(1))),
         )
         .await
         .response();
@@ -202,7 +219,7 @@ async fn the_custom_resource_migrates_declares_the_queues_and_always_answers() {
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Delete", &version(2), None, None),
+            cloudformation.request("Delete", &version(2), None),
         )
         .await
         .response();
@@ -259,7 +276,7 @@ async fn a_rollback_after_a_newer_migration_answers_success_and_changes_nothing(
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Update", &version(1), Some(&version(2)), None),
+            cloudformation.request("Update", &version(1), Some(&version(2))),
         )
         .await
         .response();
@@ -305,7 +322,7 @@ async fn a_rollback_answers_success_without_reaching_the_database() {
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Update", &version(6), Some(&version(7)), None),
+            cloudformation.request("Update", &version(6), Some(&version(7))),
         )
         .await
         .response();
@@ -314,7 +331,7 @@ async fn a_rollback_answers_success_without_reaching_the_database() {
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Update", &version(8), Some(&version(7)), None),
+            cloudformation.request("Update", &version(8), Some(&version(7))),
         )
         .await
         .response();
@@ -338,7 +355,7 @@ async fn an_older_release_deployed_again_on_a_newer_schema_succeeds_without_migr
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Update", &version(4), Some(&version(3)), None),
+            cloudformation.request("Update", &version(4), Some(&version(3))),
         )
         .await
         .response();
@@ -369,7 +386,7 @@ async fn an_unreachable_database_is_a_failed_answer_with_the_reason_not_silence(
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Create", &version(1), None, None),
+            cloudformation.request("Create", &version(1), None),
         )
         .await
         .response();
@@ -394,7 +411,7 @@ async fn a_request_type_this_release_does_not_know_is_answered() {
     lambda
         .invoke(
             &mut api,
-            cloudformation.request("Import", &version(1), None, None),
+            cloudformation.request("Import", &version(1), None),
         )
         .await
         .response();
@@ -409,5 +426,117 @@ async fn a_request_type_this_release_does_not_know_is_answered() {
         .await,
         0,
         "nothing was migrated"
+    );
+}
+
+/// Messages ready in `queue`, `None` when it does not exist.
+async fn ready(services: &paybus_platform::bus::Services, queue: &str) -> Option<u32> {
+    let channel = services.connection().create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .ok()
+        .map(|q| q.message_count())
+}
+
+async fn ping(services: &paybus_platform::bus::Services, ping_id: u64) {
+    let message = Envelope::new(paybus_canary::Ping { ping_id })
+        .to_outgoing()
+        .unwrap();
+    services.publisher().publish_event(&message).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_that_shards_a_function_retires_its_queue_and_its_rollback_restores_it() {
+    let env = TestEnv::new().await;
+    let mut cloudformation = ResponseUrl::start().await;
+    let one = unsharded_queues();
+    let four_shards = Shards::default().with("canary", 4);
+    let sharded: Vec<String> = paybus_catalog::queues_with(&four_shards)
+        .iter()
+        .map(|q| q.queue())
+        .collect();
+    let mut api = RuntimeApi::start().await;
+    let mut first = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
+    first
+        .invoke(
+            &mut api,
+            cloudformation.request("Create", &version(1), None),
+        )
+        .await
+        .response();
+    cloudformation.answer().await;
+    let services = services_on(&env.settings, &[]).await;
+    for ping_id in 1..=5 {
+        ping(&services, ping_id).await;
+    }
+    drop(first);
+
+    // Version 2 shards the canary: a process with its layout gets the Update.
+    let mut vars = env.env_vars();
+    vars.insert("PAYBUS_SHARDS".to_owned(), four_shards.to_string());
+    // A Runtime API of its own: the killed process's long poll would take the next event.
+    let mut api = RuntimeApi::start().await;
+    let mut second = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, vars);
+    second
+        .invoke(
+            &mut api,
+            cloudformation.request_with("Update", &version(2), &sharded, Some((&version(1), &one))),
+        )
+        .await
+        .response();
+    let sharding = cloudformation.answer().await;
+    ping(&services, 6).await;
+    let after_sharding = (
+        ready(&services, "paybus.canary").await,
+        ready(&services, "paybus.canary.s0").await.unwrap()
+            + ready(&services, "paybus.canary.s1").await.unwrap()
+            + ready(&services, "paybus.canary.s2").await.unwrap()
+            + ready(&services, "paybus.canary.s3").await.unwrap(),
+    );
+    drop(second);
+
+    // The deploy fails later on: CloudFormation rolls back, version 1's code gets the Update.
+    let mut api = RuntimeApi::start().await;
+    let mut restored = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
+    restored
+        .invoke(
+            &mut api,
+            cloudformation.request_with("Update", &version(1), &one, Some((&version(2), &sharded))),
+        )
+        .await
+        .response();
+    let rolled_back = cloudformation.answer().await;
+    ping(&services, 7).await;
+
+    assert_eq!(sharding["Status"], "SUCCESS", "{sharding}");
+    let reason = sharding["Reason"].as_str().unwrap();
+    assert!(reason.contains("paybus.canary (5)"), "{reason}");
+    assert!(reason.contains("--drain-retired"), "{reason}");
+    assert_eq!(
+        after_sharding,
+        (Some(5), 1),
+        "the sixth ping went to a shard"
+    );
+    assert_eq!(rolled_back["Status"], "SUCCESS", "{rolled_back}");
+    assert!(
+        rolled_back["Reason"]
+            .as_str()
+            .unwrap()
+            .contains("declared again"),
+        "{rolled_back}"
+    );
+    assert_eq!(
+        ready(&services, "paybus.canary").await,
+        Some(6),
+        "the rollback routes the canary's messages to its one queue again"
     );
 }

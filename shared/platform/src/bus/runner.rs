@@ -125,7 +125,6 @@ impl Runner {
     /// every consumer finishes its in-flight messages before this returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartupError> {
         self.services.declare_topology(&self.queues).await?;
-        self.services.retire_earlier_layouts(&self.queues).await?;
         let mut tasks = tokio::task::JoinSet::new();
         for start in self.starters {
             tasks.spawn(start(shutdown.clone()));

@@ -92,16 +92,17 @@ impl Services {
         self.outbox.publisher()
     }
 
-    /// Unbinds the queues an earlier shard layout of these functions routed to (see
-    /// `topology::retire`); the retired queues that still exist, with what they hold.
-    pub async fn retire_earlier_layouts(
+    /// Unbinds the queues of the `earlier` layout that `current` does not have (see
+    /// `topology::retire`); the retired queues, with what they still hold.
+    pub async fn retire(
         &self,
-        functions: &[topology::FunctionQueue],
+        current: &[topology::FunctionQueue],
+        earlier: &[topology::FunctionQueue],
     ) -> Result<Vec<topology::Retired>, StartupError> {
-        topology::retire(&self.connection(), functions)
+        topology::retire(&self.connection(), current, earlier)
             .await
             .map_err(|source| StartupError::Amqp {
-                doing: "retiring the queues of an earlier shard layout",
+                doing: "retiring the queues of the earlier shard layout",
                 source,
             })
     }

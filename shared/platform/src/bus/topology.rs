@@ -34,8 +34,10 @@
 //!
 //! Changing `N` is a migration of the topology. The new queues are declared and bound; the
 //! ones the new layout no longer uses are unbound (nothing new reaches them) but kept, with
-//! whatever they still hold ([`retire`]): drain them into `paybus.events` again
-//! ([`drain`], `paybus topology --drain-retired`) once their consumers are gone.
+//! whatever they still hold ([`retire`], given the earlier layout: `migrate` gets it from
+//! CloudFormation, `paybus topology --previous-shards` from the operator): drain them into
+//! `paybus.events` again ([`drain`], `paybus topology --drain-retired`) once their consumers
+//! are gone.
 
 use lapin::{
     Channel, Connection, ExchangeKind,
@@ -447,141 +449,127 @@ pub struct Retired {
     pub messages: u32,
 }
 
-/// Unbinds what an earlier layout of `functions` routed to and this one does not (see the
-/// module's comment): the unsharded queue of a function now sharded, shards past the count,
-/// the hash exchange of a function no longer sharded. Nothing is deleted: every retired queue
-/// that still exists is returned with its messages, to be drained. Probing a queue or an
-/// exchange that does not exist closes the channel, so each probe has its own.
+/// Unbinds the queues of the `earlier` layout that the `current` one does not have (see the
+/// module's comment): a function's unsharded queue once it is sharded, its shards past the new
+/// count, and, for a function back to one queue, its hash exchange from `paybus.events`.
+/// Nothing is deleted: each retired queue is returned with the messages it still holds, to be
+/// drained. `earlier` must be what was declared before (a deploy knows it: CloudFormation
+/// hands `migrate` the old `Queues`; `paybus topology --previous-shards` is told): the broker
+/// cannot be asked which queues exist without failing a channel for each one that does not.
 pub async fn retire(
     connection: &Connection,
-    functions: &[FunctionQueue],
+    current: &[FunctionQueue],
+    earlier: &[FunctionQueue],
 ) -> Result<Vec<Retired>, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    let current_names: Vec<String> = current.iter().map(FunctionQueue::queue).collect();
     let mut retired = Vec::new();
-    let mut done: Vec<&str> = Vec::new();
-    for f in functions {
-        if done.contains(&f.function) {
+    let mut unbound_exchanges: Vec<&str> = Vec::new();
+    for old in earlier {
+        if current_names.contains(&old.queue()) {
             continue;
         }
-        done.push(f.function);
-        let count = f.shard.count;
-        if count > 1 {
-            let unsharded = queue_name(f.function);
-            if let Some(messages) = queue_messages(connection, &unsharded).await? {
-                let channel = connection.create_channel().await?;
-                channel
-                    .queue_unbind(
-                        unsharded.as_str().into(),
-                        EVENTS_EXCHANGE.into(),
-                        f.routing_key.into(),
-                        FieldTable::default(),
-                    )
-                    .await?;
-                let _ = channel.close(200, "retired".into()).await;
-                retired.push(Retired {
-                    queue: unsharded,
-                    function: f.function,
-                    messages,
-                });
-            }
-        } else {
-            let exchange = shard_exchange_name(f.function);
-            if exchange_exists(connection, &exchange).await? {
-                let channel = connection.create_channel().await?;
+        if old.shard.count > 1 {
+            channel
+                .queue_unbind(
+                    old.queue().as_str().into(),
+                    shard_exchange_name(old.function).as_str().into(),
+                    SHARD_WEIGHT.into(),
+                    FieldTable::default(),
+                )
+                .await?;
+            let still_sharded = current
+                .iter()
+                .any(|q| q.function == old.function && q.shard.count > 1);
+            if !still_sharded && !unbound_exchanges.contains(&old.function) {
+                unbound_exchanges.push(old.function);
                 channel
                     .exchange_unbind(
-                        exchange.as_str().into(),
+                        shard_exchange_name(old.function).as_str().into(),
                         EVENTS_EXCHANGE.into(),
-                        f.routing_key.into(),
+                        old.routing_key.into(),
                         ExchangeUnbindOptions::default(),
                         FieldTable::default(),
                     )
                     .await?;
-                let _ = channel.close(200, "retired".into()).await;
             }
+        } else {
+            channel
+                .queue_unbind(
+                    old.queue().as_str().into(),
+                    EVENTS_EXCHANGE.into(),
+                    old.routing_key.into(),
+                    FieldTable::default(),
+                )
+                .await?;
         }
-        // Shards past the count: from `count` (0 when unsharded) up to the first that is
-        // missing (a layout's shards are numbered without gaps).
-        let first = if count > 1 { count } else { 0 };
-        for index in first..Shards::MAX {
-            let queue = shard_queue_name(f.function, index);
-            let Some(messages) = queue_messages(connection, &queue).await? else {
-                break;
-            };
-            if count > 1 {
-                let channel = connection.create_channel().await?;
-                channel
-                    .queue_unbind(
-                        queue.as_str().into(),
-                        shard_exchange_name(f.function).as_str().into(),
-                        SHARD_WEIGHT.into(),
-                        FieldTable::default(),
-                    )
-                    .await?;
-                let _ = channel.close(200, "retired".into()).await;
-            }
-            retired.push(Retired {
-                queue,
-                function: f.function,
-                messages,
-            });
-        }
+        let held = channel
+            .queue_declare(
+                old.queue().as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?
+            .message_count();
+        retired.push(Retired {
+            queue: old.queue(),
+            function: old.function,
+            messages: held,
+        });
     }
+    let _ = channel.close(200, "retired".into()).await;
     for r in retired.iter().filter(|r| r.messages > 0) {
         tracing::warn!(
             queue = %r.queue,
             messages = r.messages,
-            "a queue of an earlier shard layout still holds messages: drain it (paybus topology --drain-retired)"
+            "a queue of the earlier shard layout still holds messages: drain it (paybus topology --drain-retired)"
         );
     }
     Ok(retired)
 }
 
-/// Messages ready in `queue`, or `None` when it does not exist.
-async fn queue_messages(connection: &Connection, queue: &str) -> Result<Option<u32>, lapin::Error> {
-    let channel = connection.create_channel().await?;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    match channel
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-    {
-        Ok(declared) => {
-            let _ = channel.close(200, "probed".into()).await;
-            Ok(Some(declared.message_count()))
+/// The function queue a queue name stands for among `functions` (`paybus.<function>` or
+/// `paybus.<function>.s<index>`), its shard count being how many of `names` are its shards:
+/// an earlier layout read back from queue names (a deploy's old `Queues`). Names of no known
+/// function are left out.
+pub fn layout_of(names: &[String], functions: &[FunctionQueue]) -> Vec<FunctionQueue> {
+    let parse = |name: &str| -> Option<(String, Option<u16>)> {
+        let rest = name.strip_prefix("paybus.")?;
+        match rest.split_once('.') {
+            None => Some((rest.to_owned(), None)),
+            Some((function, shard)) => Some((
+                function.to_owned(),
+                Some(shard.strip_prefix('s')?.parse().ok()?),
+            )),
         }
-        Err(error) if is_not_found(&error) => Ok(None),
-        Err(error) => Err(error),
-    }
-}
-
-async fn exchange_exists(connection: &Connection, exchange: &str) -> Result<bool, lapin::Error> {
-    let channel = connection.create_channel().await?;
-    let passive = ExchangeDeclareOptions {
-        passive: true,
-        ..Default::default()
     };
-    match channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Custom(CONSISTENT_HASH.to_owned()),
-            passive,
-            FieldTable::default(),
-        )
-        .await
-    {
-        Ok(()) => {
-            let _ = channel.close(200, "probed".into()).await;
-            Ok(true)
-        }
-        Err(error) if is_not_found(&error) => Ok(false),
-        Err(error) => Err(error),
+    let parsed: Vec<(String, Option<u16>)> = names.iter().filter_map(|n| parse(n)).collect();
+    let mut layout = Vec::new();
+    for (function, index) in &parsed {
+        let Some(known) = functions.iter().find(|f| f.function == function) else {
+            continue;
+        };
+        let count = parsed
+            .iter()
+            .filter(|(f, i)| f == function && i.is_some())
+            .count();
+        let shard = match index {
+            None => Shard::ONE,
+            Some(index) => Shard {
+                index: *index,
+                count: u16::try_from(count).unwrap_or(u16::MAX),
+            },
+        };
+        layout.push(FunctionQueue {
+            function: known.function,
+            routing_key: known.routing_key,
+            shard,
+        });
     }
-}
-
-fn is_not_found(error: &lapin::Error) -> bool {
-    error.to_string().contains("NOT_FOUND")
+    layout
 }
 
 /// Moves every message of the retired queue `queue` back into `paybus.events` under its
@@ -709,4 +697,51 @@ pub fn is_events_exchange_without_alternate(error: &lapin::Error) -> bool {
     text.contains("PRECONDITION_FAILED")
         && text.contains("alternate-exchange")
         && text.contains(EVENTS_EXCHANGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: FunctionQueue = FunctionQueue::new("a-fn", "a.happened");
+    const B: FunctionQueue = FunctionQueue::new("b", "b.happened");
+
+    #[test]
+    fn shard_queues_are_numbered_and_one_shard_is_the_plain_queue() {
+        let names: Vec<String> = A.sharded(3).iter().map(FunctionQueue::queue).collect();
+        assert_eq!(
+            names,
+            ["paybus.a-fn.s0", "paybus.a-fn.s1", "paybus.a-fn.s2"]
+        );
+        assert_eq!(A.sharded(1), vec![A]);
+        assert_eq!(A.sharded(0), vec![A]);
+        assert!(
+            A.sharded(3)
+                .iter()
+                .all(|q| q.dead_letter_queue() == "paybus.a-fn.dlq")
+        );
+    }
+
+    #[test]
+    fn an_earlier_layout_is_read_back_from_its_queue_names() {
+        let layout = Shards::default().with("a-fn", 3);
+        let names: Vec<String> = [A, B]
+            .into_iter()
+            .flat_map(|q| layout.queues(q))
+            .map(|q| q.queue())
+            .chain(["paybus.gone".to_owned(), "other.queue".to_owned()])
+            .collect();
+
+        let read = layout_of(&names, &[A, B]);
+
+        assert_eq!(read, [A.sharded(3), vec![B]].concat());
+    }
+
+    #[test]
+    fn a_layout_prints_as_its_variable_reads_it() {
+        let layout = Shards::parse("b=2, a-fn=4,c=1").unwrap();
+        assert_eq!(layout.to_string(), "a-fn=4,b=2");
+        assert_eq!(Shards::parse(&layout.to_string()).unwrap(), layout);
+        assert_eq!(layout.with("b", 1).to_string(), "a-fn=4");
+    }
 }
