@@ -88,19 +88,9 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
     let consumers = |queue: String| {
         let services = services.clone();
         async move {
-            let channel = services.connection().create_channel().await.ok()?;
-            let declared = channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    lapin::types::FieldTable::default(),
-                )
+            paybus_platform::testing::queue_state(&services, &queue)
                 .await
-                .ok()?;
-            Some(declared.consumer_count())
+                .map(|(_, consumers)| consumers)
         }
     };
     let mut shard_queues = Vec::new();

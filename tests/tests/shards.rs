@@ -10,10 +10,7 @@ use std::{
     time::Duration,
 };
 
-use lapin::{
-    options::{BasicGetOptions, QueueDeclareOptions},
-    types::FieldTable,
-};
+use lapin::options::BasicGetOptions;
 use paybus_canary::{Canary, Ping};
 use paybus_platform::{
     Settings,
@@ -23,7 +20,7 @@ use paybus_platform::{
         metrics,
         topology::{self, Shards},
     },
-    testing::{TestEnv, eventually, lambda::MqEvent, scalar, services_on},
+    testing::{TestEnv, eventually, lambda::MqEvent, queue_state, scalar, services_on},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -78,24 +75,6 @@ async fn take_all(channel: &lapin::Channel, queue: &str) -> Vec<lapin::message::
         taken.push(message.delivery);
     }
     taken
-}
-
-/// Messages and consumers of `queue`, `None` when it does not exist (probed on a channel of
-/// its own: a passive declare of a missing queue closes the channel).
-async fn queue_state(services: &Services, queue: &str) -> Option<(u32, u32)> {
-    let channel = services.connection().create_channel().await.unwrap();
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .ok()
-        .map(|q| (q.message_count(), q.consumer_count()))
 }
 
 /// Which shards the messages of each ping landed on, read off the shard queues.

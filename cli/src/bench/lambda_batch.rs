@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures_util::future::try_join_all;
 use lapin::options::BasicGetOptions;
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_platform::{
-    bus::{Envelope, Handler, Services, headers::header_text, lambda::handle_event, topology},
+    bus::{Handler, Services, headers::header_text, lambda::handle_event, topology},
     testing::{
         TestEnv,
         lambda::{self, MqEvent},
@@ -31,7 +31,9 @@ use serde_json::json;
 
 use super::{
     BenchArgs, Counters, Phase, bench_services,
-    confirm_withdrawal::{insert_broadcasting_withdrawals, insert_partners, through_the_broker},
+    confirm_withdrawal::{
+        confirmations, insert_broadcasting_withdrawals, insert_partners, through_the_broker,
+    },
 };
 
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -151,16 +153,7 @@ async fn batches_from_the_broker(
     services: &Services,
     withdrawals: &[u64],
 ) -> anyhow::Result<Vec<(String, MqEvent)>> {
-    let messages: Vec<_> = withdrawals
-        .iter()
-        .map(|&withdrawal_id| {
-            Envelope::new(WithdrawalTxConfirmed {
-                withdrawal_id,
-                tx_hash: "0xbench".to_owned(),
-            })
-            .to_outgoing()
-        })
-        .collect::<Result<_, _>>()?;
+    let messages = confirmations(withdrawals)?;
     for chunk in messages.chunks(512) {
         for result in services.publisher().publish_events(chunk).await {
             result.context("publishing a confirmation")?;

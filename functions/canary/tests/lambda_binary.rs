@@ -112,14 +112,7 @@ async fn a_database_outage_fails_the_invocation_and_the_replay_pongs_each_ping_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_database_is_reported_to_lambda_as_the_init_error() {
     let env = TestEnv::new().await;
-    let mut vars = env.env_vars();
-    vars.insert(
-        "PAYBUS_DATABASE_URL".to_owned(),
-        format!(
-            "mysql://root:hunter2@127.0.0.1:{}/paybus",
-            paybus_platform::testing::free_port()
-        ),
-    );
+    let vars = env.env_vars_with_database_unreachable();
     let mut api = RuntimeApi::start().await;
     let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_canary"), &api, vars);
 
@@ -134,7 +127,7 @@ async fn an_unreachable_database_is_reported_to_lambda_as_the_init_error() {
     let message = error["errorMessage"].as_str().unwrap();
     assert!(message.contains("cannot reach the database"), "{message}");
     assert!(
-        !message.contains("hunter2"),
+        !message.contains(paybus_platform::testing::UNREACHABLE_DATABASE_PASSWORD),
         "no password in Lambda's error: {message}"
     );
     assert_eq!(status, Some(1));

@@ -5,7 +5,10 @@
 //! an answer.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+};
 
 use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::put};
 use paybus_platform::{
@@ -123,6 +126,39 @@ fn unsharded_queues() -> Vec<String> {
         .collect()
 }
 
+/// The `migrate` binary as a Lambda, and CloudFormation waiting for its answers.
+struct Migrate {
+    cloudformation: ResponseUrl,
+    api: RuntimeApi,
+    lambda: LambdaProcess,
+}
+
+impl Migrate {
+    async fn start(vars: HashMap<String, String>) -> Self {
+        let cloudformation = ResponseUrl::start().await;
+        let api = RuntimeApi::start().await;
+        let lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, vars);
+        Self {
+            cloudformation,
+            api,
+            lambda,
+        }
+    }
+
+    /// Another release's code (a new process with `vars`) for the next requests, on a
+    /// Runtime API of its own: the killed process's long poll would take the next event.
+    async fn restart(&mut self, vars: HashMap<String, String>) {
+        self.api = RuntimeApi::start().await;
+        self.lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &self.api, vars);
+    }
+
+    /// Hands `request` to the function and returns what CloudFormation got back.
+    async fn send(&mut self, request: String) -> Value {
+        self.lambda.invoke(&mut self.api, request).await.response();
+        self.cloudformation.answer().await
+    }
+}
+
 /// The response body CloudFormation documents: these fields and no others, `Status`
 /// `SUCCESS` or `FAILED`, a `Reason` that is a text (required for `FAILED`; never `null`),
 /// string `Data` values, the whole under 4 KiB.
@@ -196,34 +232,21 @@ async fn apply_a_newer_release(pool: &MySqlPool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_custom_resource_migrates_declares_the_queues_and_always_answers() {
     let env = TestEnv::unmigrated().await;
-    let mut cloudformation = ResponseUrl::start().await;
-    let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
+    let mut migrate = Migrate::start(env.env_vars()).await;
 
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Create", &version(1), None),
+    let created = migrate
+        .send(migrate.cloudformation.request("Create", &version(1), None))
+        .await;
+    let updated = migrate
+        .send(
+            migrate
+                .cloudformation
+                .request("Update", &version(2), Some(&version(1))),
         )
-        .await
-        .response();
-    let created = cloudformation.answer().await;
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Update", &version(2), Some(&version(1))),
-        )
-        .await
-        .response();
-    let updated = cloudformation.answer().await;
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Delete", &version(2), None),
-        )
-        .await
-        .response();
-    let deleted = cloudformation.answer().await;
+        .await;
+    let deleted = migrate
+        .send(migrate.cloudformation.request("Delete", &version(2), None))
+        .await;
 
     assert_eq!(created["Status"], "SUCCESS", "{created}");
     assert_eq!(created["PhysicalResourceId"], "paybus-migration");
@@ -269,18 +292,15 @@ async fn a_rollback_after_a_newer_migration_answers_success_and_changes_nothing(
     let env = TestEnv::new().await;
     apply_a_newer_release(&env.db).await;
     let before = applied(&env.db).await;
-    let mut cloudformation = ResponseUrl::start().await;
-    let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
+    let mut migrate = Migrate::start(env.env_vars()).await;
 
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Update", &version(1), Some(&version(2))),
+    let rolled_back = migrate
+        .send(
+            migrate
+                .cloudformation
+                .request("Update", &version(1), Some(&version(2))),
         )
-        .await
-        .response();
-    let rolled_back = cloudformation.answer().await;
+        .await;
 
     assert_eq!(rolled_back["Status"], "SUCCESS", "{rolled_back}");
     assert_eq!(rolled_back["PhysicalResourceId"], "paybus-migration");
@@ -307,35 +327,24 @@ async fn a_rollback_after_a_newer_migration_answers_success_and_changes_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_answers_success_without_reaching_the_database() {
     let env = TestEnv::unmigrated().await;
-    let mut cloudformation = ResponseUrl::start().await;
-    let mut vars = env.env_vars();
-    vars.insert(
-        "PAYBUS_DATABASE_URL".to_owned(),
-        format!(
-            "mysql://root@127.0.0.1:{}/paybus",
-            paybus_platform::testing::free_port()
-        ),
-    );
-    let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, vars);
+    let vars = env.env_vars_with_database_unreachable();
+    let mut migrate = Migrate::start(vars).await;
 
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Update", &version(6), Some(&version(7))),
+    let rolled_back = migrate
+        .send(
+            migrate
+                .cloudformation
+                .request("Update", &version(6), Some(&version(7))),
         )
-        .await
-        .response();
-    let rolled_back = cloudformation.answer().await;
+        .await;
     // The same database, forward: the reachability is what the rollback did not need.
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Update", &version(8), Some(&version(7))),
+    let forward = migrate
+        .send(
+            migrate
+                .cloudformation
+                .request("Update", &version(8), Some(&version(7))),
         )
-        .await
-        .response();
-    let forward = cloudformation.answer().await;
+        .await;
 
     assert_eq!(rolled_back["Status"], "SUCCESS", "{rolled_back}");
     assert_eq!(forward["Status"], "FAILED", "{forward}");
@@ -348,18 +357,15 @@ async fn an_older_release_deployed_again_on_a_newer_schema_succeeds_without_migr
     let env = TestEnv::new().await;
     apply_a_newer_release(&env.db).await;
     let before = applied(&env.db).await;
-    let mut cloudformation = ResponseUrl::start().await;
-    let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
+    let mut migrate = Migrate::start(env.env_vars()).await;
 
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Update", &version(4), Some(&version(3))),
+    let updated = migrate
+        .send(
+            migrate
+                .cloudformation
+                .request("Update", &version(4), Some(&version(3))),
         )
-        .await
-        .response();
-    let updated = cloudformation.answer().await;
+        .await;
 
     assert_eq!(updated["Status"], "SUCCESS", "{updated}");
     let reason = updated["Reason"].as_str().unwrap();
@@ -371,32 +377,18 @@ async fn an_older_release_deployed_again_on_a_newer_schema_succeeds_without_migr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_database_is_a_failed_answer_with_the_reason_not_silence() {
     let env = TestEnv::unmigrated().await;
-    let mut cloudformation = ResponseUrl::start().await;
-    let mut vars = env.env_vars();
-    vars.insert(
-        "PAYBUS_DATABASE_URL".to_owned(),
-        format!(
-            "mysql://root:hunter2@127.0.0.1:{}/paybus",
-            paybus_platform::testing::free_port()
-        ),
-    );
-    let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, vars);
+    let vars = env.env_vars_with_database_unreachable();
+    let mut migrate = Migrate::start(vars).await;
 
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Create", &version(1), None),
-        )
-        .await
-        .response();
-    let failed = cloudformation.answer().await;
+    let failed = migrate
+        .send(migrate.cloudformation.request("Create", &version(1), None))
+        .await;
 
     assert_eq!(failed["Status"], "FAILED", "{failed}");
     let reason = failed["Reason"].as_str().unwrap();
     assert!(reason.contains("cannot reach the database"), "{reason}");
     assert!(
-        !reason.contains("hunter2"),
+        !reason.contains(paybus_platform::testing::UNREACHABLE_DATABASE_PASSWORD),
         "no password in CloudFormation's events: {reason}"
     );
 }
@@ -404,18 +396,11 @@ async fn an_unreachable_database_is_a_failed_answer_with_the_reason_not_silence(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_type_this_release_does_not_know_is_answered() {
     let env = TestEnv::unmigrated().await;
-    let mut cloudformation = ResponseUrl::start().await;
-    let mut api = RuntimeApi::start().await;
-    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
+    let mut migrate = Migrate::start(env.env_vars()).await;
 
-    lambda
-        .invoke(
-            &mut api,
-            cloudformation.request("Import", &version(1), None),
-        )
-        .await
-        .response();
-    let answered = cloudformation.answer().await;
+    let answered = migrate
+        .send(migrate.cloudformation.request("Import", &version(1), None))
+        .await;
 
     assert_eq!(answered["Status"], "SUCCESS", "{answered}");
     assert_eq!(
@@ -431,19 +416,9 @@ async fn a_request_type_this_release_does_not_know_is_answered() {
 
 /// Messages ready in `queue`, `None` when it does not exist.
 async fn ready(services: &paybus_platform::bus::Services, queue: &str) -> Option<u32> {
-    let channel = services.connection().create_channel().await.unwrap();
-    channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
+    paybus_platform::testing::queue_state(services, queue)
         .await
-        .ok()
-        .map(|q| q.message_count())
+        .map(|(messages, _)| messages)
 }
 
 async fn ping(services: &paybus_platform::bus::Services, ping_id: u64) {
@@ -457,43 +432,33 @@ async fn ping(services: &paybus_platform::bus::Services, ping_id: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_that_shards_a_function_retires_its_queue_and_its_rollback_restores_it() {
     let env = TestEnv::new().await;
-    let mut cloudformation = ResponseUrl::start().await;
     let one = unsharded_queues();
     let four_shards = Shards::default().with("canary", 4);
     let sharded: Vec<String> = paybus_catalog::queues_with(&four_shards)
         .iter()
         .map(|q| q.queue())
         .collect();
-    let mut api = RuntimeApi::start().await;
-    let mut first = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
-    first
-        .invoke(
-            &mut api,
-            cloudformation.request("Create", &version(1), None),
-        )
-        .await
-        .response();
-    cloudformation.answer().await;
+    let mut migrate = Migrate::start(env.env_vars()).await;
+    migrate
+        .send(migrate.cloudformation.request("Create", &version(1), None))
+        .await;
     let services = services_on(&env.settings, &[]).await;
     for ping_id in 1..=5 {
         ping(&services, ping_id).await;
     }
-    drop(first);
 
     // Version 2 shards the canary: a process with its layout gets the Update.
     let mut vars = env.env_vars();
     vars.insert("PAYBUS_SHARDS".to_owned(), four_shards.to_string());
-    // A Runtime API of its own: the killed process's long poll would take the next event.
-    let mut api = RuntimeApi::start().await;
-    let mut second = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, vars);
-    second
-        .invoke(
-            &mut api,
-            cloudformation.request_with("Update", &version(2), &sharded, Some((&version(1), &one))),
-        )
-        .await
-        .response();
-    let sharding = cloudformation.answer().await;
+    migrate.restart(vars).await;
+    let sharding = migrate
+        .send(migrate.cloudformation.request_with(
+            "Update",
+            &version(2),
+            &sharded,
+            Some((&version(1), &one)),
+        ))
+        .await;
     ping(&services, 6).await;
     let after_sharding = (
         ready(&services, "paybus.canary").await,
@@ -502,19 +467,17 @@ async fn a_deploy_that_shards_a_function_retires_its_queue_and_its_rollback_rest
             + ready(&services, "paybus.canary.s2").await.unwrap()
             + ready(&services, "paybus.canary.s3").await.unwrap(),
     );
-    drop(second);
 
     // The deploy fails later on: CloudFormation rolls back, version 1's code gets the Update.
-    let mut api = RuntimeApi::start().await;
-    let mut restored = LambdaProcess::spawn(env!("CARGO_BIN_EXE_migrate"), &api, env.env_vars());
-    restored
-        .invoke(
-            &mut api,
-            cloudformation.request_with("Update", &version(1), &one, Some((&version(2), &sharded))),
-        )
-        .await
-        .response();
-    let rolled_back = cloudformation.answer().await;
+    migrate.restart(env.env_vars()).await;
+    let rolled_back = migrate
+        .send(migrate.cloudformation.request_with(
+            "Update",
+            &version(1),
+            &one,
+            Some((&version(2), &sharded)),
+        ))
+        .await;
     ping(&services, 7).await;
 
     assert_eq!(sharding["Status"], "SUCCESS", "{sharding}");
