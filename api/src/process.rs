@@ -41,7 +41,8 @@ pub async fn serve_until_stopped(
     config: ApiConfig,
     shutdown: CancellationToken,
 ) -> Result<(), FunctionError> {
-    services.declare_topology(&paybus_catalog::queues()).await?;
+    let queues = paybus_catalog::queues_with(&services.settings.broker.shards);
+    services.declare_topology(&queues).await?;
     let state = catalog_state(services, &config)
         .map_err(|error| FunctionError::Service(Box::new(error)))?;
     tracing::info!(addr = %config.http_addr, "paybus API serving; Ctrl-C or SIGTERM stops it");

@@ -161,5 +161,19 @@ async fn a_secret_that_cannot_be_read_stops_the_start_naming_the_variable() {
         stderr.contains("cannot read PAYBUS_ADMIN_JWT_SECRET from arn:aws:secretsmanager"),
         "{stderr}"
     );
+    // Lambda is told why, through the Runtime API, and nothing was served.
+    let (from, answer) = api.answer(std::time::Duration::from_secs(5)).await;
+    assert_eq!(from, "init");
+    let paybus_platform::testing::lambda::Answer::InitError(error) = answer else {
+        panic!("an init error, not {answer:?}");
+    };
+    assert_eq!(error["errorType"], "paybus.SecretUnavailable", "{error}");
+    assert!(
+        error["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("cannot read PAYBUS_ADMIN_JWT_SECRET"),
+        "{error}"
+    );
     assert!(api.no_answer(), "nothing was served");
 }

@@ -36,7 +36,8 @@ enum Command {
     Migrate,
     /// Check that the database and the broker answer; exits non-zero with one line per problem.
     Doctor,
-    /// Declare the exchanges and every function's queues (idempotent).
+    /// Declare the exchanges and every function's queues in the PAYBUS_SHARDS layout
+    /// (idempotent), unbinding the queues of an earlier layout.
     Topology {
         /// Print the topology as a RabbitMQ definitions document instead of declaring it.
         #[arg(long)]
@@ -44,6 +45,15 @@ enum Command {
         /// The vhost named in the definitions document.
         #[arg(long, default_value = "/")]
         vhost: String,
+        /// The shard layout declared before (PAYBUS_SHARDS's earlier value; "" for none
+        /// sharded): its queues that the current layout lacks are unbound and listed with what
+        /// they hold.
+        #[arg(long, value_name = "LAYOUT", value_parser = parse_shards, conflicts_with = "definitions")]
+        previous_shards: Option<bus_topology::Shards>,
+        /// Then move what those retired queues still hold back into paybus.events (run it once
+        /// their consumers are gone).
+        #[arg(long, requires = "previous_shards")]
+        drain_retired: bool,
     },
     /// Run every function's consumer, the dead-letter recorders and the sweeper in this
     /// process until SIGTERM or Ctrl-C.
@@ -73,7 +83,8 @@ enum Command {
     /// a FAILED one.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
-    /// Print the AWS SAM template derived from the catalog (infra/aws/template.yaml).
+    /// Print the AWS SAM template derived from the catalog (infra/aws/template.yaml), in the
+    /// PAYBUS_SHARDS layout (one trigger per shard).
     Template {
         /// Print the template's Lambda binaries instead, one a line (infra/aws/package.sh).
         #[arg(long)]
@@ -128,6 +139,10 @@ enum TokenCommand {
     },
 }
 
+fn parse_shards(text: &str) -> Result<bus_topology::Shards, String> {
+    bus_topology::Shards::parse(text)
+}
+
 fn parse_role(text: &str) -> Result<paybus_api::auth::Role, String> {
     text.to_ascii_uppercase()
         .parse()
@@ -168,7 +183,21 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Migrate => migrate(&settings).await,
         Command::Doctor => doctor::run(&settings).await,
-        Command::Topology { definitions, vhost } => topology(&settings, definitions, &vhost).await,
+        Command::Topology {
+            definitions,
+            vhost,
+            previous_shards,
+            drain_retired,
+        } => {
+            topology(
+                &settings,
+                definitions,
+                &vhost,
+                previous_shards,
+                drain_retired,
+            )
+            .await
+        }
         Command::Run => run(settings).await,
         Command::Serve => serve(settings).await,
         Command::Openapi => print_openapi(),
@@ -180,10 +209,7 @@ async fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Jobs(command) => jobs::run(&settings, command).await,
-        Command::Template { binaries: false } => {
-            print!("{}", paybus_catalog::sam::template_yaml());
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Template { binaries: false } => template(&settings),
         Command::Template { binaries: true } => {
             for lambda in paybus_catalog::sam::deployables() {
                 println!("{}", lambda.binary);
@@ -224,8 +250,16 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn topology(settings: &Settings, definitions: bool, vhost: &str) -> anyhow::Result<ExitCode> {
-    let queues = paybus_catalog::queues();
+async fn topology(
+    settings: &Settings,
+    definitions: bool,
+    vhost: &str,
+    previous: Option<bus_topology::Shards>,
+    drain_retired: bool,
+) -> anyhow::Result<ExitCode> {
+    let shards = &settings.broker.shards;
+    paybus_catalog::check_shards(shards)?;
+    let queues = paybus_catalog::queues_with(shards);
     if definitions {
         let document = bus_topology::definitions(vhost, &queues);
         println!("{}", serde_json::to_string_pretty(&document)?);
@@ -234,8 +268,54 @@ async fn topology(settings: &Settings, definitions: bool, vhost: &str) -> anyhow
     let services = Services::connect(settings.clone()).await?;
     services.declare_topology(&queues).await?;
     println!(
-        "topology declared: {} function queue(s) with their dead-letter queues",
-        queues.len()
+        "topology declared: {} function queue(s) with their dead-letter queues{}",
+        queues.len(),
+        if shards.is_empty() {
+            String::new()
+        } else {
+            format!(" (PAYBUS_SHARDS={shards})")
+        }
+    );
+    let Some(previous) = previous else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    paybus_catalog::check_shards(&previous)?;
+    let retired = services
+        .retire(&queues, &paybus_catalog::queues_with(&previous))
+        .await?;
+    if retired.is_empty() {
+        println!("no queue of the previous layout ({previous}) is retired");
+    }
+    for queue in &retired {
+        if drain_retired && queue.messages > 0 {
+            let moved = bus_topology::drain(&services.connection(), &queue.queue)
+                .await
+                .with_context(|| format!("while draining {}", queue.queue))?;
+            println!(
+                "retired {}: {moved} message(s) moved back into paybus.events",
+                queue.queue
+            );
+        } else {
+            println!(
+                "retired {} (an earlier shard layout's; unbound): {} message(s){}",
+                queue.queue,
+                queue.messages,
+                if queue.messages > 0 {
+                    ": move them with --drain-retired once its consumers are gone"
+                } else {
+                    ": empty, delete it when you like"
+                }
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn template(settings: &Settings) -> anyhow::Result<ExitCode> {
+    paybus_catalog::check_shards(&settings.broker.shards)?;
+    print!(
+        "{}",
+        paybus_catalog::sam::template_yaml_with(&settings.broker.shards)
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -249,7 +329,11 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     paybus_catalog::register(&mut runner)?;
     // Before the API takes its first webhook: a message published before its queue exists
     // would be unroutable and wait for the relay.
-    services.declare_topology(&paybus_catalog::queues()).await?;
+    services
+        .declare_topology(&paybus_catalog::queues_with(
+            &services.settings.broker.shards,
+        ))
+        .await?;
     let shutdown = shutdown_on_signal();
     let state = paybus_api::process::catalog_state(&services, &api_config)
         .context("while building the HTTP API")?;

@@ -68,3 +68,77 @@ async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
             .unwrap();
     assert_eq!(ponged, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_four_shards_consumes_every_shard_of_every_function() {
+    let env = TestEnv::new().await;
+    let layout: Vec<String> = paybus_catalog::FUNCTIONS
+        .iter()
+        .map(|f| format!("{}=4", f.name))
+        .collect();
+    let layout = layout.join(",");
+    let mut run = paybus(&env)
+        .arg("run")
+        .env("PAYBUS_SHARDS", &layout)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start paybus run");
+    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
+    let consumers = |queue: String| {
+        let services = services.clone();
+        async move {
+            paybus_platform::testing::queue_state(&services, &queue)
+                .await
+                .map(|(_, consumers)| consumers)
+        }
+    };
+    let mut shard_queues = Vec::new();
+    for function in paybus_catalog::FUNCTIONS {
+        for index in 0..4 {
+            shard_queues.push(paybus_platform::bus::topology::shard_queue_name(
+                function.name,
+                index,
+            ));
+        }
+    }
+
+    let consuming = paybus_platform::testing::eventually(Duration::from_secs(90), || async {
+        for queue in &shard_queues {
+            if consumers(queue.clone()).await != Some(1) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let ping = paybus(&env)
+        .args(["ping", "--timeout", "60"])
+        .env("PAYBUS_SHARDS", &layout)
+        .output()
+        .expect("run paybus ping");
+    let unsharded = consumers("paybus.canary".to_owned()).await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status();
+    let status = wait_exit(&mut run, Duration::from_secs(20));
+    if status.is_none() {
+        let _ = run.kill();
+    }
+
+    assert!(
+        consuming,
+        "one consumer on each of {} shard queues",
+        shard_queues.len()
+    );
+    assert!(
+        ping.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    assert_eq!(
+        unsharded, None,
+        "the unsharded queue is not part of the layout"
+    );
+    assert!(status.expect("paybus run exits after SIGTERM").success());
+}

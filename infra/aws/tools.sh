@@ -2,7 +2,8 @@
 # Installs the AWS tooling paybus uses into a virtualenv of the repository's own
 # (.local/aws-venv, git-ignored), so nothing is installed system-wide and a fresh clone needs
 # only python3:
-#   infra/aws/tools.sh lint      cfn-lint (validates infra/aws/template.yaml offline; SAM included)
+#   infra/aws/tools.sh lint      cfn-lint and AWS SAM's translator (validate and translate
+#                                infra/aws/template.yaml offline: infra/aws/translate.py)
 #   infra/aws/tools.sh package   cargo-lambda and zig (cross-builds the functions for arm64)
 # Idempotent: a second run installs nothing. Prints the venv's bin folder.
 set -euo pipefail
@@ -12,6 +13,8 @@ venv="$repo/.local/aws-venv"
 
 # Versions the suite was checked with; bump deliberately (a new cfn-lint adds rules).
 CFN_LINT_VERSION="1.51.0"
+# cfn-lint's own dependency, pinned too: the template tests assert on its translation.
+SAM_TRANSLATOR_VERSION="1.115.0"
 CARGO_LAMBDA_VERSION="1.8.6"
 ZIGLANG_VERSION="0.15.1"
 
@@ -28,7 +31,10 @@ install() { # package==version
 }
 
 case "${1:-}" in
-  lint) install "cfn-lint==$CFN_LINT_VERSION" ;;
+  lint)
+    install "cfn-lint==$CFN_LINT_VERSION"
+    install "aws-sam-translator==$SAM_TRANSLATOR_VERSION"
+    ;;
   package)
     install "cargo-lambda==$CARGO_LAMBDA_VERSION"
     install "ziglang==$ZIGLANG_VERSION"

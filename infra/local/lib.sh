@@ -312,6 +312,19 @@ paybus_rabbitmqctl() {
   env "${PAYBUS_RABBITMQ_ENV[@]}" rabbitmqctl -n "$PAYBUS_RABBITMQ_NODENAME" "$@"
 }
 
+# The plugins every node runs: the management API (per-test vhosts, ops) and the
+# consistent-hash exchange that spreads a sharded function's messages over its
+# queues by entity (shipped with RabbitMQ; Amazon MQ for RabbitMQ has it too).
+PAYBUS_RABBITMQ_PLUGINS=(rabbitmq_management rabbitmq_consistent_hash_exchange)
+
+# Enables PAYBUS_RABBITMQ_PLUGINS on the running node, online (a node started
+# before a plugin joined the list gets it without a restart); the node's
+# enabled-plugins file is updated too, so its next start has them. Idempotent.
+paybus_rabbitmq_enable_plugins() {
+  env "${PAYBUS_RABBITMQ_ENV[@]}" rabbitmq-plugins -n "$PAYBUS_RABBITMQ_NODENAME" \
+    -q enable --online "${PAYBUS_RABBITMQ_PLUGINS[@]}" >/dev/null
+}
+
 # The node runs and the rabbit application has started.
 rabbitmq_answers() {
   paybus_rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1
@@ -361,7 +374,10 @@ paybus_rabbitmq_wait() {
 paybus_rabbitmq_files() {
   local dir=$PAYBUS_RABBITMQ_DIR
   mkdir -p -- "$dir/mnesia" "$dir/log"
-  printf '[rabbitmq_management].\n' >"$dir/enabled_plugins"
+  (
+    IFS=,
+    printf '[%s].\n' "${PAYBUS_RABBITMQ_PLUGINS[*]}"
+  ) >"$dir/enabled_plugins"
   cat >"$dir/rabbitmq.conf" <<CONF
 # Written by infra/local/lib.sh; changes are overwritten at each start.
 listeners.tcp.default = 127.0.0.1:$PAYBUS_AMQP_PORT
@@ -421,12 +437,17 @@ start_rabbitmq() {
     fi
     paybus_info "RabbitMQ: already running (node $PAYBUS_RABBITMQ_NODENAME)"
     printf '%s\n' "$PAYBUS_RABBITMQ_NODENAME" >"$PAYBUS_RABBITMQ_NODEFILE"
+    if ! paybus_rabbitmq_enable_plugins; then
+      paybus_error "RabbitMQ: cannot enable ${PAYBUS_RABBITMQ_PLUGINS[*]} on node $PAYBUS_RABBITMQ_NODENAME"
+      return 1
+    fi
     return 0
   fi
 
   if [[ -n $pid ]]; then
     paybus_info "RabbitMQ: node process (pid $pid) is up but not answering yet; waiting"
     paybus_rabbitmq_wait "$pid" || return 1
+    paybus_rabbitmq_enable_plugins || return 1
   else
     if [[ -e $PAYBUS_RABBITMQ_PIDFILE ]]; then
       paybus_info "RabbitMQ: removing stale pid file $PAYBUS_RABBITMQ_PIDFILE"

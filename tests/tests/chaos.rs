@@ -82,6 +82,20 @@ fn every_workflow_comes_out_exactly_once_under_duplicates_crashes_and_restarts()
 }
 
 #[test]
+fn every_workflow_comes_out_exactly_once_on_four_shards_too() {
+    // Exactly-once does not depend on the shard layout: the same quick profile with every
+    // function's messages over four queues (a consumer per shard in every process, the
+    // duplicates published onto the original's shard).
+    let (code, report) = chaos("chaos-test-shards", &["--seed", "13", "--shards", "4"]);
+
+    assert_eq!(report["violations"], Value::Array(vec![]), "{report:#}");
+    assert_eq!(code, 0);
+    assert_eq!(report["profile"]["shards"], 4);
+    assert!(faults_named(&report, "SIGKILL") >= 3, "{report:#}");
+    assert!(report["figures"]["copies_published"].as_u64().unwrap() >= 2 * 200);
+}
+
+#[test]
 fn the_seeds_read_then_update_confirmation_is_caught_as_a_double_debit() {
     let substitute = format!("confirm-withdrawal={BROKEN_CONFIRM_WITHDRAWAL}");
     // Only the duplicates are needed to expose it: no service restarts, a short window. Its

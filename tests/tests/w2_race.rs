@@ -14,7 +14,7 @@ use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::{Amount, dec};
 use paybus_platform::{
-    bus::{Envelope, Handler, Outbox, Runner, Services, metrics},
+    bus::{Envelope, Handler, Outbox, Runner, Services, metrics, topology::Shards},
     db,
     testing::{TestEnv, eventually, scalar},
     transition::Transition,
@@ -134,7 +134,24 @@ async fn queue_counts(channel: &lapin::Channel, queue: &str) -> (u32, u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit_exactly_once() {
-    let env = TestEnv::new().await;
+    broker_race(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_race_on_four_shards_debits_exactly_once() {
+    // Exactly-once does not depend on the shard layout: with confirm-withdrawal and
+    // deliver-webhook on four queues each (every consumer on every shard, copies of one
+    // withdrawal on the same shard), the same schedule gives the same single effects.
+    broker_race(4).await;
+}
+
+/// The race through the broker with each function's messages over `shards` queues.
+async fn broker_race(shards: u16) {
+    let mut env = TestEnv::new().await;
+    env.settings.broker.shards = Shards::default()
+        .with(ConfirmWithdrawal::FUNCTION, shards)
+        .with(DeliverWebhook::FUNCTION, shards);
+    let layout = |queue| env.settings.broker.shards.queues(queue);
     // The partner: a real HTTP server that answers 200 and remembers every webhook.
     let partner = MockServer::start().await;
     Mock::given(method("POST"))
@@ -144,10 +161,11 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
     let webhook_url = format!("{}/partner-webhook", partner.uri());
     let (partner_id, ids, total) = broadcasting_withdrawals(&env.db, &webhook_url).await;
     let services = Services::connect(env.settings.clone()).await.unwrap();
-    services
-        .declare_topology(&[ConfirmWithdrawal::queue(), DeliverWebhook::queue()])
-        .await
-        .unwrap();
+    let queues: Vec<_> = [ConfirmWithdrawal::queue(), DeliverWebhook::queue()]
+        .into_iter()
+        .flat_map(layout)
+        .collect();
+    services.declare_topology(&queues).await.unwrap();
     let tap = services.connection().create_channel().await.unwrap();
     // Four consumers, each a process of its own as far as the broker and the database can
     // tell: its own connection, channel, prefetch (the default) and pool.
@@ -160,14 +178,16 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
         let token = shutdown.clone();
         consumers.spawn(async move { runner.run(token).await.unwrap() });
     }
-    let queue = ConfirmWithdrawal::queue().queue();
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            queue_counts(&tap, &queue).await.1 >= u32::try_from(CONSUMERS).unwrap()
-        })
-        .await,
-        "the consumers did not start"
-    );
+    for queue in layout(ConfirmWithdrawal::queue()) {
+        let queue = queue.queue();
+        assert!(
+            eventually(Duration::from_secs(30), || async {
+                queue_counts(&tap, &queue).await.1 >= u32::try_from(CONSUMERS).unwrap()
+            })
+            .await,
+            "the consumers of {queue} did not start"
+        );
+    }
 
     // Copies of one confirmation are adjacent, so the broker hands them to different
     // consumers at the same moment. Each copy is its own message, as a re-sent webhook is.
@@ -208,7 +228,7 @@ async fn two_hundred_confirmations_delivered_three_times_to_four_consumers_debit
         joined.unwrap();
     }
     eprintln!(
-        "{} deliveries handled in {elapsed:?} (done {}, skipped {}, requeued {})",
+        "{} deliveries on {shards} shard(s) handled in {elapsed:?} (done {}, skipped {}, requeued {})",
         WITHDRAWALS * COPIES,
         metrics::count("confirm-withdrawal", "done"),
         metrics::count("confirm-withdrawal", "skipped"),

@@ -6,7 +6,10 @@ use std::{sync::Arc, time::Instant};
 use anyhow::{Context, bail};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
 use paybus_platform::{
-    bus::{Envelope, Handler, Outcome, Runner, Services, link::BrokerLink, publisher::Publisher},
+    bus::{
+        Envelope, Handler, Outcome, OutgoingMessage, Runner, Services, link::BrokerLink,
+        publisher::Publisher,
+    },
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
@@ -178,12 +181,9 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
 /// A confirmation of each of `withdrawals` published, and consumed by the real runtime (the
 /// local consumer, prefetch = the services' setting) until every one is processed.
-pub(super) async fn through_the_broker(
-    services: &Services,
-    withdrawals: &[u64],
-    name: &'static str,
-) -> anyhow::Result<Phase> {
-    let messages: Vec<_> = withdrawals
+/// One confirmation message for each of `withdrawals`.
+pub(super) fn confirmations(withdrawals: &[u64]) -> anyhow::Result<Vec<OutgoingMessage>> {
+    Ok(withdrawals
         .iter()
         .map(|&withdrawal_id| {
             Envelope::new(WithdrawalTxConfirmed {
@@ -192,7 +192,15 @@ pub(super) async fn through_the_broker(
             })
             .to_outgoing()
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>()?)
+}
+
+pub(super) async fn through_the_broker(
+    services: &Services,
+    withdrawals: &[u64],
+    name: &'static str,
+) -> anyhow::Result<Phase> {
+    let messages = confirmations(withdrawals)?;
     // The input comes from another process in production (the chain monitor), on a connection
     // of its own: publishing it on the consumer's connection would throttle the consumer's
     // acks whenever the broker applies flow control to the publisher.

@@ -48,7 +48,8 @@ pub enum Workflow {
     /// holding its locks across the call (run with `--concurrency 32`).
     Match,
     /// One Lambda environment on one Amazon MQ batch of W2 confirmations (`--items` of them)
-    /// against the local consumer at the same concurrency.
+    /// against the local consumer at the same concurrency; with `--shards N`, N environments
+    /// at once, one per queue.
     LambdaBatch,
     /// Ops: one continuous-auditor pass over a ledger of `--items` entries against the full
     /// audit of the same rows (try `--items 1000000`).
@@ -70,6 +71,10 @@ pub struct BenchArgs {
     /// posting on its gate row; real deployments have many.
     #[arg(long, default_value_t = 1)]
     pub partners: u16,
+    /// (lambda-batch) Queues confirm-withdrawal's messages are spread over, one Lambda
+    /// environment each (PAYBUS_SHARDS).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub shards: u16,
     /// (suspend) Open orders of the markets whose suspend request is timed.
     #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
     pub open_orders: Vec<u64>,
@@ -227,7 +232,11 @@ pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::R
     // Every in-flight handler holds a connection; a smaller pool would measure the pool.
     settings.database.max_connections = u32::from(concurrency) + 8;
     let services = Services::connect(settings).await?;
-    services.declare_topology(&paybus_catalog::queues()).await?;
+    services
+        .declare_topology(&paybus_catalog::queues_with(
+            &services.settings.broker.shards,
+        ))
+        .await?;
     Ok(services)
 }
 

@@ -4,9 +4,11 @@
 //! it publishes `copies - 1` copies (same body and properties, so the same message id) straight
 //! to the function's queue, all at once, while the original is usually being handled: the
 //! duplicates a chain monitor, a relay racing the fast path or a broker redelivery produce.
-//! Copies go through the default exchange, so the tap never sees them again. A malformed
-//! message (a body that is not an envelope, carrying a numbered marker) goes to the same queue;
-//! the checks find each marker among the dead letters with reason `malformed`.
+//! Copies go through the default exchange (a sharded function's: its hash exchange, which puts
+//! them on the original's shard by the same shard-key header), so the tap never sees them
+//! again. A malformed message (a body that is not an envelope, carrying a numbered marker)
+//! goes the same way; the checks find each marker among the dead letters with reason
+//! `malformed`.
 //!
 //! The tap is acked only after its copies are confirmed, so a broker restart loses none: the
 //! loop resubscribes on the new connection and the unacked delivery comes back.
@@ -60,9 +62,20 @@ impl Duplicator {
         stop: CancellationToken,
     ) -> anyhow::Result<Self> {
         declare_tap(&services.link).await?;
-        let queues: HashMap<String, String> = paybus_catalog::queues()
+        // Where a copy goes, by routing key: (exchange, routing key).
+        let queues: HashMap<String, (String, String)> = paybus_catalog::queues()
             .iter()
-            .map(|q| (q.routing_key.to_owned(), q.queue()))
+            .map(|q| {
+                let target = if q.shard.count > 1 {
+                    (
+                        topology::shard_exchange_name(q.function),
+                        q.routing_key.to_owned(),
+                    )
+                } else {
+                    (String::new(), q.queue())
+                };
+                (q.routing_key.to_owned(), target)
+            })
             .collect();
         let counters = Arc::new(Counters::default());
         let stop = stop.child_token();
@@ -141,7 +154,7 @@ pub(super) fn malformed_body(marker: u64) -> Vec<u8> {
 async fn run(
     link: BrokerLink,
     publisher: Publisher,
-    queues: Arc<HashMap<String, String>>,
+    queues: Arc<HashMap<String, (String, String)>>,
     copies: u32,
     malformed_every: u64,
     counters: Arc<Counters>,
@@ -171,7 +184,7 @@ async fn run(
 async fn consume(
     link: &BrokerLink,
     publisher: &Publisher,
-    queues: &HashMap<String, String>,
+    queues: &HashMap<String, (String, String)>,
     copies: u32,
     malformed_every: u64,
     counters: &Counters,
@@ -196,14 +209,15 @@ async fn consume(
             },
         };
         let routing_key = delivery.routing_key.to_string();
-        let Some(queue) = queues.get(&routing_key) else {
+        let Some((exchange, queue)) = queues.get(&routing_key) else {
             // Nothing binds it (e.g. a type no function consumes): nothing to duplicate.
             delivery.ack(BasicAckOptions::default()).await?;
             continue;
         };
         let n = counters.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let sends = (1..copies)
-            .map(|_| publisher.publish_raw("", queue, &delivery.data, delivery.properties.clone()));
+        let sends = (1..copies).map(|_| {
+            publisher.publish_raw(exchange, queue, &delivery.data, delivery.properties.clone())
+        });
         let all = futures_util::future::join_all(sends).await;
         if let Some(Err(e)) = all.into_iter().find(Result::is_err) {
             // Not acked: the tap delivers it again (more copies: still "at least copies").
@@ -220,7 +234,7 @@ async fn consume(
                 .with_content_type("application/json".into())
                 .with_delivery_mode(2);
             if publisher
-                .publish_raw("", queue, &malformed_body(marker), properties)
+                .publish_raw(exchange, queue, &malformed_body(marker), properties)
                 .await
                 .is_ok()
             {

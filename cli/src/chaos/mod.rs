@@ -104,6 +104,10 @@ pub struct ChaosArgs {
     /// `cargo build --workspace --bins`).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// Spread every function's messages over this many queues (PAYBUS_SHARDS for the whole
+    /// run: the harness's topology and every process's): exactly-once must not depend on it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub shards: u16,
     /// Run another binary as one function, e.g. a deliberately broken build:
     /// `--substitute confirm-withdrawal=/path/to/binary` (repeatable).
     #[arg(long = "substitute", value_parser = parse_substitute)]
@@ -136,6 +140,8 @@ pub struct Profile {
     pub seed: u64,
     /// Requests in flight per workflow driver.
     pub concurrency: u16,
+    /// Queues per function (`--shards`; 1: the default topology).
+    pub shards: u16,
 }
 
 impl Profile {
@@ -156,6 +162,7 @@ impl Profile {
                 quiescence_timeout: Duration::from_secs(180),
                 seed: 0,
                 concurrency: 8,
+                shards: 1,
             }
         } else {
             Self {
@@ -173,6 +180,7 @@ impl Profile {
                 quiescence_timeout: Duration::from_secs(600),
                 seed: 0,
                 concurrency: 32,
+                shards: 1,
             }
         };
         if let Some(items) = args.items {
@@ -222,6 +230,7 @@ impl Profile {
         }
         profile.copies = args.copies;
         profile.malformed_every = args.malformed_every;
+        profile.shards = args.shards;
         profile.seed = args.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -235,6 +244,16 @@ impl Profile {
             bail!("--copies and --malformed-every must be at least 1");
         }
         Ok(profile)
+    }
+}
+
+impl Profile {
+    /// Every catalog function on `shards` queues.
+    pub(crate) fn layout(&self) -> paybus_platform::bus::topology::Shards {
+        paybus_catalog::FUNCTIONS.iter().fold(
+            Default::default(),
+            |layout: paybus_platform::bus::topology::Shards, f| layout.with(f.name, self.shards),
+        )
     }
 }
 
@@ -315,12 +334,19 @@ impl OwnServices {
         )?;
         settings.broker = self.rabbitmq.settings(&settings.broker, 1);
         settings.broker.prefetch = 32;
+        settings.broker.shards = paybus_platform::bus::topology::shards().clone();
         Ok(settings)
     }
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let profile = Profile::from_args(&args)?;
+    // The layout is the process's (the checks ask the catalog for its queues) and every
+    // function process's (their environment).
+    let layout = profile.layout();
+    paybus_platform::bus::topology::install_shards(layout.clone()).map_err(|other| {
+        anyhow::anyhow!("PAYBUS_SHARDS={other} is set: run chaos with --shards instead")
+    })?;
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()?
@@ -388,7 +414,12 @@ async fn drive(
     let duplicator = duplicator::Duplicator::start(&services, profile, stop.clone()).await?;
     let depth = report::DepthWatch::start(services.link.clone(), stop.clone());
 
-    let env = fleet::environment(&settings, &outside);
+    let mut env = fleet::environment(&settings, &outside);
+    // Always set (empty: none sharded), so no value inherited from this shell applies.
+    env.insert(
+        paybus_platform::bus::topology::Shards::VARIABLE.to_owned(),
+        settings.broker.shards.to_string(),
+    );
     // Each process its own order of the nodes: the connections spread over the cluster, so
     // any node's death moves some of them.
     let node_orders: Vec<String> = (1..=own.rabbitmq.nodes())
@@ -512,6 +543,16 @@ mod tests {
         assert_eq!(quick.broker_node_kills, 1);
         let full = profile(&["--broker-nodes", "1"]).unwrap();
         assert_eq!(full.broker_node_kills, 0);
+    }
+
+    #[test]
+    fn shards_lay_out_every_function_and_default_to_the_unsharded_topology() {
+        assert!(profile(&["--quick"]).unwrap().layout().is_empty());
+        let four = profile(&["--quick", "--shards", "4"]).unwrap().layout();
+        for function in paybus_catalog::FUNCTIONS {
+            assert_eq!(four.of(function.name), 4, "{}", function.name);
+        }
+        assert!(profile(&["--quick", "--shards", "0"]).is_err());
     }
 
     #[test]

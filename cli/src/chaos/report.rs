@@ -93,7 +93,7 @@ impl fmt::Display for Report {
         let fig = &self.figures;
         writeln!(
             f,
-            "paybus chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed, {}",
+            "paybus chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed, {}{}",
             p.name,
             p.seed,
             p.items,
@@ -103,6 +103,11 @@ impl fmt::Display for Report {
                 "one RabbitMQ node".to_owned()
             } else {
                 format!("a RabbitMQ cluster of {} nodes", p.broker_nodes)
+            },
+            if p.shards > 1 {
+                format!(", every function on {} shards", p.shards)
+            } else {
+                String::new()
             }
         )?;
         writeln!(f, "\nload (through the HTTP API)")?;

@@ -16,6 +16,10 @@ pub struct Ping {
 
 impl Message for Ping {
     const TYPE: &'static str = "canary.ping";
+
+    fn shard_key(&self) -> Option<String> {
+        Some(self.ping_id.to_string())
+    }
 }
 
 pub struct Canary;

@@ -108,3 +108,79 @@ async fn a_database_outage_fails_the_invocation_and_the_replay_pongs_each_ping_o
         assert_eq!(ping(&env, id).await, ("PONGED".to_owned(), 1), "ping {id}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_reported_to_lambda_as_the_init_error() {
+    let env = TestEnv::new().await;
+    let vars = env.env_vars_with_database_unreachable();
+    let mut api = RuntimeApi::start().await;
+    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_canary"), &api, vars);
+
+    let (from, answer) = api.answer(Duration::from_secs(30)).await;
+    let status = lambda.wait().await;
+
+    assert_eq!(from, "init");
+    let paybus_platform::testing::lambda::Answer::InitError(error) = answer else {
+        panic!("an init error, not {answer:?}");
+    };
+    assert_eq!(error["errorType"], "paybus.DatabaseUnreachable", "{error}");
+    let message = error["errorMessage"].as_str().unwrap();
+    assert!(message.contains("cannot reach the database"), "{message}");
+    assert!(
+        !message.contains(paybus_platform::testing::UNREACHABLE_DATABASE_PASSWORD),
+        "no password in Lambda's error: {message}"
+    );
+    assert_eq!(status, Some(1));
+    assert!(api.no_answer(), "it never asked for an event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_from_another_functions_queue_is_refused_and_nothing_is_processed() {
+    // A trigger wired to the wrong queue: the messages are of the right type, and must still
+    // not be processed (nor acknowledged) by this function.
+    let env = TestEnv::new().await;
+    sqlx::query("INSERT INTO canary_pings () VALUES ()")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let mut api = RuntimeApi::start().await;
+    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_canary"), &api, env.env_vars());
+    let ping = Envelope::new(Ping { ping_id: 1 });
+
+    let refused = lambda
+        .invoke(
+            &mut api,
+            MqEvent::new("paybus.confirm-withdrawal")
+                .envelope(&ping)
+                .json(),
+        )
+        .await
+        .error();
+    let before = ping_state(&env).await;
+    let own = lambda
+        .invoke(
+            &mut api,
+            MqEvent::new("paybus.canary").envelope(&ping).json(),
+        )
+        .await
+        .response();
+
+    assert_eq!(refused["errorType"], "paybus.WrongQueue", "{refused}");
+    let message = refused["errorMessage"].as_str().unwrap();
+    assert!(
+        message.contains("paybus.confirm-withdrawal::/"),
+        "{message}"
+    );
+    assert!(message.contains("reads only paybus.canary"), "{message}");
+    assert_eq!(
+        before,
+        ("PENDING".to_owned(), 0),
+        "the refused event did nothing"
+    );
+    assert_eq!(own["processed"], 1);
+    assert_eq!(ping_state(&env).await, ("PONGED".to_owned(), 1));
+}
+
+async fn ping_state(env: &TestEnv) -> (String, u32) {
+    ping(env, 1).await
+}

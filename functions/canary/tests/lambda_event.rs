@@ -220,9 +220,10 @@ async fn an_infrastructure_fault_fails_the_batch_after_settling_the_rest() {
     let queue = mixed.messages_by_queue.get_mut("paybus.canary::/").unwrap();
     queue.push(bad.messages_by_queue["paybus.canary::/"][0].clone()); // bad-base64
 
-    let error = handle_event(&Canary, &services, mixed.clone())
+    let failed = handle_event(&Canary, &services, mixed.clone())
         .await
         .expect_err("pings that cannot reach the database fail the batch");
+    let error = failed.batch().expect("a batch error");
     assert_eq!(error.faults.len(), 2, "{error}");
     assert_eq!(
         error.summary,
@@ -263,9 +264,10 @@ async fn an_unconfirmed_dead_letter_fails_the_batch() {
     let env = TestEnv::new().await;
     // No topology: `paybus.dlx` does not exist, so the dead letter cannot be confirmed.
     let services = Services::connect(env.settings.clone()).await.unwrap();
-    let error = handle_event(&Canary, &services, event(BAD_MESSAGES_EVENT))
+    let failed = handle_event(&Canary, &services, event(BAD_MESSAGES_EVENT))
         .await
         .expect_err("a dead letter the broker did not take is an infrastructure fault");
+    let error = failed.batch().expect("a batch error");
     assert_eq!(error.faults.len(), 4, "{error}");
     assert!(
         error.faults[0].error.contains("dead letter not confirmed"),

@@ -18,9 +18,14 @@ mod yaml;
 use std::sync::Arc;
 
 use paybus_platform::{
+    ConfigError,
     audit::{Check, ExternalCheck},
     auditor::{Auditor, AuditorConfig},
-    bus::{Runner, Services, sweeper::Job, topology::FunctionQueue},
+    bus::{
+        Runner, Services,
+        sweeper::Job,
+        topology::{self, FunctionQueue, Shards},
+    },
     function::{BuildError, FunctionEntry},
 };
 
@@ -44,13 +49,40 @@ pub static AUDIT: &[&[Check]] = &[
     paybus_p2p::audit::CHECKS,
 ];
 
-/// The queues of every function (what the topology declares).
+/// The queues of every function in the layout `shards` (what the topology declares): each
+/// function's queue, or each of its shards.
+pub fn queues_with(shards: &Shards) -> Vec<FunctionQueue> {
+    FUNCTIONS
+        .iter()
+        .flat_map(|f| shards.queues(f.queue))
+        .collect()
+}
+
+/// The queues of every function in this process's layout (`PAYBUS_SHARDS`, see
+/// `topology::shards`).
 pub fn queues() -> Vec<FunctionQueue> {
-    FUNCTIONS.iter().map(|f| f.queue).collect()
+    queues_with(topology::shards())
+}
+
+/// Refuses a layout that names a function the catalog does not have (a typo would leave the
+/// intended function unsharded without a word).
+pub fn check_shards(shards: &Shards) -> Result<(), ConfigError> {
+    match shards
+        .iter()
+        .find(|(name, _)| !FUNCTIONS.iter().any(|f| f.name == *name))
+    {
+        None => Ok(()),
+        Some((name, _)) => Err(ConfigError {
+            variable: Shards::VARIABLE,
+            value: format!("{shards} (no function {name:?})"),
+            expected: "catalog function names (paybus catalog) with their counts, e.g. confirm-withdrawal=4",
+        }),
+    }
 }
 
 /// Builds every function and adds it, with its jobs, to `runner` (`paybus run`).
 pub fn register(runner: &mut Runner) -> Result<(), BuildError> {
+    check_shards(&runner.services().settings.broker.shards)?;
     for function in FUNCTIONS {
         function.add_to(runner)?;
     }

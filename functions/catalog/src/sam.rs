@@ -9,7 +9,7 @@
 //! function's errors and the API's 5xx answers.
 
 use paybus_platform::{
-    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name, queue_name},
+    bus::topology::{Shards, UNROUTED_QUEUE, dead_letter_queue_name},
     secrets::FROM_SUFFIX,
 };
 
@@ -20,6 +20,19 @@ use crate::{
 
 /// Where the template lives, relative to the repository.
 pub const TEMPLATE_PATH: &str = "infra/aws/template.yaml";
+
+/// The longest `FunctionTimeout`: AWS asks Amazon MQ-triggered functions to stay at or under
+/// 14 minutes, else the mapping may hand the batch out again while the first run goes on.
+pub const MAX_FUNCTION_TIMEOUT_S: i64 = 840;
+
+/// `migrate`'s own timeout: the longest a deploy's migrations may run.
+pub const MIGRATE_TIMEOUT_S: i64 = 600;
+
+/// How long CloudFormation waits for the migration's answer before it fails the resource
+/// (CloudFormation's default is an hour, and an hour again on the rollback): `migrate`'s
+/// timeout and a minute for the answer. It matters when migrate cannot reach the response
+/// URL (no route to S3).
+pub const MIGRATION_SERVICE_TIMEOUT_S: i64 = MIGRATE_TIMEOUT_S + 60;
 
 /// A Lambda of the template: its binary (built from `crate_dir`, relative to the repository)
 /// and its logical id's stem.
@@ -77,12 +90,15 @@ pub fn pascal_case(name: &str) -> String {
 }
 
 /// A secret a Lambda reads at start-up. The template never holds its value: the function gets
-/// `<variable>_FROM` = the Secrets Manager ARN in `parameter`, and the right to read that one
-/// secret (`paybus_platform::secrets` fetches it through the Parameters and Secrets extension).
+/// `<variable>_FROM` = the reference in `parameter` (any form `paybus_platform::secrets`
+/// reads: a secret's ARN or name, `#key` of a JSON secret, an SSM parameter), and the right
+/// to read exactly that secret or parameter ([`read_statement`]); the process fetches it
+/// through the Parameters and Secrets extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SecretSetting {
     pub variable: &'static str,
-    /// The template parameter holding the secret's ARN.
+    /// The template parameter holding the reference (named `…SecretArn` since the first
+    /// release, which took ARNs only: renaming would break every saved `samconfig.toml`).
     pub parameter: &'static str,
     description: &'static str,
 }
@@ -97,32 +113,32 @@ impl SecretSetting {
 pub const DATABASE_URL: SecretSetting = SecretSetting {
     variable: "PAYBUS_DATABASE_URL",
     parameter: "DatabaseUrlSecretArn",
-    description: "Secrets Manager secret whose value is PAYBUS_DATABASE_URL (mysql://user:password@host:3306/paybus)",
+    description: "PAYBUS_DATABASE_URL (mysql://user:password@host:3306/paybus)",
 };
 pub const AMQP_URL: SecretSetting = SecretSetting {
     variable: "PAYBUS_AMQP_URL",
     parameter: "AmqpUrlSecretArn",
-    description: "Secrets Manager secret whose value is PAYBUS_AMQP_URL (amqps://user:password@<broker>.mq.<region>.amazonaws.com:5671/%2f)",
+    description: "PAYBUS_AMQP_URL (amqps://user:password@<broker>.mq.<region>.amazonaws.com:5671/%2f)",
 };
 pub const ADMIN_JWT_SECRET: SecretSetting = SecretSetting {
     variable: "PAYBUS_ADMIN_JWT_SECRET",
     parameter: "AdminJwtSecretArn",
-    description: "Secrets Manager secret whose value is PAYBUS_ADMIN_JWT_SECRET (at least 32 characters)",
+    description: "PAYBUS_ADMIN_JWT_SECRET (at least 32 characters)",
 };
 pub const CHAIN_MONITOR_SECRET: SecretSetting = SecretSetting {
     variable: "PAYBUS_CHAIN_MONITOR_SECRET",
     parameter: "ChainMonitorSecretArn",
-    description: "Secrets Manager secret whose value is PAYBUS_CHAIN_MONITOR_SECRET (at least 16 characters)",
+    description: "PAYBUS_CHAIN_MONITOR_SECRET (at least 16 characters)",
 };
 pub const PAYMENTS_SECRET: SecretSetting = SecretSetting {
     variable: "PAYBUS_PAYMENTS_SECRET",
     parameter: "PaymentsSecretArn",
-    description: "Secrets Manager secret whose value is PAYBUS_PAYMENTS_SECRET, the key the payment service signs gateway completions with (W3; at least 16 characters)",
+    description: "PAYBUS_PAYMENTS_SECRET, the key the payment service signs gateway completions with (W3; at least 16 characters)",
 };
 pub const QUOTE_API_KEY: SecretSetting = SecretSetting {
     variable: "PAYBUS_QUOTE_API_KEY",
     parameter: "QuoteApiKeySecretArn",
-    description: "Secrets Manager secret whose value is PAYBUS_QUOTE_API_KEY, sent to the quote service as a bearer token (W1; at least 16 characters)",
+    description: "PAYBUS_QUOTE_API_KEY, sent to the quote service as a bearer token (W1; at least 16 characters)",
 };
 
 /// Every secret parameter of the template, in its order.
@@ -256,21 +272,45 @@ fn add_needs(properties: &mut Node, binary: &str) {
     }
     let mut secrets = vec![DATABASE_URL];
     secrets.extend(needs.secrets);
-    properties.insert("Policies", secret_policies(&secrets));
+    properties.insert("Policies", list![policy(&secrets, triggered_by_mq(binary))]);
 }
 
-/// The template as YAML text (what `paybus template` prints).
+/// Whether `binary`'s Lambda has Amazon MQ triggers (every catalog function, the recorder).
+fn triggered_by_mq(binary: &str) -> bool {
+    binary == "dead-letters" || FUNCTIONS.iter().any(|f| f.name == binary)
+}
+
+/// The template as YAML text (what `paybus template` prints), every function unsharded: the
+/// shipped `template.yaml`.
 pub fn template_yaml() -> String {
+    template_yaml_with(&Shards::default())
+}
+
+/// The template for the layout `shards` (`PAYBUS_SHARDS=… paybus template`).
+pub fn template_yaml_with(shards: &Shards) -> String {
+    let layout = if shards.is_empty() {
+        String::new()
+    } else {
+        format!("# Shard layout: PAYBUS_SHARDS={shards}\n")
+    };
     format!(
         "# Generated from the function catalog by `paybus template > {TEMPLATE_PATH}`: do not\n\
          # edit by hand (a test compares this file with the catalog). infra/aws/README.md\n\
-         # explains every parameter, `sam build`, `sam deploy --guided` and rollback.\n{}",
-        template().to_yaml()
+         # explains every parameter, `sam build`, `sam deploy --guided` and rollback.\n{layout}{}",
+        template_with(shards).to_yaml()
     )
 }
 
-/// The template as a document.
+/// The template as a document, every function unsharded.
 pub fn template() -> Node {
+    template_with(&Shards::default())
+}
+
+/// The template as a document for the layout `shards`: one trigger per shard of a sharded
+/// function (Amazon MQ gives each trigger one execution environment), the layout in every
+/// function's `PAYBUS_SHARDS` (the consumers read only their own queues, `migrate` declares
+/// them).
+pub fn template_with(shards: &Shards) -> Node {
     let all = deployables();
     let mut resources = map! {};
     for function in FUNCTIONS {
@@ -285,10 +325,16 @@ pub fn template() -> Node {
             ),
         );
         add_needs(&mut properties, function.name);
-        properties.insert(
-            "Events",
-            map! { "Queue" => mq_event(&function.queue.queue()) },
-        );
+        let mut events = map! {};
+        for queue in shards.queues(function.queue) {
+            let name = if queue.shard.count > 1 {
+                format!("Shard{}", queue.shard.index)
+            } else {
+                "Queue".to_owned()
+            };
+            events.insert(&name, mq_event(&queue.queue()));
+        }
+        properties.insert("Events", events);
         resources.insert_commented(
             Some(&format!(
                 "{}: one Lambda on paybus.{} (an infrastructure fault fails the batch; Amazon MQ\nretries it; every handler is idempotent).",
@@ -298,7 +344,7 @@ pub fn template() -> Node {
             function_resource(&lambda, properties),
         );
         add_log_group(&mut resources, &lambda);
-        add_errors_alarm(&mut resources, &lambda);
+        add_errors_alarm(&mut resources, &lambda, MQ_INVOCATION_FAILED);
         add_queue_alarm(
             &mut resources,
             &format!("{}DeadLetterQueueAlarm", lambda.logical_id),
@@ -328,7 +374,7 @@ pub fn template() -> Node {
         function_resource(&recorder, properties),
     );
     add_log_group(&mut resources, &recorder);
-    add_errors_alarm(&mut resources, &recorder);
+    add_errors_alarm(&mut resources, &recorder, MQ_INVOCATION_FAILED);
     add_queue_alarm(&mut resources, "UnroutedQueueAlarm", UNROUTED_QUEUE);
     resources.insert(
         "DeadLettersRecordedAlarm",
@@ -365,7 +411,11 @@ pub fn template() -> Node {
         function_resource(&sweeper, properties),
     );
     add_log_group(&mut resources, &sweeper);
-    add_errors_alarm(&mut resources, &sweeper);
+    add_errors_alarm(
+        &mut resources,
+        &sweeper,
+        "a scheduled run failed (a job hit an error, named in the log; the next run does its work again)",
+    );
 
     // The HTTP API: the same axum router behind an API Gateway HTTP API.
     let api = Deployable::new("api", "api");
@@ -387,7 +437,11 @@ pub fn template() -> Node {
         function_resource(&api, properties),
     );
     add_log_group(&mut resources, &api);
-    add_errors_alarm(&mut resources, &api);
+    add_errors_alarm(
+        &mut resources,
+        &api,
+        "an invocation failed (API Gateway answered 500 to that request; see the API's log)",
+    );
     resources.insert(
         "HttpApi",
         map! {
@@ -426,7 +480,7 @@ pub fn template() -> Node {
     add_needs(&mut properties, migrate.binary);
     // A new version with every code change: the custom resource's `Version` follows it.
     properties.insert("AutoPublishAlias", "live");
-    properties.insert("Timeout", 600i64);
+    properties.insert("Timeout", MIGRATE_TIMEOUT_S);
     resources.insert_commented(
         Some("Migrations and topology: run by CloudFormation (the Migration custom resource) before\nany other function is created or updated."),
         &migrate.function_id(),
@@ -443,8 +497,9 @@ pub fn template() -> Node {
             "Type" => "Custom::PaybusMigration",
             "Properties" => map! {
                 "ServiceToken" => get_att(&migrate.function_id(), "Arn"),
+                "ServiceTimeout" => MIGRATION_SERVICE_TIMEOUT_S,
                 "Version" => reference(&format!("{}.Version", migrate.function_id())),
-                "Queues" => Node::List(FUNCTIONS.iter().map(|f| Node::from(queue_name(f.name))).collect()),
+                "Queues" => Node::List(crate::queues_with(shards).iter().map(|q| Node::from(q.queue())).collect()),
             },
         },
     );
@@ -467,13 +522,25 @@ pub fn template() -> Node {
         "Transform" => "AWS::Serverless-2016-10-31",
         "Description" => "paybus: one Lambda per function on Amazon MQ for RabbitMQ, the dead-letter recorder, the sweeper, the HTTP API and the migrations (generated from the function catalog)",
         "Parameters" => parameters(),
-        "Conditions" => map! {
-            "HasAlarmTopic" => map! { "Fn::Not" => list![map! { "Fn::Equals" => list![reference("AlarmTopicArn"), ""] }] },
-        },
-        "Globals" => globals(),
+        "Conditions" => conditions(),
+        "Globals" => globals(shards),
         "Resources" => resources,
         "Outputs" => outputs,
     }
+}
+
+fn conditions() -> Node {
+    let mut conditions = map! {
+        "HasAlarmTopic" => map! { "Fn::Not" => list![map! { "Fn::Equals" => list![reference("AlarmTopicArn"), ""] }] },
+        HAS_SECRETS_KMS_KEYS => map! { "Fn::Not" => list![map! { "Fn::Equals" => list![
+            map! { "Fn::Join" => list!["", reference(SECRETS_KMS_KEYS)] },
+            "",
+        ] }] },
+    };
+    for secret in SECRETS {
+        reference_conditions(&mut conditions, secret);
+    }
+    conditions
 }
 
 fn parameters() -> Node {
@@ -506,12 +573,27 @@ fn parameters() -> Node {
     for (n, secret) in SECRETS.iter().enumerate() {
         p.insert_commented(
             (n == 0).then_some(
-                "Secrets: ARNs only; each function fetches what it needs at start-up (PAYBUS_*_FROM).",
+                "Secrets: references only; each function fetches what it needs at start-up\n(PAYBUS_*_FROM) and may read only those.",
             ),
             secret.parameter,
-            string(secret.description),
+            map! {
+                "Type" => "String",
+                "Description" => format!(
+                    "Where {} is kept: a Secrets Manager secret's ARN or name, either with #<key> for one key of a JSON secret, or an SSM parameter (/path or ARN)",
+                    secret.description
+                ),
+                "MinLength" => 1i64,
+            },
         );
     }
+    p.insert(
+        SECRETS_KMS_KEYS,
+        map! {
+            "Type" => "CommaDelimitedList",
+            "Description" => "ARNs of the customer-managed KMS keys the secrets and SecureString parameters above (and the broker credentials) are encrypted with; empty for AWS-managed keys",
+            "Default" => "",
+        },
+    );
     p.insert(
         "SecretsExtensionLayerArn",
         string("ARN of the AWS Parameters and Secrets Lambda Extension layer for arm64 in this region (see infra/aws/README.md)"),
@@ -574,10 +656,10 @@ fn parameters() -> Node {
     p.insert(
         "FunctionTimeout",
         number(
-            "Seconds one invocation (a whole batch) may take",
+            "Seconds one invocation (a whole batch) may take; at most 840 (AWS: an Amazon MQ-triggered function over 14 minutes may get its batch again while still running)",
             120,
             10,
-            900,
+            MAX_FUNCTION_TIMEOUT_S,
         ),
     );
     p.insert(
@@ -636,7 +718,17 @@ fn parameters() -> Node {
     p
 }
 
-fn globals() -> Node {
+fn globals(shards: &Shards) -> Node {
+    let mut variables = map! {
+        "PAYBUS_DATABASE_URL_FROM" => reference("DatabaseUrlSecretArn"),
+        "PAYBUS_DB_MAX_CONNECTIONS" => reference("DatabaseMaxConnections"),
+        "PAYBUS_LAMBDA_CONCURRENCY" => reference("LambdaConcurrency"),
+        "PAYBUS_LOG_FORMAT" => "json",
+        "RUST_LOG" => reference("LogLevel"),
+    };
+    if !shards.is_empty() {
+        variables.insert(Shards::VARIABLE, shards.to_string());
+    }
     map! {
         "Function" => map! {
             "Runtime" => "provided.al2023",
@@ -649,18 +741,12 @@ fn globals() -> Node {
                 "SubnetIds" => reference("SubnetIds"),
                 "SecurityGroupIds" => reference("SecurityGroupIds"),
             },
-            "Environment" => map! { "Variables" => map! {
-                "PAYBUS_DATABASE_URL_FROM" => reference("DatabaseUrlSecretArn"),
-                "PAYBUS_DB_MAX_CONNECTIONS" => reference("DatabaseMaxConnections"),
-                "PAYBUS_LAMBDA_CONCURRENCY" => reference("LambdaConcurrency"),
-                "PAYBUS_LOG_FORMAT" => "json",
-                "RUST_LOG" => reference("LogLevel"),
-            } },
+            "Environment" => map! { "Variables" => variables },
         },
     }
 }
 
-/// `sam build` builds the binary with cargo-lambda (`sam build --beta-features`).
+/// `sam build` builds the binary with cargo-lambda (SAM's `rust-cargolambda` build method).
 fn build_metadata(lambda: &Deployable) -> Node {
     map! {
         "BuildMethod" => "rust-cargolambda",
@@ -706,14 +792,121 @@ fn mq_event(queue: &str) -> Node {
     }
 }
 
-/// `secretsmanager:GetSecretValue` on exactly these secrets (least privilege per function).
-fn secret_policies(secrets: &[SecretSetting]) -> Node {
-    Node::List(
-        secrets
-            .iter()
-            .map(|secret| map! { "AWSSecretsManagerGetSecretValuePolicy" => map! { "SecretArn" => reference(secret.parameter) } })
-            .collect(),
-    )
+/// The Lambda's own policy (least privilege): read each of `secrets` in whatever form its
+/// reference takes, decrypt them when they are under customer-managed KMS keys, and, for an
+/// Amazon MQ-triggered function, what the event source mapping needs of EC2 (SAM adds
+/// `mq:DescribeBroker`, the broker credentials' secret and, through
+/// `AWSLambdaVPCAccessExecutionRole`, only part of the EC2 actions).
+fn policy(secrets: &[SecretSetting], mq_triggered: bool) -> Node {
+    let mut statements: Vec<Node> = secrets.iter().map(read_statement).collect();
+    statements.push(map! { "Fn::If" => list![
+        HAS_SECRETS_KMS_KEYS,
+        map! {
+            "Effect" => "Allow",
+            "Action" => list!["kms:Decrypt"],
+            "Resource" => reference(SECRETS_KMS_KEYS),
+            "Condition" => map! { "StringEquals" => map! { "kms:ViaService" => list![
+                sub("secretsmanager.${AWS::Region}.amazonaws.com"),
+                sub("ssm.${AWS::Region}.amazonaws.com"),
+            ] } },
+        },
+        reference("AWS::NoValue"),
+    ] });
+    if mq_triggered {
+        statements.push(map! {
+            "Effect" => "Allow",
+            "Action" => Node::List(MQ_TRIGGER_EC2_ACTIONS.iter().map(|a| Node::from(*a)).collect()),
+            "Resource" => "*",
+        });
+    }
+    map! { "Version" => "2012-10-17", "Statement" => Node::List(statements) }
+}
+
+/// What Lambda's Amazon MQ event source needs of EC2 on the function's role (AWS Lambda
+/// Developer Guide, "Using Lambda with Amazon MQ", execution role permissions): without
+/// `DescribeSecurityGroups` and `DescribeVpcs` the trigger never enables.
+pub const MQ_TRIGGER_EC2_ACTIONS: &[&str] = &[
+    "ec2:CreateNetworkInterface",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeVpcs",
+];
+
+/// The parameter listing customer-managed KMS keys the secrets are encrypted with.
+pub const SECRETS_KMS_KEYS: &str = "SecretsKmsKeyArns";
+const HAS_SECRETS_KMS_KEYS: &str = "HasSecretsKmsKeys";
+
+/// `secret`'s reference without its `#key`: the secret or parameter itself.
+fn reference_id(secret: &SecretSetting) -> Node {
+    map! { "Fn::Select" => list![0i64, map! { "Fn::Split" => list!["#", reference(secret.parameter)] }] }
+}
+
+fn is_arn_condition(secret: &SecretSetting) -> String {
+    format!("{}IsArn", secret.parameter)
+}
+
+fn is_parameter_condition(secret: &SecretSetting) -> String {
+    format!("{}IsParameter", secret.parameter)
+}
+
+/// The conditions that tell the forms of `secret`'s reference apart at deploy time (the
+/// value is a parameter), as `paybus_platform::secrets::Reference::parse` does at start-up:
+/// an ARN starts with `arn:`; an SSM parameter is a `/path` or an ARN whose service is `ssm`.
+fn reference_conditions(conditions: &mut Node, secret: &SecretSetting) {
+    let id = reference_id(secret);
+    conditions.insert(
+        &is_arn_condition(secret),
+        map! { "Fn::Equals" => list![
+            map! { "Fn::Select" => list![0i64, map! { "Fn::Split" => list![":", id.clone()] }] },
+            "arn",
+        ] },
+    );
+    // Padded with `::` so that the third field exists whatever the form (an out-of-range
+    // Fn::Select fails the whole stack).
+    let padded = map! { "Fn::Join" => list!["", list![id.clone(), "::"]] };
+    conditions.insert(
+        &is_parameter_condition(secret),
+        map! { "Fn::Or" => list![
+            map! { "Fn::Equals" => list![
+                map! { "Fn::Select" => list![0i64, map! { "Fn::Split" => list!["/", id]}] },
+                "",
+            ] },
+            map! { "Fn::Equals" => list![
+                map! { "Fn::Select" => list![2i64, map! { "Fn::Split" => list![":", padded] }] },
+                "ssm",
+            ] },
+        ] },
+    );
+}
+
+/// The right to read `secret` whatever the form of its reference: `ssm:GetParameter` on the
+/// parameter (its ARN, or the ARN of its `/path`), else `secretsmanager:GetSecretValue` on
+/// the secret (its ARN, or for a name the ARN pattern `<name>-??????`: Secrets Manager adds
+/// six random characters to every secret's ARN). A `#key` is never part of the resource.
+fn read_statement(secret: &SecretSetting) -> Node {
+    let id = reference_id(secret);
+    let arn_or = |pattern: &str| {
+        map! { "Fn::If" => list![
+            is_arn_condition(secret),
+            id.clone(),
+            map! { "Fn::Sub" => list![pattern, map! { "Id" => id.clone() }] },
+        ] }
+    };
+    map! { "Fn::If" => list![
+        is_parameter_condition(secret),
+        map! {
+            "Effect" => "Allow",
+            "Action" => list!["ssm:GetParameter"],
+            "Resource" => arn_or("arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter${Id}"),
+        },
+        map! {
+            "Effect" => "Allow",
+            "Action" => list!["secretsmanager:GetSecretValue"],
+            "Resource" => arn_or("arn:${AWS::Partition}:secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:${Id}-??????"),
+        },
+    ] }
 }
 
 fn add_log_group(resources: &mut Node, lambda: &Deployable) {
@@ -721,6 +914,10 @@ fn add_log_group(resources: &mut Node, lambda: &Deployable) {
         &lambda.log_group_id(),
         map! {
             "Type" => "AWS::Logs::LogGroup",
+            // Logs outlive the stack (and a replacement of the group): an incident is often
+            // investigated after a `sam delete` or a failed deploy's rollback.
+            "DeletionPolicy" => "Retain",
+            "UpdateReplacePolicy" => "Retain",
             "Properties" => map! {
                 "LogGroupName" => sub(&format!("/paybus/${{AWS::StackName}}/{}", lambda.binary)),
                 "RetentionInDays" => reference("LogRetentionInDays"),
@@ -729,14 +926,12 @@ fn add_log_group(resources: &mut Node, lambda: &Deployable) {
     );
 }
 
-fn add_errors_alarm(resources: &mut Node, lambda: &Deployable) {
+/// An `Errors` alarm; `what_failed` says what a failed invocation means for this Lambda.
+fn add_errors_alarm(resources: &mut Node, lambda: &Deployable, what_failed: &str) {
     resources.insert(
         &format!("{}ErrorsAlarm", lambda.logical_id),
         alarm(
-            &format!(
-                "{}: an invocation failed (an infrastructure fault; an Amazon MQ batch is retried whole)",
-                lambda.binary
-            ),
+            &format!("{}: {what_failed}", lambda.binary),
             "AWS/Lambda",
             "Errors",
             list![map! { "Name" => "FunctionName", "Value" => reference(&lambda.function_id()) }],
@@ -746,6 +941,9 @@ fn add_errors_alarm(resources: &mut Node, lambda: &Deployable) {
         ),
     );
 }
+
+/// What a failed invocation of an Amazon MQ-triggered Lambda means.
+const MQ_INVOCATION_FAILED: &str = "an invocation failed (an infrastructure fault, or an event from a queue that is not its own; Amazon MQ delivers the whole batch again until it succeeds)";
 
 /// A queue that keeps ready messages for 15 minutes: its recorder is not draining it.
 fn add_queue_alarm(resources: &mut Node, id: &str, queue: &str) {

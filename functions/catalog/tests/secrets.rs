@@ -204,17 +204,24 @@ fn reads(workspace: &BTreeMap<String, Crate>, lambda: &sam::Deployable) -> BTree
         .collect()
 }
 
-/// The secret ARN parameters a function's policies let it read.
+/// The parameters a function's policies name (the references they let it read; which ARN
+/// and action each form of reference gets is `translated.rs`'s to check).
 fn readable_parameters(resource: &Value) -> BTreeSet<String> {
-    resource["Properties"]["Policies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|policy| {
-            policy["AWSSecretsManagerGetSecretValuePolicy"]["SecretArn"]["Ref"].as_str()
-        })
-        .map(str::to_owned)
-        .collect()
+    fn refs(value: &Value, out: &mut BTreeSet<String>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(name)) = map.get("Ref") {
+                    out.insert(name.clone());
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut parameters = BTreeSet::new();
+    refs(&resource["Properties"]["Policies"], &mut parameters);
+    parameters
 }
 
 /// What the template gets wrong about the secrets the code reads.

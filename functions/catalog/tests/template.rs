@@ -7,10 +7,10 @@
 use std::{path::Path, process::Command};
 
 use paybus_catalog::{
-    FUNCTIONS,
+    FUNCTIONS, queues_with,
     sam::{self, TEMPLATE_PATH, pascal_case},
 };
-use paybus_platform::bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name, queue_name};
+use paybus_platform::bus::topology::{Shards, UNROUTED_QUEUE, dead_letter_queue_name};
 use serde_json::Value;
 
 fn repository() -> &'static Path {
@@ -36,10 +36,11 @@ fn mq_queues(template: &Value, function_id: &str) -> Vec<String> {
         .collect()
 }
 
-/// What the template misses for the catalog, read from the template alone: a function
-/// without its Lambda, a Lambda without the MQ event on its queue, a dead-letter queue the
-/// recorder does not read or no alarm watches.
-fn problems(template: &Value) -> Vec<String> {
+/// What the template misses for the catalog in the layout `shards`, read from the template
+/// alone: a function without its Lambda, a Lambda without an MQ event on each of its queues
+/// (one per shard), a dead-letter queue the recorder does not read or no alarm watches, the
+/// layout missing from the functions' environment or the migration's queues.
+fn problems_with(template: &Value, shards: &Shards) -> Vec<String> {
     let mut problems = Vec::new();
     let recorder = mq_queues(template, "DeadLettersFunction");
     // Every dimension value of every alarm (a queue alarm names its queue).
@@ -66,11 +67,15 @@ fn problems(template: &Value) -> Vec<String> {
         if resource["Metadata"]["BuildProperties"]["Binary"] != function.name {
             problems.push(format!("{}: {id} does not build its binary", function.name));
         }
-        if mq_queues(template, &id) != [queue_name(function.name)] {
+        let own: Vec<String> = shards
+            .queues(function.queue)
+            .iter()
+            .map(|q| q.queue())
+            .collect();
+        if mq_queues(template, &id) != own {
             problems.push(format!(
-                "{}: {id} has no MQ event on {} alone",
-                function.name,
-                queue_name(function.name)
+                "{}: {id} has no MQ event on each of {own:?} alone",
+                function.name
             ));
         }
         let dlq = dead_letter_queue_name(function.name);
@@ -86,7 +91,28 @@ fn problems(template: &Value) -> Vec<String> {
             "{UNROUTED_QUEUE}: the dead-letter recorder does not read it"
         ));
     }
+    let layout = &template["Globals"]["Function"]["Environment"]["Variables"][Shards::VARIABLE];
+    let expected_layout = if shards.is_empty() {
+        Value::Null
+    } else {
+        Value::from(shards.to_string())
+    };
+    if *layout != expected_layout {
+        problems.push(format!(
+            "the functions get {layout} as {}",
+            Shards::VARIABLE
+        ));
+    }
+    let declared = &template["Resources"]["Migration"]["Properties"]["Queues"];
+    let every: Vec<String> = queues_with(shards).iter().map(|q| q.queue()).collect();
+    if *declared != serde_json::json!(every) {
+        problems.push(format!("the migration declares {declared}, not {every:?}"));
+    }
     problems
+}
+
+fn problems(template: &Value) -> Vec<String> {
+    problems_with(template, &Shards::default())
 }
 
 #[test]
@@ -134,6 +160,23 @@ fn a_function_missing_from_the_template_is_caught() {
             .any(|p| p.contains(&format!("{removed_lambda}: no Lambda"))),
         "{found:?}"
     );
+    // The unsharded template checked as a sharded layout's is caught too.
+    let sharded = Shards::default().with(FUNCTIONS[0].name, 4);
+    let found = problems_with(&sam::template().to_json(), &sharded);
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("has no MQ event on each of")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|p| p.contains("PAYBUS_SHARDS")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|p| p.contains("the migration declares")),
+        "{found:?}"
+    );
 }
 
 #[test]
@@ -151,14 +194,34 @@ fn every_lambda_builds_a_binary_of_its_crate() {
     }
 }
 
+/// The layout a generated template was made for: its `# Shard layout: PAYBUS_SHARDS=…` line
+/// (none: unsharded).
+fn layout_of(template: &str) -> Shards {
+    template
+        .lines()
+        .find_map(|line| line.strip_prefix("# Shard layout: PAYBUS_SHARDS="))
+        .map(|layout| Shards::parse(layout).unwrap())
+        .unwrap_or_default()
+}
+
 #[test]
 fn the_shipped_template_is_the_catalogs() {
     let shipped = std::fs::read_to_string(repository().join(TEMPLATE_PATH)).unwrap_or_default();
+    // A deployment may ship a sharded template: it is the catalog's for its own layout.
+    let layout = layout_of(&shipped);
 
     assert!(
-        shipped == sam::template_yaml(),
-        "{TEMPLATE_PATH} is not the catalog's; regenerate with: cargo run -q -p paybus -- template > {TEMPLATE_PATH}"
+        shipped == sam::template_yaml_with(&layout),
+        "{TEMPLATE_PATH} is not the catalog's; regenerate with: PAYBUS_SHARDS='{layout}' cargo run -q -p paybus -- template > {TEMPLATE_PATH}"
     );
+}
+
+#[test]
+fn a_generated_template_names_its_layout() {
+    let layout = Shards::default().with("grant-bonus", 3);
+
+    assert_eq!(layout_of(&sam::template_yaml_with(&layout)), layout);
+    assert_eq!(layout_of(&sam::template_yaml()), Shards::default());
 }
 
 /// The cfn-lint `infra/aws/tools.sh lint` installs into the repository's venv, else one on
@@ -172,9 +235,15 @@ fn cfn_lint() -> std::path::PathBuf {
     }
 }
 
+/// cfn-lint with every rule: its informational checks too (`I…`, e.g. a stateful resource
+/// without a deletion policy), and the experimental ones.
+const EVERY_RULE: [&str; 3] = ["--include-checks", "I", "--include-experimental"];
+
 #[test]
-fn cfn_lint_passes_on_the_shipped_template() {
+fn cfn_lint_passes_on_the_shipped_template_with_every_rule() {
     let output = Command::new(cfn_lint())
+        .args(EVERY_RULE)
+        .arg("--")
         .arg(TEMPLATE_PATH)
         .current_dir(repository())
         .output()
@@ -208,5 +277,36 @@ fn cfn_lint_fails_a_template_whose_mq_event_lost_its_broker() {
     assert!(
         !output.status.success(),
         "cfn-lint accepted an MQ event without a broker"
+    );
+}
+
+#[test]
+fn a_four_shard_function_gets_four_triggers_and_lints_clean() {
+    let shards = Shards::default().with("confirm-withdrawal", 4);
+    let template = sam::template_with(&shards).to_json();
+
+    assert_eq!(problems_with(&template, &shards), Vec::<String>::new());
+    assert_eq!(
+        mq_queues(&template, "ConfirmWithdrawalFunction"),
+        [
+            "paybus.confirm-withdrawal.s0",
+            "paybus.confirm-withdrawal.s1",
+            "paybus.confirm-withdrawal.s2",
+            "paybus.confirm-withdrawal.s3"
+        ]
+    );
+    let path = std::env::temp_dir().join(format!("paybus-sharded-{}.yaml", std::process::id()));
+    std::fs::write(&path, sam::template_yaml_with(&shards)).unwrap();
+    let output = Command::new(cfn_lint())
+        .args(EVERY_RULE)
+        .arg("--")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        output.status.success(),
+        "cfn-lint on the sharded template:\n{}",
+        String::from_utf8_lossy(&output.stdout)
     );
 }

@@ -154,3 +154,44 @@ async fn a_database_outage_fails_the_invocation_and_the_replay_records_each_dead
         .unwrap();
     assert_eq!(recorded, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_from_a_queue_that_is_no_dead_letter_queue_is_refused_untouched() {
+    // A recorder trigger wired to a function's own queue (or to a queue of no catalog
+    // function): recording those messages would acknowledge work nobody did.
+    let env = TestEnv::new().await;
+    let mut api = RuntimeApi::start().await;
+    let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_dead-letters"), &api, env.env_vars());
+
+    let mut refused = Vec::new();
+    for queue in ["paybus.confirm-withdrawal", "paybus.no-such-function.dlq"] {
+        let event = MqEvent::new(queue).message(failed("m-1", "misrouted"), br#"{"id":"m-1"}"#);
+        refused.push(lambda.invoke(&mut api, event.json()).await.error());
+    }
+    let accepted = lambda
+        .invoke(
+            &mut api,
+            MqEvent::new("paybus.confirm-withdrawal.dlq")
+                .message(failed("m-2", "withdrawal 7 is FAILED"), br#"{"id":"m-2"}"#)
+                .json(),
+        )
+        .await
+        .response();
+
+    for (error, queue) in refused
+        .iter()
+        .zip(["paybus.confirm-withdrawal", "paybus.no-such-function.dlq"])
+    {
+        assert_eq!(error["errorType"], "paybus.WrongQueue", "{error}");
+        assert!(
+            error["errorMessage"].as_str().unwrap().contains(queue),
+            "{error}"
+        );
+    }
+    assert_eq!(accepted["processed"], 1);
+    assert_eq!(
+        paybus_platform::testing::scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
+        1,
+        "only the dead letter was recorded"
+    );
+}

@@ -5,38 +5,48 @@
 //! In AWS it is a Lambda behind a CloudFormation custom resource (`Migration` in
 //! `infra/aws/template.yaml`): `sam deploy` runs it once this function's new code is in place
 //! and before any other function is created or updated (they all depend on it). Its
-//! `Version` property is this Lambda's published version, which changes with the code (the
-//! embedded migrations, the catalog), so every deploy that changes either runs it.
+//! `Version` property is `Ref: MigrateFunction.Version`, which CloudFormation hands over as the
+//! published version's ARN (`arn:aws:lambda:…:function:<name>:<n>`); it changes with the code
+//! (the embedded migrations, the catalog), so every deploy that changes either runs it.
 //!
-//! It always answers CloudFormation: a custom resource that gets no answer holds the stack
-//! for an hour. So the connections are made inside the invocation, not at start-up, and
-//! every error becomes a `FAILED` answer carrying its reason. Delete does nothing (deleting
-//! the stack never drops data); an Update whose `Version` is older than the one it replaces
-//! is a rollback, and migrations only go forward, so it does nothing either. Invoked directly
-//! with any other JSON (`aws lambda invoke`), it migrates and answers the report.
+//! It always answers CloudFormation (a custom resource that gets no answer holds the stack
+//! until its `ServiceTimeout`), with the response body CloudFormation documents: `Status`,
+//! a `Reason` (always a text), `PhysicalResourceId`, `StackId`, `RequestId`,
+//! `LogicalResourceId` and `Data`. The connections are made inside the invocation, not at
+//! start-up, and every error becomes a `FAILED` answer carrying its reason.
 //!
-//! Outside Lambda it runs once and exits, as `paybus migrate && paybus topology` do.
+//! - Create, Update: apply the pending migrations and declare the topology. A database that
+//!   has applied migrations newer than any this code knows belongs to a later release (an
+//!   older release deployed again): nothing to apply, the topology is declared, `SUCCESS`.
+//! - An Update whose `Version` is older than the one it replaces is CloudFormation rolling a
+//!   failed deploy back: migrations only go forward and the older code runs on the newer
+//!   schema, so it changes nothing and answers `SUCCESS` (it never reaches the database). Only
+//!   when the failed deploy had changed the queues (a shard count) are the older queues'
+//!   bindings declared again, so the triggers being restored read queues that get messages; a
+//!   failure there is logged and named in the reason, never a `FAILED` that would leave the
+//!   stack in `UPDATE_ROLLBACK_FAILED`.
+//! - Delete: nothing (deleting the stack never drops data).
+//! - A request type CloudFormation may add later: nothing, `SUCCESS`.
+//!
+//! Invoked directly with any other JSON (`aws lambda invoke`), it migrates and answers the
+//! report. Outside Lambda it runs once and exits, as `paybus migrate && paybus topology` do.
 
-use std::{collections::HashMap, process::ExitCode, time::Duration};
+use std::{collections::BTreeMap, process::ExitCode, time::Duration};
 
-use aws_lambda_events::event::cloudformation::{
-    CloudFormationCustomResourceRequest, CloudFormationCustomResourceResponse,
-    CloudFormationCustomResourceResponseStatus,
-};
 use lambda_runtime::{LambdaEvent, service_fn};
 use paybus_platform::{
     Settings,
-    bus::{Services, StartupError},
+    bus::{Services, StartupError, topology},
     config::LogFormat,
     db,
-    function::{self, FunctionError},
+    function::{self, BuildError, FunctionError},
     telemetry,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The custom resource's one physical id: an Update never replaces it, so CloudFormation
-/// never sends a Delete for an old one.
+/// The custom resource's physical id on Create: an Update echoes the one it was given, so
+/// CloudFormation never takes it for a replacement (and never sends a Delete for an old one).
 pub const PHYSICAL_RESOURCE_ID: &str = "paybus-migration";
 
 /// CloudFormation's limit on a whole answer is 4 KiB; the reason is most of it.
@@ -47,20 +57,87 @@ const MAX_REASON: usize = 1_000;
 pub struct Report {
     /// Migrations known to this code (every one is applied after a run).
     pub migrations: usize,
-    /// Function queues declared, each with its dead-letter queue.
+    /// Migrations the database had applied that this code does not know, newer than all it
+    /// knows (a later release's): none was applied then.
+    pub ahead: Vec<i64>,
+    /// Function queues declared (one per shard), each function with its dead-letter queue.
     pub queues: usize,
+    /// Queues of an earlier shard layout, now unbound, that still hold messages (to drain).
+    pub retired: Vec<(String, u32)>,
 }
 
-/// Applies every pending migration and declares the exchanges and every catalog function's
-/// queues (both idempotent).
-pub async fn migrate_and_declare(settings: &Settings) -> Result<Report, StartupError> {
+impl Report {
+    fn reason(&self) -> String {
+        let mut reason = self.applied();
+        if !self.retired.is_empty() {
+            let retired: Vec<String> = self
+                .retired
+                .iter()
+                .map(|(queue, n)| format!("{queue} ({n})"))
+                .collect();
+            reason.push_str(&format!(
+                "; queues of an earlier shard layout still hold messages, drain them with `paybus topology --drain-retired`: {}",
+                retired.join(", ")
+            ));
+        }
+        reason
+    }
+
+    fn applied(&self) -> String {
+        match self.ahead.as_slice() {
+            [] => format!(
+                "migrations applied ({} known); topology declared ({} function queue(s))",
+                self.migrations, self.queues
+            ),
+            ahead => format!(
+                "the database is ahead of this release ({} newer migration(s) applied, the newest {}): nothing to apply, as migrations only go forward; topology declared ({} function queue(s))",
+                ahead.len(),
+                ahead.iter().max().copied().unwrap_or_default(),
+                self.queues
+            ),
+        }
+    }
+}
+
+/// Applies every pending migration (none when the database is ahead of this code), declares
+/// the exchanges and every catalog function's queues in the settings' shard layout, and
+/// retires those of `earlier` (the queue names declared before, e.g. the old `Queues` of a
+/// CloudFormation Update) that this layout does not have (all idempotent).
+pub async fn migrate_and_declare(
+    settings: &Settings,
+    earlier: &[String],
+) -> Result<Report, FunctionError> {
+    let shards = &settings.broker.shards;
+    paybus_catalog::check_shards(shards)?;
     let services = Services::connect(settings.clone()).await?;
-    db::migrate(&services.pool).await?;
-    let queues = paybus_catalog::queues();
+    let ahead = db::migrations_ahead(&services.pool)
+        .await
+        .map_err(StartupError::from)?;
+    if ahead.is_empty() {
+        db::migrate(&services.pool)
+            .await
+            .map_err(StartupError::from)?;
+    } else {
+        tracing::warn!(
+            ?ahead,
+            "the database has migrations newer than this release: nothing to apply"
+        );
+    }
+    let queues = paybus_catalog::queues_with(shards);
     services.declare_topology(&queues).await?;
+    let earlier = topology::layout_of(earlier, &paybus_catalog::queues_with(&Default::default()));
+    let retired = services
+        .retire(&queues, &earlier)
+        .await?
+        .into_iter()
+        .filter(|r| r.messages > 0)
+        .map(|r| (r.queue, r.messages))
+        .collect();
     let report = Report {
         migrations: db::MIGRATOR.iter().count(),
+        ahead,
         queues: queues.len(),
+        retired,
     };
     tracing::info!(
         migrations = report.migrations,
@@ -90,114 +167,210 @@ impl From<InvocationError> for lambda_runtime::Diagnostic {
     }
 }
 
+/// A custom-resource request, as CloudFormation sends it (every property value a string).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Request {
+    pub request_type: String,
+    #[serde(rename = "ResponseURL")]
+    pub response_url: String,
+    pub stack_id: String,
+    pub request_id: String,
+    pub logical_resource_id: String,
+    /// Absent on Create.
+    #[serde(default)]
+    pub physical_resource_id: Option<String>,
+    #[serde(default)]
+    pub resource_properties: Value,
+    /// Update only: the properties before it.
+    #[serde(default)]
+    pub old_resource_properties: Option<Value>,
+}
+
+/// `SUCCESS` or `FAILED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    Success,
+    Failed,
+}
+
+/// The response body CloudFormation documents for a custom resource (PUT to `ResponseURL`).
+/// `Reason` is always a text: required for `FAILED`, and shown in the stack's events for
+/// `SUCCESS`. `NoEcho` is left out (optional, false).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Response {
+    pub status: Status,
+    pub reason: String,
+    pub physical_resource_id: String,
+    pub stack_id: String,
+    pub request_id: String,
+    pub logical_resource_id: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
+}
+
 /// One invocation: a CloudFormation custom-resource request (answered at its `ResponseURL`),
 /// or a direct invocation (answered with the report).
 pub async fn handle(event: Value, client: &reqwest::Client) -> Result<Value, InvocationError> {
     if event.get("RequestType").is_none() {
         let settings = function::settings().await?;
-        let report = migrate_and_declare(&settings)
-            .await
-            .map_err(FunctionError::from)?;
+        let report = migrate_and_declare(&settings, &[]).await?;
         return Ok(serde_json::to_value(report).unwrap_or_default());
     }
-    let request: CloudFormationCustomResourceRequest =
-        serde_json::from_value(event).map_err(InvocationError::BadRequest)?;
-    let (response_url, response) = answer(request).await;
-    let status = response.status.clone();
+    let request: Request = serde_json::from_value(event).map_err(InvocationError::BadRequest)?;
+    let response = answer(&request).await;
+    let body = serde_json::to_string(&response).map_err(InvocationError::BadRequest)?;
+    // A presigned S3 URL: no content type (it is part of the signature), the length set.
     let reply = client
-        .put(&response_url)
-        .body(serde_json::to_string(&response).unwrap_or_default())
+        .put(&request.response_url)
+        .body(body)
         .send()
         .await
         .map_err(|e| InvocationError::Respond(e.to_string()))?;
     if !reply.status().is_success() {
         return Err(InvocationError::Respond(format!("HTTP {}", reply.status())));
     }
-    Ok(serde_json::json!({ "status": status, "reason": response.reason }))
+    Ok(serde_json::json!({ "status": response.status, "reason": response.reason }))
 }
 
-/// The answer to a custom-resource request, and where it goes.
-async fn answer(
-    request: CloudFormationCustomResourceRequest,
-) -> (String, CloudFormationCustomResourceResponse) {
-    let mut response = CloudFormationCustomResourceResponse::default();
-    let (response_url, work) = match request {
-        CloudFormationCustomResourceRequest::Create(create) => {
-            response.stack_id = create.stack_id;
-            response.request_id = create.request_id;
-            response.logical_resource_id = create.logical_resource_id;
-            (create.response_url, Work::Migrate)
+/// What a request asks of this code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Work {
+    Migrate,
+    /// A rollback; `redeclare` when the rolled-back deploy had changed the queues.
+    RollBack {
+        redeclare: bool,
+    },
+    Nothing(&'static str),
+}
+
+fn work(request: &Request) -> Work {
+    match request.request_type.as_str() {
+        "Create" => Work::Migrate,
+        "Update" => {
+            let old = request.old_resource_properties.as_ref();
+            match old {
+                Some(old) if is_rollback(&request.resource_properties, old) => Work::RollBack {
+                    redeclare: request.resource_properties.get("Queues") != old.get("Queues"),
+                },
+                _ => Work::Migrate,
+            }
         }
-        CloudFormationCustomResourceRequest::Update(update) => {
-            response.stack_id = update.stack_id;
-            response.request_id = update.request_id;
-            response.logical_resource_id = update.logical_resource_id;
-            let work = if is_rollback(&update.resource_properties, &update.old_resource_properties)
-            {
-                Work::Nothing("a rollback: migrations only go forward")
-            } else {
-                Work::Migrate
-            };
-            (update.response_url, work)
-        }
-        CloudFormationCustomResourceRequest::Delete(delete) => {
-            response.stack_id = delete.stack_id;
-            response.request_id = delete.request_id;
-            response.logical_resource_id = delete.logical_resource_id;
-            (
-                delete.response_url,
-                Work::Nothing("deleting the stack never touches the database or the broker"),
-            )
-        }
+        "Delete" => Work::Nothing("deleting the stack never touches the database or the broker"),
         // A request type CloudFormation may add later: answering beats holding the stack.
-        _ => (String::new(), Work::Nothing("unknown request type")),
+        _ => Work::Nothing("not a request type this release knows: nothing done"),
+    }
+}
+
+/// The answer to a custom-resource request.
+pub async fn answer(request: &Request) -> Response {
+    let mut response = Response {
+        status: Status::Success,
+        reason: String::new(),
+        physical_resource_id: request
+            .physical_resource_id
+            .clone()
+            .unwrap_or_else(|| PHYSICAL_RESOURCE_ID.to_owned()),
+        stack_id: request.stack_id.clone(),
+        request_id: request.request_id.clone(),
+        logical_resource_id: request.logical_resource_id.clone(),
+        data: BTreeMap::new(),
     };
-    response.physical_resource_id = PHYSICAL_RESOURCE_ID.to_owned();
-    match work {
-        Work::Nothing(why) => {
-            tracing::info!(why, "custom resource: nothing to do");
-            response.reason = Some(why.to_owned());
+    let work = work(request);
+    tracing::info!(request_type = %request.request_type, ?work, "custom resource request");
+    response.reason = match work {
+        Work::Nothing(why) => why.to_owned(),
+        Work::RollBack { redeclare: false } => {
+            "a rollback: migrations only go forward and the older release runs on the newer schema; nothing changed".to_owned()
         }
-        Work::Migrate => match migrate_for_cloudformation().await {
+        Work::RollBack { redeclare: true } => match redeclare_for_rollback(&old_queues(request)).await {
+            Ok(queues) => format!(
+                "a rollback: migrations only go forward, nothing applied; the rolled-back deploy had changed the queues, so this release's {queues} function queue(s) were declared again"
+            ),
+            Err(error) => {
+                let error = telemetry::one_line(&error);
+                tracing::error!(%error, "rollback: the older queues could not be declared again");
+                format!(
+                    "a rollback: migrations only go forward, nothing applied; declaring this release's queues again failed ({error}): run `paybus topology` or invoke this function directly"
+                )
+            }
+        },
+        Work::Migrate => match migrate_for_cloudformation(&old_queues(request)).await {
             Ok(report) => {
-                response.data = HashMap::from([
+                response.data = BTreeMap::from([
                     ("Migrations".to_owned(), report.migrations.to_string()),
                     ("Queues".to_owned(), report.queues.to_string()),
                 ]);
+                report.reason()
             }
             Err(error) => {
                 let reason = telemetry::one_line(&error);
                 tracing::error!(%reason, "custom resource: migration failed");
-                response.status = CloudFormationCustomResourceResponseStatus::Failed;
-                response.reason = Some(reason.chars().take(MAX_REASON).collect());
+                response.status = Status::Failed;
+                reason
             }
         },
-    }
-    (response_url, response)
-}
-
-enum Work {
-    Migrate,
-    Nothing(&'static str),
-}
-
-async fn migrate_for_cloudformation() -> Result<Report, FunctionError> {
-    let settings = function::settings().await?;
-    Ok(migrate_and_declare(&settings).await?)
-}
-
-/// A rollback puts back the older `Version` (Lambda versions only grow).
-fn is_rollback(properties: &Value, old_properties: &Value) -> bool {
-    let version = |p: &Value| {
-        p.get("Version")
-            .and_then(|v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .or_else(|| v.as_u64().map(|n| n.to_string()))
-            })
-            .and_then(|v| v.parse::<u64>().ok())
     };
-    matches!((version(properties), version(old_properties)), (Some(new), Some(old)) if new < old)
+    response.reason = response.reason.chars().take(MAX_REASON).collect();
+    response
+}
+
+/// The `Queues` the request replaces (an Update's old properties; none otherwise).
+fn old_queues(request: &Request) -> Vec<String> {
+    request
+        .old_resource_properties
+        .as_ref()
+        .and_then(|old| old.get("Queues"))
+        .and_then(Value::as_array)
+        .map(|queues| {
+            queues
+                .iter()
+                .filter_map(|q| q.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn migrate_for_cloudformation(earlier: &[String]) -> Result<Report, FunctionError> {
+    let settings = function::settings().await?;
+    migrate_and_declare(&settings, earlier).await
+}
+
+/// The topology of this (older) release declared again (its shard layout), the rolled-back
+/// deploy's queues (`rolled_back`) retired, migrations untouched.
+async fn redeclare_for_rollback(rolled_back: &[String]) -> Result<usize, FunctionError> {
+    let settings = function::settings().await?;
+    let queues = paybus_catalog::queues_with(&settings.broker.shards);
+    let services = Services::connect(settings).await?;
+    services.declare_topology(&queues).await?;
+    let earlier = topology::layout_of(
+        rolled_back,
+        &paybus_catalog::queues_with(&Default::default()),
+    );
+    services.retire(&queues, &earlier).await?;
+    Ok(queues.len())
+}
+
+/// The Lambda version number in a `Version` property: the version's ARN (what
+/// `Ref: <Function>.Version` gives: `arn:aws:lambda:<region>:<account>:function:<name>:<n>`)
+/// or a bare number.
+fn version_number(properties: &Value) -> Option<u64> {
+    let version = match properties.get("Version")? {
+        Value::String(text) => text.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    version.rsplit(':').next()?.parse().ok()
+}
+
+/// A rollback puts back an older `Version` (Lambda version numbers only grow).
+fn is_rollback(properties: &Value, old_properties: &Value) -> bool {
+    matches!(
+        (version_number(properties), version_number(old_properties)),
+        (Some(new), Some(old)) if new < old
+    )
 }
 
 /// The whole `main` of the `migrate` binary.
@@ -208,18 +381,18 @@ pub fn main() -> ExitCode {
 async fn run() -> Result<(), FunctionError> {
     if !function::in_lambda() {
         let settings = function::settings().await?;
-        let report = migrate_and_declare(&settings).await?;
-        println!(
-            "migrations: {} known, all applied; topology declared: {} function queue(s) with their dead-letter queues",
-            report.migrations, report.queues
-        );
+        let report = migrate_and_declare(&settings, &[]).await?;
+        println!("{}", report.reason());
         return Ok(());
     }
     telemetry::init(LogFormat::Json);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
-        .map_err(|e| FunctionError::Lambda(e.into()))?;
+        .map_err(|e| BuildError::Client {
+            what: "the HTTP client for CloudFormation's answers",
+            source: Box::new(e),
+        })?;
     let client = &client;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         handle(event.payload, client).await
@@ -232,12 +405,55 @@ async fn run() -> Result<(), FunctionError> {
 mod tests {
     use super::*;
 
+    const ARN: &str =
+        "arn:aws:lambda:eu-central-1:123456789012:function:paybus-MigrateFunction-AbC";
+
+    fn v(version: &str) -> Value {
+        serde_json::json!({ "Version": version })
+    }
+
     #[test]
-    fn an_older_version_is_a_rollback() {
-        let v = |n: &str| serde_json::json!({ "Version": n });
+    fn an_older_version_is_a_rollback_whether_a_number_or_an_arn() {
         assert!(is_rollback(&v("3"), &v("4")));
         assert!(!is_rollback(&v("5"), &v("4")));
         assert!(!is_rollback(&v("4"), &v("4")));
         assert!(!is_rollback(&serde_json::json!({}), &v("4")));
+        // What `Ref: MigrateFunction.Version` really is.
+        assert!(is_rollback(
+            &v(&format!("{ARN}:9")),
+            &v(&format!("{ARN}:10"))
+        ));
+        assert!(!is_rollback(
+            &v(&format!("{ARN}:11")),
+            &v(&format!("{ARN}:10"))
+        ));
+        assert!(!is_rollback(
+            &v(&format!("{ARN}:$LATEST")),
+            &v(&format!("{ARN}:10"))
+        ));
+    }
+
+    #[test]
+    fn a_rollback_redeclares_only_when_the_queues_changed() {
+        let request = |queues: &[&str], old_queues: &[&str]| Request {
+            request_type: "Update".to_owned(),
+            response_url: String::new(),
+            stack_id: String::new(),
+            request_id: String::new(),
+            logical_resource_id: String::new(),
+            physical_resource_id: Some(PHYSICAL_RESOURCE_ID.to_owned()),
+            resource_properties: serde_json::json!({"Version": format!("{ARN}:1"), "Queues": queues}),
+            old_resource_properties: Some(
+                serde_json::json!({"Version": format!("{ARN}:2"), "Queues": old_queues}),
+            ),
+        };
+        assert_eq!(
+            work(&request(&["paybus.a"], &["paybus.a"])),
+            Work::RollBack { redeclare: false }
+        );
+        assert_eq!(
+            work(&request(&["paybus.a"], &["paybus.a.s0", "paybus.a.s1"])),
+            Work::RollBack { redeclare: true }
+        );
     }
 }

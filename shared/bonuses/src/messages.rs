@@ -13,6 +13,10 @@ pub struct BonusJobCreated {
 
 impl Message for BonusJobCreated {
     const TYPE: &'static str = "charge.bonus_job.created";
+
+    fn shard_key(&self) -> Option<String> {
+        Some(self.job_id.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,11 @@ pub struct WithdrawalTxConfirmed {
 
 impl Message for WithdrawalTxConfirmed {
     const TYPE: &'static str = "withdrawal.tx_confirmed";
+
+    /// The withdrawal: its confirmations (and the chain monitor's re-sends) meet on one shard.
+    fn shard_key(&self) -> Option<String> {
+        Some(self.withdrawal_id.to_string())
+    }
 }
 
 /// `deposit.tx_confirmed`: the chain monitor saw the deposit's transaction confirmed.
@@ -23,6 +28,10 @@ pub struct DepositTxConfirmed {
 
 impl Message for DepositTxConfirmed {
     const TYPE: &'static str = "deposit.tx_confirmed";
+
+    fn shard_key(&self) -> Option<String> {
+        Some(self.deposit_id.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,12 @@ pub struct CancelTasksCreated {
 
 impl Message for CancelTasksCreated {
     const TYPE: &'static str = "market.cancel_tasks.created";
+
+    /// The group's first task: a suspension's chunks spread over the shards (keyed by the
+    /// batch, a whole market's cancels would sit on one).
+    fn shard_key(&self) -> Option<String> {
+        self.task_ids.first().map(|task| task.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,11 @@ pub struct DepositOrderCreated {
 
 impl Message for DepositOrderCreated {
     const TYPE: &'static str = "p2p.deposit_order.created";
+
+    /// Every message about one order goes to the same shard.
+    fn shard_key(&self) -> Option<String> {
+        Some(self.deposit_order_id.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,10 @@ pub struct NotificationCreated {
 
 impl Message for NotificationCreated {
     const TYPE: &'static str = "partner.notification.created";
+
+    fn shard_key(&self) -> Option<String> {
+        Some(self.notification_id.to_string())
+    }
 }
 
 paybus_platform::column_enum! {

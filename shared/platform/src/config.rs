@@ -9,7 +9,7 @@ use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
 
 use url::Url;
 
-use crate::retry::RetryPolicy;
+use crate::{bus::topology::Shards, retry::RetryPolicy};
 
 pub const DEFAULT_DATABASE_URL: &str = "mysql://root@127.0.0.1:13306/paybus";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5682/%2f";
@@ -63,6 +63,9 @@ pub struct BrokerSettings {
     /// Messages of one Amazon MQ batch processed at once by a Lambda (its prefetch): the
     /// event source mapping hands one environment the whole batch.
     pub lambda_concurrency: u16,
+    /// How many queues each function's messages are spread over (`PAYBUS_SHARDS`; the
+    /// topology's, see `bus::topology::Shards`).
+    pub shards: Shards,
 }
 
 impl fmt::Debug for BrokerSettings {
@@ -79,6 +82,7 @@ impl fmt::Debug for BrokerSettings {
             )
             .field("prefetch", &self.prefetch)
             .field("lambda_concurrency", &self.lambda_concurrency)
+            .field("shards", &self.shards.to_string())
             .finish()
     }
 }
@@ -207,6 +211,11 @@ impl Settings {
                     "an integer from 1 to 65535 (messages of a Lambda batch in flight)",
                     |n: &u16| *n > 0,
                 )?,
+                shards: match env.get(Shards::VARIABLE) {
+                    None => Shards::default(),
+                    Some(raw) => Shards::parse(raw)
+                        .map_err(|_| env.error(Shards::VARIABLE, raw, Shards::EXPECTED))?,
+                },
             },
             log_format: match env.get("PAYBUS_LOG_FORMAT") {
                 None => LogFormat::Text,
@@ -523,6 +532,29 @@ mod tests {
             assert!(!err.to_string().contains("s3cret"), "{err}");
             assert!(err.to_string().contains("separated by commas"), "{err}");
         }
+    }
+
+    #[test]
+    fn shard_counts_are_read_and_a_malformed_list_names_the_variable() {
+        let read = |value: &str| {
+            Settings::from_vars(HashMap::from([(
+                "PAYBUS_SHARDS".to_owned(),
+                value.to_owned(),
+            )]))
+        };
+        let shards = read("confirm-withdrawal=4, grant-bonus=1")
+            .unwrap()
+            .broker
+            .shards;
+        assert_eq!(shards.of("confirm-withdrawal"), 4);
+        assert_eq!(shards.of("grant-bonus"), 1);
+        assert_eq!(shards.of("cancel-orders"), 1);
+        assert_eq!(shards.to_string(), "confirm-withdrawal=4");
+        for bad in ["confirm-withdrawal", "a=0", "a=65", "a=x", "a=2,a=3", "=2"] {
+            let error = read(bad).unwrap_err();
+            assert_eq!(error.variable, "PAYBUS_SHARDS", "{bad}");
+        }
+        assert!(read("").unwrap().broker.shards.is_empty());
     }
 
     #[test]

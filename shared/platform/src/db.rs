@@ -27,6 +27,8 @@ pub enum DbError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("data migration failed: {0}")]
     DataMigration(#[source] sqlx::Error),
+    #[error("cannot read the applied migrations: {0}")]
+    Applied(#[source] sqlx::Error),
 }
 
 pub fn connect_options(settings: &DatabaseSettings) -> Result<MySqlConnectOptions, DbError> {
@@ -83,24 +85,44 @@ pub async fn server_version(conn: &mut MySqlConnection) -> Result<String, sqlx::
 /// How many embedded migrations this database has not applied yet (all of them on an empty
 /// database).
 pub async fn pending_migrations(conn: &mut MySqlConnection) -> Result<usize, sqlx::Error> {
+    let applied = applied_migrations(conn).await?;
+    Ok(MIGRATOR
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .count())
+}
+
+/// The versions of the migrations this database has applied (none before the first).
+pub async fn applied_migrations(conn: &mut MySqlConnection) -> Result<Vec<i64>, sqlx::Error> {
     let table: Option<String> = sqlx::query_scalar(
         "SELECT table_name FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",
     )
     .fetch_optional(&mut *conn)
     .await?;
-    let applied: Vec<i64> = match table {
-        None => Vec::new(),
+    match table {
+        None => Ok(Vec::new()),
         Some(_) => {
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = TRUE")
                 .fetch_all(&mut *conn)
-                .await?
+                .await
         }
-    };
-    Ok(MIGRATOR
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-        .count())
+    }
+}
+
+/// Migrations this database has applied that this code does not know and that are newer
+/// than all it knows: the schema belongs to a later release (an older release runs on it
+/// after a rollback). sqlx refuses to migrate such a database ("previously applied but is
+/// missing"); there is nothing for this code to apply.
+pub async fn migrations_ahead(pool: &MySqlPool) -> Result<Vec<i64>, DbError> {
+    let newest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let mut conn = pool.acquire().await.map_err(DbError::Applied)?;
+    Ok(applied_migrations(&mut conn)
+        .await
+        .map_err(DbError::Applied)?
+        .into_iter()
+        .filter(|version| *version > newest)
+        .collect())
 }
 
 /// A READ COMMITTED transaction, for claiming queue-like rows with `FOR UPDATE SKIP LOCKED`:

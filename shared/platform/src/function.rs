@@ -123,10 +123,7 @@ impl FunctionEntry {
     pub const fn of<F: Function>() -> Self {
         Self {
             name: F::FUNCTION,
-            queue: FunctionQueue {
-                function: F::FUNCTION,
-                routing_key: <F::Message as crate::bus::Message>::TYPE,
-            },
+            queue: FunctionQueue::new(F::FUNCTION, <F::Message as crate::bus::Message>::TYPE),
             add_to: add_to::<F>,
             jobs: F::jobs,
             external_checks: F::external_checks,
@@ -197,6 +194,21 @@ pub enum FunctionError {
 }
 
 impl FunctionError {
+    /// The `errorType` Lambda shows for this error when it stops the init.
+    fn init_error_type(&self) -> &'static str {
+        match self {
+            FunctionError::Config(_)
+            | FunctionError::Secret(SecretError::Both { .. })
+            | FunctionError::Build(BuildError::Config(_)) => "paybus.ConfigError",
+            FunctionError::Secret(SecretError::Fetch { .. }) => "paybus.SecretUnavailable",
+            FunctionError::Startup(StartupError::Database(_)) => "paybus.DatabaseUnreachable",
+            FunctionError::Startup(StartupError::Broker(_) | StartupError::Amqp { .. }) => {
+                "paybus.BrokerUnreachable"
+            }
+            _ => "paybus.StartupError",
+        }
+    }
+
     /// 2 for a configuration mistake (the operator's to fix), 1 for anything else.
     fn exit_code(&self) -> ExitCode {
         match self {
@@ -230,19 +242,68 @@ async fn start() -> Result<Services, FunctionError> {
 }
 
 /// Runs `work` on a fresh multi-threaded runtime and turns its error into an exit code (the
-/// error on stderr: the one line an operator reads when a process will not start).
+/// error on stderr: the one line an operator reads when a process will not start). In a
+/// Lambda execution environment an error before the runtime took its first event (any error
+/// but the runtime's own) is also reported to Lambda as the init's failure
+/// ([`report_init_error`]), so the console and the invocation's error show the reason
+/// instead of a bare `Runtime.ExitError`.
 pub fn block_on(work: impl Future<Output = Result<(), FunctionError>>) -> ExitCode {
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(FunctionError::Runtime)
-        .and_then(|runtime| runtime.block_on(work));
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let result = work.await;
+                match &result {
+                    Err(FunctionError::Lambda(_)) | Ok(()) => {}
+                    Err(error) if in_lambda() => report_init_error(error).await,
+                    Err(_) => {}
+                }
+                result
+            })
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("{error}");
             error.exit_code()
         }
+    }
+}
+
+/// The Runtime API's init-error endpoint (`POST /2018-06-01/runtime/init/error` on
+/// `AWS_LAMBDA_RUNTIME_API`), relative to the API's address.
+pub const INIT_ERROR_PATH: &str = "/2018-06-01/runtime/init/error";
+
+/// Tells Lambda why the init failed, as the Runtime API documents: the
+/// `Lambda-Runtime-Function-Error-Type` header and a body `{"errorType", "errorMessage"}`
+/// (`lambda_runtime` does this itself only for SnapStart hooks; its reporter is not public).
+/// Lambda then ends the environment and shows the reason. A report that cannot be sent is
+/// logged; the process exits with the error either way.
+pub async fn report_init_error(error: &FunctionError) {
+    let Some(api) = std::env::var_os("AWS_LAMBDA_RUNTIME_API") else {
+        return;
+    };
+    let diagnostic = lambda_runtime::Diagnostic {
+        error_type: error.init_error_type().to_owned(),
+        error_message: telemetry::one_line(error),
+    };
+    let url = format!("http://{}{INIT_ERROR_PATH}", api.to_string_lossy());
+    let sent = reqwest::Client::new()
+        .post(&url)
+        .header("Lambda-Runtime-Function-Error-Type", &diagnostic.error_type)
+        .json(&diagnostic)
+        .timeout(std::time::Duration::from_secs(5))
+        .send()
+        .await;
+    match sent {
+        Ok(answer) if answer.status().is_success() => {}
+        Ok(answer) => eprintln!(
+            "the Runtime API refused the init error: {}",
+            answer.status()
+        ),
+        Err(e) => eprintln!("cannot report the init error to the Runtime API: {e}"),
     }
 }
 
@@ -336,13 +397,14 @@ pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), 
             .map_err(StartupError::from)?;
         let concurrency = usize::from(settings.broker.lambda_concurrency);
         let pool = &pool;
+        let accepted = &lambda::recorder_queues(&queues());
         tracing::info!(
             function = lambda::DEAD_LETTER_RECORDER,
             "lambda runtime starting"
         );
         return lambda_runtime::run(service_fn(
             move |event: LambdaEvent<RabbitMqEvent>| async move {
-                lambda::record_dead_letters(pool, concurrency, event.payload).await
+                lambda::record_dead_letters(pool, concurrency, accepted, event.payload).await
             },
         ))
         .await

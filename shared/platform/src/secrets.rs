@@ -122,11 +122,8 @@ impl Extension {
             reference: reference.to_owned(),
             reason,
         };
-        let (id, key) = match reference.split_once('#') {
-            Some((id, key)) => (id, Some(key)),
-            None => (reference, None),
-        };
-        let parameter = is_parameter(id);
+        let Reference { id, key, store } = Reference::parse(reference);
+        let parameter = store == Store::ParameterStore;
         let url = self.url(id, parameter).map_err(&fail)?;
         let response = self
             .client
@@ -188,9 +185,45 @@ impl Extension {
     }
 }
 
-/// An SSM parameter (`arn:…:ssm:…:parameter/…` or a path), else a Secrets Manager secret.
-fn is_parameter(id: &str) -> bool {
-    id.starts_with('/') || id.split(':').nth(2) == Some("ssm")
+/// Where a `_FROM` reference's value is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    SecretsManager,
+    /// SSM Parameter Store (a String or a SecureString, read decrypted).
+    ParameterStore,
+}
+
+/// A `_FROM` reference taken apart: which secret or parameter, and which key of its JSON
+/// value. The SAM template derives each function's permissions from the same forms (its
+/// conditions mirror [`Reference::parse`]; a test holds the two together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reference<'a> {
+    /// The secret (ARN or name) or parameter (ARN or `/path`), without the `#key`.
+    pub id: &'a str,
+    /// The key after `#`, for a value that is a JSON object.
+    pub key: Option<&'a str>,
+    pub store: Store,
+}
+
+impl<'a> Reference<'a> {
+    /// An SSM parameter is `arn:…:ssm:…:parameter/…` or a path (`/…`); anything else is a
+    /// Secrets Manager secret (its ARN or its name).
+    pub fn parse(reference: &'a str) -> Self {
+        let (id, key) = match reference.split_once('#') {
+            Some((id, key)) => (id, Some(key)),
+            None => (reference, None),
+        };
+        let parameter = id.starts_with('/') || id.split(':').nth(2) == Some("ssm");
+        Self {
+            id,
+            key,
+            store: if parameter {
+                Store::ParameterStore
+            } else {
+                Store::SecretsManager
+            },
+        }
+    }
 }
 
 fn json_key(value: &str, key: &str) -> Option<String> {
@@ -223,6 +256,10 @@ struct Parameter {
 mod tests {
     use super::*;
 
+    fn is_parameter(reference: &str) -> bool {
+        Reference::parse(reference).store == Store::ParameterStore
+    }
+
     #[test]
     fn references_are_secrets_unless_they_name_a_parameter() {
         assert!(!is_parameter(
@@ -233,6 +270,16 @@ mod tests {
         assert!(is_parameter(
             "arn:aws:ssm:eu-central-1:123456789012:parameter/paybus/db-url"
         ));
+    }
+
+    #[test]
+    fn a_key_is_split_off_the_reference() {
+        let reference = Reference::parse("paybus/db#url");
+        assert_eq!(
+            (reference.id, reference.key, reference.store),
+            ("paybus/db", Some("url"), Store::SecretsManager)
+        );
+        assert_eq!(Reference::parse("/paybus/db#url").id, "/paybus/db");
     }
 
     #[test]

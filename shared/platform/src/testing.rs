@@ -103,6 +103,32 @@ pub async fn queue_depth(channel: &lapin::Channel, name: &str) -> u32 {
         .message_count()
 }
 
+/// Messages ready in queue `name` and its consumers, `None` when it does not exist (probed on
+/// a channel of its own: a passive declare of a missing queue closes its channel).
+pub async fn queue_state(services: &Services, name: &str) -> Option<(u32, u32)> {
+    use lapin::{options::QueueDeclareOptions, types::FieldTable};
+    let channel = services
+        .connection()
+        .create_channel()
+        .await
+        .expect("a channel to inspect the queue");
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .ok()
+        .map(|queue| (queue.message_count(), queue.consumer_count()))
+}
+
+/// The password of [`TestEnv::env_vars_with_database_unreachable`]'s database URL.
+pub const UNREACHABLE_DATABASE_PASSWORD: &str = "hunter2";
+
 /// One integer a query counts (`SELECT COUNT(*) ...`).
 pub async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql)
@@ -195,6 +221,20 @@ impl TestEnv {
     /// and `functions`' queues declared.
     pub async fn services(&self, functions: &[FunctionQueue]) -> Services {
         services_on(&self.settings, functions).await
+    }
+
+    /// [`env_vars`](Self::env_vars) with the database URL pointing at a port nothing listens
+    /// on, its password [`UNREACHABLE_DATABASE_PASSWORD`] (to check it is never shown).
+    pub fn env_vars_with_database_unreachable(&self) -> HashMap<String, String> {
+        let mut vars = self.env_vars();
+        vars.insert(
+            "PAYBUS_DATABASE_URL".to_owned(),
+            format!(
+                "mysql://root:{UNREACHABLE_DATABASE_PASSWORD}@127.0.0.1:{}/paybus",
+                free_port()
+            ),
+        );
+        vars
     }
 
     /// `PAYBUS_*` variables that point a child process (the `paybus` binary, a function

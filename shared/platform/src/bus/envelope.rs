@@ -8,10 +8,20 @@ use uuid::Uuid;
 pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The envelope's `type`, which is also the routing key on `paybus.events`.
     const TYPE: &'static str;
+
+    /// The entity this message is about (its withdrawal, job, order…), as the shard key: a
+    /// sharded function gets every message of one entity on the same shard (see
+    /// `topology`'s module comment). `None`: the message's own id stands in for it (its
+    /// copies still meet on one shard, other messages of the entity may not).
+    fn shard_key(&self) -> Option<String> {
+        None
+    }
 }
 
-/// `{"id", "type", "occurred_at", "correlation_id", "data"}`. `id` identifies this message (and
-/// is the AMQP `message_id`); `correlation_id` follows one business flow across messages.
+/// `{"id", "type", "occurred_at", "correlation_id", "shard_key", "data"}`. `id` identifies this
+/// message (and is the AMQP `message_id`); `correlation_id` follows one business flow across
+/// messages; `shard_key` names the entity ([`Message::shard_key`]; absent when it has none,
+/// and in messages of earlier releases) and travels in the `x-paybus-shard-key` header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope<T> {
     pub id: Uuid,
@@ -19,6 +29,8 @@ pub struct Envelope<T> {
     pub kind: String,
     pub occurred_at: DateTime<Utc>,
     pub correlation_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_key: Option<String>,
     pub data: T,
 }
 
@@ -38,6 +50,7 @@ impl<T: Message> Envelope<T> {
             // MySQL keeps microseconds; rounding here keeps a stored and a sent copy equal.
             occurred_at: Utc::now().trunc_subsecs(6),
             correlation_id,
+            shard_key: data.shard_key(),
             data,
         }
     }
@@ -74,6 +87,17 @@ pub struct EnvelopeHead {
     pub correlation_id: Uuid,
 }
 
+/// A serialised envelope's shard key, read without its data type (the publisher sets the
+/// header from it, whichever way the message reached it: the fast path, the relay's rows, a
+/// replay). `None` for a body that is not an envelope or has none.
+pub fn shard_key_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Keyed {
+        shard_key: Option<String>,
+    }
+    serde_json::from_slice::<Keyed>(body).ok()?.shard_key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +108,10 @@ mod tests {
     }
     impl Message for Ping {
         const TYPE: &'static str = "test.ping";
+
+        fn shard_key(&self) -> Option<String> {
+            Some(format!("ping-{}", self.n))
+        }
     }
 
     #[test]
@@ -97,6 +125,18 @@ mod tests {
         assert_eq!(json["data"]["n"], 7);
         let back: Envelope<Ping> = serde_json::from_slice(&outgoing.body).unwrap();
         assert_eq!(back, envelope);
+    }
+
+    #[test]
+    fn the_shard_key_travels_in_the_envelope_and_reads_back_without_the_type() {
+        let outgoing = Envelope::new(Ping { n: 7 }).to_outgoing().unwrap();
+        assert_eq!(shard_key_of(&outgoing.body).as_deref(), Some("ping-7"));
+        // An envelope of an earlier release (no shard_key) still reads, as `None`.
+        let earlier = br#"{"id":"019b8d6a-3c40-7a11-8d2e-3f5a9c1b2d01","type":"test.ping","occurred_at":"2026-01-05T09:30:00Z","correlation_id":"019b8d6a-3c40-7a11-8d2e-3f5a9c1b2d01","data":{"n":1}}"#;
+        let read: Envelope<Ping> = serde_json::from_slice(earlier).unwrap();
+        assert_eq!(read.shard_key, None);
+        assert_eq!(shard_key_of(earlier), None);
+        assert_eq!(shard_key_of(b"not json"), None);
     }
 
     #[test]

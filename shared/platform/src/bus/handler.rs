@@ -2,7 +2,7 @@
 //! that turns one delivery into a [`Disposition`] (ack, dead-letter or requeue), whichever way
 //! the delivery arrived (a local consumer or a Lambda event).
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -12,7 +12,7 @@ use super::{
     envelope::{Envelope, EnvelopeHead, Message},
     metrics,
     outbox::{Outbox, OutboxError},
-    topology::{self, DELIVERY_LIMIT, FunctionQueue},
+    topology::{DELIVERY_LIMIT, FunctionQueue},
 };
 use crate::db;
 
@@ -135,11 +135,10 @@ pub trait Handler: Send + Sync + 'static {
         }
     }
 
+    /// The function's queue, unsharded (a layout's [`Shards`](super::topology::Shards) give
+    /// its shards).
     fn queue() -> FunctionQueue {
-        FunctionQueue {
-            function: Self::FUNCTION,
-            routing_key: <Self::Message as Message>::TYPE,
-        }
+        FunctionQueue::new(Self::FUNCTION, <Self::Message as Message>::TYPE)
     }
 }
 
@@ -443,15 +442,27 @@ fn finish<H: Handler>(
     disposition
 }
 
-/// A handler as the consumer runtime drives it.
+/// A handler as the consumer runtime drives it on one queue (one processor per shard, all
+/// sharing the handler).
 pub struct HandlerProcessor<H> {
-    handler: H,
+    handler: Arc<H>,
     outbox: Outbox,
+    queue: String,
 }
 
 impl<H: Handler> HandlerProcessor<H> {
+    /// The handler on its one (unsharded) queue.
     pub fn new(handler: H, outbox: Outbox) -> Self {
-        Self { handler, outbox }
+        Self::on(Arc::new(handler), outbox, &H::queue())
+    }
+
+    /// The handler on `queue` (one of its shards).
+    pub fn on(handler: Arc<H>, outbox: Outbox, queue: &FunctionQueue) -> Self {
+        Self {
+            handler,
+            outbox,
+            queue: queue.queue(),
+        }
     }
 }
 
@@ -461,11 +472,11 @@ impl<H: Handler> Processor for HandlerProcessor<H> {
     }
 
     fn queue(&self) -> String {
-        topology::queue_name(H::FUNCTION)
+        self.queue.clone()
     }
 
     async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
-        process(&self.handler, &self.outbox, delivery).await
+        process(&*self.handler, &self.outbox, delivery).await
     }
 
     fn max_batch(&self) -> usize {
@@ -473,6 +484,6 @@ impl<H: Handler> Processor for HandlerProcessor<H> {
     }
 
     async fn process_batch(&self, deliveries: &[IncomingDelivery]) -> Vec<Disposition> {
-        process_batch(&self.handler, &self.outbox, deliveries).await
+        process_batch(&*self.handler, &self.outbox, deliveries).await
     }
 }

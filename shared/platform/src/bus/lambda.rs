@@ -20,6 +20,13 @@
 //! letters need `paybus.dlx` bound to the function's `.dlq`; without it they are not
 //! confirmed and the batch fails.
 //!
+//! An event is refused whole, before any message is looked at, when a queue it comes from is
+//! not one this Lambda reads (the key `queueName::vhost` of `rmqMessagesByQueue`): a trigger
+//! wired to the wrong queue would otherwise have its messages of the right type processed by
+//! the wrong function, or acknowledged unseen. The invocation fails with
+//! `paybus.WrongQueue` (the mapping keeps the messages and the Errors alarm fires) and each
+//! refused message counts as `refused` in the function's metrics.
+//!
 //! A dead letter published here and the batch then failing for another message means the
 //! retried batch dead-letters that message again; its dead-letter id derives from the function,
 //! the message id and the reason, so `dead_letters` still records it once. The dead-letter
@@ -47,6 +54,7 @@ use super::{
     metrics,
     publisher::{PublishError, Publisher},
     services::{PendingServices, Services},
+    topology::{FunctionQueue, Shards, UNROUTED_QUEUE},
 };
 
 /// The Lambda's response for a batch that settled every message.
@@ -118,7 +126,7 @@ where
                 .get_or_try_init(|| async { build(services) })
                 .await
                 .map_err(InvocationError::start)?;
-            Ok::<_, InvocationError>(handle_event(handler, services, event.payload).await?)
+            handle_event(handler, services, event.payload).await
         },
     ))
     .await
@@ -131,8 +139,67 @@ pub enum InvocationError {
     /// no message was looked at.
     #[error("the function could not start: {0}")]
     Start(String),
+    /// The event comes from a queue this Lambda does not read: nothing was processed.
+    #[error(transparent)]
+    WrongQueue(#[from] WrongQueue),
     #[error(transparent)]
     Batch(#[from] BatchError),
+}
+
+/// An event from a queue that is not the Lambda's own (see the module's comment).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refused an event from {key:?}: {function} reads only {}; a trigger is wired to another queue ({messages} message(s) left unprocessed)",
+    expected.join(", ")
+)]
+pub struct WrongQueue {
+    pub function: String,
+    /// The event's `queueName::vhost` key.
+    pub key: String,
+    /// The queues the Lambda reads.
+    pub expected: Vec<String>,
+    pub messages: usize,
+}
+
+/// The queue name of an event's `queueName::vhost` key.
+pub fn queue_of_key(key: &str) -> &str {
+    key.rsplit_once("::").map_or(key, |(queue, _vhost)| queue)
+}
+
+/// Refuses `event` unless every queue it comes from is one of `expected` (error and metric).
+fn check_queues(
+    function: &str,
+    expected: &[String],
+    event: &RabbitMqEvent,
+) -> Result<(), WrongQueue> {
+    let Some((key, messages)) = event
+        .messages_by_queue
+        .iter()
+        .find(|(key, _)| !expected.iter().any(|q| q == queue_of_key(key)))
+    else {
+        return Ok(());
+    };
+    for _ in messages {
+        metrics::record(function, "refused", Duration::ZERO);
+    }
+    let error = WrongQueue {
+        function: function.to_owned(),
+        key: key.clone(),
+        expected: expected.to_vec(),
+        messages: event.messages_by_queue.values().map(Vec::len).sum(),
+    };
+    tracing::error!(function, %error, "event refused");
+    Err(error)
+}
+
+impl InvocationError {
+    /// The batch's faults, when that is why the invocation failed.
+    pub fn batch(&self) -> Option<&BatchError> {
+        match self {
+            InvocationError::Batch(batch) => Some(batch),
+            _ => None,
+        }
+    }
 }
 
 impl InvocationError {
@@ -147,6 +214,10 @@ impl From<InvocationError> for Diagnostic {
     fn from(error: InvocationError) -> Self {
         match error {
             InvocationError::Batch(batch) => batch.into(),
+            InvocationError::WrongQueue(wrong) => Diagnostic {
+                error_type: "paybus.WrongQueue".to_owned(),
+                error_message: wrong.to_string(),
+            },
             start @ InvocationError::Start(_) => Diagnostic {
                 error_type: "paybus.StartupError".to_owned(),
                 error_message: start.to_string(),
@@ -155,14 +226,27 @@ impl From<InvocationError> for Diagnostic {
     }
 }
 
+/// The queues the Lambda of `H` reads in the layout `shards`: its queue, or its shards (each
+/// shard has a trigger of its own; any of them may invoke it).
+pub fn own_queues<H: Handler>(shards: &Shards) -> Vec<String> {
+    shards
+        .queues(H::queue())
+        .iter()
+        .map(FunctionQueue::queue)
+        .collect()
+}
+
 /// Settles every message of one Amazon MQ event: ack (nothing to do), or a confirmed dead
 /// letter; `lambda_concurrency` of them at once, in chunks of up to `H::MAX_BATCH`. Fails,
-/// after processing the whole batch, if any message hit an infrastructure fault.
+/// after processing the whole batch, if any message hit an infrastructure fault; refuses the
+/// event untouched if it comes from a queue that is not `H`'s.
 pub async fn handle_event<H: Handler>(
     handler: &H,
     services: &Services,
     event: RabbitMqEvent,
-) -> Result<BatchSummary, BatchError> {
+) -> Result<BatchSummary, InvocationError> {
+    let own = own_queues::<H>(&services.settings.broker.shards);
+    check_queues(H::FUNCTION, &own, &event)?;
     let concurrency = usize::from(services.settings.broker.lambda_concurrency);
     let settled = settle_concurrently(
         &event,
@@ -180,24 +264,43 @@ pub async fn handle_event<H: Handler>(
         },
     )
     .await;
-    summarise(H::FUNCTION, settled)
+    Ok(summarise(H::FUNCTION, settled)?)
 }
 
 /// The `function_name` the dead-letter recorder logs under (each row names its own function).
 pub const DEAD_LETTER_RECORDER: &str = "dead-letters";
 
+/// The queues the dead-letter recorder reads: the dead-letter queue of each of `functions`,
+/// and `paybus.unrouted`.
+pub fn recorder_queues(functions: &[FunctionQueue]) -> Vec<String> {
+    let mut queues: Vec<String> = Vec::with_capacity(functions.len() + 1);
+    for function in functions {
+        let dlq = function.dead_letter_queue();
+        if !queues.contains(&dlq) {
+            queues.push(dlq);
+        }
+    }
+    queues.push(UNROUTED_QUEUE.to_owned());
+    queues
+}
+
 /// The dead-letter recorder's Lambda: records every message of an event from the dead-letter
-/// queues (`paybus.<function>.dlq`, and `paybus.unrouted`) in `dead_letters`, once however
-/// often the batch is delivered (the row's key is the dead letter's id). A message that does
-/// not decode is recorded as it arrived; only a database fault fails the batch.
+/// queues (`paybus.<function>.dlq` of the catalog's functions, and `paybus.unrouted`) in
+/// `dead_letters`, once however often the batch is delivered (the row's key is the dead
+/// letter's id). A message that does not decode is recorded as it arrived; only a database
+/// fault fails the batch. An event from any other queue (a function's own queue, wired to
+/// the recorder by mistake) is refused untouched: recording it would acknowledge work nobody
+/// did.
 pub async fn record_dead_letters(
     pool: &MySqlPool,
     concurrency: usize,
+    queues: &[String],
     event: RabbitMqEvent,
-) -> Result<BatchSummary, BatchError> {
+) -> Result<BatchSummary, InvocationError> {
+    check_queues(DEAD_LETTER_RECORDER, queues, &event)?;
     let settled = settle_concurrently(&event, concurrency, 1, |queue, first, messages| {
         let span = tracing::info_span!("dead_letters", queue = %queue, first);
-        let queue = queue.split_once("::").map_or(queue, |(name, _vhost)| name);
+        let queue = queue_of_key(queue);
         async move {
             let mut settled = Vec::with_capacity(messages.len());
             for message in messages {
@@ -214,7 +317,7 @@ pub async fn record_dead_letters(
         .instrument(span)
     })
     .await;
-    summarise(DEAD_LETTER_RECORDER, settled)
+    Ok(summarise(DEAD_LETTER_RECORDER, settled)?)
 }
 
 /// What became of one message: settled, or why not.
@@ -628,6 +731,34 @@ mod tests {
         let headers = d.properties.headers().as_ref();
         assert_eq!(header_text(headers, "header1").as_deref(), Some("value1"));
         assert_eq!(header_integer(headers, "numberInHeader"), Some(10));
+    }
+
+    #[test]
+    fn an_event_from_another_queue_is_refused_and_counted() {
+        let mut event: RabbitMqEvent = serde_json::from_str(CRATE_FIXTURE).unwrap();
+        let expected = vec!["paybus.test-own".to_owned()];
+        let before = metrics::count("test-refusing", "refused");
+
+        let error = check_queues("test-refusing", &expected, &event).unwrap_err();
+
+        assert_eq!(error.key, "test::/");
+        assert_eq!(error.messages, 1);
+        assert!(
+            error.to_string().contains("reads only paybus.test-own"),
+            "{error}"
+        );
+        assert_eq!(metrics::count("test-refusing", "refused"), before + 1);
+        let messages = event.messages_by_queue.remove("test::/").unwrap();
+        event
+            .messages_by_queue
+            .insert("paybus.test-own::paybus".to_owned(), messages);
+        assert_eq!(check_queues("test-refusing", &expected, &event), Ok(()));
+    }
+
+    #[test]
+    fn the_recorder_reads_dead_letter_queues_and_the_unrouted_queue_only() {
+        let queues = recorder_queues(&FunctionQueue::new("a", "a.happened").sharded(2));
+        assert_eq!(queues, ["paybus.a.dlq", "paybus.unrouted"]);
     }
 
     #[test]

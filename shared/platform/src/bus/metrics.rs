@@ -3,8 +3,9 @@
 //!
 //! The same figures in the Prometheus format ([`encode`], served at the API's `/metrics`):
 //! `paybus_messages_total{function,outcome}` (outcome `done` = processed, `skipped`, `retry`
-//! and `requeued` = retried, `failed` / `dead_lettered` / `malformed` = dead-lettered, and a
-//! function's own labels such as `deferred`), `paybus_handler_seconds{function}` (a
+//! and `requeued` = retried, `failed` / `dead_lettered` / `malformed` = dead-lettered,
+//! `refused` = in a Lambda event from a queue that is not the function's, left unprocessed,
+//! and a function's own labels such as `deferred`), `paybus_handler_seconds{function}` (a
 //! histogram of handler latency), `paybus_audit_violations_total{check}` and the last audit
 //! pass, `paybus_external_calls_total{call,outcome}` (every call with a side effect elsewhere,
 //! by what it is known to have done: `done`, `not_done`, `unknown`); plus gauges the caller

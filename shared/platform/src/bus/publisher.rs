@@ -8,7 +8,11 @@ use lapin::{
     types::FieldTable,
 };
 
-use super::{envelope::OutgoingMessage, link::BrokerLink, topology::EVENTS_EXCHANGE};
+use super::{
+    envelope::{OutgoingMessage, shard_key_of},
+    link::BrokerLink,
+    topology::{EVENTS_EXCHANGE, SHARD_KEY_HEADER},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -169,9 +173,21 @@ async fn send_event(
                 ..Default::default()
             },
             &message.body,
-            properties(message, FieldTable::default()),
+            properties(message, event_headers(message)),
         )
         .await?)
+}
+
+/// An event's headers: its shard key (the envelope's, else the message id), which a sharded
+/// function's consistent-hash exchange routes on.
+fn event_headers(message: &OutgoingMessage) -> FieldTable {
+    let key = shard_key_of(&message.body).unwrap_or_else(|| message.id.to_string());
+    let mut headers = FieldTable::default();
+    headers.insert(
+        SHARD_KEY_HEADER.into(),
+        lapin::types::AMQPValue::LongString(key.into()),
+    );
+    headers
 }
 
 /// AMQP properties of an envelope (SPEC §3).

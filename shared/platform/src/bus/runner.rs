@@ -63,17 +63,34 @@ impl Runner {
     }
 
     /// Adds a function's consumer and the recorder of its dead-letter queue.
+    /// Adds a function's consumers (one per shard of the settings' layout, sharing the
+    /// handler) and the recorder of its dead-letter queue.
     pub fn add_function<H: Handler>(&mut self, handler: H) -> &mut Self {
-        let processor = Arc::new(HandlerProcessor::new(handler, self.services.outbox.clone()));
-        self.add_consumer(processor);
-        self.add_dead_letter_recorder(H::queue())
+        let handler = Arc::new(handler);
+        let shards = self.services.settings.broker.shards.queues(H::queue());
+        for queue in &shards {
+            let processor = Arc::new(HandlerProcessor::on(
+                handler.clone(),
+                self.services.outbox.clone(),
+                queue,
+            ));
+            self.add_consumer(processor);
+        }
+        for queue in shards {
+            self.add_dead_letter_recorder(queue);
+        }
+        self
     }
 
     /// Adds the recorder of one function's dead-letter queue (alone: the `dead-letters`
-    /// binary records every function's).
+    /// binary records every function's), once however many of its queues are added.
     pub fn add_dead_letter_recorder(&mut self, queue: FunctionQueue) -> &mut Self {
+        let recorded = self.queues.iter().any(|q| q.function == queue.function);
         if !self.queues.contains(&queue) {
             self.queues.push(queue);
+        }
+        if recorded {
+            return self;
         }
         let recorder = Arc::new(DeadLetterRecorder::new(
             queue.function,

@@ -92,6 +92,21 @@ impl Services {
         self.outbox.publisher()
     }
 
+    /// Unbinds the queues of the `earlier` layout that `current` does not have (see
+    /// `topology::retire`); the retired queues, with what they still hold.
+    pub async fn retire(
+        &self,
+        current: &[topology::FunctionQueue],
+        earlier: &[topology::FunctionQueue],
+    ) -> Result<Vec<topology::Retired>, StartupError> {
+        topology::retire(&self.connection(), current, earlier)
+            .await
+            .map_err(|source| StartupError::Amqp {
+                doing: "retiring the queues of the earlier shard layout",
+                source,
+            })
+    }
+
     /// Declares the exchanges and these functions' queues (idempotent).
     pub async fn declare_topology(
         &self,
