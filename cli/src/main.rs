@@ -2,6 +2,7 @@
 
 mod bench;
 mod chaos;
+mod configuration_page;
 mod dead_letters;
 mod doctor;
 mod jobs;
@@ -79,6 +80,9 @@ enum Command {
     Reconcile(p2p::ReconcileCommand),
     /// Print the function catalog as the README's markdown table.
     Catalog,
+    /// Print the configuration page (docs/configuration.md): every setting, its default and
+    /// what it does, from the code's declarations.
+    Settings,
     /// Charge-event bonus jobs (W3): list those waiting for a retry or for ops, show one, retry
     /// a FAILED one.
     #[command(subcommand)]
@@ -208,6 +212,7 @@ async fn main() -> ExitCode {
             print!("{}", paybus_catalog::markdown_table());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Settings => configuration_page::print(),
         Command::Jobs(command) => jobs::run(&settings, command).await,
         Command::Template { binaries: false } => template(&settings),
         Command::Template { binaries: true } => {
