@@ -22,6 +22,7 @@
 mod broker;
 mod checks;
 mod duplicator;
+mod faults;
 mod fleet;
 mod load;
 mod outside;
@@ -436,7 +437,7 @@ async fn drive(
     let started_at = chrono::Utc::now() - chrono::Duration::minutes(1);
 
     let faults_stop = CancellationToken::new();
-    let faults = tokio::spawn(outside::faults(
+    let faults = tokio::spawn(faults::run(
         profile.clone(),
         fleet.clone(),
         own.mariadb.clone(),
@@ -491,7 +492,7 @@ async fn drive(
             broker_node_kills: fault_log
                 .iter()
                 .filter(|fault| {
-                    fault.what.starts_with(outside::BROKER_NODE_KILL)
+                    fault.what.starts_with(faults::BROKER_NODE_KILL)
                         && !fault.what.ends_with("FAILED")
                 })
                 .count() as u64,

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Profile,
     checks::{DeadLetters, Violation},
+    faults::Fault,
     fleet::ProcessRecord,
     load::{Load, Sent},
-    outside::Fault,
 };
 
 #[derive(Debug, Clone, Serialize)]
