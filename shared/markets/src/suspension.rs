@@ -117,7 +117,7 @@ pub async fn suspend(
     // suspension has an id up to the highest id committed now (of any market: the primary
     // key's end, one index dive whatever the history). Not the highest *open* id of the
     // market: its newest orders may have been filled already, and the audit would read them
-    // as accepted while suspended (found by `paybus chaos`).
+    // as accepted while suspended (found by `paybus-lab chaos`).
     let max_target_id: u64 =
         sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS UNSIGNED) FROM orders")
             .fetch_one(&mut *uow)
