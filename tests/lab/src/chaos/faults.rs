@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::testing::PrivateService;
+use paybus_lab::services::PrivateService;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 

@@ -36,7 +36,8 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_platform::{Settings, bus::Services, db, testing::PrivateService};
+use paybus_lab::services::PrivateService;
+use paybus_platform::{Settings, bus::Services, db};
 
 use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;
