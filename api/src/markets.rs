@@ -80,7 +80,7 @@ impl From<MarketError> for ApiError {
             | MarketError::NotSuspended(_) => ApiError::Conflict(error.to_string()),
             MarketError::Database(e) => ApiError::Database(e),
             MarketError::Outbox(e) => ApiError::Outbox(e),
-            MarketError::UnknownValue { .. } => ApiError::Internal(Box::new(error)),
+            MarketError::UnknownValue(_) => ApiError::Internal(Box::new(error)),
         }
     }
 }

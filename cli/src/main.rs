@@ -1,7 +1,5 @@
 //! `paybus`: the operator's command line.
 
-mod bench;
-mod chaos;
 mod configuration_page;
 mod dead_letters;
 mod doctor;
@@ -108,13 +106,6 @@ enum Command {
         /// The exact request body that will be sent.
         body: String,
     },
-    /// Benchmark a workflow through the broker against the same transactions driven directly
-    /// on the database (build with --release for meaningful figures).
-    Bench(bench::BenchArgs),
-    /// A fault-injection run on services of its own: every workflow under duplicates, malformed
-    /// messages, SIGKILLed functions and broker/database restarts, then checked for exactly-once
-    /// effects; exits non-zero on any violation.
-    Chaos(chaos::ChaosArgs),
     /// A market suspension's progress (W4): the tasks by state, or a live progress bar.
     #[command(subcommand)]
     Suspension(suspension::SuspensionCommand),
@@ -228,9 +219,7 @@ async fn main() -> ExitCode {
             subject,
             ttl,
         }) => issue_token(&roles, &subject, ttl),
-        Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Ping { timeout } => ping(settings, timeout).await,
-        Command::Chaos(args) => chaos::run(args).await,
         Command::Suspension(command) => suspension::run(&settings, command).await,
     };
     match result {

@@ -1,21 +1,3 @@
 #!/usr/bin/env bash
-# Stops then starts only the local rabbitmq instance (used by fault tests).
-#   infra/local/restart-rabbitmq.sh          clean shutdown, then start
-#   infra/local/restart-rabbitmq.sh --kill   SIGKILL (crash), then start
-set -euo pipefail
-
-# shellcheck source=SCRIPTDIR/lib.sh
-. "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")/lib.sh"
-
-mode=
-case ${1:-} in
-  '') ;;
-  --kill) mode=--kill ;;
-  *)
-    echo "usage: $0 [--kill]" >&2
-    exit 2
-    ;;
-esac
-paybus_lock
-stop_rabbitmq ${mode:+"$mode"}
-start_rabbitmq
+# Stops then starts only the local rabbitmq instance (used by fault tests): restart.sh rabbitmq [--kill].
+exec "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")/restart.sh" rabbitmq "$@"

@@ -6,6 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use lapin::BasicProperties;
 use paybus_canary::{Canary, Ping, send_ping};
+use paybus_lab::services::{PrivateBroker, PrivateCluster, PrivateService};
 use paybus_platform::{
     Settings,
     bus::{
@@ -16,8 +17,7 @@ use paybus_platform::{
         topology,
     },
     testing::{
-        self, PrivateBroker, PrivateCluster, PrivateService, TestEnv, eventually,
-        outage::Relay as TcpRelay, queue_depth, scalar, services_on,
+        self, TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, scalar, services_on,
     },
 };
 use tokio_util::sync::CancellationToken;

@@ -1,10 +1,12 @@
-//! `paybus chaos --quick` as CI runs it: the real binaries against a MariaDB and a RabbitMQ of
+//! `paybus-lab chaos --quick` as CI runs it: the real binaries against a MariaDB and a RabbitMQ of
 //! the run's own (never the shared test services, which it would restart), every message
 //! three times, malformed ones, SIGKILLs, a broker and a database restart. It passes on this
 //! build; with one function swapped for the seed's read-then-update design it fails, naming
 //! the double debit: the harness can fail.
 //!
-//! Needs the workspace's binaries built (`cargo nextest run --workspace` builds them).
+//! Needs the workspace's binaries built (`cargo nextest run --workspace` builds them: every
+//! package with integration tests gets its binaries built, `paybus-lab` and the functions
+//! included).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{
@@ -16,24 +18,24 @@ use serde_json::Value;
 
 const BROKEN_CONFIRM_WITHDRAWAL: &str = env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update");
 
-/// The `paybus` binary of this build (next to every function binary).
-fn paybus() -> PathBuf {
-    let paybus = Path::new(BROKEN_CONFIRM_WITHDRAWAL).with_file_name("paybus");
+/// The `paybus-lab` binary of this build (next to every function binary).
+fn lab() -> PathBuf {
+    let lab = Path::new(BROKEN_CONFIRM_WITHDRAWAL).with_file_name("paybus-lab");
     assert!(
-        paybus.is_file(),
+        lab.is_file(),
         "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
-        paybus.display()
+        lab.display()
     );
-    paybus
+    lab
 }
 
-/// Runs `paybus chaos --quick --json` with `args` in its own state folder under `.local/`;
+/// Runs `paybus-lab chaos --quick --json` with `args` in its own state folder under `.local/`;
 /// the exit code and the report.
 fn chaos(state: &str, args: &[&str]) -> (i32, Value) {
     let state_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../.local")
         .join(state);
-    let output = Command::new(paybus())
+    let output = Command::new(lab())
         .args(["chaos", "--quick", "--json", "--state-dir"])
         .arg(&state_dir)
         .args(args)

@@ -580,7 +580,7 @@ async fn suspending_a_market_without_open_orders_reports_zero_tasks_created() {
     assert_eq!((status, &resumed["resumed_now"]), (200, &json!(true)));
 }
 
-/// Found by `paybus chaos` (its full profile, clients placing and filling while ops suspend):
+/// Found by `paybus-lab chaos` (its full profile, clients placing and filling while ops suspend):
 /// the newest orders of a market were filled before the suspension, so the frozen bound (then
 /// the highest *open* id) sat below them and the audit read them as accepted while suspended.
 /// The bound is the highest order id placed before the suspension, whatever became of it.

@@ -311,48 +311,75 @@ pub fn template() -> Node {
 /// function's `PAYBUS_SHARDS` (the consumers read only their own queues, `migrate` declares
 /// them).
 pub fn template_with(shards: &Shards) -> Node {
-    let all = deployables();
     let mut resources = map! {};
     for function in FUNCTIONS {
-        let lambda = Deployable::new(function.name, &format!("functions/{}", function.name));
-        let mut properties = common_properties(
-            &lambda,
-            &format!(
-                "paybus {}: consumes {} ({})",
-                function.name,
-                function.queue.queue(),
-                function.queue.routing_key
-            ),
-        );
-        add_needs(&mut properties, function.name);
-        let mut events = map! {};
-        for queue in shards.queues(function.queue) {
-            let name = if queue.shard.count > 1 {
-                format!("Shard{}", queue.shard.index)
-            } else {
-                "Queue".to_owned()
-            };
-            events.insert(&name, mq_event(&queue.queue()));
-        }
-        properties.insert("Events", events);
-        resources.insert_commented(
-            Some(&format!(
-                "{}: one Lambda on paybus.{} (an infrastructure fault fails the batch; Amazon MQ\nretries it; every handler is idempotent).",
-                function.name, function.name
-            )),
-            &lambda.function_id(),
-            function_resource(&lambda, properties),
-        );
-        add_log_group(&mut resources, &lambda);
-        add_errors_alarm(&mut resources, &lambda, MQ_INVOCATION_FAILED);
-        add_queue_alarm(
-            &mut resources,
-            &format!("{}DeadLetterQueueAlarm", lambda.logical_id),
-            &dead_letter_queue_name(function.name),
-        );
+        add_consumer(&mut resources, shards, function);
     }
+    add_recorder(&mut resources);
+    add_sweeper(&mut resources);
+    add_api(&mut resources);
+    add_migration(&mut resources, shards);
+    let outputs = outputs(&deployables());
 
-    // The dead-letter recorder: one MQ event per dead-letter queue, and paybus.unrouted.
+    map! {
+        "AWSTemplateFormatVersion" => "2010-09-09",
+        "Transform" => "AWS::Serverless-2016-10-31",
+        "Description" => "paybus: one Lambda per function on Amazon MQ for RabbitMQ, the dead-letter recorder, the sweeper, the HTTP API and the migrations (generated from the function catalog)",
+        "Parameters" => parameters(),
+        "Conditions" => conditions(),
+        "Globals" => globals(shards),
+        "Resources" => resources,
+        "Outputs" => outputs,
+    }
+}
+
+/// One Lambda per catalog function on its queue (one trigger per shard), with its log group
+/// and alarms.
+fn add_consumer(
+    resources: &mut Node,
+    shards: &Shards,
+    function: &paybus_platform::function::FunctionEntry,
+) {
+    let lambda = Deployable::new(function.name, &format!("functions/{}", function.name));
+    let mut properties = common_properties(
+        &lambda,
+        &format!(
+            "paybus {}: consumes {} ({})",
+            function.name,
+            function.queue.queue(),
+            function.queue.routing_key
+        ),
+    );
+    add_needs(&mut properties, function.name);
+    let mut events = map! {};
+    for queue in shards.queues(function.queue) {
+        let name = if queue.shard.count > 1 {
+            format!("Shard{}", queue.shard.index)
+        } else {
+            "Queue".to_owned()
+        };
+        events.insert(&name, mq_event(&queue.queue()));
+    }
+    properties.insert("Events", events);
+    resources.insert_commented(
+        Some(&format!(
+            "{}: one Lambda on paybus.{} (an infrastructure fault fails the batch; Amazon MQ\nretries it; every handler is idempotent).",
+            function.name, function.name
+        )),
+        &lambda.function_id(),
+        function_resource(&lambda, properties),
+    );
+    add_log_group(resources, &lambda);
+    add_errors_alarm(resources, &lambda, MQ_INVOCATION_FAILED);
+    add_queue_alarm(
+        resources,
+        &format!("{}DeadLetterQueueAlarm", lambda.logical_id),
+        &dead_letter_queue_name(function.name),
+    );
+}
+
+/// The dead-letter recorder: one MQ event per dead-letter queue, and paybus.unrouted.
+fn add_recorder(resources: &mut Node) {
     let recorder = Deployable::new("dead-letters", "functions/dead-letters");
     let mut events = map! {};
     for function in FUNCTIONS {
@@ -373,9 +400,9 @@ pub fn template_with(shards: &Shards) -> Node {
         &recorder.function_id(),
         function_resource(&recorder, properties),
     );
-    add_log_group(&mut resources, &recorder);
-    add_errors_alarm(&mut resources, &recorder, MQ_INVOCATION_FAILED);
-    add_queue_alarm(&mut resources, "UnroutedQueueAlarm", UNROUTED_QUEUE);
+    add_log_group(resources, &recorder);
+    add_errors_alarm(resources, &recorder, MQ_INVOCATION_FAILED);
+    add_queue_alarm(resources, "UnroutedQueueAlarm", UNROUTED_QUEUE);
     resources.insert(
         "DeadLettersRecordedAlarm",
         alarm(
@@ -388,8 +415,10 @@ pub fn template_with(shards: &Shards) -> Node {
             1,
         ),
     );
+}
 
-    // The sweeper: every job once per scheduled invocation.
+/// The sweeper: every job once per scheduled invocation.
+fn add_sweeper(resources: &mut Node) {
     let sweeper = Deployable::new("sweeper", "functions/sweeper");
     let mut properties = common_properties(
         &sweeper,
@@ -410,14 +439,16 @@ pub fn template_with(shards: &Shards) -> Node {
         &sweeper.function_id(),
         function_resource(&sweeper, properties),
     );
-    add_log_group(&mut resources, &sweeper);
+    add_log_group(resources, &sweeper);
     add_errors_alarm(
-        &mut resources,
+        resources,
         &sweeper,
         "a scheduled run failed (a job hit an error, named in the log; the next run does its work again)",
     );
+}
 
-    // The HTTP API: the same axum router behind an API Gateway HTTP API.
+/// The HTTP API: the same axum router behind an API Gateway HTTP API.
+fn add_api(resources: &mut Node) {
     let api = Deployable::new("api", "api");
     let mut properties = common_properties(
         &api,
@@ -436,9 +467,9 @@ pub fn template_with(shards: &Shards) -> Node {
         &api.function_id(),
         function_resource(&api, properties),
     );
-    add_log_group(&mut resources, &api);
+    add_log_group(resources, &api);
     add_errors_alarm(
-        &mut resources,
+        resources,
         &api,
         "an invocation failed (API Gateway answered 500 to that request; see the API's log)",
     );
@@ -470,8 +501,10 @@ pub fn template_with(shards: &Shards) -> Node {
             1,
         ),
     );
+}
 
-    // Migrations and topology: a custom resource every other function depends on.
+/// Migrations and topology: a custom resource every other function depends on.
+fn add_migration(resources: &mut Node, shards: &Shards) {
     let migrate = Deployable::new("migrate", "functions/migrate");
     let mut properties = common_properties(
         &migrate,
@@ -490,7 +523,7 @@ pub fn template_with(shards: &Shards) -> Node {
             "Properties" => properties,
         },
     );
-    add_log_group(&mut resources, &migrate);
+    add_log_group(resources, &migrate);
     resources.insert(
         "Migration",
         map! {
@@ -503,30 +536,24 @@ pub fn template_with(shards: &Shards) -> Node {
             },
         },
     );
+}
 
+/// The stack's outputs: the API's URL and every function's name.
+fn outputs(all: &[Deployable]) -> Node {
     let mut outputs = map! {
         "ApiUrl" => map! {
             "Description" => "The HTTP API's base URL",
             "Value" => sub("https://${HttpApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}/"),
         },
     };
-    for lambda in &all {
+    for lambda in all {
         outputs.insert(
             &format!("{}FunctionName", lambda.logical_id),
             map! { "Value" => reference(&lambda.function_id()) },
         );
     }
 
-    map! {
-        "AWSTemplateFormatVersion" => "2010-09-09",
-        "Transform" => "AWS::Serverless-2016-10-31",
-        "Description" => "paybus: one Lambda per function on Amazon MQ for RabbitMQ, the dead-letter recorder, the sweeper, the HTTP API and the migrations (generated from the function catalog)",
-        "Parameters" => parameters(),
-        "Conditions" => conditions(),
-        "Globals" => globals(shards),
-        "Resources" => resources,
-        "Outputs" => outputs,
-    }
+    outputs
 }
 
 fn conditions() -> Node {
@@ -543,20 +570,20 @@ fn conditions() -> Node {
     conditions
 }
 
+/// Every parameter, in the order an operator fills them in.
 fn parameters() -> Node {
-    fn string(description: &str) -> Node {
-        map! { "Type" => "String", "Description" => description }
-    }
-    fn number(description: &str, default: i64, min: i64, max: i64) -> Node {
-        map! {
-            "Type" => "Number",
-            "Description" => description,
-            "Default" => default,
-            "MinValue" => min,
-            "MaxValue" => max,
-        }
-    }
     let mut p = map! {};
+    broker_parameters(&mut p);
+    secrets_parameters(&mut p);
+    network_parameters(&mut p);
+    capacity_parameters(&mut p);
+    workflow_parameters(&mut p);
+    operations_parameters(&mut p);
+    p
+}
+
+/// The broker and the credentials the event source mappings read the queues with.
+fn broker_parameters(p: &mut Node) {
     p.insert_commented(
         Some("The broker and how the event source mappings log in."),
         "BrokerArn",
@@ -570,6 +597,10 @@ fn parameters() -> Node {
         "BrokerCredentialsSecretArn",
         string("Secrets Manager secret {\"username\": ..., \"password\": ...} the event source mappings read the queues with"),
     );
+}
+
+/// Where each secret is kept (references only), and the KMS keys that encrypt them.
+fn secrets_parameters(p: &mut Node) {
     for (n, secret) in SECRETS.iter().enumerate() {
         p.insert_commented(
             (n == 0).then_some(
@@ -598,6 +629,10 @@ fn parameters() -> Node {
         "SecretsExtensionLayerArn",
         string("ARN of the AWS Parameters and Secrets Lambda Extension layer for arm64 in this region (see infra/aws/README.md)"),
     );
+}
+
+/// The subnets and security groups the functions run in.
+fn network_parameters(p: &mut Node) {
     p.insert_commented(
         Some("The network: the functions reach the database and the broker from these subnets."),
         "SubnetIds",
@@ -607,6 +642,10 @@ fn parameters() -> Node {
         "SecurityGroupIds",
         map! { "Type" => "List<AWS::EC2::SecurityGroup::Id>", "Description" => "Security groups allowed to reach the database (3306) and the broker (5671)" },
     );
+}
+
+/// Batches, concurrency, memory, timeouts, the sweeper's schedule and the API's throttling.
+fn capacity_parameters(p: &mut Node) {
     p.insert_commented(
         Some("Batches and concurrency."),
         "BatchSize",
@@ -679,6 +718,10 @@ fn parameters() -> Node {
         "ApiThrottlingBurstLimit",
         number("Requests the HTTP API accepts in a burst", 400, 1, 10_000),
     );
+}
+
+/// The workflows' plain (not secret) settings, from the catalog's list.
+fn workflow_parameters(p: &mut Node) {
     for (n, setting) in PLAIN_SETTINGS.iter().enumerate() {
         let mut parameter = map! {
             "Type" => "String",
@@ -697,6 +740,10 @@ fn parameters() -> Node {
             parameter,
         );
     }
+}
+
+/// Logging, log retention and where alarms go.
+fn operations_parameters(p: &mut Node) {
     p.insert_commented(
         Some("Operations."),
         "LogLevel",
@@ -715,7 +762,22 @@ fn parameters() -> Node {
         "AlarmTopicArn",
         map! { "Type" => "String", "Description" => "SNS topic the alarms notify (empty: alarms without notifications)", "Default" => "" },
     );
-    p
+}
+
+/// A required `String` parameter.
+fn string(description: &str) -> Node {
+    map! { "Type" => "String", "Description" => description }
+}
+
+/// A `Number` parameter with its bounds.
+fn number(description: &str, default: i64, min: i64, max: i64) -> Node {
+    map! {
+        "Type" => "Number",
+        "Description" => description,
+        "Default" => default,
+        "MinValue" => min,
+        "MaxValue" => max,
+    }
 }
 
 fn globals(shards: &Shards) -> Node {

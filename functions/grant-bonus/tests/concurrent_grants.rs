@@ -2,12 +2,12 @@
 //! on different members, as at a busy charge event: every completion, claim and grant commits,
 //! none deadlocks (a deadlock would be retried on the bus, but every one is a grant delayed).
 //!
-//! Why: the first `paybus bench grant-bonus` deadlocked at once (1213). MariaDB served the
+//! Why: the first `paybus-lab bench grant-bonus` deadlocked at once (1213). MariaDB served the
 //! claim's `WHERE id = ? AND status = 'PENDING' AND …` from the (status, next_retry_at) index's
 //! range, whose locks crossed those of a grant settling another job by its primary key; the
 //! retry kit now forces the primary key on every by-id UPDATE. This debug-build race did not
 //! reproduce that interleaving with the hint removed (the release bench did), so it guards the
-//! pipeline as a whole, and `paybus bench grant-bonus` stays the reproducer.
+//! pipeline as a whole, and `paybus-lab bench grant-bonus` stays the reproducer.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;

@@ -1,7 +1,10 @@
 //! The errors of W3's repository code. Which of them a retry can fix is decided once, by the
 //! platform (`HandlerError::is_transient`), after [`From<BonusError> for HandlerError`].
 
-use paybus_platform::bus::{HandlerError, outbox::OutboxError};
+use paybus_platform::{
+    bus::{HandlerError, outbox::OutboxError},
+    column::UnknownValue,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BonusError {
@@ -9,13 +12,8 @@ pub enum BonusError {
     Database(#[from] sqlx::Error),
     #[error("outbox: {0}")]
     Outbox(#[from] OutboxError),
-    #[error("{entity} {id} has {column} {value:?}, which this code does not know")]
-    UnknownValue {
-        entity: &'static str,
-        id: u64,
-        column: &'static str,
-        value: String,
-    },
+    #[error(transparent)]
+    UnknownValue(#[from] UnknownValue),
     /// A row this code just wrote or locked is not there (only a concurrent DELETE, which no
     /// paybus code issues, could get here).
     #[error("{entity} {id} vanished inside the transaction that holds it")]
@@ -37,21 +35,7 @@ impl From<BonusError> for HandlerError {
     }
 }
 
-/// A status-like column read back into its enum; a value this code does not know is an error
-/// naming the row, never a panic.
-pub(crate) fn parse_column<T: std::str::FromStr>(
-    entity: &'static str,
-    id: u64,
-    column: &'static str,
-    value: String,
-) -> Result<T, BonusError> {
-    value.parse().map_err(|_| BonusError::UnknownValue {
-        entity,
-        id,
-        column,
-        value,
-    })
-}
+pub(crate) use paybus_platform::column::parse as parse_column;
 
 #[cfg(test)]
 mod tests {
@@ -61,12 +45,12 @@ mod tests {
     fn only_infrastructure_faults_are_retried() {
         assert!(HandlerError::from(BonusError::Database(sqlx::Error::PoolTimedOut)).is_transient());
         assert!(
-            !HandlerError::from(BonusError::UnknownValue {
+            !HandlerError::from(BonusError::UnknownValue(UnknownValue {
                 entity: "bonus job",
                 id: 1,
                 column: "status",
                 value: "LOST".into()
-            })
+            }))
             .is_transient()
         );
     }

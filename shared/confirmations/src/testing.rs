@@ -73,7 +73,7 @@ pub async fn assert_audit_clean(pool: &MySqlPool) {
 }
 
 /// The seed's original `onTxConfirmed` (seed 001 §1), kept only to prove the hazard: by the
-/// W2 race test's control, and by the deliberately broken build `paybus chaos` must catch.
+/// W2 race test's control, and by the deliberately broken build `paybus-lab chaos` must catch.
 /// `findById` (a plain read: the REPEATABLE READ snapshot), `status == BROADCASTING`, then
 /// `between` (the window between the read and the write: the incident's 64 seconds), an
 /// unconditional overwrite (`modify()`), a DEBIT without idempotency key, the history row

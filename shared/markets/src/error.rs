@@ -2,7 +2,7 @@
 //! (`api/src/markets.rs`); database faults stay database faults.
 
 use paybus_money::Amount;
-use paybus_platform::bus::outbox::OutboxError;
+use paybus_platform::{bus::outbox::OutboxError, column::UnknownValue};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MarketError {
@@ -35,30 +35,12 @@ pub enum MarketError {
     StillCancelling { symbol: String, summary: String },
     #[error("market {0} is not SUSPENDED")]
     NotSuspended(String),
-    #[error("{entity} {id} has {column} {value:?}, which this code does not know")]
-    UnknownValue {
-        entity: &'static str,
-        id: u64,
-        column: &'static str,
-        value: String,
-    },
+    #[error(transparent)]
+    UnknownValue(#[from] UnknownValue),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("outbox: {0}")]
     Outbox(#[from] OutboxError),
 }
 
-/// Parses a status column read from `entity` `id`.
-pub(crate) fn parse_column<T: std::str::FromStr>(
-    entity: &'static str,
-    id: u64,
-    column: &'static str,
-    value: String,
-) -> Result<T, MarketError> {
-    value.parse().map_err(|_| MarketError::UnknownValue {
-        entity,
-        id,
-        column,
-        value,
-    })
-}
+pub(crate) use paybus_platform::column::parse as parse_column;

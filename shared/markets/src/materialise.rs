@@ -37,7 +37,7 @@ pub const DEFAULT_CHUNK: u32 = 1_000;
 /// than this is materialised before the answer; a larger one continues in the materialiser.
 pub const DEFAULT_IN_REQUEST: u32 = 100;
 
-/// Task ids per message by default. `paybus bench suspend` measured small groups against one
+/// Task ids per message by default. `paybus-lab bench suspend` measured small groups against one
 /// task per message: a group shares one cancel transaction (one commit for all its tasks) and
 /// one delivery, and ran several times faster end to end (README, W4).
 pub const DEFAULT_TASKS_PER_MESSAGE: usize = 16;

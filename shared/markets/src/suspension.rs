@@ -81,14 +81,14 @@ pub async fn suspend(
         return match current {
             None => Err(MarketError::UnknownMarket(symbol)),
             Some(m) if m.status == MarketStatus::Suspended => {
-                let batch_id = m
-                    .current_batch_id
-                    .ok_or_else(|| MarketError::UnknownValue {
+                let batch_id = m.current_batch_id.ok_or_else(|| {
+                    MarketError::UnknownValue(paybus_platform::column::UnknownValue {
                         entity: "market",
                         id: m.id,
                         column: "current_batch_id",
                         value: "NULL while SUSPENDED".into(),
-                    })?;
+                    })
+                })?;
                 tracing::info!(%symbol, batch_id, "market already suspended: nothing created");
                 Ok(Suspension {
                     symbol,
@@ -99,12 +99,14 @@ pub async fn suspend(
                     materialised: false,
                 })
             }
-            Some(m) => Err(MarketError::UnknownValue {
-                entity: "market",
-                id: m.id,
-                column: "status",
-                value: format!("{} after a suspend matched nothing", m.status),
-            }),
+            Some(m) => Err(MarketError::UnknownValue(
+                paybus_platform::column::UnknownValue {
+                    entity: "market",
+                    id: m.id,
+                    column: "status",
+                    value: format!("{} after a suspend matched nothing", m.status),
+                },
+            )),
         };
     }
     let (market_id, suspended_at): (u64, DateTime<Utc>) =
@@ -117,7 +119,7 @@ pub async fn suspend(
     // suspension has an id up to the highest id committed now (of any market: the primary
     // key's end, one index dive whatever the history). Not the highest *open* id of the
     // market: its newest orders may have been filled already, and the audit would read them
-    // as accepted while suspended (found by `paybus chaos`).
+    // as accepted while suspended (found by `paybus-lab chaos`).
     let max_target_id: u64 =
         sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS UNSIGNED) FROM orders")
             .fetch_one(&mut *uow)

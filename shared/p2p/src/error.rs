@@ -17,6 +17,9 @@ pub enum MatchError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Quote(#[from] QuoteError),
+    /// A column holds a value this code does not know (a row written by something else).
+    #[error(transparent)]
+    UnknownValue(#[from] paybus_platform::column::UnknownValue),
     /// A row disagrees with what the code that holds its lock just read: a bug or a manual
     /// edit, never a race (every write is guarded).
     #[error("inconsistent p2p rows: {0}")]

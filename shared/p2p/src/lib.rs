@@ -49,16 +49,5 @@ pub mod testing;
 /// The function that matches deposit orders: its queue, its dead letters.
 pub const FUNCTION: &str = "match-deposit";
 
-/// A column value this code does not know (a row written by something else).
-pub(crate) fn parse_column<T: std::str::FromStr>(
-    entity: &'static str,
-    id: u64,
-    column: &'static str,
-    value: String,
-) -> Result<T, MatchError> {
-    value.parse().map_err(|_| {
-        MatchError::inconsistent(format!(
-            "{entity} {id} has {column} {value:?}, which this code does not know"
-        ))
-    })
-}
+/// A status-like column read back into its enum (a value this code does not know names the row).
+pub(crate) use paybus_platform::column::parse as parse_column;

@@ -1,4 +1,4 @@
-//! A deliberately broken confirm-withdrawal, for `paybus chaos`'s own test only (never
+//! A deliberately broken confirm-withdrawal, for `paybus-lab chaos`'s own test only (never
 //! deployed, never in the catalog): the seed's read-then-update design
 //! (`paybus_confirmations::testing::read_then_update`) in place of the conditional UPDATE, with
 //! a short pause between its read and its write standing for the incident's window. Run by the

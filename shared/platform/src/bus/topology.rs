@@ -241,7 +241,7 @@ pub fn shards() -> &'static Shards {
     })
 }
 
-/// Fixes this process's layout (a harness that runs a layout of its own, e.g. `paybus chaos
+/// Fixes this process's layout (a harness that runs a layout of its own, e.g. `paybus-lab chaos
 /// --shards`); an error when [`shards`] was already read with another one.
 pub fn install_shards(shards: Shards) -> Result<(), Shards> {
     let installed = PROCESS_SHARDS.get_or_init(|| shards.clone());

@@ -472,6 +472,21 @@ impl WorkTable {
             .await
     }
 
+    /// Runs an UPDATE built by [`WorkTable::guarded_update`] under `claim`'s guard.
+    async fn settle_guarded(
+        &self,
+        conn: &mut MySqlConnection,
+        query: Query<'_, MySql, MySqlArguments>,
+        claim: &Claim,
+    ) -> Result<Settled, sqlx::Error> {
+        let rows = self
+            .bind_guard(query, claim)
+            .execute(conn)
+            .await?
+            .rows_affected();
+        Ok(Settled::from_rows(rows))
+    }
+
     /// The attempt succeeded: `set` (the workflow's own assignments, e.g. `status = 'DONE',
     /// processed_at = NOW(6)`, no parameters) applied under the claim's guard.
     pub async fn settle_done(
@@ -480,13 +495,8 @@ impl WorkTable {
         claim: &Claim,
         set: &str,
     ) -> Result<Settled, sqlx::Error> {
-        let sql = self.guarded_update(set);
-        let rows = self
-            .bind_guard(sqlx::query(AssertSqlSafe(sql)), claim)
-            .execute(conn)
-            .await?
-            .rows_affected();
-        Ok(Settled::from_rows(rows))
+        let query = sqlx::query(AssertSqlSafe(self.guarded_update(set)));
+        self.settle_guarded(conn, query, claim).await
     }
 
     /// The attempt failed below the limit: due again after `delay` with `error` recorded
@@ -512,12 +522,7 @@ impl WorkTable {
             .bind(self.bounded(error))
             .bind(clock.sql_now())
             .bind(micros(delay));
-        let rows = self
-            .bind_guard(query, claim)
-            .execute(conn)
-            .await?
-            .rows_affected();
-        Ok(Settled::from_rows(rows))
+        self.settle_guarded(conn, query, claim).await
     }
 
     /// Hands the claim back without counting an attempt: due again after `delay` (the work
@@ -556,12 +561,7 @@ impl WorkTable {
         if let Some(note) = note {
             query = query.bind(self.bounded(note));
         }
-        let rows = self
-            .bind_guard(query, claim)
-            .execute(conn)
-            .await?
-            .rows_affected();
-        Ok(Settled::from_rows(rows))
+        self.settle_guarded(conn, query, claim).await
     }
 
     /// The attempt failed at the limit: the failed status, `error` recorded, no next attempt.
@@ -579,12 +579,7 @@ impl WorkTable {
             let _ = write!(set, ", {a} = {a} + 1", a = self.attempts);
         }
         let query = sqlx::query(AssertSqlSafe(self.guarded_update(&set))).bind(self.bounded(error));
-        let rows = self
-            .bind_guard(query, claim)
-            .execute(conn)
-            .await?
-            .rows_affected();
-        Ok(Settled::from_rows(rows))
+        self.settle_guarded(conn, query, claim).await
     }
 
     /// A failed attempt, settled by `policy`: retried after its backoff, or failed at the

@@ -1,4 +1,4 @@
-//! `paybus bench grant-bonus`: W3 end to end — payment completions whose bonus jobs are granted
+//! `paybus-lab bench grant-bonus`: W3 end to end — payment completions whose bonus jobs are granted
 //! by grant-bonus through the broker — next to the same transactions driven directly on the
 //! database at the same concurrency, and the database's write ceiling.
 //!

@@ -1,4 +1,4 @@
-//! `paybus bench lambda-batch`: what Lambda execution environments get through on Amazon MQ
+//! `paybus-lab bench lambda-batch`: what Lambda execution environments get through on Amazon MQ
 //! batches of W2 confirmations, against the local consumer on the same number of
 //! confirmations at the same concurrency (`PAYBUS_LAMBDA_CONCURRENCY` = the consumer's
 //! prefetch = `--concurrency`).

@@ -1,4 +1,4 @@
-//! `paybus bench confirm-withdrawal`: W2's confirmation through the broker, each message sent
+//! `paybus-lab bench confirm-withdrawal`: W2's confirmation through the broker, each message sent
 //! twice, next to the same transaction driven directly and the database's write ceiling.
 
 use std::{sync::Arc, time::Instant};

@@ -1,4 +1,4 @@
-//! `paybus bench suspend`: W4's two claims, measured in one run on this database.
+//! `paybus-lab bench suspend`: W4's two claims, measured in one run on this database.
 //!
 //! 1. **The suspend request is flat in N**: its latency over HTTP with 1k, 100k and 1M open
 //!    orders (`--open-orders`), next to the seed's in-request loop (UPDATE the market, then

@@ -4,10 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use paybus_platform::{
-    config::BrokerSettings,
-    testing::{PrivateCluster, PrivateService, cluster::CLUSTER_SIZE},
-};
+use paybus_lab::services::{CLUSTER_SIZE, PrivateCluster, PrivateService};
+use paybus_platform::config::BrokerSettings;
 
 pub(super) enum OwnBroker {
     Node(PrivateService),

@@ -1,4 +1,4 @@
-//! `paybus bench <workflow>`: throughput end to end through the broker next to two figures
+//! `paybus-lab bench <workflow>`: throughput end to end through the broker next to two figures
 //! measured in the same run on the same database at the same concurrency:
 //!
 //! - **direct**: the workflow's own SQL transactions driven straight on the database (what

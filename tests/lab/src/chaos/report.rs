@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Profile,
     checks::{DeadLetters, Violation},
+    faults::Fault,
     fleet::ProcessRecord,
     load::{Load, Sent},
-    outside::Fault,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -93,7 +93,7 @@ impl fmt::Display for Report {
         let fig = &self.figures;
         writeln!(
             f,
-            "paybus chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed, {}{}",
+            "paybus-lab chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed, {}{}",
             p.name,
             p.seed,
             p.items,

@@ -1,4 +1,4 @@
-//! `paybus chaos`: a fault-injection run that proves exactly-once effects across every
+//! `paybus-lab chaos`: a fault-injection run that proves exactly-once effects across every
 //! workflow (SPEC §6, issue 13).
 //!
 //! It owns everything it breaks: a MariaDB server and a RabbitMQ node of its own (started with
@@ -22,6 +22,7 @@
 mod broker;
 mod checks;
 mod duplicator;
+mod faults;
 mod fleet;
 mod load;
 mod outside;
@@ -35,7 +36,8 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_platform::{Settings, bus::Services, db, testing::PrivateService};
+use paybus_lab::services::PrivateService;
+use paybus_platform::{Settings, bus::Services, db};
 
 use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;
@@ -100,8 +102,8 @@ pub struct ChaosArgs {
     /// `.local/chaos` in the repository).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
-    /// Where the function binaries are (default: next to this `paybus`; build them first with
-    /// `cargo build --workspace --bins`).
+    /// Where the function binaries are (default: next to this `paybus-lab`; build them first
+    /// with `cargo build --workspace --bins`).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
     /// Spread every function's messages over this many queues (PAYBUS_SHARDS for the whole
@@ -276,9 +278,11 @@ impl Dice {
     }
 }
 
+/// The repository this binary was built from (the lab's crate is `tests/lab/`): where
+/// `infra/local`'s scripts and `.local/` are.
 fn repository_dir() -> PathBuf {
-    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
-    cli.parent().unwrap_or(cli).to_path_buf()
+    let lab = Path::new(env!("CARGO_MANIFEST_DIR"));
+    lab.ancestors().nth(2).unwrap_or(lab).to_path_buf()
 }
 
 /// The run's own MariaDB and RabbitMQ, in one state folder.
@@ -351,7 +355,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()?
             .parent()
-            .context("the directory of this paybus binary")?
+            .context("the directory of this paybus-lab binary")?
             .to_path_buf(),
     };
     let binaries = fleet::binaries(&bin_dir, &args.substitutes)?;
@@ -434,7 +438,7 @@ async fn drive(
     let started_at = chrono::Utc::now() - chrono::Duration::minutes(1);
 
     let faults_stop = CancellationToken::new();
-    let faults = tokio::spawn(outside::faults(
+    let faults = tokio::spawn(faults::run(
         profile.clone(),
         fleet.clone(),
         own.mariadb.clone(),
@@ -489,7 +493,7 @@ async fn drive(
             broker_node_kills: fault_log
                 .iter()
                 .filter(|fault| {
-                    fault.what.starts_with(outside::BROKER_NODE_KILL)
+                    fault.what.starts_with(faults::BROKER_NODE_KILL)
                         && !fault.what.ends_with("FAILED")
                 })
                 .count() as u64,

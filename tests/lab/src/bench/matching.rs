@@ -1,4 +1,4 @@
-//! `paybus bench match`: W1's matching with a slow quote service (200 ms a call, a real HTTP
+//! `paybus-lab bench match`: W1's matching with a slow quote service (200 ms a call, a real HTTP
 //! stub started by the bench) and `--concurrency` buyers at once, next to the seed's design
 //! measured in the same run on the same database: one transaction that holds `FOR UPDATE` on
 //! the candidates and the partner's lock row across the quote call (seed 000 §0).

@@ -1,162 +1,24 @@
-//! What surrounds paybus in a chaos run: the quote service (slow, failing, timing out), the
-//! partners' webhook endpoint (failing for a while), the HTTP API the clients call, and the
-//! fault schedule that breaks the rest.
+//! The fault schedule of a chaos run: what breaks the function processes, the broker, the
+//! database, the quote service and the partners' webhook endpoint, and when.
 
 use std::{
-    net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use paybus_api::{ApiConfig, AppState, auth::Role};
-use paybus_p2p::testing::QuoteStub;
-use paybus_platform::{bus::Services, config::Vars, testing::PrivateService};
+use paybus_lab::services::PrivateService;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
 
-use super::{Dice, Profile, broker::OwnBroker, fleet::Fleet};
+use super::{
+    Dice, Profile,
+    broker::OwnBroker,
+    fleet::Fleet,
+    outside::{QUOTE_DELAY, QUOTE_TIMEOUT, World},
+};
 
 /// How a broker node kill is named in the fault log (the report counts them by it).
 pub(super) const BROKER_NODE_KILL: &str = "broker node SIGKILL";
-
-pub(super) const CHAIN_MONITOR_SECRET: &str = "chaos-chain-monitor-secret";
-pub(super) const PAYMENTS_SECRET: &str = "chaos-payment-service-secret";
-const ADMIN_JWT_SECRET: &str = "chaos-admin-jwt-secret-of-32-chars-or-more";
-pub(super) const QUOTE_API_KEY: &str = "chaos-quote-api-key";
-/// One quote service call; a createTrade slower than this is a timeout.
-pub(super) const QUOTE_TIMEOUT: Duration = Duration::from_millis(1_000);
-/// How long the quote service takes when it is healthy.
-const QUOTE_DELAY: Duration = Duration::from_millis(30);
-
-/// The partners' webhook endpoint: 200, or 503 while an outage lasts.
-#[derive(Clone, Default)]
-pub(super) struct Webhooks {
-    /// Milliseconds since `epoch` until which every POST is refused.
-    failing_until_ms: Arc<AtomicU64>,
-    epoch: Arc<Mutex<Option<Instant>>>,
-    posts: Arc<AtomicU64>,
-    refused: Arc<AtomicU64>,
-}
-
-impl Webhooks {
-    fn now_ms(&self) -> u64 {
-        let mut epoch = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
-        epoch.get_or_insert_with(Instant::now).elapsed().as_millis() as u64
-    }
-
-    pub(super) fn fail_for(&self, outage: Duration) {
-        let until = self.now_ms() + outage.as_millis() as u64;
-        self.failing_until_ms.store(until, Ordering::SeqCst);
-    }
-
-    pub(super) fn posts(&self) -> u64 {
-        self.posts.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-}
-
-impl Respond for Webhooks {
-    fn respond(&self, _: &Request) -> ResponseTemplate {
-        self.posts.fetch_add(1, Ordering::Relaxed);
-        if self.now_ms() < self.failing_until_ms.load(Ordering::SeqCst) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return ResponseTemplate::new(503).set_body_string("partner endpoint down");
-        }
-        ResponseTemplate::new(200)
-    }
-}
-
-/// The stubs a run starts, shared by the load, the fault schedule and the report.
-#[derive(Clone)]
-pub(super) struct World {
-    pub(super) quotes: Arc<QuoteStub>,
-    pub(super) webhooks: Webhooks,
-    pub(super) webhook_url: String,
-    _webhook_server: Arc<MockServer>,
-}
-
-impl World {
-    pub(super) async fn start(_profile: &Profile) -> Self {
-        let quotes = Arc::new(QuoteStub::with_delay(QUOTE_DELAY).await);
-        let webhooks = Webhooks::default();
-        let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .respond_with(webhooks.clone())
-            .mount(&server)
-            .await;
-        Self {
-            quotes,
-            webhook_url: format!("{}/paybus-webhooks", server.uri()),
-            webhooks,
-            _webhook_server: Arc::new(server),
-        }
-    }
-}
-
-/// The HTTP API, in this process (the clients' entry point; the functions are the processes
-/// the schedule kills).
-pub(super) struct Api {
-    pub(super) base: String,
-    pub(super) admin_token: String,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Api {
-    pub(super) async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
-}
-
-pub(super) async fn start_api(services: &Services, world: &World) -> anyhow::Result<Api> {
-    let vars = Vars::new(
-        [
-            ("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET),
-            ("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET),
-            ("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET),
-            ("PAYBUS_ASYNC_MATCHING_ENABLED", "true"),
-            ("PAYBUS_FIRST_CHARGE_BONUS_PERCENT", "10"),
-            ("PAYBUS_QUOTE_URL", &world.quotes.url()),
-            ("PAYBUS_QUOTE_API_KEY", QUOTE_API_KEY),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect(),
-    );
-    let config = ApiConfig::read(&vars)?;
-    let state = AppState::new(services, &config, paybus_catalog::audit_checks())?;
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            if let Err(e) = paybus_api::serve_on(listener, state, stop).await {
-                tracing::error!(error = %e, "the chaos run's HTTP API stopped");
-            }
-        }
-    });
-    let admin_token = paybus_api::auth::issue(
-        ADMIN_JWT_SECRET,
-        "chaos",
-        &[Role::Admin],
-        Duration::from_secs(24 * 3600),
-    )?;
-    Ok(Api {
-        base,
-        admin_token,
-        stop,
-        task,
-    })
-}
 
 /// One fault, as the report lists it.
 #[derive(Debug, Clone, Serialize)]
@@ -173,7 +35,7 @@ pub struct Fault {
 /// of it, and the quote service alternating between healthy, failing (503s, 500s without a
 /// trade, a 422 refusal), trading then answering after the client's timeout, and slow.
 /// Returns what it did.
-pub(super) async fn faults(
+pub(super) async fn run(
     profile: Profile,
     fleet: Arc<Fleet>,
     mariadb: Arc<PrivateService>,

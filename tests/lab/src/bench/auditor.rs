@@ -1,4 +1,4 @@
-//! `paybus bench auditor --items 1000000`: one continuous-auditor pass over a ledger of
+//! `paybus-lab bench auditor --items 1000000`: one continuous-auditor pass over a ledger of
 //! `--items` entries (written a day ago) plus the last minute's 1,000, and over W1–W4's tables
 //! holding `--items / 10` rows each (a day old) plus the last minute's 100 — deposits, sellers'
 //! and buyers' orders with their matches, members with their charges, a closed suspension's

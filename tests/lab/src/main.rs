@@ -1,0 +1,59 @@
+//! `paybus-lab`: the benchmarks and the chaos run, in a binary of their own so that the
+//! operator's `paybus` (what production runs) never links the test harness, the HTTP stubs or
+//! the seeds' deliberately broken designs they need.
+
+mod bench;
+mod chaos;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use paybus_platform::{Settings, telemetry};
+
+#[derive(Parser)]
+#[command(
+    name = "paybus-lab",
+    version,
+    about = "paybus's lab: benchmarks and fault-injection runs (never deployed)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmark a workflow through the broker against the same transactions driven directly
+    /// on the database (build with --release for meaningful figures).
+    Bench(bench::BenchArgs),
+    /// A fault-injection run on services of its own: every workflow under duplicates, malformed
+    /// messages, SIGKILLed functions and broker/database restarts, then checked for exactly-once
+    /// effects; exits non-zero on any violation.
+    Chaos(chaos::ChaosArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Read as `paybus` reads them, so a malformed variable stops the lab the same way (exit 2)
+    // and the log format is the one the environment asks for.
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("paybus-lab: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(settings.log_format);
+    let result = match cli.command {
+        Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Chaos(args) => chaos::run(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("paybus-lab: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! `paybus-lab bench` as people run it, at the smallest size: the figures are not asserted
+//! (a benchmark, not a test), only that the run completes exactly once. These integration
+//! tests are also why `cargo nextest run --workspace` builds the `paybus-lab` binary that the
+//! end-to-end chaos test runs.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::process::{Command, Output};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_paybus-lab"))
+        .arg("bench")
+        .args(args)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_small_confirm_withdrawal_bench_debits_every_withdrawal_once_with_a_clean_audit() {
+    let output = bench(&["confirm-withdrawal", "--items", "20", "--concurrency", "4"]);
+
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for phase in [
+        "direct on the database (with duplicates)",
+        "through the broker (with duplicates)",
+        "database ceiling (oltp_write_only shape)",
+    ] {
+        assert!(stdout.contains(phase), "no {phase:?} phase:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("exactly once: 40 debits for 40 withdrawals, audit clean"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_bench_of_no_items_is_refused_before_it_starts() {
+    let output = bench(&["confirm-withdrawal", "--items", "0"]);
+
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("paybus-lab: --items, --concurrency and --partners must be at least 1"),
+        "{stderr}"
+    );
+}
