@@ -195,11 +195,49 @@ const TESTS: SettingGroup = SettingGroup {
     ],
 };
 
+const DEMOS: SettingGroup = SettingGroup {
+    title: "Demos",
+    read_by: "Read by `infra/demo/lib.sh` (every `infra/demo/<workflow>.sh`) and set by \
+              `tests/tests/demos.rs`, which runs each demo on its own database, vhost and ports.",
+    settings: &[
+        Setting {
+            name: "PAYBUS_BIN",
+            default: "unset: the demo builds the release `paybus`",
+            about: "a built `paybus` binary to run instead",
+        },
+        Setting {
+            name: "PAYBUS_DEMO_DATABASE_URL",
+            default: "unset: database `paybus_demo` on the local MariaDB, made anew",
+            about: "the database the demo runs on",
+        },
+        Setting {
+            name: "PAYBUS_DEMO_AMQP_URL",
+            default: "unset: vhost `paybus_demo` on the local RabbitMQ, made anew",
+            about: "the broker the demo runs on",
+        },
+        Setting {
+            name: "PAYBUS_DEMO_HTTP_PORT",
+            default: "`18080`",
+            about: "the API's port",
+        },
+        Setting {
+            name: "PAYBUS_DEMO_PARTNER_PORT",
+            default: "`18089`",
+            about: "the port of the partner endpoint that records webhooks",
+        },
+        Setting {
+            name: "PAYBUS_DEMO_QUOTE_PORT",
+            default: "`18090` (the partner port + 1)",
+            about: "the port of the p2p demo's quote service stub",
+        },
+    ],
+};
+
 /// The page: the introduction, then every group's table.
 pub fn page() -> String {
     let mut groups: Vec<SettingGroup> = paybus_catalog::settings::GROUPS.to_vec();
     groups.push(API);
-    groups.extend([LOCAL_SERVICES, CLUSTER, TESTS]);
+    groups.extend([LOCAL_SERVICES, CLUSTER, TESTS, DEMOS]);
     format!("{INTRODUCTION}{}", setting::markdown(&groups))
 }
 
