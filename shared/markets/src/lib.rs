@@ -19,6 +19,7 @@
 //! - [`audit`]: W4's invariants.
 
 pub mod audit;
+pub mod cancel;
 mod error;
 pub mod market;
 pub mod materialise;
