@@ -1,4 +1,4 @@
-//! The cancel-orders function (SPEC W4, seed 004): `market.cancel_tasks.created {batch_id,
+//! The cancel-orders function (docs/workflows/markets.md, seed 004): `market.cancel_tasks.created {batch_id,
 //! task_ids}` → each task's order cancelled by a conditional UPDATE, the task settled in the
 //! same transaction.
 //!

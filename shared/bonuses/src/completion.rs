@@ -8,7 +8,7 @@
 //! completing and rewarding a payment twice. Here, in one READ COMMITTED transaction:
 //!
 //! 1. `UPDATE charges ... WHERE id = ? AND payment_status = 'REQUEST' AND payment_gateway = ?
-//!    AND price = ?` — the affected rows decide (SPEC §2.1). 0 rows: a locking read says why
+//!    AND price = ?` — the affected rows decide (principle 1). 0 rows: a locking read says why
 //!    (unknown, a bonus charge, another gateway, another amount, completed before); a repeat
 //!    of the same gateway payment returns the original result and writes nothing.
 //! 2. The member's row lock (`FOR UPDATE`), then the credit to the charge's container.

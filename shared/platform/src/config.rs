@@ -3,7 +3,7 @@
 //! Every setting has a default that points at the local services started by
 //! `infra/local/start.sh`, so a developer needs no configuration at all. A malformed value is
 //! an error that names the variable and the expected form; an unset safety switch falls back
-//! to the safe behaviour (SPEC principle 10).
+//! to the safe behaviour (principle 10).
 
 use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
 

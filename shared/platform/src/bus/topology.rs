@@ -1,4 +1,4 @@
-//! Exchanges and queues (SPEC §3), declared idempotently by code and mirrored in
+//! Exchanges and queues (docs/bus.md), declared idempotently by code and mirrored in
 //! `infra/rabbitmq/definitions.json` (kept equal by a test).
 //!
 //! ```text
