@@ -1,4 +1,4 @@
-//! Who may call the admin API: bearer tokens that carry roles and expire (SPEC §5).
+//! Who may call the admin API: bearer tokens that carry roles and expire (docs/operations.md).
 //!
 //! A token is an HS256 JWT signed with `PAYBUS_ADMIN_JWT_SECRET`, with claims `sub` (who),
 //! `roles` (`OPS` reads, `ADMIN` changes and reads) and `exp`. `paybus token issue` mints

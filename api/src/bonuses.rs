@@ -1,4 +1,4 @@
-//! W3's routes (SPEC W3, seed 003): payment completions from every gateway, and the admin
+//! W3's routes (docs/workflows/bonuses.md, seed 003): payment completions from every gateway, and the admin
 //! views of members, charges, charge events and bonus jobs.
 //!
 //! - [`payments`]: `POST /v1/payments/{gateway}/webhook` and `.../verify` for PG, PAYVERSE,

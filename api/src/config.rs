@@ -5,18 +5,71 @@ use std::net::SocketAddr;
 
 use paybus_bonuses::BonusRules;
 use paybus_p2p::MatchingConfig;
-use paybus_platform::{ConfigError, Secret, config::Vars};
+use paybus_platform::{
+    ConfigError, Secret,
+    config::{Setting, Vars},
+};
 
 use crate::server::Limits;
 
-pub const VAR_HTTP_ADDR: &str = "PAYBUS_HTTP_ADDR";
-pub const VAR_CHAIN_MONITOR_SECRET: &str = "PAYBUS_CHAIN_MONITOR_SECRET";
-pub const VAR_ADMIN_JWT_SECRET: &str = "PAYBUS_ADMIN_JWT_SECRET";
-pub const VAR_PAYMENTS_SECRET: &str = "PAYBUS_PAYMENTS_SECRET";
-pub const VAR_ASYNC_MATCHING_ENABLED: &str = "PAYBUS_ASYNC_MATCHING_ENABLED";
-pub const VAR_HEADER_TIMEOUT_MS: &str = "PAYBUS_HTTP_HEADER_TIMEOUT_MS";
-pub const VAR_BODY_TIMEOUT_MS: &str = "PAYBUS_HTTP_BODY_TIMEOUT_MS";
-pub const VAR_MAX_CONNECTIONS: &str = "PAYBUS_HTTP_MAX_CONNECTIONS";
+pub const VAR_HTTP_ADDR: Setting = Setting {
+    name: "PAYBUS_HTTP_ADDR",
+    default: "`127.0.0.1:8080`",
+    about: "where the HTTP API listens",
+};
+pub const VAR_HEADER_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_HTTP_HEADER_TIMEOUT_MS",
+    default: "`10000`",
+    about: "request headers must arrive within it; also closes an idle keep-alive connection",
+};
+pub const VAR_BODY_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_HTTP_BODY_TIMEOUT_MS",
+    default: "`10000`",
+    about: "a request body must arrive within it (else 408)",
+};
+pub const VAR_MAX_CONNECTIONS: Setting = Setting {
+    name: "PAYBUS_HTTP_MAX_CONNECTIONS",
+    default: "`256`",
+    about: "connections served at once; more wait in the listen backlog",
+};
+pub const VAR_CHAIN_MONITOR_SECRET: Setting = Setting {
+    name: "PAYBUS_CHAIN_MONITOR_SECRET",
+    default: "unset",
+    about: "HMAC secret of the chain-monitor webhooks (≥ 16 chars); unset: intake answers 503 \
+            (`infra/run.sh` generates a development one)",
+};
+pub const VAR_ADMIN_JWT_SECRET: Setting = Setting {
+    name: "PAYBUS_ADMIN_JWT_SECRET",
+    default: "unset",
+    about: "key of the admin API's role tokens (HS256, ≥ 32 chars); unset: admin API answers \
+            503 (`infra/run.sh` generates a development one). Tokens: `paybus token issue \
+            --role OPS\\|ADMIN --ttl 8h`",
+};
+pub const VAR_PAYMENTS_SECRET: Setting = Setting {
+    name: "PAYBUS_PAYMENTS_SECRET",
+    default: "unset",
+    about: "HMAC secret the payment service signs gateway completions with (≥ 16 chars); \
+            unset: `/v1/payments/*` answer 503",
+};
+pub const VAR_ASYNC_MATCHING_ENABLED: Setting = Setting {
+    name: "PAYBUS_ASYNC_MATCHING_ENABLED",
+    default: "`false`",
+    about: "safety switch (seed 000 §0), read by the API: only an explicit `true` queues new \
+            P2P deposit orders for match-deposit; off matches them inside the create request",
+};
+
+/// What [`ApiConfig::read`] reads itself (it also reads p2p's and bonuses' settings), in the
+/// order the page lists them.
+pub const SETTINGS: &[Setting] = &[
+    VAR_HTTP_ADDR,
+    VAR_HEADER_TIMEOUT_MS,
+    VAR_BODY_TIMEOUT_MS,
+    VAR_MAX_CONNECTIONS,
+    VAR_CHAIN_MONITOR_SECRET,
+    VAR_ADMIN_JWT_SECRET,
+    VAR_PAYMENTS_SECRET,
+    VAR_ASYNC_MATCHING_ENABLED,
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiConfig {
@@ -100,13 +153,24 @@ mod tests {
 
     use super::*;
 
-    fn read(pairs: &[(&str, &str)]) -> Result<ApiConfig, ConfigError> {
+    fn read(pairs: &[(Setting, &str)]) -> Result<ApiConfig, ConfigError> {
         ApiConfig::read(&Vars::new(
             pairs
                 .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .map(|(k, v)| (k.name.to_owned(), v.to_string()))
                 .collect::<HashMap<_, _>>(),
         ))
+    }
+
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                ApiConfig::read(&Vars::new(environment)),
+                Ok(ApiConfig::default()),
+                "{name}"
+            );
+        }
     }
 
     #[test]
@@ -127,7 +191,7 @@ mod tests {
     #[test]
     fn malformed_switch_is_an_error_naming_the_variable() {
         let err = read(&[(VAR_ASYNC_MATCHING_ENABLED, "maybe")]).unwrap_err();
-        assert_eq!(err.variable, VAR_ASYNC_MATCHING_ENABLED);
+        assert_eq!(err.variable, VAR_ASYNC_MATCHING_ENABLED.name);
         assert!(err.to_string().contains("`true` or `false`"), "{err}");
     }
 
@@ -136,7 +200,7 @@ mod tests {
         let config = read(&[]).unwrap();
         assert!(config.chain_monitor_secret.is_none() && config.admin_jwt_secret.is_none());
         let short = read(&[(VAR_ADMIN_JWT_SECRET, "abc")]).unwrap_err();
-        assert_eq!(short.variable, VAR_ADMIN_JWT_SECRET);
+        assert_eq!(short.variable, VAR_ADMIN_JWT_SECRET.name);
         assert!(!short.to_string().contains("abc"));
         let secret = "0123456789abcdef0123456789abcdef-key";
         let config = read(&[(VAR_ADMIN_JWT_SECRET, secret)]).unwrap();
@@ -150,7 +214,7 @@ mod tests {
     #[test]
     fn a_bad_address_names_the_variable() {
         let err = read(&[(VAR_HTTP_ADDR, "localhost")]).unwrap_err();
-        assert_eq!(err.variable, VAR_HTTP_ADDR);
+        assert_eq!(err.variable, VAR_HTTP_ADDR.name);
         assert_eq!(
             read(&[(VAR_HTTP_ADDR, "0.0.0.0:9000")]).unwrap().http_addr,
             SocketAddr::from(([0, 0, 0, 0], 9000))
@@ -168,11 +232,11 @@ mod limit_tests {
 
     #[test]
     fn limits_default_and_override() {
-        let read = |pairs: &[(&str, &str)]| {
+        let read = |pairs: &[(Setting, &str)]| {
             ApiConfig::read(&Vars::new(
                 pairs
                     .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .map(|(k, v)| (k.name.to_owned(), v.to_string()))
                     .collect::<HashMap<_, _>>(),
             ))
         };
@@ -193,7 +257,7 @@ mod limit_tests {
         );
         assert_eq!(
             read(&[(VAR_MAX_CONNECTIONS, "0")]).unwrap_err().variable,
-            VAR_MAX_CONNECTIONS
+            VAR_MAX_CONNECTIONS.name
         );
     }
 }

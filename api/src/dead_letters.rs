@@ -1,4 +1,4 @@
-//! Dead letters for ops (SPEC §5), on `paybus_dead_letter_ops` (the same operations as `paybus
+//! Dead letters for ops (docs/operations.md), on `paybus_dead_letter_ops` (the same operations as `paybus
 //! dead-letters`). OPS reads and dry-runs, ADMIN replays and archives:
 //!
 //! - `GET /v1/admin/dead-letters/groups`: NEW letters grouped by function and reason (count,

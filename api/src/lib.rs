@@ -1,4 +1,4 @@
-//! The paybus HTTP API (SPEC §1: the producer side of the bus).
+//! The paybus HTTP API (docs/architecture.md: the producer side of the bus).
 //!
 //! Routes live by workflow, next to the domain crate they use:
 //!

@@ -1,4 +1,4 @@
-//! W4's routes (SPEC W4, seed 004): markets and their orders (placement and fills stand in for
+//! W4's routes (docs/workflows/markets.md, seed 004): markets and their orders (placement and fills stand in for
 //! the order gateway and the matching engine), suspend, resume, and the suspension's progress.
 //!
 //! | route | does |

@@ -1,5 +1,5 @@
 //! W4's admin routes: what a client gets back for each mistake, the roles, and the contract of
-//! suspend / resume / progress (the cancels themselves are `tests/tests/w4_suspension.rs`).
+//! suspend / resume / progress (the cancels themselves are `tests/tests/markets_suspension.rs`).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;

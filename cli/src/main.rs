@@ -1,5 +1,6 @@
 //! `paybus`: the operator's command line.
 
+mod configuration_page;
 mod dead_letters;
 mod doctor;
 mod jobs;
@@ -69,7 +70,7 @@ enum Command {
         #[arg(long, default_value = "24h", value_parser = parse_ttl)]
         since: std::time::Duration,
     },
-    /// P2P deposit orders (W1): ask the quote service again about one in doubt.
+    /// P2P deposit orders (p2p, W1): ask the quote service again about one in doubt.
     #[command(subcommand)]
     P2p(p2p::P2pCommand),
     /// Compare paybus's effects with a counterparty's own record.
@@ -77,7 +78,10 @@ enum Command {
     Reconcile(p2p::ReconcileCommand),
     /// Print the function catalog as the README's markdown table.
     Catalog,
-    /// Charge-event bonus jobs (W3): list those waiting for a retry or for ops, show one, retry
+    /// Print the configuration page (docs/configuration.md): every setting, its default and
+    /// what it does, from the code's declarations.
+    Settings,
+    /// Charge-event bonus jobs (bonuses, W3): list those waiting for a retry or for ops, show one, retry
     /// a FAILED one.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
@@ -102,7 +106,7 @@ enum Command {
         /// The exact request body that will be sent.
         body: String,
     },
-    /// A market suspension's progress (W4): the tasks by state, or a live progress bar.
+    /// A market suspension's progress (markets, W4): the tasks by state, or a live progress bar.
     #[command(subcommand)]
     Suspension(suspension::SuspensionCommand),
     /// Send a canary ping through outbox, broker and consumer, and wait for its pong.
@@ -199,6 +203,7 @@ async fn main() -> ExitCode {
             print!("{}", paybus_catalog::markdown_table());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Settings => configuration_page::print(),
         Command::Jobs(command) => jobs::run(&settings, command).await,
         Command::Template { binaries: false } => template(&settings),
         Command::Template { binaries: true } => {

@@ -1,4 +1,4 @@
-//! `paybus suspension show|watch <symbol>`: a suspension's progress from the database (SPEC W4,
+//! `paybus suspension show|watch <symbol>`: a suspension's progress from the database (docs/workflows/markets.md,
 //! seed 004) — the seed's GROUP BY table, or a live progress bar until it is complete.
 
 use std::{process::ExitCode, time::Duration};

@@ -1,4 +1,4 @@
-//! Dead-letter triage and replay against real rows (issue 12): groups with the money at
+//! Dead-letter triage and replay against real rows: groups with the money at
 //! stake, the dry run's verdicts, and a replay that sends only what is safe and applies it
 //! once, through the outbox, the broker and the function.
 

@@ -127,7 +127,7 @@ async fn assert_windowed(
 }
 
 #[tokio::test]
-async fn w2_windowed_checks_read_the_withdrawals_deposits_and_entries_of_the_window() {
+async fn confirmations_windowed_checks_read_the_withdrawals_deposits_and_entries_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
     let partner = paybus_partners::testing::partner(pool, "acme", None).await;
@@ -186,7 +186,7 @@ async fn w2_windowed_checks_read_the_withdrawals_deposits_and_entries_of_the_win
 }
 
 #[tokio::test]
-async fn w3_windowed_checks_read_the_members_charges_and_jobs_of_the_window() {
+async fn bonuses_windowed_checks_read_the_members_charges_and_jobs_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
     // Cans nobody paid for.
@@ -246,7 +246,7 @@ async fn w3_windowed_checks_read_the_members_charges_and_jobs_of_the_window() {
 }
 
 #[tokio::test]
-async fn w4_windowed_checks_read_the_batches_orders_and_tasks_of_the_window() {
+async fn markets_windowed_checks_read_the_batches_orders_and_tasks_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
     let market = paybus_markets::testing::market(pool, "BTC-USDT").await;
@@ -302,7 +302,7 @@ async fn w4_windowed_checks_read_the_batches_orders_and_tasks_of_the_window() {
 }
 
 #[tokio::test]
-async fn w1_windowed_checks_read_the_orders_matches_and_entries_of_the_window() {
+async fn p2p_windowed_checks_read_the_orders_matches_and_entries_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
     let partner = paybus_p2p::testing::partner(pool, "acme").await;

@@ -1,5 +1,5 @@
 //! The bonus jobs ops look at (seed 003's `AdminChargeEventJobController`, with OPS reading
-//! and ADMIN retrying, SPEC §5):
+//! and ADMIN retrying, docs/operations.md):
 //!
 //! - `GET /v1/admin/charge-event-jobs[?status=PENDING|FAILED][&after_id=N][&limit=N]`: jobs
 //!   waiting for a retry (PENDING) or for ops (FAILED) — never DONE or PROCESSING — by id,

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use paybus_platform::{
     ConfigError,
-    config::Vars,
+    config::{Setting, Vars},
     retry::{Backoff, RetryPolicy},
 };
 
@@ -22,7 +22,15 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// The default attempts and backoff together, checked when compiled.
 pub const DEFAULT_RETRY: RetryPolicy = RetryPolicy::constant(DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF);
 
-pub const VAR_MAX_ATTEMPTS: &str = "PAYBUS_CANCEL_MAX_ATTEMPTS";
+pub const VAR_MAX_ATTEMPTS: Setting = Setting {
+    name: "PAYBUS_CANCEL_MAX_ATTEMPTS",
+    default: "`5`",
+    about: "attempts of a task's cancel before FAILED + dead letter (waits 1 s, 5 s, 30 s, \
+            2 min)",
+};
+
+/// What [`CancelConfig::read`] reads.
+pub const SETTINGS: &[Setting] = &[VAR_MAX_ATTEMPTS];
 
 /// How cancel-orders retries a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +79,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                CancelConfig::from_vars(environment),
+                Ok(CancelConfig::default()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn nothing_set_means_the_documented_defaults() {
         let config = CancelConfig::from_vars(HashMap::new()).unwrap();
         assert_eq!(config, CancelConfig::default());
@@ -81,7 +100,7 @@ mod tests {
 
     #[test]
     fn the_attempt_limit_is_configurable_and_checked() {
-        let vars = |v: &str| HashMap::from([(VAR_MAX_ATTEMPTS.to_owned(), v.to_owned())]);
+        let vars = |v: &str| HashMap::from([(VAR_MAX_ATTEMPTS.name.to_owned(), v.to_owned())]);
         assert_eq!(
             CancelConfig::from_vars(vars("3"))
                 .unwrap()
@@ -92,7 +111,7 @@ mod tests {
         for bad in ["0", "three", "-1"] {
             assert_eq!(
                 CancelConfig::from_vars(vars(bad)).unwrap_err().variable,
-                VAR_MAX_ATTEMPTS
+                VAR_MAX_ATTEMPTS.name
             );
         }
     }

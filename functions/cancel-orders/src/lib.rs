@@ -1,4 +1,4 @@
-//! The cancel-orders function (SPEC W4, seed 004): `market.cancel_tasks.created {batch_id,
+//! The cancel-orders function (docs/workflows/markets.md, seed 004): `market.cancel_tasks.created {batch_id,
 //! task_ids}` → each task's order cancelled by a conditional UPDATE, the task settled in the
 //! same transaction.
 //!
@@ -23,7 +23,6 @@
 //! and PENDING tasks whose message was lost, after `stale_after`) and the materialiser (the
 //! batches' tasks after the suspend request's first chunk, resumably).
 
-pub mod cancel;
 pub mod config;
 mod triage;
 
@@ -40,8 +39,8 @@ use paybus_platform::{
     retry::{Clock, DueSweep, DueSweepConfig},
 };
 
-pub use cancel::{Attempts, TaskOutcome, cancel_tasks};
 pub use config::CancelConfig;
+pub use paybus_markets::cancel::{Attempts, TaskOutcome, cancel_tasks};
 
 /// The most task ids one message may carry (the materialiser sends a small group).
 pub const MAX_TASKS_PER_MESSAGE: usize = 1_000;

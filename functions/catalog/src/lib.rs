@@ -13,6 +13,7 @@
 //! domain crate contributes its checks.
 
 pub mod sam;
+pub mod settings;
 mod yaml;
 
 use std::sync::Arc;

@@ -133,12 +133,12 @@ pub const CHAIN_MONITOR_SECRET: SecretSetting = SecretSetting {
 pub const PAYMENTS_SECRET: SecretSetting = SecretSetting {
     variable: "PAYBUS_PAYMENTS_SECRET",
     parameter: "PaymentsSecretArn",
-    description: "PAYBUS_PAYMENTS_SECRET, the key the payment service signs gateway completions with (W3; at least 16 characters)",
+    description: "PAYBUS_PAYMENTS_SECRET, the key the payment service signs gateway completions with (bonuses; at least 16 characters)",
 };
 pub const QUOTE_API_KEY: SecretSetting = SecretSetting {
     variable: "PAYBUS_QUOTE_API_KEY",
     parameter: "QuoteApiKeySecretArn",
-    description: "PAYBUS_QUOTE_API_KEY, sent to the quote service as a bearer token (W1; at least 16 characters)",
+    description: "PAYBUS_QUOTE_API_KEY, sent to the quote service as a bearer token (p2p; at least 16 characters)",
 };
 
 /// Every secret parameter of the template, in its order.
@@ -165,14 +165,14 @@ pub struct PlainSetting {
 pub const QUOTE_URL: PlainSetting = PlainSetting {
     variable: "PAYBUS_QUOTE_URL",
     parameter: "QuoteServiceUrl",
-    description: "PAYBUS_QUOTE_URL: the quote service's base URL (W1, https://...). Empty: every matching attempt fails, counted and visible, and the create API refuses inline matching (503)",
+    description: "PAYBUS_QUOTE_URL: the quote service's base URL (p2p, https://...). Empty: every matching attempt fails, counted and visible, and the create API refuses inline matching (503)",
     default: "",
     allowed: &[],
 };
 pub const ASYNC_MATCHING_ENABLED: PlainSetting = PlainSetting {
     variable: "PAYBUS_ASYNC_MATCHING_ENABLED",
     parameter: "AsyncMatchingEnabled",
-    description: "PAYBUS_ASYNC_MATCHING_ENABLED: true hands new deposit orders to match-deposit through the queue; false (the safe default) matches them inline in the create request (W1)",
+    description: "PAYBUS_ASYNC_MATCHING_ENABLED: true hands new deposit orders to match-deposit through the queue; false (the safe default) matches them inline in the create request (p2p)",
     default: "false",
     allowed: &["false", "true"],
 };

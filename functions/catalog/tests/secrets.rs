@@ -117,17 +117,24 @@ fn dependencies(manifest: &str) -> Vec<String> {
         .collect()
 }
 
-/// `const NAME: &str = "VALUE";` of every crate, by crate and name.
+/// `const NAME: &str = "VALUE";` and `const NAME: Setting = Setting { name: "VALUE", .. }` of
+/// every crate, by crate and name.
 fn constants(sources: &[(String, Vec<String>)]) -> BTreeMap<(String, String), String> {
     let mut constants = BTreeMap::new();
     for (crate_name, texts) in sources {
         for text in texts {
             for part in text.split("const ").skip(1) {
                 let line = part.lines().next().unwrap_or_default();
-                let Some((name, rest)) = line.split_once(": &str = \"") else {
-                    continue;
+                let value = if let Some((name, rest)) = line.split_once(": &str = \"") {
+                    rest.split('"').next().map(|value| (name, value))
+                } else if let Some((name, _)) = line.split_once(": Setting = Setting {") {
+                    part.split_once("name: \"")
+                        .and_then(|(_, rest)| rest.split('"').next())
+                        .map(|value| (name, value))
+                } else {
+                    None
                 };
-                if let Some(value) = rest.split('"').next() {
+                if let Some((name, value)) = value {
                     constants.insert(
                         (crate_name.clone(), name.trim().to_owned()),
                         value.to_owned(),

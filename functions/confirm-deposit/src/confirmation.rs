@@ -37,7 +37,7 @@ pub struct Confirmed {
 ///
 /// The deposit is read with its row lock ([`deposit::lock`]: the latest committed version,
 /// not the transaction's snapshot), and moved by `UPDATE deposits SET status = 'CONFIRMED' ...
-/// WHERE id = ? AND status = 'DETECTED'`, still conditional (SPEC §2.1). Not DETECTED: logs
+/// WHERE id = ? AND status = 'DETECTED'`, still conditional (principle 1). Not DETECTED: logs
 /// the status and writes nothing. DETECTED: the `DEPOSIT_CONFIRMED` notification and its
 /// message, then CREDIT `amount` keyed `DEP_CREDIT:{id}` and FEE `fee` keyed `DEP_FEE:{id}`
 /// when `fee > 0` (what the audit expects: no zero FEE rows). The postings go last, so the

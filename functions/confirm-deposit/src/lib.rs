@@ -1,4 +1,4 @@
-//! The confirm-deposit function (SPEC W2, seed 001): `deposit.tx_confirmed {deposit_id}`
+//! The confirm-deposit function (docs/workflows/confirmations.md, seed 001): `deposit.tx_confirmed {deposit_id}`
 //! moves a DETECTED deposit to CONFIRMED exactly once, CREDITs the partner the gross amount
 //! and records the fee.
 //!

@@ -5,7 +5,7 @@ use std::{collections::HashMap, time::Duration};
 use paybus_partners::breaker::BreakerPolicy;
 use paybus_platform::{
     ConfigError,
-    config::Vars,
+    config::{Setting, Vars},
     retry::{Backoff, RetryPolicy},
 };
 
@@ -33,11 +33,42 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a claim outlives the request timeout by default.
 pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(50);
 
-pub const VAR_TIMEOUT_MS: &str = "PAYBUS_WEBHOOK_TIMEOUT_MS";
-pub const VAR_MAX_ATTEMPTS: &str = "PAYBUS_WEBHOOK_MAX_ATTEMPTS";
-pub const VAR_PARTNER_CONCURRENCY: &str = "PAYBUS_WEBHOOK_PARTNER_CONCURRENCY";
-pub const VAR_BREAKER_FAILURES: &str = "PAYBUS_WEBHOOK_BREAKER_FAILURES";
-pub const VAR_BREAKER_COOLDOWN_MS: &str = "PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS";
+pub const VAR_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_WEBHOOK_TIMEOUT_MS",
+    default: "`10000`",
+    about: "one POST to a partner before it counts as failed",
+};
+pub const VAR_MAX_ATTEMPTS: Setting = Setting {
+    name: "PAYBUS_WEBHOOK_MAX_ATTEMPTS",
+    default: "`8`",
+    about: "attempts before FAILED + dead letter (waits 10 s, 30 s, 2 min, 10 min, 30 min, then \
+            hourly)",
+};
+pub const VAR_PARTNER_CONCURRENCY: Setting = Setting {
+    name: "PAYBUS_WEBHOOK_PARTNER_CONCURRENCY",
+    default: "`16`",
+    about: "POSTs in flight to one partner per process; past it a delivery is deferred \
+            unattempted",
+};
+pub const VAR_BREAKER_FAILURES: Setting = Setting {
+    name: "PAYBUS_WEBHOOK_BREAKER_FAILURES",
+    default: "`5`",
+    about: "consecutive failures that open a partner's circuit breaker",
+};
+pub const VAR_BREAKER_COOLDOWN_MS: Setting = Setting {
+    name: "PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS",
+    default: "`30000`",
+    about: "how long an open breaker parks a partner's deliveries before one probe",
+};
+
+/// What [`WebhookConfig::read`] reads, in the order the page lists them.
+pub const SETTINGS: &[Setting] = &[
+    VAR_TIMEOUT_MS,
+    VAR_MAX_ATTEMPTS,
+    VAR_PARTNER_CONCURRENCY,
+    VAR_BREAKER_FAILURES,
+    VAR_BREAKER_COOLDOWN_MS,
+];
 
 /// Deliveries in flight per partner and process by default: a quarter of the default prefetch
 /// (64), so one partner never holds more than its share of a consumer.
@@ -158,6 +189,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                WebhookConfig::from_vars(environment),
+                Ok(WebhookConfig::default()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn the_default_schedule_backs_off_then_caps_at_an_hour() {
         let policy = WebhookConfig::default().retry;
         let pauses: Vec<u64> = (1..=7).map(|n| policy.delay(n).as_secs()).collect();
@@ -177,10 +219,10 @@ mod tests {
         assert_eq!(policy.after_failure(9), RetryDecision::GiveUp);
     }
 
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    fn vars(pairs: &[(Setting, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .map(|(k, v)| (k.name.to_owned(), (*v).to_owned()))
             .collect()
     }
 
@@ -225,17 +267,17 @@ mod tests {
             VAR_BREAKER_COOLDOWN_MS,
         ] {
             let error = WebhookConfig::from_vars(vars(&[(variable, "0")])).unwrap_err();
-            assert_eq!(error.variable, variable);
+            assert_eq!(error.variable, variable.name);
         }
     }
 
     #[test]
     fn a_malformed_value_names_the_variable() {
         let error = WebhookConfig::from_vars(vars(&[(VAR_TIMEOUT_MS, "10s")])).unwrap_err();
-        assert_eq!(error.variable, VAR_TIMEOUT_MS);
+        assert_eq!(error.variable, VAR_TIMEOUT_MS.name);
         let error = WebhookConfig::from_vars(vars(&[(VAR_MAX_ATTEMPTS, "0")])).unwrap_err();
-        assert_eq!(error.variable, VAR_MAX_ATTEMPTS);
+        assert_eq!(error.variable, VAR_MAX_ATTEMPTS.name);
         let error = WebhookConfig::from_vars(vars(&[(VAR_TIMEOUT_MS, "0")])).unwrap_err();
-        assert_eq!(error.variable, VAR_TIMEOUT_MS);
+        assert_eq!(error.variable, VAR_TIMEOUT_MS.name);
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! An attempt whose process dies leaves the job PROCESSING; the reaper returns it to PENDING
 //! once its claim is older than the timeout, and a settle guarded by the old claim writes
-//! nothing (SPEC principle 4: the row, re-read under its guard, decides).
+//! nothing (principle 4: the row, re-read under its guard, decides).
 
 use std::time::Duration;
 

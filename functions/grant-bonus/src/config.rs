@@ -4,11 +4,34 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use paybus_platform::{ConfigError, config::Vars};
+use paybus_platform::{
+    ConfigError,
+    config::{Setting, Vars},
+};
 
-pub const VAR_WORKER_INTERVAL_MS: &str = "PAYBUS_BONUS_WORKER_INTERVAL_MS";
-pub const VAR_WORKER_BATCH: &str = "PAYBUS_BONUS_WORKER_BATCH";
-pub const VAR_PROCESSING_TIMEOUT_MS: &str = "PAYBUS_BONUS_PROCESSING_TIMEOUT_MS";
+pub const VAR_WORKER_INTERVAL_MS: Setting = Setting {
+    name: "PAYBUS_BONUS_WORKER_INTERVAL_MS",
+    default: "`300000`",
+    about: "pause between worker runs (the retry path; seed 003: 5 min)",
+};
+pub const VAR_WORKER_BATCH: Setting = Setting {
+    name: "PAYBUS_BONUS_WORKER_BATCH",
+    default: "`30`",
+    about: "due jobs a worker run claims (1 to 1000)",
+};
+pub const VAR_PROCESSING_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_BONUS_PROCESSING_TIMEOUT_MS",
+    default: "`600000`",
+    about: "a job PROCESSING longer than this is returned to PENDING by the reaper (its \
+            attempt's process died)",
+};
+
+/// What [`GrantConfig::read`] reads, in the order the page lists them.
+pub const SETTINGS: &[Setting] = &[
+    VAR_WORKER_INTERVAL_MS,
+    VAR_WORKER_BATCH,
+    VAR_PROCESSING_TIMEOUT_MS,
+];
 
 /// Seed 003: the worker runs every 5 minutes...
 pub const DEFAULT_WORKER_INTERVAL: Duration = Duration::from_secs(5 * 60);
@@ -76,10 +99,21 @@ mod tests {
 
     use super::*;
 
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                GrantConfig::from_vars(environment),
+                Ok(GrantConfig::default()),
+                "{name}"
+            );
+        }
+    }
+
+    fn vars(pairs: &[(Setting, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .map(|(k, v)| (k.name.to_owned(), (*v).to_owned()))
             .collect()
     }
 
@@ -110,7 +144,7 @@ mod tests {
             (VAR_PROCESSING_TIMEOUT_MS, "0"),
         ] {
             let error = GrantConfig::from_vars(vars(&[(variable, value)])).unwrap_err();
-            assert_eq!(error.variable, variable);
+            assert_eq!(error.variable, variable.name);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The grant-bonus function (SPEC W3, seed 003): charge-event bonuses granted exactly once,
+//! The grant-bonus function (docs/workflows/bonuses.md, seed 003): charge-event bonuses granted exactly once,
 //! never lost.
 //!
 //! The payment completion writes each bonus a charge owes as a `charge_event_job` row

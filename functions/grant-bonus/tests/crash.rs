@@ -22,28 +22,28 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_once() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
     // Its message waits in grant-bonus's queue for the process below.
-    let charge = w3.completed_purchase(100, BonusRules::default()).await;
+    let charge = bonuses.completed_purchase(100, BonusRules::default()).await;
     let job_id = charge.bonus_jobs[0].job_id;
     // Hold the member's lock so the process's grant blocks after its claim committed.
-    let mut blocker = w3.pool().begin().await.unwrap();
+    let mut blocker = bonuses.pool().begin().await.unwrap();
     sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
         .bind(charge.member_id)
         .fetch_one(&mut *blocker)
         .await
         .unwrap();
     let mut process = tokio::process::Command::new(env!("CARGO_BIN_EXE_grant-bonus"))
-        .envs(w3.env.env_vars())
+        .envs(bonuses.env.env_vars())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let grant_waits = eventually(Duration::from_secs(30), || async {
-        w3.job(job_id).await.status == JobStatus::Processing
-            && w3
+        bonuses.job(job_id).await.status == JobStatus::Processing
+            && bonuses
                 .count(
                     "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
                      JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
@@ -60,25 +60,26 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
 
     process.kill().await.unwrap();
     blocker.rollback().await.unwrap();
-    let stranded = w3.job(job_id).await;
+    let stranded = bonuses.job(job_id).await;
     // A consumer of our own gets the killed process's unacked message back.
     let shutdown = CancellationToken::new();
-    let mut runner = Runner::new(w3.services.clone());
+    let mut runner = Runner::new(bonuses.services.clone());
     runner.add_function(GrantBonus::default());
     let consumer = tokio::spawn(runner.run(shutdown.clone()));
     let redelivered = eventually(Duration::from_secs(30), || async {
         metrics::count("grant-bonus", "skipped") + metrics::count("grant-bonus", "done") >= 1
     })
     .await;
-    let still_stranded = w3.job(job_id).await;
+    let still_stranded = bonuses.job(job_id).await;
     // The reaper and the worker run on a clock past the timeout.
-    let later = Clock::manual(testing::db_now(w3.pool()).await + TIMEOUT + Duration::from_secs(1));
-    let reaped = BonusReaper::new(w3.pool().clone(), TIMEOUT)
+    let later =
+        Clock::manual(testing::db_now(bonuses.pool()).await + TIMEOUT + Duration::from_secs(1));
+    let reaped = BonusReaper::new(bonuses.pool().clone(), TIMEOUT)
         .with_clock(later.clone())
         .run_once()
         .await
         .unwrap();
-    let run = BonusWorker::new(w3.pool().clone(), TIMEOUT, 30)
+    let run = BonusWorker::new(bonuses.pool().clone(), TIMEOUT, 30)
         .with_clock(later)
         .run_once()
         .await
@@ -103,7 +104,7 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
     assert_eq!(still_stranded.status, JobStatus::Processing);
     assert_eq!(reaped, [job_id]);
     assert_eq!((run.claimed, run.granted), (1, 1));
-    let job = w3.job(job_id).await;
+    let job = bonuses.job(job_id).await;
     assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
-    w3.assert_granted_once(charge.member_id, 110).await;
+    bonuses.assert_granted_once(charge.member_id, 110).await;
 }

@@ -23,13 +23,13 @@ const NO_FIRST_CHARGE: BonusRules = BonusRules {
 
 #[tokio::test]
 async fn a_completed_charge_is_granted_by_the_immediate_attempt() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    let pending = w3.job(job_id).await;
+    let pending = bonuses.job(job_id).await;
 
-    let outcome = w3.deliver(job_id).await;
+    let outcome = bonuses.deliver(job_id).await;
 
     assert_eq!(
         (pending.status, pending.next_retry_at, pending.retry_count),
@@ -37,14 +37,14 @@ async fn a_completed_charge_is_granted_by_the_immediate_attempt() {
         "written by the completion, due at once"
     );
     assert_eq!(outcome, Outcome::Done);
-    let done = w3.job(job_id).await;
+    let done = bonuses.job(job_id).await;
     assert_eq!(done.status, JobStatus::Done);
-    assert_eq!(done.processed_at, Some(w3.now()));
+    assert_eq!(done.processed_at, Some(bonuses.now()));
     let result = done.result_charge_id.expect("the EVENT charge");
     let (status, cans, method): (String, i32, String) =
         sqlx::query_as("SELECT status, cans, method FROM charges WHERE id = ?")
             .bind(result)
-            .fetch_one(w3.pool())
+            .fetch_one(bonuses.pool())
             .await
             .unwrap();
     assert_eq!(
@@ -52,32 +52,34 @@ async fn a_completed_charge_is_granted_by_the_immediate_attempt() {
         ("EVENT", 10, "spring 10% bonus")
     );
     assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        testing::cans(bonuses.pool(), charge.member_id, Container::Pg).await,
         110
     );
-    assert_audit_clean(w3.pool()).await;
+    assert_audit_clean(bonuses.pool()).await;
 }
 
 #[tokio::test]
 async fn the_worker_leaves_a_job_being_granted_alone() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    let attempt::Claimed::Job(in_flight) =
-        attempt::claim(w3.pool(), job_id, &w3.clock).await.unwrap()
+    let attempt::Claimed::Job(in_flight) = attempt::claim(bonuses.pool(), job_id, &bonuses.clock)
+        .await
+        .unwrap()
     else {
         panic!("the immediate attempt claims the job")
     };
 
-    let report = w3.run_worker().await;
+    let report = bonuses.run_worker().await;
 
     assert_eq!(report, WorkerReport::default(), "nothing claimed");
-    let job = w3.job(job_id).await;
+    let job = bonuses.job(job_id).await;
     assert_eq!(job.status, JobStatus::Processing);
     assert_eq!(job.processing_started_at, in_flight.claim.claimed_at);
     assert_eq!(
-        w3.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
+        bonuses
+            .count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
             .await,
         0
     );
@@ -85,20 +87,20 @@ async fn the_worker_leaves_a_job_being_granted_alone() {
 
 #[tokio::test]
 async fn an_immediate_failure_is_due_five_minutes_later_and_is_not_a_retry() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    w3.break_grants().await;
-    let failed_at = w3.now();
+    bonuses.break_grants().await;
+    let failed_at = bonuses.now();
 
-    let outcome = w3.deliver(job_id).await;
+    let outcome = bonuses.deliver(job_id).await;
 
     assert!(
         matches!(&outcome, Outcome::Retry { after, .. } if *after == minutes(5)),
         "{outcome:?}"
     );
-    let job = w3.job(job_id).await;
+    let job = bonuses.job(job_id).await;
     assert_eq!(job.status, JobStatus::Pending);
     assert_eq!(job.retry_count, 0);
     assert_eq!(
@@ -114,7 +116,7 @@ async fn an_immediate_failure_is_due_five_minutes_later_and_is_not_a_retry() {
         job.last_error
     );
     assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        testing::cans(bonuses.pool(), charge.member_id, Container::Pg).await,
         100,
         "the payment's cans stay; the bonus waits"
     );
@@ -125,31 +127,31 @@ async fn an_immediate_failure_is_due_five_minutes_later_and_is_not_a_retry() {
 /// letter, is not retried again automatically, and ops' retry grants it exactly once.
 #[tokio::test]
 async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retry_grants_it_once() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(250, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(250, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    w3.break_grants().await;
-    let start = w3.now();
+    bonuses.break_grants().await;
+    let start = bonuses.now();
     let at = |minutes| Some(start + chrono::Duration::minutes(minutes));
     let mut schedule = Vec::new();
 
-    let immediate = w3.deliver(job_id).await;
-    let job = w3.job(job_id).await;
+    let immediate = bonuses.deliver(job_id).await;
+    let job = bonuses.job(job_id).await;
     schedule.push((job.retry_count, job.next_retry_at));
-    w3.advance(minutes(5) - Duration::from_secs(1));
-    let too_early = w3.run_worker().await;
+    bonuses.advance(minutes(5) - Duration::from_secs(1));
+    let too_early = bonuses.run_worker().await;
     let mut worker_runs = Vec::new();
     // Each retry runs the moment it is due: 5, then 10, then 15 minutes after the failure.
     for wait in [Duration::from_secs(1), minutes(10), minutes(15)] {
-        w3.advance(wait);
-        worker_runs.push(w3.run_worker().await);
-        let job = w3.job(job_id).await;
+        bonuses.advance(wait);
+        worker_runs.push(bonuses.run_worker().await);
+        let job = bonuses.job(job_id).await;
         schedule.push((job.retry_count, job.next_retry_at));
     }
-    let failed = w3.job(job_id).await;
-    w3.advance(Duration::from_secs(86_400));
-    let a_day_later = w3.run_worker().await;
+    let failed = bonuses.job(job_id).await;
+    bonuses.advance(Duration::from_secs(86_400));
+    let a_day_later = bonuses.run_worker().await;
 
     assert!(matches!(immediate, Outcome::Retry { .. }), "{immediate:?}");
     assert_eq!(
@@ -184,7 +186,7 @@ async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retr
         "SELECT function_name, reason, attempts, routing_key, \
                 JSON_UNQUOTE(JSON_EXTRACT(headers, '$.\"x-paybus-reason\"')) FROM dead_letters",
     )
-    .fetch_one(w3.pool())
+    .fetch_one(bonuses.pool())
     .await
     .unwrap();
     assert_eq!(
@@ -198,7 +200,7 @@ async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retr
         )
     );
     let body: Vec<u8> = sqlx::query_scalar("SELECT body FROM dead_letters")
-        .fetch_one(w3.pool())
+        .fetch_one(bonuses.pool())
         .await
         .unwrap();
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -208,18 +210,18 @@ async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retr
     );
 
     // Ops fix the cause and retry it.
-    w3.repair_grants().await;
-    let mut uow = w3.services.outbox.begin().await.unwrap();
+    bonuses.repair_grants().await;
+    let mut uow = bonuses.services.outbox.begin().await.unwrap();
     assert!(
         job::retry_failed(&mut uow, job_id, uuid::Uuid::now_v7())
             .await
             .unwrap()
     );
     uow.commit().await.unwrap();
-    let pending_again = w3.job(job_id).await;
-    let granted = w3.deliver(job_id).await;
-    let duplicate = w3.deliver(job_id).await;
-    let later_run = w3.run_worker().await;
+    let pending_again = bonuses.job(job_id).await;
+    let granted = bonuses.deliver(job_id).await;
+    let duplicate = bonuses.deliver(job_id).await;
+    let later_run = bonuses.run_worker().await;
 
     assert_eq!(
         (pending_again.status, pending_again.retry_count),
@@ -228,24 +230,24 @@ async fn a_grant_failing_four_times_is_failed_with_a_dead_letter_and_an_ops_retr
     assert_eq!(granted, Outcome::Done);
     assert!(matches!(duplicate, Outcome::Skipped(_)), "{duplicate:?}");
     assert_eq!(later_run, WorkerReport::default());
-    assert_eq!(w3.job(job_id).await.status, JobStatus::Done);
-    w3.assert_granted_once(charge.member_id, 275).await;
+    assert_eq!(bonuses.job(job_id).await.status, JobStatus::Done);
+    bonuses.assert_granted_once(charge.member_id, 275).await;
 }
 
 #[tokio::test]
 async fn a_retry_granted_by_the_worker_pays_once() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    w3.break_grants().await;
-    w3.deliver(job_id).await;
-    w3.repair_grants().await;
-    w3.advance(minutes(5));
+    bonuses.break_grants().await;
+    bonuses.deliver(job_id).await;
+    bonuses.repair_grants().await;
+    bonuses.advance(minutes(5));
 
-    let run = w3.run_worker().await;
-    let again = w3.run_worker().await;
-    let late_message = w3.deliver(job_id).await;
+    let run = bonuses.run_worker().await;
+    let again = bonuses.run_worker().await;
+    let late_message = bonuses.deliver(job_id).await;
 
     assert_eq!(
         run,
@@ -260,57 +262,58 @@ async fn a_retry_granted_by_the_worker_pays_once() {
         matches!(late_message, Outcome::Skipped(_)),
         "{late_message:?}"
     );
-    let job = w3.job(job_id).await;
+    let job = bonuses.job(job_id).await;
     assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
-    w3.assert_granted_once(charge.member_id, 110).await;
+    bonuses.assert_granted_once(charge.member_id, 110).await;
 }
 
 #[tokio::test]
 async fn the_worker_takes_at_most_thirty_jobs_a_run() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
     for _ in 0..35 {
-        w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+        bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     }
 
-    let first = w3.run_worker().await;
-    let second = w3.run_worker().await;
+    let first = bonuses.run_worker().await;
+    let second = bonuses.run_worker().await;
 
     assert_eq!((first.claimed, first.granted), (30, 30));
     assert_eq!((second.claimed, second.granted), (5, 5));
     assert_eq!(
-        w3.count("SELECT COUNT(*) FROM charge_event_job WHERE status = 'DONE'")
+        bonuses
+            .count("SELECT COUNT(*) FROM charge_event_job WHERE status = 'DONE'")
             .await,
         35
     );
-    assert_audit_clean(w3.pool()).await;
+    assert_audit_clean(bonuses.pool()).await;
 }
 
 /// The seed's worker ended at once when no charge event was active. Here it still runs: a
 /// FIRST_CHARGE job has no event, and an event's job outlives the event.
 #[tokio::test]
 async fn with_no_active_event_the_worker_still_retries_first_charge_and_ended_event_jobs() {
-    let w3 = W3::new().await;
-    let event_id = ten_percent_event(w3.pool()).await;
+    let bonuses = Bonuses::new().await;
+    let event_id = ten_percent_event(bonuses.pool()).await;
     let rules = BonusRules {
         first_charge_percent: 50,
     };
-    let charge = w3.completed_purchase(100, rules).await;
+    let charge = bonuses.completed_purchase(100, rules).await;
     let kinds: Vec<JobType> = charge.bonus_jobs.iter().map(|j| j.job_type).collect();
-    w3.break_grants().await;
+    bonuses.break_grants().await;
     for job in &charge.bonus_jobs {
-        w3.deliver(job.job_id).await;
+        bonuses.deliver(job.job_id).await;
     }
-    w3.repair_grants().await;
-    let mut conn = w3.pool().acquire().await.unwrap();
+    bonuses.repair_grants().await;
+    let mut conn = bonuses.pool().acquire().await.unwrap();
     paybus_bonuses::event::set_active(&mut conn, event_id, false)
         .await
         .unwrap();
     drop(conn);
-    let nothing_due = w3.run_worker().await;
-    w3.advance(minutes(5));
+    let nothing_due = bonuses.run_worker().await;
+    bonuses.advance(minutes(5));
 
-    let run = w3.run_worker().await;
+    let run = bonuses.run_worker().await;
 
     assert_eq!(kinds, [JobType::FirstCharge, JobType::ActiveChargeEvent]);
     assert_eq!(
@@ -320,25 +323,25 @@ async fn with_no_active_event_the_worker_still_retries_first_charge_and_ended_ev
     );
     assert_eq!((run.claimed, run.granted), (2, 2));
     assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        testing::cans(bonuses.pool(), charge.member_id, Container::Pg).await,
         100 + 50 + 10
     );
-    assert_audit_clean(w3.pool()).await;
+    assert_audit_clean(bonuses.pool()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_copies_of_the_message_at_once_grant_once() {
-    let w3 = std::sync::Arc::new(W3::new().await);
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = std::sync::Arc::new(Bonuses::new().await);
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(10));
     let mut copies = tokio::task::JoinSet::new();
     for _ in 0..10 {
-        let (w3, barrier) = (w3.clone(), barrier.clone());
+        let (bonuses, barrier) = (bonuses.clone(), barrier.clone());
         copies.spawn(async move {
             barrier.wait().await;
-            w3.deliver(job_id).await
+            bonuses.deliver(job_id).await
         });
     }
 
@@ -351,27 +354,27 @@ async fn ten_copies_of_the_message_at_once_grant_once() {
         .count();
     assert_eq!((done, skipped), (1, 9), "{outcomes:?}");
     assert_eq!(
-        testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+        testing::cans(bonuses.pool(), charge.member_id, Container::Pg).await,
         110
     );
-    assert_audit_clean(w3.pool()).await;
+    assert_audit_clean(bonuses.pool()).await;
 }
 
 #[tokio::test]
 async fn a_message_for_no_job_is_a_dead_letter_and_a_redelivered_failed_job_fails_again() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
     sqlx::query("UPDATE charge_event_job SET status = 'FAILED', retry_count = 3, last_error = 'x' WHERE id = ?")
         .bind(job_id)
-        .execute(w3.pool())
+        .execute(bonuses.pool())
         .await
         .unwrap();
 
-    let missing = w3.deliver(job_id + 1000).await;
-    let late_duplicate = w3.deliver_as(job_id, 1).await;
-    let redelivery = w3.deliver_as(job_id, 2).await;
+    let missing = bonuses.deliver(job_id + 1000).await;
+    let late_duplicate = bonuses.deliver_as(job_id, 1).await;
+    let redelivery = bonuses.deliver_as(job_id, 2).await;
 
     assert_eq!(
         missing,

@@ -24,10 +24,10 @@ const NO_FIRST_CHARGE: BonusRules = BonusRules {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_with_a_duplicate_and_malformed_messages_grants_each_bonus_once() {
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let first = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
-    let second = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let first = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let second = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job = |charge: &paybus_bonuses::completion::CompletedCharge| {
         Envelope::new(BonusJobCreated {
             job_id: charge.bonus_jobs[0].job_id,
@@ -43,8 +43,11 @@ async fn a_batch_with_a_duplicate_and_malformed_messages_grants_each_bonus_once(
             b"hello",
         );
     let mut api = RuntimeApi::start().await;
-    let mut lambda =
-        LambdaProcess::spawn(env!("CARGO_BIN_EXE_grant-bonus"), &api, w3.env.env_vars());
+    let mut lambda = LambdaProcess::spawn(
+        env!("CARGO_BIN_EXE_grant-bonus"),
+        &api,
+        bonuses.env.env_vars(),
+    );
 
     let answer = lambda.invoke(&mut api, event.json()).await.response();
     let replay = lambda.invoke(&mut api, event.json()).await.response();
@@ -53,53 +56,59 @@ async fn a_batch_with_a_duplicate_and_malformed_messages_grants_each_bonus_once(
     assert_eq!(answer, summary);
     assert_eq!(replay, summary);
     for charge in [&first, &second] {
-        let job = w3.job(charge.bonus_jobs[0].job_id).await;
+        let job = bonuses.job(charge.bonus_jobs[0].job_id).await;
         assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
         assert_eq!(
-            testing::cans(w3.pool(), charge.member_id, Container::Pg).await,
+            testing::cans(bonuses.pool(), charge.member_id, Container::Pg).await,
             110,
             "member {}: the payment and its bonus, once",
             charge.member_id
         );
     }
     assert_eq!(
-        w3.count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
+        bonuses
+            .count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
             .await,
         2,
         "one EVENT charge per job"
     );
-    let channel = w3.services.connection().create_channel().await.unwrap();
+    let channel = bonuses
+        .services
+        .connection()
+        .create_channel()
+        .await
+        .unwrap();
     assert_eq!(
         queue_depth(&channel, &GrantBonus::queue().dead_letter_queue()).await,
         4,
         "each malformed message dead-lettered by each run (the recorder keeps one row per id)"
     );
-    testing::assert_audit_clean(w3.pool()).await;
+    testing::assert_audit_clean(bonuses.pool()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_away_at_start_fails_the_invocation_untouched_and_the_next_one_grants_once() {
     // The init does not wait for the broker (it connects in the background): the first
     // invocation waits for it, and with the broker away it fails before touching a message.
-    let w3 = W3::new().await;
-    ten_percent_event(w3.pool()).await;
-    let charge = w3.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let bonuses = Bonuses::new().await;
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
     let event =
         MqEvent::new("paybus.grant-bonus").envelope(&Envelope::new(BonusJobCreated { job_id }));
-    let broker = Relay::to(&w3.env.settings.broker.url).await;
+    let broker = Relay::to(&bonuses.env.settings.broker.url).await;
     broker.cut();
-    let mut vars = w3.env.env_vars();
+    let mut vars = bonuses.env.env_vars();
     vars.insert(
         "PAYBUS_AMQP_URL".to_owned(),
-        broker.url(&w3.env.settings.broker.url).to_string(),
+        broker.url(&bonuses.env.settings.broker.url).to_string(),
     );
     let mut api = RuntimeApi::start().await;
     let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_grant-bonus"), &api, vars);
     api.next_call(std::time::Duration::from_secs(30)).await;
 
     let failed = lambda.invoke(&mut api, event.json()).await.error();
-    let untouched = w3.job(job_id).await;
+    let untouched = bonuses.job(job_id).await;
     broker.restore().await;
     let granted = lambda.invoke(&mut api, event.json()).await.response();
 
@@ -119,5 +128,5 @@ async fn a_broker_away_at_start_fails_the_invocation_untouched_and_the_next_one_
         granted,
         json!({"processed": 1, "acked": 1, "dead_lettered": 0})
     );
-    w3.assert_granted_once(charge.member_id, 110).await;
+    bonuses.assert_granted_once(charge.member_id, 110).await;
 }

@@ -1,4 +1,4 @@
-//! The match-deposit function (SPEC W1, seed 000): `p2p.deposit_order.created
+//! The match-deposit function (docs/workflows/p2p.md, seed 000): `p2p.deposit_order.created
 //! {deposit_order_id}` → claim the PENDING order (a conditional UPDATE to MATCHING stamping
 //! `claimed_at`), one matching attempt (reserve in a short transaction, trade with the quote
 //! service with no lock held, settle or release in another), then outcome accounting in a

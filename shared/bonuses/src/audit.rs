@@ -1,4 +1,4 @@
-//! W3's invariants (SPEC W3, seed 003): plain SQL, one statement per question.
+//! W3's invariants (docs/workflows/bonuses.md, seed 003): plain SQL, one statement per question.
 //!
 //! | check | invariant |
 //! | --- | --- |

@@ -228,7 +228,7 @@ async fn by_id(
     row.map(ChargeRow::into_charge).transpose()
 }
 
-/// The conditional transition REQUEST -> COMPLETE (SPEC §2.1): true when this call made it.
+/// The conditional transition REQUEST -> COMPLETE (principle 1): true when this call made it.
 /// Only a purchase through `gateway` for exactly `amount` completes; the gateway payment's id
 /// is recorded (its unique key refuses a receipt presented for a second charge).
 pub async fn mark_complete(

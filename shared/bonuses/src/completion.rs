@@ -8,7 +8,7 @@
 //! completing and rewarding a payment twice. Here, in one READ COMMITTED transaction:
 //!
 //! 1. `UPDATE charges ... WHERE id = ? AND payment_status = 'REQUEST' AND payment_gateway = ?
-//!    AND price = ?` — the affected rows decide (SPEC §2.1). 0 rows: a locking read says why
+//!    AND price = ?` — the affected rows decide (principle 1). 0 rows: a locking read says why
 //!    (unknown, a bonus charge, another gateway, another amount, completed before); a repeat
 //!    of the same gateway payment returns the original result and writes nothing.
 //! 2. The member's row lock (`FOR UPDATE`), then the credit to the charge's container.
@@ -31,7 +31,7 @@ use paybus_money::Amount;
 use paybus_platform::{
     ConfigError,
     bus::{Outbox, UnitOfWork, outbox::OutboxError},
-    config::Vars,
+    config::{Setting, Vars},
     db,
 };
 use serde::Serialize;
@@ -49,7 +49,15 @@ use crate::{
 /// The reason recorded on a first-charge bonus (its EVENT charge's method).
 pub const FIRST_CHARGE_METHOD: &str = "first charge bonus";
 
-pub const VAR_FIRST_CHARGE_BONUS_PERCENT: &str = "PAYBUS_FIRST_CHARGE_BONUS_PERCENT";
+pub const VAR_FIRST_CHARGE_BONUS_PERCENT: Setting = Setting {
+    name: "PAYBUS_FIRST_CHARGE_BONUS_PERCENT",
+    default: "`0`",
+    about: "a member's first completed purchase earns this percent of its cans as a \
+            FIRST_CHARGE bonus (0 to 1000); 0: none",
+};
+
+/// What [`BonusRules::read`] reads.
+pub const SETTINGS: &[Setting] = &[VAR_FIRST_CHARGE_BONUS_PERCENT];
 
 /// The bonus rules that are configuration rather than rows (events are rows).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -424,11 +432,11 @@ mod tests {
 
     #[test]
     fn the_first_charge_bonus_is_off_unless_configured() {
-        let read = |pairs: &[(&str, &str)]| {
+        let read = |pairs: &[(Setting, &str)]| {
             BonusRules::read(&Vars::new(
                 pairs
                     .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .map(|(k, v)| (k.name.to_owned(), (*v).to_owned()))
                     .collect::<HashMap<_, _>>(),
             ))
         };
@@ -439,7 +447,18 @@ mod tests {
         );
         for bad in ["-1", "1001", "ten"] {
             let error = read(&[(VAR_FIRST_CHARGE_BONUS_PERCENT, bad)]).unwrap_err();
-            assert_eq!(error.variable, VAR_FIRST_CHARGE_BONUS_PERCENT);
+            assert_eq!(error.variable, VAR_FIRST_CHARGE_BONUS_PERCENT.name);
+        }
+    }
+
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                BonusRules::read(&Vars::new(environment)),
+                Ok(BonusRules::default()),
+                "{name}"
+            );
         }
     }
 }

@@ -1,4 +1,4 @@
-//! W3's domain (SPEC W3, seed 003): charge-event bonuses that are never lost and never paid
+//! W3's domain (docs/workflows/bonuses.md, seed 003): charge-event bonuses that are never lost and never paid
 //! twice.
 //!
 //! - [`member`]: can balances per container, changed only under the member's row lock.

@@ -1,4 +1,4 @@
-//! The message of W3 (SPEC §3). The payment completion (and ops' retry) produce it, grant-bonus
+//! The message of W3 (docs/bus.md). The payment completion (and ops' retry) produce it, grant-bonus
 //! consumes it; both use this one definition.
 
 use paybus_platform::bus::Message;

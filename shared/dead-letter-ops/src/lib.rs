@@ -1,4 +1,4 @@
-//! Dead letters for ops (SPEC §5): what `paybus dead-letters` and the admin API's
+//! Dead letters for ops (docs/operations.md): what `paybus dead-letters` and the admin API's
 //! `/v1/admin/dead-letters` do, on the `dead_letters` table the platform's recorders fill.
 //!
 //! - [`letter`]: a dead letter as stored, the list, one letter with its headers, body and the

@@ -1,4 +1,4 @@
-//! W4's invariants (SPEC W4, seed 004): plain SQL, one statement per check.
+//! W4's invariants (docs/workflows/markets.md, seed 004): plain SQL, one statement per check.
 //!
 //! | check | invariant |
 //! | --- | --- |

@@ -1,4 +1,4 @@
-//! W4's domain (SPEC W4, seed 004): suspending a market cancels every order still open in it,
+//! W4's domain (docs/workflows/markets.md, seed 004): suspending a market cancels every order still open in it,
 //! without doing that work inside the suspend request.
 //!
 //! The seed's first version cancelled 8,000 orders inside the request: it timed out with half
@@ -19,6 +19,7 @@
 //! - [`audit`]: W4's invariants.
 
 pub mod audit;
+pub mod cancel;
 mod error;
 pub mod market;
 pub mod materialise;

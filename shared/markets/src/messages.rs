@@ -1,4 +1,4 @@
-//! The message of W4 (SPEC §3): the materialiser produces it with each chunk of tasks, the due
+//! The message of W4 (docs/bus.md): the materialiser produces it with each chunk of tasks, the due
 //! sweep re-produces it for tasks whose retry is due, cancel-orders consumes it.
 
 use paybus_platform::bus::Message;

@@ -1,4 +1,4 @@
-//! Where a suspension stands (SPEC W4, seed 004): the seed's `GROUP BY state`, the created
+//! Where a suspension stands (docs/workflows/markets.md, seed 004): the seed's `GROUP BY state`, the created
 //! count, the open orders left in the frozen set, and completion:
 //!
 //! - **preparing** — tasks are still being materialised: the created count is not final.

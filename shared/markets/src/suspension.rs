@@ -1,4 +1,4 @@
-//! Suspend, resume, and ops' retry of FAILED tasks (SPEC W4, seed 004).
+//! Suspend, resume, and ops' retry of FAILED tasks (docs/workflows/markets.md, seed 004).
 //!
 //! ```text
 //! suspend (one short transaction, flat in N):

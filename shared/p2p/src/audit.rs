@@ -1,4 +1,4 @@
-//! W1's invariants (SPEC W1, seed 000), in plain SQL, one statement per check; run by
+//! W1's invariants (docs/workflows/p2p.md, seed 000), in plain SQL, one statement per check; run by
 //! `paybus audit` with every workflow's own.
 //!
 //! | check | invariant |

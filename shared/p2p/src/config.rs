@@ -5,23 +5,95 @@ use std::{collections::HashMap, time::Duration};
 
 use paybus_platform::{
     ConfigError, Secret,
-    config::Vars,
+    config::{Setting, Vars},
     retry::{Backoff, RetryPolicy},
 };
 use url::Url;
 
-pub const VAR_FILL_POLICY: &str = "PAYBUS_MATCH_FILL_POLICY";
-pub const VAR_MAX_ATTEMPTS: &str = "PAYBUS_MATCH_MAX_ATTEMPTS";
-pub const VAR_TRADE_CHECKS: &str = "PAYBUS_MATCH_TRADE_CHECKS";
-pub const VAR_BATCH_SIZE: &str = "PAYBUS_MATCH_BATCH_SIZE";
-pub const VAR_POLL_INTERVAL_MS: &str = "PAYBUS_MATCH_POLL_INTERVAL_MS";
-pub const VAR_ZOMBIE_TIMEOUT_MS: &str = "PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS";
-pub const VAR_ORDER_TTL_MS: &str = "PAYBUS_MATCH_ORDER_TTL_MS";
-pub const VAR_EXPIRY_INTERVAL_MS: &str = "PAYBUS_MATCH_EXPIRY_INTERVAL_MS";
-pub const VAR_QUOTE_URL: &str = "PAYBUS_QUOTE_URL";
-pub const VAR_QUOTE_API_KEY: &str = "PAYBUS_QUOTE_API_KEY";
-pub const VAR_QUOTE_TIMEOUT_MS: &str = "PAYBUS_QUOTE_TIMEOUT_MS";
-pub const VAR_QUOTE_CONNECT_TIMEOUT_MS: &str = "PAYBUS_QUOTE_CONNECT_TIMEOUT_MS";
+pub const VAR_QUOTE_URL: Setting = Setting {
+    name: "PAYBUS_QUOTE_URL",
+    default: "unset",
+    about: "base URL of the quote service (TORQ: `POST /v1/quotes`, `POST /v1/trades`); unset: \
+            inline matching answers 503 and every attempt fails (counted) with that reason",
+};
+pub const VAR_QUOTE_API_KEY: Setting = Setting {
+    name: "PAYBUS_QUOTE_API_KEY",
+    default: "unset",
+    about: "sent as `Authorization: Bearer` to the quote service (≥ 16 chars)",
+};
+pub const VAR_QUOTE_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_QUOTE_TIMEOUT_MS",
+    default: "`3000`",
+    about: "one quote service call, connect to last byte; a getQuote timeout is a failed \
+            attempt, a createTrade timeout leaves the fill in doubt (asked again under its key)",
+};
+pub const VAR_QUOTE_CONNECT_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_QUOTE_CONNECT_TIMEOUT_MS",
+    default: "`1000`",
+    about: "connecting alone (capped by the call's timeout)",
+};
+pub const VAR_FILL_POLICY: Setting = Setting {
+    name: "PAYBUS_MATCH_FILL_POLICY",
+    default: "`fill-or-cancel`",
+    about: "`fill-or-cancel` (too little liquidity → CANCELLED at once) or `partial-retry` \
+            (fill what is there, retry the rest)",
+};
+pub const VAR_MAX_ATTEMPTS: Setting = Setting {
+    name: "PAYBUS_MATCH_MAX_ATTEMPTS",
+    default: "`5`",
+    about: "attempts before CANCELLED MATCH_FAILED + dead letter (waits 5 s, 15 s, 30 s, 60 s \
+            between them)",
+};
+pub const VAR_TRADE_CHECKS: Setting = Setting {
+    name: "PAYBUS_MATCH_TRADE_CHECKS",
+    default: "`10`",
+    about: "createTrade calls under one fill's key whose outcome may stay unknown (waits 2 s, \
+            5 s, 15 s, 30 s, 1 min, 2 min, then 5 min; ~19 min in all) before the order is \
+            IN_DOUBT with a dead letter; never counted as failed attempts",
+};
+pub const VAR_BATCH_SIZE: Setting = Setting {
+    name: "PAYBUS_MATCH_BATCH_SIZE",
+    default: "`10`",
+    about: "orders the due-orders job claims per batch",
+};
+pub const VAR_POLL_INTERVAL_MS: Setting = Setting {
+    name: "PAYBUS_MATCH_POLL_INTERVAL_MS",
+    default: "`1000`",
+    about: "pause between the due-orders job's passes",
+};
+pub const VAR_ZOMBIE_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS",
+    default: "`300000`",
+    about: "a MATCHING claim older than this is a dead attempt; the reaper (every fifth of it) \
+            hands the order back; also the audit's limit for a RESERVED match. Must exceed \
+            2 × `PAYBUS_QUOTE_TIMEOUT_MS` + 10 s, so a live attempt never looks dead",
+};
+pub const VAR_ORDER_TTL_MS: Setting = Setting {
+    name: "PAYBUS_MATCH_ORDER_TTL_MS",
+    default: "`1800000`",
+    about: "a deposit order's life (`expires_at`)",
+};
+pub const VAR_EXPIRY_INTERVAL_MS: Setting = Setting {
+    name: "PAYBUS_MATCH_EXPIRY_INTERVAL_MS",
+    default: "`30000`",
+    about: "pause between the expiry job's passes",
+};
+
+/// What [`MatchingConfig::read`] reads, in the order the page lists them.
+pub const SETTINGS: &[Setting] = &[
+    VAR_QUOTE_URL,
+    VAR_QUOTE_API_KEY,
+    VAR_QUOTE_TIMEOUT_MS,
+    VAR_QUOTE_CONNECT_TIMEOUT_MS,
+    VAR_FILL_POLICY,
+    VAR_MAX_ATTEMPTS,
+    VAR_TRADE_CHECKS,
+    VAR_BATCH_SIZE,
+    VAR_POLL_INTERVAL_MS,
+    VAR_ZOMBIE_TIMEOUT_MS,
+    VAR_ORDER_TTL_MS,
+    VAR_EXPIRY_INTERVAL_MS,
+];
 
 /// Seed 000 §4 (`max-attempts: 5`).
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -257,11 +329,22 @@ mod tests {
 
     use super::*;
 
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    fn vars(pairs: &[(Setting, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .map(|(k, v)| (k.name.to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                MatchingConfig::from_vars(environment),
+                Ok(MatchingConfig::default()),
+                "{name}"
+            );
+        }
     }
 
     #[test]
@@ -328,7 +411,7 @@ mod tests {
             (VAR_QUOTE_API_KEY, "short"),
         ] {
             let error = MatchingConfig::from_vars(vars(&[(variable, value)])).unwrap_err();
-            assert_eq!(error.variable, variable, "{value}");
+            assert_eq!(error.variable, variable.name, "{value}");
         }
     }
 
@@ -339,7 +422,7 @@ mod tests {
             (VAR_ZOMBIE_TIMEOUT_MS, "60000"),
         ]))
         .unwrap_err();
-        assert_eq!(error.variable, VAR_ZOMBIE_TIMEOUT_MS);
+        assert_eq!(error.variable, VAR_ZOMBIE_TIMEOUT_MS.name);
         assert!(error.to_string().contains("two quote calls"), "{error}");
         assert!(
             MatchingConfig::from_vars(vars(&[

@@ -1,4 +1,4 @@
-//! W1's domain (SPEC W1, seed 000): P2P deposit orders (buyers) matched against withdraw
+//! W1's domain (docs/workflows/p2p.md, seed 000): P2P deposit orders (buyers) matched against withdraw
 //! orders (sellers' liquidity) with a trade at the quote service (the seeds' TORQ) — with no
 //! row lock held across that call, every attempt judged by where the order ends up, bounded
 //! retries, a reaper for dead attempts and expiry.

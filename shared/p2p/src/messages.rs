@@ -1,4 +1,4 @@
-//! W1's message (SPEC §3). The create API produces it when async matching is on; match-deposit
+//! W1's message (docs/bus.md). The create API produces it when async matching is on; match-deposit
 //! consumes it. Both use this definition.
 
 use paybus_platform::bus::Message;

@@ -29,11 +29,28 @@ use crate::{
         sweeper::{Job, JobFuture, JobReport},
     },
     config::Vars,
+    setting::Setting,
 };
 
-pub const VAR_INTERVAL_MS: &str = "PAYBUS_AUDITOR_INTERVAL_MS";
-pub const VAR_WINDOW_SECS: &str = "PAYBUS_AUDITOR_WINDOW_SECS";
-pub const VAR_RETENTION_HOURS: &str = "PAYBUS_AUDITOR_RETENTION_HOURS";
+pub const VAR_INTERVAL_MS: Setting = Setting {
+    name: "PAYBUS_AUDITOR_INTERVAL_MS",
+    default: "`60000`",
+    about: "the continuous auditor: pause between passes",
+};
+pub const VAR_WINDOW_SECS: Setting = Setting {
+    name: "PAYBUS_AUDITOR_WINDOW_SECS",
+    default: "`900`",
+    about: "the continuous auditor: a pass checks the rows written this long before it (longer \
+            than the interval, so late commits are seen)",
+};
+pub const VAR_RETENTION_HOURS: Setting = Setting {
+    name: "PAYBUS_AUDITOR_RETENTION_HOURS",
+    default: "`168`",
+    about: "the continuous auditor: passes kept in `audit_passes`",
+};
+
+/// What [`AuditorConfig::read`] reads, in the order the page lists them.
+pub const SETTINGS: &[Setting] = &[VAR_INTERVAL_MS, VAR_WINDOW_SECS, VAR_RETENTION_HOURS];
 
 /// How the auditor runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,4 +316,20 @@ pub async fn findings(
         ))),
     };
     query.bind(limit).fetch_all(conn).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in crate::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                AuditorConfig::from_vars(environment),
+                Ok(AuditorConfig::default()),
+                "{name}"
+            );
+        }
+    }
 }

@@ -3,20 +3,79 @@
 //! Every setting has a default that points at the local services started by
 //! `infra/local/start.sh`, so a developer needs no configuration at all. A malformed value is
 //! an error that names the variable and the expected form; an unset safety switch falls back
-//! to the safe behaviour (SPEC principle 10).
+//! to the safe behaviour (principle 10).
 
 use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
 
 use url::Url;
 
-use crate::{bus::topology::Shards, retry::RetryPolicy};
+pub use crate::setting::Setting;
+use crate::{
+    bus::topology::{self, Shards},
+    retry::RetryPolicy,
+};
 
 pub const DEFAULT_DATABASE_URL: &str = "mysql://root@127.0.0.1:13306/paybus";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5682/%2f";
 
+pub const VAR_DATABASE_URL: Setting = Setting {
+    name: "PAYBUS_DATABASE_URL",
+    default: "`mysql://root@127.0.0.1:13306/paybus`",
+    about: "MySQL 8 / Aurora MySQL / MariaDB 10.11",
+};
+pub const VAR_DB_MAX_CONNECTIONS: Setting = Setting {
+    name: "PAYBUS_DB_MAX_CONNECTIONS",
+    default: "`32`",
+    about: "pool size; size it for the consumers' prefetch",
+};
+pub const VAR_DB_ACQUIRE_TIMEOUT_MS: Setting = Setting {
+    name: "PAYBUS_DB_ACQUIRE_TIMEOUT_MS",
+    default: "`5000`",
+    about: "wait for a pooled connection before failing",
+};
+pub const VAR_AMQP_URL: Setting = Setting {
+    name: "PAYBUS_AMQP_URL",
+    default: "`amqp://guest:guest@127.0.0.1:5682/%2f`",
+    about: "RabbitMQ / Amazon MQ; the path is the vhost. For a cluster, its nodes' URLs \
+            separated by commas (`amqp://u:p@10.0.0.1:5672/%2f,amqp://u:p@10.0.0.2:5672/%2f`), \
+            all on the same vhost: connections go to the first node that answers and move on to \
+            the next when theirs drops (a comma inside a password is written `%2C`); an empty \
+            entry or another vhost is refused. Logged with passwords as `***`",
+};
+pub const VAR_PREFETCH: Setting = Setting {
+    name: "PAYBUS_PREFETCH",
+    default: "`64`",
+    about: "deliveries in flight per consumer (bounds concurrency)",
+};
+pub const VAR_LAMBDA_CONCURRENCY: Setting = Setting {
+    name: "PAYBUS_LAMBDA_CONCURRENCY",
+    default: "`64`",
+    about: "Lambda only: messages of one Amazon MQ batch processed at once (a handler with \
+            `MAX_BATCH` > 1 gets them in chunks of that size)",
+};
+pub const VAR_LOG_FORMAT: Setting = Setting {
+    name: "PAYBUS_LOG_FORMAT",
+    default: "`text`",
+    about: "`text` or `json`, on stderr; `RUST_LOG` sets levels (default `info`); text is \
+            coloured only on a terminal",
+};
+
+/// What every process reads through [`Settings`], in the order the page lists them.
+pub const SETTINGS: &[Setting] = &[
+    VAR_DATABASE_URL,
+    VAR_DB_MAX_CONNECTIONS,
+    VAR_DB_ACQUIRE_TIMEOUT_MS,
+    VAR_AMQP_URL,
+    VAR_PREFETCH,
+    VAR_LAMBDA_CONCURRENCY,
+    topology::VAR_SHARDS,
+    VAR_LOG_FORMAT,
+];
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid configuration: {variable}={value:?}: expected {expected}")]
 pub struct ConfigError {
+    /// The [`Setting::name`] of the variable.
     pub variable: &'static str,
     pub value: String,
     pub expected: &'static str,
@@ -178,19 +237,19 @@ impl Settings {
         Ok(Self {
             database: DatabaseSettings {
                 url: env.url(
-                    "PAYBUS_DATABASE_URL",
+                    VAR_DATABASE_URL,
                     DEFAULT_DATABASE_URL,
                     &["mysql", "mariadb"],
                     "a URL like mysql://user:password@host:3306/database",
                 )?,
                 max_connections: env.parse(
-                    "PAYBUS_DB_MAX_CONNECTIONS",
+                    VAR_DB_MAX_CONNECTIONS,
                     32,
                     "a positive integer (connections)",
                     |n: &u32| *n > 0,
                 )?,
                 acquire_timeout: Duration::from_millis(env.parse(
-                    "PAYBUS_DB_ACQUIRE_TIMEOUT_MS",
+                    VAR_DB_ACQUIRE_TIMEOUT_MS,
                     5_000,
                     "a positive integer (milliseconds)",
                     |n: &u64| *n > 0,
@@ -200,28 +259,28 @@ impl Settings {
                 url: first_node,
                 failover_urls,
                 prefetch: env.parse(
-                    "PAYBUS_PREFETCH",
+                    VAR_PREFETCH,
                     64,
                     "an integer from 1 to 65535 (deliveries in flight per consumer)",
                     |n: &u16| *n > 0,
                 )?,
                 lambda_concurrency: env.parse(
-                    "PAYBUS_LAMBDA_CONCURRENCY",
+                    VAR_LAMBDA_CONCURRENCY,
                     64,
                     "an integer from 1 to 65535 (messages of a Lambda batch in flight)",
                     |n: &u16| *n > 0,
                 )?,
-                shards: match env.get(Shards::VARIABLE) {
+                shards: match env.get(topology::VAR_SHARDS) {
                     None => Shards::default(),
                     Some(raw) => Shards::parse(raw)
-                        .map_err(|_| env.error(Shards::VARIABLE, raw, Shards::EXPECTED))?,
+                        .map_err(|_| env.error(topology::VAR_SHARDS, raw, Shards::EXPECTED))?,
                 },
             },
-            log_format: match env.get("PAYBUS_LOG_FORMAT") {
+            log_format: match env.get(VAR_LOG_FORMAT) {
                 None => LogFormat::Text,
                 Some(v) if v.eq_ignore_ascii_case("text") => LogFormat::Text,
                 Some(v) if v.eq_ignore_ascii_case("json") => LogFormat::Json,
-                Some(v) => return Err(env.error("PAYBUS_LOG_FORMAT", v, "`text` or `json`")),
+                Some(v) => return Err(env.error(VAR_LOG_FORMAT, v, "`text` or `json`")),
             },
         })
     }
@@ -232,7 +291,7 @@ impl Settings {
 /// deployment that keeps the URL in a secret (`PAYBUS_AMQP_URL_FROM`) moves to a cluster by
 /// changing the secret's value only.
 fn broker_nodes(env: &Vars) -> Result<(Url, Vec<Url>), ConfigError> {
-    const VARIABLE: &str = "PAYBUS_AMQP_URL";
+    const VARIABLE: Setting = VAR_AMQP_URL;
     const EXPECTED: &str = "a URL like amqp://user:password@host:5672/%2f, or the nodes of a \
                             cluster as such URLs separated by commas, all on the same vhost";
     let raw = env.get(VARIABLE).unwrap_or(DEFAULT_AMQP_URL);
@@ -241,7 +300,7 @@ fn broker_nodes(env: &Vars) -> Result<(Url, Vec<Url>), ConfigError> {
     for part in raw.split(',') {
         // An empty entry ("a,,b", a trailing comma) is a typo, not a node to skip: it reads
         // as unset, whose default "" is no URL.
-        let one = Vars::new(HashMap::from([(VARIABLE.to_owned(), part.to_owned())]));
+        let one = Vars::new(HashMap::from([(VARIABLE.name.to_owned(), part.to_owned())]));
         let url = one
             .url(VARIABLE, "", &["amqp", "amqps"], EXPECTED)
             .map_err(|_| invalid())?;
@@ -292,18 +351,16 @@ impl Vars {
 
     /// An empty value counts as unset: `FOO= cmd` is how people "unset" in shells and
     /// deployment templates.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+    pub fn get(&self, setting: Setting) -> Option<&str> {
+        self.0
+            .get(setting.name)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
     }
 
-    pub fn error(
-        &self,
-        variable: &'static str,
-        value: &str,
-        expected: &'static str,
-    ) -> ConfigError {
+    pub fn error(&self, setting: Setting, value: &str, expected: &'static str) -> ConfigError {
         ConfigError {
-            variable,
+            variable: setting.name,
             value: value.to_owned(),
             expected,
         }
@@ -312,7 +369,7 @@ impl Vars {
     /// `default` when unset; else the parsed value if `valid` accepts it.
     pub fn parse<T: FromStr>(
         &self,
-        variable: &'static str,
+        variable: Setting,
         default: T,
         expected: &'static str,
         valid: impl Fn(&T) -> bool,
@@ -331,7 +388,7 @@ impl Vars {
     /// `policy` as it is when unset.
     pub fn max_attempts(
         &self,
-        variable: &'static str,
+        variable: Setting,
         policy: RetryPolicy,
     ) -> Result<RetryPolicy, ConfigError> {
         let attempts = self.parse(
@@ -346,11 +403,7 @@ impl Vars {
     }
 
     /// A positive duration in milliseconds (`*_MS` settings); `default` when unset.
-    pub fn millis(
-        &self,
-        variable: &'static str,
-        default: Duration,
-    ) -> Result<Duration, ConfigError> {
+    pub fn millis(&self, variable: Setting, default: Duration) -> Result<Duration, ConfigError> {
         self.parse(
             variable,
             u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
@@ -362,7 +415,7 @@ impl Vars {
 
     pub fn url(
         &self,
-        variable: &'static str,
+        variable: Setting,
         default: &str,
         schemes: &[&str],
         expected: &'static str,
@@ -376,16 +429,12 @@ impl Vars {
     }
 
     /// A secret is optional, but a short one is a mistake worth stopping for.
-    pub fn secret(
-        &self,
-        variable: &'static str,
-        min_len: usize,
-    ) -> Result<Option<Secret>, ConfigError> {
+    pub fn secret(&self, variable: Setting, min_len: usize) -> Result<Option<Secret>, ConfigError> {
         match self.get(variable) {
             None => Ok(None),
             Some(v) if v.len() >= min_len => Ok(Some(Secret::new(v))),
             Some(_) => Err(ConfigError {
-                variable,
+                variable: variable.name,
                 value: "***".to_owned(),
                 expected: if min_len >= 32 {
                     "a secret of at least 32 characters"
@@ -397,7 +446,7 @@ impl Vars {
     }
 
     /// A safety switch is on only when it says so explicitly.
-    pub fn switch(&self, variable: &'static str) -> Result<bool, ConfigError> {
+    pub fn switch(&self, variable: Setting) -> Result<bool, ConfigError> {
         match self.get(variable).map(str::to_ascii_lowercase).as_deref() {
             None | Some("false" | "0" | "no" | "off") => Ok(false),
             Some("true" | "1" | "yes" | "on") => Ok(true),
@@ -409,6 +458,22 @@ impl Vars {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SOME_SWITCH: Setting = Setting {
+        name: "PAYBUS_SOME_SWITCH",
+        default: "`false`",
+        about: "a switch",
+    };
+    const SOME_MS: Setting = Setting {
+        name: "PAYBUS_SOME_MS",
+        default: "`3000`",
+        about: "a pause",
+    };
+    const SOME_TOKEN: Setting = Setting {
+        name: "PAYBUS_SOME_TOKEN",
+        default: "unset",
+        about: "a secret",
+    };
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
@@ -429,8 +494,20 @@ mod tests {
     }
 
     #[test]
+    fn every_documented_default_is_the_default() {
+        let defaults = Settings::from_vars(HashMap::new()).unwrap();
+        for (name, environment) in crate::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                Settings::from_vars(environment).as_ref(),
+                Ok(&defaults),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn an_unset_or_empty_switch_is_off() {
-        let switch = |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).switch("PAYBUS_SOME_SWITCH");
+        let switch = |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).switch(SOME_SWITCH);
         assert_eq!(switch(&[]), Ok(false));
         assert_eq!(switch(&[("PAYBUS_SOME_SWITCH", "")]), Ok(false));
         assert_eq!(switch(&[("PAYBUS_SOME_SWITCH", "TRUE")]), Ok(true));
@@ -439,7 +516,7 @@ mod tests {
     #[test]
     fn a_malformed_switch_is_an_error_naming_the_variable() {
         let err = Vars::new(vars(&[("PAYBUS_SOME_SWITCH", "maybe")]))
-            .switch("PAYBUS_SOME_SWITCH")
+            .switch(SOME_SWITCH)
             .unwrap_err();
         assert_eq!(err.variable, "PAYBUS_SOME_SWITCH");
         assert!(err.to_string().contains("`true` or `false`"), "{err}");
@@ -447,9 +524,8 @@ mod tests {
 
     #[test]
     fn milliseconds_are_positive_and_default_when_unset() {
-        let read = |pairs: &[(&str, &str)]| {
-            Vars::new(vars(pairs)).millis("PAYBUS_SOME_MS", Duration::from_secs(3))
-        };
+        let read =
+            |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).millis(SOME_MS, Duration::from_secs(3));
         assert_eq!(read(&[]), Ok(Duration::from_secs(3)));
         assert_eq!(
             read(&[("PAYBUS_SOME_MS", "250")]),
@@ -483,8 +559,7 @@ mod tests {
 
     #[test]
     fn secrets_are_optional_long_and_never_printed() {
-        let secret =
-            |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).secret("PAYBUS_SOME_TOKEN", 16);
+        let secret = |pairs: &[(&str, &str)]| Vars::new(vars(pairs)).secret(SOME_TOKEN, 16);
         assert_eq!(secret(&[]), Ok(None));
         let short = secret(&[("PAYBUS_SOME_TOKEN", "abc")]).unwrap_err();
         assert_eq!(short.variable, "PAYBUS_SOME_TOKEN");

@@ -14,6 +14,7 @@ pub mod function;
 pub mod redact;
 pub mod retry;
 pub mod secrets;
+pub mod setting;
 pub mod signature;
 pub mod telemetry;
 pub mod transition;

@@ -19,12 +19,33 @@ use std::{collections::HashMap, sync::OnceLock, time::Duration};
 
 use url::Url;
 
+use crate::setting::Setting;
+
 /// The suffix that turns a variable into a reference to its value.
 pub const FROM_SUFFIX: &str = "_FROM";
 
-/// The extension's port (its own setting, 2773 by default).
-const PORT_VARIABLE: &str = "PARAMETERS_SECRETS_EXTENSION_HTTP_PORT";
+/// Every `PAYBUS_*` variable's reference form: one row on the page for all of them.
+pub const VAR_FROM: Setting = Setting {
+    name: "PAYBUS_<NAME>_FROM",
+    default: "unset",
+    about: "instead of `PAYBUS_<NAME>`: a Secrets Manager secret (ARN or name, optionally \
+            `#json-key`) or SSM parameter (`/path` or ARN) read once at start-up through the AWS \
+            Parameters and Secrets Lambda Extension; setting both is refused (exit 2). The SAM \
+            template sets only these for secrets",
+};
+
+/// The extension's port (its own setting).
+pub const VAR_EXTENSION_PORT: Setting = Setting {
+    name: "PARAMETERS_SECRETS_EXTENSION_HTTP_PORT",
+    default: "`2773`",
+    about: "the AWS Parameters and Secrets Lambda Extension's port on localhost, where \
+            `PAYBUS_<NAME>_FROM` references are fetched (the extension's own setting)",
+};
+const PORT_VARIABLE: &str = VAR_EXTENSION_PORT.name;
 const DEFAULT_PORT: u16 = 2773;
+
+/// What start-up reads before any other setting, in the order the page lists them.
+pub const SETTINGS: &[Setting] = &[VAR_FROM, VAR_EXTENSION_PORT];
 
 /// Values fetched at start-up, by variable name.
 static RESOLVED: OnceLock<HashMap<String, String>> = OnceLock::new();

@@ -22,13 +22,13 @@ use paybus_platform::{
 use sqlx::MySqlPool;
 
 /// Fields drop in order: the services' pool and connection go before the test database.
-pub struct W3 {
+pub struct Bonuses {
     pub services: Services,
     pub clock: Clock,
     pub env: TestEnv,
 }
 
-impl W3 {
+impl Bonuses {
     pub async fn new() -> Self {
         let env = TestEnv::new().await;
         let services = env.services(&[GrantBonus::queue()]).await;

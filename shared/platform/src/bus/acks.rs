@@ -2,7 +2,7 @@
 //! settled up to a tag, instead of one `basic.ack` each.
 //!
 //! Why: a quorum queue turns every ack frame into a Raft command (a settle) written to its
-//! log. In issue 14's W2 benchmark, where the broker and the database share two cores, acking
+//! log. In the W2 benchmark (docs/benchmarks.md), where the broker and the database share two cores, acking
 //! in runs cut the broker's CPU per message from a median of 207 µs to 145 µs, and the
 //! client's from 160 µs to 105 µs (five runs each way).
 //!

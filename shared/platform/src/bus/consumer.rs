@@ -166,7 +166,7 @@ async fn consume_on<P: Processor>(
 /// `prefetch / max_batch` slots: when they are all busy the broker's deliveries wait in the
 /// buffer, so the next batch is a full one. Without the bound every delivery started its own
 /// transaction the moment it arrived, batches stayed at one or two messages, and 64 small
-/// transactions fought over two cores (issue 14's broker phase ran at 0.6x direct).
+/// transactions fought over two cores (the W2 benchmark's broker phase ran at 0.6x direct, docs/benchmarks.md).
 fn batches_in_flight(prefetch: u16, max_batch: usize) -> usize {
     usize::from(prefetch.max(1)).div_ceil(max_batch).max(1)
 }
@@ -174,8 +174,8 @@ fn batches_in_flight(prefetch: u16, max_batch: usize) -> usize {
 /// What the broker may hand a consumer ahead of its acks. A batching handler is allowed twice
 /// its `prefetch`: a round of full batches in flight and the next round already delivered.
 /// With exactly `prefetch`, a finished batch's acks were what let the broker send more, so
-/// the slot it freed started on the first one or two messages to arrive (issue 14's broker
-/// phase formed batches of about 11 of 16 and ran at 0.6x direct).
+/// the slot it freed started on the first one or two messages to arrive (the W2 benchmark's
+/// broker phase formed batches of about 11 of 16 and ran at 0.6x direct).
 fn channel_prefetch(prefetch: u16, max_batch: usize) -> u16 {
     if max_batch > 1 {
         prefetch.saturating_mul(2)

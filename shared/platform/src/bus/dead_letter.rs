@@ -1,4 +1,4 @@
-//! Dead letters: publishing them (with the `x-paybus-*` headers of SPEC §3) and recording
+//! Dead letters: publishing them (with the `x-paybus-*` headers of docs/bus.md) and recording
 //! every message of every `paybus.<function>.dlq` in the `dead_letters` table, where ops query,
 //! group, replay and archive them.
 

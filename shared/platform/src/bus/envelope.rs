@@ -1,4 +1,4 @@
-//! The message envelope every paybus message travels in (SPEC §3).
+//! The message envelope every paybus message travels in (docs/bus.md).
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};

@@ -1,4 +1,4 @@
-//! The transactional outbox (SPEC §3, principle 5).
+//! The transactional outbox (docs/bus.md, principle 5).
 //!
 //! A producer opens a [`UnitOfWork`], changes state and adds messages in that one
 //! transaction; `commit()` commits, then publishes the messages at once (the fast path). If

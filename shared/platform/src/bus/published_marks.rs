@@ -2,7 +2,7 @@
 //!
 //! Every transaction that sends a message ends with its rows being marked published after the
 //! broker confirmed them. One autocommit UPDATE per transaction doubled the commits of a
-//! one-message workflow step (issue 14: the W2 benchmark counted 2 commits per confirmation);
+//! one-message workflow step (the W2 benchmark counted 2 commits per confirmation);
 //! here the rows of everyone who committed meanwhile go in one UPDATE. A committer still waits
 //! until its rows are marked, so a Lambda invocation never returns with its marks pending
 //! (a frozen process would leave them to the relay, which would publish them again).

@@ -190,7 +190,7 @@ fn event_headers(message: &OutgoingMessage) -> FieldTable {
     headers
 }
 
-/// AMQP properties of an envelope (SPEC §3).
+/// AMQP properties of an envelope (docs/bus.md).
 pub fn properties(message: &OutgoingMessage, headers: FieldTable) -> BasicProperties {
     BasicProperties::default()
         .with_message_id(message.id.to_string().as_str().into())

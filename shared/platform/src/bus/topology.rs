@@ -1,4 +1,4 @@
-//! Exchanges and queues (SPEC §3), declared idempotently by code and mirrored in
+//! Exchanges and queues (docs/bus.md), declared idempotently by code and mirrored in
 //! `infra/rabbitmq/definitions.json` (kept equal by a test).
 //!
 //! ```text
@@ -50,6 +50,8 @@ use lapin::{
 use serde_json::json;
 
 use std::{collections::BTreeMap, fmt, sync::OnceLock};
+
+use crate::setting::Setting;
 
 pub const EVENTS_EXCHANGE: &str = "paybus.events";
 pub const DEAD_LETTER_EXCHANGE: &str = "paybus.dlx";
@@ -139,6 +141,15 @@ pub fn shard_exchange_name(function: &str) -> String {
     format!("paybus.{function}.shards")
 }
 
+pub const VAR_SHARDS: Setting = Setting {
+    name: "PAYBUS_SHARDS",
+    default: "unset",
+    about: "queues per function, `function=N` pairs separated by commas \
+            (`confirm-withdrawal=4`; N from 1 to 64); unset: one queue each. The topology: every \
+            process of a deployment and its template must see the same value \
+            ([shards](bus.md#shards))",
+};
+
 /// How many queues each function's messages are spread over: `PAYBUS_SHARDS`, e.g.
 /// `confirm-withdrawal=4,grant-bonus=2`; a function not named has one queue (the default
 /// topology). Every process of a deployment (and its template) must see the same value: it is
@@ -147,7 +158,7 @@ pub fn shard_exchange_name(function: &str) -> String {
 pub struct Shards(BTreeMap<String, u16>);
 
 impl Shards {
-    pub const VARIABLE: &'static str = "PAYBUS_SHARDS";
+    pub const VARIABLE: &'static str = VAR_SHARDS.name;
     /// More shards than this is a typo, not a deployment (each is a trigger and a queue).
     pub const MAX: u16 = 64;
     pub const EXPECTED: &'static str = "function=count pairs separated by commas, e.g. confirm-withdrawal=4, each count from 1 to 64";

@@ -36,7 +36,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     fill(pool, old, RECENT).await?;
     let (old_rows, recent_rows) = (old / WORKFLOW_SHARE, RECENT / WORKFLOW_SHARE);
     println!(
-        "writing W1–W4's rows: {old_rows} a day old and {recent_rows} recent in each table ..."
+        "writing every workflow's rows: {old_rows} a day old and {recent_rows} recent in each table ..."
     );
     fill_workflows(pool, old_rows, recent_rows).await?;
     println!("  written in {:.1?}", started.elapsed());

@@ -3,7 +3,7 @@
 //! Why: on a machine the database, the broker and the bench share (two cores here), every
 //! cycle the broker spends is one the database does not get, so "through the broker / direct"
 //! is mostly the broker's CPU per message. The figures say so instead of leaving it to a
-//! guess (issue 14).
+//! guess.
 
 /// Linux reports process and machine times in USER_HZ ticks, 100 per second on every
 /// architecture it supports (a fixed part of the user-space ABI, unlike the kernel's HZ).

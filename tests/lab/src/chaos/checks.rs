@@ -36,44 +36,44 @@ pub(super) fn violation(check: &str, detail: impl Into<String>) -> Violation {
 /// Rows that are not terminal (each count must be 0 at quiescence), with the rule they break.
 const NOT_TERMINAL: &[(&str, &str)] = &[
     (
-        "W1 deposit orders PENDING, MATCHING or IN_DOUBT",
+        "p2p: deposit orders PENDING, MATCHING or IN_DOUBT",
         "SELECT COUNT(*) FROM p2p_deposit_orders \
          WHERE status IN ('PENDING', 'MATCHING', 'IN_DOUBT')",
     ),
     (
-        "W1 matches still RESERVED or TRADING (a trade in doubt)",
+        "p2p: matches still RESERVED or TRADING (a trade in doubt)",
         "SELECT COUNT(*) FROM p2p_matches WHERE status IN ('RESERVED', 'TRADING')",
     ),
     (
-        "W2 withdrawals not CONFIRMED",
+        "confirmations: withdrawals not CONFIRMED",
         "SELECT COUNT(*) FROM withdrawals WHERE status <> 'CONFIRMED'",
     ),
     (
-        "W2 deposits not CONFIRMED",
+        "confirmations: deposits not CONFIRMED",
         "SELECT COUNT(*) FROM deposits WHERE status <> 'CONFIRMED'",
     ),
     (
-        "W3 purchases not COMPLETE",
+        "bonuses: purchases not COMPLETE",
         "SELECT COUNT(*) FROM charges WHERE status = 'CHARGE' AND payment_status <> 'COMPLETE'",
     ),
     (
-        "W3 bonus jobs PENDING or PROCESSING",
+        "bonuses: bonus jobs PENDING or PROCESSING",
         "SELECT COUNT(*) FROM charge_event_job WHERE status IN ('PENDING', 'PROCESSING')",
     ),
     (
-        "W4 markets not SUSPENDED",
+        "markets: markets not SUSPENDED",
         "SELECT COUNT(*) FROM markets WHERE status <> 'SUSPENDED'",
     ),
     (
-        "W4 suspensions not materialised",
+        "markets: suspensions not materialised",
         "SELECT COUNT(*) FROM task_batches WHERE materialised_at IS NULL",
     ),
     (
-        "W4 cancel tasks PENDING",
+        "markets: cancel tasks PENDING",
         "SELECT COUNT(*) FROM tasks WHERE state = 'PENDING'",
     ),
     (
-        "W4 open orders in suspended markets",
+        "markets: open orders in suspended markets",
         "SELECT COUNT(*) FROM orders o JOIN markets m ON m.id = o.market_id \
          WHERE m.status = 'SUSPENDED' AND o.status IN ('OPEN', 'PARTIALLY_FILLED')",
     ),
@@ -405,35 +405,35 @@ pub(super) async fn counts(
 ) -> Result<BTreeMap<String, BTreeMap<String, i64>>, sqlx::Error> {
     const BY_STATE: &[(&str, &str)] = &[
         (
-            "W1 deposit orders",
+            "p2p: deposit orders",
             "SELECT COALESCE(CONCAT(status, ' ', close_reason), status), COUNT(*) FROM p2p_deposit_orders GROUP BY 1",
         ),
         (
-            "W1 matches",
+            "p2p: matches",
             "SELECT status, COUNT(*) FROM p2p_matches GROUP BY status",
         ),
         (
-            "W2 withdrawals",
+            "confirmations: withdrawals",
             "SELECT status, COUNT(*) FROM withdrawals GROUP BY status",
         ),
         (
-            "W2 deposits",
+            "confirmations: deposits",
             "SELECT status, COUNT(*) FROM deposits GROUP BY status",
         ),
         (
-            "W3 charges",
+            "bonuses: charges",
             "SELECT CONCAT(status, ' ', payment_status), COUNT(*) FROM charges GROUP BY 1",
         ),
         (
-            "W3 bonus jobs",
+            "bonuses: bonus jobs",
             "SELECT status, COUNT(*) FROM charge_event_job GROUP BY status",
         ),
         (
-            "W4 orders",
+            "markets: orders",
             "SELECT status, COUNT(*) FROM orders GROUP BY status",
         ),
         (
-            "W4 cancel tasks",
+            "markets: cancel tasks",
             "SELECT state, COUNT(*) FROM tasks GROUP BY state",
         ),
         (

@@ -40,12 +40,12 @@ pub struct Sent {
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Load {
-    pub w1_deposit_orders: Sent,
-    pub w2_confirmations: Sent,
-    pub w3_payment_completions: Sent,
-    pub w4_market_orders: Sent,
+    pub p2p_deposit_orders: Sent,
+    pub confirmations: Sent,
+    pub payment_completions: Sent,
+    pub market_orders: Sent,
     /// W4: markets suspended while their orders were being placed and filled.
-    pub w4_markets: usize,
+    pub markets: usize,
 }
 
 #[derive(Default)]
@@ -176,24 +176,25 @@ fn id_of(answer: &Value) -> anyhow::Result<u64> {
         .with_context(|| format!("an id in {answer}"))
 }
 
-/// The run's items split over the workflows: W1 20 %, W2 30 %, W3 20 %, W4 30 %.
+/// The run's items split over the workflows: p2p 20 %, confirmations 30 %, bonuses 20 %,
+/// markets 30 %.
 struct Shares {
-    w1: usize,
-    w2: usize,
-    w3: usize,
-    w4: usize,
+    p2p: usize,
+    confirmations: usize,
+    bonuses: usize,
+    markets: usize,
 }
 
 impl Shares {
     fn of(items: usize) -> Self {
-        let w1 = items / 5;
-        let w2 = items * 3 / 10;
-        let w3 = items / 5;
+        let p2p = items / 5;
+        let confirmations = items * 3 / 10;
+        let bonuses = items / 5;
         Self {
-            w1,
-            w2,
-            w3,
-            w4: items - w1 - w2 - w3,
+            p2p,
+            confirmations,
+            bonuses,
+            markets: items - p2p - confirmations - bonuses,
         }
     }
 }
@@ -208,34 +209,44 @@ pub(super) async fn run(profile: &Profile, api: &Api, world: &World) -> anyhow::
     };
     let shares = Shares::of(profile.items);
     let tallies: [Arc<Tally>; 4] = Default::default();
-    let (w1, w2, w3, w4) = tokio::join!(
-        w1_deposit_orders(profile, &client, world, shares.w1, tallies[0].clone()),
-        w2_confirmations(profile, &client, world, shares.w2, tallies[1].clone()),
-        w3_payment_completions(profile, &client, shares.w3, tallies[2].clone()),
-        w4_market_orders(profile, &client, shares.w4, tallies[3].clone()),
+    let (p2p, confirmed, bonuses, markets) = tokio::join!(
+        p2p_deposit_orders(profile, &client, world, shares.p2p, tallies[0].clone()),
+        confirmations(
+            profile,
+            &client,
+            world,
+            shares.confirmations,
+            tallies[1].clone()
+        ),
+        payment_completions(profile, &client, shares.bonuses, tallies[2].clone()),
+        market_orders(profile, &client, shares.markets, tallies[3].clone()),
     );
     // A lost request is reported as a violation, not as a failed run.
-    for (name, result) in [("W1", &w1), ("W2", &w2), ("W3", &w3)] {
+    for (name, result) in [
+        ("p2p", &p2p),
+        ("confirmations", &confirmed),
+        ("bonuses", &bonuses),
+    ] {
         if let Err(e) = result {
             tracing::warn!(workflow = name, error = %format!("{e:#}"), "chaos load");
         }
     }
-    let markets = match &w4 {
+    let markets = match &markets {
         Ok(markets) => *markets,
         Err(e) => {
-            tracing::warn!(workflow = "W4", error = %format!("{e:#}"), "chaos load");
+            tracing::warn!(workflow = "markets", error = %format!("{e:#}"), "chaos load");
             0
         }
     };
     let load = Load {
-        w1_deposit_orders: tallies[0].take(shares.w1),
-        w2_confirmations: tallies[1].take(shares.w2),
-        w3_payment_completions: tallies[2].take(shares.w3),
-        w4_market_orders: tallies[3].take(shares.w4),
-        w4_markets: markets,
+        p2p_deposit_orders: tallies[0].take(shares.p2p),
+        confirmations: tallies[1].take(shares.confirmations),
+        payment_completions: tallies[2].take(shares.bonuses),
+        market_orders: tallies[3].take(shares.markets),
+        markets,
     };
     // Setup that failed outright (not a lost request) is the harness's own failure.
-    for result in [w1, w2, w3] {
+    for result in [p2p, confirmed, bonuses] {
         if let Err(e) = result
             && load.lost().is_empty()
         {
@@ -249,10 +260,10 @@ impl Load {
     /// Every request that never got a definitive answer.
     pub fn lost(&self) -> Vec<String> {
         [
-            &self.w1_deposit_orders,
-            &self.w2_confirmations,
-            &self.w3_payment_completions,
-            &self.w4_market_orders,
+            &self.p2p_deposit_orders,
+            &self.confirmations,
+            &self.payment_completions,
+            &self.market_orders,
         ]
         .iter()
         .flat_map(|sent| sent.lost.clone())
@@ -262,7 +273,7 @@ impl Load {
 
 /// W1: deposit orders queued for match-deposit (the switch is on), each created `copies`
 /// times at once under one partner reference, against plenty of sellers.
-async fn w1_deposit_orders(
+async fn p2p_deposit_orders(
     profile: &Profile,
     client: &Client,
     world: &World,
@@ -326,7 +337,7 @@ async fn w1_deposit_orders(
 /// W2: withdrawals in BROADCASTING confirmed through the signed intake, and deposits
 /// confirmed the same way (two in three items are withdrawals); each confirmation sent
 /// `copies` times at once.
-async fn w2_confirmations(
+async fn confirmations(
     profile: &Profile,
     client: &Client,
     world: &World,
@@ -415,7 +426,7 @@ const GATEWAYS: [(&str, &str); 5] = [
 /// alternate between the two), under an active charge event and the first-charge bonus, so
 /// each completion writes bonus jobs for grant-bonus. Members have several charges each, so
 /// grants to one member race.
-async fn w3_payment_completions(
+async fn payment_completions(
     profile: &Profile,
     client: &Client,
     charges: usize,
@@ -486,7 +497,7 @@ async fn w3_payment_completions(
 /// W4: clients place orders on several markets (and fill one in three, in full or in part);
 /// when half of a market's orders are placed, ops suspend it (`copies` suspend calls at once)
 /// while the clients go on placing (refused from then on) and filling.
-async fn w4_market_orders(
+async fn market_orders(
     profile: &Profile,
     client: &Client,
     orders: usize,

@@ -1,5 +1,5 @@
 //! `paybus-lab chaos`: a fault-injection run that proves exactly-once effects across every
-//! workflow (SPEC §6, issue 13).
+//! workflow (docs/chaos.md).
 //!
 //! It owns everything it breaks: a MariaDB server and a RabbitMQ node of its own (started with
 //! `infra/local`'s scripts on free ports, state in `--state-dir`, never the developer's or CI's

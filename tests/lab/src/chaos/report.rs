@@ -111,18 +111,18 @@ impl fmt::Display for Report {
             }
         )?;
         writeln!(f, "\nload (through the HTTP API)")?;
-        sent_line(f, "W1 deposit orders", &self.load.w1_deposit_orders)?;
-        sent_line(f, "W2 confirmations", &self.load.w2_confirmations)?;
+        sent_line(f, "p2p: deposit orders", &self.load.p2p_deposit_orders)?;
+        sent_line(f, "confirmations: confirmations", &self.load.confirmations)?;
         sent_line(
             f,
-            "W3 payment completions",
-            &self.load.w3_payment_completions,
+            "bonuses: payment completions",
+            &self.load.payment_completions,
         )?;
-        sent_line(f, "W4 market orders", &self.load.w4_market_orders)?;
+        sent_line(f, "markets: market orders", &self.load.market_orders)?;
         writeln!(
             f,
-            "  W4 markets suspended mid-load: {}",
-            self.load.w4_markets
+            "  markets: markets suspended mid-load: {}",
+            self.load.markets
         )?;
         let kills = self
             .faults

@@ -1,5 +1,6 @@
-//! One message's tasks: claim, cancel, settle — in one transaction for the whole group, so a
-//! group of tasks costs one commit.
+//! The cancel transition of markets' tasks, which cancel-orders runs for one message's tasks:
+//! claim, cancel, settle — in one transaction for the whole group, so a group of tasks costs
+//! one commit.
 //!
 //! For each task (ids in ascending order, so two deliveries of overlapping groups lock in the
 //! same order and never deadlock each other):
@@ -20,7 +21,7 @@
 
 use std::time::Duration;
 
-use paybus_markets::{order, task::TASKS};
+use crate::{order, task::TASKS};
 use paybus_platform::{
     db,
     retry::{AfterFailure, Clock, RetryPolicy, RowState},

@@ -11,7 +11,7 @@ use paybus_p2p::{
 use paybus_platform::{audit, testing::TestEnv};
 use sqlx::MySqlPool;
 
-async fn w1_violations(pool: &MySqlPool) -> Vec<audit::Violation> {
+async fn p2p_violations(pool: &MySqlPool) -> Vec<audit::Violation> {
     let mut conn = pool.acquire().await.unwrap();
     audit::run(&mut conn, paybus_p2p::audit::CHECKS)
         .await
@@ -63,7 +63,7 @@ async fn each_w1_check_catches_the_violation_planted_for_it() {
         .fetch_one(&env.db)
         .await
         .unwrap();
-    assert!(w1_violations(&env.db).await.is_empty());
+    assert!(p2p_violations(&env.db).await.is_empty());
     testing::assert_audit_clean(&env.db).await;
 
     // A seller whose liquidity forgot a confirmed match (it could be sold twice).
@@ -110,7 +110,7 @@ async fn each_w1_check_catches_the_violation_planted_for_it() {
     stray_credit(&env.db, buyer, match_id, "40").await;
     stray_credit(&env.db, buyer, 999_999, "1").await;
 
-    let found = w1_violations(&env.db).await;
+    let found = p2p_violations(&env.db).await;
     let mut checks: Vec<&str> = found.iter().map(|v| v.check).collect();
     checks.sort_unstable();
     assert_eq!(
@@ -224,7 +224,7 @@ async fn the_in_doubt_check_catches_a_closed_order_a_silent_in_doubt_order_and_a
     let fresh = order("5").await;
     trading(&env.db, fresh, seller, "1 MINUTE").await;
 
-    let found = in_doubt_checks(w1_violations(&env.db).await);
+    let found = in_doubt_checks(p2p_violations(&env.db).await);
 
     let checks: Vec<&str> = found.iter().map(|(check, _)| *check).collect();
     assert_eq!(
@@ -269,7 +269,7 @@ async fn the_in_doubt_check_catches_a_closed_order_a_silent_in_doubt_order_and_a
     .await
     .unwrap();
     drop(conn);
-    let found = in_doubt_checks(w1_violations(&env.db).await);
+    let found = in_doubt_checks(p2p_violations(&env.db).await);
     assert!(
         found
             .iter()
