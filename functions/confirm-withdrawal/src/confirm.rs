@@ -202,3 +202,28 @@ fn unanswered() -> Result<Outcome, HandlerError> {
         "confirmation left unanswered".to_owned(),
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn confirmation(withdrawal_id: u64) -> (WithdrawalTxConfirmed, Uuid) {
+        let tx_hash = "0xabc".to_owned();
+        (
+            WithdrawalTxConfirmed {
+                withdrawal_id,
+                tx_hash,
+            },
+            Uuid::nil(),
+        )
+    }
+
+    #[test]
+    fn the_fallback_runs_each_withdrawals_repeats_after_its_first() {
+        let confirmations: Vec<_> = [7, 8, 7, 9, 7, 8].into_iter().map(confirmation).collect();
+
+        let rounds = rounds(&confirmations, &[0, 1, 2, 3, 4, 5]);
+
+        assert_eq!(rounds, vec![vec![0, 1, 3], vec![2, 5], vec![4]]);
+    }
+}
