@@ -620,15 +620,18 @@ async fn fifty_concurrent_credits_serialise_on_the_gate_row() {
     pool.close().await;
 }
 
-// `post_all`: a batch of postings in two statements, all or nothing.
+// `post_all`: a batch of postings in two statements, one `Posted` each.
 
 /// Posts a batch in a transaction of its own: committed on success, rolled back on an error.
-async fn post_all_committed(pool: &MySqlPool, postings: &[Posting]) -> Result<(), LedgerError> {
+async fn post_all_committed(
+    pool: &MySqlPool,
+    postings: &[Posting],
+) -> Result<Vec<Posted>, LedgerError> {
     let mut tx = pool.begin().await.expect("run the batch transaction");
     match ledger::post_all(&mut tx, postings).await {
-        Ok(()) => {
+        Ok(posted) => {
             tx.commit().await.expect("run the batch transaction");
-            Ok(())
+            Ok(posted)
         }
         Err(error) => {
             tx.rollback().await.expect("run the batch transaction");
@@ -719,32 +722,73 @@ async fn a_batch_writes_the_chain_sequential_postings_would_have_written() {
 }
 
 #[tokio::test]
-async fn a_batch_with_a_key_already_recorded_fails_whole_and_writes_nothing() {
+async fn a_batch_with_a_key_already_recorded_records_the_rest_as_sequential_postings_would() {
     let env = TestEnv::new().await;
     let partner = new_partner(&env.db).await;
-    let (w1, w2) = (
+    let (w1, w2, w3) = (
         confirmed_withdrawal(&env.db, partner, "10").await,
         confirmed_withdrawal(&env.db, partner, "20").await,
+        confirmed_withdrawal(&env.db, partner, "30").await,
     );
     post_committed(&env.db, &confirm_debit(partner, w2, "20"))
         .await
         .unwrap();
 
-    let result = post_all_committed(
+    let posted = post_all_committed(
         &env.db,
         &[
             confirm_debit(partner, w1, "10"),
             confirm_debit(partner, w2, "20"),
+            confirm_debit(partner, w3, "30"),
+            // The same key twice in one call: the second finds the first.
+            confirm_debit(partner, w3, "30"),
         ],
     )
-    .await;
+    .await
+    .unwrap();
 
-    assert!(
-        matches!(&result, Err(LedgerError::Database(e)) if db::is_duplicate_on(e, "uk_ledger_idem_key")),
-        "{result:?}"
-    );
-    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 1);
-    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("-20")));
+    let [
+        Posted::Recorded { entry_id: first },
+        Posted::AlreadyRecorded { idem_key: second },
+        Posted::Recorded { entry_id: third },
+        Posted::AlreadyRecorded { idem_key: fourth },
+    ] = posted.as_slice()
+    else {
+        panic!("{posted:?}");
+    };
+    assert_eq!(*second, IdemKey::withdrawal_confirm(w2));
+    assert_eq!(*fourth, IdemKey::withdrawal_confirm(w3));
+    assert_eq!(balance_after(&env.db, *first).await, dec("-30"));
+    assert_eq!(balance_after(&env.db, *third).await, dec("-60"));
+    assert_eq!(entries(&env.db, partner, "USDT").await.len(), 3);
+    assert_eq!(balance(&env.db, partner, "USDT").await, Some(dec("-60")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_batch_returns_each_entry_id_in_the_callers_order() {
+    let env = TestEnv::new().await;
+    let (first, second) = (new_partner(&env.db).await, new_partner(&env.db).await);
+
+    let posted = post_all_committed(
+        &env.db,
+        &[
+            credit(second, "USDT", "2"),
+            credit(first, "USDT", "1"),
+            credit(second, "USDT", "3"),
+        ],
+    )
+    .await
+    .unwrap();
+
+    let mut after = Vec::new();
+    for posted in posted {
+        let Posted::Recorded { entry_id } = posted else {
+            panic!("{posted:?}");
+        };
+        after.push(balance_after(&env.db, entry_id).await);
+    }
+    assert_eq!(after, vec![dec("2"), dec("1"), dec("5")]);
 }
 
 #[tokio::test]
@@ -814,4 +858,59 @@ async fn concurrent_batches_over_shared_gates_keep_every_chain_exact() {
     }
     assert_eq!(total, dec("180"));
     assert_eq!(audit_violations(&pool).await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_batches_over_different_gates_never_deadlock() {
+    // Four shards of four batches each, as confirm-withdrawal's sharded consumers run them:
+    // every batch posts to eleven of sixteen partners, a different eleven each, so two
+    // batches share some gates and each holds gates the other lacks. Every batch must commit
+    // at the first try: a deadlock is an error here, not a retry.
+    const PARTNERS: usize = 16;
+    const BATCHES: usize = 16;
+    const ROUNDS: usize = 20;
+    let env = TestEnv::new().await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(u32::try_from(BATCHES).unwrap())
+        .connect_with(db::connect_options(&env.settings.database).unwrap())
+        .await
+        .unwrap();
+    let mut partners = Vec::new();
+    for _ in 0..PARTNERS {
+        partners.push(new_partner(&pool).await);
+    }
+    for round in 0..ROUNDS {
+        let start = Arc::new(Barrier::new(BATCHES));
+        let mut batches = JoinSet::new();
+        for b in 0..BATCHES {
+            let (pool, partners, start) = (pool.clone(), partners.clone(), start.clone());
+            batches.spawn(async move {
+                let postings: Vec<Posting> = (0..16)
+                    .map(|n| {
+                        credit(
+                            partners[(b * 5 + round * 3 + n * n * 7) % PARTNERS],
+                            "USDT",
+                            "1",
+                        )
+                    })
+                    .collect();
+                start.wait().await;
+                post_all_committed(&pool, &postings).await
+            });
+        }
+        while let Some(done) = batches.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+
+    let mut total = Amount::ZERO;
+    for &partner in &partners {
+        total = total
+            + balance(&pool, partner, "USDT")
+                .await
+                .unwrap_or(Amount::ZERO);
+    }
+    assert_eq!(total, dec("5120"));
+    assert_eq!(audit_violations(&pool).await, Vec::<String>::new());
+    pool.close().await;
 }

@@ -1,13 +1,15 @@
-//! The confirm-withdrawal function (SPEC W2, seed 001): `withdrawal.tx_confirmed
+//! The confirm-withdrawal function (docs/workflows/confirmations.md, seed 001): `withdrawal.tx_confirmed
 //! {withdrawal_id, tx_hash}` moves an in-flight withdrawal to CONFIRMED exactly once.
 //!
 //! This is the incident the product exists to prevent (seed 001 §1): a chain monitor re-sent a
 //! confirmation while the first was still in flight, both transactions read BROADCASTING from
 //! their REPEATABLE READ snapshots, and the partner was debited and notified twice. Here the
 //! transition is decided on the row read under its lock and made by a conditional UPDATE
-//! ([`confirm_if_in_flight`]), and the ledger's `WDR_CONFIRM:{id}` key stands behind it as the
-//! last line of defence. A duplicate of a finished confirmation — the common duplicate — is
-//! answered from one committed read, without a transaction ([`confirm`]).
+//! ([`confirm_all_if_in_flight`], W2's domain crate's), and the ledger's `WDR_CONFIRM:{id}` key
+//! stands behind it as the last line of defence. A duplicate of a finished confirmation — the
+//! common duplicate — is answered from one committed read, without a transaction
+//! ([`confirm_all`]). One message or a batch of them take the same path: this crate is the
+//! handler around it, and the triage of its dead letters.
 //!
 //! | delivery | outcome |
 //! | --- | --- |
@@ -18,26 +20,25 @@
 //! | bad data (empty tx hash, an amount the ledger refuses) | `Failed`: dead letter |
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
 
-mod batch;
-mod confirmation;
+mod confirm;
 mod triage;
 
-pub use batch::{BatchDecision, Confirming, confirm_all, confirm_all_if_in_flight};
-pub use confirmation::{Confirmation, Confirmed, WITHDRAWAL_CONFIRMED, confirm_if_in_flight};
+pub use confirm::{confirm, confirm_all};
 pub use paybus_confirmations::{
     WithdrawalTxConfirmed,
-    withdrawal::{WithdrawalKind, WithdrawalState, WithdrawalStatus},
+    withdrawal::{
+        Confirmation, Confirmed, Confirming, WITHDRAWAL_CONFIRMED, WithdrawalKind, WithdrawalState,
+        WithdrawalStatus, confirm_all_if_in_flight, confirm_if_in_flight,
+    },
 };
 
-use paybus_confirmations::withdrawal;
 use paybus_platform::{
     bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
-    transition::Transition,
 };
-use uuid::Uuid;
 
-/// The handler: one transaction per message, committed only when it made the transition.
+/// The handler: what the broker delivered together in one transaction (a single message is a
+/// batch of one), committed only when it made a transition.
 pub struct ConfirmWithdrawal;
 
 impl Handler for ConfirmWithdrawal {
@@ -66,46 +67,6 @@ impl Handler for ConfirmWithdrawal {
             .map(|batched| (batched.message.data, batched.message.correlation_id))
             .collect();
         confirm_all(outbox, &confirmations).await
-    }
-}
-
-/// What the handler does with one confirmation, on `outbox`'s database (the benchmark drives
-/// it directly too).
-///
-/// First a plain read of the committed row, outside any transaction: a withdrawal already
-/// CONFIRMED or FAILED never changes again, so that read answers a duplicate (or an anomaly)
-/// with one indexed SELECT. Anything else — in flight, absent, or a state the read may have
-/// caught just before a concurrent commit — goes to [`confirm_if_in_flight`], which decides
-/// under the row lock.
-pub async fn confirm(
-    outbox: &Outbox,
-    confirmation: &WithdrawalTxConfirmed,
-    correlation_id: Uuid,
-) -> Result<Outcome, HandlerError> {
-    let WithdrawalTxConfirmed {
-        withdrawal_id,
-        tx_hash,
-    } = confirmation;
-    if let Err(invalid) = confirmation::validate_tx_hash(tx_hash) {
-        return HandlerError::from(invalid).into_outcome();
-    }
-    let committed = {
-        let mut conn = outbox.pool().acquire().await?;
-        withdrawal::committed_state(&mut conn, *withdrawal_id).await?
-    };
-    if let Some(current) = committed
-        && current.status.is_terminal()
-    {
-        return Ok(not_confirmed(*withdrawal_id, tx_hash, &current));
-    }
-    let mut uow = outbox.begin().await?;
-    let result = confirm_if_in_flight(&mut uow, *withdrawal_id, tx_hash, correlation_id).await;
-    match Transition::commit_or_rollback(uow, result).await {
-        Ok(confirmation) => Ok(confirmation
-            .outcome(format_args!("withdrawal {withdrawal_id}"), |current| {
-                not_confirmed(*withdrawal_id, tx_hash, current)
-            })),
-        Err(error) => error.into_outcome(),
     }
 }
 

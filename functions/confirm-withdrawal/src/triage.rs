@@ -11,7 +11,7 @@ use paybus_ledger::IdemKey;
 use paybus_platform::triage::{Exposure, Triage, TriageError};
 use sqlx::MySqlConnection;
 
-use crate::{WithdrawalTxConfirmed, confirmation};
+use crate::WithdrawalTxConfirmed;
 
 pub(crate) async fn triage(
     conn: &mut MySqlConnection,
@@ -40,7 +40,7 @@ pub(crate) async fn triage(
         Triage::already_applied(format!(
             "withdrawal {withdrawal_id} is already CONFIRMED with tx {tx_hash}"
         ))
-    } else if let Err(invalid) = confirmation::validate_tx_hash(&tx_hash) {
+    } else if let Err(invalid) = withdrawal::validate_tx_hash(&tx_hash) {
         Triage::needs_human(format!("withdrawal {withdrawal_id}: {invalid}"))
     } else if status.is_in_flight() {
         Triage::safe(format!(

@@ -1,5 +1,6 @@
 //! confirm-withdrawal against the real MariaDB and RabbitMQ: seed 001 §5 as database tests of
-//! `confirm_if_in_flight`, and the handler's outcomes.
+//! the transition (`confirm_if_in_flight`, the batch path with one confirmation), and the
+//! handler's outcomes.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
@@ -618,7 +619,7 @@ async fn a_confirmation_without_a_tx_hash_is_a_dead_letter_and_changes_nothing()
     assert!(world.debits(id).await.is_empty());
 }
 
-// Batches (issue 14): what the broker delivered together is confirmed in one transaction,
+// Batches: what the broker delivered together is confirmed in one transaction,
 // and every message still gets the outcome it would have got alone.
 
 impl World {
@@ -742,12 +743,12 @@ async fn a_batch_answers_every_confirmation_as_it_would_be_answered_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_batch_meeting_a_debit_already_in_the_ledger_falls_back_and_confirms_each_once() {
+async fn a_batch_meeting_a_debit_already_in_the_ledger_confirms_each_once() {
     let world = world().await;
     let first = world.withdrawal("NORMAL", "BROADCASTING").await;
     let second = world.withdrawal("NORMAL", "BROADCASTING").await;
-    // Some other path wrote the second's keyed DEBIT already: the batch's ledger insert fails
-    // on the key, and the one-by-one path must tell it apart (AlreadyRecorded).
+    // Some other path wrote the second's keyed DEBIT already: the ledger finds the key
+    // (AlreadyRecorded) and the batch still commits both transitions.
     let mut tx = world.env.db.begin().await.unwrap();
     ledger::post(
         &mut tx,

@@ -1,4 +1,4 @@
-//! W2's invariants about the ledger entries its confirmations owe (SPEC W2, seed 001 §7),
+//! W2's invariants about the ledger entries its confirmations owe (docs/workflows/confirmations.md, seed 001 §7),
 //! next to the ledger's own (`paybus_ledger::audit`): plain SQL, one statement per check.
 //!
 //! | check | invariant |

@@ -1,4 +1,4 @@
-//! W2's domain (SPEC W2, seed 001): withdrawals and deposits whose on-chain confirmation must
+//! W2's domain (docs/workflows/confirmations.md, seed 001): withdrawals and deposits whose on-chain confirmation must
 //! move money exactly once.
 //!
 //! - [`messages`]: what the chain-monitor intake publishes and the confirm functions consume.
@@ -10,8 +10,10 @@
 //!   notification).
 //! - [`audit`]: W2's invariants about the ledger entries its confirmations owe.
 //!
-//! The transitions themselves are the functions' (`confirm_if_in_flight` in
-//! `functions/confirm-withdrawal`, `confirm_if_detected` in `functions/confirm-deposit`).
+//! A workflow's transition lives in its domain crate: the withdrawal confirmation is
+//! [`withdrawal::confirm_all_if_in_flight`] (one code path for one message or a batch), and
+//! `functions/confirm-withdrawal` is the handler around it. (confirm-deposit's
+//! `confirm_if_detected` still lives in its function crate.)
 
 pub mod audit;
 pub mod deposit;

@@ -1,4 +1,4 @@
-//! The messages of W2 (SPEC §3). Producer (the chain-monitor intake) and consumers (the
+//! The messages of W2 (docs/bus.md). Producer (the chain-monitor intake) and consumers (the
 //! confirm functions) share these definitions, so they cannot drift apart.
 
 use paybus_platform::bus::Message;

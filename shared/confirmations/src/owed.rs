@@ -1,7 +1,7 @@
 //! What a confirmation owes once it has made its transition, in the same transaction: its
 //! keyed ledger entries and the partner's notification.
 
-use paybus_ledger::{self as ledger, Posted, Posting};
+use paybus_ledger::{self as ledger, LedgerError, Posted, Posting};
 use paybus_partners::notifications::{self, NewNotification};
 use paybus_platform::bus::UnitOfWork;
 use sqlx::MySqlConnection;
@@ -9,36 +9,62 @@ use uuid::Uuid;
 
 use crate::ConfirmError;
 
-/// Posts one keyed entry. A key already in the ledger means the transition was ours but the
-/// entry was not (some other path wrote it): the key held, it is logged, and the confirmation
-/// still completes.
+/// Posts one keyed entry: [`post_keyed_all`] with one.
 pub async fn post_keyed(
     conn: &mut MySqlConnection,
     posting: &Posting,
 ) -> Result<Posted, ConfirmError> {
-    let posted = ledger::post(conn, posting).await?;
-    if let Posted::AlreadyRecorded { idem_key } = &posted {
-        tracing::warn!(
-            reference_type = %posting.reference_type,
-            reference_id = posting.reference_id,
-            idem_key = idem_key.as_str(),
-            "confirmation entry already recorded; not posted again"
-        );
+    let mut posted = post_keyed_all(conn, std::slice::from_ref(posting)).await?;
+    posted
+        .pop()
+        .ok_or(ConfirmError::Ledger(LedgerError::Incomplete {
+            written: 0,
+            expected: 1,
+        }))
+}
+
+/// Posts keyed entries ([`ledger::post_all`]), one [`Posted`] each in order. A key already in
+/// the ledger means the transition was ours but the entry was not (some other path wrote it):
+/// the key held, it is logged, and the confirmation still completes.
+pub async fn post_keyed_all(
+    conn: &mut MySqlConnection,
+    postings: &[Posting],
+) -> Result<Vec<Posted>, ConfirmError> {
+    let posted = ledger::post_all(conn, postings).await?;
+    for (posting, posted) in postings.iter().zip(&posted) {
+        if let Posted::AlreadyRecorded { idem_key } = posted {
+            tracing::warn!(
+                reference_type = %posting.reference_type,
+                reference_id = posting.reference_id,
+                idem_key = idem_key.as_str(),
+                "confirmation entry already recorded; not posted again"
+            );
+        }
     }
     Ok(posted)
 }
 
-/// The notification row and its message, in this transaction; the webhook itself goes out
-/// after commit (deliver-webhook, principle 8). `None` when it already existed.
+/// The notification row and its message: [`notify_partners`] with one.
 pub async fn notify_partner(
     uow: &mut UnitOfWork<'_>,
     notification: &NewNotification<'_>,
     correlation_id: Uuid,
 ) -> Result<Option<u64>, ConfirmError> {
-    notifications::enqueue(uow, notification, correlation_id)
+    let mut ids = notify_partners(uow, &[(notification.clone(), correlation_id)]).await?;
+    Ok(ids.pop().flatten())
+}
+
+/// The notification rows and their messages, in this transaction; the webhooks themselves go
+/// out after commit (deliver-webhook, principle 8). One id per notification, `None` where it
+/// already existed.
+pub async fn notify_partners(
+    uow: &mut UnitOfWork<'_>,
+    notifications: &[(NewNotification<'_>, Uuid)],
+) -> Result<Vec<Option<u64>>, ConfirmError> {
+    let entity = notifications
+        .first()
+        .map_or("notification", |(n, _)| n.reference_type);
+    notifications::enqueue_all(uow, notifications)
         .await
-        .map_err(|source| ConfirmError::Notification {
-            entity: notification.reference_type,
-            source,
-        })
+        .map_err(|source| ConfirmError::Notification { entity, source })
 }

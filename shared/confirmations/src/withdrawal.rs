@@ -1,5 +1,6 @@
 //! The `withdrawals` row and its status history: states, kinds, and every statement W2 runs on
-//! them (the migration's header comment says who moves a row in and out of each state).
+//! them (the migration's header comment says who moves a row in and out of each state); the
+//! confirmation transition itself is [`confirmation`]'s.
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
@@ -7,6 +8,13 @@ use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::{ConfirmError, CreateError};
+
+mod confirmation;
+
+pub use confirmation::{
+    Confirmation, Confirmed, Confirming, WITHDRAWAL_CONFIRMED, confirm_all_if_in_flight,
+    confirm_if_in_flight, validate_tx_hash,
+};
 
 const ENTITY: &str = "withdrawal";
 
@@ -137,8 +145,7 @@ pub async fn create(
     Ok(id)
 }
 
-/// The one writer of `withdrawal_status_history`: every transition records its row here, in
-/// the transition's transaction.
+/// One history row: [`record_history_all`] with one.
 pub async fn record_history(
     conn: &mut MySqlConnection,
     withdrawal_id: u64,
@@ -146,23 +153,14 @@ pub async fn record_history(
     to: WithdrawalStatus,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO withdrawal_status_history (withdrawal_id, from_status, to_status, reason) \
-         VALUES (?, ?, ?, ?)",
-    )
-    .bind(withdrawal_id)
-    .bind(from.map(WithdrawalStatus::as_str))
-    .bind(to.as_str())
-    .bind(reason)
-    .execute(conn)
-    .await?;
-    Ok(())
+    record_history_all(conn, &[(withdrawal_id, from, to, reason.to_owned())]).await
 }
 
-/// One history row per transition, in one statement (a batch's transitions).
+/// The one writer of `withdrawal_status_history`: every transition records its rows here, in
+/// the transition's transaction, one statement for any number of them.
 pub async fn record_history_all(
     conn: &mut MySqlConnection,
-    rows: &[(u64, WithdrawalStatus, WithdrawalStatus, String)],
+    rows: &[(u64, Option<WithdrawalStatus>, WithdrawalStatus, String)],
 ) -> Result<(), sqlx::Error> {
     if rows.is_empty() {
         return Ok(());
@@ -172,7 +170,7 @@ pub async fn record_history_all(
     );
     query.push_values(rows, |mut row, (withdrawal_id, from, to, reason)| {
         row.push_bind(*withdrawal_id)
-            .push_bind(from.as_str())
+            .push_bind(from.map(WithdrawalStatus::as_str))
             .push_bind(to.as_str())
             .push_bind(reason);
     });
@@ -204,27 +202,7 @@ macro_rules! select_withdrawals {
     };
 }
 
-/// The one row query, with or without a lock.
-macro_rules! select_withdrawal {
-    ($($suffix:literal)?) => {
-        concat!(select_withdrawals!(), " WHERE id = ?", $($suffix)?)
-    };
-}
-
 impl WithdrawalRow {
-    async fn fetch(
-        conn: &mut MySqlConnection,
-        sql: &'static str,
-        id: u64,
-    ) -> Result<Option<Withdrawal>, ConfirmError> {
-        let row: Option<WithdrawalRow> = sqlx::query_as(sql)
-            .bind(id)
-            .fetch_optional(conn)
-            .await
-            .map_err(ConfirmError::database(ENTITY))?;
-        row.map(WithdrawalRow::parse).transpose()
-    }
-
     fn parse(self) -> Result<Withdrawal, ConfirmError> {
         Ok(Withdrawal {
             id: self.id,
@@ -245,20 +223,21 @@ impl WithdrawalRow {
 /// The withdrawal, or `None`. Within a transaction that just changed it, it carries the
 /// change (seed 001 §4-4 "전이 후 fresh").
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
-    WithdrawalRow::fetch(conn, select_withdrawal!(), id).await
+    let row: Option<WithdrawalRow> =
+        sqlx::query_as(concat!(select_withdrawals!(), " WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+            .map_err(ConfirmError::database(ENTITY))?;
+    row.map(WithdrawalRow::parse).transpose()
 }
 
-/// The withdrawal as last committed, locked until the caller's transaction ends: the read a
+/// The withdrawals as last committed, locked until the caller's transaction ends: the read a
 /// transition decides on. A plain SELECT would answer from the transaction's REPEATABLE READ
 /// snapshot — the very lie of seed 001, where two confirmations both saw BROADCASTING. A
-/// concurrent confirmation waits here, then reads CONFIRMED.
-pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
-    WithdrawalRow::fetch(conn, select_withdrawal!(" FOR UPDATE"), id).await
-}
-
-/// Several withdrawals, as last committed and locked until the caller's transaction ends (see
-/// [`lock`]). The locks are taken in id order, so two batches never deadlock on each other's
-/// rows; ids without a row are simply absent from the result.
+/// concurrent confirmation waits here, then reads CONFIRMED. The locks are taken in id order
+/// (the global order of W2's locks, see [`confirm_all_if_in_flight`]), so two batches never
+/// wait for each other's rows in a cycle; ids without a row are simply absent from the result.
 pub async fn lock_all(
     conn: &mut MySqlConnection,
     ids: &[u64],
@@ -294,33 +273,11 @@ pub async fn history(
     .await
 }
 
-/// The conditional transition (seed 001 §4-2): true when this call made it. `confirmed_at`
-/// comes from the caller, so the notification it sends carries the stored value without
+/// The conditional transition (seed 001 §4-2) for any number of withdrawals in one statement,
+/// each with its own tx hash; the number of rows it moved (the caller compares it with what
+/// it expected: with the status in the WHERE clause, a matched row is a transition).
+/// `confirmed_at` comes from the caller, so the notification carries the stored value without
 /// reading the row back.
-pub async fn mark_confirmed(
-    conn: &mut MySqlConnection,
-    id: u64,
-    tx_hash: &str,
-    confirmed_at: DateTime<Utc>,
-) -> Result<bool, ConfirmError> {
-    let matched = sqlx::query(
-        "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = ?, confirmed_at = ? \
-         WHERE id = ? AND status IN ('BROADCASTING', 'PROCESSING', 'STALE')",
-    )
-    .bind(tx_hash)
-    .bind(confirmed_at)
-    .bind(id)
-    .execute(conn)
-    .await
-    .map_err(ConfirmError::database(ENTITY))?
-    .rows_affected();
-    // sqlx counts matched rows (CLIENT_FOUND_ROWS); with the status in the WHERE clause a
-    // match is a transition.
-    Ok(matched == 1)
-}
-
-/// The conditional transition for several withdrawals in one statement, each with its own tx
-/// hash; the number of rows it moved (the caller compares it with what it expected).
 pub async fn mark_all_confirmed(
     conn: &mut MySqlConnection,
     confirmations: &[(u64, &str)],
@@ -363,30 +320,10 @@ pub struct WithdrawalState {
     pub tx_hash: Option<String>,
 }
 
-/// The committed state, read outside any transaction: the cheap first look a handler takes so
-/// that a duplicate of a finished confirmation costs one indexed read and no transaction. Only
-/// a terminal state may be acted on from it (nothing leaves CONFIRMED or FAILED); anything
-/// else is decided under [`lock`].
-pub async fn committed_state(
-    conn: &mut MySqlConnection,
-    id: u64,
-) -> Result<Option<WithdrawalState>, ConfirmError> {
-    let row: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, tx_hash FROM withdrawals WHERE id = ?")
-            .bind(id)
-            .fetch_optional(conn)
-            .await
-            .map_err(ConfirmError::database(ENTITY))?;
-    row.map(|(status, tx_hash)| {
-        Ok(WithdrawalState {
-            status: parse_column(id, "status", status)?,
-            tx_hash,
-        })
-    })
-    .transpose()
-}
-
-/// [`committed_state`] for several withdrawals in one read; ids without a row are absent.
+/// The committed states, read outside any transaction in one statement: the cheap first look a
+/// handler takes so that a duplicate of a finished confirmation costs one indexed read and no
+/// transaction. Only a terminal state may be acted on from it (nothing leaves CONFIRMED or
+/// FAILED); anything else is decided under [`lock_all`]. Ids without a row are absent.
 pub async fn committed_states(
     conn: &mut MySqlConnection,
     ids: &[u64],

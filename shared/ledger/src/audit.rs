@@ -1,4 +1,4 @@
-//! The ledger's own invariants (seed 001 §7 and SPEC W2): plain SQL checks, each one statement
+//! The ledger's own invariants (seed 001 §7 and docs/workflows/confirmations.md): plain SQL checks, each one statement
 //! that runs on MariaDB 10.11 and MySQL 8, so each sees one consistent snapshot. [`CHECKS`]
 //! is what the ledger contributes to `paybus audit`; workflows add checks of their own about
 //! the entries their transitions owe (e.g. `paybus_confirmations::audit`).

@@ -1,16 +1,13 @@
-//! Posting one ledger entry under the partner's balance gate lock (seed 001 §4-3).
+//! What a posting is and what it can come to: [`Posting`], [`Posted`], [`LedgerError`]. One
+//! function writes them, [`post_all`](super::post_all) (`record.rs`), whatever the number of
+//! entries; [`post`] is it with one.
 
 use std::fmt;
 
 use paybus_money::Amount;
-use paybus_platform::db::is_duplicate_on;
 use sqlx::MySqlConnection;
 
-use super::IdemKey;
-
-/// The unique key behind [`IdemKey`]. MariaDB names it `'uk_ledger_idem_key'` in the duplicate
-/// message, MySQL 8 `'ledger_entries.uk_ledger_idem_key'`.
-const IDEM_KEY_INDEX: &str = "uk_ledger_idem_key";
+use super::{IdemKey, post_all};
 
 /// How an entry moves the balance: CREDIT adds, DEBIT and FEE subtract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -157,7 +154,7 @@ impl Posting {
     }
 }
 
-/// The outcome of [`post`]; both are success.
+/// The outcome of one posting of [`post_all`] (or [`post`]); both are success.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Posted {
     /// This call wrote the entry (its `balance_after` is on the row) and moved the balance.
@@ -195,7 +192,7 @@ pub enum LedgerError {
         entry_type: EntryType,
         amount: Amount,
     },
-    /// A batch wrote fewer entries than it posted (a gate row missing under its own lock): the
+    /// Fewer entries were written than posted (a gate row missing under its own lock): the
     /// caller rolls back.
     #[error("{written} ledger entries written for {expected} postings")]
     Incomplete { written: u64, expected: u64 },
@@ -203,26 +200,8 @@ pub enum LedgerError {
     Database(#[from] sqlx::Error),
 }
 
-/// Posts one entry inside the caller's transaction and moves the partner's balance with it,
-/// in two statements.
-///
-/// Lock order, as seed 001 §4-3 fixes it: the `(partner, currency)` gate row of
-/// `partner_balances` first — one upsert creates it on the first posting, takes its exclusive
-/// lock and moves the balance —, then the entry, whose `balance_after` is read from the locked
-/// row by the `INSERT … SELECT` itself. Postings of one partner and currency therefore run one
-/// at a time and the chain stays gap-free; a transaction that posts to several gates should
-/// take them in a fixed order (partner id, currency) to avoid deadlocks.
-///
-/// A duplicate [`IdemKey`] (`uk_ledger_idem_key`) is the expected outcome of a repeated
-/// confirmation: it is logged at WARN, the balance is moved back (the only extra statement,
-/// on this rare path) and [`Posted::AlreadyRecorded`] returned. The failed `INSERT` is the only
-/// statement MySQL rolls back, so the transaction stays usable and the caller may write and
-/// commit other rows. Any other database error, including a duplicate on some other unique
-/// key, is returned as [`LedgerError::Database`]; a balance that would leave `DECIMAL(36,18)`
-/// is [`LedgerError::OutOfRange`] (the server refuses it, nothing is rounded).
-///
-/// The balance may go negative: the ledger records what happened on chain, it does not refuse
-/// it. A caller that needs a floor checks it itself.
+/// Posts one entry: [`post_all`] with one posting (the same two statements, the same
+/// guarantees), for the callers that have one.
 #[tracing::instrument(
     skip_all,
     fields(
@@ -235,89 +214,11 @@ pub enum LedgerError {
     )
 )]
 pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Posted, LedgerError> {
-    posting.validate()?;
-    let signed = posting.entry_type.signed(posting.amount);
-
-    // 1. The gate: created on the first posting, locked, moved.
-    let moved = sqlx::query(
-        "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (?, ?, ?) \
-         ON DUPLICATE KEY UPDATE balance = balance + ?",
-    )
-    .bind(posting.partner_id)
-    .bind(&posting.currency)
-    .bind(signed)
-    .bind(signed)
-    .execute(&mut *conn)
-    .await;
-    if let Err(error) = moved {
-        return Err(if is_out_of_range(&error) {
-            LedgerError::OutOfRange {
-                partner_id: posting.partner_id,
-                currency: posting.currency.clone(),
-                entry_type: posting.entry_type,
-                amount: posting.amount,
-            }
-        } else {
-            error.into()
-        });
-    }
-
-    // 2. The entry, with the balance it left. A duplicate idem_key fails this statement alone.
-    let inserted = sqlx::query(
-        "INSERT INTO ledger_entries \
-         (partner_id, currency, entry_type, amount, balance_after, reference_type, reference_id, \
-          idem_key, memo) \
-         SELECT ?, ?, ?, ?, balance, ?, ?, ?, ? FROM partner_balances \
-         WHERE partner_id = ? AND currency = ?",
-    )
-    .bind(posting.partner_id)
-    .bind(&posting.currency)
-    .bind(posting.entry_type.as_str())
-    .bind(posting.amount)
-    .bind(posting.reference_type.as_str())
-    .bind(posting.reference_id)
-    .bind(posting.idem_key.as_ref().map(IdemKey::as_str))
-    .bind(posting.memo.as_deref())
-    .bind(posting.partner_id)
-    .bind(&posting.currency)
-    .execute(&mut *conn)
-    .await;
-    let entry_id = match inserted {
-        Ok(done) => done.last_insert_id(),
-        Err(error) if is_duplicate_on(&error, IDEM_KEY_INDEX) => {
-            if let Some(idem_key) = &posting.idem_key {
-                // The balance moved for an entry that is not written: move it back.
-                sqlx::query(
-                    "UPDATE partner_balances SET balance = balance - ? \
-                     WHERE partner_id = ? AND currency = ?",
-                )
-                .bind(signed)
-                .bind(posting.partner_id)
-                .bind(&posting.currency)
-                .execute(&mut *conn)
-                .await?;
-                tracing::warn!(
-                    idem_key = idem_key.as_str(),
-                    reference_type = %posting.reference_type,
-                    reference_id = posting.reference_id,
-                    "ledger entry already recorded"
-                );
-                return Ok(Posted::AlreadyRecorded {
-                    idem_key: idem_key.clone(),
-                });
-            }
-            // A NULL key cannot collide; if the server says otherwise, do not hide it.
-            return Err(error.into());
-        }
-        Err(error) => return Err(error.into()),
-    };
-    tracing::debug!(entry_id, "ledger entry recorded");
-    Ok(Posted::Recorded { entry_id })
-}
-
-/// The server refused a value beyond the column (strict mode: 1264 out of range).
-fn is_out_of_range(error: &sqlx::Error) -> bool {
-    paybus_platform::db::error_number(error) == Some(1264)
+    let mut posted = post_all(conn, std::slice::from_ref(posting)).await?;
+    posted.pop().ok_or(LedgerError::Incomplete {
+        written: 0,
+        expected: 1,
+    })
 }
 
 /// A partner's balance in `currency` now (in the caller's transaction); `None` before its first

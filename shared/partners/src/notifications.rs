@@ -121,110 +121,146 @@ pub struct NewNotification<'a> {
     pub payload: &'a serde_json::Value,
 }
 
-/// Inserts the notification and its message in `uow`'s transaction. `None` when one already
-/// exists for (event, reference): the unique key is the last line of defence against a
-/// second `WITHDRAWAL_CONFIRMED`, and hitting it is expected, not an error.
+/// The unique key that makes a notification once-only per (event, reference).
+const EVENT_REFERENCE_KEY: &str = "uk_partner_notifications_event_reference";
+
+/// Inserts one notification and its message: [`enqueue_all`] with one.
 pub async fn enqueue(
     uow: &mut UnitOfWork<'_>,
     notification: &NewNotification<'_>,
     correlation_id: uuid::Uuid,
 ) -> Result<Option<u64>, OutboxError> {
-    let inserted = sqlx::query(
-        "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, payload) \
-         VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(notification.partner_id)
-    .bind(notification.event)
-    .bind(notification.reference_type)
-    .bind(notification.reference_id)
-    .bind(notification.payload.to_string())
-    .execute(&mut **uow)
-    .await;
-    // MySQL rolls back only the failed statement: the transaction stays usable after a
-    // duplicate. Only this key counts as "already there"; any other error propagates.
-    let id = match inserted {
-        Ok(done) => done.last_insert_id(),
-        Err(e) if db::is_duplicate_on(&e, "uk_partner_notifications_event_reference") => {
-            tracing::warn!(
-                event = notification.event,
-                reference_type = notification.reference_type,
-                reference_id = notification.reference_id,
-                "notification already exists; not sent again"
-            );
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    uow.send(&Envelope::with_correlation(
-        correlation_id,
-        NotificationCreated {
-            notification_id: id,
-        },
-    ))
-    .await?;
-    Ok(Some(id))
+    let mut ids = enqueue_all(uow, &[(notification.clone(), correlation_id)]).await?;
+    Ok(ids.pop().flatten())
 }
 
-/// Inserts several notifications and their messages: per event and reference type, one
-/// multi-row INSERT and one read of the new rows' ids (the auto-increment ids of a multi-row
-/// INSERT need not be consecutive), and one INSERT of all the messages. All or nothing: a
-/// notification that already exists fails the call with the duplicate-key error, and the
-/// caller rolls back and enqueues them one by one with [`enqueue`], which tells that case
-/// apart. Each notification's message carries the correlation id paired with it.
+/// Inserts the notifications and their messages in `uow`'s transaction: one id per
+/// notification, in the caller's order, `None` where one already exists for (event,
+/// reference) — the unique key is the last line of defence against a second
+/// `WITHDRAWAL_CONFIRMED`, and hitting it is expected, not an error. Each message carries the
+/// correlation id paired with its notification.
+///
+/// Per event and reference type one multi-row INSERT (and, for several rows, one read of their
+/// ids: the auto-increment ids of a multi-row INSERT need not be consecutive), then one INSERT
+/// of all the messages. The rows go in (event, reference type, reference id) order, the unique
+/// key's, so two transactions' inserts meet in the index in one order. The server does not say
+/// which row of several collided, so on that rare path the group goes again one row at a time
+/// (MySQL rolls back only the failed statement: the transaction stays usable). Any other error
+/// propagates.
 pub async fn enqueue_all(
     uow: &mut UnitOfWork<'_>,
     notifications: &[(NewNotification<'_>, uuid::Uuid)],
-) -> Result<(), OutboxError> {
-    let mut groups: BTreeMap<(&str, &str), Vec<&(NewNotification<'_>, uuid::Uuid)>> =
-        BTreeMap::new();
-    for item in notifications {
-        groups
-            .entry((item.0.event, item.0.reference_type))
-            .or_default()
-            .push(item);
+) -> Result<Vec<Option<u64>>, OutboxError> {
+    let mut ids: Vec<Option<u64>> = vec![None; notifications.len()];
+    let key = |i: usize| {
+        let n = &notifications[i].0;
+        (n.event, n.reference_type, n.reference_id)
+    };
+    let mut order: Vec<usize> = (0..notifications.len()).collect();
+    order.sort_by_key(|&i| key(i));
+    for group in order.chunk_by(|&a, &b| key(a).0 == key(b).0 && key(a).1 == key(b).1) {
+        let mut one_at_a_time: &[usize] = group;
+        if group.len() > 1 {
+            match insert(uow, notifications, group).await {
+                Ok(_) => {
+                    let id_of = new_ids(uow, notifications, group).await?;
+                    for &i in group {
+                        // Our own INSERT just wrote it; only a concurrent DELETE could hide it.
+                        let Some(&id) = id_of.get(&notifications[i].0.reference_id) else {
+                            return Err(OutboxError::Database(sqlx::Error::RowNotFound));
+                        };
+                        ids[i] = Some(id);
+                    }
+                    one_at_a_time = &[];
+                }
+                Err(e) if db::is_duplicate_on(&e, EVENT_REFERENCE_KEY) => tracing::debug!(
+                    notifications = group.len(),
+                    "a notification of the batch already exists; inserting them one at a time"
+                ),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for &i in one_at_a_time {
+            match insert(uow, notifications, &[i]).await {
+                Ok(done) => ids[i] = Some(done.last_insert_id()),
+                Err(e) if db::is_duplicate_on(&e, EVENT_REFERENCE_KEY) => {
+                    let notification = &notifications[i].0;
+                    tracing::warn!(
+                        event = notification.event,
+                        reference_type = notification.reference_type,
+                        reference_id = notification.reference_id,
+                        "notification already exists; not sent again"
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
-    let mut messages = Vec::with_capacity(notifications.len());
-    for ((event, reference_type), group) in groups {
-        let mut insert = QueryBuilder::<MySql>::new(
-            "INSERT INTO partner_notifications \
-             (partner_id, event, reference_type, reference_id, payload) ",
-        );
-        insert.push_values(&group, |mut row, (notification, _)| {
-            row.push_bind(notification.partner_id)
-                .push_bind(event)
-                .push_bind(reference_type)
-                .push_bind(notification.reference_id)
-                .push_bind(notification.payload.to_string());
-        });
-        insert.build().execute(&mut **uow).await?;
+    let messages: Vec<Envelope<NotificationCreated>> = ids
+        .iter()
+        .zip(notifications)
+        .filter_map(|(id, (_, correlation_id))| {
+            id.map(|notification_id| {
+                Envelope::with_correlation(*correlation_id, NotificationCreated { notification_id })
+            })
+        })
+        .collect();
+    if !messages.is_empty() {
+        uow.send_all(&messages).await?;
+    }
+    Ok(ids)
+}
 
-        let mut select = QueryBuilder::<MySql>::new(
-            "SELECT reference_id, id FROM partner_notifications WHERE event = ",
-        );
-        select
-            .push_bind(event)
-            .push(" AND reference_type = ")
-            .push_bind(reference_type)
-            .push(" AND reference_id IN (");
-        let mut references = select.separated(", ");
-        for (notification, _) in &group {
-            references.push_bind(notification.reference_id);
-        }
-        select.push(")");
-        let rows: Vec<(u64, u64)> = select.build_query_as().fetch_all(&mut **uow).await?;
-        let id_of: BTreeMap<u64, u64> = rows.into_iter().collect();
-        for (notification, correlation_id) in group {
-            // Our own INSERT just wrote it; only a concurrent DELETE could hide it.
-            let Some(&notification_id) = id_of.get(&notification.reference_id) else {
-                return Err(OutboxError::Database(sqlx::Error::RowNotFound));
-            };
-            messages.push(Envelope::with_correlation(
-                *correlation_id,
-                NotificationCreated { notification_id },
-            ));
-        }
+/// One multi-row INSERT of `rows` (indices into `notifications`, of one event and reference
+/// type).
+async fn insert(
+    uow: &mut UnitOfWork<'_>,
+    notifications: &[(NewNotification<'_>, uuid::Uuid)],
+    rows: &[usize],
+) -> Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+    let mut insert = QueryBuilder::<MySql>::new(
+        "INSERT INTO partner_notifications \
+         (partner_id, event, reference_type, reference_id, payload) ",
+    );
+    insert.push_values(rows, |mut row, &i| {
+        let notification = &notifications[i].0;
+        row.push_bind(notification.partner_id)
+            .push_bind(notification.event)
+            .push_bind(notification.reference_type)
+            .push_bind(notification.reference_id)
+            .push_bind(notification.payload.to_string());
+    });
+    insert.build().execute(&mut **uow).await
+}
+
+/// The ids of `rows` just inserted, by reference id.
+async fn new_ids(
+    uow: &mut UnitOfWork<'_>,
+    notifications: &[(NewNotification<'_>, uuid::Uuid)],
+    rows: &[usize],
+) -> Result<BTreeMap<u64, u64>, sqlx::Error> {
+    let Some(&first) = rows.first() else {
+        return Ok(BTreeMap::new());
+    };
+    let (event, reference_type) = (
+        notifications[first].0.event,
+        notifications[first].0.reference_type,
+    );
+    let mut select = QueryBuilder::<MySql>::new(
+        "SELECT reference_id, id FROM partner_notifications WHERE event = ",
+    );
+    select
+        .push_bind(event)
+        .push(" AND reference_type = ")
+        .push_bind(reference_type)
+        .push(" AND reference_id IN (");
+    let mut references = select.separated(", ");
+    for &i in rows {
+        references.push_bind(notifications[i].0.reference_id);
     }
-    uow.send_all(&messages).await
+    select.push(")");
+    let rows: Vec<(u64, u64)> = select.build_query_as().fetch_all(&mut **uow).await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// A row this delivery holds: everything needed to POST it, and the claim to settle.

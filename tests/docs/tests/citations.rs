@@ -174,3 +174,88 @@ fn section_lists_are_read_as_the_code_writes_them() {
     assert_eq!(sections(" §7."), ["7"]);
     assert_eq!(sections("): x"), Vec::<String>::new());
 }
+
+/// Each line of the Rust sources (outside `vendor/`) with where it is.
+fn source_lines() -> Vec<(String, String)> {
+    let mut lines = Vec::new();
+    for file in tree::files(&repository(), "rs").unwrap() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            lines.push((format!("{}:{}", tree::shown(&file), n + 1), line.to_owned()));
+        }
+    }
+    lines
+}
+
+/// Every `docs/….md` path in `line`.
+fn docs_paths(line: &str) -> Vec<&str> {
+    line.match_indices("docs/")
+        .filter_map(|(start, _)| {
+            let rest = &line[start..];
+            let end = rest.find(".md")? + ".md".len();
+            let path = &rest[..end];
+            path.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c))
+                .then_some(path)
+        })
+        .collect()
+}
+
+#[test]
+fn the_code_cites_documents_that_are_in_the_repository() {
+    // The specification and the issue tracker are not: a reader of the code cannot follow
+    // `SPEC §3` or `issue 14`. (The migrations keep theirs, since their text is checksummed;
+    // docs/principles.md maps them.)
+    let cited_elsewhere: Vec<String> = source_lines()
+        .into_iter()
+        // This check names what it looks for.
+        .filter(|(at, _)| !at.starts_with("tests/docs/"))
+        .filter(|(_, line)| {
+            let words: Vec<&str> = line.split(|c: char| !c.is_alphanumeric()).collect();
+            words.windows(2).any(|pair| {
+                pair[0] == "SPEC"
+                    || (pair[0] == "issue"
+                        && pair[1].chars().all(|c| c.is_ascii_digit())
+                        && !pair[1].is_empty())
+            })
+        })
+        .map(|(at, line)| format!("{at}: {}", line.trim()))
+        .collect();
+    assert!(
+        cited_elsewhere.is_empty(),
+        "cite a docs page, a principle or a seed instead:\n{}",
+        cited_elsewhere.join("\n")
+    );
+
+    let mut named = 0;
+    let missing: Vec<String> = source_lines()
+        .into_iter()
+        .flat_map(|(at, line)| {
+            docs_paths(&line)
+                .into_iter()
+                .map(|path| (at.clone(), path.to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .inspect(|_| named += 1)
+        .filter(|(_, path)| !repository().join(path).exists())
+        .map(|(at, path)| format!("{at}: {path}"))
+        .collect();
+    assert!(named > 20, "only {named} docs pages named in the code");
+    assert!(
+        missing.is_empty(),
+        "the code names docs pages that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn docs_paths_are_read_out_of_a_line() {
+    assert_eq!(
+        docs_paths("//! (docs/workflows/p2p.md, seed 000) and docs/bus.md."),
+        ["docs/workflows/p2p.md", "docs/bus.md"]
+    );
+    assert_eq!(
+        docs_paths("see docs/ and the README.md"),
+        Vec::<&str>::new()
+    );
+}
