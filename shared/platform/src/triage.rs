@@ -43,6 +43,10 @@ pub struct Referenced {
 /// Money a dead letter holds up: what its message would move when applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Exposure {
+    /// The row whose money it is (`withdrawal` 42): several letters about one row hold its
+    /// money up once.
+    pub entity: &'static str,
+    pub id: u64,
     /// The partner whose balance it concerns (`None`: a member's bonus, not a partner's).
     pub partner_id: Option<u64>,
     pub currency: String,
