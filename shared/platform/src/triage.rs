@@ -115,3 +115,7 @@ pub type TriageError = Box<dyn std::error::Error + Send + Sync>;
 pub type TriageFuture<'c> = Pin<Box<dyn Future<Output = Result<Triage, TriageError>> + Send + 'c>>;
 /// A function's triage over a dead letter's raw body (what `FunctionEntry` carries).
 pub type TriageFn = for<'c> fn(&'c mut MySqlConnection, &'c [u8]) -> TriageFuture<'c>;
+pub type PrepareReplayFuture<'c> =
+    Pin<Box<dyn Future<Output = Result<(), TriageError>> + Send + 'c>>;
+/// A function's preparation of a replay over a dead letter's raw body.
+pub type PrepareReplayFn = for<'c> fn(&'c mut MySqlConnection, &'c [u8]) -> PrepareReplayFuture<'c>;
