@@ -151,10 +151,11 @@ async fn read(
             }
             for group in &overview.groups {
                 println!(
-                    "{:>6}  {} / {}  (first {}, last {})",
+                    "{:>6}  {} / {}  ({} failure(s); first {}, last {})",
                     group.count,
                     group.function,
                     group.reason,
+                    group.failures,
                     group.first_failed_at.to_rfc3339(),
                     group.last_failed_at.to_rfc3339()
                 );
@@ -223,9 +224,14 @@ fn exposure_line(sum: &paybus_dead_letter_ops::ExposureSum) -> String {
     let partner = sum
         .partner_id
         .map_or_else(|| "members".to_owned(), |id| format!("partner {id}"));
+    let waiting = if sum.needs_a_human.is_zero() {
+        String::new()
+    } else {
+        format!(", {} of it needs a human", sum.needs_a_human)
+    };
     format!(
-        "{} {} — {} ({} letter(s))",
-        sum.amount, sum.currency, partner, sum.letters
+        "{} {} — {} ({} row(s) in {} letter(s){waiting})",
+        sum.amount, sum.currency, partner, sum.rows, sum.letters
     )
 }
 

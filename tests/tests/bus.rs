@@ -530,7 +530,7 @@ async fn a_failed_outcome_makes_exactly_one_dead_letter_with_all_headers() {
 }
 
 #[tokio::test]
-async fn work_that_failed_outside_a_delivery_is_recorded_once_in_the_callers_transaction() {
+async fn work_that_failed_outside_a_delivery_is_recorded_in_the_callers_transaction_and_counted() {
     let env = TestEnv::new().await;
     let envelope = Envelope::new(Ping { ping_id: 77 });
     let message = envelope.to_outgoing().unwrap();
@@ -545,19 +545,24 @@ async fn work_that_failed_outside_a_delivery_is_recorded_once_in_the_callers_tra
     tx.rollback().await.unwrap();
     assert!(dead_letter_rows(&env).await.is_empty());
 
-    // Committed with it: one row, like a handler's `Failed`; the same decision again is not a
-    // second row.
+    // Committed with it: one letter, like a handler's `Failed`; the same work failing again is
+    // the same letter, counted twice.
     let mut tx = env.db.begin().await.unwrap();
-    for expected in [true, false] {
-        let recorded = dead_letter::record_unsent(&mut tx, "canary", &message, "gave up", 5)
-            .await
-            .unwrap();
-        assert_eq!(recorded, expected);
+    for _ in 0..2 {
+        assert!(
+            dead_letter::record_unsent(&mut tx, "canary", &message, "gave up", 5)
+                .await
+                .unwrap()
+        );
     }
     tx.commit().await.unwrap();
 
     let rows = dead_letter_rows(&env).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        scalar(&env.db, "SELECT CAST(failures AS SIGNED) FROM dead_letters").await,
+        2
+    );
     let (function, reason, error, headers) = &rows[0];
     assert_eq!(
         (function.as_str(), reason.as_str(), error.as_str()),
@@ -575,6 +580,116 @@ async fn work_that_failed_outside_a_delivery_is_recorded_once_in_the_callers_tra
     // The body is the message a replay would publish.
     let replayed: Envelope<Ping> = serde_json::from_slice(&body).unwrap();
     assert_eq!(replayed.data.ping_id, 77);
+}
+
+/// The letter's (failures, status, reopened) as stored.
+async fn letter_state(env: &TestEnv) -> Vec<(i64, String, bool)> {
+    sqlx::query_as(
+        "SELECT CAST(failures AS SIGNED), status, reopened_at IS NOT NULL FROM dead_letters",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap()
+}
+
+/// Publishes onto canary's DLQ what the runtime publishes there for one failure of `body`,
+/// stamped `failure_id`.
+async fn dead_letter_again(services: &Services, body: &[u8], letter: &str, failure_id: &str) {
+    let mut headers = lapin::types::FieldTable::default();
+    for (name, value) in [
+        (dead_letter::H_FUNCTION, "canary"),
+        (dead_letter::H_REASON, "malformed"),
+        (dead_letter::H_ERROR, "not an envelope"),
+        (dead_letter::H_DEAD_LETTER_ID, letter),
+        (dead_letter::H_FAILURE_ID, failure_id),
+    ] {
+        headers.insert(
+            name.into(),
+            lapin::types::AMQPValue::LongString(value.into()),
+        );
+    }
+    services
+        .publisher()
+        .publish_raw(
+            topology::DEAD_LETTER_EXCHANGE,
+            "canary",
+            body,
+            BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_headers(headers),
+        )
+        .await
+        .expect("publish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
+    // The defect: identical bytes without a message id were one letter recorded once (INSERT
+    // IGNORE on a key of their hash), so two failures read as one, and after ops archived the
+    // group a third made no letter at all.
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let (stop, run) = start_runner(&services);
+    let body = b"{not json";
+
+    publish_raw(&services, "canary.ping", body).await;
+    publish_raw(&services, "canary.ping", body).await;
+    let counted = eventually(Duration::from_secs(30), || async {
+        letter_state(&env).await == [(2, "NEW".to_owned(), false)]
+    })
+    .await;
+    assert!(counted, "{:?}", letter_state(&env).await);
+
+    let letter: u64 = sqlx::query_scalar("SELECT id FROM dead_letters")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    let archived = paybus_dead_letter_ops::replay::archive(
+        &services.outbox,
+        &paybus_dead_letter_ops::Selection::Ids(vec![letter]),
+        "alice",
+        10,
+    )
+    .await
+    .unwrap();
+    assert_eq!(archived.archived, 1);
+    assert_eq!(
+        letter_state(&env).await,
+        [(2, "ARCHIVED".to_owned(), false)]
+    );
+
+    publish_raw(&services, "canary.ping", body).await;
+    let reopened = eventually(Duration::from_secs(30), || async {
+        letter_state(&env).await == [(3, "NEW".to_owned(), true)]
+    })
+    .await;
+    assert!(reopened, "{:?}", letter_state(&env).await);
+
+    // The DLQ handing the recorder the same dead letter again (a crash before its ack) is not
+    // a failure; the one behind it, with an id of its own, is.
+    let (dead_letter_id, failure_id): (String, String) = sqlx::query_as(
+        "SELECT dead_letter_id, failure_id FROM dead_letter_failures \
+         ORDER BY failed_at DESC, failure_id LIMIT 1",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    dead_letter_again(&services, body, &dead_letter_id, &failure_id).await;
+    dead_letter_again(&services, body, &dead_letter_id, "a-later-failure").await;
+    let recorded_in_order = eventually(Duration::from_secs(30), || async {
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letter_failures").await == 4
+    })
+    .await;
+    // Time for the duplicate, had it been taken for a failure, to be counted too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    run.await.unwrap();
+    assert!(recorded_in_order);
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letter_failures").await,
+        4
+    );
+    assert_eq!(letter_state(&env).await, [(4, "NEW".to_owned(), true)]);
 }
 
 fn settings_on(env: &TestEnv, broker: &PrivateBroker) -> Settings {

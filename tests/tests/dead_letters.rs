@@ -261,6 +261,48 @@ async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_g
     paybus_confirmations::testing::assert_audit_clean(pool).await;
 }
 
+type SumRow = (Option<u64>, String, paybus_money::Amount, u64);
+
+/// (partner, currency, amount, rows) of each sum.
+fn sums(list: &[paybus_dead_letter_ops::ExposureSum]) -> Vec<SumRow> {
+    list.iter()
+        .map(|s| (s.partner_id, s.currency.clone(), s.amount, s.rows))
+        .collect()
+}
+
+#[tokio::test]
+async fn copies_of_one_anomaly_hold_its_money_up_once_and_say_it_needs_a_human() {
+    // Seven withdrawals worth 19,036 once showed 57,107 at stake: every copy of a letter
+    // counted the withdrawal's amount again.
+    let (_env, services, acme) = setup().await;
+    let pool = &services.pool;
+    let failed = withdrawal(
+        pool,
+        acme,
+        WithdrawalKind::Normal,
+        WithdrawalStatus::Failed,
+        "19036",
+    )
+    .await;
+    for _ in 0..3 {
+        dead_letter(pool, "confirm-withdrawal", confirmation(failed)).await;
+    }
+    let safe = in_flight(pool, acme, "4").await;
+    dead_letter(pool, "confirm-withdrawal", confirmation(safe)).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let overview = groups::overview(&mut conn, &TRIAGER).await.unwrap();
+    assert_eq!(overview.groups.len(), 1);
+    assert_eq!(overview.groups[0].count, 4);
+    assert_eq!(
+        sums(&overview.exposure),
+        [(Some(acme), "USDT".to_owned(), dec("19040"), 2)]
+    );
+    let sum = &overview.exposure[0];
+    assert_eq!((sum.letters, sum.needs_a_human), (4, dec("19036")));
+    assert_eq!(overview.groups[0].exposure, overview.exposure);
+}
+
 #[tokio::test]
 async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() {
     let (_env, services, acme) = setup().await;
@@ -309,18 +351,14 @@ async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() 
         .iter()
         .map(|g| (g.function.as_str(), g.reason.as_str(), g.count))
         .collect();
+    // Biggest money first, not most letters first.
     assert_eq!(
         counts,
         [
+            ("confirm-deposit", "failed", 1),
             ("confirm-withdrawal", "failed", 3),
-            ("confirm-deposit", "failed", 1)
         ]
     );
-    let sums = |list: &[paybus_dead_letter_ops::ExposureSum]| -> Vec<(Option<u64>, String, paybus_money::Amount, u64)> {
-        list.iter()
-            .map(|s| (s.partner_id, s.currency.clone(), s.amount, s.letters))
-            .collect()
-    };
     assert_eq!(
         sums(&overview.exposure),
         [
@@ -329,7 +367,7 @@ async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() 
         ]
     );
     assert_eq!(
-        sums(&overview.groups[0].exposure),
+        sums(&overview.groups[1].exposure),
         [(Some(acme), "USDT".to_owned(), dec("350.5"), 2)]
     );
     assert!(overview.exposure_complete);
@@ -362,4 +400,148 @@ async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
             .unwrap();
         assert_eq!((run.safe, run.needs_human), (0, 1), "{selection:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_breaker_lets_it() {
+    use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, delivery::HEADER_NOTIFICATION_ID};
+    use paybus_partners::{
+        breaker::BreakerPolicy,
+        notifications::{NewNotification, enqueue},
+    };
+    use paybus_platform::{bus::Handler, retry::RetryPolicy};
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+    let env = TestEnv::new().await;
+    let services = env.services(&[DeliverWebhook::queue()]).await;
+    let endpoint = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&endpoint)
+        .await;
+    let partner =
+        paybus_partners::testing::partner(&services.pool, "acme", Some(&endpoint.uri())).await;
+    let config = WebhookConfig {
+        timeout: Duration::from_secs(2),
+        retry: RetryPolicy::with_schedule(2, vec![Duration::from_millis(100)]).unwrap(),
+        breaker: BreakerPolicy {
+            failures_to_open: 2,
+            cool_down: Duration::from_secs(2),
+        },
+        ..WebhookConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(DeliverWebhook::new(config).unwrap());
+    runner.add_job(std::sync::Arc::new(
+        paybus_deliver_webhook::due_notifications(
+            &services,
+            paybus_platform::retry::DueSweepConfig {
+                interval: Duration::from_millis(50),
+                ..Default::default()
+            },
+        ),
+    ));
+    let run = tokio::spawn({
+        let token = shutdown.clone();
+        async move { runner.run(token).await.unwrap() }
+    });
+
+    let mut uow = services.outbox.begin().await.unwrap();
+    let notification = enqueue(
+        &mut uow,
+        &NewNotification {
+            partner_id: partner,
+            event: "WITHDRAWAL_CONFIRMED",
+            reference_type: "WITHDRAWAL",
+            reference_id: 7,
+            payload: &serde_json::json!({"withdrawal_id": 7}),
+        },
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    uow.commit().await.unwrap();
+    let status = |pool: MySqlPool| async move {
+        sqlx::query_scalar::<_, String>("SELECT status FROM partner_notifications WHERE id = ?")
+            .bind(notification)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let failed = eventually(Duration::from_secs(30), || async {
+        status(services.pool.clone()).await == "FAILED"
+            && sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters")
+                .fetch_one(&services.pool)
+                .await
+                .unwrap()
+                == 1
+    })
+    .await;
+    assert!(failed);
+
+    let selection = Selection::Group {
+        function: DeliverWebhook::FUNCTION.to_owned(),
+        reason: "failed".to_owned(),
+    };
+    // The breaker opened on the second failure: the endpoint is still failing.
+    let mut conn = services.pool.acquire().await.unwrap();
+    let run_now = replay::dry_run(&mut conn, &TRIAGER, &selection, 10)
+        .await
+        .unwrap();
+    assert_eq!(run_now.needs_human, 1, "{:?}", run_now.letters);
+    assert!(run_now.letters[0].triage.reason.contains("breaker is open"));
+
+    let refused = endpoint.received_requests().await.unwrap().len();
+    assert_eq!(refused, 2);
+    // The partner fixes its endpoint (which forgets what it received); the cool-down passes.
+    endpoint.reset().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&endpoint)
+        .await;
+    let safe = eventually(Duration::from_secs(10), || async {
+        let mut conn = services.pool.acquire().await.unwrap();
+        replay::dry_run(&mut conn, &TRIAGER, &selection, 10)
+            .await
+            .unwrap()
+            .safe
+            == 1
+    })
+    .await;
+    assert!(safe);
+    let report = replay::replay(
+        &services.outbox,
+        &TRIAGER,
+        &selection,
+        "alice",
+        fast(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.replayed, 1, "{report:?}");
+
+    let delivered = eventually(Duration::from_secs(30), || async {
+        status(services.pool.clone()).await == "DELIVERED"
+    })
+    .await;
+    // Time for a second delivery, had the replay caused one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    run.await.unwrap();
+    assert!(delivered);
+    let received = endpoint.received_requests().await.unwrap();
+    let ids: Vec<&str> = received
+        .iter()
+        .filter_map(|r| r.headers.get(HEADER_NOTIFICATION_ID))
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let expected = notification.to_string();
+    assert_eq!(
+        ids,
+        [expected.as_str()],
+        "one POST after the fix, under the same id"
+    );
 }

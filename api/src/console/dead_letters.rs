@@ -76,13 +76,14 @@ async fn render_groups(
                     }
                 }
                 table {
-                    thead { tr { th { "Function" } th { "Reason" } th.n { "Letters" } th { "First" } th { "Last" } th { "At stake" } th { "Actions" } } }
+                    thead { tr { th { "Function" } th { "Reason" } th.n { "Letters" } th.n { "Failures" } th { "First" } th { "Last" } th { "At stake" } th { "Actions" } } }
                     tbody {
                         @for group in &groups {
                             tr.group data-function=(group.function) data-reason=(group.reason) {
                                 td { a href=(group_href(&group.function, &group.reason)) { (group.function) } }
                                 td { code { (group.reason) } }
                                 td.n { (group.count) }
+                                td.n { (group.failures) }
                                 td { (at(group.first_failed_at)) }
                                 td { (at(group.last_failed_at)) }
                                 td { (sums(&group.exposure)) }
@@ -97,7 +98,8 @@ async fn render_groups(
     .into_response()
 }
 
-/// Exposure sums in one line, biggest first: "100 USDT (partner 3), 5 CAN (members)".
+/// Exposure sums in one line, biggest first: "100 USDT (partner 3), 5 CAN (members)", with
+/// the part that waits for a human named.
 fn sums(exposure: &[ExposureSum]) -> Markup {
     html! {
         @if exposure.is_empty() { "—" }
@@ -110,6 +112,9 @@ fn sums(exposure: &[ExposureSum]) -> Markup {
                     None => { "members" },
                 }
                 ")"
+                @if !sum.needs_a_human.is_zero() {
+                    " — " span.needs-a-human { (sum.needs_a_human) " needs a human" }
+                }
             }
         }
     }

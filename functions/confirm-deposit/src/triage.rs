@@ -41,6 +41,8 @@ pub(crate) async fn triage(
     };
     Ok(triage
         .exposing(Exposure {
+            entity: "deposit",
+            id,
             partner_id: Some(found.partner_id),
             currency: found.currency.clone(),
             amount: found.amount,

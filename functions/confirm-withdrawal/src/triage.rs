@@ -55,6 +55,8 @@ pub(crate) async fn triage(
     };
     Ok(triage
         .exposing(Exposure {
+            entity: "withdrawal",
+            id: withdrawal_id,
             partner_id: Some(found.partner_id),
             currency: found.currency.clone(),
             amount: found.amount,

@@ -319,6 +319,13 @@ impl Function for DeliverWebhook {
     ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
         triage::triage(conn, message).await
     }
+
+    async fn prepare_replay(
+        conn: &mut sqlx::MySqlConnection,
+        message: NotificationCreated,
+    ) -> Result<(), paybus_platform::triage::TriageError> {
+        triage::prepare_replay(conn, message).await
+    }
 }
 
 /// The due sweep over `partner_notifications`, as deliver-webhook's job runs it.

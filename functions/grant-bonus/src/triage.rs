@@ -54,6 +54,8 @@ pub(crate) async fn triage(
     };
     Ok(triage
         .exposing(Exposure {
+            entity: "charge_event_job",
+            id,
             partner_id: None,
             currency: "CAN".to_owned(),
             amount: Amount::whole(i64::from(found.additional_can)),

@@ -100,6 +100,8 @@ pub(crate) async fn triage(
     };
     Ok(triage
         .exposing(Exposure {
+            entity: ENTITY,
+            id,
             partner_id: Some(order.partner_id),
             currency: order.currency.clone(),
             amount: order.remaining_amount,

@@ -1,17 +1,20 @@
 //! The NEW dead letters grouped by function and reason, with the money they hold up.
 //!
 //! The money comes from each letter's triage (the amount is on the row the message refers
-//! to, not in the message): summed per partner and currency over the letters a replay could
-//! still apply (*safe* or *needs a human*; an *already applied* letter holds nothing up), and
-//! listed biggest first. Triage reads one row per letter, so the sums cover at most
+//! to, not in the message): summed per partner and currency over the rows a replay could
+//! still apply (*safe* or *needs a human*; an *already applied* letter holds nothing up), each
+//! row **once** however many letters refer to it (three copies of one confirmation anomaly
+//! hold one withdrawal's money up, not three times it), the part that waits for a human shown
+//! apart, and listed biggest first. The groups come biggest exposure first, then most
+//! failures. Triage reads one row per letter, so the sums cover at most
 //! [`EXPOSURE_SCAN_LIMIT`] letters, oldest first; `exposure_complete` says whether that was
 //! all of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use paybus_platform::triage::Verdict;
+use paybus_platform::triage::{Exposure, Verdict};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -26,7 +29,12 @@ pub struct ExposureSum {
     pub partner_id: Option<u64>,
     pub currency: String,
     pub amount: Amount,
-    /// How many letters it sums.
+    /// Of `amount`, what letters whose verdict is *needs a human* hold up: no replay moves it
+    /// until someone decides.
+    pub needs_a_human: Amount,
+    /// How many distinct rows (withdrawals, deposits, orders, jobs) it sums.
+    pub rows: u64,
+    /// How many letters refer to them.
     pub letters: u64,
 }
 
@@ -35,14 +43,17 @@ pub struct ExposureSum {
 pub struct Group {
     pub function: String,
     pub reason: String,
+    /// Letters in the group.
     pub count: u64,
+    /// Failures they stand for: a letter counts each time its message failed again.
+    pub failures: u64,
     pub first_failed_at: DateTime<Utc>,
     pub last_failed_at: DateTime<Utc>,
     /// Biggest amount first.
     pub exposure: Vec<ExposureSum>,
 }
 
-/// Every group (most letters first) and the exposure of all of them (biggest first).
+/// Every group (biggest exposure first) and the exposure of all of them (biggest first).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Overview {
     pub groups: Vec<Group>,
@@ -54,33 +65,59 @@ pub struct Overview {
 
 type ExposureKey = (Option<u64>, String);
 
-/// function, reason, count, first and last failed_at.
-type GroupRow = (String, String, i64, DateTime<Utc>, DateTime<Utc>);
+/// function, reason, letters, failures, first and last failed_at.
+type GroupRow = (String, String, i64, i64, DateTime<Utc>, DateTime<Utc>);
 
 #[derive(Default)]
-struct Sums(BTreeMap<ExposureKey, (Amount, u64)>);
+struct Sum {
+    amount: Amount,
+    needs_a_human: Amount,
+    rows: u64,
+    letters: u64,
+}
+
+/// Sums over rows, each row counted once: the first letter that names it brings its money,
+/// the others only count as letters.
+#[derive(Default)]
+struct Sums {
+    sums: BTreeMap<ExposureKey, Sum>,
+    rows: BTreeSet<(&'static str, u64)>,
+}
+
+// An overflow of DECIMAL(36,18) in a sum of dead letters is not credible; saturating at the
+// first term keeps the view up rather than failing it.
+fn saturating_add(sum: Amount, amount: Amount) -> Amount {
+    sum.checked_add(amount).unwrap_or(sum)
+}
 
 impl Sums {
-    fn add(&mut self, partner_id: Option<u64>, currency: &str, amount: Amount) {
-        let entry = self
-            .0
-            .entry((partner_id, currency.to_owned()))
-            .or_insert((Amount::ZERO, 0));
-        // An overflow of DECIMAL(36,18) in a sum of dead letters is not credible; saturating
-        // at the first term keeps the view up rather than failing it.
-        entry.0 = entry.0.checked_add(amount).unwrap_or(entry.0);
-        entry.1 += 1;
+    fn add(&mut self, exposure: &Exposure, verdict: Verdict) {
+        let sum = self
+            .sums
+            .entry((exposure.partner_id, exposure.currency.clone()))
+            .or_default();
+        sum.letters += 1;
+        if !self.rows.insert((exposure.entity, exposure.id)) {
+            return;
+        }
+        sum.rows += 1;
+        sum.amount = saturating_add(sum.amount, exposure.amount);
+        if verdict == Verdict::NeedsHuman {
+            sum.needs_a_human = saturating_add(sum.needs_a_human, exposure.amount);
+        }
     }
 
     fn biggest_first(self) -> Vec<ExposureSum> {
         let mut sums: Vec<ExposureSum> = self
-            .0
+            .sums
             .into_iter()
-            .map(|((partner_id, currency), (amount, letters))| ExposureSum {
+            .map(|((partner_id, currency), sum)| ExposureSum {
                 partner_id,
                 currency,
-                amount,
-                letters,
+                amount: sum.amount,
+                needs_a_human: sum.needs_a_human,
+                rows: sum.rows,
+                letters: sum.letters,
             })
             .collect();
         sums.sort_by(|a, b| {
@@ -99,10 +136,10 @@ pub async fn overview(
     triager: &Triager,
 ) -> Result<Overview, DeadLetterError> {
     let rows: Vec<GroupRow> = sqlx::query_as(
-        "SELECT function_name, reason, COUNT(*), MIN(failed_at), MAX(failed_at) \
+        "SELECT function_name, reason, COUNT(*), CAST(SUM(failures) AS SIGNED), \
+         MIN(failed_at), MAX(COALESCE(last_failed_at, failed_at)) \
          FROM dead_letters WHERE status = 'NEW' \
-         GROUP BY function_name, reason \
-         ORDER BY COUNT(*) DESC, function_name, reason",
+         GROUP BY function_name, reason",
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -126,16 +163,16 @@ pub async fn overview(
         if triage.verdict == Verdict::AlreadyApplied {
             continue;
         }
-        all.add(exposure.partner_id, &exposure.currency, exposure.amount);
+        all.add(&exposure, triage.verdict);
         by_group
             .entry((letter.function_name, letter.reason))
             .or_default()
-            .add(exposure.partner_id, &exposure.currency, exposure.amount);
+            .add(&exposure, triage.verdict);
     }
 
-    let groups = rows
+    let mut groups: Vec<Group> = rows
         .into_iter()
-        .map(|(function, reason, count, first, last)| {
+        .map(|(function, reason, count, failures, first, last)| {
             let exposure = by_group
                 .remove(&(function.clone(), reason.clone()))
                 .unwrap_or_default()
@@ -144,12 +181,23 @@ pub async fn overview(
                 function,
                 reason,
                 count: u64::try_from(count).unwrap_or(0),
+                failures: u64::try_from(failures).unwrap_or(0),
                 first_failed_at: first,
                 last_failed_at: last,
                 exposure,
             }
         })
         .collect();
+    // Amounts in different currencies do not compare as money; the biggest single sum is
+    // what an operator looks for first, and letters without money come after, most failures
+    // first.
+    groups.sort_by(|a, b| {
+        let biggest = |g: &Group| g.exposure.first().map(|sum| sum.amount);
+        biggest(b)
+            .cmp(&biggest(a))
+            .then_with(|| b.failures.cmp(&a.failures))
+            .then_with(|| (&a.function, &a.reason).cmp(&(&b.function, &b.reason)))
+    });
     Ok(Overview {
         groups,
         exposure: all.biggest_first(),

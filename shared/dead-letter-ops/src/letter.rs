@@ -3,7 +3,8 @@
 //! `dead_letters.status` (the migration's header comment is the reference): NEW (recorded by
 //! the dead-letter recorders) → REPLAYED (by [`crate::replay::replay`], when the triage said
 //! safe and the message was re-sent) or ARCHIVED (by [`crate::replay::archive`]). Only NEW
-//! letters are ever acted on.
+//! letters are ever acted on. A new failure of a REPLAYED or ARCHIVED letter's message makes it
+//! NEW again (`reopened_at`, `failures` counted: the platform's `dead_letter::record_failure`).
 
 use chrono::{DateTime, Utc};
 use paybus_platform::triage::Triage;
@@ -48,7 +49,15 @@ pub struct DeadLetter {
     pub reason: String,
     pub error: String,
     pub attempts: u32,
+    /// The first failure.
     pub failed_at: DateTime<Utc>,
+    /// How often its message failed: each new failure of the same message counts (a DLQ
+    /// redelivering the same dead letter does not).
+    pub failures: u32,
+    /// The latest failure (`None` before failures were counted: `failed_at`).
+    pub last_failed_at: Option<DateTime<Utc>>,
+    /// When a failure after an archive or a replay made it NEW again.
+    pub reopened_at: Option<DateTime<Utc>>,
     pub status: LetterStatus,
     pub replayed_at: Option<DateTime<Utc>>,
     pub archived_at: Option<DateTime<Utc>>,
@@ -66,6 +75,9 @@ struct LetterRow {
     error: String,
     attempts: u32,
     failed_at: DateTime<Utc>,
+    failures: u32,
+    last_failed_at: Option<DateTime<Utc>>,
+    reopened_at: Option<DateTime<Utc>>,
     status: String,
     replayed_at: Option<DateTime<Utc>>,
     archived_at: Option<DateTime<Utc>>,
@@ -87,6 +99,9 @@ impl LetterRow {
             error: self.error,
             attempts: self.attempts,
             failed_at: self.failed_at,
+            failures: self.failures,
+            last_failed_at: self.last_failed_at,
+            reopened_at: self.reopened_at,
             replayed_at: self.replayed_at,
             archived_at: self.archived_at,
         }
@@ -94,7 +109,8 @@ impl LetterRow {
 }
 
 const COLUMNS: &str = "id, dead_letter_id, function_name, message_id, correlation_id, \
-     routing_key, reason, error, attempts, failed_at, status, replayed_at, archived_at";
+     routing_key, reason, error, attempts, failed_at, failures, last_failed_at, reopened_at, \
+     status, replayed_at, archived_at";
 
 /// Which letters a list shows: newest first, paged by id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

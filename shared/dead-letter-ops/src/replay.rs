@@ -208,6 +208,7 @@ async fn replay_one(
     result.verdict = Some(triage.verdict);
     result.detail = triage.reason;
     if triage.verdict == Verdict::Safe {
+        triager.prepare_replay(&mut uow, &letter, &body).await?;
         let message = replay_message(&body)?;
         result.replay_message_id = Some(message.id);
         result.result = ActionResult::Replayed;

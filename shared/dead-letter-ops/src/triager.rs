@@ -16,17 +16,39 @@ impl Triager {
         Self { functions }
     }
 
+    /// Prepares the replay of a letter found *safe* (its function's `prepare_replay`), in
+    /// the replay's transaction.
+    pub async fn prepare_replay(
+        &self,
+        conn: &mut MySqlConnection,
+        letter: &DeadLetter,
+        body: &[u8],
+    ) -> Result<(), DeadLetterError> {
+        let Some(function) = self.function(letter) else {
+            return Ok(());
+        };
+        function
+            .prepare_replay(conn, body)
+            .await
+            .map_err(|source| DeadLetterError::Triage {
+                id: letter.id,
+                source,
+            })
+    }
+
+    fn function(&self, letter: &DeadLetter) -> Option<&'static FunctionEntry> {
+        self.functions
+            .iter()
+            .find(|f| f.name == letter.function_name)
+    }
+
     pub async fn triage(
         &self,
         conn: &mut MySqlConnection,
         letter: &DeadLetter,
         body: &[u8],
     ) -> Result<Triage, DeadLetterError> {
-        let Some(function) = self
-            .functions
-            .iter()
-            .find(|f| f.name == letter.function_name)
-        else {
+        let Some(function) = self.function(letter) else {
             return Ok(Triage::needs_human(format!(
                 "no function named {:?} in the catalog (routing key {:?}): nothing knows how \
                  to apply it",

@@ -448,6 +448,21 @@ pub async fn settle_failure(
         .await
 }
 
+/// Ops' re-delivery of a FAILED notification (a replay of its dead letter once the partner's
+/// endpoint works again): PENDING again with a fresh attempt count, due now, under the **same
+/// id**, so the partner deduplicates it like any redelivery. True when it was FAILED.
+pub async fn reopen_failed(conn: &mut MySqlConnection, id: u64) -> Result<bool, sqlx::Error> {
+    let reopened = sqlx::query(
+        "UPDATE partner_notifications SET status = 'PENDING', attempts = 0, \
+         next_attempt_at = NOW(6) WHERE id = ? AND status = 'FAILED'",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(reopened == 1)
+}
+
 #[cfg(test)]
 mod tests {
     use std::str::FromStr;

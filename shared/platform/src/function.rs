@@ -39,7 +39,7 @@ use crate::{
     retry::WorkTable,
     secrets::{self, SecretError},
     telemetry,
-    triage::{Triage, TriageError, TriageFn, TriageFuture},
+    triage::{PrepareReplayFn, PrepareReplayFuture, Triage, TriageError, TriageFn, TriageFuture},
 };
 
 /// A function could not be built at start-up.
@@ -90,6 +90,18 @@ pub trait Function: Handler + Sized {
             Self::FUNCTION
         ))))
     }
+
+    /// What a replay of a dead letter its triage called *safe* must do to the referenced row
+    /// first, in the replay's transaction (under the letter's lock, before the message is
+    /// re-sent): a FAILED notification made PENDING again, so the re-sent message is delivered
+    /// instead of refused. Most functions act on the row as it stands: nothing to do.
+    fn prepare_replay(
+        conn: &mut MySqlConnection,
+        message: Self::Message,
+    ) -> impl Future<Output = Result<(), TriageError>> + Send {
+        let _ = (conn, message);
+        std::future::ready(Ok(()))
+    }
 }
 
 type AddTo = fn(&mut Runner) -> Result<(), BuildError>;
@@ -106,6 +118,7 @@ pub struct FunctionEntry {
     jobs: Jobs,
     external_checks: ExternalChecks,
     triage: TriageFn,
+    prepare_replay: PrepareReplayFn,
     /// The retry kit's tables the function works.
     pub work_tables: &'static [&'static WorkTable],
 }
@@ -128,6 +141,7 @@ impl FunctionEntry {
             jobs: F::jobs,
             external_checks: F::external_checks,
             triage: triage_body::<F>,
+            prepare_replay: prepare_replay_body::<F>,
             work_tables: F::WORK_TABLES,
         }
     }
@@ -135,6 +149,16 @@ impl FunctionEntry {
     /// The function's triage of a dead letter's raw body (see [`Function::triage`]).
     pub fn triage<'c>(&self, conn: &'c mut MySqlConnection, body: &'c [u8]) -> TriageFuture<'c> {
         (self.triage)(conn, body)
+    }
+
+    /// What a replay of a *safe* letter's raw body must do first (see
+    /// [`Function::prepare_replay`]).
+    pub fn prepare_replay<'c>(
+        &self,
+        conn: &'c mut MySqlConnection,
+        body: &'c [u8],
+    ) -> PrepareReplayFuture<'c> {
+        (self.prepare_replay)(conn, body)
     }
 
     /// Builds the handler and adds its consumer (and dead-letter recorder) to `runner`.
@@ -163,6 +187,19 @@ fn triage_body<'c, F: Function>(conn: &'c mut MySqlConnection, body: &'c [u8]) -
                 "the body is not a readable {} envelope ({error}): nothing to replay",
                 <F::Message as crate::bus::Message>::TYPE
             ))),
+        }
+    })
+}
+
+/// A body that is not the function's envelope was never *safe*: nothing to prepare.
+fn prepare_replay_body<'c, F: Function>(
+    conn: &'c mut MySqlConnection,
+    body: &'c [u8],
+) -> PrepareReplayFuture<'c> {
+    Box::pin(async move {
+        match serde_json::from_slice::<Envelope<F::Message>>(body) {
+            Ok(envelope) => F::prepare_replay(conn, envelope.data).await,
+            Err(_) => Ok(()),
         }
     })
 }

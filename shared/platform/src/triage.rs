@@ -43,6 +43,10 @@ pub struct Referenced {
 /// Money a dead letter holds up: what its message would move when applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Exposure {
+    /// The row whose money it is (`withdrawal` 42): several letters about one row hold its
+    /// money up once.
+    pub entity: &'static str,
+    pub id: u64,
     /// The partner whose balance it concerns (`None`: a member's bonus, not a partner's).
     pub partner_id: Option<u64>,
     pub currency: String,
@@ -111,3 +115,7 @@ pub type TriageError = Box<dyn std::error::Error + Send + Sync>;
 pub type TriageFuture<'c> = Pin<Box<dyn Future<Output = Result<Triage, TriageError>> + Send + 'c>>;
 /// A function's triage over a dead letter's raw body (what `FunctionEntry` carries).
 pub type TriageFn = for<'c> fn(&'c mut MySqlConnection, &'c [u8]) -> TriageFuture<'c>;
+pub type PrepareReplayFuture<'c> =
+    Pin<Box<dyn Future<Output = Result<(), TriageError>> + Send + 'c>>;
+/// A function's preparation of a replay over a dead letter's raw body.
+pub type PrepareReplayFn = for<'c> fn(&'c mut MySqlConnection, &'c [u8]) -> PrepareReplayFuture<'c>;

@@ -23,6 +23,10 @@ pub const H_ATTEMPTS: &str = "x-paybus-attempts";
 pub const H_FAILED_AT: &str = "x-paybus-failed-at";
 pub const H_ROUTING_KEY: &str = "x-paybus-routing-key";
 pub const H_DEAD_LETTER_ID: &str = "x-paybus-dead-letter-id";
+/// One id per failure the runtime decides (a fresh UUID each time it dead-letters a delivery):
+/// what tells a DLQ redelivering the same dead letter (recorded once) from a new failure of
+/// the same message (counted again).
+pub const H_FAILURE_ID: &str = "x-paybus-failure-id";
 
 /// Longest error text carried in a header (the table keeps the same).
 const MAX_ERROR_LEN: usize = 4_000;
@@ -59,21 +63,27 @@ pub async fn publish(
         H_DEAD_LETTER_ID,
         &dead_letter_id(function, delivery, dead),
     );
+    text_header(
+        &mut headers,
+        H_FAILURE_ID,
+        &uuid::Uuid::new_v4().to_string(),
+    );
     let properties = delivery.properties.clone().with_headers(headers);
     publisher
         .publish_raw(DEAD_LETTER_EXCHANGE, function, &delivery.body, properties)
         .await
 }
 
-/// The same decision about the same message gets the same id, so a dead letter published
-/// again (a crash between the confirm and the ack, a Lambda batch retried for another
-/// message's fault) is recorded once. Messages without an id are keyed by their body's hash.
+/// The letter a failure belongs to: the same decision about the same message is one letter,
+/// whose failures are counted (a crash between the confirm and the ack, a Lambda batch retried
+/// for another message's fault, the same message failing again: each one more failure of it).
+/// Messages without an id are keyed by their body's hash.
 fn dead_letter_id(function: &str, delivery: &IncomingDelivery, dead: &DeadLetter) -> String {
-    use sha2::{Digest, Sha256};
-    let message = delivery
-        .message_id()
-        .unwrap_or_else(|| hex::encode(&Sha256::digest(&delivery.body)[..16]));
-    bounded_id(format!("{function}:{message}:{}", dead.reason.as_str()))
+    bounded_id(format!(
+        "{function}:{}:{}",
+        message_key(delivery),
+        dead.reason.as_str()
+    ))
 }
 
 /// The column holds 100 characters; a hostile message id must not break the insert.
@@ -102,10 +112,13 @@ impl DeadLetterRecorder {
     }
 }
 
-/// A dead letter as stored.
+/// A dead letter as stored, and the failure being recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterRow {
+    /// The letter: the same function, message and reason are one letter.
     pub dead_letter_id: String,
+    /// This failure of it (see [`H_FAILURE_ID`]).
+    pub failure_id: String,
     pub function_name: String,
     pub message_id: Option<String>,
     pub correlation_id: Option<String>,
@@ -127,6 +140,11 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
         .map(|s| s.to_string());
     match header_text(headers, H_DEAD_LETTER_ID) {
         Some(id) => DeadLetterRow {
+            // A dead letter from before failure ids were stamped: its letter id was the only
+            // identity it had.
+            failure_id: bounded_id(
+                header_text(headers, H_FAILURE_ID).unwrap_or_else(|| id.clone()),
+            ),
             dead_letter_id: bounded_id(id),
             function_name: header_text(headers, H_FUNCTION).unwrap_or_else(|| function.to_owned()),
             message_id,
@@ -144,17 +162,19 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
             let reason =
                 header_text(headers, "x-first-death-reason").unwrap_or_else(|| "broker".to_owned());
             let count = death.as_ref().and_then(|d| d.count).unwrap_or(0);
+            let letter = format!("broker:{}:{reason}", message_key(delivery));
+            // The broker stamps no id of ours, but its x-death entry says how often and since
+            // when this message died here: a redelivery from the DLQ repeats both, another
+            // death of the message does not.
+            let since = death.as_ref().and_then(|d| d.time).unwrap_or(0);
             DeadLetterRow {
-                dead_letter_id: bounded_id(format!(
-                    "broker:{}:{}:{count}",
-                    message_id.as_deref().unwrap_or("no-id"),
-                    reason
-                )),
+                failure_id: bounded_id(format!("{letter}:{count}:{since}")),
+                dead_letter_id: bounded_id(letter),
                 function_name: function.to_owned(),
                 message_id,
                 correlation_id,
                 routing_key: death
-                    .and_then(|d| d.routing_key)
+                    .and_then(|d| d.routing_key.clone())
                     .unwrap_or_else(|| delivery.routing_key.clone()),
                 // No `x-first-death-reason` at all (a message put on the DLQ by hand): "broker".
                 reason: match reason.as_str() {
@@ -170,7 +190,17 @@ pub fn describe(function: &str, delivery: &IncomingDelivery) -> DeadLetterRow {
 
 struct Death {
     count: Option<i64>,
+    /// When the message first died for this queue and reason (seconds since the epoch).
+    time: Option<u64>,
     routing_key: Option<String>,
+}
+
+/// The message id, or for a message without one a hash of its body.
+fn message_key(delivery: &IncomingDelivery) -> String {
+    use sha2::{Digest, Sha256};
+    delivery
+        .message_id()
+        .unwrap_or_else(|| hex::encode(&Sha256::digest(&delivery.body)[..16]))
 }
 
 fn first_death(headers: Option<&FieldTable>) -> Option<Death> {
@@ -187,8 +217,13 @@ fn first_death(headers: Option<&FieldTable>) -> Option<Death> {
         }),
         _ => None,
     };
+    let time = match death.inner().get("time") {
+        Some(AMQPValue::Timestamp(time)) => Some(*time),
+        _ => None,
+    };
     Some(Death {
         count: header_integer(Some(death), "count"),
+        time,
         routing_key,
     })
 }
@@ -202,22 +237,25 @@ fn headers_json(delivery: &IncomingDelivery) -> String {
         .unwrap_or_default()
 }
 
-/// Inserts the dead letter unless it is already recorded; true when this call recorded it.
+/// Records the failure a dead-lettered delivery carries ([`record_failure`]); true when it was
+/// a failure not recorded yet.
 pub async fn record(
     pool: &MySqlPool,
     function: &str,
     delivery: &IncomingDelivery,
 ) -> Result<bool, sqlx::Error> {
-    insert(pool, &describe(function, delivery), delivery).await
+    record_delivered(pool, &describe(function, delivery), delivery).await
 }
 
-async fn insert(
+async fn record_delivered(
     pool: &MySqlPool,
     row: &DeadLetterRow,
     delivery: &IncomingDelivery,
 ) -> Result<bool, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    insert_row(&mut conn, row, &delivery.body, &headers_json(delivery)).await
+    let mut tx = pool.begin().await?;
+    let recorded = record_failure(&mut tx, row, &delivery.body, &headers_json(delivery)).await?;
+    tx.commit().await?;
+    Ok(recorded)
 }
 
 /// A dead letter decided outside a delivery: a sweeper job gave a unit of work up (W3's
@@ -235,6 +273,7 @@ pub async fn record_given_up(
 ) -> Result<bool, sqlx::Error> {
     let row = DeadLetterRow {
         dead_letter_id: bounded_id(dead_letter_id.to_owned()),
+        failure_id: uuid::Uuid::new_v4().to_string(),
         function_name: function.to_owned(),
         message_id: Some(message.id.to_string()),
         correlation_id: Some(message.correlation_id.to_string()),
@@ -255,20 +294,43 @@ pub async fn record_given_up(
     );
     text_header(&mut headers, H_ROUTING_KEY, &row.routing_key);
     text_header(&mut headers, H_DEAD_LETTER_ID, &row.dead_letter_id);
+    text_header(&mut headers, H_FAILURE_ID, &row.failure_id);
     let headers = headers::to_json(&headers).to_string();
-    insert_row(conn, &row, &message.body, &headers).await
+    record_failure(conn, &row, &message.body, &headers).await
 }
 
-async fn insert_row(
+/// Records one failure, in the caller's transaction: a new letter, or the letter it belongs to
+/// counted once more — and reopened (NEW again, `reopened_at` set) when it had been archived or
+/// replayed, so a failure that comes back after ops dealt with it is seen again, never
+/// swallowed. A failure recorded already (its `failure_id`: a DLQ redelivering the same dead
+/// letter) changes nothing. True when this call recorded a new failure.
+pub async fn record_failure(
     conn: &mut MySqlConnection,
     row: &DeadLetterRow,
     body: &[u8],
     headers: &str,
 ) -> Result<bool, sqlx::Error> {
-    let inserted = sqlx::query(
-        "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
-         correlation_id, routing_key, reason, error, attempts, body, headers) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    let new_failure = sqlx::query(
+        "INSERT IGNORE INTO dead_letter_failures (failure_id, dead_letter_id) VALUES (?, ?)",
+    )
+    .bind(&row.failure_id)
+    .bind(&row.dead_letter_id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1;
+    if !new_failure {
+        return Ok(false);
+    }
+    // Assignments run left to right: `reopened_at` reads the status before it is reset.
+    let affected = sqlx::query(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, message_id, \
+         correlation_id, routing_key, reason, error, attempts, body, headers, last_failed_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6)) \
+         ON DUPLICATE KEY UPDATE failures = failures + 1, \
+         last_failed_at = CURRENT_TIMESTAMP(6), \
+         reopened_at = IF(status = 'NEW', reopened_at, CURRENT_TIMESTAMP(6)), \
+         status = 'NEW', error = ?, attempts = ?",
     )
     .bind(&row.dead_letter_id)
     .bind(&row.function_name)
@@ -280,16 +342,19 @@ async fn insert_row(
     .bind(row.attempts)
     .bind(body)
     .bind(headers)
+    .bind(&row.error)
+    .bind(row.attempts)
     .execute(conn)
     .await?
     .rows_affected();
-    if inserted == 1 {
-        tracing::warn!(
-            function = %row.function_name, message_id = row.message_id.as_deref().unwrap_or(""),
-            reason = %row.reason, error = %row.error, "dead letter recorded"
-        );
-    }
-    Ok(inserted == 1)
+    // MySQL's affected rows for an upsert: 1 inserted, 2 updated.
+    let again = if affected == 1 { "" } else { " again" };
+    tracing::warn!(
+        function = %row.function_name, message_id = row.message_id.as_deref().unwrap_or(""),
+        dead_letter_id = %row.dead_letter_id, reason = %row.reason, error = %row.error,
+        "dead letter recorded{again}"
+    );
+    Ok(true)
 }
 
 /// Records the dead letter of work that failed for good outside a delivery — a row a
@@ -297,8 +362,8 @@ async fn insert_row(
 /// caller's transaction, so the row's terminal state and its dead letter commit together
 /// (principle 9) even while the broker is down. `message` is the message that would have
 /// carried the work (what a replay publishes); the row looks like a handler's `Failed`: same
-/// id scheme, reason `failed`, the `x-paybus-*` headers as readable JSON. True when this call
-/// recorded it (its id was new).
+/// id scheme, reason `failed`, the `x-paybus-*` headers as readable JSON. Each call is a
+/// failure of its own ([`record_failure`]).
 pub async fn record_unsent(
     conn: &mut MySqlConnection,
     function: &str,
@@ -307,45 +372,8 @@ pub async fn record_unsent(
     attempts: u32,
 ) -> Result<bool, sqlx::Error> {
     let reason = DeadLetterReason::Failed.as_str();
-    let dead_letter_id = bounded_id(format!("{function}:{}:{reason}", message.id));
-    let error: String = error.chars().take(MAX_ERROR_LEN).collect();
-    let mut headers = FieldTable::default();
-    text_header(&mut headers, H_FUNCTION, function);
-    text_header(&mut headers, H_REASON, reason);
-    text_header(&mut headers, H_ERROR, &error);
-    integer_header(&mut headers, H_ATTEMPTS, i64::from(attempts));
-    text_header(
-        &mut headers,
-        H_FAILED_AT,
-        &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-    );
-    text_header(&mut headers, H_ROUTING_KEY, &message.routing_key);
-    text_header(&mut headers, H_DEAD_LETTER_ID, &dead_letter_id);
-    let inserted = sqlx::query(
-        "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
-         correlation_id, routing_key, reason, error, attempts, body, headers) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&dead_letter_id)
-    .bind(function)
-    .bind(message.id.to_string())
-    .bind(message.correlation_id.to_string())
-    .bind(&message.routing_key)
-    .bind(reason)
-    .bind(&error)
-    .bind(attempts)
-    .bind(&message.body)
-    .bind(headers::to_json(&headers).to_string())
-    .execute(conn)
-    .await?
-    .rows_affected();
-    if inserted == 1 {
-        tracing::warn!(
-            function, message_id = %message.id, reason, error = %error,
-            "dead letter recorded (work outside a delivery)"
-        );
-    }
-    Ok(inserted == 1)
+    let dead_letter_id = format!("{function}:{}:{reason}", message.id);
+    record_given_up(conn, function, &dead_letter_id, message, error, attempts).await
 }
 
 /// `function_name` of a message no function binds.
@@ -368,13 +396,12 @@ impl UnroutedRecorder {
 
 /// The dead letter of an unroutable message (the routing key is the original one).
 pub fn describe_unrouted(delivery: &IncomingDelivery) -> DeadLetterRow {
-    use sha2::{Digest, Sha256};
     let message_id = delivery.message_id();
-    let key = message_id
-        .clone()
-        .unwrap_or_else(|| hex::encode(&Sha256::digest(&delivery.body)[..16]));
     DeadLetterRow {
-        dead_letter_id: bounded_id(format!("{UNROUTABLE}:{key}")),
+        dead_letter_id: bounded_id(format!("{UNROUTABLE}:{}", message_key(delivery))),
+        // Nothing of ours was stamped on it: every arrival counts (a crash between recording
+        // and the ack may count one twice; never none).
+        failure_id: uuid::Uuid::new_v4().to_string(),
         function_name: UNROUTED_FUNCTION.to_owned(),
         message_id,
         correlation_id: delivery
@@ -402,7 +429,7 @@ impl Processor for UnroutedRecorder {
     }
 
     async fn process(&self, delivery: &IncomingDelivery) -> Disposition {
-        match insert(&self.pool, &describe_unrouted(delivery), delivery).await {
+        match record_delivered(&self.pool, &describe_unrouted(delivery), delivery).await {
             Ok(_) => Disposition::Ack,
             Err(error) => Disposition::Requeue {
                 after: delivery.requeue_after(),
@@ -426,7 +453,7 @@ pub async fn record_from_queue(
     } else {
         describe(dead_letter_queue_function(queue).unwrap_or(queue), delivery)
     };
-    insert(pool, &row, delivery).await
+    record_delivered(pool, &row, delivery).await
 }
 
 /// Rewrites `dead_letters.headers` that an earlier paybus stored in lapin's serde form (a

@@ -29,7 +29,8 @@
 //!
 //! A dead letter published here and the batch then failing for another message means the
 //! retried batch dead-letters that message again; its dead-letter id derives from the function,
-//! the message id and the reason, so `dead_letters` still records it once. The dead-letter
+//! the message id and the reason, so `dead_letters` keeps one letter for it, counted twice
+//! (over-counted, never lost). The dead-letter
 //! queues themselves are drained by their own Lambda ([`record_dead_letters`]).
 
 use std::{collections::BTreeMap, future::Future, time::Duration};

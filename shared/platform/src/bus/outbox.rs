@@ -16,6 +16,7 @@ use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Transaction};
 use uuid::Uuid;
 
 use super::{
+    dead_letter,
     envelope::{Envelope, Message, OutgoingMessage},
     published_marks::{PublishedMarks, mark_published},
     publisher::Publisher,
@@ -270,17 +271,20 @@ async fn set_aside(
 ) -> Result<(), sqlx::Error> {
     tracing::error!(row_id = row.id, routing_key = %row.routing_key, %defect,
         "defective outbox row moved to dead_letters");
-    sqlx::query(
-        "INSERT IGNORE INTO dead_letters (dead_letter_id, function_name, message_id, \
-         correlation_id, routing_key, reason, error, attempts, body, headers) \
-         VALUES (?, 'outbox', NULL, NULL, ?, 'defective_outbox_row', ?, 0, ?, '')",
-    )
-    .bind(format!("outbox:{}", row.id))
-    .bind(&row.routing_key)
-    .bind(defect.to_string())
-    .bind(&row.body)
-    .execute(&mut *conn)
-    .await?;
+    let letter = format!("outbox:{}", row.id);
+    let dead = dead_letter::DeadLetterRow {
+        // The row leaves the outbox in this transaction: it can fail only once.
+        failure_id: letter.clone(),
+        dead_letter_id: letter,
+        function_name: "outbox".to_owned(),
+        message_id: None,
+        correlation_id: None,
+        routing_key: row.routing_key.clone(),
+        reason: "defective_outbox_row".to_owned(),
+        error: defect.to_string(),
+        attempts: 0,
+    };
+    dead_letter::record_failure(&mut *conn, &dead, &row.body, "").await?;
     sqlx::query("DELETE FROM outbox_messages WHERE id = ?")
         .bind(row.id)
         .execute(conn)
