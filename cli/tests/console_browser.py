@@ -34,7 +34,7 @@ with sync_playwright() as playwright:
     groups = page.locator("tr.group")
     expect(groups).to_have_count(2)
     expect(groups.first).to_have_attribute("data-function", "confirm-withdrawal")
-    expect(groups.first.locator("td.n")).to_have_text("3")
+    expect(groups.first.locator("td.letters")).to_have_text("3")
     expect(groups.first).to_contain_text("100 USDT")
     shot(page, "02-dead-letters")
 
@@ -62,7 +62,7 @@ with sync_playwright() as playwright:
     expect(replayed).to_have_attribute("data-result", "REPLAYED")
     expect(replayed).to_have_attribute("data-verdict", "safe")
     expect(page.locator("#letter-results tr[data-result='NOT_SENT']")).to_have_count(2)
-    expect(page.locator("tr.group").first.locator("td.n")).to_have_text("2")
+    expect(page.locator("tr.group").first.locator("td.letters")).to_have_text("2")
     shot(page, "04-replay")
 
     # Replay again: the replayed letter is no longer waiting, the others still need a human.

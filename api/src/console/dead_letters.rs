@@ -82,8 +82,8 @@ async fn render_groups(
                             tr.group data-function=(group.function) data-reason=(group.reason) {
                                 td { a href=(group_href(&group.function, &group.reason)) { (group.function) } }
                                 td { code { (group.reason) } }
-                                td.n { (group.count) }
-                                td.n { (group.failures) }
+                                td.n.letters { (group.count) }
+                                td.n.failures { (group.failures) }
                                 td { (at(group.first_failed_at)) }
                                 td { (at(group.last_failed_at)) }
                                 td { (sums(&group.exposure)) }
