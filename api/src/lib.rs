@@ -11,6 +11,7 @@
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letter_ops` over the catalog's triage |
+//! | `functions` | ops: pause and resume a function's consumption | `paybus_platform::bus::pauses` |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
 //! `GET /health` is liveness, `GET /metrics` the Prometheus scrape; `GET /openapi.json` is the
@@ -31,6 +32,7 @@ pub mod confirmations;
 pub mod console;
 mod dead_letters;
 pub mod error;
+mod functions;
 mod markets;
 pub mod openapi;
 mod p2p;
@@ -167,6 +169,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(audit::admin_routes())
         .merge(markets::admin_routes())
         .merge(dead_letters::admin_routes())
+        .merge(functions::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

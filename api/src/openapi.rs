@@ -32,6 +32,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::markets::Doc::openapi(),
         crate::p2p::Doc::openapi(),
         crate::dead_letters::Doc::openapi(),
+        crate::functions::Doc::openapi(),
     ] {
         document.merge(part);
     }
@@ -66,6 +67,7 @@ pub(crate) fn routes() -> Router<AppState> {
         (name = "markets", description = "markets (W4) admin: markets, orders, suspensions"),
         (name = "audit", description = "Every workflow's invariants, and the continuous auditor's passes"),
         (name = "dead-letters", description = "Ops: dead letters grouped, shown, dry-run, replayed, archived"),
+        (name = "functions", description = "Ops: pause and resume a function's consumption"),
     )
 )]
 struct ApiDoc;

@@ -198,7 +198,7 @@ async fn dead_letters_are_grouped_by_function_and_reason_largest_first() {
     assert!(deposit < bonus, "the larger group first");
     let row = &page.body[deposit..bonus];
     assert!(
-        row.contains("<td class=\"n\">2</td>"),
+        row.contains("<td class=\"n letters\">2</td>"),
         "archived letters are not waiting: {row}"
     );
 }

@@ -3,6 +3,7 @@
 mod configuration_page;
 mod dead_letters;
 mod doctor;
+mod functions;
 mod jobs;
 mod p2p;
 mod suspension;
@@ -96,6 +97,10 @@ enum Command {
     /// ones, rate-limited, with a progress bar) and archived.
     #[command(subcommand)]
     DeadLetters(dead_letters::DeadLettersCommand),
+    /// Pause or resume a function's consumption in every process (its messages wait in its
+    /// queue), or list which are paused.
+    #[command(subcommand)]
+    Functions(functions::FunctionsCommand),
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -221,6 +226,7 @@ async fn main() -> ExitCode {
         }) => issue_token(&roles, &subject, ttl),
         Command::Ping { timeout } => ping(settings, timeout).await,
         Command::Suspension(command) => suspension::run(&settings, command).await,
+        Command::Functions(command) => functions::run(&settings, command).await,
     };
     match result {
         Ok(code) => code,

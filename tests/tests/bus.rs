@@ -296,7 +296,17 @@ fn consume_in_background<P: Processor + 'static>(
     let consuming = tokio::spawn({
         let (link, publisher) = (services.link.clone(), services.publisher().clone());
         let shutdown = shutdown.clone();
-        async move { consumer::consume(&link, processor, publisher, prefetch, shutdown).await }
+        async move {
+            consumer::consume(
+                &link,
+                processor,
+                publisher,
+                prefetch,
+                paybus_platform::bus::pauses::PauseWatch::never(),
+                shutdown,
+            )
+            .await
+        }
     });
     (shutdown, consuming)
 }
@@ -690,6 +700,91 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
         4
     );
     assert_eq!(letter_state(&env).await, [(4, "NEW".to_owned(), true)]);
+}
+
+async fn publish_pings(services: &Services, ids: &[u64]) {
+    for &ping_id in ids {
+        let outgoing = Envelope::new(Ping { ping_id }).to_outgoing().unwrap();
+        services.publisher().publish_event(&outgoing).await.unwrap();
+    }
+}
+
+async fn ponged(env: &TestEnv) -> i64 {
+    scalar(
+        &env.db,
+        "SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_resume() {
+    use paybus_platform::bus::pauses;
+    // Longer than a pause takes to reach every consumer (one read a second).
+    let settle = pauses::POLL_INTERVAL * 3;
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let channel = tap(&services, "test.tap").await;
+    let mut conn = env.db.acquire().await.unwrap();
+
+    // Paused before the process starts: not one delivery is taken.
+    assert!(
+        pauses::pause(&mut conn, "canary", "alice", "maintenance")
+            .await
+            .unwrap()
+    );
+    let (stop, run) = start_runner(&services);
+    let before = insert_pings(&env, 20).await;
+    publish_pings(&services, &before).await;
+    tokio::time::sleep(settle).await;
+    assert_eq!(ponged(&env).await, 0);
+    assert_eq!(queue_depth(&channel, "paybus.canary").await, 20);
+
+    assert!(pauses::resume(&mut conn, "canary", "alice").await.unwrap());
+    let drained = eventually(Duration::from_secs(30), || async {
+        ponged(&env).await == 20
+    })
+    .await;
+    assert!(drained);
+
+    // Paused while consuming: it stops within the settle time and keeps what arrives.
+    pauses::pause(&mut conn, "canary", "alice", "again")
+        .await
+        .unwrap();
+    tokio::time::sleep(settle).await;
+    let during = insert_pings(&env, 30).await;
+    publish_pings(&services, &during).await;
+    tokio::time::sleep(settle).await;
+    assert_eq!(ponged(&env).await, 20);
+    assert_eq!(queue_depth(&channel, "paybus.canary").await, 30);
+    // A pause already there is not a second one.
+    assert!(
+        !pauses::pause(&mut conn, "canary", "bob", "too")
+            .await
+            .unwrap()
+    );
+
+    pauses::resume(&mut conn, "canary", "alice").await.unwrap();
+    let drained = eventually(Duration::from_secs(30), || async {
+        ponged(&env).await == 50
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+    assert!(drained);
+    // Each once: nothing was lost or taken twice by the pauses.
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT CAST(SUM(pongs) AS SIGNED) FROM canary_pings"
+        )
+        .await,
+        50
+    );
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
+        0
+    );
 }
 
 fn settings_on(env: &TestEnv, broker: &PrivateBroker) -> Settings {

@@ -358,7 +358,9 @@ fn add_consumer(
         } else {
             "Queue".to_owned()
         };
-        events.insert(&name, mq_event(&queue.queue()));
+        let mut event = mq_event(&queue.queue());
+        event.insert("Enabled", reference(&enabled_parameter(function.name)));
+        events.insert(&name, map! { "Type" => "MQ", "Properties" => event });
     }
     properties.insert("Events", events);
     resources.insert_commented(
@@ -385,10 +387,10 @@ fn add_recorder(resources: &mut Node) {
     for function in FUNCTIONS {
         events.insert(
             &format!("{}DeadLetters", pascal_case(function.name)),
-            mq_event(&dead_letter_queue_name(function.name)),
+            mq_event_on(&dead_letter_queue_name(function.name)),
         );
     }
-    events.insert("Unrouted", mq_event(UNROUTED_QUEUE));
+    events.insert("Unrouted", mq_event_on(UNROUTED_QUEUE));
     let mut properties = common_properties(
         &recorder,
         "paybus dead-letter recorder: every paybus.<function>.dlq and paybus.unrouted into the dead_letters table",
@@ -579,7 +581,33 @@ fn parameters() -> Node {
     capacity_parameters(&mut p);
     workflow_parameters(&mut p);
     operations_parameters(&mut p);
+    consumption_parameters(&mut p);
     p
+}
+
+/// `<Function>Enabled`: the Amazon MQ trigger's `Enabled`, AWS's form of `paybus functions
+/// pause` (the runbook's step: update the stack with it false; the messages wait in the
+/// queue; true again drains them).
+fn enabled_parameter(function: &str) -> String {
+    format!("{}Enabled", pascal_case(function))
+}
+
+/// One switch per function's triggers.
+fn consumption_parameters(p: &mut Node) {
+    for (n, function) in FUNCTIONS.iter().enumerate() {
+        p.insert_commented(
+            (n == 0).then_some(
+                "Consumption: false pauses a function's triggers (its messages wait in its queue).",
+            ),
+            &enabled_parameter(function.name),
+            map! {
+                "Type" => "String",
+                "Description" => format!("Whether {} consumes its queue (false: paused; its messages wait)", function.name),
+                "Default" => "true",
+                "AllowedValues" => list!["true", "false"],
+            },
+        );
+    }
 }
 
 /// The broker and the credentials the event source mappings read the queues with.
@@ -838,19 +866,22 @@ fn function_resource(lambda: &Deployable, properties: Node) -> Node {
     }
 }
 
+/// An MQ event on `queue`.
+fn mq_event_on(queue: &str) -> Node {
+    map! { "Type" => "MQ", "Properties" => mq_event(queue) }
+}
+
+/// The properties of an MQ event on `queue`.
 fn mq_event(queue: &str) -> Node {
     map! {
-        "Type" => "MQ",
-        "Properties" => map! {
-            "Broker" => reference("BrokerArn"),
-            "Queues" => list![queue],
-            "SourceAccessConfigurations" => list![
-                map! { "Type" => "BASIC_AUTH", "URI" => reference("BrokerCredentialsSecretArn") },
-                map! { "Type" => "VIRTUAL_HOST", "URI" => reference("BrokerVirtualHost") },
-            ],
-            "BatchSize" => reference("BatchSize"),
-            "MaximumBatchingWindowInSeconds" => reference("BatchingWindowSeconds"),
-        },
+        "Broker" => reference("BrokerArn"),
+        "Queues" => list![queue],
+        "SourceAccessConfigurations" => list![
+            map! { "Type" => "BASIC_AUTH", "URI" => reference("BrokerCredentialsSecretArn") },
+            map! { "Type" => "VIRTUAL_HOST", "URI" => reference("BrokerVirtualHost") },
+        ],
+        "BatchSize" => reference("BatchSize"),
+        "MaximumBatchingWindowInSeconds" => reference("BatchingWindowSeconds"),
     }
 }
 

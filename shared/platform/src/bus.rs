@@ -13,6 +13,7 @@ pub mod lambda;
 pub mod link;
 pub mod metrics;
 pub mod outbox;
+pub mod pauses;
 mod published_marks;
 pub mod publisher;
 pub mod runner;

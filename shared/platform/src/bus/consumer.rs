@@ -4,7 +4,8 @@
 //! committed, or after its dead letter was confirmed by the broker (the acks go out in runs:
 //! `bus/acks.rs`); prefetch bounds how many are in flight; an infrastructure error requeues it
 //! after a back-off pause. SIGTERM (the shutdown token) stops taking deliveries, lets in-flight
-//! ones finish, then returns.
+//! ones finish, then returns. A paused function (`bus/pauses.rs`) stops taking deliveries the
+//! same way and subscribes again on resume.
 
 use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
@@ -23,22 +24,35 @@ use super::{
     dead_letter,
     delivery::{Disposition, IncomingDelivery, Processor},
     link::BrokerLink,
+    pauses::PauseWatch,
     publisher::Publisher,
 };
 
 /// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
-/// Follows the link: when it replaces the connection, consuming resumes on the new one.
+/// Follows the link: when it replaces the connection, consuming resumes on the new one. While
+/// `pauses` says the processor's function is paused, it does not consume.
 pub async fn consume<P: Processor>(
     link: &BrokerLink,
     processor: Arc<P>,
     publisher: Publisher,
     prefetch: u16,
+    mut pauses: PauseWatch,
     shutdown: CancellationToken,
 ) -> Result<(), lapin::Error> {
     let in_flight = TaskTracker::new();
     let mut generation = link.generation();
     let mut first = true;
     loop {
+        let function = processor.function().to_owned();
+        if pauses.is_paused(&function) {
+            tracing::warn!(function, queue = %processor.queue(), "paused by ops: not consuming");
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = pauses.until(&function, false) => {}
+            }
+            tracing::info!(function, "resumed by ops");
+            continue;
+        }
         let live = link.current();
         generation.borrow_and_update();
         let subscribed = consume_on(
@@ -46,14 +60,18 @@ pub async fn consume<P: Processor>(
             &processor,
             &publisher,
             prefetch,
-            &shutdown,
-            &mut generation,
+            Ending {
+                shutdown: &shutdown,
+                generation: &mut generation,
+                pauses: &mut pauses,
+                function: &function,
+            },
             &in_flight,
         )
         .await;
         match subscribed {
             Ok(Ended::Shutdown) => break,
-            Ok(Ended::ConnectionReplaced) => {}
+            Ok(Ended::ConnectionReplaced | Ended::Paused) => {}
             // The first subscription failing is a configuration error (no such queue, other
             // arguments): fail loudly. Later ones follow an outage: wait for the link.
             Err(error) if first => return Err(error),
@@ -80,6 +98,26 @@ pub async fn consume<P: Processor>(
 enum Ended {
     Shutdown,
     ConnectionReplaced,
+    Paused,
+}
+
+/// What ends a subscription: the process stopping, the link replacing the connection, or ops
+/// pausing the function.
+struct Ending<'a> {
+    shutdown: &'a CancellationToken,
+    generation: &'a mut watch::Receiver<u64>,
+    pauses: &'a mut PauseWatch,
+    function: &'a str,
+}
+
+impl Ending<'_> {
+    async fn next(&mut self) -> Ended {
+        tokio::select! {
+            () = self.shutdown.cancelled() => Ended::Shutdown,
+            _ = self.generation.changed() => Ended::ConnectionReplaced,
+            () = self.pauses.until(self.function, true) => Ended::Paused,
+        }
+    }
 }
 
 async fn consume_on<P: Processor>(
@@ -87,8 +125,7 @@ async fn consume_on<P: Processor>(
     processor: &Arc<P>,
     publisher: &Publisher,
     prefetch: u16,
-    shutdown: &CancellationToken,
-    generation: &mut watch::Receiver<u64>,
+    mut ending: Ending<'_>,
     in_flight: &TaskTracker,
 ) -> Result<Ended, lapin::Error> {
     let max_batch = processor.max_batch().max(1);
@@ -111,16 +148,14 @@ async fn consume_on<P: Processor>(
     tracing::info!(function = processor.function(), queue = %processor.queue(), prefetch, max_batch, "consuming");
     let ended = loop {
         let slot = tokio::select! {
-            () = shutdown.cancelled() => break Ended::Shutdown,
-            _ = generation.changed() => break Ended::ConnectionReplaced,
+            ended = ending.next() => break ended,
             slot = batches.clone().acquire_owned() => match slot {
                 Ok(slot) => slot,
                 Err(_closed) => break Ended::Shutdown,
             },
         };
         tokio::select! {
-            () = shutdown.cancelled() => break Ended::Shutdown,
-            _ = generation.changed() => break Ended::ConnectionReplaced,
+            ended = ending.next() => break ended,
             next = deliveries.next() => match next {
                 Some(Ok(delivery)) => {
                     let batch = take_buffered(&mut deliveries, delivery, max_batch);
@@ -139,16 +174,11 @@ async fn consume_on<P: Processor>(
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 // The consumer is gone for good (cancelled by the broker, channel closed).
-                None => {
-                    tokio::select! {
-                        () = shutdown.cancelled() => break Ended::Shutdown,
-                        _ = generation.changed() => break Ended::ConnectionReplaced,
-                    }
-                }
+                None => break ending.next().await,
             }
         }
     };
-    if matches!(ended, Ended::Shutdown) {
+    if matches!(ended, Ended::Shutdown | Ended::Paused) {
         let _ = channel
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
             .await;
@@ -156,7 +186,7 @@ async fn consume_on<P: Processor>(
         // ones never started go back to the queue with the channel.
         in_flight.close();
         in_flight.wait().await;
-        let _ = channel.close(200, "shutdown".into()).await;
+        let _ = channel.close(200, "stopped consuming".into()).await;
     }
     Ok(ended)
 }

@@ -11,6 +11,7 @@ use super::{
     delivery::Processor,
     handler::{Handler, HandlerProcessor},
     outbox::{Relay, RelayConfig},
+    pauses::{PauseReader, PauseWatch},
     services::{Services, StartupError},
     sweeper::{self, Job, OutboxRelayJob},
     topology::FunctionQueue,
@@ -31,6 +32,7 @@ pub struct Runner {
     queues: Vec<FunctionQueue>,
     starters: Vec<Starter>,
     jobs: Vec<Arc<dyn Job>>,
+    pauses: PauseReader,
 }
 
 impl Runner {
@@ -41,10 +43,11 @@ impl Runner {
             jobs: vec![outbox_relay_job(&services)],
             queues: Vec::new(),
             starters: Vec::new(),
+            pauses: PauseReader::new(services.pool.clone()),
             services,
         };
         let unrouted = Arc::new(UnroutedRecorder::new(runner.services.pool.clone()));
-        runner.add_consumer(unrouted);
+        runner.add_consumer(unrouted, PauseWatch::never());
         runner
     }
 
@@ -74,7 +77,8 @@ impl Runner {
                 self.services.outbox.clone(),
                 queue,
             ));
-            self.add_consumer(processor);
+            let pauses = self.pauses.watch();
+            self.add_consumer(processor, pauses);
         }
         for queue in shards {
             self.add_dead_letter_recorder(queue);
@@ -96,11 +100,11 @@ impl Runner {
             queue.function,
             self.services.pool.clone(),
         ));
-        self.add_consumer(recorder);
+        self.add_consumer(recorder, PauseWatch::never());
         self
     }
 
-    fn add_consumer<P: Processor>(&mut self, processor: Arc<P>) {
+    fn add_consumer<P: Processor>(&mut self, processor: Arc<P>, pauses: PauseWatch) {
         let services = self.services.clone();
         self.starters.push(Box::new(move |shutdown| {
             Box::pin(async move {
@@ -109,6 +113,7 @@ impl Runner {
                     processor,
                     services.publisher().clone(),
                     services.settings.broker.prefetch,
+                    pauses,
                     shutdown,
                 )
                 .await
@@ -125,7 +130,22 @@ impl Runner {
     /// every consumer finishes its in-flight messages before this returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartupError> {
         self.services.declare_topology(&self.queues).await?;
+        // A function paused before this process started must not take one delivery: the
+        // consumers start after the pauses were read once.
+        while let Err(error) = self.pauses.read().await {
+            tracing::warn!(%error, "reading function_pauses before consuming; trying again");
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(super::pauses::POLL_INTERVAL) => {}
+            }
+        }
         let mut tasks = tokio::task::JoinSet::new();
+        let pauses = self.pauses;
+        let pauses_shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            pauses.run(pauses_shutdown).await;
+            Ok(())
+        });
         for start in self.starters {
             tasks.spawn(start(shutdown.clone()));
         }
