@@ -50,6 +50,10 @@ done
 # API and the console); their tests fail instead of skipping when these are missing.
 echo "== python test tools"
 eval "$(infra/browser/install.sh)"
+# Debian's prometheus for promtool (the alert rules' checks and unit tests).
+echo "== prometheus (promtool)"
+eval "export $(infra/prometheus/install.sh)"
+export PAYBUS_REQUIRE_PROMTOOL=1
 export PAYBUS_REQUIRE_PYTHON_TESTS=1
 
 echo "== cargo fmt --check"

@@ -72,6 +72,43 @@ async fn metrics_expose_outcomes_latency_backlog_dead_letters_due_and_stuck_rows
 }
 
 #[tokio::test]
+async fn metrics_expose_paused_functions_and_the_age_of_the_auditors_last_pass() {
+    let api = Api::new().await;
+    let text = scrape(&api).await;
+    // No pass yet: no age to alert on (the absent series is what says so).
+    assert!(
+        !text.contains("paybus_audit_last_pass_age_seconds "),
+        "{text}"
+    );
+    assert!(!text.contains("paybus_function_paused{"), "{text}");
+
+    let mut conn = api.services.pool.acquire().await.unwrap();
+    paybus_platform::bus::pauses::pause(&mut conn, "grant-bonus", "alice", "maintenance")
+        .await
+        .unwrap();
+    Auditor::new(
+        api.services.pool.clone(),
+        paybus_catalog::audit_checks(),
+        AuditorConfig::default(),
+    )
+    .pass()
+    .await
+    .unwrap();
+    let text = scrape(&api).await;
+    assert!(
+        text.contains("paybus_function_paused{function=\"grant-bonus\"} 1"),
+        "{text}"
+    );
+    let age: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("paybus_audit_last_pass_age_seconds "))
+        .unwrap_or_else(|| panic!("no auditor age in:\n{text}"))
+        .parse()
+        .unwrap();
+    assert!((0.0..60.0).contains(&age), "{age}");
+}
+
+#[tokio::test]
 async fn the_audit_status_shows_the_last_pass_of_the_auditor() {
     let api = Api::new().await;
     let (status, before) = api.call(admin_get("/v1/admin/audit/status")).await;

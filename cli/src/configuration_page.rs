@@ -176,6 +176,18 @@ const TESTS: SettingGroup = SettingGroup {
             about: "the browser the console test drives",
         },
         Setting {
+            name: "PAYBUS_TEST_PROMTOOL",
+            default: "`promtool` on the `PATH`",
+            about: "the promtool that checks and unit-tests `infra/prometheus/alerts.yml` \
+                    (`infra/prometheus/install.sh` installs Debian's prometheus)",
+        },
+        Setting {
+            name: "PAYBUS_REQUIRE_PROMTOOL",
+            default: "unset",
+            about: "set (as `infra/test.sh` does): the alert rules' test fails when promtool is \
+                    missing instead of skipping",
+        },
+        Setting {
             name: "PAYBUS_SCHEMATHESIS_EXAMPLES",
             default: "`8`",
             about: "examples per operation of the schemathesis run (raise it for a longer one)",

@@ -96,3 +96,22 @@ fn the_readme_stays_a_front_door() {
         "README.md has {lines} lines; move the detail into docs/"
     );
 }
+
+#[test]
+fn every_alert_names_a_runbook_section_that_exists() {
+    let rules = std::fs::read_to_string(repository().join("infra/prometheus/alerts.yml")).unwrap();
+    let runbooks: Vec<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("runbook: "))
+        .collect();
+    let alerts = rules
+        .lines()
+        .filter(|l| l.trim().starts_with("- alert: "))
+        .count();
+    assert_eq!(runbooks.len(), alerts, "every alert has a runbook");
+    let broken: Vec<String> = runbooks
+        .iter()
+        .filter_map(|target| broken(&repository().join("README.md"), target))
+        .collect();
+    assert!(broken.is_empty(), "{broken:?}");
+}

@@ -179,6 +179,11 @@ pub struct Gauges {
     pub stuck_rows: Vec<(String, u64)>,
     /// Per work table with such a status: rows parked for a human (W1's IN_DOUBT).
     pub held_for_a_human: Vec<(String, u64)>,
+    /// How long ago the continuous auditor last finished a pass (any process's: the
+    /// `audit_passes` table), `None` before its first.
+    pub audit_last_pass_age_seconds: Option<f64>,
+    /// The functions ops paused (`function_pauses`).
+    pub paused_functions: Vec<String>,
 }
 
 /// Everything in the Prometheus text format (OpenMetrics 1.0), `gauges` included.
@@ -226,6 +231,26 @@ pub fn encode(gauges: &Gauges) -> String {
         "outbox_backlog",
         "Outbox messages not yet published",
         backlog,
+    );
+    if let Some(age) = gauges.audit_last_pass_age_seconds {
+        let last_pass: Gauge<f64, AtomicU64> = Gauge::default();
+        last_pass.set(age);
+        registry.register(
+            "audit_last_pass_age_seconds",
+            "How long ago the continuous auditor (in any process) last finished a pass",
+            last_pass,
+        );
+    }
+    let paused: Family<Labels, Gauge> = Family::default();
+    for function in &gauges.paused_functions {
+        paused
+            .get_or_create(&vec![("function".to_owned(), function.clone())])
+            .set(1);
+    }
+    registry.register(
+        "function_paused",
+        "1 for each function ops paused (paybus functions pause): its queue waits",
+        paused,
     );
     let oldest: Gauge<f64, AtomicU64> = Gauge::default();
     oldest.set(gauges.outbox_oldest_seconds);
@@ -300,7 +325,20 @@ pub async fn read_gauges(
     )
     .fetch_all(&mut *conn)
     .await?;
+    // A pass is written when it finishes: the newest row (by primary key) is the last pass.
+    let audit_last_pass_age_seconds: Option<f64> = sqlx::query_scalar(
+        "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6)) / 1e6 AS DOUBLE) \
+         FROM audit_passes ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    let paused_functions: Vec<String> =
+        sqlx::query_scalar("SELECT function_name FROM function_pauses ORDER BY function_name")
+            .fetch_all(&mut *conn)
+            .await?;
     let mut gauges = Gauges {
+        audit_last_pass_age_seconds,
+        paused_functions,
         outbox_backlog: u64::try_from(backlog).unwrap_or(0),
         outbox_oldest_seconds: oldest.unwrap_or(0.0),
         dead_letters: dead_letters
