@@ -112,7 +112,11 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "\nload (through the HTTP API)")?;
         sent_line(f, "p2p: deposit orders", &self.load.p2p_deposit_orders)?;
-        sent_line(f, "confirmations: confirmations", &self.load.confirmations)?;
+        sent_line(
+            f,
+            "confirmations: chain-monitor confirmations",
+            &self.load.confirmations,
+        )?;
         sent_line(
             f,
             "bonuses: payment completions",
