@@ -182,10 +182,15 @@ const TESTS: SettingGroup = SettingGroup {
                     (`infra/prometheus/install.sh` installs Debian's prometheus)",
         },
         Setting {
+            name: "PAYBUS_TEST_PROMETHEUS",
+            default: "`prometheus` on the `PATH`",
+            about: "the Prometheus server the alert test starts against a real `paybus run`",
+        },
+        Setting {
             name: "PAYBUS_REQUIRE_PROMTOOL",
             default: "unset",
-            about: "set (as `infra/test.sh` does): the alert rules' test fails when promtool is \
-                    missing instead of skipping",
+            about: "set (as `infra/test.sh` does): the alert rules' tests fail when promtool or \
+                    prometheus is missing instead of skipping",
         },
         Setting {
             name: "PAYBUS_SCHEMATHESIS_EXAMPLES",

@@ -343,6 +343,9 @@ impl OwnServices {
     }
 }
 
+/// How long the harness's own parts (the duplicator, the API) may take to stop.
+const STOP_WITHIN: Duration = Duration::from_secs(30);
+
 pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let profile = Profile::from_args(&args)?;
     // The layout is the process's (the checks ask the catalog for its queues) and every
@@ -462,9 +465,31 @@ async fn drive(
     let fleet = Arc::try_unwrap(fleet)
         .map_err(|_| anyhow::anyhow!("the fault schedule still holds the fleet"))?;
     let exits = fleet.stop().await;
-    duplicator.stop().await;
+    // A harness part that does not stop is a finding of the run, not a hang of it (a 4-shard
+    // run once sat here for minutes under a loaded machine, with nothing said).
+    let mut unstopped = Vec::new();
+    if tokio::time::timeout(STOP_WITHIN, duplicator.stop())
+        .await
+        .is_err()
+    {
+        unstopped.push(checks::violation(
+            "harness_did_not_stop",
+            format!(
+                "the duplicator was still running {} s after its stop",
+                STOP_WITHIN.as_secs()
+            ),
+        ));
+    }
     stop.cancel();
-    api.stop().await;
+    if tokio::time::timeout(STOP_WITHIN, api.stop()).await.is_err() {
+        unstopped.push(checks::violation(
+            "harness_did_not_stop",
+            format!(
+                "the API still had requests in flight {} s after its stop",
+                STOP_WITHIN.as_secs()
+            ),
+        ));
+    }
 
     let mut violations = checks::run_all(
         &services,
@@ -475,6 +500,7 @@ async fn drive(
         quiescence,
     )
     .await?;
+    violations.extend(unstopped);
     violations.extend(
         fault_log
             .iter()
