@@ -30,7 +30,21 @@ impl MatchError {
     pub(crate) fn inconsistent(what: impl Into<String>) -> Self {
         MatchError::Inconsistent(what.into())
     }
+
+    /// InnoDB chose this transaction as a deadlock's victim and rolled it back whole: nothing
+    /// it wrote stands, so the same step may simply run again (contention, not failure).
+    pub(crate) fn is_deadlock(&self) -> bool {
+        let database = match self {
+            MatchError::Database(e) | MatchError::Outbox(OutboxError::Database(e)) => e,
+            MatchError::Ledger(LedgerError::Database(e)) => e,
+            _ => return false,
+        };
+        paybus_platform::db::error_number(database) == Some(DEADLOCK)
+    }
 }
+
+/// MySQL's and MariaDB's "Deadlock found when trying to get lock".
+const DEADLOCK: u16 = 1213;
 
 impl From<MatchError> for HandlerError {
     fn from(error: MatchError) -> Self {

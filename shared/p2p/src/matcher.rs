@@ -226,15 +226,31 @@ impl Matcher {
         let mut tries = 0;
         let fill = loop {
             tries += 1;
-            match reserve::reserve(
+            let reserved = reserve::reserve(
                 &self.outbox,
                 claim,
                 self.config.fill_policy,
                 &self.clock,
                 correlation_id,
             )
-            .await?
-            {
+            .await;
+            let reservation = match reserved {
+                // Two matchers reserving from one seller while a third marks its fill TRADING
+                // can deadlock on the matches' index (seen under load); the victim's
+                // reservation was rolled back whole, so it is contention: look again shortly.
+                Err(error) if error.is_deadlock() && tries < CONTENDED_TRIES => {
+                    tracing::debug!(
+                        deposit_order_id = claim.id,
+                        tries,
+                        "reservation deadlocked; trying again"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    continue;
+                }
+                reserved => reserved?,
+            };
+            match reservation {
                 Reservation::Held(fill) => break fill,
                 Reservation::InDoubt(fill) => {
                     let sent = fill.sent.clone().ok_or_else(|| {

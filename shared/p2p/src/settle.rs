@@ -53,8 +53,22 @@ pub(crate) async fn mark_trading(
 ) -> Result<bool, MatchError> {
     let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
     let mut conn = outbox.pool().acquire().await?;
-    matches::mark_trading(&mut conn, &ids, &quote.quote_id, quote.rate, quote.fee).await
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match matches::mark_trading(&mut conn, &ids, &quote.quote_id, quote.rate, quote.fee).await {
+            // The one conditional UPDATE was rolled back whole by a deadlock with another
+            // matcher's reservation: nothing was sent yet, so it runs again.
+            Err(error) if error.is_deadlock() && tries < MARK_TRIES => {
+                tokio::time::sleep(std::time::Duration::from_millis(10 * u64::from(tries))).await;
+            }
+            marked => return marked,
+        }
+    }
 }
+
+/// How often the TRADING mark runs again after a deadlock before the attempt gives up.
+const MARK_TRIES: u32 = 3;
 
 #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id, trade_id = %trade.trade_id))]
 pub(crate) async fn settle(
