@@ -140,6 +140,45 @@ async fn a_5xx_from_create_trade_is_in_doubt_and_the_next_check_trades_once() {
 }
 
 #[tokio::test]
+async fn a_refused_retry_of_a_trade_in_doubt_settles_the_trade_the_service_holds_under_the_key() {
+    // Found by the chaos run: the service traded, answered late, then refused the retry
+    // ("quote expired" checked before the key). Releasing then left an orphan trade.
+    let world = World::new().await;
+    let matcher = with_timeout(&world, TIMEOUT, FillPolicy::FillOrCancel);
+    let handler = MatchDeposit::new(matcher.clone());
+    let seller = world.seller("25").await;
+    let id = world.queued(&matcher, "25").await;
+    world.stub.set_trade_delay(LATE);
+    let outcome = world.deliver(&handler, id, 1).await;
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    assert_eq!(match_statuses(&world, id).await, ["TRADING"]);
+
+    world.stub.set_trade_delay(Duration::ZERO);
+    world.stub.refuse_next_trades(1);
+    world.clock.advance(Duration::from_secs(2));
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
+    );
+    let trades = world.stub.trades();
+    assert_eq!(trades.len(), 1, "{trades:?}");
+    let settled: Vec<String> =
+        sqlx::query_scalar("SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'")
+            .fetch_all(world.pool())
+            .await
+            .unwrap();
+    let trade = trades.values().next().unwrap();
+    assert_eq!(settled, std::slice::from_ref(&trade.trade_id));
+    let (_, reserved, status) = seller_amounts(world.pool(), seller).await;
+    assert_eq!((trim(&reserved), status.as_str()), ("0", "FILLED"));
+    let found = reconciled(&world).await;
+    assert!(found.is_clean(), "{:?}", found.discrepancies);
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
 async fn a_definitively_refused_trade_releases_the_liquidity_and_counts_a_failed_attempt() {
     let world = World::new().await;
     let matcher = with_timeout(&world, TIMEOUT, FillPolicy::FillOrCancel);

@@ -327,6 +327,41 @@ impl Matcher {
         };
         let trade = match client.create_trade(&request, quote).await {
             Ok(trade) => trade,
+            // A refusal of this request is not proof about an earlier one whose outcome was
+            // unknown: a service that traded, answered late, then refuses the retry ("quote
+            // expired" before it looks the key up) still holds that trade. The key decides.
+            Err(error) if error.effect() == Effect::NotDone && fill.trade_checks > 0 => {
+                match client.trade_by_key(&fill.trade_key).await {
+                    Ok(Some(record)) => {
+                        tracing::warn!(
+                            deposit_order_id = claim.id, trade_key = %fill.trade_key,
+                            trade_id = %record.trade_id, refusal = %error,
+                            "the retry was refused but the service holds a trade under the key: settling it"
+                        );
+                        crate::quote::Trade {
+                            trade_id: record.trade_id,
+                            rate: record.rate.unwrap_or(quote.rate),
+                            fee: record.fee.unwrap_or(quote.fee),
+                        }
+                    }
+                    Ok(None) => {
+                        settle::release(&self.outbox, claim, fill, ReleaseReason::TradeRefused)
+                            .await?;
+                        return Err(error.into());
+                    }
+                    Err(lookup) => {
+                        return Ok(AttemptEnd::InDoubt {
+                            trade_key: fill.trade_key.clone(),
+                            checks: fill.trade_checks.saturating_add(1),
+                            error: format!(
+                                "{}; looking the key up failed too: {}",
+                                paybus_platform::telemetry::one_line(&error),
+                                paybus_platform::telemetry::one_line(&lookup)
+                            ),
+                        });
+                    }
+                }
+            }
             Err(error) if error.effect() == Effect::NotDone => {
                 settle::release(&self.outbox, claim, fill, ReleaseReason::TradeRefused).await?;
                 return Err(error.into());
