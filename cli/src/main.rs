@@ -381,7 +381,9 @@ async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     eprintln!(
-        "no pong for ping {ping_id} within {timeout}s: is `paybus run` (or the canary function) running?"
+        "no pong for ping {ping_id} within {timeout}s: is `paybus run` (or the canary function) \
+         running? A ping sent before its queue was bound is an `unrouted` dead letter \
+         (`paybus dead-letters list`)."
     );
     Ok(ExitCode::FAILURE)
 }

@@ -25,6 +25,17 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitS
     None
 }
 
+/// Drains a child's stderr on a thread (a pipe nobody reads blocks the child once it is full)
+/// and keeps it for the failure message.
+fn drain_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    })
+}
+
 #[tokio::test]
 async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
     let env = TestEnv::new().await;
@@ -34,14 +45,26 @@ async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start paybus run");
+    let log = drain_stderr(&mut run);
 
-    // A liveness bound, not a speed claim: with builds running beside it, the debug `paybus
-    // run` once took over 30 s to start consuming.
+    // A ping published before `paybus run` has bound the canary queue is routed to
+    // `paybus.unrouted` (the events exchange's alternate) and recorded as a dead letter, not
+    // ponged: CI once lost the race that way. The claim here is about a running system, so
+    // the ping waits for the canary's consumer. A liveness bound, not a speed claim: with
+    // builds running beside it, the debug `paybus run` once took over 30 s to start.
+    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
+    let consuming = paybus_platform::testing::eventually(Duration::from_secs(90), || async {
+        paybus_platform::testing::queue_state(&services, "paybus.canary")
+            .await
+            .is_some_and(|(_, consumers)| consumers >= 1)
+    })
+    .await;
     let ping = paybus(&env)
-        .args(["ping", "--timeout", "90"])
+        .args(["ping", "--timeout", "60"])
         .output()
         .expect("run paybus ping");
     let stdout = String::from_utf8_lossy(&ping.stdout);
+    let exited_early = run.try_wait().expect("poll paybus run");
 
     let kill = Command::new("kill")
         .args(["-TERM", &run.id().to_string()])
@@ -52,15 +75,24 @@ async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
     if status.is_none() {
         let _ = run.kill();
     }
+    let log = log.join().unwrap_or_default();
 
     assert!(
+        exited_early.is_none(),
+        "paybus run exited before the ping ({exited_early:?}):\n{log}"
+    );
+    assert!(
+        consuming,
+        "nobody consumed paybus.canary within 90 s:\n{log}"
+    );
+    assert!(
         ping.status.success(),
-        "{stdout}{}",
+        "{stdout}{}\npaybus run's log:\n{log}",
         String::from_utf8_lossy(&ping.stderr)
     );
     assert!(stdout.contains("pong"), "{stdout}");
     let status = status.expect("paybus run exits after SIGTERM");
-    assert!(status.success(), "exit status {status:?}");
+    assert!(status.success(), "exit status {status:?}:\n{log}");
     let ponged: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM canary_pings WHERE status = 'PONGED'")
             .fetch_one(&env.db)
