@@ -33,6 +33,8 @@ if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} ]];
   while IFS='=' read -r name value; do
     [[ -n ${!name:-} ]] || export "$name=$value"
   done <"$secrets"
+  # One developer is both people of a four-eyes approval here: off unless asked for.
+  export PAYBUS_FOUR_EYES="${PAYBUS_FOUR_EYES:-off}"
   token=$("$paybus" token issue --role ADMIN --subject dev --ttl 12h)
   api="http://${PAYBUS_HTTP_ADDR:-127.0.0.1:8080}"
   cat <<EXAMPLE

@@ -94,6 +94,8 @@ pub struct ApiConfig {
     pub matching: MatchingConfig,
     /// Header-read (and keep-alive idle) timeout, body-read timeout, connection cap.
     pub limits: Limits,
+    /// Four-eyes and the expiry of dead-letter operations (`PAYBUS_FOUR_EYES`, ...).
+    pub operations: paybus_dead_letter_ops::Policy,
 }
 
 impl Default for ApiConfig {
@@ -107,6 +109,7 @@ impl Default for ApiConfig {
             async_matching_enabled: false,
             matching: MatchingConfig::default(),
             limits: Limits::default(),
+            operations: paybus_dead_letter_ops::Policy::default(),
         }
     }
 }
@@ -141,6 +144,7 @@ impl ApiConfig {
                     |n: &usize| *n > 0,
                 )?,
             },
+            operations: paybus_dead_letter_ops::Policy::read(env)?,
         })
     }
 }

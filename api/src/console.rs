@@ -24,6 +24,7 @@ mod audit;
 mod dead_letters;
 mod jobs;
 mod layout;
+mod operations;
 mod session;
 mod suspensions;
 
@@ -58,6 +59,19 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/console/dead-letters/group", get(dead_letters::group))
         .route("/console/dead-letters/replay", post(dead_letters::replay))
         .route("/console/dead-letters/archive", post(dead_letters::archive))
+        .route(
+            "/console/dead-letters/letter/{id}",
+            get(dead_letters::letter_page),
+        )
+        .route("/console/operations/{id}", get(operations::page))
+        .route(
+            "/console/operations/{id}/approve",
+            post(operations::approve),
+        )
+        .route(
+            "/console/operations/{id}/execute",
+            post(operations::execute),
+        )
         .route("/console/jobs", get(jobs::page))
         .route("/console/jobs/{id}/retry", post(jobs::retry))
         .route("/console/suspensions", get(suspensions::page))

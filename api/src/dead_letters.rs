@@ -19,22 +19,27 @@
 //!
 //! Every action is recorded (`dead_letter_actions`) under the token's subject.
 
+pub(crate) mod operations;
+
 use axum::{
     Extension, Json, Router,
     extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
+    http::StatusCode,
+    response::{IntoResponse, Response},
     routing::{get, post},
 };
 use paybus_dead_letter_ops::{
-    ArchiveReport, DeadLetter, DeadLetterDetail, DeadLetterError, DryRun, LetterStatus, ListFilter,
-    Overview, ReplayOptions, ReplayReport, Selection, groups, letter, replay,
+    DeadLetter, DeadLetterDetail, DeadLetterError, DryRun, ExecuteOptions, ExecutionReport,
+    LetterStatus, ListFilter, OperationAction, OperationDetail, OperationStatus, Overview,
+    Selection, groups, letter, operation, replay,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
 
-const MAX_LIMIT: u32 = letter::MAX_PAGE;
+pub(crate) const MAX_LIMIT: u32 = letter::MAX_PAGE;
 /// A replay answers within the request: 100 letters at 10 a second is ten seconds.
-const DEFAULT_REPLAY_LIMIT: u32 = 100;
+pub(crate) const DEFAULT_REPLAY_LIMIT: u32 = 100;
 const MAX_PER_SECOND: f64 = 100.0;
 
 /// The dead letters' part of the OpenAPI document (see `crate::openapi`).
@@ -50,6 +55,7 @@ pub(crate) fn admin_routes() -> Router<AppState> {
         .route("/v1/admin/dead-letters/replay", post(replay))
         .route("/v1/admin/dead-letters/archive", post(archive))
         .route("/v1/admin/dead-letters/{id}", get(show))
+        .merge(operations::admin_routes())
 }
 
 pub(crate) fn into_api(error: DeadLetterError) -> ApiError {
@@ -60,17 +66,22 @@ pub(crate) fn into_api(error: DeadLetterError) -> ApiError {
         DeadLetterError::NotFound(id) => {
             ApiError::NotFound(format!("dead letter {id} does not exist"))
         }
+        DeadLetterError::OperationNotFound(_) => ApiError::NotFound(error.to_string()),
+        DeadLetterError::SelfApproval(_) => ApiError::NotYours(error.to_string()),
+        DeadLetterError::OperationState { .. }
+        | DeadLetterError::OperationTampered(_)
+        | DeadLetterError::NothingSelected => ApiError::Conflict(error.to_string()),
         other @ DeadLetterError::Triage { .. } => ApiError::Internal(Box::new(other)),
     }
 }
 
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     query
         .map(|Query(query)| query)
         .map_err(|rejection| ApiError::BadRequest(rejection.body_text()))
 }
 
-fn limit(limit: Option<u32>, default: u32) -> Result<u32, ApiError> {
+pub(crate) fn limit(limit: Option<u32>, default: u32) -> Result<u32, ApiError> {
     let limit = limit.unwrap_or(default);
     if (1..=MAX_LIMIT).contains(&limit) {
         Ok(limit)
@@ -229,13 +240,16 @@ async fn dry_run(
 /// A group of letters in a request body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct GroupName {
+pub(crate) struct GroupName {
     function: String,
     reason: String,
 }
 
 /// `{"ids": [..]}` or `{"group": {..}}`, exactly one.
-fn selection(ids: Option<Vec<u64>>, group: Option<GroupName>) -> Result<Selection, ApiError> {
+pub(crate) fn selection(
+    ids: Option<Vec<u64>>,
+    group: Option<GroupName>,
+) -> Result<Selection, ApiError> {
     match (ids, group) {
         (Some(ids), None) => Ok(Selection::Ids(ids)),
         (None, Some(GroupName { function, reason })) => Ok(Selection::Group { function, reason }),
@@ -258,12 +272,76 @@ struct ReplayRequest {
     per_second: Option<f64>,
 }
 
-/// A replay's answer, or the dry run's when asked for one.
+/// A replay's or an archive's answer: the dry run's when asked for one, what was done, or the
+/// operation waiting for a second ADMIN.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
-enum ReplayAnswer {
+enum ActionAnswer {
     DryRun(DryRun),
-    Replay(ReplayReport),
+    Done(ExecutionReport),
+    AwaitingApproval(OperationDetail),
+}
+
+impl IntoResponse for ActionAnswer {
+    fn into_response(self) -> Response {
+        let status = match self {
+            ActionAnswer::AwaitingApproval(_) => StatusCode::ACCEPTED,
+            _ => StatusCode::OK,
+        };
+        (status, Json(self)).into_response()
+    }
+}
+
+pub(crate) fn per_second(per_second: Option<f64>) -> Result<f64, ApiError> {
+    let per_second = per_second.unwrap_or(ExecuteOptions::default().per_second);
+    if per_second > 0.0 && per_second <= MAX_PER_SECOND {
+        Ok(per_second)
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "per_second must be above 0 and at most {MAX_PER_SECOND}"
+        )))
+    }
+}
+
+/// The one-call form of an operation: its dry run is frozen now and, unless four-eyes holds
+/// it for a second ADMIN (then `202` with the operation), executed at once. `remaining`: NEW
+/// letters of the selection beyond `limit`, for another call.
+async fn request_and_execute(
+    state: &AppState,
+    claims: &Claims,
+    action: OperationAction,
+    selection: &Selection,
+    options: ExecuteOptions,
+) -> Result<ActionAnswer, ApiError> {
+    let requested = {
+        let mut conn = state.pool.acquire().await?;
+        operation::request(
+            &mut conn,
+            &state.dead_letters,
+            action,
+            selection,
+            &claims.sub,
+            options.limit,
+            &state.operations,
+        )
+        .await
+        .map_err(into_api)?
+    };
+    if requested.operation.status == OperationStatus::AwaitingApproval {
+        return Ok(ActionAnswer::AwaitingApproval(requested));
+    }
+    let mut report = operation::execute(
+        &state.outbox,
+        &state.dead_letters,
+        requested.operation.id,
+        &claims.sub,
+        options,
+        |_| {},
+    )
+    .await
+    .map_err(into_api)?;
+    report.remaining += requested.not_included;
+    Ok(ActionAnswer::Done(report))
 }
 
 #[utoipa::path(
@@ -272,13 +350,17 @@ enum ReplayAnswer {
     tag = "dead-letters",
     security(("admin_token" = [])),
     request_body = ReplayRequest,
-    responses((status = 200, description = "The dry run (dry_run: true), or what the replay did: replayed, already_applied, needs_human, remaining", body = Object), crate::responses::AdminErrors)
+    responses(
+        (status = 200, description = "The dry run (dry_run: true), or what the replay did: replayed, already_applied, needs_human, remaining, and its operation", body = Object),
+        (status = 202, description = "Four-eyes: the replay is an operation waiting for a second ADMIN's approval (nothing sent)", body = Object),
+        crate::responses::AdminErrors
+    )
 )]
 async fn replay(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     JsonBody(request): JsonBody<ReplayRequest>,
-) -> Result<Json<ReplayAnswer>, ApiError> {
+) -> Result<ActionAnswer, ApiError> {
     let selection = selection(request.ids, request.group)?;
     if request.dry_run {
         let limit = limit(request.limit, MAX_LIMIT)?;
@@ -286,31 +368,20 @@ async fn replay(
         let run = replay::dry_run(&mut conn, &state.dead_letters, &selection, limit)
             .await
             .map_err(into_api)?;
-        return Ok(Json(ReplayAnswer::DryRun(run)));
+        return Ok(ActionAnswer::DryRun(run));
     }
-    let per_second = request
-        .per_second
-        .unwrap_or(ReplayOptions::default().per_second);
-    if !(per_second > 0.0 && per_second <= MAX_PER_SECOND) {
-        return Err(ApiError::BadRequest(format!(
-            "per_second must be above 0 and at most {MAX_PER_SECOND}"
-        )));
-    }
-    let options = ReplayOptions {
-        per_second,
+    let options = ExecuteOptions {
+        per_second: per_second(request.per_second)?,
         limit: limit(request.limit, DEFAULT_REPLAY_LIMIT)?,
     };
-    let report = replay::replay(
-        &state.outbox,
-        &state.dead_letters,
+    request_and_execute(
+        &state,
+        &claims,
+        OperationAction::Replay,
         &selection,
-        &claims.sub,
         options,
-        |_| {},
     )
     .await
-    .map_err(into_api)?;
-    Ok(Json(ReplayAnswer::Replay(report)))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -327,17 +398,29 @@ struct ArchiveRequest {
     tag = "dead-letters",
     security(("admin_token" = [])),
     request_body = ArchiveRequest,
-    responses((status = 200, description = "NEW letters of the selection ARCHIVED: archived, remaining", body = Object), crate::responses::AdminErrors)
+    responses(
+        (status = 200, description = "NEW letters of the selection ARCHIVED: archived, remaining, and its operation", body = Object),
+        (status = 202, description = "Four-eyes: letters with money at stake wait for a second ADMIN's approval (nothing archived)", body = Object),
+        crate::responses::AdminErrors
+    )
 )]
 async fn archive(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     JsonBody(request): JsonBody<ArchiveRequest>,
-) -> Result<Json<ArchiveReport>, ApiError> {
+) -> Result<ActionAnswer, ApiError> {
     let selection = selection(request.ids, request.group)?;
-    let limit = limit(request.limit, MAX_LIMIT)?;
-    let report = replay::archive(&state.outbox, &selection, &claims.sub, limit)
-        .await
-        .map_err(into_api)?;
-    Ok(Json(report))
+    let options = ExecuteOptions {
+        // An archive sends nothing: no reason to pace it.
+        per_second: MAX_PER_SECOND,
+        limit: limit(request.limit, MAX_LIMIT)?,
+    };
+    request_and_execute(
+        &state,
+        &claims,
+        OperationAction::Archive,
+        &selection,
+        options,
+    )
+    .await
 }

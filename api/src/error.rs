@@ -31,6 +31,10 @@ pub enum ApiError {
     /// 403: a valid token without the role this request needs.
     #[error("this request needs the {0} role")]
     Forbidden(crate::auth::Role),
+    /// 403: the token has the role, but its subject may not do this (four-eyes: approving
+    /// one's own request).
+    #[error("{0}")]
+    NotYours(String),
     /// 404: the row (or the route) does not exist.
     #[error("{0}")]
     NotFound(String),
@@ -69,7 +73,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::BadSignature(_) | ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::NotYours(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

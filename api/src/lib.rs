@@ -103,6 +103,8 @@ pub struct AppState {
     pub dead_letters: Triager,
     /// The catalog's functions: their work tables are `/metrics` gauges.
     pub functions: &'static [FunctionEntry],
+    /// Which dead-letter operations need a second ADMIN, and their expiry.
+    pub operations: paybus_dead_letter_ops::Policy,
 }
 
 impl AppState {
@@ -128,6 +130,7 @@ impl AppState {
             matcher,
             dead_letters: Triager::new(&[]),
             functions: &[],
+            operations: config.operations,
         })
     }
 

@@ -32,6 +32,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::markets::Doc::openapi(),
         crate::p2p::Doc::openapi(),
         crate::dead_letters::Doc::openapi(),
+        crate::dead_letters::operations::Doc::openapi(),
         crate::functions::Doc::openapi(),
     ] {
         document.merge(part);

@@ -229,9 +229,15 @@ async fn a_dead_letter_dry_run_from_the_console_shows_each_letters_verdict() {
     assert!(
         page.body.contains(
             "Dry run of group grant-bonus / rejected: 1 letter(s) classified — safe: 0, \
-             already_applied: 0, needs_human: 1. Nothing was sent."
+             already_applied: 0, needs_human: 1. Nothing was sent;"
         ),
         "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("<button type=\"submit\" disabled>Nothing is safe to replay</button>"),
+        "replay is disabled when the dry run found nothing safe: {}",
         page.body
     );
     assert!(

@@ -1,5 +1,6 @@
 //! `/v1/admin/dead-letters` through the router: OPS reads and dry-runs, ADMIN replays and
-//! archives, everyone else is refused; a replay over HTTP records the token's subject.
+//! archives, everyone else is refused; a replay over HTTP records the token's subject; under
+//! four-eyes (the default) a replay is an operation a second ADMIN approves before it runs.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;
@@ -82,7 +83,29 @@ const READS: &[&str] = &[
 const CHANGES: &[&str] = &[
     "/v1/admin/dead-letters/replay",
     "/v1/admin/dead-letters/archive",
+    "/v1/admin/dead-letters/operations",
+    "/v1/admin/dead-letters/operations/0190f0e0-0000-7000-8000-000000000000/approve",
+    "/v1/admin/dead-letters/operations/0190f0e0-0000-7000-8000-000000000000/execute",
 ];
+
+/// An ADMIN token of `subject` (four-eyes needs two people).
+fn admin_of(subject: &str) -> String {
+    paybus_api::auth::issue(
+        ADMIN_JWT_SECRET,
+        subject,
+        &[Role::Admin],
+        std::time::Duration::from_secs(3600),
+    )
+    .unwrap()
+}
+
+fn post_as(token: &str, path: &str, body: &serde_json::Value) -> Request<Body> {
+    Request::post(path)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
 
 #[tokio::test]
 async fn dead_letter_routes_are_401_without_a_valid_token_and_403_without_the_role() {
@@ -127,7 +150,11 @@ async fn dead_letter_routes_are_401_without_a_valid_token_and_403_without_the_ro
 
 #[tokio::test]
 async fn ops_dry_run_then_an_admin_replay_sends_the_safe_letter_and_records_who() {
-    let api = Api::new().await;
+    // One ADMIN alone (four-eyes off, as in local mode).
+    let api = Api::with(|config| {
+        config.operations = paybus_dead_letter_ops::Policy::without_four_eyes();
+    })
+    .await;
     let (withdrawal, letter) = dead_lettered_confirmation(&api).await;
     let ops = token(&[Role::Ops]);
 
@@ -247,6 +274,170 @@ async fn client_mistakes_on_dead_letter_routes_are_400_or_404() {
                 "/v1/admin/dead-letters/archive",
                 &json!({"ids": [1], "x": 1}),
             ),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let uri = request.uri().to_string();
+        let (got, answer) = api.call(request).await;
+        assert_eq!(got, status, "{uri}: {answer}");
+        assert!(answer["error"].is_string(), "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn four_eyes_over_http_request_then_another_admin_approves_then_it_runs_once() {
+    let api = Api::new().await;
+    let (withdrawal, letter) = dead_lettered_confirmation(&api).await;
+    let (alice, bob) = (admin_of("alice"), admin_of("bob"));
+    let group = json!({"function": "confirm-withdrawal", "reason": "failed"});
+
+    // The one-call replay is held: an operation waiting for a second ADMIN, nothing sent.
+    let (status, held) = api
+        .call(post_as(
+            &alice,
+            "/v1/admin/dead-letters/replay",
+            &json!({"group": group}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{held}");
+    assert_eq!(held["status"], "AWAITING_APPROVAL");
+    assert_eq!(held["letter_results"][0]["dead_letter_id"], letter);
+    let sent = "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'";
+    assert_eq!(api.scalar(sent).await, 0);
+
+    // The operation form: requested by alice.
+    let (status, operation) = api
+        .call(post_as(
+            &alice,
+            "/v1/admin/dead-letters/operations",
+            &json!({"action": "replay", "group": group}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{operation}");
+    let id = operation["id"].as_str().unwrap().to_owned();
+    let hash = operation["content_hash"].as_str().unwrap().to_owned();
+    let path = |tail: &str| format!("/v1/admin/dead-letters/operations/{id}{tail}");
+
+    let (status, answer) = api
+        .call(post_as(&alice, &path("/execute"), &json!({})))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "not approved yet: {answer}");
+    let (status, answer) = api
+        .call(post_as(&alice, &path("/approve"), &json!({"hash": hash})))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "self-approval: {answer}");
+    let ops = token(&[Role::Ops]);
+    let (status, answer) = api
+        .call(post_as(&ops, &path("/approve"), &json!({"hash": hash})))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "OPS cannot approve: {answer}"
+    );
+    let (status, answer) = api
+        .call(post_as(
+            &bob,
+            &path("/approve"),
+            &json!({"hash": "f".repeat(64)}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "another hash: {answer}");
+    let (status, approved) = api
+        .call(post_as(&bob, &path("/approve"), &json!({"hash": hash})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    assert_eq!(
+        (
+            approved["status"].as_str(),
+            approved["approved_by"].as_str()
+        ),
+        (Some("READY"), Some("bob"))
+    );
+
+    let (status, report) = api
+        .call(post_as(
+            &alice,
+            &path("/execute"),
+            &json!({"per_second": 100}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["replayed"].as_u64(), report["remaining"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let (status, again) = api.call(post_as(&bob, &path("/execute"), &json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["replayed"], 0, "executed twice, acted once: {again}");
+    assert_eq!(again["operation"]["status"], "DONE");
+    assert_eq!(api.scalar(sent).await, 1);
+
+    let (status, shown) = api.call(with_roles("GET", &path(""), &[Role::Ops])).await;
+    assert_eq!(status, StatusCode::OK, "OPS reads operations: {shown}");
+    assert_eq!(shown["letter_results"][0]["result"], "REPLAYED");
+    let (status, listed) = api
+        .call(with_roles(
+            "GET",
+            "/v1/admin/dead-letters/operations",
+            &[Role::Ops],
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["operations"].as_array().map(Vec::len), Some(2));
+    let (_, letter_now) = api
+        .call(admin_get(&format!("/v1/admin/dead-letters/{letter}")))
+        .await;
+    assert_eq!(letter_now["actions"][0]["operation_id"], id.as_str());
+    assert_eq!(letter_now["actions"][0]["actor"], "alice");
+    let _ = withdrawal;
+}
+
+#[tokio::test]
+async fn client_mistakes_on_operation_routes_are_400_404_or_409() {
+    let api = Api::new().await;
+    let missing = "/v1/admin/dead-letters/operations/0190f0e0-0000-7000-8000-000000000000";
+    for (request, status) in [
+        (
+            admin_get("/v1/admin/dead-letters/operations/not-a-uuid"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (admin_get(missing), StatusCode::NOT_FOUND),
+        (
+            admin_post(&format!("{missing}/approve"), &json!({"hash": "x"})),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            admin_post(&format!("{missing}/execute"), &json!({})),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            admin_post(&format!("{missing}/execute"), &json!({"per_second": -1})),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_post(
+                "/v1/admin/dead-letters/operations",
+                &json!({"action": "burn", "ids": [1]}),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_post(
+                "/v1/admin/dead-letters/operations",
+                &json!({"action": "replay"}),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            admin_post(
+                "/v1/admin/dead-letters/operations",
+                &json!({"action": "archive", "ids": [77]}),
+            ),
+            StatusCode::CONFLICT,
+        ),
+        (
+            admin_get("/v1/admin/dead-letters/operations?limit=0"),
             StatusCode::BAD_REQUEST,
         ),
     ] {

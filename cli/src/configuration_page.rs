@@ -35,6 +35,12 @@ const API: SettingGroup = SettingGroup {
     settings: paybus_api::config::SETTINGS,
 };
 
+const OPERATIONS: SettingGroup = SettingGroup {
+    title: "Dead-letter operations and four-eyes",
+    read_by: "Read by the API and `paybus dead-letters` (`paybus_dead_letter_ops::Policy`).",
+    settings: paybus_dead_letter_ops::operation::SETTINGS,
+};
+
 const LOCAL_SERVICES: SettingGroup = SettingGroup {
     title: "Local services",
     read_by: "Read by the scripts of `infra/local` (`env.sh`), which `infra/run.sh`, \
@@ -253,7 +259,7 @@ const DEMOS: SettingGroup = SettingGroup {
 /// The page: the introduction, then every group's table.
 pub fn page() -> String {
     let mut groups: Vec<SettingGroup> = paybus_catalog::settings::GROUPS.to_vec();
-    groups.push(API);
+    groups.extend([API, OPERATIONS]);
     groups.extend([LOCAL_SERVICES, CLUSTER, TESTS, DEMOS]);
     format!("{INTRODUCTION}{}", setting::markdown(&groups))
 }

@@ -6,9 +6,14 @@
 //! - `show <id>`: one letter as JSON (headers, body, referenced rows, verdict, trail).
 //! - `dry-run (--id N ... | --function F --reason R)`: each letter classified; nothing written.
 //! - `replay (--id N ... | --function F --reason R) [--per-second 10] [--limit 500] [--yes]`:
-//!   prints the dry run first and asks before sending (`--yes` skips the question; without a
-//!   terminal it is required), then replays the safe letters with a progress bar.
-//! - `archive (--id N ... | --function F --reason R) [--yes]`.
+//!   freezes the dry run into an operation and prints it, asks before sending (`--yes` skips
+//!   the question; without a terminal it is required), then executes it with a progress bar.
+//!   Under four-eyes (`PAYBUS_FOUR_EYES`) it stops at the operation: another person approves
+//!   it (`approve <id> --hash H`) and anyone then runs `execute <id>`.
+//! - `archive (--id N ... | --function F --reason R)`: the same, for an archive (four-eyes only
+//!   when a letter has money at stake).
+//! - `operations`, `operation <id>`, `approve <id> --hash H`, `execute <id>`: the operations,
+//!   one with its letters, the second person's approval, and executing (or resuming) one.
 //!
 //! Exit 1 when a replay left letters that need a human or are already applied.
 
@@ -17,7 +22,8 @@ use std::{io::IsTerminal, process::ExitCode};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use paybus_dead_letter_ops::{
-    ListFilter, ReplayOptions, Selection, Triager, groups, letter, replay,
+    ExecuteOptions, ListFilter, OperationAction, OperationDetail, OperationStatus, Policy,
+    Selection, Triager, groups, letter, operation, replay,
 };
 use paybus_platform::{Settings, bus::Services, db, triage::Verdict};
 
@@ -97,6 +103,29 @@ pub enum DeadLettersCommand {
         #[arg(long, env = "USER", default_value = "cli")]
         actor: String,
     },
+    /// Recent operations (frozen dry runs), newest first.
+    Operations {
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
+        limit: u32,
+    },
+    /// One operation as JSON: its letters with their verdicts and results.
+    Operation { id: uuid::Uuid },
+    /// Approve another person's operation (four-eyes), by the hash you saw.
+    Approve {
+        id: uuid::Uuid,
+        #[arg(long)]
+        hash: String,
+        #[arg(long, env = "USER", default_value = "cli")]
+        actor: String,
+    },
+    /// Execute (or resume) an operation until every letter has its result.
+    Execute {
+        id: uuid::Uuid,
+        #[arg(long, default_value_t = 10.0)]
+        per_second: f64,
+        #[arg(long, env = "USER", default_value = "cli")]
+        actor: String,
+    },
 }
 
 const TRIAGER: Triager = Triager::new(paybus_catalog::FUNCTIONS);
@@ -110,26 +139,74 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
             yes,
             actor,
         } => {
-            if !(per_second.is_finite() && per_second > 0.0) {
-                anyhow::bail!("--per-second must be above 0");
+            let options = ExecuteOptions {
+                per_second: checked_rate(per_second)?,
+                limit,
+            };
+            let services = connect(settings).await?;
+            let requested =
+                request(&services, OperationAction::Replay, select, limit, &actor).await?;
+            print_operation(&requested);
+            if requested.safe == 0 {
+                println!("nothing is safe to replay");
+                return Ok(ExitCode::from(u8::from(
+                    requested.already_applied + requested.needs_human > 0,
+                )));
             }
-            let options = ReplayOptions { per_second, limit };
-            replay(settings, select.selection(), options, yes, &actor).await
+            if requested.operation.status == OperationStatus::AwaitingApproval {
+                return Ok(awaiting_approval(&requested));
+            }
+            if !yes && !confirm(requested.safe)? {
+                println!(
+                    "nothing replayed (operation {} stays READY)",
+                    requested.operation.id
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+            execute(&services, requested.operation.id, options, &actor).await
         }
         DeadLettersCommand::Archive {
             select,
             limit,
             actor,
         } => {
-            let services = Services::connect(settings.clone()).await?;
-            let report = replay::archive(&services.outbox, &select.selection(), &actor, limit)
+            let services = connect(settings).await?;
+            let requested =
+                request(&services, OperationAction::Archive, select, limit, &actor).await?;
+            if requested.operation.status == OperationStatus::AwaitingApproval {
+                print_operation(&requested);
+                return Ok(awaiting_approval(&requested));
+            }
+            let options = ExecuteOptions {
+                per_second: 1_000.0,
+                limit,
+            };
+            execute(&services, requested.operation.id, options, &actor).await
+        }
+        DeadLettersCommand::Approve { id, hash, actor } => {
+            let pool = db::connect(&settings.database).await?;
+            let mut conn = pool.acquire().await?;
+            let approved = operation::approve(&mut conn, id, &actor, &hash)
                 .await
-                .context("while archiving")?;
+                .context("while approving")?;
             println!(
-                "archived {} dead letter(s); {} more NEW in the selection",
-                report.archived, report.remaining
+                "operation {id} approved by {actor} (requested by {}): run `paybus dead-letters \
+                 execute {id}`",
+                approved.requested_by
             );
             Ok(ExitCode::SUCCESS)
+        }
+        DeadLettersCommand::Execute {
+            id,
+            per_second,
+            actor,
+        } => {
+            let options = ExecuteOptions {
+                per_second: checked_rate(per_second)?,
+                limit: letter::MAX_PAGE,
+            };
+            let services = connect(settings).await?;
+            execute(&services, id, options, &actor).await
         }
         read_only => {
             let pool = db::connect(&settings.database).await?;
@@ -137,6 +214,55 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
             read(&mut conn, read_only).await
         }
     }
+}
+
+fn checked_rate(per_second: f64) -> anyhow::Result<f64> {
+    if !(per_second.is_finite() && per_second > 0.0) {
+        anyhow::bail!("--per-second must be above 0");
+    }
+    Ok(per_second)
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<Services> {
+    Services::connect(settings.clone())
+        .await
+        .context("while connecting to the database and the broker")
+}
+
+async fn request(
+    services: &Services,
+    action: OperationAction,
+    select: Select,
+    limit: u32,
+    actor: &str,
+) -> anyhow::Result<OperationDetail> {
+    let policy = Policy::from_env()?;
+    let mut conn = services.pool.acquire().await?;
+    Ok(operation::request(
+        &mut conn,
+        &TRIAGER,
+        action,
+        &select.selection(),
+        actor,
+        limit,
+        &policy,
+    )
+    .await?)
+}
+
+fn awaiting_approval(requested: &OperationDetail) -> ExitCode {
+    let operation = &requested.operation;
+    println!(
+        "four-eyes: operation {} awaits a second person's approval (until {}):\n  paybus \
+         dead-letters approve {} --hash {} --actor <someone else>\nthen:\n  paybus \
+         dead-letters execute {}",
+        operation.id,
+        operation.expires_at.to_rfc3339(),
+        operation.id,
+        operation.content_hash,
+        operation.id
+    );
+    ExitCode::SUCCESS
 }
 
 async fn read(
@@ -213,7 +339,39 @@ async fn read(
             let run = replay::dry_run(conn, &TRIAGER, &select.selection(), limit).await?;
             print_dry_run(&run);
         }
-        DeadLettersCommand::Replay { .. } | DeadLettersCommand::Archive { .. } => {
+        DeadLettersCommand::Operations { limit } => {
+            for op in operation::list(conn, limit).await? {
+                println!(
+                    "{}  {:<7}  {:<17}  {}/{} letter(s)  by {}{}  {}",
+                    op.id,
+                    op.action,
+                    if op.expired {
+                        "EXPIRED".to_owned()
+                    } else {
+                        op.status.to_string()
+                    },
+                    op.done,
+                    op.letters,
+                    op.requested_by,
+                    op.approved_by
+                        .as_deref()
+                        .map(|b| format!(", approved by {b}"))
+                        .unwrap_or_default(),
+                    op.requested_at.to_rfc3339()
+                );
+            }
+        }
+        DeadLettersCommand::Operation { id } => {
+            let Some(detail) = operation::show(conn, id).await? else {
+                eprintln!("operation {id} does not exist");
+                return Ok(ExitCode::FAILURE);
+            };
+            println!("{}", serde_json::to_string_pretty(&detail)?);
+        }
+        DeadLettersCommand::Replay { .. }
+        | DeadLettersCommand::Archive { .. }
+        | DeadLettersCommand::Approve { .. }
+        | DeadLettersCommand::Execute { .. } => {
             unreachable!("handled by run")
         }
     }
@@ -257,70 +415,82 @@ fn print_dry_run(run: &paybus_dead_letter_ops::DryRun) {
     );
 }
 
-async fn replay(
-    settings: &Settings,
-    selection: Selection,
-    options: ReplayOptions,
-    yes: bool,
-    actor: &str,
-) -> anyhow::Result<ExitCode> {
-    let services = Services::connect(settings.clone())
-        .await
-        .context("while connecting to the database and the broker")?;
-    let run = {
-        let mut conn = services.pool.acquire().await?;
-        replay::dry_run(&mut conn, &TRIAGER, &selection, options.limit).await?
-    };
-    print_dry_run(&run);
-    if run.safe == 0 {
-        println!("nothing is safe to replay");
-        return Ok(ExitCode::from(u8::from(
-            run.already_applied + run.needs_human > 0,
-        )));
+fn print_operation(detail: &OperationDetail) {
+    for letter in &detail.letter_results {
+        println!(
+            "{:>8}  {:<15}  {}",
+            letter.dead_letter_id, letter.verdict, letter.reason
+        );
     }
-    if !yes && !confirm(run.safe)? {
-        println!("nothing replayed");
-        return Ok(ExitCode::FAILURE);
-    }
-    let bar = ProgressBar::new(run.letters.len() as u64).with_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} letters, {per_sec} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let report = replay::replay(
-        &services.outbox,
-        &TRIAGER,
-        &selection,
-        actor,
-        options,
-        |result| {
-            bar.inc(1);
-            if result.verdict != Some(Verdict::Safe) {
-                bar.println(format!(
-                    "{:>8}  not sent ({}): {}",
-                    result.id, result.result, result.detail
-                ));
-            }
-        },
-    )
-    .await
-    .context("while replaying")?;
-    bar.finish_and_clear();
+    let operation = &detail.operation;
     println!(
-        "replayed {}, already applied {}, need a human {}, no longer NEW {}{}",
-        report.replayed,
-        report.already_applied,
-        report.needs_human,
-        report.skipped,
-        if report.remaining > 0 {
+        "operation {} ({}, {}): {} letter(s) — {} safe to replay, {} already applied, {} need a \
+         human; {} with money at stake; hash {}{}",
+        operation.id,
+        operation.action,
+        operation.status,
+        operation.letters,
+        detail.safe,
+        detail.already_applied,
+        detail.needs_human,
+        operation.letters_with_money,
+        operation.content_hash,
+        if detail.not_included > 0 {
             format!(
-                "; {} more NEW in the selection: run again",
-                report.remaining
+                " ({} more NEW letter(s) not in it: raise --limit)",
+                detail.not_included
             )
         } else {
             String::new()
         }
     );
-    Ok(if report.already_applied + report.needs_human > 0 {
+}
+
+/// Executes operation `id` call after call until every letter has its result, with a progress
+/// bar (a call cut short is resumed by running this again).
+async fn execute(
+    services: &Services,
+    id: uuid::Uuid,
+    options: ExecuteOptions,
+    actor: &str,
+) -> anyhow::Result<ExitCode> {
+    let total = {
+        let mut conn = services.pool.acquire().await?;
+        operation::show(&mut conn, id)
+            .await?
+            .with_context(|| format!("operation {id} does not exist"))?
+    };
+    let bar = ProgressBar::new(u64::from(total.operation.letters)).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} letters, {per_sec} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_position(u64::from(total.operation.done));
+    let (mut done, mut unresolved) = (0_u64, 0_u64);
+    loop {
+        let report = operation::execute(&services.outbox, &TRIAGER, id, actor, options, |result| {
+            bar.inc(1);
+            if result.verdict.is_some_and(|v| v != Verdict::Safe) {
+                bar.println(format!(
+                    "{:>8}  not sent ({}): {}",
+                    result.id, result.result, result.detail
+                ));
+            }
+        })
+        .await
+        .context("while executing the operation")?;
+        done += report.replayed + report.archived;
+        unresolved += report.already_applied + report.needs_human;
+        if report.remaining == 0 || report.results.is_empty() {
+            bar.finish_and_clear();
+            println!(
+                "operation {id} {}: {done} letter(s) acted on by this run, {unresolved} left for \
+                 a human or already applied; {}/{} done",
+                report.operation.status, report.operation.done, report.operation.letters
+            );
+            break;
+        }
+    }
+    Ok(if unresolved > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -654,14 +654,32 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
         .fetch_one(&env.db)
         .await
         .unwrap();
-    let archived = paybus_dead_letter_ops::replay::archive(
-        &services.outbox,
-        &paybus_dead_letter_ops::Selection::Ids(vec![letter]),
-        "alice",
-        10,
-    )
-    .await
-    .unwrap();
+    let archived = {
+        use paybus_dead_letter_ops::{OperationAction, Policy, Selection, Triager, operation};
+        let triager = Triager::new(&[]);
+        let mut conn = services.pool.acquire().await.unwrap();
+        let requested = operation::request(
+            &mut conn,
+            &triager,
+            OperationAction::Archive,
+            &Selection::Ids(vec![letter]),
+            "alice",
+            10,
+            &Policy::without_four_eyes(),
+        )
+        .await
+        .unwrap();
+        operation::execute(
+            &services.outbox,
+            &triager,
+            requested.operation.id,
+            "alice",
+            paybus_dead_letter_ops::ExecuteOptions::default(),
+            |_| {},
+        )
+        .await
+        .unwrap()
+    };
     assert_eq!(archived.archived, 1);
     assert_eq!(
         letter_state(&env).await,

@@ -12,7 +12,10 @@ use paybus_confirmations::{
     testing::{BROADCAST_TX, deposit, withdrawal},
     withdrawal::{WithdrawalKind, WithdrawalStatus},
 };
-use paybus_dead_letter_ops::{ReplayOptions, Selection, Triager, groups, letter, replay};
+use paybus_dead_letter_ops::{
+    DeadLetterError, ExecuteOptions, ExecutionReport, OperationAction, OperationStatus, Policy,
+    Selection, Triager, groups, letter, operation, replay,
+};
 use paybus_money::dec;
 use paybus_platform::{
     bus::{Envelope, Message, Runner, Services, dead_letter::record_given_up},
@@ -87,11 +90,44 @@ fn group() -> Selection {
     }
 }
 
-fn fast() -> ReplayOptions {
-    ReplayOptions {
+fn fast() -> ExecuteOptions {
+    ExecuteOptions {
         per_second: 1_000.0,
-        ..ReplayOptions::default()
+        ..ExecuteOptions::default()
     }
+}
+
+/// An operation over `selection` requested and executed at once by `actor`, without four-eyes
+/// (what the API's one-call routes do when the policy lets them).
+async fn act_now(
+    services: &Services,
+    action: OperationAction,
+    selection: &Selection,
+    actor: &str,
+) -> ExecutionReport {
+    let mut conn = services.pool.acquire().await.unwrap();
+    let requested = operation::request(
+        &mut conn,
+        &TRIAGER,
+        action,
+        selection,
+        actor,
+        500,
+        &Policy::without_four_eyes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(requested.operation.status, OperationStatus::Ready);
+    operation::execute(
+        &services.outbox,
+        &TRIAGER,
+        requested.operation.id,
+        actor,
+        fast(),
+        |_| {},
+    )
+    .await
+    .unwrap()
 }
 
 async fn setup() -> (TestEnv, Services, u64) {
@@ -136,16 +172,7 @@ async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_
     assert_eq!(detail.body["data"]["withdrawal_id"], id);
     assert_eq!(detail.headers["x-paybus-function"], "confirm-withdrawal");
 
-    let report = replay::replay(
-        &services.outbox,
-        &TRIAGER,
-        &group(),
-        "alice",
-        fast(),
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let report = act_now(&services, OperationAction::Replay, &group(), "alice").await;
     assert_eq!((report.replayed, report.already_applied), (0, 1));
     assert_eq!(
         confirmations_sent(pool).await,
@@ -207,16 +234,7 @@ async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_g
         .await
         .unwrap();
     assert_eq!((run.already_applied, run.safe, run.needs_human), (0, 1, 2));
-    let first = replay::replay(
-        &services.outbox,
-        &TRIAGER,
-        &group(),
-        "alice",
-        fast(),
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let first = act_now(&services, OperationAction::Replay, &group(), "alice").await;
     assert_eq!(
         (first.replayed, first.needs_human, first.already_applied),
         (1, 2, 0)
@@ -233,16 +251,7 @@ async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_g
     );
     let sent = confirmations_sent(pool).await;
 
-    let second = replay::replay(
-        &services.outbox,
-        &TRIAGER,
-        &group(),
-        "alice",
-        fast(),
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let second = act_now(&services, OperationAction::Replay, &group(), "alice").await;
     assert_eq!(
         (second.replayed, second.needs_human, second.skipped),
         (0, 2, 0)
@@ -334,14 +343,13 @@ async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() 
     // Archived: not in the overview.
     let archived = in_flight(pool, globex, "9999").await;
     let archived = dead_letter(pool, "confirm-withdrawal", confirmation(archived)).await;
-    let report = replay::archive(
-        &services.outbox,
+    let report = act_now(
+        &services,
+        OperationAction::Archive,
         &Selection::Ids(vec![archived]),
         "alice",
-        10,
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(report.archived, 1);
 
     let mut conn = pool.acquire().await.unwrap();
@@ -511,16 +519,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
     })
     .await;
     assert!(safe);
-    let report = replay::replay(
-        &services.outbox,
-        &TRIAGER,
-        &selection,
-        "alice",
-        fast(),
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let report = act_now(&services, OperationAction::Replay, &selection, "alice").await;
     assert_eq!(report.replayed, 1, "{report:?}");
 
     let delivered = eventually(Duration::from_secs(30), || async {
@@ -543,5 +542,303 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
         ids,
         [expected.as_str()],
         "one POST after the fix, under the same id"
+    );
+}
+
+/// `count` in-flight withdrawals of `partner`, each with a dead-lettered confirmation (safe to
+/// replay); their letter ids.
+async fn safe_letters(pool: &MySqlPool, partner: u64, count: usize) -> Vec<u64> {
+    let mut letters = Vec::with_capacity(count);
+    for n in 0..count {
+        let id = in_flight(pool, partner, &format!("{}", 10 + n)).await;
+        letters.push(dead_letter(pool, "confirm-withdrawal", confirmation(id)).await);
+    }
+    letters
+}
+
+async fn letter_status(pool: &MySqlPool, id: u64) -> String {
+    sqlx::query_scalar("SELECT status FROM dead_letters WHERE id = ?")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn replay_actions(pool: &MySqlPool, id: u64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM dead_letter_actions WHERE dead_letter_id = ? AND result = 'REPLAYED'",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn requested(
+    services: &Services,
+    action: OperationAction,
+    actor: &str,
+    policy: &Policy,
+) -> paybus_dead_letter_ops::OperationDetail {
+    let mut conn = services.pool.acquire().await.unwrap();
+    operation::request(&mut conn, &TRIAGER, action, &group(), actor, 500, policy)
+        .await
+        .unwrap()
+}
+
+async fn execute_as(
+    services: &Services,
+    id: uuid::Uuid,
+    actor: &str,
+) -> Result<ExecutionReport, DeadLetterError> {
+    operation::execute(&services.outbox, &TRIAGER, id, actor, fast(), |_| {}).await
+}
+
+#[tokio::test]
+async fn a_letter_arriving_between_the_dry_run_and_the_replay_of_its_group_is_untouched() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let previewed = safe_letters(pool, partner, 2).await;
+    let operation = requested(
+        &services,
+        OperationAction::Replay,
+        "alice",
+        &Policy::without_four_eyes(),
+    )
+    .await;
+    assert_eq!((operation.operation.letters, operation.safe), (2, 2));
+    // It arrives after the dry run, in the same group.
+    let late = safe_letters(pool, partner, 1).await[0];
+
+    let report = execute_as(&services, operation.operation.id, "alice")
+        .await
+        .unwrap();
+    assert_eq!((report.replayed, report.remaining), (2, 0));
+    assert_eq!(report.operation.status, OperationStatus::Done);
+    for letter in &previewed {
+        assert_eq!(letter_status(pool, *letter).await, "REPLAYED");
+    }
+    assert_eq!(
+        letter_status(pool, late).await,
+        "NEW",
+        "not previewed, not acted on"
+    );
+    assert_eq!(replay_actions(pool, late).await, 0);
+    assert_eq!(confirmations_sent(pool).await, 2);
+}
+
+#[tokio::test]
+async fn one_operation_executed_concurrently_and_then_again_replays_each_letter_once() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let letters = safe_letters(pool, partner, 8).await;
+    let operation = requested(
+        &services,
+        OperationAction::Replay,
+        "alice",
+        &Policy::without_four_eyes(),
+    )
+    .await;
+    let id = operation.operation.id;
+
+    // Three executions at once, each on its own connections (real concurrent transactions).
+    let runs: Vec<_> = ["alice", "bob", "carol"]
+        .into_iter()
+        .map(|actor| {
+            let services = services.clone();
+            tokio::spawn(async move { execute_as(&services, id, actor).await.unwrap() })
+        })
+        .collect();
+    let mut replayed = 0;
+    for run in runs {
+        replayed += run.await.unwrap().replayed;
+    }
+    let again = execute_as(&services, id, "dave").await.unwrap();
+
+    assert_eq!(
+        replayed, 8,
+        "the concurrent executions replayed each letter once in all"
+    );
+    assert_eq!(
+        (again.replayed, again.remaining, again.results.len()),
+        (0, 0, 0)
+    );
+    assert_eq!(again.operation.status, OperationStatus::Done);
+    assert_eq!(again.operation.done, 8);
+    assert_eq!(confirmations_sent(pool).await, 8);
+    for letter in &letters {
+        assert_eq!(replay_actions(pool, *letter).await, 1, "letter {letter}");
+    }
+}
+
+#[tokio::test]
+async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_they_saw() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let letters = safe_letters(pool, partner, 2).await;
+    let operation = requested(
+        &services,
+        OperationAction::Replay,
+        "alice",
+        &Policy::default(),
+    )
+    .await
+    .operation;
+    assert_eq!(operation.status, OperationStatus::AwaitingApproval);
+    assert!(operation.approval_required);
+
+    let not_yet = execute_as(&services, operation.id, "alice").await;
+    assert!(
+        matches!(not_yet, Err(DeadLetterError::OperationState { .. })),
+        "{not_yet:?}"
+    );
+    let mut conn = pool.acquire().await.unwrap();
+    let own = operation::approve(&mut conn, operation.id, "alice", &operation.content_hash).await;
+    assert!(
+        matches!(own, Err(DeadLetterError::SelfApproval(_))),
+        "{own:?}"
+    );
+    let wrong = operation::approve(&mut conn, operation.id, "bob", &"0".repeat(64)).await;
+    assert!(
+        matches!(wrong, Err(DeadLetterError::OperationState { .. })),
+        "{wrong:?}"
+    );
+    assert_eq!(
+        confirmations_sent(pool).await,
+        0,
+        "nothing ran before the approval"
+    );
+
+    let approved = operation::approve(&mut conn, operation.id, "bob", &operation.content_hash)
+        .await
+        .unwrap();
+    assert_eq!(
+        (approved.status, approved.approved_by.as_deref()),
+        (OperationStatus::Ready, Some("bob"))
+    );
+    let twice = operation::approve(&mut conn, operation.id, "carol", &operation.content_hash).await;
+    assert!(
+        matches!(twice, Err(DeadLetterError::OperationState { .. })),
+        "{twice:?}"
+    );
+    let report = execute_as(&services, operation.id, "alice").await.unwrap();
+    assert_eq!(report.replayed, 2);
+    assert_eq!(confirmations_sent(pool).await, 2);
+    for letter in letters {
+        assert_eq!(replay_actions(pool, letter).await, 1);
+    }
+}
+
+#[tokio::test]
+async fn an_expired_operation_can_be_neither_approved_nor_started() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    safe_letters(pool, partner, 1).await;
+    let awaiting = requested(
+        &services,
+        OperationAction::Replay,
+        "alice",
+        &Policy::default(),
+    )
+    .await
+    .operation;
+    let ready = requested(
+        &services,
+        OperationAction::Replay,
+        "alice",
+        &Policy::without_four_eyes(),
+    )
+    .await
+    .operation;
+    sqlx::query("UPDATE dead_letter_operations SET expires_at = NOW(6) - INTERVAL 1 SECOND")
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let mut conn = pool.acquire().await.unwrap();
+    let approval = operation::approve(&mut conn, awaiting.id, "bob", &awaiting.content_hash).await;
+    assert!(
+        matches!(&approval, Err(DeadLetterError::OperationState { problem, .. }) if problem.contains("expired")),
+        "{approval:?}"
+    );
+    let start = execute_as(&services, ready.id, "alice").await;
+    assert!(
+        matches!(&start, Err(DeadLetterError::OperationState { problem, .. }) if problem.contains("expired")),
+        "{start:?}"
+    );
+    let shown = operation::show(&mut conn, ready.id).await.unwrap().unwrap();
+    assert!(shown.operation.expired);
+    assert_eq!(confirmations_sent(pool).await, 0);
+}
+
+#[tokio::test]
+async fn an_operation_whose_letters_were_changed_after_the_approval_does_not_run() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    safe_letters(pool, partner, 1).await;
+    dead_letter(pool, "confirm-withdrawal", confirmation(999_999)).await;
+    let operation = requested(
+        &services,
+        OperationAction::Replay,
+        "alice",
+        &Policy::default(),
+    )
+    .await
+    .operation;
+    let mut conn = pool.acquire().await.unwrap();
+    operation::approve(&mut conn, operation.id, "bob", &operation.content_hash)
+        .await
+        .unwrap();
+    // Someone with database access turns the letter that needs a human into a "safe" one.
+    let changed = sqlx::query(
+        "UPDATE dead_letter_operation_letters SET verdict = 'safe' \
+         WHERE operation_id = ? AND verdict = 'needs_human'",
+    )
+    .bind(operation.id.to_string())
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(changed, 1);
+
+    let refused = execute_as(&services, operation.id, "alice").await;
+    assert!(
+        matches!(refused, Err(DeadLetterError::OperationTampered(_))),
+        "{refused:?}"
+    );
+    assert_eq!(confirmations_sent(pool).await, 0);
+}
+
+#[tokio::test]
+async fn an_archive_needs_a_second_person_only_when_a_letter_has_money_at_stake() {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    // A confirmation of an unknown withdrawal holds no money up.
+    dead_letter(pool, "confirm-withdrawal", confirmation(999_999)).await;
+    let without_money = requested(
+        &services,
+        OperationAction::Archive,
+        "alice",
+        &Policy::default(),
+    )
+    .await;
+    assert_eq!(without_money.operation.letters_with_money, 0);
+    assert_eq!(without_money.operation.status, OperationStatus::Ready);
+    execute_as(&services, without_money.operation.id, "alice")
+        .await
+        .unwrap();
+
+    safe_letters(pool, partner, 1).await;
+    let with_money = requested(
+        &services,
+        OperationAction::Archive,
+        "alice",
+        &Policy::default(),
+    )
+    .await;
+    assert_eq!(with_money.operation.letters_with_money, 1);
+    assert_eq!(
+        with_money.operation.status,
+        OperationStatus::AwaitingApproval
     );
 }

@@ -2,28 +2,32 @@
 //! reason with the money they hold up, a group's letters, and the dry-run / replay / archive
 //! buttons.
 //!
-//! The reads are the dead-letter library's (`paybus_dead_letter_ops::groups::overview` and
-//! `letter::list`, what `GET /v1/admin/dead-letters/groups` and `GET /v1/admin/dead-letters`
-//! answer). The buttons call the dead-letter admin API (`POST /v1/admin/dead-letters/replay`
-//! with `{group: {function, reason} | ids: [...], dry_run}` and `POST
-//! /v1/admin/dead-letters/archive` with `{group | ids}`), and the page shows what it answered
-//! letter by letter: the dry run's verdict and reason for each letter, the replay's verdict
-//! (taken again under the letter's lock), result and re-sent message id for each.
+//! The reads are the dead-letter library's (`paybus_dead_letter_ops::groups::overview`,
+//! `letter::list` and `letter::show`, what `GET /v1/admin/dead-letters/groups`, `GET
+//! /v1/admin/dead-letters` and `GET /v1/admin/dead-letters/{id}` answer). The buttons call the
+//! dead-letter admin API: *Dry run* and *Archive* freeze the selection into an operation (`POST
+//! /v1/admin/dead-letters/operations`) and show its page (`super::operations`), the
+//! confirmation step whose button acts on exactly those letters; *Replay safe ones* is the
+//! one-call replay (`POST /v1/admin/dead-letters/replay`), shown letter by letter, or — under
+//! four-eyes — the operation waiting for a second ADMIN.
 
 use axum::{
-    extract::{Query, State, rejection::QueryRejection},
+    extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
     http::{Method, StatusCode},
     response::{IntoResponse, Response},
 };
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 use paybus_dead_letter_ops::{ExposureSum, ListFilter, Overview, groups, letter};
+use paybus_platform::triage::Verdict;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 use super::{
     FormFields, Session, actions,
     layout::{self, Flash},
+    operations,
 };
 use crate::{AppState, dead_letters::into_api};
 
@@ -31,7 +35,7 @@ use crate::{AppState, dead_letters::into_api};
 const LETTERS_SHOWN: u32 = 200;
 
 const REPLAY: &str = "/v1/admin/dead-letters/replay";
-const ARCHIVE: &str = "/v1/admin/dead-letters/archive";
+const OPERATIONS: &str = "/v1/admin/dead-letters/operations";
 
 /// `GET /console/dead-letters`.
 pub(crate) async fn groups(State(state): State<AppState>, session: Session) -> Response {
@@ -198,7 +202,7 @@ pub(crate) async fn group(
                             @for letter in &letters {
                                 tr.letter data-letter-id=(letter.id) {
                                     td { input type="checkbox" name="ids" value=(letter.id) aria-label=(format!("letter {}", letter.id)); }
-                                    td.n { (letter.id) }
+                                    td.n { a href=(format!("/console/dead-letters/letter/{}", letter.id)) { (letter.id) } }
                                     td { code { (letter.message_id.as_deref().unwrap_or("—")) } }
                                     td { code { (letter.routing_key) } }
                                     td { (letter.error) }
@@ -287,63 +291,77 @@ pub(crate) async fn replay(
         Ok(selection) => selection,
         Err(problem) => return layout::error_page(StatusCode::BAD_REQUEST, problem),
     };
-    let mode = selection.mode.as_deref().unwrap_or("dry-run");
-    if mode == "archive" {
-        return send_archive(&state, &session, &selection).await;
+    match selection.mode.as_deref().unwrap_or("dry-run") {
+        "archive" => freeze(&state, &session, &selection, "archive").await,
+        "replay" => replay_now(&state, &session, &selection).await,
+        _ => freeze(&state, &session, &selection, "replay").await,
     }
-    let dry_run = mode != "replay";
+}
+
+/// The selection frozen into an operation (`action`), shown on its page.
+async fn freeze(
+    state: &AppState,
+    session: &Session,
+    selection: &Selection,
+    action: &str,
+) -> Response {
     let mut body = selection.target();
-    body["dry_run"] = json!(dry_run);
-    let answer = actions::call(&state, &session, Method::POST, REPLAY, Some(body)).await;
-    if let Some(failure) = answer.failure(&Method::POST, REPLAY) {
-        return render_groups(&state, &session, Some(failure), None).await;
+    body["action"] = json!(action);
+    let answer = actions::call(state, session, Method::POST, OPERATIONS, Some(body)).await;
+    if let Some(failure) = answer.failure(&Method::POST, OPERATIONS) {
+        return render_groups(state, session, Some(failure), None).await;
     }
-    let (flash, outcome) = if dry_run {
-        dry_run_outcome(&selection, &answer.body)
-    } else {
-        replay_outcome(&selection, &answer.body)
+    let Some(id) = answer.body["id"]
+        .as_str()
+        .and_then(|id| Uuid::parse_str(id).ok())
+    else {
+        let (flash, _) = unreadable("The dry run", &answer.body);
+        return render_groups(state, session, Some(flash), None).await;
     };
-    render_groups(&state, &session, Some(flash), Some(outcome)).await
+    let count = |field: &str| answer.body[field].as_u64().unwrap_or(0);
+    let flash = Flash::Done(format!(
+        "Dry run of {}: {} letter(s) classified — safe: {}, already_applied: {}, needs_human: \
+         {}. Nothing was sent; the button below acts on these letters only{}.",
+        selection.describe(),
+        answer.body["letters"].as_u64().unwrap_or(0),
+        count("safe"),
+        count("already_applied"),
+        count("needs_human"),
+        remaining_note(count("not_included"))
+    ));
+    operations::render(state, session, id, Some(flash), &[]).await
 }
 
-/// The dry run's answer (`DryRun`), as far as the page shows it.
-#[derive(Debug, Deserialize)]
-struct DryRunView {
-    already_applied: u64,
-    safe: u64,
-    needs_human: u64,
-    #[serde(default)]
-    remaining: u64,
-    letters: Vec<ClassifiedView>,
+async fn replay_now(state: &AppState, session: &Session, selection: &Selection) -> Response {
+    let answer = actions::call(
+        state,
+        session,
+        Method::POST,
+        REPLAY,
+        Some(selection.target()),
+    )
+    .await;
+    if let Some(failure) = answer.failure(&Method::POST, REPLAY) {
+        return render_groups(state, session, Some(failure), None).await;
+    }
+    if answer.status == StatusCode::ACCEPTED {
+        if let Some(id) = answer.body["id"]
+            .as_str()
+            .and_then(|id| Uuid::parse_str(id).ok())
+        {
+            let flash = Flash::Warn(format!(
+                "Four-eyes: the replay of {} is an operation waiting for a second ADMIN's \
+                 approval. Nothing was sent.",
+                selection.describe()
+            ));
+            return operations::render(state, session, id, Some(flash), &[]).await;
+        }
+    }
+    let (flash, outcome) = replay_outcome(selection, &answer.body);
+    render_groups(state, session, Some(flash), Some(outcome)).await
 }
 
-#[derive(Debug, Deserialize)]
-struct ClassifiedView {
-    letter: LetterView,
-    triage: TriageView,
-}
-
-#[derive(Debug, Deserialize)]
-struct LetterView {
-    id: u64,
-    function_name: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct TriageView {
-    verdict: String,
-    reason: String,
-    exposure: Option<ExposureView>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ExposureView {
-    partner_id: Option<u64>,
-    currency: String,
-    amount: String,
-}
-
-/// The replay's answer (`ReplayReport`), as far as the page shows it.
+/// The replay's answer (`ExecutionReport`), as far as the page shows it.
 #[derive(Debug, Deserialize)]
 struct ReplayView {
     replayed: u64,
@@ -383,50 +401,6 @@ fn remaining_note(remaining: u64) -> String {
     }
 }
 
-fn dry_run_outcome(selection: &Selection, body: &Value) -> (Flash, Markup) {
-    let Ok(run) = serde_json::from_value::<DryRunView>(body.clone()) else {
-        return unreadable("The dry run", body);
-    };
-    let flash = Flash::Done(format!(
-        "Dry run of {}: {} letter(s) classified — safe: {}, already_applied: {}, \
-         needs_human: {}. Nothing was sent{}.",
-        selection.describe(),
-        run.letters.len(),
-        run.safe,
-        run.already_applied,
-        run.needs_human,
-        remaining_note(run.remaining)
-    ));
-    let outcome = html! {
-        section #outcome data-kind="dry-run" {
-            h2 { "Dry run: each letter's verdict" }
-            table #letter-verdicts {
-                thead { tr { th.n { "Letter" } th { "Function" } th { "Verdict" } th { "Why" } th { "At stake" } } }
-                tbody {
-                    @for classified in &run.letters {
-                        tr.verdict data-letter-id=(classified.letter.id) data-verdict=(classified.triage.verdict) {
-                            td.n { (classified.letter.id) }
-                            td { (classified.letter.function_name) }
-                            td { span class=(format!("badge {}", classified.triage.verdict)) { (classified.triage.verdict) } }
-                            td { (classified.triage.reason) }
-                            td {
-                                @match &classified.triage.exposure {
-                                    Some(exposure) => {
-                                        (exposure.amount) " " (exposure.currency)
-                                        @if let Some(partner) = exposure.partner_id { " (partner " (partner) ")" }
-                                    },
-                                    None => { "—" },
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    };
-    (flash, outcome)
-}
-
 fn replay_outcome(selection: &Selection, body: &Value) -> (Flash, Markup) {
     let Ok(report) = serde_json::from_value::<ReplayView>(body.clone()) else {
         return unreadable("The replay", body);
@@ -464,36 +438,95 @@ fn replay_outcome(selection: &Selection, body: &Value) -> (Flash, Markup) {
     (flash, outcome)
 }
 
-/// `POST /console/dead-letters/archive`.
+/// `POST /console/dead-letters/archive`: the selection frozen into an archive operation.
 pub(crate) async fn archive(
     State(state): State<AppState>,
     session: Session,
     form: FormFields,
 ) -> Response {
     match Selection::from_form(&form) {
-        Ok(selection) => send_archive(&state, &session, &selection).await,
+        Ok(selection) => freeze(&state, &session, &selection, "archive").await,
         Err(problem) => layout::error_page(StatusCode::BAD_REQUEST, problem),
     }
 }
 
-async fn send_archive(state: &AppState, session: &Session, selection: &Selection) -> Response {
-    let answer = actions::call(
-        state,
-        session,
-        Method::POST,
-        ARCHIVE,
-        Some(selection.target()),
+/// `GET /console/dead-letters/letter/{id}`: one letter — what failed, the rows it refers to as
+/// they stand, the verdict a replay would get now and what to do about it, its trail.
+pub(crate) async fn letter_page(
+    State(state): State<AppState>,
+    session: Session,
+    id: Result<Path<u64>, PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        return layout::error_page(StatusCode::BAD_REQUEST, "A letter is named by its id.");
+    };
+    let detail = async {
+        let mut conn = state.pool.acquire().await?;
+        letter::show(&mut conn, &state.dead_letters, id)
+            .await
+            .map_err(into_api)
+    };
+    let detail = match detail.await {
+        Ok(Some(detail)) => detail,
+        Ok(None) => {
+            return layout::error_page(
+                StatusCode::NOT_FOUND,
+                &format!("Dead letter {id} does not exist."),
+            );
+        }
+        Err(error) => return layout::failure_page(error),
+    };
+    let l = &detail.letter;
+    let pretty = |value: &Value| serde_json::to_string_pretty(value).unwrap_or_default();
+    layout::page(
+        &format!("Dead letter {id}"),
+        Some(&session),
+        html! {
+            p { a href=(group_href(&l.function_name, &l.reason)) { "← " (l.function_name) " / " (l.reason) } }
+            dl #letter data-status=(l.status) data-verdict=(detail.triage.verdict) {
+                dt { "Status" } dd { (l.status) }
+                dt { "Failed" } dd { (l.failures) " time(s), first " (at(l.failed_at)) @if let Some(last) = l.last_failed_at { ", last " (at(last)) } }
+                dt { "Error" } dd { (l.error) }
+                dt { "Message" } dd { code { (l.message_id.as_deref().unwrap_or("—")) } " (" code { (l.routing_key) } ")" }
+                dt { "A replay now" } dd.verdict { span class=(format!("badge {}", detail.triage.verdict)) { (detail.triage.verdict) } " " (detail.triage.reason) }
+                dt { "What to do" } dd.next-step { (next_step(detail.triage.verdict)) }
+            }
+            h2 { "The rows it refers to, as they stand" }
+            @for row in &detail.triage.referenced {
+                h3 { (row.entity) " " (row.id) ": " (row.state.as_deref().unwrap_or("does not exist")) }
+                pre { (pretty(&row.row)) }
+            }
+            h2 { "Body" }
+            pre #body { (pretty(&detail.body)) }
+            h2 { "Headers" }
+            pre { (pretty(&detail.headers)) }
+            h2 { "What ops did" }
+            table #trail {
+                thead { tr { th { "When" } th { "Action" } th { "Who" } th { "Verdict" } th { "Result" } th { "Operation" } } }
+                tbody {
+                    @for action in &detail.actions {
+                        tr { td { (at(action.created_at)) } td { (action.action) } td { (action.actor) } td { (action.verdict.as_deref().unwrap_or("—")) } td { (action.result) }
+                            td { @match action.operation_id.as_deref().and_then(|id| Uuid::parse_str(id).ok()) { Some(op) => { a href=(operations::href(op)) { (op) } }, None => { "—" } } } }
+                    }
+                }
+            }
+        },
     )
-    .await;
-    let flash = answer.failure(&Method::POST, ARCHIVE).unwrap_or_else(|| {
-        Flash::Done(format!(
-            "Archived {}: archived: {}{}",
-            selection.describe(),
-            answer.body["archived"],
-            remaining_note(answer.body["remaining"].as_u64().unwrap_or(0))
-        ))
-    });
-    render_groups(state, session, Some(flash), None).await
+    .into_response()
+}
+
+/// What the on-call person does next about a letter with this verdict.
+fn next_step(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Safe => "Replay it (a dry run of its group, then the button): it applies once.",
+        Verdict::AlreadyApplied => {
+            "Nothing to re-send: what it would do is done. Archive it once you know why it failed."
+        }
+        Verdict::NeedsHuman => {
+            "Read the reason and the rows above: fix the row (or the partner's endpoint) and dry-run \
+             again, or archive it with a note in your incident log. A replay will not send it."
+        }
+    }
 }
 
 fn at(time: DateTime<Utc>) -> String {

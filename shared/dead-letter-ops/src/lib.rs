@@ -7,9 +7,12 @@
 //!   the money at stake summed per partner and currency, biggest first.
 //! - [`Triager`]: asks the letter's function (the catalog's `FunctionEntry::triage`) what a
 //!   replay would do: *already applied*, *safe to replay*, *needs a human*.
-//! - [`replay`]: the dry run (every selected letter classified, nothing written) and the
-//!   replay itself: only safe letters, re-checked under the letter's lock, sent through the
-//!   outbox at a bounded rate; and [`replay::archive`].
+//! - [`replay`]: the dry run (every selected letter classified, nothing written), and one
+//!   letter's replay (only when safe, re-checked under the letter's lock, sent through the
+//!   outbox) or archive.
+//! - [`operation`]: a dry run frozen into an operation (its letters with their verdicts, a
+//!   hash, an expiry), approved by a second person when the [`operation::Policy`] says so, and
+//!   executed once, letter by letter at a bounded rate, resumable.
 //! - [`trail`]: every action on a letter (`dead_letter_actions`), written with the action.
 //!
 //! No replay ever relies on the dry run it follows: the verdict is taken again in the
@@ -18,6 +21,7 @@
 mod error;
 pub mod groups;
 pub mod letter;
+pub mod operation;
 pub mod replay;
 pub mod trail;
 mod triager;
@@ -25,6 +29,10 @@ mod triager;
 pub use error::DeadLetterError;
 pub use groups::{ExposureSum, Group, Overview};
 pub use letter::{DeadLetter, DeadLetterDetail, LetterStatus, ListFilter, Selection};
-pub use replay::{ArchiveReport, Classified, DryRun, ReplayOptions, ReplayReport, ReplayResult};
+pub use operation::{
+    ExecuteOptions, ExecutionReport, Operation, OperationAction, OperationDetail, OperationStatus,
+    Policy,
+};
+pub use replay::{Classified, DryRun, ReplayResult};
 pub use trail::{Action, ActionKind, ActionResult};
 pub use triager::Triager;

@@ -1,18 +1,17 @@
-//! The dry run, the replay and the archive; each action goes into the letter's [`trail`].
+//! The dry run, and one letter's replay or archive as an [`crate::operation`] takes it; each
+//! action goes into the letter's [`trail`].
 //!
-//! A replay takes each selected NEW letter in a transaction of its own: it locks the letter,
-//! asks its function for the verdict again (the dry run may be minutes old), and only when the
-//! verdict is *safe* re-sends the message through the outbox — a new message id, the original
-//! correlation id, type and data — and marks the letter REPLAYED; any other verdict leaves
-//! the letter NEW and sends nothing. Either way the action is recorded in the same
-//! transaction. Letters are taken at most [`ReplayOptions::per_second`] a second, so a
-//! replayed group does not flood a function that just recovered.
+//! A replay locks the letter, asks its function for the verdict again (the dry run may be
+//! minutes old), and only when the verdict is *safe* re-sends the message through the outbox —
+//! a new message id, the original correlation id, type and data — and marks the letter
+//! REPLAYED; any other verdict leaves the letter NEW and sends nothing. Either way the action
+//! is recorded in the same transaction.
 
 use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
 use paybus_platform::{
-    bus::{Envelope, Outbox, OutgoingMessage},
+    bus::{Envelope, OutgoingMessage, UnitOfWork},
     triage::{Triage, Verdict},
 };
 use serde::Serialize;
@@ -74,24 +73,6 @@ pub async fn dry_run(
     Ok(run)
 }
 
-/// How a replay runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ReplayOptions {
-    /// The most letters taken a second (default 10).
-    pub per_second: f64,
-    /// The most letters one call takes (default and most: 500; the rest stay NEW).
-    pub limit: u32,
-}
-
-impl Default for ReplayOptions {
-    fn default() -> Self {
-        Self {
-            per_second: 10.0,
-            limit: MAX_PAGE,
-        }
-    }
-}
-
 /// What a replay did with one letter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReplayResult {
@@ -106,88 +87,27 @@ pub struct ReplayResult {
     pub replay_message_id: Option<Uuid>,
 }
 
-/// What a replay did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ReplayReport {
-    pub replayed: u64,
-    pub already_applied: u64,
-    pub needs_human: u64,
-    /// No longer NEW when their turn came (replayed or archived meanwhile).
-    pub skipped: u64,
-    pub results: Vec<ReplayResult>,
-    /// NEW letters of the selection left for another call (beyond `limit`).
-    pub remaining: u64,
-}
-
-/// Replays the selection's safe letters (see the module docs). `progress` sees each letter's
-/// result as it is committed (the CLI's progress bar).
-pub async fn replay(
-    outbox: &Outbox,
-    triager: &Triager,
-    selection: &Selection,
-    actor: &str,
-    options: ReplayOptions,
-    mut progress: impl FnMut(&ReplayResult) + Send,
-) -> Result<ReplayReport, DeadLetterError> {
-    let ids = {
-        let mut conn = outbox.pool().acquire().await?;
-        letter::selected_ids(&mut conn, selection, options.limit.clamp(1, MAX_PAGE)).await?
-    };
-    let mut report = ReplayReport::default();
-    let mut pace = pace(options.per_second);
-    for id in ids {
-        pace.tick().await;
-        let result = replay_one(outbox, triager, id, actor).await?;
-        match (result.result, result.verdict) {
-            (ActionResult::Replayed, _) => report.replayed += 1,
-            (_, Some(Verdict::AlreadyApplied)) => report.already_applied += 1,
-            (_, Some(_)) => report.needs_human += 1,
-            (_, None) => report.skipped += 1,
-        }
-        progress(&result);
-        report.results.push(result);
-    }
-    let mut conn = outbox.pool().acquire().await?;
-    // Letters this call left NEW (not safe) are not "remaining": another call would only
-    // classify them again.
-    let left_new = report
-        .results
-        .iter()
-        .filter(|r| r.result == ActionResult::NotSent)
-        .count() as u64;
-    report.remaining = letter::count_selected(&mut conn, selection)
-        .await?
-        .saturating_sub(left_new);
-    tracing::info!(
-        actor,
-        replayed = report.replayed,
-        already_applied = report.already_applied,
-        needs_human = report.needs_human,
-        skipped = report.skipped,
-        "dead letters replayed"
-    );
-    Ok(report)
-}
-
-fn pace(per_second: f64) -> tokio::time::Interval {
+pub(crate) fn pace(per_second: f64) -> tokio::time::Interval {
     let per_second = if per_second.is_finite() && per_second > 0.0 {
         per_second
     } else {
-        ReplayOptions::default().per_second
+        crate::operation::ExecuteOptions::default().per_second
     };
     let mut interval = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval
 }
 
-async fn replay_one(
-    outbox: &Outbox,
+/// Replays letter `id` in the caller's unit of work when its verdict, taken again under the
+/// letter's lock, is safe; records the attempt in its trail either way.
+pub(crate) async fn replay_locked(
+    uow: &mut UnitOfWork<'_>,
     triager: &Triager,
     id: u64,
     actor: &str,
+    operation_id: Option<Uuid>,
 ) -> Result<ReplayResult, DeadLetterError> {
-    let mut uow = outbox.begin().await?;
-    let Some((letter, body)) = letter::lock(&mut uow, id).await? else {
+    let Some((letter, body)) = letter::lock(uow, id).await? else {
         return Err(DeadLetterError::NotFound(id));
     };
     let mut result = ReplayResult {
@@ -200,15 +120,14 @@ async fn replay_one(
     };
     if letter.status != letter::LetterStatus::New {
         result.detail = format!("the letter is {} now", letter.status);
-        trail::record(&mut uow, &result.entry(actor)).await?;
-        uow.commit().await?;
+        trail::record(uow, &result.entry(actor, operation_id)).await?;
         return Ok(result);
     }
-    let triage = triager.triage(&mut uow, &letter, &body).await?;
+    let triage = triager.triage(uow, &letter, &body).await?;
     result.verdict = Some(triage.verdict);
     result.detail = triage.reason;
     if triage.verdict == Verdict::Safe {
-        triager.prepare_replay(&mut uow, &letter, &body).await?;
+        triager.prepare_replay(uow, &letter, &body).await?;
         let message = replay_message(&body)?;
         result.replay_message_id = Some(message.id);
         result.result = ActionResult::Replayed;
@@ -218,20 +137,85 @@ async fn replay_one(
              WHERE id = ? AND status = 'NEW'",
         )
         .bind(id)
-        .execute(&mut *uow)
+        .execute(&mut **uow)
         .await?;
     } else {
         result.result = ActionResult::NotSent;
     }
-    trail::record(&mut uow, &result.entry(actor)).await?;
-    uow.commit().await?;
+    trail::record(uow, &result.entry(actor, operation_id)).await?;
+    Ok(result)
+}
+
+/// A letter an operation holds but did not preview as safe: never sent (what was approved is
+/// what runs), recorded as such.
+pub(crate) async fn not_previewed_safe(
+    conn: &mut MySqlConnection,
+    id: u64,
+    verdict: Verdict,
+    actor: &str,
+    operation_id: Uuid,
+) -> Result<ReplayResult, DeadLetterError> {
+    let Some((letter, _)) = letter::lock(conn, id).await? else {
+        return Err(DeadLetterError::NotFound(id));
+    };
+    let result = ReplayResult {
+        id,
+        function_name: letter.function_name,
+        verdict: Some(verdict),
+        result: ActionResult::NotSent,
+        detail: format!(
+            "the dry run found it {verdict}: an operation replays only what it showed as safe"
+        ),
+        replay_message_id: None,
+    };
+    trail::record(conn, &result.entry(actor, Some(operation_id))).await?;
+    Ok(result)
+}
+
+/// Archives letter `id` in the caller's transaction when it is NEW (else SKIPPED), with its
+/// trail entry.
+pub(crate) async fn archive_locked(
+    conn: &mut MySqlConnection,
+    id: u64,
+    actor: &str,
+    operation_id: Option<Uuid>,
+) -> Result<ReplayResult, DeadLetterError> {
+    let Some((letter, _)) = letter::lock(conn, id).await? else {
+        return Err(DeadLetterError::NotFound(id));
+    };
+    let mut result = ReplayResult {
+        id,
+        function_name: letter.function_name,
+        verdict: None,
+        result: ActionResult::Skipped,
+        detail: String::new(),
+        replay_message_id: None,
+    };
+    if letter.status == letter::LetterStatus::New {
+        sqlx::query(
+            "UPDATE dead_letters SET status = 'ARCHIVED', archived_at = NOW(6) \
+             WHERE id = ? AND status = 'NEW'",
+        )
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+        result.result = ActionResult::Archived;
+    } else {
+        result.detail = format!("the letter is {} now", letter.status);
+    }
+    let entry = Entry {
+        action: ActionKind::Archive,
+        ..result.entry(actor, operation_id)
+    };
+    trail::record(conn, &entry).await?;
     Ok(result)
 }
 
 impl ReplayResult {
     /// The trail entry of this replay attempt by `actor`.
-    fn entry<'a>(&'a self, actor: &'a str) -> Entry<'a> {
+    fn entry<'a>(&'a self, actor: &'a str, operation_id: Option<Uuid>) -> Entry<'a> {
         Entry {
+            operation_id,
             dead_letter_id: self.id,
             action: ActionKind::Replay,
             actor,
@@ -264,60 +248,4 @@ fn replay_message(body: &[u8]) -> Result<OutgoingMessage, DeadLetterError> {
         occurred_at: replay.occurred_at,
         body,
     })
-}
-
-/// What an archive did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ArchiveReport {
-    pub archived: u64,
-    /// NEW letters of the selection left for another call (beyond `limit`).
-    pub remaining: u64,
-}
-
-/// Archives the selection's NEW letters (at most `limit`), each with its trail entry.
-pub async fn archive(
-    outbox: &Outbox,
-    selection: &Selection,
-    actor: &str,
-    limit: u32,
-) -> Result<ArchiveReport, DeadLetterError> {
-    let pool = outbox.pool();
-    let ids = {
-        let mut conn = pool.acquire().await?;
-        letter::selected_ids(&mut conn, selection, limit.clamp(1, MAX_PAGE)).await?
-    };
-    let mut report = ArchiveReport::default();
-    for id in ids {
-        let mut tx = pool.begin().await?;
-        let archived = sqlx::query(
-            "UPDATE dead_letters SET status = 'ARCHIVED', archived_at = NOW(6) \
-             WHERE id = ? AND status = 'NEW'",
-        )
-        .bind(id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if archived {
-            trail::record(
-                &mut tx,
-                &Entry {
-                    dead_letter_id: id,
-                    action: ActionKind::Archive,
-                    actor,
-                    verdict: None,
-                    result: ActionResult::Archived,
-                    detail: "",
-                    replay_message_id: None,
-                },
-            )
-            .await?;
-            report.archived += 1;
-        }
-        tx.commit().await?;
-    }
-    let mut conn = pool.acquire().await?;
-    report.remaining = letter::count_selected(&mut conn, selection).await?;
-    tracing::info!(actor, archived = report.archived, "dead letters archived");
-    Ok(report)
 }

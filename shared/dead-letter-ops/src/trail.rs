@@ -45,6 +45,8 @@ pub struct Action {
     pub result: String,
     pub detail: String,
     pub replay_message_id: Option<String>,
+    /// The operation it was part of (`None`: taken before operations existed).
+    pub operation_id: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -58,6 +60,7 @@ pub struct Entry<'a> {
     pub result: ActionResult,
     pub detail: &'a str,
     pub replay_message_id: Option<Uuid>,
+    pub operation_id: Option<Uuid>,
 }
 
 /// A letter's trail, oldest first.
@@ -67,7 +70,7 @@ pub async fn of_letter(
 ) -> Result<Vec<Action>, DeadLetterError> {
     Ok(sqlx::query_as(
         "SELECT id, dead_letter_id, action, actor, verdict, result, detail, replay_message_id, \
-                created_at \
+                operation_id, created_at \
          FROM dead_letter_actions WHERE dead_letter_id = ? ORDER BY id",
     )
     .bind(dead_letter_id)
@@ -81,8 +84,9 @@ pub async fn record(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<(),
     let result: &str = entry.result.into();
     sqlx::query(
         "INSERT INTO dead_letter_actions \
-         (dead_letter_id, action, actor, verdict, result, detail, replay_message_id) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
+         (dead_letter_id, action, actor, verdict, result, detail, replay_message_id, \
+          operation_id) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(entry.dead_letter_id)
     .bind(action)
@@ -91,6 +95,7 @@ pub async fn record(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<(),
     .bind(result)
     .bind(entry.detail.chars().take(1000).collect::<String>())
     .bind(entry.replay_message_id.map(|id| id.to_string()))
+    .bind(entry.operation_id.map(|id| id.to_string()))
     .execute(conn)
     .await?;
     Ok(())
