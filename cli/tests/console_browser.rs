@@ -253,6 +253,7 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         .arg(&screenshots)
         .arg(&chromium)
         .arg(safe.to_string())
+        .arg(api.token_of("second-admin", &["ADMIN"]))
         .output()
         .expect("run the browser script");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -301,8 +302,9 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         sent, 1,
         "one confirmation re-sent, by the first replay only"
     );
-    // Every replay is on the letters' trail, under the token's subject: the safe letter
-    // replayed once, each of the others refused twice.
+    // Every replay is on the letters' trail, under the token's subject: the operation the
+    // second ADMIN approved and ran replayed the safe letter once and refused the others; the
+    // one-click replay (by the same person, still logged in) refused them again.
     let trail: Vec<(String, String, String, i64)> = sqlx::query_as(
         "SELECT l.dead_letter_id, a.result, a.actor, COUNT(*) FROM dead_letter_actions a \
          JOIN dead_letters l ON l.id = a.dead_letter_id WHERE a.action = 'REPLAY' \
@@ -311,14 +313,29 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
     .fetch_all(&env.db)
     .await
     .expect("read the trail");
-    let actor = "black-box-tests".to_owned();
+    let second = "second-admin".to_owned();
     assert_eq!(
         trail,
         [
-            ("dl-1".to_owned(), "NOT_SENT".to_owned(), actor.clone(), 2),
-            ("dl-2".to_owned(), "NOT_SENT".to_owned(), actor.clone(), 2),
-            ("dl-safe".to_owned(), "REPLAYED".to_owned(), actor, 1),
+            ("dl-1".to_owned(), "NOT_SENT".to_owned(), second.clone(), 2),
+            ("dl-2".to_owned(), "NOT_SENT".to_owned(), second.clone(), 2),
+            ("dl-safe".to_owned(), "REPLAYED".to_owned(), second, 1),
         ]
+    );
+    let approved: (String, String, String) = sqlx::query_as(
+        "SELECT requested_by, approved_by, status FROM dead_letter_operations \
+         WHERE approved_by IS NOT NULL",
+    )
+    .fetch_one(&env.db)
+    .await
+    .expect("the approved operation");
+    assert_eq!(
+        approved,
+        (
+            "black-box-tests".to_owned(),
+            "second-admin".to_owned(),
+            "DONE".to_owned()
+        )
     );
 
     // The retry clicked in the browser reached the database.
@@ -332,13 +349,15 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         "01-login",
         "02-dead-letters",
         "03-dry-run",
-        "04-replay",
-        "05-replay-again",
-        "06-group",
-        "07-jobs",
-        "08-job-retried",
-        "09-suspensions",
-        "10-audit",
+        "04-approved",
+        "05-replay",
+        "06-letter",
+        "07-replay-again",
+        "08-group",
+        "09-jobs",
+        "10-job-retried",
+        "11-suspensions",
+        "12-audit",
     ] {
         let path = screenshots.join(format!("{shot}.png"));
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

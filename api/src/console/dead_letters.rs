@@ -489,7 +489,7 @@ pub(crate) async fn letter_page(
                 dt { "Error" } dd { (l.error) }
                 dt { "Message" } dd { code { (l.message_id.as_deref().unwrap_or("—")) } " (" code { (l.routing_key) } ")" }
                 dt { "A replay now" } dd.verdict { span class=(format!("badge {}", detail.triage.verdict)) { (detail.triage.verdict) } " " (detail.triage.reason) }
-                dt { "What to do" } dd.next-step { (next_step(detail.triage.verdict)) }
+                dt { "What to do" } dd.next-step { (next_step(l.status, detail.triage.verdict)) }
             }
             h2 { "The rows it refers to, as they stand" }
             @for row in &detail.triage.referenced {
@@ -515,8 +515,12 @@ pub(crate) async fn letter_page(
     .into_response()
 }
 
-/// What the on-call person does next about a letter with this verdict.
-fn next_step(verdict: Verdict) -> &'static str {
+/// What the on-call person does next about a letter in `status` with this verdict.
+fn next_step(status: letter::LetterStatus, verdict: Verdict) -> &'static str {
+    if status != letter::LetterStatus::New {
+        return "Nothing: ops acted on it already (see below). A new failure of its message \
+                makes it NEW again.";
+    }
     match verdict {
         Verdict::Safe => "Replay it (a dry run of its group, then the button): it applies once.",
         Verdict::AlreadyApplied => {

@@ -110,7 +110,8 @@ fn summary(detail: &OperationDetail) -> Markup {
         op.status.to_string()
     };
     html! {
-        dl #operation data-status=(status) data-action=(op.action) {
+        p { a #permalink href=(href(op.id)) { "This operation's page" } " (send it to the second ADMIN)" }
+        dl #operation data-id=(op.id) data-status=(status) data-action=(op.action) {
             dt { "Status" } dd.status { (status) " — " (op.done) " / " (op.letters) " letter(s) done" }
             dt { "Verdicts at the dry run" } dd { "safe: " (detail.safe) ", already_applied: " (detail.already_applied) ", needs_human: " (detail.needs_human) "; with money at stake: " (op.letters_with_money) }
             dt { "Requested" } dd { (op.requested_by) ", " (at(op.requested_at)) "; expires " (at(op.expires_at)) }

@@ -65,16 +65,14 @@ impl ApiProcess {
 
     /// A token with `roles` (`OPS`, `ADMIN`), minted by `paybus token issue` as ops would.
     pub fn token(&self, roles: &[&str]) -> String {
+        self.token_of("black-box-tests", roles)
+    }
+
+    /// [`token`](Self::token) of another person (four-eyes needs two).
+    pub fn token_of(&self, subject: &str, roles: &[&str]) -> String {
         let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
         command
-            .args([
-                "token",
-                "issue",
-                "--subject",
-                "black-box-tests",
-                "--ttl",
-                "1h",
-            ])
+            .args(["token", "issue", "--subject", subject, "--ttl", "1h"])
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET);
         for role in roles {
             command.args(["--role", role]);

@@ -774,3 +774,65 @@ async fn act_in(
         .await?;
     Ok(Some(result))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn read(value: &str) -> Result<Policy, ConfigError> {
+        Policy::read(&Vars::new(HashMap::from([(
+            VAR_FOUR_EYES.name.to_owned(),
+            value.to_owned(),
+        )])))
+    }
+
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                Policy::read(&Vars::new(environment)),
+                Ok(Policy::default()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn four_eyes_is_per_action_or_off_and_anything_else_names_the_variable() {
+        let replay_only = read("replay").unwrap();
+        assert!(replay_only.four_eyes_replay && !replay_only.four_eyes_archive);
+        let both = read(" Archive , replay ").unwrap();
+        assert!(both.four_eyes_replay && both.four_eyes_archive);
+        assert_eq!(read("off").unwrap(), Policy::without_four_eyes());
+        let wrong = read("replay,burn").unwrap_err();
+        assert_eq!(wrong.variable, VAR_FOUR_EYES.name);
+    }
+
+    #[test]
+    fn an_archive_needs_approval_only_with_money_at_stake() {
+        let policy = Policy::default();
+        assert!(policy.needs_approval(OperationAction::Replay, false));
+        assert!(policy.needs_approval(OperationAction::Archive, true));
+        assert!(!policy.needs_approval(OperationAction::Archive, false));
+    }
+
+    #[test]
+    fn the_hash_covers_the_letters_and_their_verdicts_in_any_order() {
+        let id = Uuid::now_v7();
+        let letters = [(1, "safe".to_owned()), (2, "needs_human".to_owned())];
+        let reversed = [letters[1].clone(), letters[0].clone()];
+        let hash = content_hash(id, OperationAction::Replay, &letters);
+        assert_eq!(hash, content_hash(id, OperationAction::Replay, &reversed));
+        assert_ne!(hash, content_hash(id, OperationAction::Archive, &letters));
+        let changed = [(1, "safe".to_owned()), (2, "safe".to_owned())];
+        assert_ne!(hash, content_hash(id, OperationAction::Replay, &changed));
+        assert_ne!(
+            hash,
+            content_hash(Uuid::now_v7(), OperationAction::Replay, &letters)
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! `paybus dead-letters` operations as a real process: one SIGKILLed mid-operation is resumed
+//! by `execute` and every letter is acted on once; under four-eyes the CLI stops at the
+//! operation until someone else approves it.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use paybus_platform::{
+    bus::{Envelope, OutgoingMessage, dead_letter::record_given_up},
+    testing::{TestEnv, eventually},
+};
+use sqlx::MySqlPool;
+
+fn paybus(env: &TestEnv) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+    command.envs(env.env_vars());
+    command
+}
+
+fn run(command: &mut Command) -> Output {
+    command.output().expect("run paybus")
+}
+
+/// `count` BROADCASTING withdrawals, each with a dead-lettered confirmation (safe to replay).
+async fn safe_letters(pool: &MySqlPool, count: u64) {
+    let partner = sqlx::query(
+        "INSERT INTO partners (name, webhook_url, webhook_secret) VALUES ('acme', NULL, 'x')",
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .last_insert_id();
+    let mut conn = pool.acquire().await.unwrap();
+    for n in 0..count {
+        let withdrawal = sqlx::query(
+            "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, \
+             tx_hash) VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 10, 'T-address', '0xabc')",
+        )
+        .bind(partner)
+        .execute(pool)
+        .await
+        .unwrap()
+        .last_insert_id();
+        let envelope = Envelope::new(paybus_confirmations::WithdrawalTxConfirmed {
+            withdrawal_id: withdrawal,
+            tx_hash: "0xabc".to_owned(),
+        });
+        let message: OutgoingMessage = envelope.to_outgoing().unwrap();
+        record_given_up(
+            &mut conn,
+            "confirm-withdrawal",
+            &format!("letter-{n}"),
+            &message,
+            "boom",
+            4,
+        )
+        .await
+        .unwrap();
+    }
+}
+
+async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+const SENT: &str =
+    "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'";
+const GROUP: [&str; 4] = ["--function", "confirm-withdrawal", "--reason", "failed"];
+
+#[tokio::test]
+async fn an_operation_killed_mid_way_is_resumed_by_execute_and_acts_on_each_letter_once() {
+    let env = TestEnv::new().await;
+    let _services = env.services(&paybus_catalog::queues()).await;
+    safe_letters(&env.db, 6).await;
+
+    // Two letters a second: the kill lands between letters.
+    let mut replaying = paybus(&env)
+        .args(["dead-letters", "replay", "--yes", "--per-second", "2"])
+        .args(GROUP)
+        .env("PAYBUS_FOUR_EYES", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = eventually(Duration::from_secs(60), || async {
+        scalar(
+            &env.db,
+            "SELECT CAST(COALESCE(MAX(done), 0) AS SIGNED) FROM dead_letter_operations",
+        )
+        .await
+            >= 1
+    })
+    .await;
+    replaying.kill().unwrap();
+    replaying.wait().unwrap();
+    assert!(started, "the replay acted on a first letter");
+    let done_at_kill = scalar(
+        &env.db,
+        "SELECT CAST(done AS SIGNED) FROM dead_letter_operations",
+    )
+    .await;
+    assert!(
+        (1..6).contains(&done_at_kill),
+        "killed mid-way, not after the end: {done_at_kill} of 6"
+    );
+    let id: String = sqlx::query_scalar("SELECT id FROM dead_letter_operations")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+
+    let resumed = run(paybus(&env).args(["dead-letters", "execute", &id, "--per-second", "100"]));
+    assert!(resumed.status.success(), "{resumed:?}");
+    let again = run(paybus(&env).args(["dead-letters", "execute", &id]));
+    assert!(again.status.success(), "{again:?}");
+
+    assert_eq!(scalar(&env.db, SENT).await, 6, "each letter re-sent once");
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM dead_letter_actions WHERE result = 'REPLAYED'"
+        )
+        .await,
+        6
+    );
+    let (status, done): (String, u32) =
+        sqlx::query_as("SELECT status, done FROM dead_letter_operations")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), done), ("DONE", 6));
+}
+
+#[tokio::test]
+async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_approves_it() {
+    let env = TestEnv::new().await;
+    let _services = env.services(&paybus_catalog::queues()).await;
+    safe_letters(&env.db, 2).await;
+
+    let requested = run(paybus(&env)
+        .args(["dead-letters", "replay", "--yes", "--actor", "alice"])
+        .args(GROUP)
+        .env_remove("PAYBUS_FOUR_EYES"));
+    let stdout = String::from_utf8_lossy(&requested.stdout);
+    assert!(requested.status.success(), "{requested:?}");
+    assert!(
+        stdout.contains("awaits a second person's approval"),
+        "{stdout}"
+    );
+    assert_eq!(
+        scalar(&env.db, SENT).await,
+        0,
+        "nothing sent before the approval"
+    );
+    let (id, hash): (String, String) =
+        sqlx::query_as("SELECT id, content_hash FROM dead_letter_operations")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+
+    let early = run(paybus(&env).args(["dead-letters", "execute", &id]));
+    assert!(!early.status.success(), "not approved yet: {early:?}");
+    let own = run(paybus(&env).args([
+        "dead-letters",
+        "approve",
+        &id,
+        "--hash",
+        &hash,
+        "--actor",
+        "alice",
+    ]));
+    assert!(!own.status.success(), "self-approval: {own:?}");
+    assert!(String::from_utf8_lossy(&own.stderr).contains("another ADMIN must approve it"));
+    let approved = run(paybus(&env).args([
+        "dead-letters",
+        "approve",
+        &id,
+        "--hash",
+        &hash,
+        "--actor",
+        "bob",
+    ]));
+    assert!(approved.status.success(), "{approved:?}");
+    let executed = run(paybus(&env).args(["dead-letters", "execute", &id, "--actor", "alice"]));
+    assert!(executed.status.success(), "{executed:?}");
+    assert_eq!(scalar(&env.db, SENT).await, 2);
+}
