@@ -25,6 +25,7 @@ mod dead_letters;
 mod jobs;
 mod layout;
 mod operations;
+mod overview;
 mod session;
 mod suspensions;
 
@@ -48,13 +49,16 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route(
             "/console",
-            get(|| async { Redirect::to("/console/dead-letters") }),
+            get(|| async { Redirect::to("/console/overview") }),
         )
         .route(
             "/console/login",
             get(session::login_page).post(session::login),
         )
         .route("/console/logout", post(session::logout))
+        .route("/console/overview", get(overview::page))
+        .route("/console/functions/{name}/pause", post(overview::pause))
+        .route("/console/functions/{name}/resume", post(overview::resume))
         .route("/console/dead-letters", get(dead_letters::groups))
         .route("/console/dead-letters/group", get(dead_letters::group))
         .route("/console/dead-letters/replay", post(dead_letters::replay))

@@ -35,6 +35,7 @@ pub mod error;
 mod functions;
 mod markets;
 pub mod openapi;
+mod overview;
 mod p2p;
 mod partners;
 pub mod process;
@@ -105,6 +106,8 @@ pub struct AppState {
     pub functions: &'static [FunctionEntry],
     /// Which dead-letter operations need a second ADMIN, and their expiry.
     pub operations: paybus_dead_letter_ops::Policy,
+    /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
+    pub shards: paybus_platform::bus::topology::Shards,
 }
 
 impl AppState {
@@ -131,6 +134,7 @@ impl AppState {
             dead_letters: Triager::new(&[]),
             functions: &[],
             operations: config.operations,
+            shards: services.settings.broker.shards.clone(),
         })
     }
 
@@ -173,6 +177,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(markets::admin_routes())
         .merge(dead_letters::admin_routes())
         .merge(functions::admin_routes())
+        .merge(overview::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

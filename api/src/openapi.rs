@@ -34,6 +34,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::dead_letters::Doc::openapi(),
         crate::dead_letters::operations::Doc::openapi(),
         crate::functions::Doc::openapi(),
+        crate::overview::Doc::openapi(),
     ] {
         document.merge(part);
     }

@@ -302,3 +302,113 @@ async fn the_audit_page_shows_the_auditors_latest_pass_and_runs_no_check_itself(
         page.body
     );
 }
+
+#[tokio::test]
+async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_the_outbox_lag() {
+    let api = Api::new().await;
+    let db = &api.env.db;
+    // A failure recorded just now, one of two hours ago (not in the last hour's count).
+    for (id, ago) in [("recent", 0), ("old", 7_200)] {
+        sqlx::query(
+            "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, \
+             error, body) VALUES (?, 'confirm-deposit', 'k', 'failed', 'e', '{}')",
+        )
+        .bind(id)
+        .execute(db)
+        .await
+        .expect("insert");
+        sqlx::query(
+            "INSERT INTO dead_letter_failures (failure_id, dead_letter_id, failed_at) \
+             VALUES (?, ?, NOW(6) - INTERVAL ? SECOND)",
+        )
+        .bind(format!("f-{id}"))
+        .bind(id)
+        .bind(ago)
+        .execute(db)
+        .await
+        .expect("insert");
+    }
+    sqlx::query(
+        "INSERT INTO partners (name, webhook_url, webhook_secret, webhook_failures, \
+         webhook_open_until) VALUES ('flaky', NULL, 'x', 5, NOW(6) + INTERVAL 1 MINUTE)",
+    )
+    .execute(db)
+    .await
+    .expect("insert");
+    sqlx::query(
+        "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body, created_at) \
+         VALUES (UUID(), 'k', UUID(), 'x', NOW(6) - INTERVAL 30 SECOND)",
+    )
+    .execute(db)
+    .await
+    .expect("insert");
+
+    let paused = send(
+        &api,
+        post_as(
+            "/console/functions/grant-bonus/pause",
+            &[Role::Admin],
+            "reason=incident+42",
+        ),
+    )
+    .await;
+    assert_eq!(paused.status, StatusCode::OK);
+    assert!(
+        paused.body.contains("grant-bonus paused"),
+        "{}",
+        paused.body
+    );
+
+    let (status, overview) = api
+        .call(support::with_roles(
+            "GET",
+            "/v1/admin/overview",
+            &[Role::Ops],
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{overview}");
+    let function = |name: &str| {
+        overview["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(function("grant-bonus")["paused"]["reason"], "incident 42");
+    assert!(function("confirm-deposit")["paused"].is_null());
+    assert_eq!(function("confirm-deposit")["dead_letters_new"], 2);
+    assert_eq!(function("confirm-deposit")["failures_last_hour"], 1);
+    assert_eq!(overview["breakers"][0]["name"], "flaky");
+    assert_eq!(overview["breakers"][0]["state"], "open");
+    assert_eq!(overview["outbox"]["backlog"], 1);
+    assert!(overview["outbox"]["oldest_seconds"].as_f64().unwrap() >= 29.0);
+
+    let page = send(&api, get_as("/console/overview", &[Role::Ops])).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body
+            .contains("data-function=\"grant-bonus\" data-paused=\"true\""),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("incident 42"), "{}", page.body);
+    let resumed = send(
+        &api,
+        post_as("/console/functions/grant-bonus/resume", &[Role::Admin], ""),
+    )
+    .await;
+    assert!(
+        resumed.body.contains("grant-bonus resumed"),
+        "{}",
+        resumed.body
+    );
+    assert!(
+        resumed
+            .body
+            .contains("data-function=\"grant-bonus\" data-paused=\"false\""),
+        "{}",
+        resumed.body
+    );
+}

@@ -37,7 +37,36 @@ with sync_playwright() as playwright:
         page.fill("#token", another_token)
         page.get_by_role("button", name="Log in").click()
 
+    # The overview first: every function consuming, the dead letters waiting, the auditor.
+    expect(page).to_have_url(re.compile(r"/console/overview$"))
+    expect(page.locator("tr.function[data-function='confirm-withdrawal']")).to_have_attribute(
+        "data-paused", "false"
+    )
+    expect(
+        page.locator("tr.function[data-function='confirm-withdrawal'] td.dead-letters")
+    ).to_have_text("3")
+    expect(page.locator("#auditor")).to_have_attribute("data-violations", "0")
+    # Pause a function from here (grant-bonus: nothing in this walk needs it), then resume it.
+    grant = page.locator("tr.function[data-function='grant-bonus']").first
+    grant.get_by_label("why pause grant-bonus").fill("walk-through")
+    grant.get_by_role("button", name="Pause").click()
+    expect(page.locator("p.flash[role=status]")).to_contain_text("grant-bonus paused")
+    expect(page.locator("tr.function[data-function='grant-bonus']").first).to_have_attribute(
+        "data-paused", "true"
+    )
+    expect(page.locator("tr.function[data-function='grant-bonus']").first).to_contain_text(
+        "walk-through"
+    )
+    shot(page, "02-overview-paused")
+    page.locator("tr.function[data-function='grant-bonus']").first.get_by_role(
+        "button", name="Resume"
+    ).click()
+    expect(page.locator("tr.function[data-function='grant-bonus']").first).to_have_attribute(
+        "data-paused", "false"
+    )
+
     # Dead letters, grouped: the biggest group first, with the money it holds up.
+    page.get_by_role("link", name="Dead letters").click()
     expect(page).to_have_url(re.compile(r"/console/dead-letters$"))
     groups = page.locator("tr.group")
     expect(groups).to_have_count(2)

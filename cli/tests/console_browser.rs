@@ -347,6 +347,7 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
     assert_eq!(status, "PENDING");
     for shot in [
         "01-login",
+        "02-overview-paused",
         "02-dead-letters",
         "03-dry-run",
         "04-approved",

@@ -29,7 +29,8 @@ section{margin:1rem 0}h2{font-size:1.1rem}
 textarea{display:block;margin:.4rem 0;width:100%;max-width:40rem}
 ";
 
-const PAGES: [(&str, &str); 4] = [
+const PAGES: [(&str, &str); 5] = [
+    ("/console/overview", "Overview"),
     ("/console/dead-letters", "Dead letters"),
     ("/console/jobs", "Bonus jobs"),
     ("/console/suspensions", "Suspensions"),

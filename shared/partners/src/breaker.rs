@@ -172,3 +172,43 @@ mod tests {
         );
     }
 }
+
+/// A partner whose breaker is not simply closed and clean: open, half-open, or failing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartnerBreaker {
+    pub partner_id: u64,
+    pub name: String,
+    pub state: BreakerState,
+    /// Consecutive failed POSTs.
+    pub failures: u32,
+    pub open_until: Option<DateTime<Utc>>,
+}
+
+/// Every partner whose breaker is open or half-open or has failures counted, open ones first
+/// (what the ops overview shows; the partial scan is fine: partners are few).
+pub async fn not_closed(conn: &mut MySqlConnection) -> Result<Vec<PartnerBreaker>, sqlx::Error> {
+    let rows: Vec<(u64, String, u32, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT id, name, webhook_failures, webhook_open_until, NOW(6) FROM partners \
+         WHERE webhook_open_until IS NOT NULL OR webhook_failures > 0 \
+         ORDER BY webhook_open_until IS NULL, webhook_failures DESC, id LIMIT 200",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(partner_id, name, failures, open_until, now)| PartnerBreaker {
+                state: BreakerRead {
+                    failures,
+                    open_until,
+                    now,
+                }
+                .state(),
+                partner_id,
+                name,
+                failures,
+                open_until,
+            },
+        )
+        .collect())
+}

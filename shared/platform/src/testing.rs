@@ -102,27 +102,15 @@ pub async fn queue_depth(channel: &lapin::Channel, name: &str) -> u32 {
         .message_count()
 }
 
-/// Messages ready in queue `name` and its consumers, `None` when it does not exist (probed on
-/// a channel of its own: a passive declare of a missing queue closes its channel).
+/// Messages ready in queue `name` and its consumers, `None` when it does not exist.
 pub async fn queue_state(services: &Services, name: &str) -> Option<(u32, u32)> {
-    use lapin::{options::QueueDeclareOptions, types::FieldTable};
-    let channel = services
-        .connection()
-        .create_channel()
+    services
+        .publisher()
+        .link()
+        .queue_depth(name)
         .await
-        .expect("a channel to inspect the queue");
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .ok()
-        .map(|queue| (queue.message_count(), queue.consumer_count()))
+        .expect("a channel to inspect the queue")
+        .map(|depth| (depth.ready, depth.consumers))
 }
 
 /// The password of [`TestEnv::env_vars_with_database_unreachable`]'s database URL.

@@ -116,6 +116,33 @@ impl BrokerLink {
         self.inner.node.load(Ordering::SeqCst)
     }
 
+    /// Messages ready in queue `name` and its consumers, `None` when it does not exist (probed
+    /// on a channel of its own: a passive declare of a missing queue closes its channel).
+    pub async fn queue_depth(&self, name: &str) -> Result<Option<QueueDepth>, lapin::Error> {
+        use lapin::{options::QueueDeclareOptions, types::FieldTable};
+        let channel = self.current().connection.create_channel().await?;
+        let declared = channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        Ok(match declared {
+            Ok(queue) => {
+                let _ = channel.close(200, "queue inspected".into()).await;
+                Some(QueueDepth {
+                    ready: queue.message_count(),
+                    consumers: queue.consumer_count(),
+                })
+            }
+            Err(_) => None,
+        })
+    }
+
     /// Changes whenever the link has replaced the connection.
     pub fn generation(&self) -> watch::Receiver<u64> {
         self.inner.generation.subscribe()
@@ -183,6 +210,13 @@ impl BrokerLink {
         }
         declare_on(&self.current().connection, functions).await
     }
+}
+
+/// What a queue holds now ([`BrokerLink::queue_depth`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct QueueDepth {
+    pub ready: u32,
+    pub consumers: u32,
 }
 
 async fn declare_on(

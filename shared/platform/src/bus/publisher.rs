@@ -68,6 +68,11 @@ impl Publisher {
         self.link.current().publish_channel.clone()
     }
 
+    /// The link it publishes on (what else a process asks the broker goes over it too).
+    pub fn link(&self) -> &BrokerLink {
+        &self.link
+    }
+
     /// Publishes one event to `paybus.events` and waits for the broker's confirm.
     pub async fn publish_event(&self, message: &OutgoingMessage) -> Result<(), PublishError> {
         let channel = self.channel();

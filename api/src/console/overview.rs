@@ -1,0 +1,173 @@
+//! The overview page, the console's first: `crate::overview` (what `GET /v1/admin/overview`
+//! answers) as one screen — per function paused or consuming, queue depth, NEW dead letters and
+//! the last hour's failures; the outbox's lag; stuck and held rows; breakers; the auditor.
+
+use axum::{
+    extract::{Path, State, rejection::PathRejection},
+    http::{Method, StatusCode},
+    response::{IntoResponse, Response},
+};
+use maud::html;
+use serde_json::json;
+
+use super::{
+    FormFields, Session, actions,
+    layout::{self, Flash},
+};
+use crate::{AppState, overview};
+
+/// `GET /console/overview`.
+pub(crate) async fn page(State(state): State<AppState>, session: Session) -> Response {
+    render(&state, &session, None).await
+}
+
+/// `POST /console/functions/{name}/pause` (`reason`) and `.../resume`: the admin API's switch.
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    session: Session,
+    name: Result<Path<String>, PathRejection>,
+    form: FormFields,
+) -> Response {
+    let Ok(Path(name)) = name else {
+        return layout::error_page(StatusCode::BAD_REQUEST, "A function is named in the path.");
+    };
+    let reason = form.get("reason").unwrap_or_default().trim();
+    let reason = if reason.is_empty() {
+        "paused from the console"
+    } else {
+        reason
+    };
+    let path = format!(
+        "/v1/admin/functions/{}/pause",
+        super::percent_encoded(&name)
+    );
+    let answer = actions::call(
+        &state,
+        &session,
+        Method::POST,
+        &path,
+        Some(json!({"reason": reason})),
+    )
+    .await;
+    let flash = answer.failure(&Method::POST, &path).unwrap_or_else(|| {
+        Flash::Done(format!(
+            "{name} paused: every process stops taking its deliveries within a couple of seconds; they wait in its queue."
+        ))
+    });
+    render(&state, &session, Some(flash)).await
+}
+
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    session: Session,
+    name: Result<Path<String>, PathRejection>,
+) -> Response {
+    let Ok(Path(name)) = name else {
+        return layout::error_page(StatusCode::BAD_REQUEST, "A function is named in the path.");
+    };
+    let path = format!(
+        "/v1/admin/functions/{}/resume",
+        super::percent_encoded(&name)
+    );
+    let answer = actions::call(&state, &session, Method::POST, &path, Some(json!({}))).await;
+    let flash = answer
+        .failure(&Method::POST, &path)
+        .unwrap_or_else(|| Flash::Done(format!("{name} resumed: its queue drains.")));
+    render(&state, &session, Some(flash)).await
+}
+
+async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Response {
+    let overview = match overview::read(state).await {
+        Ok(overview) => overview,
+        Err(error) => return layout::failure_page(error),
+    };
+    let seconds = |s: f64| format!("{s:.1} s");
+    layout::page(
+        "Overview",
+        Some(session),
+        html! {
+            @if let Some(flash) = &flash { (flash) }
+            @if overview.broker_unreachable {
+                p.flash.warn role="status" { "The broker could not be asked for its queues: their depth is unknown." }
+            }
+            h2 { "Functions" }
+            p.hint { "Messages processed per function are counted by each process: see paybus_messages_total in Prometheus." }
+            table #functions {
+                thead { tr { th { "Function" } th { "State" } th { "Switch" } th { "Queue" } th.n { "Ready" } th.n { "Consumers" } th.n { "NEW dead letters" } th.n { "Failures, last hour" } } }
+                tbody {
+                    @for function in &overview.functions {
+                        @for (i, (queue, depth)) in function.queues.iter().enumerate() {
+                            tr.function data-function=(function.name) data-paused=(function.paused.is_some()) {
+                                @if i == 0 {
+                                    td { (function.name) }
+                                    td {
+                                        @match &function.paused {
+                                            Some(pause) => { span.badge.FAILED { "paused" } " by " (pause.paused_by) ": " (pause.reason) },
+                                            None => { span.badge.DONE { "consuming" } },
+                                        }
+                                    }
+                                    td {
+                                        @if function.paused.is_some() {
+                                            form method="post" action=(format!("/console/functions/{}/resume", function.name)) { button type="submit" { "Resume" } }
+                                        } @else {
+                                            form method="post" action=(format!("/console/functions/{}/pause", function.name)) {
+                                                input type="text" name="reason" placeholder="why" aria-label=(format!("why pause {}", function.name));
+                                                " " button.danger type="submit" { "Pause" }
+                                            }
+                                        }
+                                    }
+                                } @else { td {} td {} td {} }
+                                td { code { (queue) } }
+                                td.n.ready { (depth.map_or_else(|| "—".to_owned(), |d| d.ready.to_string())) }
+                                td.n { (depth.map_or_else(|| "—".to_owned(), |d| d.consumers.to_string())) }
+                                @if i == 0 {
+                                    td.n.dead-letters { a href="/console/dead-letters" { (function.dead_letters_new) } }
+                                    td.n.failures { (function.failures_last_hour) }
+                                } @else { td {} td {} }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Outbox" }
+            p #outbox data-backlog=(overview.outbox.backlog) {
+                (overview.outbox.backlog) " message(s) not yet published"
+                @if overview.outbox.backlog > 0 { ", the oldest for " (seconds(overview.outbox.oldest_seconds)) }
+            }
+            h2 { "Work tables" }
+            table #work-tables {
+                thead { tr { th { "Table" } th.n { "Due for a retry" } th.n { "Stuck" } th.n { "Held for a human" } } }
+                tbody {
+                    @for line in &overview.work_tables {
+                        tr data-table=(line.table) { td { code { (line.table) } } td.n { (line.due) } td.n.stuck { (line.stuck) } td.n { (line.held_for_a_human.map_or_else(|| "—".to_owned(), |n| n.to_string())) } }
+                    }
+                }
+            }
+            h2 { "Partner webhook breakers" }
+            @if overview.breakers.is_empty() {
+                p #breakers { "Every partner's breaker is closed." }
+            } @else {
+                table #breakers {
+                    thead { tr { th { "Partner" } th { "State" } th.n { "Consecutive failures" } th { "Open until" } } }
+                    tbody {
+                        @for b in &overview.breakers {
+                            tr data-state=(b.state) { td { (b.name) " (" (b.partner_id) ")" } td { (b.state) } td.n { (b.failures) } td { (b.open_until.map_or_else(|| "—".to_owned(), |t| t.to_rfc3339())) } }
+                        }
+                    }
+                }
+            }
+            h2 { "The continuous auditor" }
+            p #auditor data-violations=(overview.auditor.last_pass_violations.map_or_else(|| "unknown".to_owned(), |v| v.to_string())) {
+                @match (overview.auditor.last_pass_at, overview.auditor.last_pass_violations) {
+                    (Some(at), Some(violations)) => {
+                        "Last pass " (at.format("%Y-%m-%d %H:%M:%S UTC")) " ("
+                        (overview.auditor.last_pass_age_seconds.map_or_else(String::new, seconds)) " ago): "
+                        (violations) " violation(s). " a href="/console/audit" { "Details" }
+                    },
+                    _ => { "No pass yet: the sweeper's auditor job runs it." },
+                }
+            }
+        },
+    )
+    .into_response()
+}
