@@ -187,7 +187,8 @@ pub struct PartnerBreaker {
 /// Every partner whose breaker is open or half-open or has failures counted, open ones first
 /// (what the ops overview shows; the partial scan is fine: partners are few).
 pub async fn not_closed(conn: &mut MySqlConnection) -> Result<Vec<PartnerBreaker>, sqlx::Error> {
-    let rows: Vec<(u64, String, u32, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(
+    type Row = (u64, String, u32, Option<DateTime<Utc>>, DateTime<Utc>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, name, webhook_failures, webhook_open_until, NOW(6) FROM partners \
          WHERE webhook_open_until IS NOT NULL OR webhook_failures > 0 \
          ORDER BY webhook_open_until IS NULL, webhook_failures DESC, id LIMIT 200",
