@@ -94,8 +94,9 @@ pub struct ApiConfig {
     pub matching: MatchingConfig,
     /// Header-read (and keep-alive idle) timeout, body-read timeout, connection cap.
     pub limits: Limits,
-    /// Four-eyes and the expiry of dead-letter operations (`PAYBUS_FOUR_EYES`, ...).
-    pub operations: paybus_dead_letter_ops::Policy,
+    /// Which ops actions need a second ADMIN, and how long a request lasts
+    /// (`PAYBUS_FOUR_EYES`, `PAYBUS_OPERATION_TTL_SECONDS`).
+    pub four_eyes: paybus_platform::approvals::FourEyes,
 }
 
 impl Default for ApiConfig {
@@ -109,7 +110,7 @@ impl Default for ApiConfig {
             async_matching_enabled: false,
             matching: MatchingConfig::default(),
             limits: Limits::default(),
-            operations: paybus_dead_letter_ops::Policy::default(),
+            four_eyes: paybus_platform::approvals::FourEyes::default(),
         }
     }
 }
@@ -144,7 +145,7 @@ impl ApiConfig {
                     |n: &usize| *n > 0,
                 )?,
             },
-            operations: paybus_dead_letter_ops::Policy::read(env)?,
+            four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
         })
     }
 }

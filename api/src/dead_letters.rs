@@ -322,7 +322,7 @@ async fn request_and_execute(
             selection,
             &claims.sub,
             options.limit,
-            &state.operations,
+            &state.four_eyes,
         )
         .await
         .map_err(into_api)?

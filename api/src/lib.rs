@@ -104,8 +104,8 @@ pub struct AppState {
     pub dead_letters: Triager,
     /// The catalog's functions: their work tables are `/metrics` gauges.
     pub functions: &'static [FunctionEntry],
-    /// Which dead-letter operations need a second ADMIN, and their expiry.
-    pub operations: paybus_dead_letter_ops::Policy,
+    /// Which ops actions need a second ADMIN, and how long a request lasts.
+    pub four_eyes: paybus_platform::approvals::FourEyes,
     /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
     pub shards: paybus_platform::bus::topology::Shards,
 }
@@ -133,7 +133,7 @@ impl AppState {
             matcher,
             dead_letters: Triager::new(&[]),
             functions: &[],
-            operations: config.operations,
+            four_eyes: config.four_eyes.clone(),
             shards: services.settings.broker.shards.clone(),
         })
     }

@@ -152,7 +152,7 @@ async fn dead_letter_routes_are_401_without_a_valid_token_and_403_without_the_ro
 async fn ops_dry_run_then_an_admin_replay_sends_the_safe_letter_and_records_who() {
     // One ADMIN alone (four-eyes off, as in local mode).
     let api = Api::with(|config| {
-        config.operations = paybus_dead_letter_ops::Policy::without_four_eyes();
+        config.four_eyes = paybus_platform::approvals::FourEyes::off();
     })
     .await;
     let (withdrawal, letter) = dead_lettered_confirmation(&api).await;

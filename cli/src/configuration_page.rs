@@ -37,8 +37,9 @@ const API: SettingGroup = SettingGroup {
 
 const OPERATIONS: SettingGroup = SettingGroup {
     title: "Dead-letter operations and four-eyes",
-    read_by: "Read by the API and `paybus dead-letters` (`paybus_dead_letter_ops::Policy`).",
-    settings: paybus_dead_letter_ops::operation::SETTINGS,
+    read_by: "Read by the API and the CLI's guarded commands \
+              (`paybus_platform::approvals::FourEyes`).",
+    settings: paybus_platform::approvals::SETTINGS,
 };
 
 const LOCAL_SERVICES: SettingGroup = SettingGroup {

@@ -22,8 +22,8 @@ use std::{io::IsTerminal, process::ExitCode};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use paybus_dead_letter_ops::{
-    ExecuteOptions, ListFilter, OperationAction, OperationDetail, OperationStatus, Policy,
-    Selection, Triager, groups, letter, operation, replay,
+    ExecuteOptions, ListFilter, OperationAction, OperationDetail, OperationStatus, Selection,
+    Triager, groups, letter, operation, replay,
 };
 use paybus_platform::{Settings, bus::Services, db, triage::Verdict};
 
@@ -236,7 +236,7 @@ async fn request(
     limit: u32,
     actor: &str,
 ) -> anyhow::Result<OperationDetail> {
-    let policy = Policy::from_env()?;
+    let four_eyes = paybus_platform::approvals::FourEyes::from_env()?;
     let mut conn = services.pool.acquire().await?;
     Ok(operation::request(
         &mut conn,
@@ -245,7 +245,7 @@ async fn request(
         &select.selection(),
         actor,
         limit,
-        &policy,
+        &four_eyes,
     )
     .await?)
 }

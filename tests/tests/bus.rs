@@ -655,7 +655,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
         .await
         .unwrap();
     let archived = {
-        use paybus_dead_letter_ops::{OperationAction, Policy, Selection, Triager, operation};
+        use paybus_dead_letter_ops::{OperationAction, Selection, Triager, operation};
         let triager = Triager::new(&[]);
         let mut conn = services.pool.acquire().await.unwrap();
         let requested = operation::request(
@@ -665,7 +665,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &Selection::Ids(vec![letter]),
             "alice",
             10,
-            &Policy::without_four_eyes(),
+            &paybus_platform::approvals::FourEyes::off(),
         )
         .await
         .unwrap();

@@ -13,10 +13,11 @@ use paybus_confirmations::{
     withdrawal::{WithdrawalKind, WithdrawalStatus},
 };
 use paybus_dead_letter_ops::{
-    DeadLetterError, ExecuteOptions, ExecutionReport, OperationAction, OperationStatus, Policy,
-    Selection, Triager, groups, letter, operation, replay,
+    DeadLetterError, ExecuteOptions, ExecutionReport, OperationAction, OperationStatus, Selection,
+    Triager, groups, letter, operation, replay,
 };
 use paybus_money::dec;
+use paybus_platform::approvals::FourEyes as Policy;
 use paybus_platform::{
     bus::{Envelope, Message, Runner, Services, dead_letter::record_given_up},
     testing::{TestEnv, eventually},
@@ -113,7 +114,7 @@ async fn act_now(
         selection,
         actor,
         500,
-        &Policy::without_four_eyes(),
+        &Policy::off(),
     )
     .await
     .unwrap();
@@ -599,13 +600,7 @@ async fn a_letter_arriving_between_the_dry_run_and_the_replay_of_its_group_is_un
     let (_env, services, partner) = setup().await;
     let pool = &services.pool;
     let previewed = safe_letters(pool, partner, 2).await;
-    let operation = requested(
-        &services,
-        OperationAction::Replay,
-        "alice",
-        &Policy::without_four_eyes(),
-    )
-    .await;
+    let operation = requested(&services, OperationAction::Replay, "alice", &Policy::off()).await;
     assert_eq!((operation.operation.letters, operation.safe), (2, 2));
     // It arrives after the dry run, in the same group.
     let late = safe_letters(pool, partner, 1).await[0];
@@ -632,13 +627,7 @@ async fn one_operation_executed_concurrently_and_then_again_replays_each_letter_
     let (_env, services, partner) = setup().await;
     let pool = &services.pool;
     let letters = safe_letters(pool, partner, 8).await;
-    let operation = requested(
-        &services,
-        OperationAction::Replay,
-        "alice",
-        &Policy::without_four_eyes(),
-    )
-    .await;
+    let operation = requested(&services, OperationAction::Replay, "alice", &Policy::off()).await;
     let id = operation.operation.id;
 
     // Three executions at once, each on its own connections (real concurrent transactions).
@@ -742,14 +731,9 @@ async fn an_expired_operation_can_be_neither_approved_nor_started() {
     )
     .await
     .operation;
-    let ready = requested(
-        &services,
-        OperationAction::Replay,
-        "alice",
-        &Policy::without_four_eyes(),
-    )
-    .await
-    .operation;
+    let ready = requested(&services, OperationAction::Replay, "alice", &Policy::off())
+        .await
+        .operation;
     sqlx::query("UPDATE dead_letter_operations SET expires_at = NOW(6) - INTERVAL 1 SECOND")
         .execute(pool)
         .await

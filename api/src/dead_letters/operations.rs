@@ -91,7 +91,7 @@ async fn request(
         &selection,
         &claims.sub,
         limit,
-        &state.operations,
+        &state.four_eyes,
     )
     .await
     .map_err(into_api)?;

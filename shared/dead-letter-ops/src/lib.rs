@@ -11,7 +11,7 @@
 //!   letter's replay (only when safe, re-checked under the letter's lock, sent through the
 //!   outbox) or archive.
 //! - [`operation`]: a dry run frozen into an operation (its letters with their verdicts, a
-//!   hash, an expiry), approved by a second person when the [`operation::Policy`] says so, and
+//!   hash, an expiry), approved by a second person when four-eyes says so, and
 //!   executed once, letter by letter at a bounded rate, resumable.
 //! - [`trail`]: every action on a letter (`dead_letter_actions`), written with the action.
 //!
@@ -31,7 +31,6 @@ pub use groups::{ExposureSum, Group, Overview};
 pub use letter::{DeadLetter, DeadLetterDetail, LetterStatus, ListFilter, Selection};
 pub use operation::{
     ExecuteOptions, ExecutionReport, Operation, OperationAction, OperationDetail, OperationStatus,
-    Policy,
 };
 pub use replay::{Classified, DryRun, ReplayResult};
 pub use trail::{Action, ActionKind, ActionResult};

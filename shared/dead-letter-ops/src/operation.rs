@@ -9,7 +9,7 @@
 //! result there, so two executions at once, or one run twice, act on each letter once, and a
 //! process that dies mid-way leaves the letters without a result to the next execution.
 //!
-//! Four-eyes ([`Policy`]): an action that moves or hides money — a replay, an archive of
+//! Four-eyes (`paybus_platform::approvals::FourEyes`): an action that moves or hides money — a replay, an archive of
 //! letters with money at stake — is requested by one person and runs only after another has
 //! approved its hash ([`approve`]): the approver approves what they saw, and the execution
 //! checks the frozen list still has that hash.
@@ -17,13 +17,10 @@
 //! [`OperationStatus`]: AWAITING_APPROVAL → READY → RUNNING → DONE. An operation that was not
 //! started before its expiry never starts; one that started may always be finished.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use paybus_platform::{
-    ConfigError,
+    approvals::{FourEyes, Guarded},
     bus::Outbox,
-    config::{Setting, Vars},
     triage::Verdict,
 };
 use serde::Serialize;
@@ -64,93 +61,12 @@ paybus_platform::column_enum! {
     }
 }
 
-pub const VAR_FOUR_EYES: Setting = Setting {
-    name: "PAYBUS_FOUR_EYES",
-    default: "`replay,archive`",
-    about: "dead-letter actions a second ADMIN must approve before they run: `replay`, \
-            `archive` (only when a letter has money at stake), both comma-separated, or `off` \
-            (`infra/run.sh`'s local mode sets `off`)",
-};
-pub const VAR_OPERATION_TTL_SECONDS: Setting = Setting {
-    name: "PAYBUS_OPERATION_TTL_SECONDS",
-    default: "`3600`",
-    about: "a dead-letter operation (a frozen dry run) not started within it expires: it can \
-            no longer be approved or started",
-};
-
-/// What `paybus settings` lists for operations.
-pub const SETTINGS: &[Setting] = &[VAR_FOUR_EYES, VAR_OPERATION_TTL_SECONDS];
-
-/// Which actions need a second person, and how long a dry run stays actionable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
-    /// A replay needs approval.
-    pub four_eyes_replay: bool,
-    /// An archive needs approval when one of its letters has money at stake.
-    pub four_eyes_archive: bool,
-    pub ttl: Duration,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self {
-            four_eyes_replay: true,
-            four_eyes_archive: true,
-            ttl: Duration::from_secs(3600),
-        }
-    }
-}
-
-impl Policy {
-    /// No approvals (local mode, and tests about something else).
-    pub fn without_four_eyes() -> Self {
-        Self {
-            four_eyes_replay: false,
-            four_eyes_archive: false,
-            ..Self::default()
-        }
-    }
-
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Vars::from_env())
-    }
-
-    pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
-        let mut policy = Self::without_four_eyes();
-        match vars.get(VAR_FOUR_EYES) {
-            None => policy = Self::default(),
-            Some(value) if value.trim().eq_ignore_ascii_case("off") => {}
-            Some(value) => {
-                for action in value.split(',').map(str::trim) {
-                    match action.parse::<OperationAction>() {
-                        Ok(OperationAction::Replay) => policy.four_eyes_replay = true,
-                        Ok(OperationAction::Archive) => policy.four_eyes_archive = true,
-                        Err(_) => {
-                            return Err(vars.error(
-                                VAR_FOUR_EYES,
-                                value,
-                                "`replay`, `archive`, both comma-separated, or `off`",
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        let seconds = vars.parse(
-            VAR_OPERATION_TTL_SECONDS,
-            3600_u64,
-            "a number of seconds from 60 to 604800",
-            |seconds| (60..=604_800).contains(seconds),
-        )?;
-        policy.ttl = Duration::from_secs(seconds);
-        Ok(policy)
-    }
-
-    fn needs_approval(&self, action: OperationAction, money_at_stake: bool) -> bool {
-        match action {
-            OperationAction::Replay => self.four_eyes_replay,
-            OperationAction::Archive => self.four_eyes_archive && money_at_stake,
-        }
+/// Whether an operation needs a second person: a replay when four-eyes guards replays, an
+/// archive when it guards archives and a letter has money at stake.
+fn needs_approval(four_eyes: &FourEyes, action: OperationAction, money_at_stake: bool) -> bool {
+    match action {
+        OperationAction::Replay => four_eyes.requires(Guarded::Replay),
+        OperationAction::Archive => four_eyes.requires(Guarded::Archive) && money_at_stake,
     }
 }
 
@@ -300,7 +216,7 @@ pub async fn request(
     selection: &Selection,
     actor: &str,
     limit: u32,
-    policy: &Policy,
+    four_eyes: &FourEyes,
 ) -> Result<OperationDetail, DeadLetterError> {
     let run = replay::dry_run(conn, triager, selection, limit.clamp(1, MAX_PAGE)).await?;
     if run.letters.is_empty() {
@@ -321,7 +237,7 @@ pub async fn request(
     // approve that.
     let nothing_to_send = action == OperationAction::Replay && run.safe == 0;
     let approval_required =
-        policy.needs_approval(action, with_money_at_stake > 0) && !nothing_to_send;
+        needs_approval(four_eyes, action, with_money_at_stake > 0) && !nothing_to_send;
     let status = if approval_required {
         OperationStatus::AwaitingApproval
     } else {
@@ -345,7 +261,7 @@ pub async fn request(
     .bind(<&str>::from(status))
     .bind(approval_required)
     .bind(actor.chars().take(100).collect::<String>())
-    .bind(policy.ttl.as_secs())
+    .bind(four_eyes.ttl.as_secs())
     .execute(&mut *tx)
     .await?;
     let mut insert = QueryBuilder::<MySql>::new(
@@ -779,45 +695,20 @@ async fn act_in(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::collections::HashMap;
-
     use super::*;
-
-    fn read(value: &str) -> Result<Policy, ConfigError> {
-        Policy::read(&Vars::new(HashMap::from([(
-            VAR_FOUR_EYES.name.to_owned(),
-            value.to_owned(),
-        )])))
-    }
-
-    #[test]
-    fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
-            assert_eq!(
-                Policy::read(&Vars::new(environment)),
-                Ok(Policy::default()),
-                "{name}"
-            );
-        }
-    }
-
-    #[test]
-    fn four_eyes_is_per_action_or_off_and_anything_else_names_the_variable() {
-        let replay_only = read("replay").unwrap();
-        assert!(replay_only.four_eyes_replay && !replay_only.four_eyes_archive);
-        let both = read(" Archive , replay ").unwrap();
-        assert!(both.four_eyes_replay && both.four_eyes_archive);
-        assert_eq!(read("off").unwrap(), Policy::without_four_eyes());
-        let wrong = read("replay,burn").unwrap_err();
-        assert_eq!(wrong.variable, VAR_FOUR_EYES.name);
-    }
 
     #[test]
     fn an_archive_needs_approval_only_with_money_at_stake() {
-        let policy = Policy::default();
-        assert!(policy.needs_approval(OperationAction::Replay, false));
-        assert!(policy.needs_approval(OperationAction::Archive, true));
-        assert!(!policy.needs_approval(OperationAction::Archive, false));
+        let four_eyes = FourEyes::default();
+        assert!(needs_approval(&four_eyes, OperationAction::Replay, false));
+        assert!(needs_approval(&four_eyes, OperationAction::Archive, true));
+        assert!(!needs_approval(&four_eyes, OperationAction::Archive, false));
+        let replays_only = FourEyes::only(&[Guarded::Replay]);
+        assert!(!needs_approval(
+            &replays_only,
+            OperationAction::Archive,
+            true
+        ));
     }
 
     #[test]

@@ -3,6 +3,10 @@
 //! row-backed retry kit, the audit framework and telemetry. It names no workflow table:
 //! workflows live in their domain crates (`shared/<domain>`) and functions (`functions/<name>`).
 
+// `column_enum!` names this crate by its path, as every crate using it does.
+extern crate self as paybus_platform;
+
+pub mod approvals;
 pub mod audit;
 pub mod auditor;
 pub mod broker;

@@ -1,0 +1,486 @@
+//! Four-eyes: an ops action that moves or hides money is requested by one person and runs only
+//! after another has approved it.
+//!
+//! [`FourEyes`] says which actions need it (`PAYBUS_FOUR_EYES`; every guarded action unless
+//! told otherwise, `off` in `infra/run.sh`'s local mode). The dead-letter operations keep
+//! their own record (an operation is what is approved: its frozen letters and their hash);
+//! every other guarded action — retrying a FAILED bonus job, re-running a suspension's FAILED
+//! tasks, resuming a market — is an [`Approval`] row here: the action, the thing it acts on,
+//! who asked, who approved, when it expires, when it ran and what it did.
+//!
+//! [`ApprovalStatus`]: AWAITING_APPROVAL → APPROVED → EXECUTED. One not approved before its
+//! expiry can no longer be approved; one approved but not executed before it can no longer be
+//! executed. The guarded actions are conditional updates (a job is retried only while FAILED,
+//! a market resumed only while SUSPENDED), so an execution runs the action first and then
+//! marks the approval EXECUTED: a crash in between leaves it APPROVED, and executing it again
+//! finds the action done and changes nothing.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{Connection, MySqlConnection};
+use uuid::Uuid;
+
+use crate::{
+    ConfigError,
+    config::{Setting, Vars},
+};
+
+crate::column_enum! {
+    /// The actions four-eyes can guard, as `PAYBUS_FOUR_EYES` names them (kebab-case there).
+    #[derive(PartialOrd, Ord, Hash)]
+    pub enum Guarded {
+        /// Replaying dead letters (their dead-letter operation is what is approved).
+        Replay,
+        /// Archiving dead letters with money at stake.
+        Archive,
+        /// A FAILED bonus job back to PENDING.
+        JobRetry,
+        /// A suspension's FAILED cancel tasks back to PENDING.
+        SuspensionRetry,
+        /// A suspended market back to ACTIVE.
+        MarketResume,
+    }
+}
+
+impl Guarded {
+    pub const ALL: [Guarded; 5] = [
+        Guarded::Replay,
+        Guarded::Archive,
+        Guarded::JobRetry,
+        Guarded::SuspensionRetry,
+        Guarded::MarketResume,
+    ];
+
+    /// Its name in `PAYBUS_FOUR_EYES`.
+    pub fn setting_name(self) -> &'static str {
+        match self {
+            Guarded::Replay => "replay",
+            Guarded::Archive => "archive",
+            Guarded::JobRetry => "job-retry",
+            Guarded::SuspensionRetry => "suspension-retry",
+            Guarded::MarketResume => "market-resume",
+        }
+    }
+}
+
+pub const VAR_FOUR_EYES: Setting = Setting {
+    name: "PAYBUS_FOUR_EYES",
+    default: "`replay,archive,job-retry,suspension-retry,market-resume`",
+    about: "ops actions a second ADMIN must approve before they run, comma-separated: \
+            `replay` and `archive` (dead letters; an archive only when a letter has money at \
+            stake), `job-retry`, `suspension-retry`, `market-resume`; or `off` \
+            (`infra/run.sh`'s local mode sets `off`)",
+};
+pub const VAR_OPERATION_TTL_SECONDS: Setting = Setting {
+    name: "PAYBUS_OPERATION_TTL_SECONDS",
+    default: "`3600`",
+    about: "a request for a guarded action (a dead-letter operation, an approval) expires after \
+            it: it can no longer be approved or started",
+};
+
+/// What `paybus settings` lists for four-eyes.
+pub const SETTINGS: &[Setting] = &[VAR_FOUR_EYES, VAR_OPERATION_TTL_SECONDS];
+
+/// Which actions need a second person, and how long a request stays actionable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FourEyes {
+    guarded: BTreeSet<Guarded>,
+    pub ttl: Duration,
+}
+
+impl Default for FourEyes {
+    fn default() -> Self {
+        Self {
+            guarded: Guarded::ALL.into_iter().collect(),
+            ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl FourEyes {
+    /// Nothing needs approval (local mode, and tests about something else).
+    pub fn off() -> Self {
+        Self {
+            guarded: BTreeSet::new(),
+            ..Self::default()
+        }
+    }
+
+    /// Only `actions` need approval.
+    pub fn only(actions: &[Guarded]) -> Self {
+        Self {
+            guarded: actions.iter().copied().collect(),
+            ..Self::default()
+        }
+    }
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Vars::from_env())
+    }
+
+    pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
+        const EXPECTED: &str = "`replay`, `archive`, `job-retry`, `suspension-retry`, \
+                                `market-resume`, comma-separated, or `off`";
+        let mut four_eyes = Self::default();
+        match vars.get(VAR_FOUR_EYES) {
+            None => {}
+            Some(value) if value.trim().eq_ignore_ascii_case("off") => {
+                four_eyes.guarded.clear();
+            }
+            Some(value) => {
+                four_eyes.guarded.clear();
+                for name in value.split(',').map(str::trim) {
+                    let action = Guarded::ALL
+                        .into_iter()
+                        .find(|a| a.setting_name().eq_ignore_ascii_case(name))
+                        .ok_or_else(|| vars.error(VAR_FOUR_EYES, value, EXPECTED))?;
+                    four_eyes.guarded.insert(action);
+                }
+            }
+        }
+        let seconds = vars.parse(
+            VAR_OPERATION_TTL_SECONDS,
+            3600_u64,
+            "a number of seconds from 60 to 604800",
+            |seconds| (60..=604_800).contains(seconds),
+        )?;
+        four_eyes.ttl = Duration::from_secs(seconds);
+        Ok(four_eyes)
+    }
+
+    pub fn requires(&self, action: Guarded) -> bool {
+        self.guarded.contains(&action)
+    }
+}
+
+crate::column_enum! {
+    /// `ops_approvals.status` (the module docs are the reference).
+    pub enum ApprovalStatus {
+        AwaitingApproval,
+        Approved,
+        Executed,
+    }
+}
+
+/// A request for a guarded action, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Approval {
+    pub id: Uuid,
+    pub action: Guarded,
+    /// What it acts on, `kind:id` (`charge_event_job:42`, `market:BTC-USDT`).
+    pub subject: String,
+    pub status: ApprovalStatus,
+    pub requested_by: String,
+    pub requested_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Past its expiry before it was executed: it can no longer be approved or executed.
+    pub expired: bool,
+    pub approved_by: Option<String>,
+    pub approved_at: Option<DateTime<Utc>>,
+    pub executed_by: Option<String>,
+    pub executed_at: Option<DateTime<Utc>>,
+    /// What the execution did, as the action reported it.
+    pub result: Option<String>,
+}
+
+/// Why an approval step was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("approval {0} does not exist")]
+    NotFound(Uuid),
+    #[error("approval {0} was requested by you: another ADMIN must approve it")]
+    SelfApproval(Uuid),
+    /// Not in a state that allows the step (awaiting, expired, executed).
+    #[error("approval {id}: {problem}")]
+    State { id: Uuid, problem: String },
+    #[error("approval {id} holds {value:?} in {column}, which this code does not know")]
+    Unknown {
+        id: String,
+        column: &'static str,
+        value: String,
+    },
+}
+
+#[derive(sqlx::FromRow)]
+struct ApprovalRow {
+    id: String,
+    action: String,
+    subject: String,
+    status: String,
+    requested_by: String,
+    requested_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    past_expiry: bool,
+    approved_by: Option<String>,
+    approved_at: Option<DateTime<Utc>>,
+    executed_by: Option<String>,
+    executed_at: Option<DateTime<Utc>>,
+    result: Option<String>,
+}
+
+const COLUMNS: &str = "id, action, subject, status, requested_by, requested_at, expires_at, \
+     (expires_at < NOW(6)) AS past_expiry, approved_by, approved_at, executed_by, executed_at, \
+     result";
+
+impl ApprovalRow {
+    fn into_approval(self) -> Result<Approval, ApprovalError> {
+        let unknown = |column: &'static str, value: &str| ApprovalError::Unknown {
+            id: self.id.clone(),
+            column,
+            value: value.to_owned(),
+        };
+        let status: ApprovalStatus = self
+            .status
+            .parse()
+            .map_err(|_| unknown("status", &self.status))?;
+        Ok(Approval {
+            id: Uuid::parse_str(&self.id).map_err(|_| unknown("id", &self.id))?,
+            action: self
+                .action
+                .parse()
+                .map_err(|_| unknown("action", &self.action))?,
+            expired: status != ApprovalStatus::Executed && self.past_expiry,
+            status,
+            subject: self.subject,
+            requested_by: self.requested_by,
+            requested_at: self.requested_at,
+            expires_at: self.expires_at,
+            approved_by: self.approved_by,
+            approved_at: self.approved_at,
+            executed_by: self.executed_by,
+            executed_at: self.executed_at,
+            result: self.result,
+        })
+    }
+}
+
+async fn find(
+    conn: &mut MySqlConnection,
+    id: Uuid,
+    lock: &str,
+) -> Result<Option<Approval>, ApprovalError> {
+    let sql = format!("SELECT {COLUMNS} FROM ops_approvals WHERE id = ?{lock}");
+    sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql))
+        .bind(id.to_string())
+        .fetch_optional(conn)
+        .await?
+        .map(ApprovalRow::into_approval)
+        .transpose()
+}
+
+/// The approval `id`, or `None`.
+pub async fn show(conn: &mut MySqlConnection, id: Uuid) -> Result<Option<Approval>, ApprovalError> {
+    find(conn, id, "").await
+}
+
+/// Approvals newest first, those awaiting approval only when `awaiting` (at most `limit`).
+pub async fn list(
+    conn: &mut MySqlConnection,
+    awaiting: bool,
+    limit: u32,
+) -> Result<Vec<Approval>, ApprovalError> {
+    let filter = if awaiting {
+        " WHERE status = 'AWAITING_APPROVAL' AND expires_at > NOW(6)"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM ops_approvals{filter} ORDER BY requested_at DESC, id DESC LIMIT ?"
+    );
+    let rows: Vec<ApprovalRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(limit.clamp(1, 500))
+        .fetch_all(conn)
+        .await?;
+    rows.into_iter().map(ApprovalRow::into_approval).collect()
+}
+
+/// `actor`'s request for `action` on `subject`: the one already awaiting approval for the same
+/// action and subject (asking twice is one request), or a new one expiring after `ttl`.
+pub async fn request(
+    conn: &mut MySqlConnection,
+    action: Guarded,
+    subject: &str,
+    actor: &str,
+    ttl: Duration,
+) -> Result<Approval, ApprovalError> {
+    let mut tx = conn.begin().await?;
+    let action_name: &str = action.into();
+    let pending: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM ops_approvals WHERE action = ? AND subject = ? \
+         AND status = 'AWAITING_APPROVAL' AND expires_at > NOW(6) ORDER BY requested_at LIMIT 1",
+    )
+    .bind(action_name)
+    .bind(subject)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let id = match pending.and_then(|id| Uuid::parse_str(&id).ok()) {
+        Some(id) => id,
+        None => {
+            let id = Uuid::now_v7();
+            sqlx::query(
+                "INSERT INTO ops_approvals (id, action, subject, status, requested_by, \
+                 requested_at, expires_at) \
+                 VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, NOW(6), NOW(6) + INTERVAL ? SECOND)",
+            )
+            .bind(id.to_string())
+            .bind(action_name)
+            .bind(subject.chars().take(200).collect::<String>())
+            .bind(actor.chars().take(100).collect::<String>())
+            .bind(ttl.as_secs())
+            .execute(&mut *tx)
+            .await?;
+            tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
+            id
+        }
+    };
+    let approval = find(&mut tx, id, "")
+        .await?
+        .ok_or(ApprovalError::NotFound(id))?;
+    tx.commit().await?;
+    Ok(approval)
+}
+
+/// `actor` (not the requester) approves request `id`.
+pub async fn approve(
+    conn: &mut MySqlConnection,
+    id: Uuid,
+    actor: &str,
+) -> Result<Approval, ApprovalError> {
+    let mut tx = conn.begin().await?;
+    let checked = approvable(&mut tx, id, actor).await;
+    if let Err(refused) = checked {
+        // The row lock goes now, not whenever this connection is next used.
+        tx.rollback().await?;
+        return Err(refused);
+    }
+    sqlx::query(
+        "UPDATE ops_approvals SET status = 'APPROVED', approved_by = ?, approved_at = NOW(6) \
+         WHERE id = ?",
+    )
+    .bind(actor.chars().take(100).collect::<String>())
+    .bind(id.to_string())
+    .execute(&mut *tx)
+    .await?;
+    let approved = find(&mut tx, id, "")
+        .await?
+        .ok_or(ApprovalError::NotFound(id))?;
+    tx.commit().await?;
+    tracing::warn!(approval = %id, actor, "four-eyes: action approved");
+    Ok(approved)
+}
+
+async fn approvable(
+    conn: &mut MySqlConnection,
+    id: Uuid,
+    actor: &str,
+) -> Result<Approval, ApprovalError> {
+    let approval = find(conn, id, " FOR UPDATE")
+        .await?
+        .ok_or(ApprovalError::NotFound(id))?;
+    if approval.status != ApprovalStatus::AwaitingApproval {
+        return Err(ApprovalError::State {
+            id,
+            problem: format!("it is {}, not awaiting approval", approval.status),
+        });
+    }
+    if approval.expired {
+        return Err(ApprovalError::State {
+            id,
+            problem: format!("it expired at {}", approval.expires_at.to_rfc3339()),
+        });
+    }
+    if approval.requested_by == actor {
+        return Err(ApprovalError::SelfApproval(id));
+    }
+    Ok(approval)
+}
+
+/// The approval `id` when it may be executed now (APPROVED, not expired; EXECUTED ones are
+/// returned as they are, nothing to do).
+pub async fn executable(conn: &mut MySqlConnection, id: Uuid) -> Result<Approval, ApprovalError> {
+    let approval = find(conn, id, "")
+        .await?
+        .ok_or(ApprovalError::NotFound(id))?;
+    match approval.status {
+        ApprovalStatus::AwaitingApproval => Err(ApprovalError::State {
+            id,
+            problem: "it awaits the approval of a second ADMIN".to_owned(),
+        }),
+        ApprovalStatus::Approved if approval.expired => Err(ApprovalError::State {
+            id,
+            problem: format!(
+                "it expired at {} before it ran: request it again",
+                approval.expires_at.to_rfc3339()
+            ),
+        }),
+        ApprovalStatus::Approved | ApprovalStatus::Executed => Ok(approval),
+    }
+}
+
+/// Records that `actor` executed approval `id` and what the action reported (after the
+/// action ran: see the module docs).
+pub async fn executed(
+    conn: &mut MySqlConnection,
+    id: Uuid,
+    actor: &str,
+    result: &str,
+) -> Result<Approval, ApprovalError> {
+    sqlx::query(
+        "UPDATE ops_approvals SET status = 'EXECUTED', executed_by = ?, executed_at = NOW(6), \
+         result = ? WHERE id = ? AND status = 'APPROVED'",
+    )
+    .bind(actor.chars().take(100).collect::<String>())
+    .bind(result.chars().take(1000).collect::<String>())
+    .bind(id.to_string())
+    .execute(&mut *conn)
+    .await?;
+    find(conn, id, "").await?.ok_or(ApprovalError::NotFound(id))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn read(value: &str) -> Result<FourEyes, ConfigError> {
+        FourEyes::read(&Vars::new(HashMap::from([(
+            VAR_FOUR_EYES.name.to_owned(),
+            value.to_owned(),
+        )])))
+    }
+
+    #[test]
+    fn every_documented_default_is_the_default() {
+        for (name, environment) in crate::setting::documented_defaults(SETTINGS) {
+            assert_eq!(
+                FourEyes::read(&Vars::new(environment)),
+                Ok(FourEyes::default()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn four_eyes_is_per_action_or_off_and_anything_else_names_the_variable() {
+        let some = read(" Job-Retry , market-resume").unwrap();
+        assert!(some.requires(Guarded::JobRetry) && some.requires(Guarded::MarketResume));
+        assert!(!some.requires(Guarded::Replay));
+        assert_eq!(read("off").unwrap(), FourEyes::off());
+        assert!(
+            Guarded::ALL
+                .iter()
+                .all(|a| FourEyes::default().requires(*a))
+        );
+        assert_eq!(
+            read("replay,burn").unwrap_err().variable,
+            VAR_FOUR_EYES.name
+        );
+    }
+}
