@@ -1,16 +1,17 @@
 //! The ops log's hash chain against the real database: appends chain and verify clean; a row
 //! changed, deleted in the middle or at the tail, or written around the appender by SQL is found
 //! at its seq; the windowed form finds what its window holds; concurrent appends from real
-//! transactions make one contiguous chain.
+//! transactions make one contiguous chain; and an action's row commits or rolls back with it.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
 
 use paybus_platform::{
     audit::Window,
+    bus::pauses,
     db,
     ops_log::{self, BrokenLink, Entry, GENESIS, Problem},
-    testing::TestEnv,
+    testing::{TestEnv, scalar},
 };
 use serde_json::json;
 use sqlx::MySqlPool;
@@ -355,4 +356,58 @@ async fn concurrent_appends_from_real_transactions_make_one_contiguous_chain() {
         .map(|row| row.actor)
         .collect();
     assert_eq!(actors.len(), WRITERS, "{actors:?}");
+}
+
+#[tokio::test]
+async fn an_action_rolled_back_leaves_no_row_and_one_committed_leaves_its_row() {
+    let env = TestEnv::new().await;
+
+    let mut tx = env.db.begin().await.unwrap();
+    assert!(
+        pauses::pause(&mut tx, "canary", "alice", "maintenance")
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM function_pauses").await,
+        0
+    );
+    assert_eq!(scalar(&env.db, "SELECT COUNT(*) FROM ops_log").await, 0);
+    assert_eq!(
+        scalar(&env.db, "SELECT CAST(seq AS SIGNED) FROM ops_log_head").await,
+        0
+    );
+
+    let mut conn = env.db.acquire().await.unwrap();
+    assert!(
+        pauses::pause(&mut conn, "canary", "alice", "maintenance")
+            .await
+            .unwrap()
+    );
+    assert!(pauses::resume(&mut conn, "canary", "bob").await.unwrap());
+    assert!(!pauses::resume(&mut conn, "canary", "bob").await.unwrap());
+
+    let logged: Vec<(String, String, String)> = ops_log::list(&mut conn, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.actor, row.action, row.subject))
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            (
+                "bob".into(),
+                "function.resume".into(),
+                "function:canary".into()
+            ),
+            (
+                "alice".into(),
+                "function.pause".into(),
+                "function:canary".into()
+            ),
+        ]
+    );
+    assert_eq!(verify(&env.db).await, []);
 }
