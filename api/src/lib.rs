@@ -12,6 +12,7 @@
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letter_ops` over the catalog's triage |
 //! | `functions` | ops: pause and resume a function's consumption | `paybus_platform::bus::pauses` |
+//! | `ops_log` | ops: the log of every ops action (who did what, hash-chained) | `paybus_platform::ops_log` |
 //!
 //! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
 //! `GET /health` is liveness, `GET /metrics` the Prometheus scrape; `GET /openapi.json` is the
@@ -35,6 +36,7 @@ pub mod error;
 mod functions;
 mod markets;
 pub mod openapi;
+mod ops_log;
 mod overview;
 mod p2p;
 mod partners;
@@ -177,6 +179,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(markets::admin_routes())
         .merge(dead_letters::admin_routes())
         .merge(functions::admin_routes())
+        .merge(ops_log::admin_routes())
         .merge(overview::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(

@@ -14,7 +14,7 @@
 //! | `POST /v1/admin/markets/{symbol}/suspension/retry-failed` | 200 `{retried}`: FAILED tasks back to PENDING |
 
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     body::Bytes,
     extract::{Path, State, rejection::BytesRejection, rejection::PathRejection},
     http::StatusCode,
@@ -30,7 +30,9 @@ use paybus_markets::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{ApiError, AppState, admin::path_id, amount::Amount, body, body::JsonBody, chain};
+use crate::{
+    ApiError, AppState, admin::path_id, amount::Amount, auth::Claims, body, body::JsonBody, chain,
+};
 
 /// W4's part of the OpenAPI document (see `crate::openapi`).
 #[derive(utoipa::OpenApi)]
@@ -262,6 +264,7 @@ struct SuspendRequest {
 #[tracing::instrument(skip_all, fields(symbol))]
 async fn suspend(
     State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
     symbol: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -277,6 +280,7 @@ async fn suspend(
         &symbol,
         request.note.as_deref(),
         &Plan::default(),
+        &claims.sub,
     )
     .await?;
     let status = if suspension.suspended_now {
@@ -301,10 +305,11 @@ async fn suspend(
 )]
 async fn resume(
     State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
     symbol: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let symbol = path_symbol(symbol)?;
-    let resumed = suspension::resume(&state.pool, &symbol).await?;
+    let resumed = suspension::resume(&state.pool, &symbol, &claims.sub).await?;
     Ok(Json(json!({
         "symbol": symbol,
         "status": "ACTIVE",
@@ -338,9 +343,10 @@ async fn show_progress(
 )]
 async fn retry_failed(
     State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
     symbol: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let symbol = path_symbol(symbol)?;
-    let retried = suspension::retry_failed(&state.pool, &symbol).await?;
+    let retried = suspension::retry_failed(&state.pool, &symbol, &claims.sub).await?;
     Ok(Json(json!({"symbol": symbol, "retried": retried})))
 }

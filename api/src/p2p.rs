@@ -23,7 +23,7 @@
 //! Creating withdraw orders stands in for the partner's sell flow, for tests and the demo.
 
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     extract::{Path, State, rejection::PathRejection},
     http::StatusCode,
     routing::{get, post},
@@ -37,7 +37,9 @@ use paybus_p2p::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, chain};
+use crate::{
+    ApiError, AppState, admin::path_id, amount::Amount, auth::Claims, body::JsonBody, chain,
+};
 
 /// `p2p_deposit_orders.partner_order_ref` is a VARCHAR(64).
 const PARTNER_ORDER_REF_MAX: usize = 64;
@@ -190,11 +192,12 @@ async fn show_deposit_order(
 #[tracing::instrument(skip_all, fields(deposit_order_id))]
 async fn recheck_deposit_order(
     State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Json<DepositOrderView>, ApiError> {
     let id = path_id(id)?;
     tracing::Span::current().record("deposit_order_id", id);
-    if deposit_order::recheck(&state.pool, id).await? {
+    if deposit_order::recheck(&state.pool, id, &claims.sub).await? {
         tracing::info!(
             deposit_order_id = id,
             "IN_DOUBT order re-armed: its trade is asked about again"

@@ -2,7 +2,7 @@
 //! it is never returned.
 
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     extract::{Path, State, rejection::PathRejection},
     http::StatusCode,
     routing::{get, post},
@@ -11,7 +11,7 @@ use paybus_partners::{NewPartner, Partner, partner};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{ApiError, AppState, admin::path_id, body::JsonBody};
+use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
 
 /// This module's part of the OpenAPI document (see `crate::openapi`).
 #[derive(utoipa::OpenApi)]
@@ -45,6 +45,7 @@ struct NewPartnerRequest {
 #[tracing::instrument(skip_all, fields(partner_id))]
 async fn create(
     State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
     JsonBody(request): JsonBody<NewPartnerRequest>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let new = NewPartner::new(
@@ -54,7 +55,7 @@ async fn create(
     )
     .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut conn = state.pool.acquire().await?;
-    let id = partner::create(&mut conn, &new).await?;
+    let id = partner::create(&mut conn, &new, &claims.sub).await?;
     tracing::Span::current().record("partner_id", id);
     tracing::info!(partner_id = id, name = new.name(), "partner created");
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))

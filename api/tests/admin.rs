@@ -205,6 +205,39 @@ async fn admin_creates_a_partner_a_withdrawal_and_a_deposit_and_reads_them_back(
 }
 
 #[tokio::test]
+async fn creating_a_partner_is_logged_with_who_and_never_its_secret() {
+    let api = Api::new().await;
+    let (status, _) = api
+        .call(admin_post(
+            "/v1/admin/partners",
+            &json!({"name": "p", "webhook_secret": "short"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let partner_id = partner(&api).await;
+
+    assert_eq!(
+        api.ops_actions().await,
+        [logged(
+            "tests",
+            "partner.create",
+            &format!("partner:{partner_id}")
+        )],
+        "the refused one is not logged"
+    );
+    let entry = &api.ops_log().await[0];
+    assert_eq!(
+        entry["detail"],
+        json!({"name": "Partner 45", "webhook_url": "http://127.0.0.1:9/hooks"})
+    );
+    assert!(
+        !entry.to_string().contains("partner-45-signing-secret"),
+        "{entry}"
+    );
+}
+
+#[tokio::test]
 async fn amounts_are_kept_exactly_over_the_whole_column() {
     let api = Api::new().await;
     let partner_id = partner(&api).await;

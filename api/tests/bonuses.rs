@@ -432,6 +432,15 @@ async fn retrying_a_failed_job_makes_it_due_now_and_publishes_its_message_at_onc
         5,
         "published at once"
     );
+    assert_eq!(
+        api.ops_actions().await,
+        [logged(
+            "tests",
+            "bonus_job.retry",
+            &format!("charge_event_job:{failed}")
+        )]
+    );
+    assert_eq!(api.ops_log().await[0]["detail"]["last_error"], "injected");
 }
 
 #[tokio::test]
@@ -485,6 +494,7 @@ async fn retrying_a_job_that_is_not_failed_is_a_conflict_and_changes_nothing() {
         messages,
         "nothing published"
     );
+    assert_eq!(api.ops_actions().await, [], "nothing logged");
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The console's rules, through the router: strangers go to the login page, the token lives
 //! in an HttpOnly SameSite=Strict cookie, OPS reads but cannot act, forms from other sites are
-//! refused, and the dead-letter page groups what the recorders wrote. (The whole console in a
+//! refused, an action is logged under the session's subject, and the dead-letter page groups
+//! what the recorders wrote. (The whole console in a
 //! real browser: `cli/tests/console_browser.rs`.)
 
 mod support;
@@ -9,8 +10,9 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
-use support::{Api, token};
+use paybus_api::auth::{self, Role};
+use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion, testing};
+use support::{ADMIN_JWT_SECRET, Api, logged, token};
 use tower::ServiceExt;
 
 struct Page {
@@ -141,6 +143,57 @@ async fn an_ops_token_reads_the_pages_but_cannot_act() {
         retry.body.contains("needs the ADMIN role"),
         "{}",
         retry.body
+    );
+}
+
+#[tokio::test]
+async fn a_retry_from_the_console_is_logged_under_the_session_s_subject() {
+    let api = Api::new().await;
+    testing::active_event(&api.env.db, "console 10%", 10, 9).await;
+    let member = testing::member(&api.env.db).await;
+    let purchase = testing::purchase(&api.env.db, member, PaymentGateway::Pg, 100).await;
+    let completed = completion::complete(
+        &api.services.outbox,
+        BonusRules::default(),
+        &purchase.paid(),
+    )
+    .await
+    .expect("complete the purchase");
+    let job = completed.charge().bonus_jobs[0].job_id;
+    sqlx::query(
+        "UPDATE charge_event_job SET status = 'FAILED', retry_count = 3, \
+         last_error = 'gateway down' WHERE id = ?",
+    )
+    .bind(job)
+    .execute(&api.env.db)
+    .await
+    .expect("fail the job");
+    let session = auth::issue(
+        ADMIN_JWT_SECRET,
+        "carol",
+        &[Role::Admin],
+        std::time::Duration::from_secs(3600),
+    )
+    .expect("a session token");
+
+    let page = send(
+        &api,
+        Request::post(format!("/console/jobs/{job}/retry"))
+            .header(header::COOKIE, format!("paybus_console={session}"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(
+        api.ops_actions().await,
+        [logged(
+            "carol",
+            "bonus_job.retry",
+            &format!("charge_event_job:{job}")
+        )]
     );
 }
 

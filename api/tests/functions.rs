@@ -64,3 +64,37 @@ async fn admin_pauses_and_resumes_a_function_with_a_reason_and_ops_only_reads() 
     assert_eq!(answer["resumed_now"], false);
     assert_eq!(api.scalar("SELECT COUNT(*) FROM function_pauses").await, 0);
 }
+
+#[tokio::test]
+async fn a_pause_and_a_resume_are_logged_once_each_with_who_and_why() {
+    let api = Api::new().await;
+    let pause = "/v1/admin/functions/grant-bonus/pause";
+    let resume = "/v1/admin/functions/grant-bonus/resume";
+    let body = json!({"reason": "partner ledger migration"});
+
+    for (path, body) in [
+        (pause, &body),
+        (pause, &body),
+        (resume, &json!({})),
+        (resume, &json!({})),
+    ] {
+        let (status, answer) = api.call(admin_post(path, body)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+
+    // The second pause and the second resume changed nothing, so they are not in the log.
+    assert_eq!(
+        api.ops_actions().await,
+        [
+            logged("tests", "function.resume", "function:grant-bonus"),
+            logged("tests", "function.pause", "function:grant-bonus"),
+        ]
+    );
+    let entries = api.ops_log().await;
+    assert_eq!(
+        entries[1]["detail"],
+        json!({"reason": "partner ledger migration"})
+    );
+    assert_eq!(entries[0]["detail"]["paused_by"], "tests");
+    assert_eq!(entries[0]["prev_hash"], entries[1]["row_hash"]);
+}

@@ -346,4 +346,16 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
     // OPS may read it, not re-arm it.
     let (status, _) = api.call(with_roles("POST", &recheck, &[Role::Ops])).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+    // Only the recheck that moved the order is logged (after the partner's creation).
+    assert_eq!(
+        api.ops_actions().await,
+        [
+            logged(
+                "tests",
+                "p2p_deposit_order.recheck",
+                &format!("p2p_deposit_order:{id}")
+            ),
+            logged("tests", "partner.create", &format!("partner:{partner}")),
+        ]
+    );
 }

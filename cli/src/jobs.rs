@@ -30,7 +30,12 @@ pub enum JobsCommand {
     /// One job, whatever its state, as JSON.
     Show { id: u64 },
     /// Put a FAILED job back to PENDING, due now, and publish its message (one more attempt).
-    Retry { id: u64 },
+    Retry {
+        id: u64,
+        /// Who retries it (kept in the ops log).
+        #[arg(long, env = "USER", default_value = "cli")]
+        actor: String,
+    },
 }
 
 /// The statuses the list holds.
@@ -49,7 +54,7 @@ pub async fn run(settings: &Settings, command: JobsCommand) -> anyhow::Result<Ex
             limit,
         } => list(settings, status, after_id, limit).await,
         JobsCommand::Show { id } => show(settings, id).await,
-        JobsCommand::Retry { id } => retry(settings, id).await,
+        JobsCommand::Retry { id, actor } => retry(settings, id, &actor).await,
     }
 }
 
@@ -133,10 +138,10 @@ async fn show(settings: &Settings, id: u64) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn retry(settings: &Settings, id: u64) -> anyhow::Result<ExitCode> {
+async fn retry(settings: &Settings, id: u64, actor: &str) -> anyhow::Result<ExitCode> {
     // The broker too: the message goes out at once (the outbox relay sends it otherwise).
     let services = Services::connect(settings.clone()).await?;
-    match job::retry_by_ops(&services.outbox, id).await? {
+    match job::retry_by_ops(&services.outbox, id, actor).await? {
         OpsRetry::Retried(job) => {
             println!(
                 "bonus job {id} is PENDING again (retry_count {}), due now; grant-bonus attempts \

@@ -5,6 +5,7 @@ mod dead_letters;
 mod doctor;
 mod functions;
 mod jobs;
+mod ops_log;
 mod p2p;
 mod suspension;
 
@@ -101,6 +102,9 @@ enum Command {
     /// queue), or list which are paused.
     #[command(subcommand)]
     Functions(functions::FunctionsCommand),
+    /// Every ops action (pauses, retries, suspensions, ...) with who did it, newest first; the
+    /// chain of hashes that makes an edit visible is checked by `paybus audit`.
+    OpsLog(ops_log::OpsLogArgs),
     /// Admin API role tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -227,6 +231,7 @@ async fn main() -> ExitCode {
         Command::Ping { timeout } => ping(settings, timeout).await,
         Command::Suspension(command) => suspension::run(&settings, command).await,
         Command::Functions(command) => functions::run(&settings, command).await,
+        Command::OpsLog(args) => ops_log::run(&settings, args).await,
     };
     match result {
         Ok(code) => code,

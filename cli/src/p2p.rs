@@ -17,7 +17,12 @@ use paybus_platform::{Settings, db};
 #[derive(Debug, clap::Subcommand)]
 pub enum P2pCommand {
     /// Ask the quote service again about an IN_DOUBT order's fill (same key): PENDING, due now.
-    Recheck { id: u64 },
+    Recheck {
+        id: u64,
+        /// Who asks (kept in the ops log).
+        #[arg(long, env = "USER", default_value = "cli")]
+        actor: String,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -31,9 +36,9 @@ pub enum ReconcileCommand {
 }
 
 pub async fn run(settings: &Settings, command: P2pCommand) -> anyhow::Result<ExitCode> {
-    let P2pCommand::Recheck { id } = command;
+    let P2pCommand::Recheck { id, actor } = command;
     let pool = db::connect(&settings.database).await?;
-    if deposit_order::recheck(&pool, id).await? {
+    if deposit_order::recheck(&pool, id, &actor).await? {
         println!(
             "deposit order {id}: PENDING, due now; match-deposit asks the quote service again \
              under the same key"

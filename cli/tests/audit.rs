@@ -76,3 +76,70 @@ async fn logs_written_to_a_pipe_carry_no_colour_codes() {
         "logs go to stderr, the command's output to stdout"
     );
 }
+
+#[tokio::test]
+async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_first_broken_link() {
+    let env = TestEnv::new().await;
+    let mut tx = env.db.begin().await.unwrap();
+    for function in ["grant-bonus", "confirm-deposit", "cancel-orders", "canary"] {
+        paybus_platform::ops_log::append(
+            &mut tx,
+            &paybus_platform::ops_log::Entry {
+                actor: "alice",
+                action: "function.pause",
+                subject: &format!("function:{function}"),
+                detail: &serde_json::json!({"reason": "maintenance"}),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let clean = audit(&env);
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stdout)
+    );
+
+    // Someone hides who paused confirm-deposit, and deletes the canary's pause.
+    sqlx::query("UPDATE ops_log SET actor = 'nobody' WHERE seq = 2")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM ops_log WHERE seq = 4")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let changed = audit(&env);
+    sqlx::query("UPDATE ops_log SET actor = 'alice' WHERE seq = 2")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let deleted = audit(&env);
+
+    let violations = |output: &std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| line.starts_with("violation"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(changed.status.code(), Some(1));
+    assert_eq!(
+        violations(&changed),
+        [
+            "violation [ops_log_chain]: ops_log_chain: row 2's content does not match its hash \
+          (changed after it was written)"
+        ],
+        "only the first broken link"
+    );
+    assert_eq!(deleted.status.code(), Some(1));
+    assert_eq!(
+        violations(&deleted),
+        [
+            "violation [ops_log_chain]: ops_log_chain: the head says 4 rows but the log ends at 3 \
+          (the tail was deleted)"
+        ]
+    );
+}

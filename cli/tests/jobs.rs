@@ -58,8 +58,12 @@ async fn ops_list_show_and_retry_bonus_jobs() {
     let (_, only_failed, _) = paybus(&env, &["jobs", "list", "--status", "FAILED"]);
     let (_, paged, _) = paybus(&env, &["jobs", "list", "--limit", "1"]);
     let (shown, json, _) = paybus(&env, &["jobs", "show", &failed.to_string()]);
-    let (retried, said, _) = paybus(&env, &["jobs", "retry", &failed.to_string()]);
+    let (retried, said, _) = paybus(
+        &env,
+        &["jobs", "retry", &failed.to_string(), "--actor", "carol"],
+    );
     let (again, _, refused) = paybus(&env, &["jobs", "retry", &failed.to_string()]);
+    let (logged, log, _) = paybus(&env, &["ops-log"]);
     let (bad_status, _, _) = paybus(&env, &["jobs", "list", "--status", "DONE"]);
 
     assert_eq!(listed, Some(0));
@@ -88,6 +92,24 @@ async fn ops_list_show_and_retry_bonus_jobs() {
     assert!(said.contains("PENDING again"), "{said}");
     assert_eq!(again, Some(1));
     assert!(refused.contains("is PENDING, not FAILED"), "{refused}");
+    // The retry is in the ops log under --actor; the refused one is not.
+    assert_eq!(logged, Some(0));
+    let entries: Vec<Vec<&str>> = log
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(entries.len(), 1, "{log}");
+    assert_eq!(
+        (entries[0][0], entries[0][3], entries[0][4], entries[0][5]),
+        (
+            "1",
+            "carol",
+            "bonus_job.retry",
+            format!("charge_event_job:{failed}").as_str()
+        ),
+        "{log}"
+    );
+    assert!(log.contains("\"last_error\":\"gateway down\""), "{log}");
     assert_eq!(
         bad_status,
         Some(2),

@@ -33,7 +33,7 @@ fn reported(violations: Vec<Violation>) -> Vec<audit::Violation> {
 async fn suspended(env: &TestEnv, services: &Services, count: usize) -> (u64, u64, Vec<u64>) {
     let market_id = market(&env.db, "BTC").await;
     let orders = open_orders(&env.db, market_id, count).await;
-    let batch = suspension::suspend(&services.outbox, "BTC", None, &Plan::default())
+    let batch = suspension::suspend(&services.outbox, "BTC", None, &Plan::default(), "tests")
         .await
         .unwrap()
         .batch_id;
@@ -79,7 +79,7 @@ async fn an_open_order_of_the_set_without_a_task_is_reported() {
         .execute(&env.db)
         .await
         .unwrap();
-    let batch_id = suspension::suspend(&services.outbox, "BTC", None, &Plan::default())
+    let batch_id = suspension::suspend(&services.outbox, "BTC", None, &Plan::default(), "tests")
         .await
         .unwrap()
         .batch_id;

@@ -11,13 +11,13 @@
 //!   nothing changed.
 
 use axum::{
-    Json,
+    Extension, Json,
     extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
 };
 use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus, OpsRetry};
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, AppState, admin::path_id};
+use crate::{ApiError, AppState, admin::path_id, auth::Claims};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
@@ -119,11 +119,12 @@ pub(super) async fn show(
 #[tracing::instrument(skip_all, fields(job_id))]
 pub(super) async fn retry(
     State(state): State<AppState>,
+    Extension(claims): Extension<Claims>,
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Json<BonusJob>, ApiError> {
     let id = path_id(id)?;
     tracing::Span::current().record("job_id", id);
-    match job::retry_by_ops(&state.outbox, id)
+    match job::retry_by_ops(&state.outbox, id, &claims.sub)
         .await
         .map_err(super::internal)?
     {

@@ -104,12 +104,38 @@ impl Api {
         (status, body)
     }
 
+    /// The ops log as OPS read it (`GET /v1/admin/ops-log`), newest first.
+    pub async fn ops_log(&self) -> Vec<Value> {
+        let (status, page) = self
+            .call(with_roles("GET", "/v1/admin/ops-log", &[Role::Ops]))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        page["entries"].as_array().expect("entries").clone()
+    }
+
+    /// (actor, action, subject) of each ops log entry, newest first.
+    pub async fn ops_actions(&self) -> Vec<(String, String, String)> {
+        self.ops_log()
+            .await
+            .iter()
+            .map(|entry| {
+                let text = |field: &str| entry[field].as_str().unwrap_or_default().to_owned();
+                (text("actor"), text("action"), text("subject"))
+            })
+            .collect()
+    }
+
     pub async fn scalar(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(&self.env.db)
             .await
             .expect("query")
     }
+}
+
+/// An expected ops log entry: (actor, action, subject).
+pub fn logged(actor: &str, action: &str, subject: &str) -> (String, String, String) {
+    (actor.to_owned(), action.to_owned(), subject.to_owned())
 }
 
 pub fn now() -> i64 {

@@ -48,7 +48,7 @@ async fn suspended_market(
 ) -> (u64, u64, Vec<u64>) {
     let market_id = market(&env.db, symbol).await;
     let orders = open_orders(&env.db, market_id, count).await;
-    let suspended = suspension::suspend(&services.outbox, symbol, None, &Plan::default())
+    let suspended = suspension::suspend(&services.outbox, symbol, None, &Plan::default(), "tests")
         .await
         .unwrap();
     (market_id, suspended.batch_id, orders)
@@ -375,7 +375,7 @@ async fn materialisation_resumes_from_its_cursor_and_creates_each_task_once() {
         tasks_per_message: 16,
     };
 
-    let suspended = suspension::suspend(&services.outbox, "ETH", None, &plan)
+    let suspended = suspension::suspend(&services.outbox, "ETH", None, &plan, "tests")
         .await
         .unwrap();
     assert_eq!(
@@ -509,7 +509,7 @@ async fn a_consumer_killed_mid_run_resumes_when_restarted_and_cancels_nothing_tw
         },
     )));
     let running_jobs = tokio::spawn(jobs.run(shutdown.clone()));
-    let suspended = suspension::suspend(&services.outbox, "BTC", None, &Plan::default())
+    let suspended = suspension::suspend(&services.outbox, "BTC", None, &Plan::default(), "tests")
         .await
         .unwrap();
     let batch_id = suspended.batch_id;

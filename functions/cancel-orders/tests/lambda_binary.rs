@@ -27,7 +27,7 @@ async fn suspended(
 ) -> (u64, Envelope<CancelTasksCreated>) {
     let market_id = market(&env.db, symbol).await;
     open_orders(&env.db, market_id, 3).await;
-    let suspended = suspension::suspend(outbox, symbol, None, &Plan::default())
+    let suspended = suspension::suspend(outbox, symbol, None, &Plan::default(), "tests")
         .await
         .unwrap();
     let task_ids: Vec<u64> =

@@ -304,8 +304,16 @@ async fn a_service_that_always_answers_late_parks_the_order_in_doubt_with_a_lett
 
     // Ops looked at the quote service; a recheck asks once more under the same key.
     world.stub.set_trade_delay(Duration::ZERO);
-    assert!(deposit_order::recheck(world.pool(), id).await.unwrap());
-    assert!(!deposit_order::recheck(world.pool(), id).await.unwrap());
+    assert!(
+        deposit_order::recheck(world.pool(), id, "tests")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !deposit_order::recheck(world.pool(), id, "tests")
+            .await
+            .unwrap()
+    );
     assert_eq!(due_orders.run_once().await.unwrap(), 1);
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
     assert_eq!(world.stub.trades().len(), 1);

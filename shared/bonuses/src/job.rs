@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use paybus_platform::{
     bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
     db,
+    ops_log::{self, Entry},
     retry::{AttemptCount, Backoff, Claim, Lease, RetryPolicy, WorkTable},
 };
 use serde::Serialize;
@@ -402,11 +403,27 @@ pub enum OpsRetry {
 }
 
 /// Ops' retry (admin API, `paybus jobs retry`) in a transaction of its own: [`retry_failed`],
-/// committed and published at once, or the job as it stands when it is not FAILED.
-pub async fn retry_by_ops(outbox: &Outbox, id: u64) -> Result<OpsRetry, BonusError> {
+/// logged in the ops log (`bonus_job.retry`, by `actor`), committed and published at once; or
+/// the job as it stands when it is not FAILED (nothing written, nothing logged).
+pub async fn retry_by_ops(outbox: &Outbox, id: u64, actor: &str) -> Result<OpsRetry, BonusError> {
     let mut uow = outbox.begin().await?;
-    if retry_failed(&mut uow, id, Uuid::now_v7()).await? {
+    let correlation_id = Uuid::now_v7();
+    if retry_failed(&mut uow, id, correlation_id).await? {
         let job = find(&mut uow, id).await?;
+        ops_log::append(
+            &mut uow,
+            &Entry {
+                actor,
+                action: "bonus_job.retry",
+                subject: &format!("charge_event_job:{id}"),
+                detail: &serde_json::json!({
+                    "retry_count": job.as_ref().map(|job| job.retry_count),
+                    "last_error": job.as_ref().and_then(|job| job.last_error.as_deref()),
+                    "correlation_id": correlation_id,
+                }),
+            },
+        )
+        .await?;
         uow.commit().await?;
         return Ok(job.map_or(OpsRetry::Missing, OpsRetry::Retried));
     }

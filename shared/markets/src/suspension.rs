@@ -17,8 +17,12 @@
 //! with id ≤ `max_target_id` — can only shrink (fills, cancels); nothing joins it.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::bus::Outbox;
+use paybus_platform::{
+    bus::Outbox,
+    ops_log::{self, Entry},
+};
 use serde::Serialize;
+use serde_json::json;
 use sqlx::MySqlPool;
 
 use crate::{
@@ -51,13 +55,16 @@ pub struct Suspension {
 /// orders to cancel on a new batch row, and creates the first chunk of its tasks with their
 /// messages (bounded by `plan.in_request`, so the request's latency does not grow with the
 /// number of open orders). An already SUSPENDED market answers with its batch and creates nothing,
-/// also when two suspends race (the second waits on the row lock, then matches nothing).
+/// also when two suspends race (the second waits on the row lock, then matches nothing). A
+/// suspension is logged (`market.suspend`, by `actor`) in its transaction; the answer for an
+/// already SUSPENDED market writes nothing.
 #[tracing::instrument(skip_all, fields(symbol, batch_id))]
 pub async fn suspend(
     outbox: &Outbox,
     symbol: &str,
     note: Option<&str>,
     plan: &Plan,
+    actor: &str,
 ) -> Result<Suspension, MarketError> {
     let symbol = market::symbol(symbol)?;
     if note.is_some_and(|n| n.chars().count() > NOTE_MAX) {
@@ -149,6 +156,21 @@ pub async fn suspend(
         materialise_cursor: 0,
     };
     let chunk = materialise::next_chunk(&mut uow, &batch, plan.in_request, plan).await?;
+    ops_log::append(
+        &mut uow,
+        &Entry {
+            actor,
+            action: "market.suspend",
+            subject: &format!("market:{symbol}"),
+            detail: &json!({
+                "batch_id": batch_id,
+                "note": note,
+                "max_target_id": max_target_id,
+                "tasks_created_now": chunk.created,
+            }),
+        },
+    )
+    .await?;
     uow.commit().await?;
     tracing::Span::current().record("batch_id", batch_id);
     tracing::info!(
@@ -181,9 +203,11 @@ pub enum Resumed {
 
 /// Resumes `symbol`'s market, only once its suspension's cancellation is complete: resuming a
 /// half-cancelled market would leave orders nobody will cancel next to new ones (the seed's
-/// incident). Refused with the progress summary otherwise.
+/// incident). Refused with the progress summary otherwise. A resume is logged
+/// (`market.resume`, by `actor`) in its transaction; an ACTIVE market's or a refused one
+/// writes nothing.
 #[tracing::instrument(skip_all, fields(symbol))]
-pub async fn resume(pool: &MySqlPool, symbol: &str) -> Result<Resumed, MarketError> {
+pub async fn resume(pool: &MySqlPool, symbol: &str, actor: &str) -> Result<Resumed, MarketError> {
     let symbol = market::symbol(symbol)?;
     let mut tx = pool.begin().await?;
     let Some(current) = market::locked(&mut tx, &symbol).await? else {
@@ -216,6 +240,16 @@ pub async fn resume(pool: &MySqlPool, symbol: &str) -> Result<Resumed, MarketErr
         .bind(progress.batch_id)
         .execute(&mut *tx)
         .await?;
+    ops_log::append(
+        &mut tx,
+        &Entry {
+            actor,
+            action: "market.resume",
+            subject: &format!("market:{symbol}"),
+            detail: &json!({ "batch_id": progress.batch_id, "summary": progress.summary }),
+        },
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(%symbol, batch_id = progress.batch_id, "market resumed");
     Ok(Resumed::Resumed)
@@ -223,9 +257,11 @@ pub async fn resume(pool: &MySqlPool, symbol: &str) -> Result<Resumed, MarketErr
 
 /// Puts the FAILED tasks of `symbol`'s current suspension back to PENDING with a fresh set of
 /// attempts, due now (ops fixed what made them fail); the due sweep re-publishes them.
-/// Returns how many. Only while the market is SUSPENDED.
+/// Returns how many. Only while the market is SUSPENDED. A retry that moved tasks is logged
+/// (`market.retry_failed_tasks`, by `actor`) in its transaction; one that found none writes
+/// nothing.
 #[tracing::instrument(skip_all, fields(symbol))]
-pub async fn retry_failed(pool: &MySqlPool, symbol: &str) -> Result<u64, MarketError> {
+pub async fn retry_failed(pool: &MySqlPool, symbol: &str, actor: &str) -> Result<u64, MarketError> {
     let symbol = market::symbol(symbol)?;
     let mut tx = pool.begin().await?;
     let Some(current) = market::locked(&mut tx, &symbol).await? else {
@@ -245,6 +281,18 @@ pub async fn retry_failed(pool: &MySqlPool, symbol: &str) -> Result<u64, MarketE
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    if retried > 0 {
+        ops_log::append(
+            &mut tx,
+            &Entry {
+                actor,
+                action: "market.retry_failed_tasks",
+                subject: &format!("market:{symbol}"),
+                detail: &json!({ "batch_id": batch_id, "retried": retried }),
+            },
+        )
+        .await?;
+    }
     tx.commit().await?;
     tracing::info!(%symbol, batch_id, retried, "FAILED cancel tasks put back to PENDING");
     Ok(retried)

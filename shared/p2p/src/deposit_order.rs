@@ -28,6 +28,7 @@ use paybus_partners::NewNotification;
 use paybus_platform::{
     bus::UnitOfWork,
     db,
+    ops_log::{self, Entry},
     retry::{AttemptCount, Claim, Clock, Lease, WorkTable, clock::micros},
 };
 use serde::Serialize;
@@ -288,8 +289,9 @@ pub(crate) async fn hold_in_doubt(
 
 /// Ops' answer to an IN_DOUBT order (`paybus p2p recheck`): PENDING and due now, its fill's
 /// check count back to 0, so the next attempt asks the quote service again under the same
-/// key. False when the order is not IN_DOUBT (nothing written).
-pub async fn recheck(pool: &sqlx::MySqlPool, id: u64) -> Result<bool, MatchError> {
+/// key. False when the order is not IN_DOUBT (nothing written). A recheck is logged
+/// (`p2p_deposit_order.recheck`, by `actor`) in its transaction.
+pub async fn recheck(pool: &sqlx::MySqlPool, id: u64, actor: &str) -> Result<bool, MatchError> {
     let mut tx = db::begin_read_committed(pool).await?;
     let moved = sqlx::query(
         "UPDATE p2p_deposit_orders SET status = 'PENDING', next_attempt_at = NULL \
@@ -307,6 +309,16 @@ pub async fn recheck(pool: &sqlx::MySqlPool, id: u64) -> Result<bool, MatchError
         )
         .bind(id)
         .execute(&mut *tx)
+        .await?;
+        ops_log::append(
+            &mut tx,
+            &Entry {
+                actor,
+                action: "p2p_deposit_order.recheck",
+                subject: &format!("p2p_deposit_order:{id}"),
+                detail: &serde_json::json!({ "from": "IN_DOUBT", "to": "PENDING" }),
+            },
+        )
         .await?;
     }
     tx.commit().await?;

@@ -1,8 +1,12 @@
 //! The `partners` row: who a partner is and where its webhooks go.
 
 use chrono::{DateTime, Utc};
+use paybus_platform::{
+    ops_log::{self, Entry},
+    redact,
+};
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{Connection, MySqlConnection};
 
 use crate::breaker::{BreakerRead, BreakerState};
 
@@ -105,16 +109,38 @@ fn parse_webhook_url(raw: &str) -> Result<String, PartnerError> {
     Ok(url.to_string())
 }
 
-/// Inserts the partner; returns its id.
-pub async fn create(conn: &mut MySqlConnection, new: &NewPartner) -> Result<u64, sqlx::Error> {
-    let done =
+/// Inserts the partner and logs its creation in the ops log (`partner.create`, by `actor`: its
+/// name and webhook URL with any password hidden, never the secret), in one transaction;
+/// returns its id.
+pub async fn create(
+    conn: &mut MySqlConnection,
+    new: &NewPartner,
+    actor: &str,
+) -> Result<u64, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let id =
         sqlx::query("INSERT INTO partners (name, webhook_url, webhook_secret) VALUES (?, ?, ?)")
             .bind(&new.name)
             .bind(&new.webhook_url)
             .bind(&new.webhook_secret)
-            .execute(conn)
-            .await?;
-    Ok(done.last_insert_id())
+            .execute(&mut *tx)
+            .await?
+            .last_insert_id();
+    ops_log::append(
+        &mut tx,
+        &Entry {
+            actor,
+            action: "partner.create",
+            subject: &format!("partner:{id}"),
+            detail: &serde_json::json!({
+                "name": new.name,
+                "webhook_url": new.webhook_url.as_deref().map(redact::text),
+            }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(id)
 }
 
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Partner>, sqlx::Error> {

@@ -1,6 +1,6 @@
 //! The paybus platform: typed configuration, the database pool and migrations, the bus
 //! runtime (envelope, outbox, consumers, dead letters, Lambda adapter, sweeper), the
-//! row-backed retry kit, the audit framework and telemetry. It names no workflow table:
+//! row-backed retry kit, the audit framework, the ops log and telemetry. It names no workflow table:
 //! workflows live in their domain crates (`shared/<domain>`) and functions (`functions/<name>`).
 
 // `column_enum!` names this crate by its path, as every crate using it does.
@@ -15,6 +15,7 @@ pub mod column;
 pub mod config;
 pub mod db;
 pub mod function;
+pub mod ops_log;
 pub mod redact;
 pub mod retry;
 pub mod secrets;

@@ -8,6 +8,9 @@
 //! every process — and a process started while the pause holds — obeys it. In AWS the same
 //! switch is the Amazon MQ trigger's `Enabled` (the template's `<Function>Enabled` parameter).
 //!
+//! Every pause and resume that changes something is a row of the ops log (`crate::ops_log`),
+//! written in the same transaction.
+//!
 //! Only a function's own consumers pause; its dead-letter recorder and the sweeper go on (the
 //! letters of what failed before the pause still reach ops).
 
@@ -15,9 +18,12 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{MySqlConnection, MySqlPool};
+use serde_json::json;
+use sqlx::{Connection, MySqlConnection, MySqlPool};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+use crate::ops_log::{self, Entry};
 
 /// How often each process reads the paused functions.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -32,43 +38,87 @@ pub struct Pause {
 }
 
 /// Pauses `function` (true: this call paused it; false: it was paused already, by whoever
-/// paused it first).
+/// paused it first). A pause is logged (`function.pause`, with its reason) in the transaction
+/// that writes it; a call that finds it paused writes nothing.
 pub async fn pause(
     conn: &mut MySqlConnection,
     function: &str,
     actor: &str,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
+    let actor = actor.chars().take(100).collect::<String>();
+    let reason = reason.chars().take(1000).collect::<String>();
+    let mut tx = conn.begin().await?;
     let paused = sqlx::query(
         "INSERT IGNORE INTO function_pauses (function_name, paused_by, reason) VALUES (?, ?, ?)",
     )
     .bind(function)
-    .bind(actor.chars().take(100).collect::<String>())
-    .bind(reason.chars().take(1000).collect::<String>())
-    .execute(conn)
+    .bind(&actor)
+    .bind(&reason)
+    .execute(&mut *tx)
     .await?
-    .rows_affected();
-    if paused == 1 {
+    .rows_affected()
+        == 1;
+    if paused {
+        ops_log::append(
+            &mut tx,
+            &Entry {
+                actor: &actor,
+                action: "function.pause",
+                subject: &format!("function:{function}"),
+                detail: &json!({ "reason": reason }),
+            },
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    if paused {
         tracing::warn!(function, actor, reason, "function paused by ops");
     }
-    Ok(paused == 1)
+    Ok(paused)
 }
 
-/// Resumes `function` (true: it was paused).
+/// Resumes `function` (true: it was paused). A resume is logged (`function.resume`, with the
+/// pause it ended) in its transaction; resuming a function that was not paused writes nothing.
 pub async fn resume(
     conn: &mut MySqlConnection,
     function: &str,
     actor: &str,
 ) -> Result<bool, sqlx::Error> {
-    let resumed = sqlx::query("DELETE FROM function_pauses WHERE function_name = ?")
+    let mut tx = conn.begin().await?;
+    // Locked, so the pause the log names is the one this DELETE removes.
+    let ended: Option<Pause> = sqlx::query_as(
+        "SELECT function_name, paused_by, reason, paused_at FROM function_pauses \
+         WHERE function_name = ? FOR UPDATE",
+    )
+    .bind(function)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(ended) = ended else {
+        tx.rollback().await?;
+        return Ok(false);
+    };
+    sqlx::query("DELETE FROM function_pauses WHERE function_name = ?")
         .bind(function)
-        .execute(conn)
-        .await?
-        .rows_affected();
-    if resumed == 1 {
-        tracing::warn!(function, actor, "function resumed by ops");
-    }
-    Ok(resumed == 1)
+        .execute(&mut *tx)
+        .await?;
+    ops_log::append(
+        &mut tx,
+        &Entry {
+            actor,
+            action: "function.resume",
+            subject: &format!("function:{function}"),
+            detail: &json!({
+                "paused_by": ended.paused_by,
+                "reason": ended.reason,
+                "paused_at": ended.paused_at,
+            }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    tracing::warn!(function, actor, "function resumed by ops");
+    Ok(true)
 }
 
 /// Every paused function, by name.
