@@ -713,9 +713,49 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
     let report = execute_as(&services, operation.id, "alice").await.unwrap();
     assert_eq!(report.replayed, 2);
     assert_eq!(confirmations_sent(pool).await, 2);
-    for letter in letters {
-        assert_eq!(replay_actions(pool, letter).await, 1);
+    for letter in &letters {
+        assert_eq!(replay_actions(pool, *letter).await, 1);
     }
+    // The ops log holds the request, the approval and each replay, chained.
+    let logged: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT action, actor, subject FROM ops_log ORDER BY seq")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let subject = format!("dead_letter_operation:{}", operation.id);
+    assert_eq!(
+        logged,
+        [
+            (
+                "dead_letter_operation.request".to_owned(),
+                "alice".to_owned(),
+                subject.clone()
+            ),
+            (
+                "dead_letter_operation.approve".to_owned(),
+                "bob".to_owned(),
+                subject
+            ),
+            (
+                "dead_letter.replay".to_owned(),
+                "alice".to_owned(),
+                format!("dead_letter:{}", letters[0])
+            ),
+            (
+                "dead_letter.replay".to_owned(),
+                "alice".to_owned(),
+                format!("dead_letter:{}", letters[1])
+            ),
+        ]
+    );
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(
+        paybus_platform::ops_log::verify(&mut conn)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the chain holds"
+    );
 }
 
 #[tokio::test]

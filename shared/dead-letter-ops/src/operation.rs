@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use paybus_platform::{
     approvals::{FourEyes, Guarded},
     bus::Outbox,
+    ops_log,
     triage::Verdict,
 };
 use serde::Serialize;
@@ -281,6 +282,23 @@ pub async fn request(
             );
     });
     insert.build().execute(&mut *tx).await?;
+    ops_log::append(
+        &mut tx,
+        &ops_log::Entry {
+            actor,
+            action: "dead_letter_operation.request",
+            subject: &format!("dead_letter_operation:{id}"),
+            detail: &serde_json::json!({
+                "action": action,
+                "letters": frozen.len(),
+                "letters_with_money": with_money_at_stake,
+                "approval_required": approval_required,
+                "content_hash": content_hash(id, action, &frozen),
+                "selection": selection,
+            }),
+        },
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(operation = %id, %action, actor, letters = frozen.len(), approval_required,
         "dead-letter operation requested");
@@ -404,6 +422,19 @@ pub async fn approve(
     .bind(actor.chars().take(100).collect::<String>())
     .bind(id.to_string())
     .execute(&mut *tx)
+    .await?;
+    ops_log::append(
+        &mut tx,
+        &ops_log::Entry {
+            actor,
+            action: "dead_letter_operation.approve",
+            subject: &format!("dead_letter_operation:{id}"),
+            detail: &serde_json::json!({
+                "requested_by": operation.requested_by,
+                "content_hash": operation.content_hash,
+            }),
+        },
+    )
     .await?;
     tx.commit().await?;
     tracing::warn!(operation = %id, actor, requested_by = operation.requested_by,
@@ -688,6 +719,29 @@ async fn act_in(
         .bind(operation.id.to_string())
         .execute(&mut **uow)
         .await?;
+    // Only what changed something is an ops action; a letter left NEW is on its trail.
+    let logged = match result.result {
+        ActionResult::Replayed => Some("dead_letter.replay"),
+        ActionResult::Archived => Some("dead_letter.archive"),
+        ActionResult::NotSent | ActionResult::Skipped => None,
+    };
+    if let Some(action) = logged {
+        ops_log::append(
+            uow,
+            &ops_log::Entry {
+                actor,
+                action,
+                subject: &format!("dead_letter:{letter_id}"),
+                detail: &serde_json::json!({
+                    "operation": operation.id,
+                    "function": result.function_name,
+                    "verdict": result.verdict,
+                    "replay_message_id": result.replay_message_id,
+                }),
+            },
+        )
+        .await?;
+    }
     Ok(Some(result))
 }
 
