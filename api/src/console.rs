@@ -20,6 +20,7 @@
 //! server" instead of failing.
 
 mod actions;
+mod approvals;
 mod audit;
 mod dead_letters;
 mod jobs;
@@ -76,6 +77,9 @@ pub(crate) fn routes() -> Router<AppState> {
             "/console/operations/{id}/execute",
             post(operations::execute),
         )
+        .route("/console/approvals", get(approvals::page))
+        .route("/console/approvals/{id}/approve", post(approvals::approve))
+        .route("/console/approvals/{id}/execute", post(approvals::execute))
         .route("/console/jobs", get(jobs::page))
         .route("/console/jobs/{id}/retry", post(jobs::retry))
         .route("/console/suspensions", get(suspensions::page))

@@ -23,6 +23,7 @@
 
 mod admin;
 mod amount;
+pub mod approvals;
 mod audit;
 pub mod auth;
 mod body;
@@ -180,6 +181,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(dead_letters::admin_routes())
         .merge(functions::admin_routes())
         .merge(ops_log::admin_routes())
+        .merge(approvals::admin_routes())
         .merge(overview::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(

@@ -18,6 +18,7 @@ use axum::{
     body::Bytes,
     extract::{Path, State, rejection::BytesRejection, rejection::PathRejection},
     http::StatusCode,
+    response::{IntoResponse, Response},
     routing::{get, post},
 };
 use paybus_markets::{
@@ -25,13 +26,15 @@ use paybus_markets::{
     materialise::Plan,
     order::{self, NewOrder, Order, Side},
     progress::{self, Progress},
-    suspension::{self, Resumed},
+    suspension,
 };
+use paybus_platform::approvals::Guarded;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::{
-    ApiError, AppState, admin::path_id, amount::Amount, auth::Claims, body, body::JsonBody, chain,
+    ApiError, AppState, admin::path_id, amount::Amount, approvals, auth::Claims, body,
+    body::JsonBody, chain,
 };
 
 /// W4's part of the OpenAPI document (see `crate::openapi`).
@@ -301,20 +304,44 @@ async fn suspend(
     tag = "markets",
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
-    responses((status = 200, description = "ACTIVE", body = Object), crate::responses::AdminErrors)
+    responses(
+        (status = 200, description = "ACTIVE", body = Object),
+        (status = 202, description = "Four-eyes: an approval a second ADMIN gives before the market resumes (`/v1/admin/approvals`)", body = Object),
+        crate::responses::AdminErrors
+    )
 )]
 async fn resume(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     symbol: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let symbol = path_symbol(symbol)?;
-    let resumed = suspension::resume(&state.pool, &symbol, &claims.sub).await?;
-    Ok(Json(json!({
-        "symbol": symbol,
-        "status": "ACTIVE",
-        "resumed_now": resumed == Resumed::Resumed,
-    })))
+    guarded(&state, &claims, Guarded::MarketResume, &symbol).await
+}
+
+/// A guarded market action (`Guarded::MarketResume`, `Guarded::SuspensionRetry`): held for a
+/// second ADMIN under four-eyes when the market is SUSPENDED (on an active or unknown market
+/// it changes nothing, so it runs and says so), else run now.
+async fn guarded(
+    state: &AppState,
+    claims: &Claims,
+    action: Guarded,
+    symbol: &str,
+) -> Result<Response, ApiError> {
+    let subject = format!("market:{symbol}");
+    if state.four_eyes.requires(action) {
+        let mut conn = state.pool.acquire().await?;
+        let current = market::find(&mut conn, symbol)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("market {symbol} not found")))?;
+        if current.status == market::MarketStatus::Suspended {
+            if let Some(held) = approvals::held(state, claims, action, &subject).await? {
+                return Ok(held.into_response());
+            }
+        }
+    }
+    let done = approvals::run(&state.outbox, action, &subject, &claims.sub).await?;
+    Ok(Json(done).into_response())
 }
 
 #[utoipa::path(
@@ -339,14 +366,17 @@ async fn show_progress(
     tag = "markets",
     security(("admin_token" = [])),
     params(("symbol" = String, Path, description = "The market's symbol, e.g. BTC-USDT")),
-    responses((status = 200, description = "`{symbol, retried}`: FAILED tasks back to PENDING", body = Object), crate::responses::AdminErrors)
+    responses(
+        (status = 200, description = "`{symbol, retried}`: FAILED tasks back to PENDING", body = Object),
+        (status = 202, description = "Four-eyes: an approval a second ADMIN gives before the tasks run again (`/v1/admin/approvals`)", body = Object),
+        crate::responses::AdminErrors
+    )
 )]
 async fn retry_failed(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     symbol: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let symbol = path_symbol(symbol)?;
-    let retried = suspension::retry_failed(&state.pool, &symbol, &claims.sub).await?;
-    Ok(Json(json!({"symbol": symbol, "retried": retried})))
+    guarded(&state, &claims, Guarded::SuspensionRetry, &symbol).await
 }

@@ -35,6 +35,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::dead_letters::operations::Doc::openapi(),
         crate::functions::Doc::openapi(),
         crate::ops_log::Doc::openapi(),
+        crate::approvals::Doc::openapi(),
         crate::overview::Doc::openapi(),
     ] {
         document.merge(part);
@@ -71,6 +72,7 @@ pub(crate) fn routes() -> Router<AppState> {
         (name = "audit", description = "Every workflow's invariants, and the continuous auditor's passes"),
         (name = "dead-letters", description = "Ops: dead letters grouped, shown, dry-run, replayed, archived"),
         (name = "functions", description = "Ops: pause and resume a function's consumption"),
+        (name = "approvals", description = "Ops: four-eyes — a guarded action requested by one ADMIN, approved by another, then executed"),
         (name = "ops-log", description = "Ops: every ops action, who did it, hash-chained (the audit verifies the chain)"),
     )
 )]

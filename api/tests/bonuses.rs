@@ -48,7 +48,7 @@ async fn purchase(api: &Api, gateway: PaymentGateway, cans: i32) -> Purchase {
 
 #[tokio::test]
 async fn every_gateway_s_webhook_and_verify_complete_through_one_transition() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     testing::active_event(&api.env.db, "api 10%", 10, 9).await;
     let mut answers = Vec::new();
     for gateway in [
@@ -111,7 +111,7 @@ async fn every_gateway_s_webhook_and_verify_complete_through_one_transition() {
 
 #[tokio::test]
 async fn a_payment_call_is_signed_and_a_client_mistake_is_a_4xx_that_writes_nothing() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let charge = purchase(&api, PaymentGateway::Pg, 100).await;
     let good = completion_body(&charge);
     let path = "/v1/payments/pg/verify";
@@ -216,7 +216,7 @@ async fn a_payment_call_is_signed_and_a_client_mistake_is_a_4xx_that_writes_noth
 
 #[tokio::test]
 async fn a_replayed_receipt_for_another_charge_is_refused() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let first = purchase(&api, PaymentGateway::AppleIap, 100).await;
     let second = purchase(&api, PaymentGateway::AppleIap, 100).await;
     let (status, _) = api
@@ -327,7 +327,7 @@ fn ids(list: &Value) -> Vec<u64> {
 
 #[tokio::test]
 async fn the_job_list_shows_pending_and_failed_jobs_with_the_seed_s_fields() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let [pending, _processing, _done, failed] = jobs_in_every_state(&api).await;
     let ops = |path: &str| with_roles("GET", path, &[Role::Ops]);
 
@@ -384,7 +384,7 @@ async fn the_job_list_shows_pending_and_failed_jobs_with_the_seed_s_fields() {
 
 #[tokio::test]
 async fn the_job_list_refuses_what_it_never_shows_and_malformed_queries() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     for query in [
         "status=DONE",
         "status=PROCESSING",
@@ -406,7 +406,7 @@ async fn the_job_list_refuses_what_it_never_shows_and_malformed_queries() {
 
 #[tokio::test]
 async fn retrying_a_failed_job_makes_it_due_now_and_publishes_its_message_at_once() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let tap = tap(&api.services, "tap.bonus-jobs", "charge.bonus_job.created").await;
     let [_, _, _, failed] = jobs_in_every_state(&api).await;
     let completions = tap_count(&tap, "tap.bonus-jobs", 4).await;
@@ -445,7 +445,7 @@ async fn retrying_a_failed_job_makes_it_due_now_and_publishes_its_message_at_onc
 
 #[tokio::test]
 async fn retrying_a_job_that_is_not_failed_is_a_conflict_and_changes_nothing() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let [pending, processing, done, _] = jobs_in_every_state(&api).await;
     let rows = || async {
         sqlx::query_as::<_, (u64, String, i32, Option<String>)>(
@@ -499,7 +499,7 @@ async fn retrying_a_job_that_is_not_failed_is_a_conflict_and_changes_nothing() {
 
 #[tokio::test]
 async fn job_views_need_ops_and_a_retry_needs_admin() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let [_, _, _, failed] = jobs_in_every_state(&api).await;
     let retry = format!("/v1/admin/charge-event-jobs/{failed}/retry");
 
@@ -528,7 +528,7 @@ async fn job_views_need_ops_and_a_retry_needs_admin() {
 
 #[tokio::test]
 async fn ops_set_up_members_charges_and_events_and_read_them_back() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let created = |path: &'static str, body: Value| {
         let api = &api;
         async move {
@@ -584,7 +584,7 @@ async fn ops_set_up_members_charges_and_events_and_read_them_back() {
 
 #[tokio::test]
 async fn setting_up_with_bad_values_is_a_400_naming_the_field() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let member = testing::member(&api.env.db).await;
     let now = chrono::Utc::now();
     let cases = [

@@ -148,7 +148,7 @@ async fn an_ops_token_reads_the_pages_but_cannot_act() {
 
 #[tokio::test]
 async fn a_retry_from_the_console_is_logged_under_the_session_s_subject() {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     testing::active_event(&api.env.db, "console 10%", 10, 9).await;
     let member = testing::member(&api.env.db).await;
     let purchase = testing::purchase(&api.env.db, member, PaymentGateway::Pg, 100).await;

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use support::{Api, admin_get, admin_post, error_of, token};
 
 async fn with_market(symbol: &str) -> Api {
-    let api = Api::new().await;
+    let api = Api::without_four_eyes().await;
     let (status, body) = api
         .call(admin_post("/v1/admin/markets", &json!({"symbol": symbol})))
         .await;

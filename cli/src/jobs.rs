@@ -11,7 +11,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus, OpsRetry};
-use paybus_platform::{Settings, bus::Services, db};
+use paybus_platform::{
+    Settings,
+    approvals::{self, FourEyes, Guarded},
+    bus::Services,
+    db,
+};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum JobsCommand {
@@ -141,6 +146,39 @@ async fn show(settings: &Settings, id: u64) -> anyhow::Result<ExitCode> {
 async fn retry(settings: &Settings, id: u64, actor: &str) -> anyhow::Result<ExitCode> {
     // The broker too: the message goes out at once (the outbox relay sends it otherwise).
     let services = Services::connect(settings.clone()).await?;
+    let four_eyes = FourEyes::from_env()?;
+    if four_eyes.requires(Guarded::JobRetry) {
+        let mut conn = services.pool.acquire().await?;
+        let Some(job) = job::find(&mut conn, id).await? else {
+            eprintln!("bonus job {id} not found");
+            return Ok(ExitCode::FAILURE);
+        };
+        if job.status != JobStatus::Failed {
+            eprintln!(
+                "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing \
+                 changed",
+                job.status
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        let approval = approvals::request(
+            &mut conn,
+            Guarded::JobRetry,
+            &format!("charge_event_job:{id}"),
+            actor,
+            four_eyes.ttl,
+        )
+        .await?;
+        println!(
+            "four-eyes: the retry of bonus job {id} waits for a second person's approval \
+             (until {}):\n  paybus approvals approve {} --actor <someone else>\nthen:\n  \
+             paybus approvals execute {}",
+            approval.expires_at.to_rfc3339(),
+            approval.id,
+            approval.id
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     match job::retry_by_ops(&services.outbox, id, actor).await? {
         OpsRetry::Retried(job) => {
             println!(

@@ -1,5 +1,6 @@
 //! `paybus`: the operator's command line.
 
+mod approvals;
 mod configuration_page;
 mod dead_letters;
 mod doctor;
@@ -102,6 +103,10 @@ enum Command {
     /// queue), or list which are paused.
     #[command(subcommand)]
     Functions(functions::FunctionsCommand),
+    /// Four-eyes: list, approve and execute the guarded actions others asked for (bonus job
+    /// retries, suspension re-runs, market resumes).
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
     /// Every ops action (pauses, retries, suspensions, ...) with who did it, newest first; the
     /// chain of hashes that makes an edit visible is checked by `paybus audit`.
     OpsLog(ops_log::OpsLogArgs),
@@ -232,6 +237,7 @@ async fn main() -> ExitCode {
         Command::Suspension(command) => suspension::run(&settings, command).await,
         Command::Functions(command) => functions::run(&settings, command).await,
         Command::OpsLog(args) => ops_log::run(&settings, args).await,
+        Command::Approvals(command) => approvals::run(&settings, command).await,
     };
     match result {
         Ok(code) => code,

@@ -144,11 +144,25 @@ with sync_playwright() as playwright:
     expect(failed).to_have_count(1)
     expect(failed).to_contain_text("injected")
     shot(page, "09-jobs")
+    # Four-eyes: the retry (asked by the second ADMIN, still logged in) waits; the first one
+    # approves it on the Approvals page and executes it.
     failed.get_by_role("button", name="Retry").click()
-    expect(page.locator(".flash")).to_contain_text("retried")
+    expect(page.locator(".flash")).to_contain_text("waits for a second ADMIN's approval")
+    expect(page.locator("tr.job[data-status='FAILED']")).to_have_count(1)
+    log_in_as(token)
+    page.get_by_role("link", name="Approvals").click()
+    waiting = page.locator("tr.approval[data-status='AWAITING_APPROVAL']")
+    expect(waiting).to_have_count(1)
+    expect(waiting).to_contain_text("second-admin")
+    waiting.get_by_role("button", name="Approve").click()
+    expect(page.locator(".flash")).to_contain_text("Approved by black-box-tests")
+    page.locator("tr.approval[data-status='APPROVED']").get_by_role("button", name="Execute").click()
+    expect(page.locator(".flash")).to_contain_text("Executed")
+    expect(page.locator("tr.approval[data-status='EXECUTED']")).to_have_count(1)
+    shot(page, "10-job-approved")
+    page.get_by_role("link", name="Bonus jobs").click()
     expect(page.locator("tr.job[data-status='FAILED']")).to_have_count(0)
     expect(page.locator("tr.job[data-status='PENDING']")).to_have_count(1)
-    shot(page, "10-job-retried")
 
     # Suspensions: live progress.
     page.get_by_role("link", name="Suspensions").click()

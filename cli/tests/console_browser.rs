@@ -356,7 +356,7 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         "07-replay-again",
         "08-group",
         "09-jobs",
-        "10-job-retried",
+        "10-job-approved",
         "11-suspensions",
         "12-audit",
     ] {

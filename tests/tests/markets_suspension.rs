@@ -44,8 +44,10 @@ struct Api {
 
 impl Api {
     async fn start(services: &Services) -> Self {
+        // One ADMIN drives the suspension tests: four-eyes has its own (api/tests/approvals.rs).
         let config = ApiConfig {
             admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
+            four_eyes: paybus_platform::approvals::FourEyes::off(),
             ..ApiConfig::default()
         };
         let state = AppState::new(services, &config, paybus_catalog::audit_checks())

@@ -8,16 +8,19 @@
 //! - `GET /v1/admin/charge-event-jobs/{id}`: any job, whatever its state.
 //! - `POST /v1/admin/charge-event-jobs/{id}/retry`: FAILED -> PENDING, due now, its message
 //!   published at once (grant-bonus attempts it right away). Any other state: 409 naming it,
-//!   nothing changed.
+//!   nothing changed. Under four-eyes (`job-retry`): 202 with an approval a second ADMIN gives
+//!   (`crate::approvals`), and the retry runs when it is executed.
 
 use axum::{
     Extension, Json,
     extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
+    response::{IntoResponse, Response},
 };
-use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus, OpsRetry};
+use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus};
+use paybus_platform::approvals::Guarded;
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, AppState, admin::path_id, auth::Claims};
+use crate::{ApiError, AppState, admin::path_id, approvals, auth::Claims};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
@@ -114,25 +117,39 @@ pub(super) async fn show(
     tag = "bonuses",
     security(("admin_token" = [])),
     params(("id" = u64, Path, description = "The row's id (a positive integer)")),
-    responses((status = 200, description = "FAILED -> PENDING, due now, published", body = Object), crate::responses::AdminErrors)
+    responses(
+        (status = 200, description = "FAILED -> PENDING, due now, published", body = Object),
+        (status = 202, description = "Four-eyes: an approval a second ADMIN gives before it runs (`/v1/admin/approvals`)", body = Object),
+        crate::responses::AdminErrors
+    )
 )]
 #[tracing::instrument(skip_all, fields(job_id))]
 pub(super) async fn retry(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     id: Result<Path<u64>, PathRejection>,
-) -> Result<Json<BonusJob>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = path_id(id)?;
     tracing::Span::current().record("job_id", id);
-    match job::retry_by_ops(&state.outbox, id, &claims.sub)
-        .await
-        .map_err(super::internal)?
-    {
-        OpsRetry::Retried(job) => Ok(Json(job)),
-        OpsRetry::NotFailed(job) => Err(ApiError::Conflict(format!(
-            "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing changed",
-            job.status
-        ))),
-        OpsRetry::Missing => Err(ApiError::NotFound(format!("bonus job {id} not found"))),
+    let subject = format!("charge_event_job:{id}");
+    if state.four_eyes.requires(Guarded::JobRetry) {
+        // Ask a second person only about a retry that would do something.
+        let mut conn = state.pool.acquire().await?;
+        let job = job::find(&mut conn, id)
+            .await
+            .map_err(super::internal)?
+            .ok_or_else(|| ApiError::NotFound(format!("bonus job {id} not found")))?;
+        if job.status != JobStatus::Failed {
+            return Err(ApiError::Conflict(format!(
+                "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing \
+                 changed",
+                job.status
+            )));
+        }
     }
+    if let Some(held) = approvals::held(&state, &claims, Guarded::JobRetry, &subject).await? {
+        return Ok(held.into_response());
+    }
+    let retried = approvals::run(&state.outbox, Guarded::JobRetry, &subject, &claims.sub).await?;
+    Ok(Json(retried).into_response())
 }

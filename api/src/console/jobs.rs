@@ -95,11 +95,14 @@ pub(crate) async fn retry(
     };
     let path = format!("/v1/admin/charge-event-jobs/{id}/retry");
     let answer = actions::call(&state, &session, Method::POST, &path, None).await;
-    let flash = answer.failure(&Method::POST, &path).unwrap_or_else(|| {
-        Flash::Done(format!(
-            "Bonus job {id} retried: it is {} again, due now.",
-            answer.body["status"].as_str().unwrap_or("PENDING")
-        ))
-    });
+    let flash = answer
+        .failure(&Method::POST, &path)
+        .or_else(|| super::approvals::held(&answer, &format!("the retry of bonus job {id}")))
+        .unwrap_or_else(|| {
+            Flash::Done(format!(
+                "Bonus job {id} retried: it is {} again, due now.",
+                answer.body["status"].as_str().unwrap_or("PENDING")
+            ))
+        });
     render(&state, &session, Some(flash)).await
 }

@@ -115,11 +115,14 @@ pub(crate) async fn retry_failed(
     };
     let path = format!("/v1/admin/markets/{symbol}/suspension/retry-failed");
     let answer = actions::call(&state, &session, Method::POST, &path, None).await;
-    let flash = answer.failure(&Method::POST, &path).unwrap_or_else(|| {
-        Flash::Done(format!(
-            "{symbol}: {} failed task(s) back to PENDING.",
-            answer.body["retried"]
-        ))
-    });
+    let flash = answer
+        .failure(&Method::POST, &path)
+        .or_else(|| super::approvals::held(&answer, &format!("re-running {symbol}'s failed tasks")))
+        .unwrap_or_else(|| {
+            Flash::Done(format!(
+                "{symbol}: {} failed task(s) back to PENDING.",
+                answer.body["retried"]
+            ))
+        });
     render(&state, &session, Some(flash)).await
 }

@@ -61,6 +61,12 @@ impl Api {
         Self::with(|_| {}).await
     }
 
+    /// [`new`](Self::new) with four-eyes off: one ADMIN acts alone (tests about the actions
+    /// themselves; four-eyes has its own tests).
+    pub async fn without_four_eyes() -> Self {
+        Self::with(|config| config.four_eyes = paybus_platform::approvals::FourEyes::off()).await
+    }
+
     /// Secrets set, then `configure` may change the API's settings (e.g. unset one).
     pub async fn with(configure: impl FnOnce(&mut ApiConfig)) -> Self {
         let env = TestEnv::new().await;

@@ -333,6 +333,16 @@ pub async fn request(
             .bind(ttl.as_secs())
             .execute(&mut *tx)
             .await?;
+            crate::ops_log::append(
+                &mut tx,
+                &crate::ops_log::Entry {
+                    actor,
+                    action: "approval.request",
+                    subject: &format!("approval:{id}"),
+                    detail: &serde_json::json!({"action": action, "subject": subject}),
+                },
+            )
+            .await?;
             tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
             id
         }
@@ -364,6 +374,23 @@ pub async fn approve(
     .bind(actor.chars().take(100).collect::<String>())
     .bind(id.to_string())
     .execute(&mut *tx)
+    .await?;
+    let approved = find(&mut tx, id, "")
+        .await?
+        .ok_or(ApprovalError::NotFound(id))?;
+    crate::ops_log::append(
+        &mut tx,
+        &crate::ops_log::Entry {
+            actor,
+            action: "approval.approve",
+            subject: &format!("approval:{id}"),
+            detail: &serde_json::json!({
+                "action": approved.action,
+                "subject": approved.subject,
+                "requested_by": approved.requested_by,
+            }),
+        },
+    )
     .await?;
     let approved = find(&mut tx, id, "")
         .await?
