@@ -29,6 +29,7 @@ mod operations;
 mod overview;
 mod session;
 mod suspensions;
+mod trace;
 
 use axum::{
     Router,
@@ -77,6 +78,7 @@ pub(crate) fn routes() -> Router<AppState> {
             "/console/operations/{id}/execute",
             post(operations::execute),
         )
+        .route("/console/trace", get(trace::page))
         .route("/console/approvals", get(approvals::page))
         .route("/console/approvals/{id}/approve", post(approvals::approve))
         .route("/console/approvals/{id}/execute", post(approvals::execute))

@@ -45,6 +45,7 @@ pub mod process;
 mod responses;
 pub mod server;
 mod signed;
+pub mod trace;
 
 use std::{sync::Arc, time::Duration};
 
@@ -182,6 +183,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(functions::admin_routes())
         .merge(ops_log::admin_routes())
         .merge(approvals::admin_routes())
+        .merge(trace::route::admin_routes())
         .merge(overview::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(

@@ -36,6 +36,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::functions::Doc::openapi(),
         crate::ops_log::Doc::openapi(),
         crate::approvals::Doc::openapi(),
+        crate::trace::route::Doc::openapi(),
         crate::overview::Doc::openapi(),
     ] {
         document.merge(part);

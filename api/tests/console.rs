@@ -465,3 +465,63 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
         resumed.body
     );
 }
+
+#[tokio::test]
+async fn a_withdrawal_is_traced_by_the_api_and_the_console_and_nonsense_is_a_400_or_404() {
+    let api = Api::new().await;
+    let db = &api.env.db;
+    let partner = sqlx::query(
+        "INSERT INTO partners (name, webhook_url, webhook_secret) VALUES ('acme', NULL, 'x')",
+    )
+    .execute(db)
+    .await
+    .expect("insert")
+    .last_insert_id();
+    let withdrawal = sqlx::query(
+        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
+         VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42.5, 'T-address', '0xabc')",
+    )
+    .bind(partner)
+    .execute(db)
+    .await
+    .expect("insert")
+    .last_insert_id();
+
+    let (status, trace) = api
+        .call(support::with_roles(
+            "GET",
+            &format!("/v1/admin/trace/withdrawal/{withdrawal}"),
+            &[Role::Ops],
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{trace}");
+    assert_eq!(trace["row"]["amount"], "42.5");
+    assert_eq!(trace["events"][0]["source"], "row");
+    for (path, expected) in [
+        ("/v1/admin/trace/payout/1", StatusCode::BAD_REQUEST),
+        ("/v1/admin/trace/withdrawal/x", StatusCode::BAD_REQUEST),
+        ("/v1/admin/trace/withdrawal/0", StatusCode::BAD_REQUEST),
+        ("/v1/admin/trace/withdrawal/999", StatusCode::NOT_FOUND),
+    ] {
+        let (status, answer) = api
+            .call(support::with_roles("GET", path, &[Role::Ops]))
+            .await;
+        assert_eq!(status, expected, "{path}: {answer}");
+    }
+
+    let page = send(
+        &api,
+        get_as(
+            &format!("/console/trace?kind=withdrawal&id={withdrawal}"),
+            &[Role::Ops],
+        ),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("id=\"timeline\""), "{}", page.body);
+    assert!(
+        page.body.contains("created (now BROADCASTING)"),
+        "{}",
+        page.body
+    );
+}

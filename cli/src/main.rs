@@ -9,6 +9,7 @@ mod jobs;
 mod ops_log;
 mod p2p;
 mod suspension;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -103,6 +104,9 @@ enum Command {
     /// queue), or list which are paused.
     #[command(subcommand)]
     Functions(functions::FunctionsCommand),
+    /// Where did this money go: one withdrawal's, deposit's, deposit order's or bonus job's
+    /// timeline across functions (transitions, ledger, webhook, dead letters, ops actions).
+    Trace(trace::TraceArgs),
     /// Four-eyes: list, approve and execute the guarded actions others asked for (bonus job
     /// retries, suspension re-runs, market resumes).
     #[command(subcommand)]
@@ -238,6 +242,7 @@ async fn main() -> ExitCode {
         Command::Functions(command) => functions::run(&settings, command).await,
         Command::OpsLog(args) => ops_log::run(&settings, args).await,
         Command::Approvals(command) => approvals::run(&settings, command).await,
+        Command::Trace(args) => trace::run(&settings, args).await,
     };
     match result {
         Ok(code) => code,

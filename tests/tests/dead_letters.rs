@@ -866,3 +866,75 @@ async fn an_archive_needs_a_second_person_only_when_a_letter_has_money_at_stake(
         OperationStatus::AwaitingApproval
     );
 }
+
+#[tokio::test]
+async fn the_trace_of_a_withdrawal_confirmed_through_duplicates_shows_one_transition_one_debit_and_its_dead_letter()
+ {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let id = in_flight(pool, partner, "250").await;
+    for _ in 0..3 {
+        paybus_confirm_withdrawal::confirm(
+            &services.outbox,
+            &confirmation(id),
+            uuid::Uuid::now_v7(),
+        )
+        .await
+        .unwrap();
+    }
+    // A confirmation naming another tx for it: a dead letter about the same withdrawal.
+    let letter = dead_letter(
+        pool,
+        "confirm-withdrawal",
+        WithdrawalTxConfirmed {
+            withdrawal_id: id,
+            tx_hash: "0xother".to_owned(),
+        },
+    )
+    .await;
+    let archived = act_now(
+        &services,
+        OperationAction::Archive,
+        &Selection::Ids(vec![letter]),
+        "alice",
+    )
+    .await;
+    assert_eq!(archived.archived, 1);
+
+    let mut conn = pool.acquire().await.unwrap();
+    let trace = paybus_api::trace::trace(&mut conn, paybus_api::trace::Traced::Withdrawal, id)
+        .await
+        .unwrap()
+        .unwrap();
+    let of = |source: &str| {
+        trace
+            .events
+            .iter()
+            .filter(|e| e.source == source)
+            .map(|e| e.what.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(trace.row["status"], "CONFIRMED");
+    assert_eq!(of("history"), ["BROADCASTING → CONFIRMED"], "{trace:#?}");
+    assert_eq!(of("ledger"), ["DEBIT 250 USDT"], "{trace:#?}");
+    assert_eq!(
+        of("notification").len(),
+        1,
+        "one webhook written: {trace:#?}"
+    );
+    assert_eq!(of("dead_letter").len(), 1, "{trace:#?}");
+    assert_eq!(
+        of("dead_letter_action"),
+        [format!(
+            "ARCHIVE of dead letter {letter} by alice: ARCHIVED"
+        )]
+    );
+    assert_eq!(
+        of("ops_log"),
+        [format!(
+            "dead_letter.archive on dead_letter:{letter} by alice"
+        )]
+    );
+    let times: Vec<_> = trace.events.iter().map(|e| e.at).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first");
+}

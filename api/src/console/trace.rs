@@ -1,0 +1,89 @@
+//! The trace page: one money movement's timeline (`crate::trace`, what `GET
+//! /v1/admin/trace/{kind}/{id}` answers), and a form to ask for one.
+
+use axum::{
+    extract::{Query, State, rejection::QueryRejection},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use maud::html;
+use serde::Deserialize;
+
+use super::{Session, layout};
+use crate::{
+    AppState,
+    trace::{self, Traced},
+};
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct TraceQuery {
+    kind: Option<String>,
+    id: Option<String>,
+}
+
+const KINDS: [&str; 4] = ["withdrawal", "deposit", "deposit-order", "bonus-job"];
+
+/// `GET /console/trace[?kind=..&id=..]`.
+pub(crate) async fn page(
+    State(state): State<AppState>,
+    session: Session,
+    query: Result<Query<TraceQuery>, QueryRejection>,
+) -> Response {
+    let (kind, id) = query.map(|Query(q)| (q.kind, q.id)).unwrap_or_default();
+    let asked = match (kind.as_deref(), id.as_deref()) {
+        (Some(kind), Some(id)) if !id.is_empty() => {
+            let (Some(traced), Ok(id)) = (Traced::parse(kind), id.trim().parse::<u64>()) else {
+                return layout::error_page(
+                    StatusCode::BAD_REQUEST,
+                    "Trace a withdrawal, deposit, deposit-order or bonus-job by its numeric id.",
+                );
+            };
+            let trace = async {
+                let mut conn = state.pool.acquire().await?;
+                trace::trace(&mut conn, traced, id).await
+            };
+            match trace.await {
+                Ok(found) => Some((kind.to_owned(), id, found)),
+                Err(error) => return layout::failure_page(error.into()),
+            }
+        }
+        _ => None,
+    };
+    layout::page(
+        "Trace",
+        Some(&session),
+        html! {
+            form method="get" action="/console/trace" {
+                select name="kind" aria-label="kind" {
+                    @for k in KINDS { option value=(k) selected[kind.as_deref() == Some(k)] { (k) } }
+                }
+                " " input type="text" name="id" placeholder="id" aria-label="id" value=(id.clone().unwrap_or_default());
+                " " button type="submit" { "Trace" }
+            }
+            p.hint { "Everything the database holds about one money movement, oldest first. Deliveries that changed nothing (a skipped duplicate) leave no row: they are in the delivery log lines and paybus_messages_total." }
+            @if let Some((kind, id, found)) = &asked {
+                @match found {
+                    None => { p.flash.warn role="status" { "No " (kind) " " (id) "." } },
+                    Some(trace) => {
+                        h2 { (kind) " " (id) }
+                        pre #row { (serde_json::to_string_pretty(&trace.row).unwrap_or_default()) }
+                        table #timeline {
+                            thead { tr { th { "When" } th { "Where" } th { "What" } th { "Detail" } } }
+                            tbody {
+                                @for event in &trace.events {
+                                    tr.event data-source=(event.source) {
+                                        td { (event.at.format("%Y-%m-%d %H:%M:%S%.3f UTC")) }
+                                        td { (event.source) }
+                                        td { (event.what) }
+                                        td { @if !event.detail.is_null() { code { (event.detail) } } }
+                                    }
+                                }
+                            }
+                        }
+                    },
+                }
+            }
+        },
+    )
+    .into_response()
+}
