@@ -142,6 +142,14 @@ impl AppState {
         })
     }
 
+    /// The catalog's functions' work tables (what `/metrics` and the overview count).
+    pub(crate) fn work_tables(&self) -> Vec<&'static paybus_platform::retry::WorkTable> {
+        self.functions
+            .iter()
+            .flat_map(|function| function.work_tables.iter().copied())
+            .collect()
+    }
+
     /// The catalog's functions (`paybus_catalog::FUNCTIONS`), whose triage the dead-letter
     /// routes ask.
     pub fn with_functions(mut self, functions: &'static [FunctionEntry]) -> Self {
@@ -289,12 +297,7 @@ async fn health() -> Json<serde_json::Value> {
 async fn metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<Response, ApiError> {
-    let tables: Vec<_> = state
-        .functions
-        .iter()
-        .flat_map(|function| function.work_tables.iter().copied())
-        .collect();
-    let gauges = bus_metrics::read_gauges(&state.pool, &tables).await?;
+    let gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, bus_metrics::CONTENT_TYPE)],
         bus_metrics::encode(&gauges),

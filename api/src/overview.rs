@@ -72,12 +72,7 @@ pub struct AuditorLine {
 /// Reads the overview (a handful of indexed statements and one passive queue declare per
 /// queue).
 pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
-    let tables: Vec<_> = state
-        .functions
-        .iter()
-        .flat_map(|function| function.work_tables.iter().copied())
-        .collect();
-    let gauges = bus_metrics::read_gauges(&state.pool, &tables).await?;
+    let gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
     let mut conn = state.pool.acquire().await?;
     let paused = pauses::list(&mut conn).await?;
     let failures: Vec<(String, i64)> = sqlx::query_as(

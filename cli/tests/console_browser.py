@@ -123,14 +123,16 @@ with sync_playwright() as playwright:
     page.get_by_role("link", name="Dead letters").click()
     expect(page.locator("tr.group").first.locator("td.letters")).to_have_text("2")
 
-    # Replay again, in one click: nothing left is safe, so nothing needs approving; the
-    # replayed letter is no longer waiting, the others still need a human.
+    # Replay the group again: the button shows the operation first — the replayed letter is no
+    # longer waiting, the two others still need a human, so there is nothing to confirm.
     page.locator("tr.group").first.get_by_role("button", name="Replay safe ones").click()
-    expect(flash).to_contain_text("replayed: 0")
-    expect(page.locator("#letter-results tr.result")).to_have_count(2)
-    expect(page.locator("#letter-results tr[data-result='NOT_SENT']")).to_have_count(2)
-    expect(page.locator(f"#letter-results tr[data-letter-id='{safe}']")).to_have_count(0)
+    expect(flash).to_contain_text("safe: 0")
+    expect(page.locator("#letter-verdicts tr.verdict")).to_have_count(2)
+    expect(page.locator("#letter-verdicts tr[data-verdict='needs_human']")).to_have_count(2)
+    expect(page.locator(f"#letter-verdicts tr[data-letter-id='{safe}']")).to_have_count(0)
+    expect(page.get_by_role("button", name="Nothing is safe to replay")).to_be_disabled()
     shot(page, "07-replay-again")
+    page.get_by_role("link", name="← all groups").click()
 
     # Drill down into the group: the letters still waiting.
     page.get_by_role("link", name="confirm-withdrawal").click()

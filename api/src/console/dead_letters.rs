@@ -7,9 +7,8 @@
 //! /v1/admin/dead-letters` and `GET /v1/admin/dead-letters/{id}` answer). The buttons call the
 //! dead-letter admin API: *Dry run* and *Archive* freeze the selection into an operation (`POST
 //! /v1/admin/dead-letters/operations`) and show its page (`super::operations`), the
-//! confirmation step whose button acts on exactly those letters; *Replay safe ones* is the
-//! one-call replay (`POST /v1/admin/dead-letters/replay`), shown letter by letter, or — under
-//! four-eyes — the operation waiting for a second ADMIN.
+//! confirmation step whose button acts on exactly those letters (*Replay safe ones* included:
+//! the page shows how many are safe, and under four-eyes waits for a second ADMIN).
 
 use axum::{
     extract::{Path, Query, State, rejection::PathRejection, rejection::QueryRejection},
@@ -34,20 +33,14 @@ use crate::{AppState, dead_letters::into_api};
 /// Letters shown in a group (the newest first).
 const LETTERS_SHOWN: u32 = 200;
 
-const REPLAY: &str = "/v1/admin/dead-letters/replay";
 const OPERATIONS: &str = "/v1/admin/dead-letters/operations";
 
 /// `GET /console/dead-letters`.
 pub(crate) async fn groups(State(state): State<AppState>, session: Session) -> Response {
-    render_groups(&state, &session, None, None).await
+    render_groups(&state, &session, None).await
 }
 
-async fn render_groups(
-    state: &AppState,
-    session: &Session,
-    flash: Option<Flash>,
-    outcome: Option<Markup>,
-) -> Response {
+async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>) -> Response {
     let overview = async {
         let mut conn = state.pool.acquire().await?;
         groups::overview(&mut conn, &state.dead_letters)
@@ -67,7 +60,6 @@ async fn render_groups(
         Some(session),
         html! {
             @if let Some(flash) = &flash { (flash) }
-            @if let Some(outcome) = &outcome { (outcome) }
             @if groups.is_empty() {
                 p.flash { "No dead letter is waiting: nothing failed for good." }
             } @else {
@@ -291,9 +283,10 @@ pub(crate) async fn replay(
         Ok(selection) => selection,
         Err(problem) => return layout::error_page(StatusCode::BAD_REQUEST, problem),
     };
+    // Every button freezes the selection first and shows the operation's page: what the
+    // confirm button there acts on is what the page shows, counted.
     match selection.mode.as_deref().unwrap_or("dry-run") {
         "archive" => freeze(&state, &session, &selection, "archive").await,
-        "replay" => replay_now(&state, &session, &selection).await,
         _ => freeze(&state, &session, &selection, "replay").await,
     }
 }
@@ -309,14 +302,14 @@ async fn freeze(
     body["action"] = json!(action);
     let answer = actions::call(state, session, Method::POST, OPERATIONS, Some(body)).await;
     if let Some(failure) = answer.failure(&Method::POST, OPERATIONS) {
-        return render_groups(state, session, Some(failure), None).await;
+        return render_groups(state, session, Some(failure)).await;
     }
     let Some(id) = answer.body["id"]
         .as_str()
         .and_then(|id| Uuid::parse_str(id).ok())
     else {
         let (flash, _) = unreadable("The dry run", &answer.body);
-        return render_groups(state, session, Some(flash), None).await;
+        return render_groups(state, session, Some(flash)).await;
     };
     let count = |field: &str| answer.body[field].as_u64().unwrap_or(0);
     let flash = Flash::Done(format!(
@@ -330,57 +323,6 @@ async fn freeze(
         remaining_note(count("not_included"))
     ));
     operations::render(state, session, id, Some(flash), &[]).await
-}
-
-async fn replay_now(state: &AppState, session: &Session, selection: &Selection) -> Response {
-    let answer = actions::call(
-        state,
-        session,
-        Method::POST,
-        REPLAY,
-        Some(selection.target()),
-    )
-    .await;
-    if let Some(failure) = answer.failure(&Method::POST, REPLAY) {
-        return render_groups(state, session, Some(failure), None).await;
-    }
-    if answer.status == StatusCode::ACCEPTED {
-        if let Some(id) = answer.body["id"]
-            .as_str()
-            .and_then(|id| Uuid::parse_str(id).ok())
-        {
-            let flash = Flash::Warn(format!(
-                "Four-eyes: the replay of {} is an operation waiting for a second ADMIN's \
-                 approval. Nothing was sent.",
-                selection.describe()
-            ));
-            return operations::render(state, session, id, Some(flash), &[]).await;
-        }
-    }
-    let (flash, outcome) = replay_outcome(selection, &answer.body);
-    render_groups(state, session, Some(flash), Some(outcome)).await
-}
-
-/// The replay's answer (`ExecutionReport`), as far as the page shows it.
-#[derive(Debug, Deserialize)]
-struct ReplayView {
-    replayed: u64,
-    already_applied: u64,
-    needs_human: u64,
-    skipped: u64,
-    #[serde(default)]
-    remaining: u64,
-    results: Vec<ResultView>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ResultView {
-    id: u64,
-    function_name: String,
-    verdict: Option<String>,
-    result: String,
-    detail: String,
-    replay_message_id: Option<String>,
 }
 
 /// An answer the page cannot read: shown as it came (its shape belongs to the API).
@@ -399,43 +341,6 @@ fn remaining_note(remaining: u64) -> String {
     } else {
         format!("; {remaining} more letter(s) of the selection were left for another call")
     }
-}
-
-fn replay_outcome(selection: &Selection, body: &Value) -> (Flash, Markup) {
-    let Ok(report) = serde_json::from_value::<ReplayView>(body.clone()) else {
-        return unreadable("The replay", body);
-    };
-    let flash = Flash::Done(format!(
-        "Replay of {}: replayed: {}, already_applied: {}, needs_human: {}, skipped: {}{}.",
-        selection.describe(),
-        report.replayed,
-        report.already_applied,
-        report.needs_human,
-        report.skipped,
-        remaining_note(report.remaining)
-    ));
-    let outcome = html! {
-        section #outcome data-kind="replay" {
-            h2 { "Replay: what happened to each letter" }
-            p.hint { "Each verdict was taken again under the letter's lock; only safe letters were re-sent (through the outbox, as a new message)." }
-            table #letter-results {
-                thead { tr { th.n { "Letter" } th { "Function" } th { "Verdict" } th { "Result" } th { "Why" } th { "Re-sent as" } } }
-                tbody {
-                    @for result in &report.results {
-                        tr.result data-letter-id=(result.id) data-verdict=(result.verdict.as_deref().unwrap_or("")) data-result=(result.result) {
-                            td.n { (result.id) }
-                            td { (result.function_name) }
-                            td { (result.verdict.as_deref().unwrap_or("—")) }
-                            td { span class=(format!("badge {}", result.result)) { (result.result) } }
-                            td { (result.detail) }
-                            td { code { (result.replay_message_id.as_deref().unwrap_or("—")) } }
-                        }
-                    }
-                }
-            }
-        }
-    };
-    (flash, outcome)
 }
 
 /// `POST /console/dead-letters/archive`: the selection frozen into an archive operation.

@@ -31,6 +31,14 @@ fn operation_id(path: Result<Path<String>, PathRejection>) -> Option<Uuid> {
     path.ok().and_then(|Path(id)| Uuid::parse_str(&id).ok())
 }
 
+/// The page for a path that names no operation.
+fn not_an_operation() -> Response {
+    layout::error_page(
+        StatusCode::BAD_REQUEST,
+        "An operation is named by its UUID.",
+    )
+}
+
 /// `GET /console/operations/{id}`.
 pub(crate) async fn page(
     State(state): State<AppState>,
@@ -38,10 +46,7 @@ pub(crate) async fn page(
     id: Result<Path<String>, PathRejection>,
 ) -> Response {
     let Some(id) = operation_id(id) else {
-        return layout::error_page(
-            StatusCode::BAD_REQUEST,
-            "An operation is named by its UUID.",
-        );
+        return not_an_operation();
     };
     render(&state, &session, id, None, &[]).await
 }
@@ -166,10 +171,7 @@ pub(crate) async fn approve(
     form: FormFields,
 ) -> Response {
     let Some(id) = operation_id(id) else {
-        return layout::error_page(
-            StatusCode::BAD_REQUEST,
-            "An operation is named by its UUID.",
-        );
+        return not_an_operation();
     };
     let path = format!("/v1/admin/dead-letters/operations/{id}/approve");
     let hash = form.get("hash").unwrap_or_default();
@@ -197,10 +199,7 @@ pub(crate) async fn execute(
     id: Result<Path<String>, PathRejection>,
 ) -> Response {
     let Some(id) = operation_id(id) else {
-        return layout::error_page(
-            StatusCode::BAD_REQUEST,
-            "An operation is named by its UUID.",
-        );
+        return not_an_operation();
     };
     let path = format!("/v1/admin/dead-letters/operations/{id}/execute");
     let answer = actions::call(&state, &session, Method::POST, &path, Some(json!({}))).await;
