@@ -6,12 +6,13 @@
 //! `GET /v1/admin/trace/{kind}/{id}` (OPS), `paybus trace <kind> <id>` and the console's trace
 //! page, for `withdrawal`, `deposit`, `deposit-order` and `bonus-job`.
 //!
-//! What it cannot show: deliveries that changed nothing (a duplicate skipped, a retry
-//! requeued) leave no row — recording each delivery in the database would cost every message a
-//! write. They are each delivery's log line (message id, correlation id, outcome) and the
-//! `paybus_messages_total{function,outcome}` counters.
+//! Deliveries its function skipped (duplicates, messages about a row already past them) are
+//! in it too (`paybus_platform::bus::skips`, kept a day). What it cannot show: deliveries
+//! requeued or retried before one was applied — each delivery's log line and the
+//! `paybus_messages_total{function,outcome}` counters have those.
 
 use chrono::{DateTime, Utc};
+use paybus_platform::bus::skips;
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::MySqlConnection;
@@ -120,6 +121,18 @@ pub async fn trace(
         }
         Traced::DepositOrder => matches(conn, id, &mut events).await?,
         Traced::BonusJob => {}
+    }
+    let (function, _) = kind.message();
+    for skip in skips::of_entity(conn, function, &id.to_string(), 200).await? {
+        events.push(Event {
+            at: skip.skipped_at,
+            source: "skipped_delivery",
+            what: format!(
+                "{function} skipped message {}: {}",
+                skip.message_id, skip.reason
+            ),
+            detail: json!({ "correlation_id": skip.correlation_id }),
+        });
     }
     let letters = dead_letters(conn, kind, id, &mut events).await?;
     ops_log(conn, kind, id, &letters, &mut events).await?;

@@ -870,18 +870,30 @@ async fn an_archive_needs_a_second_person_only_when_a_letter_has_money_at_stake(
 #[tokio::test]
 async fn the_trace_of_a_withdrawal_confirmed_through_duplicates_shows_one_transition_one_debit_and_its_dead_letter()
  {
-    let (_env, services, partner) = setup().await;
+    let (env, services, partner) = setup().await;
     let pool = &services.pool;
     let id = in_flight(pool, partner, "250").await;
+    let mut runner = Runner::new(Services::connect(env.settings.clone()).await.unwrap());
+    runner.add_function(ConfirmWithdrawal);
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(runner.run(shutdown.clone()));
+    // The chain monitor's confirmation and two re-sends of it, through the broker.
     for _ in 0..3 {
-        paybus_confirm_withdrawal::confirm(
-            &services.outbox,
-            &confirmation(id),
-            uuid::Uuid::now_v7(),
-        )
-        .await
-        .unwrap();
+        let mut uow = services.outbox.begin().await.unwrap();
+        uow.send(&Envelope::new(confirmation(id))).await.unwrap();
+        uow.commit().await.unwrap();
     }
+    let skipped = eventually(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM skipped_deliveries")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 2
+    })
+    .await;
+    shutdown.cancel();
+    consumer.await.unwrap().unwrap();
+    assert!(skipped, "two duplicates skipped and recorded");
     // A confirmation naming another tx for it: a dead letter about the same withdrawal.
     let letter = dead_letter(
         pool,
@@ -934,6 +946,14 @@ async fn the_trace_of_a_withdrawal_confirmed_through_duplicates_shows_one_transi
         [format!(
             "dead_letter.archive on dead_letter:{letter} by alice"
         )]
+    );
+    let skips = of("skipped_delivery");
+    assert_eq!(skips.len(), 2, "{trace:#?}");
+    assert!(
+        skips
+            .iter()
+            .all(|s| s.contains("confirm-withdrawal skipped")),
+        "{skips:?}"
     );
     let times: Vec<_> = trace.events.iter().map(|e| e.at).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first");

@@ -60,7 +60,7 @@ pub(crate) async fn page(
                 " " input type="text" name="id" placeholder="id" aria-label="id" value=(id.clone().unwrap_or_default());
                 " " button type="submit" { "Trace" }
             }
-            p.hint { "Everything the database holds about one money movement, oldest first. Deliveries that changed nothing (a skipped duplicate) leave no row: they are in the delivery log lines and paybus_messages_total." }
+            p.hint { "Everything the database holds about one money movement, oldest first. Skipped deliveries (duplicates) are kept a day; requeued ones are in the delivery log lines and paybus_messages_total." }
             @if let Some((kind, id, found)) = &asked {
                 @match found {
                     None => { p.flash.warn role="status" { "No " (kind) " " (id) "." } },

@@ -18,6 +18,7 @@ mod published_marks;
 pub mod publisher;
 pub mod runner;
 pub mod services;
+pub mod skips;
 pub mod sweeper;
 pub mod topology;
 

@@ -9,9 +9,10 @@ use tracing::Instrument;
 
 use super::{
     delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery, Processor},
-    envelope::{Envelope, EnvelopeHead, Message},
+    envelope::{self, Envelope, EnvelopeHead, Message},
     metrics,
     outbox::{Outbox, OutboxError},
+    skips,
     topology::{DELIVERY_LIMIT, FunctionQueue},
 };
 use crate::db;
@@ -224,6 +225,9 @@ pub async fn process<H: Handler>(
     let ctx = Context { outbox, attempt };
     let result = handler.handle(envelope, &ctx).instrument(span).await;
     let (disposition, label, detail) = classify(result, attempt, delivery);
+    if let Some(skip) = skipped(delivery, &head, label, detail.as_deref()) {
+        skips::record(outbox.pool(), H::FUNCTION, &[skip]).await;
+    }
     finish::<H>(
         delivery,
         Some(&head),
@@ -289,9 +293,11 @@ pub async fn process_batch<H: Handler>(
                 .map(|_| Err(HandlerError::rejected(error.clone())))
                 .collect();
         }
+        let mut skipped_here = Vec::new();
         for ((index, head, attempt), result) in heads.into_iter().zip(results) {
             let delivery = &deliveries[index];
             let (disposition, label, detail) = classify(result, attempt, delivery);
+            skipped_here.extend(skipped(delivery, &head, label, detail.as_deref()));
             dispositions[index] = Some(finish::<H>(
                 delivery,
                 Some(&head),
@@ -302,6 +308,7 @@ pub async fn process_batch<H: Handler>(
                 detail,
             ));
         }
+        skips::record(outbox.pool(), H::FUNCTION, &skipped_here).await;
     }
     dispositions
         .into_iter()
@@ -335,6 +342,22 @@ fn finish_undecodable<H: Handler>(
         outcome,
         Some(detail),
     )
+}
+
+/// The record of a delivery the handler skipped (`label` "skipped"), for the trace.
+fn skipped(
+    delivery: &IncomingDelivery,
+    head: &EnvelopeHead,
+    label: &str,
+    reason: Option<&str>,
+) -> Option<skips::Skip> {
+    (label == "skipped").then(|| skips::Skip {
+        message_id: head.id,
+        correlation_id: head.correlation_id,
+        routing_key: head.kind.clone(),
+        shard_key: envelope::shard_key_of(&delivery.body),
+        reason: reason.unwrap_or_default().to_owned(),
+    })
 }
 
 /// What the transport does with a handler's result: the disposition, its metric label and the

@@ -370,6 +370,16 @@ impl Relay {
     }
 
     /// Deletes published rows older than the retention, in short batches.
+    /// Deletes the records of skipped deliveries older than the retention (`super::skips`).
+    pub async fn prune_skips(&self) -> Result<u64, sqlx::Error> {
+        super::skips::prune(
+            &self.outbox.pool,
+            self.config.retention,
+            self.config.prune_batch,
+        )
+        .await
+    }
+
     pub async fn prune(&self) -> Result<u64, sqlx::Error> {
         let mut total = 0;
         loop {

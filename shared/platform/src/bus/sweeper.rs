@@ -115,6 +115,8 @@ impl Job for OutboxRelayJob {
                 }
             }
             changed += self.relay.prune().await?;
+            // The records of skipped deliveries live as long as the published outbox rows.
+            changed += self.relay.prune_skips().await?;
             Ok(JobReport { changed })
         })
     }
