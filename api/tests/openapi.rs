@@ -195,3 +195,48 @@ async fn every_documented_operation_is_served_and_the_document_is_public() {
         );
     }
 }
+
+/// The role walk: every admin operation of the document refuses a request without a token
+/// (401) and a change by OPS (403), and lets OPS read.
+#[tokio::test]
+async fn every_admin_operation_needs_a_token_and_every_change_needs_the_admin_role() {
+    let api = Api::new().await;
+    let document = serde_json::to_value(paybus_api::openapi::document()).expect("serialise");
+    let ops = support::token(&[paybus_api::auth::Role::Ops]);
+    let admin_operations: Vec<Operation> = documented(&document)
+        .into_iter()
+        .filter(|(_, path)| path.starts_with("/v1/admin"))
+        .collect();
+    assert!(admin_operations.len() >= 40, "{admin_operations:?}");
+    for (method, path) in admin_operations {
+        let request = |token: Option<&str>| {
+            let mut builder = Request::builder()
+                .method(Method::from_bytes(method.as_bytes()).expect("method"))
+                .uri(concrete(&path))
+                .header("content-type", "application/json");
+            if let Some(token) = token {
+                builder = builder.header("authorization", format!("Bearer {token}"));
+            }
+            builder.body(Body::from("{}")).expect("request")
+        };
+        let (status, body) = api.call(request(None)).await;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path} without a token: {body}"
+        );
+        let (status, body) = api.call(request(Some(&ops))).await;
+        if method == "GET" {
+            assert!(
+                status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN,
+                "OPS reads {path}: {status} {body}"
+            );
+        } else {
+            assert_eq!(
+                status,
+                StatusCode::FORBIDDEN,
+                "{method} {path} by OPS: {body}"
+            );
+        }
+    }
+}
