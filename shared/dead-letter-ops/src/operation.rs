@@ -246,6 +246,7 @@ pub async fn request(
     };
     let selection_text = serde_json::to_string(selection)
         .map_err(|e| DeadLetterError::Invalid(format!("the selection: {e}")))?;
+    let hash = content_hash(id, action, &frozen);
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     sqlx::query(
         "INSERT INTO dead_letter_operations \
@@ -258,7 +259,7 @@ pub async fn request(
     .bind(selection_text.chars().take(1000).collect::<String>())
     .bind(u32::try_from(frozen.len()).unwrap_or(u32::MAX))
     .bind(u32::try_from(with_money_at_stake).unwrap_or(u32::MAX))
-    .bind(content_hash(id, action, &frozen))
+    .bind(&hash)
     .bind(<&str>::from(status))
     .bind(approval_required)
     .bind(actor.chars().take(100).collect::<String>())
@@ -293,7 +294,7 @@ pub async fn request(
                 "letters": frozen.len(),
                 "letters_with_money": with_money_at_stake,
                 "approval_required": approval_required,
-                "content_hash": content_hash(id, action, &frozen),
+                "content_hash": hash,
                 "selection": selection,
             }),
         },

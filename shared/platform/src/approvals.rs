@@ -392,9 +392,6 @@ pub async fn approve(
         },
     )
     .await?;
-    let approved = find(&mut tx, id, "")
-        .await?
-        .ok_or(ApprovalError::NotFound(id))?;
     tx.commit().await?;
     tracing::warn!(approval = %id, actor, "four-eyes: action approved");
     Ok(approved)
