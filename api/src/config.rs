@@ -97,6 +97,8 @@ pub struct ApiConfig {
     /// Which ops actions need a second ADMIN, and how long a request lasts
     /// (`PAYBUS_FOUR_EYES`, `PAYBUS_OPERATION_TTL_SECONDS`).
     pub four_eyes: paybus_platform::approvals::FourEyes,
+    /// The partner API's settings (`PAYBUS_PARTNER_*`).
+    pub partner_api: crate::partner::PartnerApiConfig,
 }
 
 impl Default for ApiConfig {
@@ -111,6 +113,7 @@ impl Default for ApiConfig {
             matching: MatchingConfig::default(),
             limits: Limits::default(),
             four_eyes: paybus_platform::approvals::FourEyes::default(),
+            partner_api: crate::partner::PartnerApiConfig::default(),
         }
     }
 }
@@ -146,6 +149,7 @@ impl ApiConfig {
                 )?,
             },
             four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
+            partner_api: crate::partner::PartnerApiConfig::read(env)?,
         })
     }
 }

@@ -28,6 +28,14 @@ pub enum ApiError {
     /// token.
     #[error("{0}")]
     BadToken(&'static str),
+    /// 401 with `WWW-Authenticate: Bearer realm="paybus-partner"`: a missing, malformed,
+    /// unknown, revoked or expired partner API key.
+    #[error("{0}")]
+    BadPartnerKey(&'static str),
+    /// 422: the request is well-formed but cannot be honoured as sent (an `Idempotency-Key`
+    /// reused with another request).
+    #[error("{0}")]
+    Unprocessable(String),
     /// 403: a valid token without the role this request needs.
     #[error("this request needs the {0} role")]
     Forbidden(crate::auth::Role),
@@ -72,7 +80,10 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::BadSignature(_) | ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
+            ApiError::BadSignature(_) | ApiError::BadToken(_) | ApiError::BadPartnerKey(_) => {
+                StatusCode::UNAUTHORIZED
+            }
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Forbidden(_) | ApiError::NotYours(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -126,6 +137,12 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"paybus-admin\""),
+            );
+        }
+        if matches!(self, ApiError::BadPartnerKey(_)) {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"paybus-partner\""),
             );
         }
         response

@@ -7,7 +7,8 @@
 //! | [`confirmations`] | W2: chain-monitor intake (`/v1/chain-monitor/*`, HMAC-signed, into the outbox, 202) and admin withdrawals / deposits | `paybus_confirmations` |
 //! | `partners` | admin partners | `paybus_partners` |
 //! | [`bonuses`] | W3: payment completions from every gateway (`/v1/payments/*`, HMAC-signed) and admin members, charges, charge events and bonus jobs | `paybus_bonuses` |
-//! | `p2p` | W1: create and read P2P deposit orders (matched inline or queued, by the switch) and withdraw orders | `paybus_p2p` |
+//! | [`partner`] | the partner API (`/v1/partner/*`, the partner's own API key): W1's orders (matched inline or queued, by the switch), its withdrawals, deposits and notifications; ADMIN's partner API keys | `paybus_p2p`, `paybus_confirmations`, `paybus_partners` |
+//! | `p2p` | W1 admin: read P2P deposit orders and withdraw orders, recheck one in doubt | `paybus_p2p` |
 //! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
 //! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
 //! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letter_ops` over the catalog's triage |
@@ -40,6 +41,7 @@ pub mod openapi;
 mod ops_log;
 mod overview;
 mod p2p;
+pub mod partner;
 mod partners;
 pub mod process;
 mod responses;
@@ -112,6 +114,10 @@ pub struct AppState {
     pub four_eyes: paybus_platform::approvals::FourEyes,
     /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
     pub shards: paybus_platform::bus::topology::Shards,
+    /// The partner API's key hashing key and default rate limit.
+    pub partner_api: partner::PartnerApiConfig,
+    /// Every partner's request bucket (per process).
+    pub partner_rate_limits: partner::rate_limit::RateLimits,
 }
 
 impl AppState {
@@ -139,6 +145,8 @@ impl AppState {
             functions: &[],
             four_eyes: config.four_eyes.clone(),
             shards: services.settings.broker.shards.clone(),
+            partner_api: config.partner_api.clone(),
+            partner_rate_limits: partner::rate_limit::RateLimits::default(),
         })
     }
 
@@ -169,6 +177,7 @@ pub fn router(state: AppState) -> Router {
         .merge(confirmations::intake_routes())
         .merge(bonuses::payment_routes())
         .merge(admin_routes(&state))
+        .merge(partner::routes(&state))
         .merge(console::routes())
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -182,6 +191,7 @@ pub fn router(state: AppState) -> Router {
 pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .merge(partners::admin_routes())
+        .merge(partner::keys::admin_routes())
         .merge(confirmations::admin_routes())
         .merge(bonuses::admin_routes())
         .merge(p2p::admin_routes())
@@ -230,6 +240,9 @@ pub fn warn_about_closed_routes(state: &AppState) {
     }
     if state.admin_jwt_secret.is_none() {
         tracing::warn!("PAYBUS_ADMIN_JWT_SECRET is not set: the admin API answers 503");
+    }
+    if state.partner_api.key_hash_key.is_none() {
+        tracing::warn!("PAYBUS_PARTNER_KEY_HASH_KEY is not set: the partner API answers 503");
     }
 }
 

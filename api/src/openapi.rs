@@ -28,6 +28,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::confirmations::Doc::openapi(),
         crate::bonuses::Doc::openapi(),
         crate::partners::Doc::openapi(),
+        crate::partner::Doc::openapi(),
+        crate::partner::keys::Doc::openapi(),
         crate::audit::Doc::openapi(),
         crate::markets::Doc::openapi(),
         crate::p2p::Doc::openapi(),
@@ -55,7 +57,8 @@ pub(crate) fn routes() -> Router<AppState> {
     info(
         title = "paybus",
         description = "The paybus HTTP API: signed intake from the chain monitor and the payment \
-            service, and the admin API (role tokens: OPS reads, ADMIN changes). Every error \
+            service, the partner API (each partner's own API key), and the admin API (role \
+            tokens: OPS reads, ADMIN changes). Every error \
             answer is JSON `{\"error\": \"...\"}`; amounts are decimal strings.",
         license(name = "MIT", identifier = "MIT")
     ),
@@ -66,7 +69,8 @@ pub(crate) fn routes() -> Router<AppState> {
         (name = "intake", description = "confirmations (W2): chain-monitor confirmations (HMAC-signed)"),
         (name = "payments", description = "bonuses (W3): payment completions from every gateway (HMAC-signed)"),
         (name = "confirmations", description = "confirmations (W2) admin: withdrawals and deposits"),
-        (name = "partners", description = "Admin: partners"),
+        (name = "partners", description = "Admin: partners and their API keys"),
+        (name = "partner", description = "The partner API: a partner's own orders, withdrawals, deposits, notifications and webhook (its API key; another partner's row is 404)"),
         (name = "bonuses", description = "bonuses (W3) admin: members, charges, charge events, bonus jobs"),
         (name = "p2p", description = "p2p (W1): P2P deposit orders (buyers) and withdraw orders (sellers' liquidity)"),
         (name = "markets", description = "markets (W4) admin: markets, orders, suspensions"),
@@ -90,7 +94,7 @@ async fn serve() -> Json<utoipa::openapi::OpenApi> {
     Json(document())
 }
 
-/// The two ways a caller proves who it is.
+/// The ways a caller proves who it is.
 struct SecuritySchemes;
 
 impl Modify for SecuritySchemes {
@@ -105,6 +109,19 @@ impl Modify for SecuritySchemes {
                     .description(Some(
                         "A role token from `paybus token issue` (HS256, signed with \
                          PAYBUS_ADMIN_JWT_SECRET): GET needs OPS or ADMIN, anything else ADMIN",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "partner_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("pbk_<key id>_<secret>")
+                    .description(Some(
+                        "A partner API key, created by an ADMIN \
+                         (`POST /v1/admin/partners/{id}/api-keys`, shown once)",
                     ))
                     .build(),
             ),

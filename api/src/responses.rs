@@ -90,6 +90,42 @@ impl IntoResponses for AdminErrors {
     }
 }
 
+/// What any partner route may answer besides its success.
+pub(crate) struct PartnerErrors;
+
+impl IntoResponses for PartnerErrors {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        error_responses(&[
+            (
+                400,
+                "Malformed JSON, a missing, unknown or ill-typed field, a bad path value or \
+                 Idempotency-Key",
+            ),
+            (
+                401,
+                "Missing, malformed, unknown, revoked or expired API key",
+            ),
+            (404, "No such row of this partner's"),
+            (408, "The body did not arrive in time"),
+            (
+                409,
+                "Conflicts with the row's current state, or a request with this Idempotency-Key \
+                 is still running (Retry-After)",
+            ),
+            (413, "Body larger than 64 KiB"),
+            (422, "The Idempotency-Key was used with another request"),
+            (
+                429,
+                "Past the partner's rate limit (Retry-After, RateLimit headers)",
+            ),
+            (
+                503,
+                "The database is unavailable, or PAYBUS_PARTNER_KEY_HASH_KEY is unset",
+            ),
+        ])
+    }
+}
+
 /// What a signed route (chain monitor, payment service) may answer besides its success.
 pub(crate) struct SignedErrors;
 

@@ -151,6 +151,7 @@ fn the_shipped_document_is_what_the_code_generates() {
 /// A path with its parameters filled in with values of the right shape.
 pub fn concrete(path: &str) -> String {
     path.replace("{id}", "1")
+        .replace("{key_id}", "1")
         .replace("{symbol}", "BTC-USDT")
         .replace("{gateway}", "pg")
 }

@@ -1,5 +1,6 @@
-//! W1's routes through the router: the async-matching switch (off, on, unset), idempotent
-//! creation, reading orders back, and clear 4xx answers for client mistakes.
+//! W1's routes through the router: partners create their orders with their API key (the
+//! async-matching switch off, on, unset), idempotent creation, reading orders back (the
+//! partner its own, support any), and clear 4xx answers for client mistakes.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;
@@ -19,8 +20,10 @@ use serde_json::{Value, json};
 use support::*;
 use tokio_util::sync::CancellationToken;
 
-const DEPOSIT_ORDERS: &str = "/v1/admin/p2p/deposit-orders";
-const WITHDRAW_ORDERS: &str = "/v1/admin/p2p/withdraw-orders";
+const DEPOSIT_ORDERS: &str = "/v1/partner/p2p/deposit-orders";
+const WITHDRAW_ORDERS: &str = "/v1/partner/p2p/withdraw-orders";
+const ADMIN_DEPOSIT_ORDERS: &str = "/v1/admin/p2p/deposit-orders";
+const ADMIN_WITHDRAW_ORDERS: &str = "/v1/admin/p2p/withdraw-orders";
 
 /// The API with its quote service pointed at `stub`, then `configure` applied.
 async fn api(stub: &QuoteStub, configure: impl FnOnce(&mut ApiConfig)) -> Api {
@@ -32,33 +35,29 @@ async fn api(stub: &QuoteStub, configure: impl FnOnce(&mut ApiConfig)) -> Api {
     .await
 }
 
-async fn created(api: &Api, path: &str, body: Value) -> Value {
-    let (status, answer) = api.call(admin_post(path, &body)).await;
+/// A partner's POST with its key, which must answer 201.
+async fn created(api: &Api, key: &str, path: &str, body: Value) -> Value {
+    let (status, answer) = api.call(partner_post(path, key, &body)).await;
     assert_eq!(status, StatusCode::CREATED, "{path} {body}: {answer}");
     answer
 }
 
-/// A partner, and a seller of 100 USDT.
-async fn market(api: &Api) -> u64 {
-    let partner = created(
-        api,
-        "/v1/admin/partners",
-        json!({"name": "Partner 7", "webhook_secret": "partner-7-signing-secret"}),
-    )
-    .await["id"]
-        .as_u64()
-        .unwrap();
+/// A partner with its API key, and a seller of 100 USDT (the same partner's liquidity).
+async fn market(api: &Api) -> (u64, String) {
+    let partner = api.partner("Partner 7").await;
+    let key = api.partner_key(partner).await;
     created(
         api,
+        &key,
         WITHDRAW_ORDERS,
-        json!({"partner_id": partner, "currency": "USDT", "amount": "100"}),
+        json!({"currency": "USDT", "amount": "100"}),
     )
     .await;
-    partner
+    (partner, key)
 }
 
-fn order(partner_id: u64, amount: &str) -> Value {
-    json!({"partner_id": partner_id, "currency": "USDT", "amount": amount})
+fn order(amount: &str) -> Value {
+    json!({"currency": "USDT", "amount": amount})
 }
 
 #[tokio::test]
@@ -66,9 +65,9 @@ async fn switch_off_matches_inside_the_request_and_publishes_nothing() {
     let stub = QuoteStub::start().await;
     let api = api(&stub, |config| config.async_matching_enabled = false).await;
     let tap = tap(&api.services, "tap.p2p.off", "p2p.deposit_order.created").await;
-    let partner = market(&api).await;
+    let (_, key) = market(&api).await;
 
-    let answer = created(&api, DEPOSIT_ORDERS, order(partner, "40")).await;
+    let answer = created(&api, &key, DEPOSIT_ORDERS, order("40")).await;
 
     assert_eq!(answer["status"], "MATCHED", "{answer}");
     assert_eq!(answer["close_reason"], "FILLED");
@@ -92,9 +91,9 @@ async fn an_unset_switch_is_off() {
         config.matching = from_env.matching;
     })
     .await;
-    let partner = market(&api).await;
+    let (_, key) = market(&api).await;
 
-    let answer = created(&api, DEPOSIT_ORDERS, order(partner, "10")).await;
+    let answer = created(&api, &key, DEPOSIT_ORDERS, order("10")).await;
 
     assert_eq!(answer["status"], "MATCHED", "{answer}");
 }
@@ -109,9 +108,9 @@ async fn switch_on_answers_pending_and_match_deposit_matches_it() {
         .await
         .unwrap();
     let tap = tap(&api.services, "tap.p2p.on", "p2p.deposit_order.created").await;
-    let partner = market(&api).await;
+    let (_, key) = market(&api).await;
 
-    let answer = created(&api, DEPOSIT_ORDERS, order(partner, "40")).await;
+    let answer = created(&api, &key, DEPOSIT_ORDERS, order("40")).await;
 
     assert_eq!(answer["status"], "PENDING", "{answer}");
     assert_eq!(answer["match_attempt_count"], 0);
@@ -125,7 +124,9 @@ async fn switch_on_answers_pending_and_match_deposit_matches_it() {
     let stop = CancellationToken::new();
     let running = tokio::spawn(runner.run(stop.clone()));
     let matched = eventually(Duration::from_secs(30), || async {
-        let (_, order) = api.call(admin_get(&format!("{DEPOSIT_ORDERS}/{id}"))).await;
+        let (_, order) = api
+            .call(partner_get(&format!("{DEPOSIT_ORDERS}/{id}"), &key))
+            .await;
         order["status"] == "MATCHED"
     })
     .await;
@@ -139,12 +140,11 @@ async fn switch_on_answers_pending_and_match_deposit_matches_it() {
 async fn a_repeated_partner_reference_returns_the_first_order() {
     let stub = QuoteStub::start().await;
     let api = api(&stub, |config| config.async_matching_enabled = true).await;
-    let partner = market(&api).await;
-    let body = json!({"partner_id": partner, "currency": "USDT", "amount": "5",
-                      "partner_order_ref": "buy-2026-0001"});
+    let (_, key) = market(&api).await;
+    let body = json!({"currency": "USDT", "amount": "5", "partner_order_ref": "buy-2026-0001"});
 
-    let first = created(&api, DEPOSIT_ORDERS, body.clone()).await;
-    let (status, again) = api.call(admin_post(DEPOSIT_ORDERS, &body)).await;
+    let first = created(&api, &key, DEPOSIT_ORDERS, body.clone()).await;
+    let (status, again) = api.call(partner_post(DEPOSIT_ORDERS, &key, &body)).await;
 
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["id"], first["id"]);
@@ -160,30 +160,47 @@ async fn a_repeated_partner_reference_returns_the_first_order() {
 async fn orders_read_back_with_their_amounts_exactly() {
     let stub = QuoteStub::start().await;
     let api = api(&stub, |_| {}).await;
-    let partner = market(&api).await;
+    let (_, key) = market(&api).await;
     let seller = created(
         &api,
+        &key,
         WITHDRAW_ORDERS,
-        json!({"partner_id": partner, "currency": "usdt", "amount": "0.000000000000000001"}),
+        json!({"currency": "usdt", "amount": "0.000000000000000001"}),
     )
     .await["id"]
         .as_u64()
         .unwrap();
 
-    let (status, answer) = api
-        .call(admin_get(&format!("{WITHDRAW_ORDERS}/{seller}")))
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(answer["currency"], "USDT");
-    assert_eq!(answer["amount"], "0.000000000000000001");
-    assert_eq!(answer["reserved_amount"], "0");
-    assert_eq!(answer["status"], "OPEN");
+    for (path, request) in [
+        (
+            "partner",
+            partner_get(&format!("{WITHDRAW_ORDERS}/{seller}"), &key),
+        ),
+        (
+            "admin",
+            admin_get(&format!("{ADMIN_WITHDRAW_ORDERS}/{seller}")),
+        ),
+    ] {
+        let (status, answer) = api.call(request).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {answer}");
+        assert_eq!(answer["currency"], "USDT");
+        assert_eq!(answer["amount"], "0.000000000000000001");
+        assert_eq!(answer["reserved_amount"], "0");
+        assert_eq!(answer["status"], "OPEN");
+    }
 
+    for path in [
+        format!("{ADMIN_WITHDRAW_ORDERS}/999999"),
+        format!("{ADMIN_DEPOSIT_ORDERS}/999999"),
+    ] {
+        let (status, answer) = api.call(admin_get(&path)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {answer}");
+    }
     for path in [
         format!("{WITHDRAW_ORDERS}/999999"),
         format!("{DEPOSIT_ORDERS}/999999"),
     ] {
-        let (status, answer) = api.call(admin_get(&path)).await;
+        let (status, answer) = api.call(partner_get(&path, &key)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {answer}");
     }
 }
@@ -192,51 +209,46 @@ async fn orders_read_back_with_their_amounts_exactly() {
 async fn client_mistakes_are_4xx_naming_the_problem_and_create_nothing() {
     let stub = QuoteStub::start().await;
     let api = api(&stub, |_| {}).await;
-    let partner = market(&api).await;
+    let (_, key) = market(&api).await;
 
     for (body, status, expected) in [
         (
-            order(partner, "0"),
+            order("0"),
             StatusCode::BAD_REQUEST,
             "amount must be greater than 0",
         ),
-        (order(partner, "-1"), StatusCode::BAD_REQUEST, "negative"),
+        (order("-1"), StatusCode::BAD_REQUEST, "negative"),
         (
-            json!({"partner_id": partner, "currency": "USDT", "amount": 5}),
+            json!({"currency": "USDT", "amount": 5}),
             StatusCode::BAD_REQUEST,
             "as a string",
         ),
         (
-            json!({"partner_id": partner, "currency": "US DT", "amount": "5"}),
+            json!({"currency": "US DT", "amount": "5"}),
             StatusCode::BAD_REQUEST,
             "currency",
         ),
         (
-            json!({"partner_id": partner, "currency": "USDT", "amount": "5", "price": "1"}),
+            json!({"currency": "USDT", "amount": "5", "price": "1"}),
             StatusCode::BAD_REQUEST,
             "unknown field `price`",
         ),
         (
-            json!({"partner_id": partner, "currency": "USDT", "amount": "5",
-                   "partner_order_ref": "has spaces"}),
+            json!({"currency": "USDT", "amount": "5", "partner_order_ref": "has spaces"}),
             StatusCode::BAD_REQUEST,
             "partner_order_ref",
         ),
-        (order(0, "5"), StatusCode::BAD_REQUEST, "partner_id"),
+        // The partner is the key's: naming one in the body is a mistake, not a way in.
         (
-            order(424_242, "5"),
-            StatusCode::NOT_FOUND,
-            "partner 424242 not found",
+            json!({"partner_id": 1, "currency": "USDT", "amount": "5"}),
+            StatusCode::BAD_REQUEST,
+            "unknown field `partner_id`",
         ),
     ] {
-        let (got, answer) = api.call(admin_post(DEPOSIT_ORDERS, &body)).await;
+        let (got, answer) = api.call(partner_post(DEPOSIT_ORDERS, &key, &body)).await;
         assert_eq!(got, status, "{body}: {answer}");
         assert!(error_of(&answer).contains(expected), "{body}: {answer}");
     }
-    let (got, answer) = api
-        .call(admin_post(WITHDRAW_ORDERS, &order(424_242, "5")))
-        .await;
-    assert_eq!(got, StatusCode::NOT_FOUND, "{answer}");
     assert_eq!(
         api.scalar("SELECT COUNT(*) FROM p2p_deposit_orders").await,
         0
@@ -245,33 +257,23 @@ async fn client_mistakes_are_4xx_naming_the_problem_and_create_nothing() {
 }
 
 #[tokio::test]
-async fn creating_needs_the_admin_role_and_reading_the_ops_role() {
+async fn creating_needs_a_partner_key_and_support_reads_with_the_ops_role() {
     let stub = QuoteStub::start().await;
     let api = api(&stub, |_| {}).await;
-    let partner = market(&api).await;
-    let ops = token(&[Role::Ops]);
-    let request = |method: &str, path: &str, body: String| {
-        axum::http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header(axum::http::header::AUTHORIZATION, format!("Bearer {ops}"))
-            .body(axum::body::Body::from(body))
-            .unwrap()
-    };
+    market(&api).await;
 
+    // An admin token is not a partner key (and there is no admin create any more).
+    let (status, answer) = api.call(admin_post(DEPOSIT_ORDERS, &order("5"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
     let (status, _) = api
-        .call(request(
-            "POST",
-            DEPOSIT_ORDERS,
-            order(partner, "5").to_string(),
-        ))
+        .call(admin_post(ADMIN_DEPOSIT_ORDERS, &order("5")))
         .await;
-    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = api
-        .call(request(
+        .call(with_roles(
             "GET",
-            &format!("{WITHDRAW_ORDERS}/1"),
-            String::new(),
+            &format!("{ADMIN_WITHDRAW_ORDERS}/1"),
+            &[Role::Ops],
         ))
         .await;
     assert_eq!(status, StatusCode::OK);
@@ -280,10 +282,10 @@ async fn creating_needs_the_admin_role_and_reading_the_ops_role() {
 #[tokio::test]
 async fn without_a_quote_service_inline_matching_is_refused_with_503() {
     let api = Api::with(|config| config.async_matching_enabled = false).await;
-    let partner = market(&api).await;
+    let (_, key) = market(&api).await;
 
     let (status, answer) = api
-        .call(admin_post(DEPOSIT_ORDERS, &order(partner, "5")))
+        .call(partner_post(DEPOSIT_ORDERS, &key, &order("5")))
         .await;
 
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
@@ -306,11 +308,11 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
                 .unwrap();
     })
     .await;
-    let partner = market(&api).await;
+    let (partner, key) = market(&api).await;
     // The quote service trades, then answers after the client's timeout.
     stub.set_trade_delay(Duration::from_secs(2));
 
-    let answer = created(&api, DEPOSIT_ORDERS, order(partner, "40")).await;
+    let answer = created(&api, &key, DEPOSIT_ORDERS, order("40")).await;
 
     assert_eq!(answer["status"], "IN_DOUBT", "{answer}");
     assert_eq!(answer["close_reason"], Value::Null);
@@ -325,7 +327,7 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
         "{answer}"
     );
 
-    let recheck = format!("{DEPOSIT_ORDERS}/{id}/recheck");
+    let recheck = format!("{ADMIN_DEPOSIT_ORDERS}/{id}/recheck");
     let (status, again) = api.call(admin_post(&recheck, &json!({}))).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["status"], "PENDING");
@@ -338,7 +340,7 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
     );
     let (status, missing) = api
         .call(admin_post(
-            &format!("{DEPOSIT_ORDERS}/987654/recheck"),
+            &format!("{ADMIN_DEPOSIT_ORDERS}/987654/recheck"),
             &json!({}),
         ))
         .await;
@@ -346,16 +348,21 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
     // OPS may read it, not re-arm it.
     let (status, _) = api.call(with_roles("POST", &recheck, &[Role::Ops])).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    // Only the recheck that moved the order is logged (after the partner's creation).
+    // Only the recheck that moved the order is logged (after the partner's creation and its
+    // key's).
+    let actions = api.ops_actions().await;
     assert_eq!(
-        api.ops_actions().await,
-        [
-            logged(
-                "tests",
-                "p2p_deposit_order.recheck",
-                &format!("p2p_deposit_order:{id}")
-            ),
-            logged("tests", "partner.create", &format!("partner:{partner}")),
-        ]
+        actions[0],
+        logged(
+            "tests",
+            "p2p_deposit_order.recheck",
+            &format!("p2p_deposit_order:{id}")
+        )
     );
+    assert_eq!(actions[1].1, "partner_api_key.create");
+    assert_eq!(
+        actions[2],
+        logged("tests", "partner.create", &format!("partner:{partner}"))
+    );
+    assert_eq!(actions.len(), 3, "{actions:?}");
 }

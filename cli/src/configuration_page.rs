@@ -35,6 +35,13 @@ const API: SettingGroup = SettingGroup {
     settings: paybus_api::config::SETTINGS,
 };
 
+const PARTNER_API: SettingGroup = SettingGroup {
+    title: "Partner API",
+    read_by: "Read by the API (`paybus_api::partner::PartnerApiConfig`): partner API keys and \
+              per-partner rate limits.",
+    settings: paybus_api::partner::SETTINGS,
+};
+
 const OPERATIONS: SettingGroup = SettingGroup {
     title: "Dead-letter operations and four-eyes",
     read_by: "Read by the API and the CLI's guarded commands \
@@ -260,7 +267,7 @@ const DEMOS: SettingGroup = SettingGroup {
 /// The page: the introduction, then every group's table.
 pub fn page() -> String {
     let mut groups: Vec<SettingGroup> = paybus_catalog::settings::GROUPS.to_vec();
-    groups.extend([API, OPERATIONS]);
+    groups.extend([API, PARTNER_API, OPERATIONS]);
     groups.extend([LOCAL_SERVICES, CLUSTER, TESTS, DEMOS]);
     format!("{INTRODUCTION}{}", setting::markdown(&groups))
 }

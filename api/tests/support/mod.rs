@@ -27,6 +27,8 @@ pub const MONITOR_SECRET: &str = "chain-monitor-secret-for-tests";
 pub const PAYMENTS_SECRET: &str = "payment-service-secret-for-tests";
 /// The key the tests' admin role tokens are signed with.
 pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-tests-0123456789";
+/// The server key partner API keys are hashed under in tests.
+pub const PARTNER_KEY_HASH_KEY: &str = "partner-key-hash-key-for-tests-0123456789";
 
 /// A token with `roles`, valid for an hour.
 pub fn token(roles: &[Role]) -> String {
@@ -74,6 +76,10 @@ impl Api {
             chain_monitor_secret: Some(Secret::new(MONITOR_SECRET)),
             admin_jwt_secret: Some(Secret::new(ADMIN_JWT_SECRET)),
             payments_secret: Some(Secret::new(PAYMENTS_SECRET)),
+            partner_api: paybus_api::partner::PartnerApiConfig {
+                key_hash_key: Some(Secret::new(PARTNER_KEY_HASH_KEY)),
+                ..Default::default()
+            },
             ..ApiConfig::default()
         };
         configure(&mut config);
@@ -131,6 +137,30 @@ impl Api {
             .collect()
     }
 
+    /// A partner created through the admin API.
+    pub async fn partner(&self, name: &str) -> u64 {
+        let (status, answer) = self
+            .call(admin_post(
+                "/v1/admin/partners",
+                &serde_json::json!({"name": name, "webhook_secret": "partner-signing-secret-0001"}),
+            ))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+        answer["id"].as_u64().expect("partner id")
+    }
+
+    /// A new API key of `partner_id` (`pbk_…`), created by an ADMIN.
+    pub async fn partner_key(&self, partner_id: u64) -> String {
+        let (status, answer) = self
+            .call(admin_post(
+                &format!("/v1/admin/partners/{partner_id}/api-keys"),
+                &serde_json::json!({"label": "tests"}),
+            ))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+        answer["key"].as_str().expect("the key").to_owned()
+    }
+
     pub async fn scalar(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(&self.env.db)
@@ -180,6 +210,23 @@ pub fn admin_post(path: &str, body: &Value) -> Request<Body> {
         .header(header::AUTHORIZATION, format!("Bearer {}", admin_token()))
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
+        .expect("request")
+}
+
+/// A partner API POST with `key`.
+pub fn partner_post(path: &str, key: &str, body: &Value) -> Request<Body> {
+    Request::post(path)
+        .header(header::AUTHORIZATION, format!("Bearer {key}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request")
+}
+
+/// A partner API GET with `key`.
+pub fn partner_get(path: &str, key: &str) -> Request<Body> {
+    Request::get(path)
+        .header(header::AUTHORIZATION, format!("Bearer {key}"))
+        .body(Body::empty())
         .expect("request")
 }
 

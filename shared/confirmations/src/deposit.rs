@@ -152,6 +152,22 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>
     DepositRow::fetch(conn, select_deposit!(), id).await
 }
 
+/// The partner's deposit, or `None` — also when it is another partner's (the partner API's
+/// isolation is this WHERE, not a check after reading).
+pub async fn find_for_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    id: u64,
+) -> Result<Option<Deposit>, ConfirmError> {
+    let row: Option<DepositRow> = sqlx::query_as(select_deposit!(" AND partner_id = ?"))
+        .bind(id)
+        .bind(partner_id)
+        .fetch_optional(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?;
+    row.map(DepositRow::parse).transpose()
+}
+
 /// The deposit as last committed, locked until the caller's transaction ends: the read a
 /// transition decides on (a plain SELECT would answer from the transaction's snapshot).
 pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {

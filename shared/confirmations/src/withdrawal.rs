@@ -232,6 +232,25 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdraw
     row.map(WithdrawalRow::parse).transpose()
 }
 
+/// The partner's withdrawal, or `None` — also when it is another partner's (the partner API's
+/// isolation is this WHERE, not a check after reading).
+pub async fn find_for_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    id: u64,
+) -> Result<Option<Withdrawal>, ConfirmError> {
+    let row: Option<WithdrawalRow> = sqlx::query_as(concat!(
+        select_withdrawals!(),
+        " WHERE id = ? AND partner_id = ?"
+    ))
+    .bind(id)
+    .bind(partner_id)
+    .fetch_optional(conn)
+    .await
+    .map_err(ConfirmError::database(ENTITY))?;
+    row.map(WithdrawalRow::parse).transpose()
+}
+
 /// The withdrawals as last committed, locked until the caller's transaction ends: the read a
 /// transition decides on. A plain SELECT would answer from the transaction's REPEATABLE READ
 /// snapshot — the very lie of seed 001, where two confirmations both saw BROADCASTING. A

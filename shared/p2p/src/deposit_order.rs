@@ -43,6 +43,7 @@ use crate::{
 
 /// The unique key that makes a repeated create with the same partner reference a no-op.
 const PARTNER_REF_KEY: &str = "uk_p2p_deposit_orders_partner_ref";
+const IDEMPOTENCY_KEY: &str = "uk_p2p_deposit_orders_idempotency_key";
 /// `partner_notifications.reference_type` of a deposit order's notifications.
 pub const NOTIFICATION_REFERENCE: &str = "P2P_DEPOSIT_ORDER";
 
@@ -216,6 +217,23 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<DepositO
     row.map(Row::into_order).transpose()
 }
 
+/// The partner's deposit order, or `None` — also when it is another partner's (the partner
+/// API's isolation is this WHERE, not a check after reading).
+pub async fn find_for_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    id: u64,
+) -> Result<Option<DepositOrder>, MatchError> {
+    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ? AND partner_id = ?"
+    )))
+    .bind(id)
+    .bind(partner_id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(Row::into_order).transpose()
+}
+
 /// The latest committed row, locked for the caller's transaction (a plain SELECT would answer
 /// from the snapshot, the lie of seed 001).
 pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<DepositOrder>, MatchError> {
@@ -331,6 +349,9 @@ pub struct NewDepositOrder {
     pub partner_id: u64,
     /// The partner's own id for it: a repeated create returns the order already created.
     pub partner_order_ref: Option<String>,
+    /// The partner API's `Idempotency-Key` of the request that creates it: a create run again
+    /// under the same key (its first process died after the commit) returns this order.
+    pub idempotency_key: Option<String>,
     pub currency: String,
     pub amount: Amount,
 }
@@ -340,7 +361,8 @@ pub struct NewDepositOrder {
 pub enum Inserted {
     /// A new PENDING order.
     New(u64),
-    /// The partner already created an order with this reference: nothing was written.
+    /// The partner already created an order with this reference (or under this idempotency
+    /// key): nothing was written.
     Existing(u64),
 }
 
@@ -355,11 +377,13 @@ pub async fn insert(
 ) -> Result<Inserted, CreateError> {
     let inserted = sqlx::query(
         "INSERT INTO p2p_deposit_orders \
-         (partner_id, partner_order_ref, currency, amount, remaining_amount, expires_at) \
-         VALUES (?, ?, ?, ?, ?, COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND)",
+         (partner_id, partner_order_ref, idempotency_key, currency, amount, remaining_amount, \
+          expires_at) \
+         VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND)",
     )
     .bind(new.partner_id)
     .bind(&new.partner_order_ref)
+    .bind(&new.idempotency_key)
     .bind(&new.currency)
     .bind(new.amount)
     .bind(new.amount)
@@ -367,26 +391,30 @@ pub async fn insert(
     .bind(micros(ttl))
     .execute(&mut *conn)
     .await;
-    match inserted {
-        Ok(done) => Ok(Inserted::New(done.last_insert_id())),
+    let (column, value) = match inserted {
+        Ok(done) => return Ok(Inserted::New(done.last_insert_id())),
         Err(error) if db::is_duplicate_on(&error, PARTNER_REF_KEY) => {
-            let existing: u64 = sqlx::query_scalar(
-                "SELECT id FROM p2p_deposit_orders WHERE partner_id = ? AND partner_order_ref = ?",
-            )
-            .bind(new.partner_id)
-            .bind(&new.partner_order_ref)
-            .fetch_one(&mut *conn)
-            .await?;
-            tracing::info!(
-                deposit_order_id = existing,
-                partner_id = new.partner_id,
-                partner_order_ref = new.partner_order_ref.as_deref(),
-                "deposit order already created for this partner reference"
-            );
-            Ok(Inserted::Existing(existing))
+            ("partner_order_ref", &new.partner_order_ref)
         }
-        Err(error) => Err(CreateError::from_insert(error, new.partner_id)),
-    }
+        Err(error) if db::is_duplicate_on(&error, IDEMPOTENCY_KEY) => {
+            ("idempotency_key", &new.idempotency_key)
+        }
+        Err(error) => return Err(CreateError::from_insert(error, new.partner_id)),
+    };
+    let existing: u64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT id FROM p2p_deposit_orders WHERE partner_id = ? AND {column} = ?"
+    )))
+    .bind(new.partner_id)
+    .bind(value)
+    .fetch_one(&mut *conn)
+    .await?;
+    tracing::info!(
+        deposit_order_id = existing,
+        partner_id = new.partner_id,
+        by = column,
+        "deposit order already created for this partner reference"
+    );
+    Ok(Inserted::Existing(existing))
 }
 
 /// PENDING → MATCHING if due, stamping `claimed_at` (the kit's conditional UPDATE), in the

@@ -85,6 +85,7 @@ pub fn buyer_in(partner_id: u64, currency: &str, amount: &str) -> NewDepositOrde
     NewDepositOrder {
         partner_id,
         partner_order_ref: None,
+        idempotency_key: None,
         currency: currency.to_owned(),
         amount: dec(amount),
     }

@@ -4,9 +4,11 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{AssertSqlSafe, MySqlConnection};
 
-use crate::{CreateError, MatchError, parse_column};
+use paybus_platform::db;
+
+use crate::{CreateError, MatchError, deposit_order::Inserted, parse_column};
 
 paybus_platform::column_enum! {
     /// `p2p_withdraw_orders.status`.
@@ -39,26 +41,46 @@ pub struct NewWithdrawOrder {
     pub partner_id: u64,
     pub currency: String,
     pub amount: Amount,
+    /// The partner API's `Idempotency-Key` of the request that creates it: a create run again
+    /// under the same key (its first process died after the commit) returns this order.
+    pub idempotency_key: Option<String>,
 }
 
+const IDEMPOTENCY_KEY: &str = "uk_p2p_withdraw_orders_idempotency_key";
+
 /// Inserts an OPEN withdraw order (all of it remaining, none reserved), in the caller's
-/// transaction.
+/// transaction: `New(id)`, or `Existing(id)` when one was created under the same idempotency
+/// key.
 pub async fn create(
     conn: &mut MySqlConnection,
     new: &NewWithdrawOrder,
-) -> Result<u64, CreateError> {
-    Ok(sqlx::query(
-        "INSERT INTO p2p_withdraw_orders (partner_id, currency, amount, remaining_amount) \
-         VALUES (?, ?, ?, ?)",
+) -> Result<Inserted, CreateError> {
+    let inserted = sqlx::query(
+        "INSERT INTO p2p_withdraw_orders \
+         (partner_id, currency, amount, remaining_amount, idempotency_key) \
+         VALUES (?, ?, ?, ?, ?)",
     )
     .bind(new.partner_id)
     .bind(&new.currency)
     .bind(new.amount)
     .bind(new.amount)
-    .execute(conn)
-    .await
-    .map_err(|e| CreateError::from_insert(e, new.partner_id))?
-    .last_insert_id())
+    .bind(&new.idempotency_key)
+    .execute(&mut *conn)
+    .await;
+    match inserted {
+        Ok(done) => Ok(Inserted::New(done.last_insert_id())),
+        Err(error) if db::is_duplicate_on(&error, IDEMPOTENCY_KEY) => {
+            let existing: u64 = sqlx::query_scalar(
+                "SELECT id FROM p2p_withdraw_orders WHERE partner_id = ? AND idempotency_key = ?",
+            )
+            .bind(new.partner_id)
+            .bind(&new.idempotency_key)
+            .fetch_one(&mut *conn)
+            .await?;
+            Ok(Inserted::Existing(existing))
+        }
+        Err(error) => Err(CreateError::from_insert(error, new.partner_id)),
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -80,29 +102,50 @@ pub async fn find(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<WithdrawOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT id, partner_id, currency, amount, remaining_amount, reserved_amount, status, \
-                filled_at, created_at, updated_at \
-         FROM p2p_withdraw_orders WHERE id = ?",
-    )
+    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ?"
+    )))
     .bind(id)
     .fetch_optional(conn)
     .await?;
-    row.map(|row| {
+    row.map(Row::into_order).transpose()
+}
+
+/// The partner's withdraw order, or `None` — also when it is another partner's (the partner
+/// API's isolation is this WHERE, not a check after reading).
+pub async fn find_for_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    id: u64,
+) -> Result<Option<WithdrawOrder>, MatchError> {
+    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ? AND partner_id = ?"
+    )))
+    .bind(id)
+    .bind(partner_id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(Row::into_order).transpose()
+}
+
+const COLUMNS: &str = "id, partner_id, currency, amount, remaining_amount, reserved_amount, \
+    status, filled_at, created_at, updated_at";
+
+impl Row {
+    fn into_order(self) -> Result<WithdrawOrder, MatchError> {
         Ok(WithdrawOrder {
-            status: parse_column("withdraw order", row.id, "status", row.status)?,
-            id: row.id,
-            partner_id: row.partner_id,
-            currency: row.currency,
-            amount: row.amount,
-            remaining_amount: row.remaining_amount,
-            reserved_amount: row.reserved_amount,
-            filled_at: row.filled_at,
-            created_at: row.created_at,
-            updated_at: row.updated_at,
+            status: parse_column("withdraw order", self.id, "status", self.status)?,
+            id: self.id,
+            partner_id: self.partner_id,
+            currency: self.currency,
+            amount: self.amount,
+            remaining_amount: self.remaining_amount,
+            reserved_amount: self.reserved_amount,
+            filled_at: self.filled_at,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
         })
-    })
-    .transpose()
+    }
 }
 
 /// Locks withdraw orders in id order, in the caller's transaction, before their matches are

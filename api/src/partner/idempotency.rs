@@ -1,0 +1,357 @@
+//! `Idempotency-Key` on the partner API's POSTs that create or act (the IETF httpapi draft's
+//! and Stripe's semantics; the migration's header comment has the row's states):
+//!
+//! - the first request with a key runs; its answer (status and body) is kept 24 h;
+//! - the same key with the same request (method, path and body, byte for byte) answers that
+//!   again, with `Idempotent-Replayed: true`, and has no second effect;
+//! - the same key with another request: 422;
+//! - while the first is still running: 409 with `Retry-After: 1` (the second never runs
+//!   alongside it);
+//! - a 5xx is not kept: the key is free again, so a retry runs (and finds, by the order's own
+//!   `idempotency_key` column, anything the failed run did commit).
+//!
+//! A process that died mid-request leaves the key IN_PROGRESS; once its lease
+//! ([`LEASE`]) has passed a retry takes it over and runs again — the handler's effect is
+//! keyed on the same idempotency key in its own table, so the rerun finds what the first run
+//! made instead of making it twice.
+
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use axum::{
+    Extension,
+    body::{Body, Bytes},
+    extract::{FromRequest, Request, State},
+    http::{HeaderValue, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use sha2::{Digest, Sha256};
+
+use super::PartnerIdentity;
+use crate::{ApiError, AppState};
+
+pub const HEADER: &str = "idempotency-key";
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// How long a running request holds its key before a retry may take it over: longer than
+/// any partner request can take (an inline match's quote calls included).
+pub const LEASE: Duration = Duration::from_secs(120);
+/// How long an answer is kept (at least; the prune removes older ones).
+pub const RETENTION_HOURS: u32 = 24;
+const KEY_MAX_LEN: usize = 255;
+/// One in this many new keys also prunes expired ones (a bounded DELETE), so the table stays
+/// small without a job of its own.
+const PRUNE_EVERY: u32 = 64;
+const PRUNE_BATCH: u32 = 500;
+
+/// The key of the request being served, for the handler's own effect (the order's
+/// `idempotency_key` column).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(pub String);
+
+/// The header's value: 1–255 visible ASCII characters, optionally as a quoted string (the
+/// draft's sf-string form).
+fn parse_key(value: &HeaderValue) -> Result<String, ApiError> {
+    let raw = value.to_str().unwrap_or("").trim();
+    let key = raw
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or(raw);
+    if key.is_empty() || key.len() > KEY_MAX_LEN || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::BadRequest(format!(
+            "Idempotency-Key must be 1 to {KEY_MAX_LEN} visible ASCII characters"
+        )));
+    }
+    Ok(key.to_owned())
+}
+
+fn fingerprint(method: &str, path: &str, body: &[u8]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(method.as_bytes());
+    hash.update([0]);
+    hash.update(path.as_bytes());
+    hash.update([0]);
+    hash.update(body);
+    hash.finalize().into()
+}
+
+#[derive(sqlx::FromRow)]
+struct KeptRow {
+    request_fingerprint: Vec<u8>,
+    status: String,
+    locked: bool,
+    expired: bool,
+    response_status: Option<u16>,
+    response_body: Option<String>,
+}
+
+/// What the key's row says about this request.
+enum Claim {
+    /// Run it (a new key, an expired one, or one whose runner died).
+    Run,
+    Replay {
+        status: u16,
+        body: String,
+    },
+    Busy,
+    OtherRequest,
+}
+
+/// The middleware (on the partner POSTs that take a key; after the partner's key check).
+pub(crate) async fn idempotent(
+    State(state): State<AppState>,
+    Extension(partner): Extension<PartnerIdentity>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let Some(value) = request.headers().get(HEADER) else {
+        return Ok(next.run(request).await);
+    };
+    let key = parse_key(value)?;
+    let method = request.method().as_str().to_owned();
+    let path = request.uri().path_and_query().map_or_else(
+        || request.uri().path().to_owned(),
+        |p| p.as_str().to_owned(),
+    );
+    let (parts, body) = request.into_parts();
+    let body = crate::body::bytes(
+        Bytes::from_request(Request::from_parts(parts.clone(), body), &()).await,
+    )?;
+    let print = fingerprint(&method, &path, &body);
+    let partner_id = partner.partner_id;
+
+    match claim(&state, partner_id, &key, &print).await? {
+        Claim::Run => {}
+        Claim::Replay { status, body } => return Ok(replay(status, body)),
+        Claim::Busy => {
+            let mut busy = ApiError::Conflict(format!(
+                "a request with Idempotency-Key {key:?} is still being processed; retry shortly"
+            ))
+            .into_response();
+            busy.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Ok(busy);
+        }
+        Claim::OtherRequest => {
+            return Err(ApiError::Unprocessable(format!(
+                "Idempotency-Key {key:?} was used with another request (method, path or body \
+                 differ); use a new key for a new request"
+            )));
+        }
+    }
+
+    let mut request = Request::from_parts(parts, Body::from(body));
+    request.extensions_mut().insert(IdempotencyKey(key.clone()));
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            release(&state, partner_id, &key).await;
+            return Err(ApiError::Internal(Box::new(error)));
+        }
+    };
+    if parts.status.is_server_error() {
+        release(&state, partner_id, &key).await;
+    } else if let Err(error) = keep(&state, partner_id, &key, parts.status, &bytes).await {
+        // The answer still goes out; the key stays IN_PROGRESS until its lease passes, and a
+        // retry then runs again and finds the order by its key.
+        tracing::warn!(partner_id, error = %error, "could not keep an idempotent answer");
+    }
+    Ok(Response::from_parts(parts, Body::from(bytes)))
+}
+
+async fn claim(
+    state: &AppState,
+    partner_id: u64,
+    key: &str,
+    print: &[u8; 32],
+) -> Result<Claim, ApiError> {
+    let mut conn = state.pool.acquire().await?;
+    let inserted = sqlx::query(
+        "INSERT INTO partner_idempotency_keys \
+         (partner_id, idempotency_key, request_fingerprint, locked_until) \
+         VALUES (?, ?, ?, NOW(6) + INTERVAL ? SECOND)",
+    )
+    .bind(partner_id)
+    .bind(key)
+    .bind(print.as_slice())
+    .bind(LEASE.as_secs())
+    .execute(&mut *conn)
+    .await;
+    match inserted {
+        Ok(_) => {
+            prune_now_and_then(&mut conn).await;
+            return Ok(Claim::Run);
+        }
+        Err(error) if paybus_platform::db::is_duplicate_on(&error, "PRIMARY") => {}
+        Err(error) => return Err(error.into()),
+    }
+    let row: Option<KeptRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT request_fingerprint, status, locked_until > NOW(6) AS locked, \
+                created_at < NOW(6) - INTERVAL {RETENTION_HOURS} HOUR AS expired, \
+                response_status, response_body \
+         FROM partner_idempotency_keys WHERE partner_id = ? AND idempotency_key = ?"
+    )))
+    .bind(partner_id)
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else {
+        // Pruned between the INSERT and the read: the client's retry starts afresh.
+        return Ok(Claim::Busy);
+    };
+    if row.expired {
+        // Past its retention: the key is new again (conditional, so two retries cannot both
+        // take it).
+        let taken = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE partner_idempotency_keys \
+             SET request_fingerprint = ?, status = 'IN_PROGRESS', \
+                 locked_until = NOW(6) + INTERVAL ? SECOND, response_status = NULL, \
+                 response_body = NULL, completed_at = NULL, created_at = NOW(6) \
+             WHERE partner_id = ? AND idempotency_key = ? \
+               AND created_at < NOW(6) - INTERVAL {RETENTION_HOURS} HOUR"
+        )))
+        .bind(print.as_slice())
+        .bind(LEASE.as_secs())
+        .bind(partner_id)
+        .bind(key)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        return Ok(if taken == 1 { Claim::Run } else { Claim::Busy });
+    }
+    if row.request_fingerprint.as_slice() != print.as_slice() {
+        return Ok(Claim::OtherRequest);
+    }
+    match (row.status.as_str(), row.response_status, row.response_body) {
+        ("DONE", Some(status), Some(body)) => Ok(Claim::Replay { status, body }),
+        _ if row.locked => Ok(Claim::Busy),
+        _ => {
+            // Its runner died (the lease passed): take it over, conditionally.
+            let taken = sqlx::query(
+                "UPDATE partner_idempotency_keys SET locked_until = NOW(6) + INTERVAL ? SECOND \
+                 WHERE partner_id = ? AND idempotency_key = ? AND status = 'IN_PROGRESS' \
+                   AND locked_until <= NOW(6)",
+            )
+            .bind(LEASE.as_secs())
+            .bind(partner_id)
+            .bind(key)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if taken == 1 {
+                tracing::info!(
+                    partner_id,
+                    "an interrupted idempotent request is run again under its key"
+                );
+            }
+            Ok(if taken == 1 { Claim::Run } else { Claim::Busy })
+        }
+    }
+}
+
+async fn keep(
+    state: &AppState,
+    partner_id: u64,
+    key: &str,
+    status: StatusCode,
+    body: &[u8],
+) -> Result<(), sqlx::Error> {
+    let mut conn = state.pool.acquire().await?;
+    sqlx::query(
+        "UPDATE partner_idempotency_keys \
+         SET status = 'DONE', response_status = ?, response_body = ?, completed_at = NOW(6) \
+         WHERE partner_id = ? AND idempotency_key = ? AND status = 'IN_PROGRESS'",
+    )
+    .bind(status.as_u16())
+    .bind(String::from_utf8_lossy(body).as_ref())
+    .bind(partner_id)
+    .bind(key)
+    .execute(&mut *conn)
+    .await
+    .map(drop)
+}
+
+/// Frees the key after a 5xx (a retry runs again). A failure here only delays that retry until
+/// the lease passes.
+async fn release(state: &AppState, partner_id: u64, key: &str) {
+    let deleted = async {
+        let mut conn = state.pool.acquire().await?;
+        sqlx::query(
+            "DELETE FROM partner_idempotency_keys \
+             WHERE partner_id = ? AND idempotency_key = ? AND status = 'IN_PROGRESS'",
+        )
+        .bind(partner_id)
+        .bind(key)
+        .execute(&mut *conn)
+        .await
+    }
+    .await;
+    if let Err(error) = deleted {
+        tracing::warn!(partner_id, error = %error, "could not free an idempotency key after a 5xx");
+    }
+}
+
+fn replay(status: u16, body: String) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
+}
+
+static NEW_KEYS: AtomicU32 = AtomicU32::new(0);
+
+async fn prune_now_and_then(conn: &mut sqlx::MySqlConnection) {
+    if NEW_KEYS.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY != 0 {
+        return;
+    }
+    let pruned = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM partner_idempotency_keys \
+         WHERE created_at < NOW(6) - INTERVAL {RETENTION_HOURS} HOUR LIMIT {PRUNE_BATCH}"
+    )))
+    .execute(conn)
+    .await;
+    match pruned {
+        Ok(done) if done.rows_affected() > 0 => {
+            tracing::debug!(
+                pruned = done.rows_affected(),
+                "expired idempotency keys pruned"
+            )
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %error, "could not prune idempotency keys"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_visible_ascii_plain_or_quoted() {
+        let parse = |raw: &str| parse_key(&HeaderValue::from_str(raw).expect("header")).ok();
+        assert_eq!(parse("order-42"), Some("order-42".to_owned()));
+        assert_eq!(parse("\"8e03978e-40d5\""), Some("8e03978e-40d5".to_owned()));
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("two words"), None);
+        assert_eq!(parse(&"k".repeat(256)), None);
+        assert_eq!(parse(&"k".repeat(255)).map(|k| k.len()), Some(255));
+    }
+
+    #[test]
+    fn the_fingerprint_covers_method_path_and_body() {
+        let base = fingerprint("POST", "/v1/partner/x", b"{}");
+        assert_ne!(base, fingerprint("POST", "/v1/partner/y", b"{}"));
+        assert_ne!(base, fingerprint("PUT", "/v1/partner/x", b"{}"));
+        assert_ne!(base, fingerprint("POST", "/v1/partner/x", b"{ }"));
+        assert_eq!(base, fingerprint("POST", "/v1/partner/x", b"{}"));
+    }
+}

@@ -1,0 +1,83 @@
+//! W2's partner routes: a partner reads its own withdrawals (with their status history) and
+//! deposits. Another partner's row answers 404, as a missing one does.
+
+use axum::{
+    Extension, Json,
+    extract::{Path, State, rejection::PathRejection},
+};
+use paybus_confirmations::{
+    ConfirmError,
+    deposit::{self, Deposit},
+    withdrawal::{self, HistoryEntry, Withdrawal},
+};
+use serde::Serialize;
+
+use super::PartnerIdentity;
+use crate::{ApiError, AppState, admin::path_id};
+
+#[derive(Debug, Serialize)]
+pub(super) struct WithdrawalView {
+    #[serde(flatten)]
+    withdrawal: Withdrawal,
+    history: Vec<HistoryEntry>,
+}
+
+/// A row the domain cannot read is our fault, not the client's.
+fn internal(error: ConfirmError) -> ApiError {
+    ApiError::Internal(Box::new(error))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/partner/withdrawals/{id}",
+    tag = "partner",
+    security(("partner_key" = [])),
+    params(("id" = u64, Path, description = "The withdrawal's id (a positive integer)")),
+    responses(
+        (status = 200, description = "The withdrawal with its status history", body = Object),
+        crate::responses::PartnerErrors
+    )
+)]
+pub(super) async fn show_withdrawal(
+    State(state): State<AppState>,
+    Extension(partner): Extension<PartnerIdentity>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<WithdrawalView>, ApiError> {
+    let id = path_id(id)?;
+    let mut conn = state.pool.acquire().await?;
+    let withdrawal = withdrawal::find_for_partner(&mut conn, partner.partner_id, id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| ApiError::NotFound(format!("withdrawal {id} not found")))?;
+    // The withdrawal was found under this partner: its history is this partner's too.
+    let history = withdrawal::history(&mut conn, id).await?;
+    Ok(Json(WithdrawalView {
+        withdrawal,
+        history,
+    }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/partner/deposits/{id}",
+    tag = "partner",
+    security(("partner_key" = [])),
+    params(("id" = u64, Path, description = "The deposit's id (a positive integer)")),
+    responses(
+        (status = 200, description = "The deposit", body = Object),
+        crate::responses::PartnerErrors
+    )
+)]
+pub(super) async fn show_deposit(
+    State(state): State<AppState>,
+    Extension(partner): Extension<PartnerIdentity>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<Deposit>, ApiError> {
+    let id = path_id(id)?;
+    let mut conn = state.pool.acquire().await?;
+    deposit::find_for_partner(&mut conn, partner.partner_id, id)
+        .await
+        .map_err(internal)?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("deposit {id} not found")))
+}
