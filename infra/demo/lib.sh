@@ -40,6 +40,7 @@ demo_database="${demo_database%%\?*}"
 export PAYBUS_ADMIN_JWT_SECRET="demo-admin-jwt-secret-0123456789abcdef"
 export PAYBUS_CHAIN_MONITOR_SECRET="demo-chain-monitor-secret-0123"
 export PAYBUS_PAYMENTS_SECRET="demo-payments-secret-01234567"
+export PAYBUS_PARTNER_KEY_HASH_KEY="demo-partner-key-hash-key-0123456789abcdef"
 export PAYBUS_HTTP_ADDR="127.0.0.1:${PAYBUS_DEMO_HTTP_PORT:-18080}"
 export RUST_LOG="${RUST_LOG:-info}"
 api="http://$PAYBUS_HTTP_ADDR"
@@ -90,6 +91,14 @@ create_partner() {
 }
 
 admin() { curl -fsS -H "Authorization: Bearer $token" -H 'Content-Type: application/json' "$@"; }
+# A new API key of partner $1 (`pbk_…`, shown once), created by an ADMIN.
+partner_key() { admin -d '{"label":"demo"}' "$api/v1/admin/partners/$1/api-keys" | json_field key; }
+# A partner API call with key $1: `as_partner "$key" [curl args…]`.
+as_partner() {
+  local key=$1
+  shift
+  curl -fsS -H "Authorization: Bearer $key" -H 'Content-Type: application/json' "$@"
+}
 json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 sql() { mariadb -uroot -S "$PAYBUS_MARIADB_SOCKET" -N "$demo_database" -e "$1"; }
 

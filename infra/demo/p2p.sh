@@ -5,9 +5,10 @@
 # key settles the trade it made — once.
 #
 # Starts the local services, a quote service stub (trades as a request arrives; answers late
-# when told) and `paybus run`; creates a partner, a seller of 100 USDT and three buyers through
-# the admin API (the switch off: matched inside the request), then shows the orders, the
-# trades, a clean reconciliation with the quote service and a clean `paybus audit`.
+# when told) and `paybus run`; an ADMIN creates a partner and its API key, and the partner,
+# with its key, offers 100 USDT and places three buyers' orders through the partner API (the
+# switch off: matched inside the request); then the orders, the trades, a clean reconciliation
+# with the quote service and a clean `paybus audit`.
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -58,16 +59,22 @@ export PAYBUS_QUOTE_TIMEOUT_MS=1000
 start_paybus
 start_partner
 partner=$(create_partner "demo partner")
-seller=$(admin -d "{\"partner_id\":$partner,\"currency\":\"USDT\",\"amount\":\"100\"}" "$api/v1/admin/p2p/withdraw-orders" | json_field id)
-echo "partner $partner, seller's withdraw order $seller (100 USDT)"
+key=$(partner_key "$partner")
+echo "partner $partner, its API key ${key:0:12}… (shown once)"
+seller=$(as_partner "$key" -H 'Idempotency-Key: demo-sell-1' -d '{"currency":"USDT","amount":"100"}' \
+  "$api/v1/partner/p2p/withdraw-orders" | json_field id)
+echo "the partner's seller: withdraw order $seller (100 USDT)"
 
 buy() {
-  admin -d "{\"partner_id\":$partner,\"currency\":\"USDT\",\"amount\":\"$1\",\"partner_order_ref\":\"$2\"}" \
-    "$api/v1/admin/p2p/deposit-orders"
+  as_partner "$key" -H "Idempotency-Key: $2" \
+    -d "{\"currency\":\"USDT\",\"amount\":\"$1\",\"partner_order_ref\":\"$2\"}" \
+    "$api/v1/partner/p2p/deposit-orders"
 }
 show() { python3 -c 'import json,sys; o=json.load(sys.stdin); print("  order %s: %s %s, %s of %s USDT remaining, last error: %s" % (o["id"], o["status"], o["close_reason"] or "", o["remaining_amount"], o["amount"], o["last_error"]))'; }
 
 echo "buyer A, 40 USDT:"; buy 40 demo-a | show
+echo "buyer A's request sent again under its Idempotency-Key: the same answer, no second order:"
+buy 40 demo-a | show
 echo "the quote service now trades and answers after the client's 1 s timeout"
 touch "$work/late"
 echo "buyer B, 60 USDT:"; late_order=$(buy 60 demo-b); echo "$late_order" | show

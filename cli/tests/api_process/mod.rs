@@ -37,6 +37,10 @@ impl ApiProcess {
                 "PAYBUS_PAYMENTS_SECRET",
                 "payments-secret-for-black-box-tests",
             )
+            .env(
+                "PAYBUS_PARTNER_KEY_HASH_KEY",
+                "partner-key-hash-key-for-black-box-tests",
+            )
             // Deposit orders go to match-deposit through the broker, as deployed. With inline
             // matching and no quote service, creating one answers the documented 503, which
             // the fuzzer rightly counts as a server error.

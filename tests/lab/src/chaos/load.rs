@@ -71,12 +71,17 @@ impl Tally {
     }
 }
 
-/// Who signs a request (the intake's and the payment service's HMAC).
+/// Who signs a request (the intake's and the payment service's HMAC), or whose key it carries.
 #[derive(Clone, Copy)]
-enum Signer {
+enum Signer<'a> {
     Admin,
     ChainMonitor,
     PaymentService,
+    /// A partner's API key, with the request's Idempotency-Key if it has one.
+    Partner {
+        key: &'a str,
+        idempotency_key: Option<&'a str>,
+    },
 }
 
 #[derive(Clone)]
@@ -92,7 +97,7 @@ impl Client {
     async fn call(
         &self,
         tally: &Tally,
-        signer: Signer,
+        signer: Signer<'_>,
         method: Method,
         path: &str,
         body: &Value,
@@ -116,11 +121,24 @@ impl Client {
                     paybus_platform::signature::HEADER,
                     sign(PAYMENTS_SECRET, &bytes),
                 ),
+                Signer::Partner {
+                    key,
+                    idempotency_key,
+                } => {
+                    let request = request.bearer_auth(key);
+                    match idempotency_key {
+                        Some(idempotency_key) => request.header("idempotency-key", idempotency_key),
+                        None => request,
+                    }
+                }
             };
             let last = match request.send().await {
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    if status < 500 && status != 408 && status != 429 {
+                    // A 409 with Retry-After is "the same request is still running" (a copy
+                    // under one Idempotency-Key): a real client waits and asks again.
+                    let busy = status == 409 && response.headers().contains_key("retry-after");
+                    if status < 500 && status != 408 && status != 429 && !busy {
                         let body = response.json::<Value>().await.unwrap_or(Value::Null);
                         tally.answered(status);
                         return Ok((status, body));
@@ -146,7 +164,7 @@ impl Client {
         &self,
         tally: &Tally,
         copies: u32,
-        signer: Signer,
+        signer: Signer<'_>,
         path: &str,
         body: &Value,
     ) -> anyhow::Result<(u16, Value)> {
@@ -156,13 +174,37 @@ impl Client {
     }
 
     async fn admin_post(&self, tally: &Tally, path: &str, body: Value) -> anyhow::Result<Value> {
-        let (status, answer) = self
-            .call(tally, Signer::Admin, Method::POST, path, &body)
-            .await?;
+        self.post_as(tally, Signer::Admin, path, body).await
+    }
+
+    /// A POST that must answer 2xx.
+    async fn post_as(
+        &self,
+        tally: &Tally,
+        signer: Signer<'_>,
+        path: &str,
+        body: Value,
+    ) -> anyhow::Result<Value> {
+        let (status, answer) = self.call(tally, signer, Method::POST, path, &body).await?;
         if !(200..300).contains(&status) {
             bail!("POST {path} {body}: {status} {answer}");
         }
         Ok(answer)
+    }
+
+    /// A new API key of `partner`, as an ADMIN creates one.
+    async fn partner_key(&self, tally: &Tally, partner: u64) -> anyhow::Result<String> {
+        let answer = self
+            .admin_post(
+                tally,
+                &format!("/v1/admin/partners/{partner}/api-keys"),
+                json!({"label": "chaos"}),
+            )
+            .await?;
+        answer["key"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("a key in {answer}"))
     }
 }
 
@@ -299,31 +341,44 @@ async fn p2p_deposit_orders(
             )
             .await?,
     )?;
+    // Partners act with their own API keys, as deployed.
+    let seller_key = client.partner_key(&tally, seller).await?;
+    let buyer_key = Arc::new(client.partner_key(&tally, buyer).await?);
     let sellers = (orders / 20).max(10);
     // Orders are 1 to 5 USDT: every order can be filled whatever the interleaving.
     let each = (orders * 5 / sellers + 10).to_string();
-    for _ in 0..sellers {
+    for n in 0..sellers {
+        let idempotency_key = format!("chaos-sell-{n}");
         client
-            .admin_post(
+            .post_as(
                 &tally,
-                "/v1/admin/p2p/withdraw-orders",
-                json!({"partner_id": seller, "currency": "USDT", "amount": each}),
+                Signer::Partner {
+                    key: &seller_key,
+                    idempotency_key: Some(&idempotency_key),
+                },
+                "/v1/partner/p2p/withdraw-orders",
+                json!({"currency": "USDT", "amount": each}),
             )
             .await?;
     }
     let (client, copies) = (client.clone(), profile.copies);
     drive(orders, profile.concurrency, move |i| {
-        let (client, tally) = (client.clone(), tally.clone());
+        let (client, tally, buyer_key) = (client.clone(), tally.clone(), buyer_key.clone());
         async move {
-            let body = json!({"partner_id": buyer, "currency": "USDT",
-                              "amount": (i % 5 + 1).to_string(),
+            // Every copy carries the order's reference and its Idempotency-Key, as a partner
+            // re-sending a request does.
+            let body = json!({"currency": "USDT", "amount": (i % 5 + 1).to_string(),
                               "partner_order_ref": format!("chaos-{i}")});
+            let idempotency_key = format!("chaos-buy-{i}");
             let _ = client
                 .copies(
                     &tally,
                     copies,
-                    Signer::Admin,
-                    "/v1/admin/p2p/deposit-orders",
+                    Signer::Partner {
+                        key: &buyer_key,
+                        idempotency_key: Some(&idempotency_key),
+                    },
+                    "/v1/partner/p2p/deposit-orders",
                     &body,
                 )
                 .await;

@@ -22,6 +22,7 @@ use super::Profile;
 pub(super) const CHAIN_MONITOR_SECRET: &str = "chaos-chain-monitor-secret";
 pub(super) const PAYMENTS_SECRET: &str = "chaos-payment-service-secret";
 const ADMIN_JWT_SECRET: &str = "chaos-admin-jwt-secret-of-32-chars-or-more";
+const PARTNER_KEY_HASH_KEY: &str = "chaos-partner-key-hash-key-of-32-chars-or-more";
 pub(super) const QUOTE_API_KEY: &str = "chaos-quote-api-key";
 /// One quote service call; a createTrade slower than this is a timeout.
 pub(super) const QUOTE_TIMEOUT: Duration = Duration::from_millis(1_000);
@@ -118,6 +119,11 @@ pub(super) async fn start_api(services: &Services, world: &World) -> anyhow::Res
             ("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET),
             ("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET),
             ("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET),
+            ("PAYBUS_PARTNER_KEY_HASH_KEY", PARTNER_KEY_HASH_KEY),
+            // The load is one buyer partner at the run's concurrency: its limit must not be
+            // what the run measures.
+            ("PAYBUS_PARTNER_RATE_LIMIT_PER_SECOND", "100000"),
+            ("PAYBUS_PARTNER_RATE_LIMIT_BURST", "100000"),
             ("PAYBUS_ASYNC_MATCHING_ENABLED", "true"),
             ("PAYBUS_FIRST_CHARGE_BONUS_PERCENT", "10"),
             ("PAYBUS_QUOTE_URL", &world.quotes.url()),
