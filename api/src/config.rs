@@ -97,6 +97,8 @@ pub struct ApiConfig {
     /// Which ops actions need a second ADMIN, and how long a request lasts
     /// (`PAYBUS_FOUR_EYES`, `PAYBUS_OPERATION_TTL_SECONDS`).
     pub four_eyes: paybus_platform::approvals::FourEyes,
+    /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
+    pub sealer: Option<paybus_platform::sealed::Sealer>,
 }
 
 impl Default for ApiConfig {
@@ -111,6 +113,7 @@ impl Default for ApiConfig {
             matching: MatchingConfig::default(),
             limits: Limits::default(),
             four_eyes: paybus_platform::approvals::FourEyes::default(),
+            sealer: None,
         }
     }
 }
@@ -146,6 +149,7 @@ impl ApiConfig {
                 )?,
             },
             four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
+            sealer: paybus_platform::sealed::Sealer::read(env)?,
         })
     }
 }

@@ -112,6 +112,8 @@ pub struct AppState {
     pub four_eyes: paybus_platform::approvals::FourEyes,
     /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
     pub shards: paybus_platform::bus::topology::Shards,
+    /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
+    pub sealer: Option<paybus_platform::sealed::Sealer>,
 }
 
 impl AppState {
@@ -139,6 +141,7 @@ impl AppState {
             functions: &[],
             four_eyes: config.four_eyes.clone(),
             shards: services.settings.broker.shards.clone(),
+            sealer: config.sealer.clone(),
         })
     }
 
@@ -230,6 +233,9 @@ pub fn warn_about_closed_routes(state: &AppState) {
     }
     if state.admin_jwt_secret.is_none() {
         tracing::warn!("PAYBUS_ADMIN_JWT_SECRET is not set: the admin API answers 503");
+    }
+    if state.sealer.is_none() {
+        tracing::warn!("PAYBUS_SECRETS_KEY is not set: creating a partner answers 503");
     }
 }
 

@@ -74,6 +74,7 @@ impl Api {
             chain_monitor_secret: Some(Secret::new(MONITOR_SECRET)),
             admin_jwt_secret: Some(Secret::new(ADMIN_JWT_SECRET)),
             payments_secret: Some(Secret::new(PAYMENTS_SECRET)),
+            sealer: Some(paybus_platform::testing::sealer()),
             ..ApiConfig::default()
         };
         configure(&mut config);
