@@ -8,6 +8,7 @@ use paybus_p2p::MatchingConfig;
 use paybus_platform::{
     ConfigError, Secret,
     config::{Setting, Vars},
+    sealed,
 };
 
 use crate::server::Limits;
@@ -149,7 +150,10 @@ impl ApiConfig {
                 )?,
             },
             four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
-            sealer: paybus_platform::sealed::Sealer::read(env)?,
+            sealer: paybus_platform::sealed::Sealer::read(
+                env.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+                env,
+            )?,
         })
     }
 }

@@ -264,7 +264,7 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
         .await
         .context("while applying migrations")?;
     // SQL cannot encrypt: the partners' plaintext webhook secrets are sealed here.
-    let sealer = paybus_platform::sealed::Sealer::from_env()?;
+    let sealer = secrets::sealer_from_env()?;
     let mut conn = pool.acquire().await?;
     let sealed = paybus_partners::webhook_secrets::seal_plaintext(&mut conn, sealer.as_ref())
         .await

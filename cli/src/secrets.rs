@@ -25,7 +25,7 @@ pub async fn run(settings: &Settings, command: SecretsCommand) -> anyhow::Result
 }
 
 async fn rotate_key(settings: &Settings) -> anyhow::Result<ExitCode> {
-    let sealer = Sealer::from_env()?
+    let sealer = sealer_from_env()?
         .context("PAYBUS_SECRETS_KEY is not set: there is no current key to re-seal with")?;
     let pool = db::connect(&settings.database).await?;
     let mut conn = pool.acquire().await?;
@@ -60,4 +60,15 @@ async fn print_counts(
         println!("{when}: key {key_id} ({role}): {rows} row(s)");
     }
     Ok(())
+}
+
+/// `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` of the process environment.
+pub(crate) fn sealer_from_env()
+-> Result<Option<paybus_platform::sealed::Sealer>, paybus_platform::ConfigError> {
+    use paybus_platform::sealed;
+    let vars = paybus_platform::config::Vars::from_env();
+    sealed::Sealer::read(
+        vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+        &vars,
+    )
 }

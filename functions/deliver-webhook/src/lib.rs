@@ -70,8 +70,8 @@ use paybus_partners::{
     notifications::{self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated},
 };
 use paybus_platform::{
-    ConfigError,
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics, sweeper::Job},
+    config::Vars,
     function::{BuildError, Function},
     retry::{AfterFailure, Clock, DueSweep, DueSweepConfig, RowState, Settled},
     sealed::{self, Sealer},
@@ -95,6 +95,11 @@ enum Gate {
 /// (the due sweep brings it back).
 const DEFERRED_FOR: Duration = Duration::from_secs(1);
 
+/// When a delivery a process without `PAYBUS_SECRETS_KEY` left alone comes back: the row is
+/// untouched (due, its message stamped), so the due sweep re-publishes it once the stamp is
+/// older than the sweep's `stale_after` (default 5 min).
+const NO_KEY_RETRY: Duration = Duration::from_secs(5 * 60);
+
 /// How long a delivery to a disabled (410) endpoint is parked before the due sweep brings it
 /// back to be parked again: re-enabling makes it due at once, so this only bounds the cost of
 /// looking (one message an hour per parked notification).
@@ -107,8 +112,9 @@ pub struct DeliverWebhook {
     config: WebhookConfig,
     clock: Clock,
     bulkhead: Bulkhead,
-    /// Opens the partners' sealed webhook secrets.
-    sealer: Sealer,
+    /// Opens the partners' sealed webhook secrets. None (`PAYBUS_SECRETS_KEY` unset): every
+    /// delivery is parked unattempted, nothing is lost, until a process with the key runs.
+    sealer: Option<Sealer>,
 }
 
 impl DeliverWebhook {
@@ -119,7 +125,18 @@ impl DeliverWebhook {
             bulkhead: Bulkhead::new(config.partner_concurrency),
             config,
             clock: Clock::Database,
-            sealer,
+            sealer: Some(sealer),
+        })
+    }
+
+    /// Without `PAYBUS_SECRETS_KEY`: deliveries are parked, none is sent unsigned or failed.
+    fn without_key(config: WebhookConfig) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: delivery::client(&config)?,
+            bulkhead: Bulkhead::new(config.partner_concurrency),
+            config,
+            clock: Clock::Database,
+            sealer: None,
         })
     }
 
@@ -145,10 +162,23 @@ impl Handler for DeliverWebhook {
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.notification_id;
         let pool = ctx.outbox.pool();
+        let Some(sealer) = &self.sealer else {
+            // Nothing to sign with: the row waits unclaimed, no attempt counted.
+            tracing::error!(
+                notification_id = id,
+                "PAYBUS_SECRETS_KEY is not set: cannot sign, the delivery waits"
+            );
+            metrics::record(Self::FUNCTION, "no_secrets_key", Duration::ZERO);
+            return Ok(Outcome::Retry {
+                after: NO_KEY_RETRY,
+                error: format!(
+                    "notification {id}: PAYBUS_SECRETS_KEY is not set, nothing can sign; not \
+                     attempted"
+                ),
+            });
+        };
         let mut claimed =
-            match notifications::claim(pool, &self.sealer, id, self.config.lease(), &self.clock)
-                .await?
-            {
+            match notifications::claim(pool, sealer, id, self.config.lease(), &self.clock).await? {
                 DeliveryClaim::Claimed(claimed) => claimed,
                 DeliveryClaim::SkippedNoWebhook { partner_id } => {
                     return Ok(Outcome::Skipped(format!(
@@ -392,16 +422,27 @@ impl DeliverWebhook {
 }
 
 impl Function for DeliverWebhook {
-    /// Fails without `PAYBUS_SECRETS_KEY`: nothing could sign.
+    /// Without `PAYBUS_SECRETS_KEY` it starts (every catalog function starts in `paybus run`
+    /// and the sweeper) but says so at ERROR and sends nothing: each delivery is retried
+    /// unclaimed, no attempt counted (the `no_secrets_key` outcome counts them).
     fn build(_: &Services) -> Result<Self, BuildError> {
         let config = WebhookConfig::from_env()?;
-        let sealer = Sealer::from_env()?.ok_or(ConfigError {
-            variable: sealed::VAR_SECRETS_KEY.name,
-            value: String::new(),
-            expected: "the key of the partners' sealed webhook secrets (32 bytes as 64 hex \
-                       digits or base64): deliver-webhook cannot sign without it",
-        })?;
-        DeliverWebhook::new(config, sealer).map_err(|source| BuildError::Client {
+        let vars = Vars::from_env();
+        let sealer = Sealer::read(
+            vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+            &vars,
+        )?;
+        let built = match sealer {
+            Some(sealer) => DeliverWebhook::new(config, sealer),
+            None => {
+                tracing::error!(
+                    "PAYBUS_SECRETS_KEY is not set: deliver-webhook cannot sign, so it sends \
+                     nothing; its deliveries wait until it is set"
+                );
+                DeliverWebhook::without_key(config)
+            }
+        };
+        built.map_err(|source| BuildError::Client {
             what: "the webhook HTTP client",
             source: source.into(),
         })

@@ -158,7 +158,7 @@ pub async fn migrate_and_declare(
 /// The data step after the migrations: every plaintext `partners.webhook_secret` sealed
 /// under `PAYBUS_SECRETS_KEY` (read here, as only this step needs it). Returns how many.
 pub async fn seal_plaintext_secrets(pool: &sqlx::MySqlPool) -> Result<u64, FunctionError> {
-    let sealer = paybus_platform::sealed::Sealer::from_env()?;
+    let sealer = sealer_from_env()?;
     let mut conn = pool
         .acquire()
         .await
@@ -170,6 +170,17 @@ pub async fn seal_plaintext_secrets(pool: &sqlx::MySqlPool) -> Result<u64, Funct
         tracing::info!(partners = done.sealed, "plaintext webhook secrets sealed");
     }
     Ok(done.sealed)
+}
+
+/// `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` of the process environment.
+fn sealer_from_env() -> Result<Option<paybus_platform::sealed::Sealer>, paybus_platform::ConfigError>
+{
+    use paybus_platform::sealed;
+    let vars = paybus_platform::config::Vars::from_env();
+    sealed::Sealer::read(
+        vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+        &vars,
+    )
 }
 
 /// Why an invocation could not be answered.

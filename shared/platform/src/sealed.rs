@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::{
-    ConfigError,
+    ConfigError, Secret,
     config::{Setting, Vars},
 };
 
@@ -38,9 +38,10 @@ pub const VAR_SECRETS_KEY: Setting = Setting {
     name: "PAYBUS_SECRETS_KEY",
     default: "unset",
     about: "the key that seals secrets at rest (partner webhook secrets; AES-256-GCM): 32 bytes \
-            as 64 hex digits or standard base64. Unset: deliver-webhook does not start, the \
-            API's partner create answers 503, and `paybus migrate` stops while a plaintext \
-            webhook secret is left (`infra/run.sh` generates a development one)",
+            as 64 hex digits or standard base64. Unset: deliver-webhook sends nothing (ERROR at \
+            start; deliveries wait, unattempted), the API's partner create answers 503, and \
+            `paybus migrate` stops while a plaintext webhook secret is left (`infra/run.sh` \
+            generates a development one)",
 };
 pub const VAR_SECRETS_OLD_KEYS: Setting = Setting {
     name: "PAYBUS_SECRETS_OLD_KEYS",
@@ -55,6 +56,9 @@ pub const SETTINGS: &[Setting] = &[VAR_SECRETS_KEY, VAR_SECRETS_OLD_KEYS];
 
 /// The form a key is written in (the settings' expected form).
 const KEY_FORM: &str = "32 bytes as 64 hex digits or standard base64";
+
+/// The shortest a key may be written (base64 of 32 bytes; hex is 64).
+pub const KEY_MIN_CHARS: usize = 44;
 
 /// Bytes of an AES-256 key.
 pub const KEY_BYTES: usize = 32;
@@ -164,15 +168,13 @@ impl Sealer {
         Self { current, old: keys }
     }
 
-    /// `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` of the process environment (with
-    /// `_FROM` references resolved); `None` when no key is set.
-    pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        Self::read(&Vars::from_env())
-    }
-
-    /// `None` when `PAYBUS_SECRETS_KEY` is unset; a malformed key names its variable (never
-    /// its value). Old keys without a current one are refused: nothing could seal.
-    pub fn read(vars: &Vars) -> Result<Option<Self>, ConfigError> {
+    /// The sealer of `current` (`PAYBUS_SECRETS_KEY` as its reader read it with `Vars`'s
+    /// secret reader and [`KEY_MIN_CHARS`]: each process that seals names the key itself, so
+    /// the template's secrets check sees who reads it) with the old keys of `vars`
+    /// (`PAYBUS_SECRETS_OLD_KEYS`). `None` when `current` is; a malformed key names its
+    /// variable (never its value). Old keys without a current one are refused: nothing could
+    /// seal.
+    pub fn read(current: Option<Secret>, vars: &Vars) -> Result<Option<Self>, ConfigError> {
         let old = match vars.get(VAR_SECRETS_OLD_KEYS) {
             None => Vec::new(),
             Some(raw) => raw
@@ -180,7 +182,7 @@ impl Sealer {
                 .map(|part| parse_key(part.trim()).ok_or_else(|| hidden(VAR_SECRETS_OLD_KEYS)))
                 .collect::<Result<Vec<_>, _>>()?,
         };
-        let Some(raw) = vars.get(VAR_SECRETS_KEY) else {
+        let Some(current) = current else {
             if old.is_empty() {
                 return Ok(None);
             }
@@ -190,6 +192,7 @@ impl Sealer {
                 expected: "a current key whenever PAYBUS_SECRETS_OLD_KEYS is set",
             });
         };
+        let raw = current.expose();
         let current = parse_key(raw).ok_or_else(|| hidden(VAR_SECRETS_KEY))?;
         let old: Vec<[u8; KEY_BYTES]> = old.iter().map(|k| **k).collect();
         Ok(Some(Self::new(&current, &old)))
@@ -299,12 +302,13 @@ mod tests {
     const B: [u8; 32] = [9; 32];
 
     fn read(pairs: &[(Setting, &str)]) -> Result<Option<Sealer>, ConfigError> {
-        Sealer::read(&Vars::new(
+        let vars = Vars::new(
             pairs
                 .iter()
                 .map(|(s, v)| (s.name.to_owned(), (*v).to_owned()))
                 .collect::<HashMap<_, _>>(),
-        ))
+        );
+        Sealer::read(vars.secret(VAR_SECRETS_KEY, KEY_MIN_CHARS)?, &vars)
     }
 
     #[test]
@@ -370,7 +374,7 @@ mod tests {
         .unwrap();
         assert_eq!(sealer, Sealer::new(&A, &[B]));
         assert!(!format!("{sealer:?}").contains(&hex_key));
-        let short = read(&[(VAR_SECRETS_KEY, "00ff")]).unwrap_err();
+        let short = read(&[(VAR_SECRETS_KEY, &"0".repeat(50))]).unwrap_err();
         assert_eq!(
             (short.variable, short.value.as_str()),
             (VAR_SECRETS_KEY.name, "***")

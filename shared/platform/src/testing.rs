@@ -138,10 +138,10 @@ pub const SECRETS_KEY: &str = "7465737473206f6e6c792c206e657665722061207265616c2
 
 /// The sealer of [`SECRETS_KEY`].
 pub fn sealer() -> crate::sealed::Sealer {
-    crate::sealed::Sealer::read(&crate::config::Vars::new(HashMap::from([(
-        crate::sealed::VAR_SECRETS_KEY.name.to_owned(),
-        SECRETS_KEY.to_owned(),
-    )])))
+    crate::sealed::Sealer::read(
+        Some(crate::Secret::new(SECRETS_KEY)),
+        &crate::config::Vars::default(),
+    )
     .expect("the test key is valid")
     .expect("the test key is set")
 }
