@@ -4,8 +4,9 @@
 # dead-letter recorders, the sweeper and the HTTP API in one process (`paybus run`) until
 # Ctrl-C.
 #
-# Local mode: when PAYBUS_ADMIN_JWT_SECRET or PAYBUS_CHAIN_MONITOR_SECRET is unset,
-# development secrets are generated once into the git-ignored state folder
+# Local mode: when PAYBUS_ADMIN_JWT_SECRET, PAYBUS_CHAIN_MONITOR_SECRET or PAYBUS_SECRETS_KEY
+# (the key partner webhook secrets are sealed with) is unset, development secrets are
+# generated once into the git-ignored state folder
 # (.local/dev-secrets.env) and used, so the admin API and the intake answer from the first
 # request; an ADMIN token and an example session are printed. Production never runs this
 # script: there an unset secret keeps its route closed (503).
@@ -21,14 +22,22 @@ cargo build --release --locked -p paybus
 paybus="$repo/target/release/paybus"
 
 secrets="$PAYBUS_STATE_DIR/dev-secrets.env"
-if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} ]]; then
+if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} || -z ${PAYBUS_SECRETS_KEY:-} || -z ${PAYBUS_PARTNER_KEY_HASH_KEY:-} ]]; then
+  random() { head -c "${1:-16}" /dev/urandom | od -An -tx1 | tr -d ' \n'; }
   if [[ ! -f $secrets ]] || ! grep -q '^PAYBUS_ADMIN_JWT_SECRET=' "$secrets"; then
-    random() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
     (
       umask 077
       printf 'PAYBUS_ADMIN_JWT_SECRET=dev-jwt-%s\nPAYBUS_CHAIN_MONITOR_SECRET=dev-monitor-%s\n' \
         "$(random)" "$(random)" >"$secrets"
     )
+  fi
+  # Added to an existing file too (one written before the key existed). Losing this key
+  # loses the partners' sealed webhook secrets of the local database.
+  if ! grep -q '^PAYBUS_SECRETS_KEY=' "$secrets"; then
+    (umask 077 && printf 'PAYBUS_SECRETS_KEY=%s\n' "$(random 32)" >>"$secrets")
+  fi
+  if ! grep -q '^PAYBUS_PARTNER_KEY_HASH_KEY=' "$secrets"; then
+    (umask 077 && printf 'PAYBUS_PARTNER_KEY_HASH_KEY=dev-partner-keys-%s\n' "$(random 16)" >>"$secrets")
   fi
   while IFS='=' read -r name value; do
     [[ -n ${!name:-} ]] || export "$name=$value"
@@ -42,13 +51,15 @@ if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} ]];
 == Local mode: development secrets (generated once into $secrets; never for production)
    PAYBUS_ADMIN_JWT_SECRET=$PAYBUS_ADMIN_JWT_SECRET
    PAYBUS_CHAIN_MONITOR_SECRET=$PAYBUS_CHAIN_MONITOR_SECRET
+   PAYBUS_SECRETS_KEY=$PAYBUS_SECRETS_KEY
+   PAYBUS_PARTNER_KEY_HASH_KEY=$PAYBUS_PARTNER_KEY_HASH_KEY
    an ADMIN token for 12 h (more: $paybus token issue --role ADMIN|OPS):
    $token
 
 == Try W2 from another shell once "paybus running" shows below (paste as is):
 export PAYBUS_CHAIN_MONITOR_SECRET=$PAYBUS_CHAIN_MONITOR_SECRET
 admin=(-H "Authorization: Bearer $token" -H 'Content-Type: application/json')
-partner=\$(curl -s "\${admin[@]}" -d '{"name":"acme","webhook_secret":"acme-webhook-secret-0001"}' $api/v1/admin/partners | tr -dc 0-9)
+partner=\$(curl -s "\${admin[@]}" -d '{"name":"acme"}' $api/v1/admin/partners | sed -E 's/.*"id":([0-9]+).*/\\1/')
 withdrawal=\$(curl -s "\${admin[@]}" -d "{\"partner_id\":\$partner,\"status\":\"BROADCASTING\",\"currency\":\"USDT\",\"amount\":\"100.5\",\"to_address\":\"T-acme\"}" $api/v1/admin/withdrawals | tr -dc 0-9)
 body="{\"withdrawal_id\":\$withdrawal,\"tx_hash\":\"0xabc\"}"
 curl -s -w ' HTTP %{http_code}\n' -H "X-Paybus-Signature: \$($paybus sign "\$body")" -H 'Content-Type: application/json' -d "\$body" $api/v1/chain-monitor/withdrawal-confirmations

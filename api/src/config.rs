@@ -8,6 +8,7 @@ use paybus_p2p::MatchingConfig;
 use paybus_platform::{
     ConfigError, Secret,
     config::{Setting, Vars},
+    sealed,
 };
 
 use crate::server::Limits;
@@ -99,6 +100,8 @@ pub struct ApiConfig {
     pub four_eyes: paybus_platform::approvals::FourEyes,
     /// The partner API's settings (`PAYBUS_PARTNER_*`).
     pub partner_api: crate::partner::PartnerApiConfig,
+    /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
+    pub sealer: Option<paybus_platform::sealed::Sealer>,
 }
 
 impl Default for ApiConfig {
@@ -114,6 +117,7 @@ impl Default for ApiConfig {
             limits: Limits::default(),
             four_eyes: paybus_platform::approvals::FourEyes::default(),
             partner_api: crate::partner::PartnerApiConfig::default(),
+            sealer: None,
         }
     }
 }
@@ -150,6 +154,10 @@ impl ApiConfig {
             },
             four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
             partner_api: crate::partner::PartnerApiConfig::read(env)?,
+            sealer: paybus_platform::sealed::Sealer::read(
+                env.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+                env,
+            )?,
         })
     }
 }

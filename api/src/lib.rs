@@ -118,6 +118,8 @@ pub struct AppState {
     pub partner_api: partner::PartnerApiConfig,
     /// Every partner's request bucket (per process).
     pub partner_rate_limits: partner::rate_limit::RateLimits,
+    /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
+    pub sealer: Option<paybus_platform::sealed::Sealer>,
 }
 
 impl AppState {
@@ -147,6 +149,7 @@ impl AppState {
             shards: services.settings.broker.shards.clone(),
             partner_api: config.partner_api.clone(),
             partner_rate_limits: partner::rate_limit::RateLimits::default(),
+            sealer: config.sealer.clone(),
         })
     }
 
@@ -243,6 +246,9 @@ pub fn warn_about_closed_routes(state: &AppState) {
     }
     if state.partner_api.key_hash_key.is_none() {
         tracing::warn!("PAYBUS_PARTNER_KEY_HASH_KEY is not set: the partner API answers 503");
+    }
+    if state.sealer.is_none() {
+        tracing::warn!("PAYBUS_SECRETS_KEY is not set: creating a partner answers 503");
     }
 }
 

@@ -5,6 +5,8 @@
 //! | [`keys`] | ADMIN: create, list, revoke and rotate a partner's API keys (`/v1/admin/partners/{id}/api-keys…`) |
 //! | [`orders`] | W1: create and read its P2P deposit orders and withdraw orders |
 //! | [`records`] | W2: read its withdrawals and deposits |
+//! | [`notifications`] | its notifications, each with its delivery attempts; re-deliver one |
+//! | [`webhook`] | set its webhook URL, rotate its webhook secret (old and new sign for a while) |
 //! | `me` (here) | its own record: name, webhook endpoint and breaker, rate limit |
 //!
 //! Every route passes [`require_partner`]: the key (`Authorization: Bearer pbk_…`) is checked
@@ -17,9 +19,11 @@
 mod config;
 pub mod idempotency;
 pub mod keys;
+mod notifications;
 mod orders;
 pub mod rate_limit;
 mod records;
+mod webhook;
 
 use axum::{
     Extension, Json, Router,
@@ -27,7 +31,7 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{get, post, put},
 };
 use hmac::Mac;
 use serde::{Deserialize, Serialize};
@@ -66,6 +70,11 @@ pub(crate) struct IdempotencyKeyHeader {
     orders::show_withdraw_order,
     records::show_withdrawal,
     records::show_deposit,
+    notifications::list,
+    notifications::show,
+    notifications::redeliver,
+    webhook::set_url,
+    webhook::rotate_secret,
 ))]
 pub(crate) struct Doc;
 
@@ -80,6 +89,10 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         .route(
             "/v1/partner/p2p/withdraw-orders",
             post(orders::create_withdraw_order),
+        )
+        .route(
+            "/v1/partner/notifications/{id}/redeliver",
+            post(notifications::redeliver),
         )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -101,6 +114,15 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
             get(records::show_withdrawal),
         )
         .route("/v1/partner/deposits/{id}", get(records::show_deposit))
+        .route("/v1/partner/notifications", get(notifications::list))
+        .route("/v1/partner/notifications/{id}", get(notifications::show))
+        .route("/v1/partner/webhook", put(webhook::set_url))
+        // Not idempotent by key: its answer holds the new secret, which is never stored. A
+        // retried rotation makes one more secret; the ones before keep signing their overlap.
+        .route(
+            "/v1/partner/webhook/secret/rotate",
+            post(webhook::rotate_secret),
+        )
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -1,5 +1,5 @@
 //! `POST /v1/admin/partners`, `GET /v1/admin/partners/{id}`. The webhook secret is write-only:
-//! it is never returned.
+//! sealed at rest, returned once by the create that generated it, never by a read.
 
 use axum::{
     Extension, Json, Router,
@@ -7,9 +7,8 @@ use axum::{
     http::StatusCode,
     routing::{get, post},
 };
-use paybus_partners::{NewPartner, Partner, partner};
+use paybus_partners::{NewPartner, Partner, partner, webhook_secrets::WebhookSecretError};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
 
@@ -31,7 +30,18 @@ struct NewPartnerRequest {
     /// Where deliver-webhook POSTs this partner's notifications; absent: no webhooks.
     #[serde(default)]
     webhook_url: Option<String>,
-    webhook_secret: String,
+    /// Absent: one is generated and returned once in the answer (`whsec_<base64>`, Standard
+    /// Webhooks). Present: a `whsec_<base64>` secret, or a legacy string of 16 to 255 bytes.
+    #[serde(default)]
+    webhook_secret: Option<String>,
+}
+
+/// The created partner; `webhook_secret` only when it was generated (shown this once).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+struct CreatedPartner {
+    id: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    webhook_secret: Option<String>,
 }
 
 #[utoipa::path(
@@ -40,25 +50,40 @@ struct NewPartnerRequest {
     tag = "partners",
     security(("admin_token" = [])),
     request_body = NewPartnerRequest,
-    responses((status = 201, body = crate::responses::Created), crate::responses::AdminErrors)
+    responses((status = 201, body = CreatedPartner), crate::responses::AdminErrors)
 )]
 #[tracing::instrument(skip_all, fields(partner_id))]
 async fn create(
     State(state): State<AppState>,
     Extension(claims): Extension<Claims>,
     JsonBody(request): JsonBody<NewPartnerRequest>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<CreatedPartner>), ApiError> {
+    let sealer = state.sealer.as_ref().ok_or(ApiError::Disabled(
+        "creating a partner is disabled: PAYBUS_SECRETS_KEY is not set",
+    ))?;
     let new = NewPartner::new(
         &request.name,
         request.webhook_url.as_deref(),
-        &request.webhook_secret,
+        request.webhook_secret.as_deref(),
     )
     .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut conn = state.pool.acquire().await?;
-    let id = partner::create(&mut conn, &new, &claims.sub).await?;
+    let created = partner::create(&mut conn, sealer, &new, &claims.sub)
+        .await
+        .map_err(|e| match e {
+            WebhookSecretError::Database(e) => ApiError::Database(e),
+            other => ApiError::Internal(Box::new(other)),
+        })?;
+    let id = created.id;
     tracing::Span::current().record("partner_id", id);
     tracing::info!(partner_id = id, name = new.name(), "partner created");
-    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedPartner {
+            id,
+            webhook_secret: created.webhook_secret.map(|s| s.expose().to_owned()),
+        }),
+    ))
 }
 
 #[utoipa::path(

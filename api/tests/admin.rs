@@ -441,7 +441,7 @@ async fn the_audit_endpoint_reports_clean_then_a_planted_double_debit() {
     assert_eq!(body["clean"], json!(true));
 
     for sql in [
-        "INSERT INTO partners (id, name, webhook_secret) VALUES (45, 'p45', 'secret')",
+        "INSERT INTO partners (id, name) VALUES (45, 'p45')",
         "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (45, 'USDT', -100)",
         "INSERT INTO ledger_entries (partner_id, currency, entry_type, amount, balance_after, \
          reference_type, reference_id, idem_key) \
@@ -480,4 +480,56 @@ async fn the_audit_endpoint_reports_clean_then_a_planted_double_debit() {
         ]),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn a_partner_created_without_a_secret_gets_a_whsec_secret_once_sealed_at_rest() {
+    let api = Api::new().await;
+
+    let (status, created) = api
+        .call(admin_post(
+            "/v1/admin/partners",
+            &json!({"name": "acme", "webhook_url": "https://acme.example/hooks"}),
+        ))
+        .await;
+    let given = create(
+        &api,
+        "/v1/admin/partners",
+        json!({"name": "globex", "webhook_secret": "globex-legacy-secret-01"}),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let secret = created["webhook_secret"].as_str().unwrap();
+    assert!(secret.starts_with("whsec_"), "{created}");
+    let id = created["id"].as_u64().unwrap();
+    let (_, shown) = api
+        .call(admin_get(&format!("/v1/admin/partners/{id}")))
+        .await;
+    assert!(!shown.to_string().contains(secret), "{shown}");
+    assert_eq!(shown["webhook_disabled"], Value::Null);
+    let (_, shown_given) = api
+        .call(admin_get(&format!("/v1/admin/partners/{given}")))
+        .await;
+    assert!(shown_given.get("webhook_secret").is_none());
+    let stored: (Option<String>, i64) = sqlx::query_as(
+        "SELECT MAX(p.webhook_secret), COUNT(s.id) FROM partners p \
+         JOIN partner_webhook_secrets s ON s.partner_id = p.id",
+    )
+    .fetch_one(&api.env.db)
+    .await
+    .unwrap();
+    assert_eq!(stored, (None, 2), "sealed, one secret each, no plaintext");
+}
+
+#[tokio::test]
+async fn without_a_secrets_key_creating_a_partner_is_503() {
+    let api = Api::with(|config| config.sealer = None).await;
+
+    let (status, answer) = api
+        .call(admin_post("/v1/admin/partners", &json!({"name": "acme"})))
+        .await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(error_of(&answer).contains("PAYBUS_SECRETS_KEY"), "{answer}");
 }

@@ -382,8 +382,8 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
         .expect("insert");
     }
     sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret, webhook_failures, \
-         webhook_open_until) VALUES ('flaky', NULL, 'x', 5, NOW(6) + INTERVAL 1 MINUTE)",
+        "INSERT INTO partners (name, webhook_url, webhook_failures, \
+         webhook_open_until) VALUES ('flaky', NULL, 5, NOW(6) + INTERVAL 1 MINUTE)",
     )
     .execute(db)
     .await
@@ -470,13 +470,11 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
 async fn a_withdrawal_is_traced_by_the_api_and_the_console_and_nonsense_is_a_400_or_404() {
     let api = Api::new().await;
     let db = &api.env.db;
-    let partner = sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret) VALUES ('acme', NULL, 'x')",
-    )
-    .execute(db)
-    .await
-    .expect("insert")
-    .last_insert_id();
+    let partner = sqlx::query("INSERT INTO partners (name, webhook_url) VALUES ('acme', NULL)")
+        .execute(db)
+        .await
+        .expect("insert")
+        .last_insert_id();
     let withdrawal = sqlx::query(
         "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
          VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42.5, 'T-address', '0xabc')",

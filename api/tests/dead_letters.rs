@@ -18,13 +18,11 @@ use support::*;
 /// An in-flight withdrawal and the dead letter of its confirmation; (withdrawal, letter) ids.
 async fn dead_lettered_confirmation(api: &Api) -> (u64, u64) {
     let pool = &api.services.pool;
-    let partner = sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret) VALUES ('acme', NULL, 'x')",
-    )
-    .execute(pool)
-    .await
-    .unwrap()
-    .last_insert_id();
+    let partner = sqlx::query("INSERT INTO partners (name, webhook_url) VALUES ('acme', NULL)")
+        .execute(pool)
+        .await
+        .unwrap()
+        .last_insert_id();
     let withdrawal = sqlx::query(
         "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
          VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42, 'T-address', '0xabc')",

@@ -211,10 +211,50 @@ struct Rows {
     withdraw_order: u64,
     withdrawal: u64,
     deposit: u64,
+    notification: u64,
+}
+
+/// A DELIVERED notification of `partner` with one recorded attempt, as deliver-webhook leaves
+/// one (written directly: the delivery itself has its own tests).
+async fn delivered_notification(api: &Api, partner: u64, reference_id: u64, tag: &str) -> u64 {
+    let id = sqlx::query(
+        "INSERT INTO partner_notifications \
+         (partner_id, event, reference_type, reference_id, payload, status, attempts, delivered_at) \
+         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, ?, 'DELIVERED', 1, NOW(6))",
+    )
+    .bind(partner)
+    .bind(reference_id)
+    .bind(json!({"withdrawal_id": reference_id, "tag": tag}).to_string())
+    .execute(&api.env.db)
+    .await
+    .unwrap()
+    .last_insert_id();
+    sqlx::query(
+        "INSERT INTO partner_notification_attempts \
+         (notification_id, partner_id, attempt, started_at, status_code, latency_ms, error) \
+         VALUES (?, ?, 1, NOW(6), 200, 12, NULL)",
+    )
+    .bind(id)
+    .bind(partner)
+    .execute(&api.env.db)
+    .await
+    .unwrap();
+    id
 }
 
 async fn rows_of(api: &Api, partner: u64, key: &str, tag: &str) -> Rows {
+    let withdrawal = created_id(
+        api,
+        admin_post(
+            "/v1/admin/withdrawals",
+            &json!({"partner_id": partner, "status": "BROADCASTING", "currency": "USDT",
+                    "amount": "3", "to_address": format!("T-{tag}")}),
+        ),
+    )
+    .await;
     Rows {
+        withdrawal,
+        notification: delivered_notification(api, partner, withdrawal, tag).await,
         withdraw_order: created_id(
             api,
             partner_post(WITHDRAW_ORDERS, key, &json!({"currency": "USDT", "amount": "100"})),
@@ -226,15 +266,6 @@ async fn rows_of(api: &Api, partner: u64, key: &str, tag: &str) -> Rows {
                 DEPOSIT_ORDERS,
                 key,
                 &json!({"currency": "USDT", "amount": "7", "partner_order_ref": format!("ref-{tag}")}),
-            ),
-        )
-        .await,
-        withdrawal: created_id(
-            api,
-            admin_post(
-                "/v1/admin/withdrawals",
-                &json!({"partner_id": partner, "status": "BROADCASTING", "currency": "USDT",
-                        "amount": "3", "to_address": format!("T-{tag}")}),
             ),
         )
         .await,
@@ -283,6 +314,8 @@ async fn partner_a_reaches_nothing_of_partner_b_on_any_partner_route() {
                     b_rows.withdrawal
                 } else if path.starts_with("/v1/partner/deposits/") {
                     b_rows.deposit
+                } else if path.starts_with("/v1/partner/notifications/") {
+                    b_rows.notification
                 } else {
                     panic!("{method} {path}: the walk does not know which of B's rows to try");
                 };
@@ -317,7 +350,13 @@ async fn partner_a_reaches_nothing_of_partner_b_on_any_partner_route() {
             }
         }
     }
-    assert!(walked >= 7, "walked {walked} partner operations");
+    assert!(walked >= 12, "walked {walked} partner operations");
+    // B's notification was not re-delivered by A's POST.
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'")
+            .await,
+        2
+    );
 
     // The same routes with A's own ids answer A's rows (the walk's 404s are isolation, not
     // broken routes).
@@ -326,6 +365,7 @@ async fn partner_a_reaches_nothing_of_partner_b_on_any_partner_route() {
         format!("{WITHDRAW_ORDERS}/{}", a_rows.withdraw_order),
         format!("/v1/partner/withdrawals/{}", a_rows.withdrawal),
         format!("/v1/partner/deposits/{}", a_rows.deposit),
+        format!("/v1/partner/notifications/{}", a_rows.notification),
     ] {
         let (status, body) = api.call(partner_get(&path, &a_key)).await;
         assert_eq!(status, StatusCode::OK, "{path}: {body}");
@@ -613,4 +653,146 @@ async fn without_a_hash_key_the_partner_api_is_closed() {
         ))
         .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn a_partner_reads_its_notifications_with_their_attempts_and_redelivers_one() {
+    let api = api().await;
+    let partner = api.partner("acme").await;
+    let key = api.partner_key(partner).await;
+    let first = delivered_notification(&api, partner, 11, "first").await;
+    let second = delivered_notification(&api, partner, 12, "second").await;
+
+    let (status, page) = api
+        .call(partner_get("/v1/partner/notifications?limit=1", &key))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["notifications"][0]["id"].as_u64(), Some(second));
+    let before = page["next_before"].as_u64().unwrap();
+    let (_, rest) = api
+        .call(partner_get(
+            &format!("/v1/partner/notifications?before={before}"),
+            &key,
+        ))
+        .await;
+    assert_eq!(rest["notifications"][0]["id"].as_u64(), Some(first));
+    assert_eq!(rest["next_before"], Value::Null);
+    let (status, _) = api
+        .call(partner_get("/v1/partner/notifications?limit=0", &key))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, shown) = api
+        .call(partner_get(
+            &format!("/v1/partner/notifications/{first}"),
+            &key,
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["status"], "DELIVERED");
+    let attempt = &shown["delivery_attempts"][0];
+    assert_eq!(attempt["status_code"], 200);
+    assert_eq!(attempt["latency_ms"], 12);
+    assert!(attempt["started_at"].is_string(), "{shown}");
+
+    let outbox_before = api.scalar("SELECT COUNT(*) FROM outbox_messages").await;
+    let redeliver = format!("/v1/partner/notifications/{first}/redeliver");
+    let (status, queued) = api.call(partner_post(&redeliver, &key, &json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{queued}");
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM outbox_messages").await,
+        outbox_before + 1
+    );
+    let (_, shown) = api
+        .call(partner_get(
+            &format!("/v1/partner/notifications/{first}"),
+            &key,
+        ))
+        .await;
+    assert_eq!(shown["status"], "PENDING");
+    assert_eq!(
+        shown["id"].as_u64(),
+        Some(first),
+        "the same id: the same webhook-id"
+    );
+    let (status, busy) = api.call(partner_post(&redeliver, &key, &json!({}))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{busy}");
+    assert!(
+        api.ops_actions()
+            .await
+            .iter()
+            .any(|(_, action, _)| action == "partner_notification.redeliver"),
+        "the re-delivery is in the ops log"
+    );
+}
+
+#[tokio::test]
+async fn a_partner_sets_its_webhook_url_and_rotates_its_secret_with_an_overlap() {
+    let api = api().await;
+    let partner = api.partner("acme").await;
+    let key = api.partner_key(partner).await;
+
+    let (status, me) = api
+        .call(with_key(
+            "PUT",
+            "/v1/partner/webhook",
+            &key,
+            None,
+            &json!({"url": "https://acme.example/hooks"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(me["webhook_url"], "https://acme.example/hooks");
+    let (status, refused) = api
+        .call(with_key(
+            "PUT",
+            "/v1/partner/webhook",
+            &key,
+            None,
+            &json!({"url": "ftp://x"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+
+    let (status, rotated) = api
+        .call(partner_post(
+            "/v1/partner/webhook/secret/rotate",
+            &key,
+            &json!({"overlap_seconds": 600}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{rotated}");
+    let secret = rotated["webhook_secret"].as_str().unwrap();
+    assert!(secret.starts_with("whsec_"), "{rotated}");
+    assert_eq!(
+        api.scalar(
+            "SELECT COUNT(*) FROM partner_webhook_secrets \
+             WHERE expires_at IS NOT NULL AND expires_at > NOW(6)"
+        )
+        .await,
+        1,
+        "the old secret signs for the overlap"
+    );
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM partner_webhook_secrets WHERE expires_at IS NULL")
+            .await,
+        1,
+        "the new one is current"
+    );
+    // Never readable again, and not stored as an idempotent answer.
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM partner_idempotency_keys")
+            .await,
+        0
+    );
+    let (_, me) = api.call(partner_get("/v1/partner/me", &key)).await;
+    assert!(!me.to_string().contains(&secret[6..]), "{me}");
+    let (status, _) = api
+        .call(partner_post(
+            "/v1/partner/webhook/secret/rotate",
+            &key,
+            &json!({"overlap_seconds": 999999999}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 }

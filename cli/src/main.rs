@@ -8,6 +8,7 @@ mod functions;
 mod jobs;
 mod ops_log;
 mod p2p;
+mod secrets;
 mod suspension;
 mod trace;
 
@@ -37,6 +38,9 @@ struct Cli {
 enum Command {
     /// Apply every pending database migration (safe to repeat).
     Migrate,
+    /// Secrets sealed at rest: re-seal them under the current PAYBUS_SECRETS_KEY.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
     /// Check that the database and the broker answer; exits non-zero with one line per problem.
     Doctor,
     /// Declare the exchanges and every function's queues in the PAYBUS_SHARDS layout
@@ -196,6 +200,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Migrate => migrate(&settings).await,
         Command::Doctor => doctor::run(&settings).await,
+        Command::Secrets(command) => secrets::run(&settings, command).await,
         Command::Topology {
             definitions,
             vhost,
@@ -258,11 +263,21 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     db::migrate(&pool)
         .await
         .context("while applying migrations")?;
+    // SQL cannot encrypt: the partners' plaintext webhook secrets are sealed here.
+    let sealer = secrets::sealer_from_env()?;
+    let mut conn = pool.acquire().await?;
+    let sealed = paybus_partners::webhook_secrets::seal_plaintext(&mut conn, sealer.as_ref())
+        .await
+        .context("while sealing plaintext partner webhook secrets")?
+        .sealed;
     println!(
         "migrations: {} known, all applied to {}",
         db::MIGRATOR.iter().count(),
         paybus_platform::redact::url(&settings.database.url)
     );
+    if sealed > 0 {
+        println!("partner webhook secrets sealed: {sealed}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -25,7 +25,7 @@ async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
     // The 2026-09-08 incident, planted by hand: withdrawal 1989 debited twice, once keyed
     // and once by a path that bypassed the key.
     for sql in [
-        "INSERT INTO partners (id, name, webhook_secret) VALUES (45, 'partner45', 'secret')",
+        "INSERT INTO partners (id, name) VALUES (45, 'partner45')",
         "INSERT INTO partner_balances (partner_id, currency, balance) VALUES (45, 'USDT', -200)",
         "INSERT INTO ledger_entries (partner_id, currency, entry_type, amount, balance_after, \
          reference_type, reference_id, idem_key) \

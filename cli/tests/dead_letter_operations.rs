@@ -26,13 +26,11 @@ fn run(command: &mut Command) -> Output {
 
 /// `count` BROADCASTING withdrawals, each with a dead-lettered confirmation (safe to replay).
 async fn safe_letters(pool: &MySqlPool, count: u64) {
-    let partner = sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret) VALUES ('acme', NULL, 'x')",
-    )
-    .execute(pool)
-    .await
-    .unwrap()
-    .last_insert_id();
+    let partner = sqlx::query("INSERT INTO partners (name, webhook_url) VALUES ('acme', NULL)")
+        .execute(pool)
+        .await
+        .unwrap()
+        .last_insert_id();
     let mut conn = pool.acquire().await.unwrap();
     for n in 0..count {
         let withdrawal = sqlx::query(

@@ -145,7 +145,7 @@ async fn a_dead_letter_fires_the_shipped_alert_in_a_real_prometheus() {
     // A confirmation of a withdrawal CONFIRMED under another tx: confirm-withdrawal refuses it
     // (an on-chain tx nobody expected) and dead-letters it.
     for sql in [
-        "INSERT INTO partners (id, name, webhook_secret) VALUES (7, 'p7', 'partner-secret-0123')",
+        "INSERT INTO partners (id, name) VALUES (7, 'p7')",
         "INSERT INTO withdrawals (id, partner_id, kind, status, currency, amount, to_address, tx_hash, confirmed_at) \
          VALUES (70, 7, 'NORMAL', 'CONFIRMED', 'USDT', 100, 'T-addr', '0xrecorded', NOW(6))",
     ] {

@@ -22,7 +22,14 @@ async fn fuzzing_the_served_document_finds_no_server_error_and_no_schema_break()
     let token = api.token(&["ADMIN"]);
     let examples = std::env::var("PAYBUS_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| "8".into());
 
-    let stdout = fuzz(&schemathesis, &api.base_url, &token, &examples, &[], "schemathesis");
+    let stdout = fuzz(
+        &schemathesis,
+        &api.base_url,
+        &token,
+        &examples,
+        &[],
+        "schemathesis",
+    );
     // It really ran: every operation was exercised, with a real number of cases.
     let tested = number_after(&stdout, "Tested: ");
     let cases = number_after(&stdout, "Test cases:\n  ");

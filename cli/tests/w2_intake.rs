@@ -60,7 +60,7 @@ async fn signed_duplicate_confirmations_are_accepted_and_debit_once() {
             .unwrap(),
     );
     for sql in [
-        "INSERT INTO partners (id, name, webhook_secret) VALUES (45, 'partner45', 'partner-secret-0123')",
+        "INSERT INTO partners (id, name) VALUES (45, 'partner45')",
         "INSERT INTO withdrawals (id, partner_id, kind, status, currency, amount, to_address) \
          VALUES (1989, 45, 'NORMAL', 'BROADCASTING', 'USDT', 100, 'T-addr')",
     ] {

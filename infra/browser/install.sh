@@ -4,7 +4,9 @@
 # - schemathesis fuzzes the API from its served OpenAPI document (cli/tests/schemathesis.rs);
 # - playwright drives Debian's chromium through the console (cli/tests/console_browser.rs).
 #   Playwright's own browser download cannot work here (no network but the registries), so
-#   the tests point it at the system chromium (`executable_path`), installed with apt if missing.
+#   the tests point it at the system chromium (`executable_path`), installed with apt if missing;
+# - standardwebhooks and svix, the Standard Webhooks reference library and Svix's, verify what
+#   deliver-webhook sends (functions/deliver-webhook/tests/standard_webhooks.rs).
 #
 # Idempotent: a second run finds everything in place and returns in about a second.
 # Prints the variables the tests read (source-able); infra/test.sh exports them.
@@ -13,7 +15,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 venv="$repo/.local/venv"
 # Pinned: a schemathesis upgrade changes which checks run and what they report.
-requirements="schemathesis==4.32.5 playwright==1.65.2"
+requirements="schemathesis==4.32.5 playwright==1.65.2 standardwebhooks==1.1.0 svix==2.9.1"
 
 if ! command -v chromium >/dev/null 2>&1; then
   echo "installing Debian's chromium (for the console's browser test)" >&2

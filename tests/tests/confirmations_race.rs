@@ -34,15 +34,7 @@ const OPENING_BALANCE: &str = "1000000";
 /// withdrawals in BROADCASTING with distinct amounts. Returns the partner, the withdrawal ids
 /// and the sum of their amounts.
 async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, Vec<u64>, Amount) {
-    let partner_id = sqlx::query(
-        "INSERT INTO partners (name, webhook_url, webhook_secret) \
-         VALUES ('partner 45', ?, 'partner-45-webhook-secret')",
-    )
-    .bind(webhook_url)
-    .execute(pool)
-    .await
-    .unwrap()
-    .last_insert_id();
+    let partner_id = paybus_partners::testing::partner(pool, "partner 45", Some(webhook_url)).await;
     let mut tx = pool.begin().await.unwrap();
     ledger::post(
         &mut tx,
@@ -174,7 +166,10 @@ async fn broker_race(shards: u16) {
     for _ in 0..CONSUMERS {
         let mut runner = Runner::new(Services::connect(env.settings.clone()).await.unwrap());
         runner.add_function(ConfirmWithdrawal);
-        runner.add_function(DeliverWebhook::new(WebhookConfig::default()).unwrap());
+        runner.add_function(
+            DeliverWebhook::new(WebhookConfig::default(), paybus_partners::testing::sealer())
+                .unwrap(),
+        );
         let token = shutdown.clone();
         consumers.spawn(async move { runner.run(token).await.unwrap() });
     }

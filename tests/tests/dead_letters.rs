@@ -441,7 +441,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
     };
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
-    runner.add_function(DeliverWebhook::new(config).unwrap());
+    runner.add_function(DeliverWebhook::new(config, paybus_partners::testing::sealer()).unwrap());
     runner.add_job(std::sync::Arc::new(
         paybus_deliver_webhook::due_notifications(
             &services,

@@ -14,7 +14,7 @@ use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet};
 
 async fn new_partner(pool: &MySqlPool) -> u64 {
-    sqlx::query("INSERT INTO partners (name, webhook_secret) VALUES ('partner', 'secret')")
+    sqlx::query("INSERT INTO partners (name) VALUES ('partner')")
         .execute(pool)
         .await
         .expect("insert a partner")

@@ -80,6 +80,7 @@ impl Api {
                 key_hash_key: Some(Secret::new(PARTNER_KEY_HASH_KEY)),
                 ..Default::default()
             },
+            sealer: Some(paybus_platform::testing::sealer()),
             ..ApiConfig::default()
         };
         configure(&mut config);

@@ -48,6 +48,7 @@ pub static AUDIT: &[&[Check]] = &[
     paybus_bonuses::audit::CHECKS,
     paybus_markets::audit::CHECKS,
     paybus_p2p::audit::CHECKS,
+    paybus_partners::audit::CHECKS,
     // The ops trail itself: the hash chain of `ops_log`.
     paybus_platform::ops_log::CHECKS,
 ];

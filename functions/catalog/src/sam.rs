@@ -135,6 +135,16 @@ pub const PAYMENTS_SECRET: SecretSetting = SecretSetting {
     parameter: "PaymentsSecretArn",
     description: "PAYBUS_PAYMENTS_SECRET, the key the payment service signs gateway completions with (bonuses; at least 16 characters)",
 };
+pub const SECRETS_KEY: SecretSetting = SecretSetting {
+    variable: "PAYBUS_SECRETS_KEY",
+    parameter: "SecretsKeySecretArn",
+    description: "PAYBUS_SECRETS_KEY, the key partner webhook secrets are sealed with at rest (32 bytes as 64 hex digits or base64)",
+};
+pub const PARTNER_KEY_HASH_KEY: SecretSetting = SecretSetting {
+    variable: "PAYBUS_PARTNER_KEY_HASH_KEY",
+    parameter: "PartnerKeyHashKeySecretArn",
+    description: "PAYBUS_PARTNER_KEY_HASH_KEY, the server key partner API keys are hashed under (at least 32 characters)",
+};
 pub const QUOTE_API_KEY: SecretSetting = SecretSetting {
     variable: "PAYBUS_QUOTE_API_KEY",
     parameter: "QuoteApiKeySecretArn",
@@ -149,6 +159,8 @@ pub const SECRETS: &[SecretSetting] = &[
     CHAIN_MONITOR_SECRET,
     PAYMENTS_SECRET,
     QUOTE_API_KEY,
+    SECRETS_KEY,
+    PARTNER_KEY_HASH_KEY,
 ];
 
 /// A setting that is no secret, passed as a plain variable from a template parameter.
@@ -215,7 +227,11 @@ pub fn needs(binary: &str) -> Needs {
     match binary {
         // Records into the database; publishes nothing.
         "dead-letters" => Needs::default(),
-        "migrate" => bus,
+        // Seals the plaintext webhook secrets of earlier releases.
+        "migrate" => Needs {
+            secrets: vec![AMQP_URL, SECRETS_KEY],
+            settings: Vec::new(),
+        },
         "api" => {
             let mut api = Needs {
                 secrets: vec![
@@ -223,6 +239,10 @@ pub fn needs(binary: &str) -> Needs {
                     ADMIN_JWT_SECRET,
                     CHAIN_MONITOR_SECRET,
                     PAYMENTS_SECRET,
+                    // Partner create seals the webhook secret.
+                    SECRETS_KEY,
+                    // The partner API checks partners' keys.
+                    PARTNER_KEY_HASH_KEY,
                 ],
                 settings: vec![ASYNC_MATCHING_ENABLED],
             };
@@ -252,6 +272,11 @@ fn function_needs(function: &str) -> Needs {
         "match-deposit" => Needs {
             secrets: vec![QUOTE_API_KEY],
             settings: vec![QUOTE_URL],
+        },
+        // Opens the partners' sealed webhook secrets to sign.
+        "deliver-webhook" => Needs {
+            secrets: vec![SECRETS_KEY],
+            settings: Vec::new(),
         },
         _ => Needs::default(),
     }

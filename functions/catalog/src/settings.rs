@@ -18,6 +18,13 @@ pub const GROUPS: &[SettingGroup] = &[
         settings: paybus_platform::secrets::SETTINGS,
     },
     SettingGroup {
+        title: "Secrets at rest",
+        read_by: "Read by deliver-webhook, the API (partner create) and `paybus migrate` / the \
+                  migrate Lambda (`paybus_platform::sealed::Sealer`), and by `paybus secrets \
+                  rotate-key`.",
+        settings: paybus_platform::sealed::SETTINGS,
+    },
+    SettingGroup {
         title: "p2p (W1): matching and the quote service",
         read_by: "Read by the API (inline matching) and match-deposit \
                   (`paybus_p2p::MatchingConfig`).",

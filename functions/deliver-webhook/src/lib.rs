@@ -10,11 +10,18 @@
 //!    a re-published one is `Skipped` while this POST is in flight. 0 rows → `Skipped` with the
 //!    row's state as the reason; unknown id → `Failed` (dead letter); partner without a
 //!    webhook URL → SKIPPED row, `Skipped`.
-//! 2. **POST** the frozen payload with `X-Paybus-Signature`, `X-Paybus-Event` and
-//!    `X-Paybus-Notification-Id` (the partner's idempotency key); see [`delivery`].
-//! 3. **settle** (short transaction, conditional on the claim): 2xx → DELIVERED, `Done`;
-//!    failure below the limit → PENDING with `last_error` and `next_attempt_at` = backoff,
-//!    `Retry`; at the limit → FAILED, `Failed` (the runtime dead-letters the message).
+//!    The claim also opens the partner's unexpired webhook secrets (sealed at rest, see
+//!    `paybus_partners::webhook_secrets`) with the sealer built once from `PAYBUS_SECRETS_KEY`.
+//! 2. **POST** the frozen payload signed to the Standard Webhooks specification
+//!    (`webhook-id`, `webhook-timestamp`, `webhook-signature`, one signature per unexpired
+//!    secret) and with `X-Paybus-Signature`, `X-Paybus-Event` and `X-Paybus-Notification-Id`;
+//!    see [`delivery`].
+//! 3. **settle** (short transaction, conditional on the claim, on the connection that first
+//!    records the attempt in `partner_notification_attempts`): 2xx → DELIVERED, `Done`;
+//!    410 Gone → the partner's endpoint disabled, the row parked unattempted (`Skipped`)
+//!    until ops set the URL again; other failures below the limit → PENDING with
+//!    `last_error` and `next_attempt_at` = backoff, `Retry`; at the limit → FAILED, `Failed`
+//!    (the runtime dead-letters the message).
 //!
 //! Retries come back as messages re-published when due by the platform's due sweep over
 //! `partner_notifications` ([`jobs`]). The claim, the settles and the sweep are the platform's
@@ -50,6 +57,7 @@
 pub mod bulkhead;
 pub mod config;
 pub mod delivery;
+pub mod prune;
 mod triage;
 
 use std::sync::Arc;
@@ -57,13 +65,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paybus_partners::{
+    attempts::NewAttempt,
     breaker::{self, BreakerState},
     notifications::{self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated},
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics, sweeper::Job},
+    config::Vars,
     function::{BuildError, Function},
     retry::{AfterFailure, Clock, DueSweep, DueSweepConfig, RowState, Settled},
+    sealed::{self, Sealer},
 };
 use sqlx::MySqlPool;
 
@@ -84,6 +95,16 @@ enum Gate {
 /// (the due sweep brings it back).
 const DEFERRED_FOR: Duration = Duration::from_secs(1);
 
+/// When a delivery a process without `PAYBUS_SECRETS_KEY` left alone comes back: the row is
+/// untouched (due, its message stamped), so the due sweep re-publishes it once the stamp is
+/// older than the sweep's `stale_after` (default 5 min).
+const NO_KEY_RETRY: Duration = Duration::from_secs(5 * 60);
+
+/// How long a delivery to a disabled (410) endpoint is parked before the due sweep brings it
+/// back to be parked again: re-enabling makes it due at once, so this only bounds the cost of
+/// looking (one message an hour per parked notification).
+pub const PARKED_WHILE_DISABLED: Duration = Duration::from_secs(60 * 60);
+
 /// The handler. Build it once at start-up (it owns the HTTP client and its connection pool).
 #[derive(Clone)]
 pub struct DeliverWebhook {
@@ -91,16 +112,31 @@ pub struct DeliverWebhook {
     config: WebhookConfig,
     clock: Clock,
     bulkhead: Bulkhead,
+    /// Opens the partners' sealed webhook secrets. None (`PAYBUS_SECRETS_KEY` unset): every
+    /// delivery is parked unattempted, nothing is lost, until a process with the key runs.
+    sealer: Option<Sealer>,
 }
 
 impl DeliverWebhook {
     /// Builds the HTTP client (timeouts, TLS, no redirects).
-    pub fn new(config: WebhookConfig) -> Result<Self, reqwest::Error> {
+    pub fn new(config: WebhookConfig, sealer: Sealer) -> Result<Self, reqwest::Error> {
         Ok(Self {
             http: delivery::client(&config)?,
             bulkhead: Bulkhead::new(config.partner_concurrency),
             config,
             clock: Clock::Database,
+            sealer: Some(sealer),
+        })
+    }
+
+    /// Without `PAYBUS_SECRETS_KEY`: deliveries are parked, none is sent unsigned or failed.
+    fn without_key(config: WebhookConfig) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: delivery::client(&config)?,
+            bulkhead: Bulkhead::new(config.partner_concurrency),
+            config,
+            clock: Clock::Database,
+            sealer: None,
         })
     }
 
@@ -126,8 +162,23 @@ impl Handler for DeliverWebhook {
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.notification_id;
         let pool = ctx.outbox.pool();
+        let Some(sealer) = &self.sealer else {
+            // Nothing to sign with: the row waits unclaimed, no attempt counted.
+            tracing::error!(
+                notification_id = id,
+                "PAYBUS_SECRETS_KEY is not set: cannot sign, the delivery waits"
+            );
+            metrics::record(Self::FUNCTION, "no_secrets_key", Duration::ZERO);
+            return Ok(Outcome::Retry {
+                after: NO_KEY_RETRY,
+                error: format!(
+                    "notification {id}: PAYBUS_SECRETS_KEY is not set, nothing can sign; not \
+                     attempted"
+                ),
+            });
+        };
         let mut claimed =
-            match notifications::claim(pool, id, self.config.lease(), &self.clock).await? {
+            match notifications::claim(pool, sealer, id, self.config.lease(), &self.clock).await? {
                 DeliveryClaim::Claimed(claimed) => claimed,
                 DeliveryClaim::SkippedNoWebhook { partner_id } => {
                     return Ok(Outcome::Skipped(format!(
@@ -141,6 +192,26 @@ impl Handler for DeliverWebhook {
                     return Ok(Outcome::Failed(format!("notification {id} does not exist")));
                 }
             };
+
+        if claimed.disabled {
+            let delay = PARKED_WHILE_DISABLED;
+            notifications::defer(pool, &claimed, delay, &self.clock).await?;
+            metrics::record(Self::FUNCTION, "parked", Duration::ZERO);
+            return Ok(Outcome::Skipped(format!(
+                "notification {id}: partner {}'s endpoint is disabled (it answered 410 Gone); \
+                 parked {delay:?} until its URL is set again, no attempt counted",
+                claimed.partner_id
+            )));
+        }
+        let secrets = match &claimed.secrets {
+            Ok(secrets) => secrets.clone(),
+            Err(error) => {
+                // Not the partner's fault: no POST, nothing on its breaker; retried (an old key
+                // put back into PAYBUS_SECRETS_OLD_KEYS opens it), FAILED at the limit.
+                let error = format!("cannot sign: {error}");
+                return self.failed(pool, &claimed, &error, None).await;
+            }
+        };
 
         // Partners are isolated: an open breaker parks the delivery, a partner at its
         // in-flight bound defers it; neither is an attempt, and the prefetch slot is free at
@@ -178,46 +249,101 @@ impl Handler for DeliverWebhook {
         }
 
         // No transaction is open here: the claim committed, the lease keeps others off.
-        let signed_at = chrono::Utc::now().timestamp();
-        let attempt = delivery::post(&self.http, self.config.timeout, &claimed, signed_at).await;
+        let started_at = chrono::Utc::now();
+        let started = tokio::time::Instant::now();
+        let attempt = delivery::post(
+            &self.http,
+            self.config.timeout,
+            &claimed,
+            &secrets,
+            started_at.timestamp(),
+        )
+        .await;
+        let record = NewAttempt {
+            started_at,
+            status_code: attempt.status(),
+            latency: started.elapsed(),
+            error: attempt.error().map(str::to_owned),
+        };
         self.record_on_breaker(pool, &claimed, &attempt).await?;
 
         match attempt {
             Attempt::Delivered { status } => {
-                match notifications::settle_delivered(pool, &claimed).await? {
+                match notifications::settle_delivered(pool, &claimed, &record).await? {
                     Settled::Yes => Ok(Outcome::Done),
                     Settled::ClaimLost => Ok(claim_lost(&claimed, &format!("HTTP {status}"))),
                 }
             }
-            Attempt::Failed(error) => {
-                let max = self.config.retry.max_attempts();
-                let n = claimed.attempts;
-                let settled = notifications::settle_failure(
+            Attempt::Gone(error) => {
+                let reason = "HTTP 410 Gone from the endpoint";
+                let (settled, disabled) = notifications::settle_gone(
                     pool,
                     &claimed,
-                    &self.config.retry,
-                    &error,
+                    &record,
+                    reason,
+                    PARKED_WHILE_DISABLED,
                     &self.clock,
                 )
                 .await?;
+                if disabled {
+                    tracing::warn!(
+                        partner_id = claimed.partner_id,
+                        notification_id = id,
+                        "partner endpoint answered 410 Gone: disabled, its deliveries are \
+                         parked until its webhook URL is set again"
+                    );
+                    metrics::record(Self::FUNCTION, "endpoint_disabled", Duration::ZERO);
+                }
                 Ok(match settled {
-                    AfterFailure::Retry { after, .. } => Outcome::Retry {
-                        after,
-                        error: format!("notification {id}, attempt {n}/{max}: {error}"),
-                    },
-                    AfterFailure::Failed { .. } => Outcome::Failed(format!(
-                        "notification {id} to partner {}: gave up after {n} attempts; \
-                         last error: {error}",
+                    Settled::Yes => Outcome::Skipped(format!(
+                        "notification {id}: partner {}'s endpoint answered 410 Gone; disabled, \
+                         parked until its URL is set again",
                         claimed.partner_id
                     )),
-                    AfterFailure::ClaimLost => claim_lost(&claimed, &error),
+                    Settled::ClaimLost => claim_lost(&claimed, &error),
                 })
+            }
+            Attempt::Failed { error, .. } => {
+                self.failed(pool, &claimed, &error, Some(&record)).await
             }
         }
     }
 }
 
 impl DeliverWebhook {
+    /// Settles a failed attempt (`record`: the POST made, if one was): PENDING after the
+    /// backoff, or FAILED at the limit.
+    async fn failed(
+        &self,
+        pool: &MySqlPool,
+        claimed: &ClaimedNotification,
+        error: &str,
+        record: Option<&NewAttempt>,
+    ) -> Result<Outcome, HandlerError> {
+        let (id, n) = (claimed.id, claimed.attempts);
+        let max = self.config.retry.max_attempts();
+        let settled = notifications::settle_failure(
+            pool,
+            claimed,
+            &self.config.retry,
+            error,
+            &self.clock,
+            record,
+        )
+        .await?;
+        Ok(match settled {
+            AfterFailure::Retry { after, .. } => Outcome::Retry {
+                after,
+                error: format!("notification {id}, attempt {n}/{max}: {error}"),
+            },
+            AfterFailure::Failed { .. } => Outcome::Failed(format!(
+                "notification {id} to partner {}: gave up after {n} attempts; last error: {error}",
+                claimed.partner_id
+            )),
+            AfterFailure::ClaimLost => claim_lost(claimed, error),
+        })
+    }
+
     /// Whether the partner's breaker lets this delivery through: closed, or half-open with
     /// this delivery as the probe. Otherwise (open, or the probe taken by another delivery)
     /// it is parked until the breaker may let a probe through, with no attempt counted.
@@ -273,7 +399,9 @@ impl DeliverWebhook {
                     metrics::record(Self::FUNCTION, "breaker_closed", Duration::ZERO);
                 }
             }
-            Attempt::Failed(error) => {
+            // A 410 disables the endpoint instead; the breaker is for endpoints that may heal.
+            Attempt::Gone(_) => {}
+            Attempt::Failed { error, .. } => {
                 let mut conn = pool.acquire().await?;
                 if breaker::record_failure(&mut conn, partner_id, &self.config.breaker, &self.clock)
                     .await?
@@ -294,21 +422,43 @@ impl DeliverWebhook {
 }
 
 impl Function for DeliverWebhook {
+    /// Without `PAYBUS_SECRETS_KEY` it starts (every catalog function starts in `paybus run`
+    /// and the sweeper) but says so at ERROR and sends nothing: each delivery is retried
+    /// unclaimed, no attempt counted (the `no_secrets_key` outcome counts them).
     fn build(_: &Services) -> Result<Self, BuildError> {
         let config = WebhookConfig::from_env()?;
-        DeliverWebhook::new(config).map_err(|source| BuildError::Client {
+        let vars = Vars::from_env();
+        let sealer = Sealer::read(
+            vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+            &vars,
+        )?;
+        let built = match sealer {
+            Some(sealer) => DeliverWebhook::new(config, sealer),
+            None => {
+                tracing::error!(
+                    "PAYBUS_SECRETS_KEY is not set: deliver-webhook cannot sign, so it sends \
+                     nothing; its deliveries wait until it is set"
+                );
+                DeliverWebhook::without_key(config)
+            }
+        };
+        built.map_err(|source| BuildError::Client {
             what: "the webhook HTTP client",
             source: source.into(),
         })
     }
 
     /// The due-retries sweep: re-publishes partner notifications whose retry is due (and
-    /// deliveries whose process died, once their lease runs out).
+    /// deliveries whose process died, once their lease runs out),
+    /// and the pruning of old delivery attempt records.
     fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
-        Ok(vec![Arc::new(due_notifications(
-            services,
-            DueSweepConfig::default(),
-        ))])
+        Ok(vec![
+            Arc::new(due_notifications(services, DueSweepConfig::default())),
+            Arc::new(prune::PruneAttempts::new(
+                services.pool.clone(),
+                prune::PruneConfig::default(),
+            )),
+        ])
     }
 
     const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] = &[&NOTIFICATIONS];

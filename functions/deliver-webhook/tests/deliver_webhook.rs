@@ -15,9 +15,10 @@ use paybus_deliver_webhook::{
     due_notifications,
 };
 use paybus_partners::{
+    attempts::NewAttempt,
     breaker::{BreakerPolicy, BreakerState},
     notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
-    testing::{PARTNER_SECRET as SECRET, partner},
+    testing::{PARTNER_SECRET as SECRET, partner, sealer},
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
@@ -45,6 +46,21 @@ fn config(max_attempts: u32, backoff_ms: &[u64]) -> WebhookConfig {
         )
         .unwrap(),
         ..WebhookConfig::default()
+    }
+}
+
+/// The handler with the test key's sealer.
+fn webhook(config: WebhookConfig) -> Result<DeliverWebhook, reqwest::Error> {
+    DeliverWebhook::new(config, sealer())
+}
+
+/// A POST's record, for tests that settle by hand.
+fn posted() -> NewAttempt {
+    NewAttempt {
+        started_at: Utc::now(),
+        status_code: Some(200),
+        latency: Duration::from_millis(5),
+        error: None,
     }
 }
 
@@ -156,7 +172,7 @@ async fn claimed(
     id: u64,
     lease: Duration,
 ) -> Option<notifications::ClaimedNotification> {
-    match notifications::claim(&env.db, id, lease, &Clock::Database)
+    match notifications::claim(&env.db, &sealer(), id, lease, &Clock::Database)
         .await
         .unwrap()
     {
@@ -256,11 +272,7 @@ async fn a_notification_is_delivered_once_with_a_valid_signature() {
     partner_ok(&partner).await;
     let partner_id =
         insert_partner(&env, "p", Some(&format!("{}/hooks/paybus", partner.uri()))).await;
-    let (halt, run) = start(
-        &services,
-        DeliverWebhook::new(config(8, &[100])).unwrap(),
-        fast_sweep(),
-    );
+    let (halt, run) = start(&services, webhook(config(8, &[100])).unwrap(), fast_sweep());
 
     let id = notify(&services, partner_id, 1989).await;
     let delivered = eventually(Duration::from_secs(20), || async {
@@ -303,7 +315,7 @@ async fn the_same_message_handled_three_times_at_once_posts_once() {
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 7).await;
-    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let handler = webhook(config(8, &[100])).unwrap();
 
     let (a, b, c) = tokio::join!(
         handle(&handler, &services, id, 1),
@@ -345,7 +357,7 @@ async fn duplicate_messages_across_two_consumers_post_each_notification_once() {
     for reference in 0..40 {
         ids.push(insert_notification(&env, partner_id, reference).await);
     }
-    let webhook = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let webhook = webhook(config(8, &[100])).unwrap();
     let (halt_a, run_a) = start(&services_a, webhook.clone(), fast_sweep());
     let (halt_b, run_b) = start(&services_b, webhook, fast_sweep());
 
@@ -405,7 +417,7 @@ async fn a_failed_attempt_records_the_error_and_the_next_attempt_on_the_row() {
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(config(8, &[10_000, 30_000])).unwrap();
+    let handler = webhook(config(8, &[10_000, 30_000])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
 
@@ -452,7 +464,7 @@ async fn a_partner_down_for_a_while_is_retried_with_backoff_then_delivered() {
     let backoff_ms = [300, 600, 900];
     let (halt, run) = start(
         &services,
-        DeliverWebhook::new(config(8, &backoff_ms)).unwrap(),
+        webhook(config(8, &backoff_ms)).unwrap(),
         fast_sweep(),
     );
 
@@ -519,7 +531,7 @@ async fn a_partner_down_for_good_ends_failed_with_one_dead_letter_and_others_are
     let healthy_partner = insert_partner(&env, "healthy", Some(&healthy.uri())).await;
     let (halt, run) = start(
         &services,
-        DeliverWebhook::new(config(3, &[100, 200])).unwrap(),
+        webhook(config(3, &[100, 200])).unwrap(),
         fast_sweep(),
     );
 
@@ -607,7 +619,7 @@ async fn a_timeout_counts_as_a_failed_attempt() {
         .await;
     let partner_id = insert_partner(&env, "slow", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(WebhookConfig {
+    let handler = webhook(WebhookConfig {
         timeout: Duration::from_millis(300),
         ..config(8, &[10_000])
     })
@@ -644,7 +656,7 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
         .await;
     let partner_id = insert_partner(&env, "moved", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(config(8, &[10_000])).unwrap();
+    let handler = webhook(config(8, &[10_000])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
 
@@ -669,7 +681,7 @@ async fn a_partner_without_webhook_url_is_skipped() {
     let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner_id = insert_partner(&env, "no hooks", None).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let handler = webhook(config(8, &[100])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
 
@@ -692,7 +704,7 @@ async fn a_partner_without_webhook_url_is_skipped() {
 async fn an_unknown_notification_is_failed() {
     let env = TestEnv::new().await;
     let services = env.services(&[DeliverWebhook::queue()]).await;
-    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let handler = webhook(config(8, &[100])).unwrap();
 
     let outcome = handle(&handler, &services, 4242, 1).await;
 
@@ -713,7 +725,7 @@ async fn a_failed_row_is_failed_again_only_on_a_redelivery() {
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(config(1, &[100])).unwrap();
+    let handler = webhook(config(1, &[100])).unwrap();
     let first = handle(&handler, &services, id, 1).await;
     assert_eq!(
         first,
@@ -756,7 +768,7 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
     let retrying = insert_notification(&env, partner_id, 1).await;
     let fresh = insert_notification(&env, partner_id, 2).await;
     // Waits long enough that "before due" stays before due on a loaded CI machine.
-    let handler = DeliverWebhook::new(config(8, &[1_500])).unwrap();
+    let handler = webhook(config(8, &[1_500])).unwrap();
     let sweep = due_notifications(&services, DueSweepConfig::default());
     let outbox_rows = || count(&env, "SELECT COUNT(*) FROM outbox_messages");
 
@@ -835,7 +847,7 @@ async fn an_https_partner_gets_a_tls_handshake() {
     let url = partner.uri().replacen("http://", "https://", 1);
     let partner_id = insert_partner(&env, "tls", Some(&url)).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(config(8, &[10_000])).unwrap();
+    let handler = webhook(config(8, &[10_000])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
 
@@ -859,12 +871,12 @@ async fn a_delivery_whose_process_died_is_sent_again_once_its_lease_runs_out() {
     partner_ok(&partner).await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let id = insert_notification(&env, partner_id, 1).await;
-    let handler = DeliverWebhook::new(config(8, &[100])).unwrap();
+    let handler = webhook(config(8, &[100])).unwrap();
     let sweep = due_notifications(&services, DueSweepConfig::default());
     // A claim whose process then died: nothing settles it.
     // Long enough that the "while held" steps stay inside it on a loaded CI machine.
     let lease = Duration::from_millis(1_500);
-    let claim = notifications::claim(&env.db, id, lease, &Clock::Database)
+    let claim = notifications::claim(&env.db, &sealer(), id, lease, &Clock::Database)
         .await
         .unwrap();
     assert!(matches!(claim, DeliveryClaim::Claimed(_)), "{claim:?}");
@@ -906,10 +918,11 @@ async fn a_settle_after_the_claim_was_taken_over_writes_nothing() {
         &give_up_now,
         "HTTP 500 from a slow attempt",
         &Clock::Database,
+        None,
     )
     .await;
-    let late_success = notifications::settle_delivered(&env.db, &first).await;
-    let current = notifications::settle_delivered(&env.db, &second).await;
+    let late_success = notifications::settle_delivered(&env.db, &first, &posted()).await;
+    let current = notifications::settle_delivered(&env.db, &second, &posted()).await;
 
     assert_eq!((first.attempts, second.attempts), (1, 2));
     assert_eq!(late_failure.unwrap(), AfterFailure::ClaimLost);
@@ -960,7 +973,7 @@ async fn two_hundred_hanging_deliveries_to_one_partner_do_not_delay_another() {
     let b = insert_partner(&env, "healthy", Some(&healthy.uri())).await;
     let (stop_run, run) = start(
         &services,
-        DeliverWebhook::new(config(8, &[1_000])).unwrap(),
+        webhook(config(8, &[1_000])).unwrap(),
         fast_sweep(),
     );
 
@@ -1051,7 +1064,7 @@ async fn an_open_breaker_parks_a_partner_without_burning_attempts_until_a_probe_
         .mount(&server)
         .await;
     let partner_id = insert_partner(&env, "flaky", Some(&server.uri())).await;
-    let handler = DeliverWebhook::new(WebhookConfig {
+    let handler = webhook(WebhookConfig {
         partner_concurrency: 1,
         breaker: BreakerPolicy {
             failures_to_open: 3,

@@ -15,7 +15,10 @@
 //! `LogicalResourceId` and `Data`. The connections are made inside the invocation, not at
 //! start-up, and every error becomes a `FAILED` answer carrying its reason.
 //!
-//! - Create, Update: apply the pending migrations and declare the topology. A database that
+//! - Create, Update: apply the pending migrations, seal any plaintext partner webhook secret
+//!   (`paybus_partners::webhook_secrets::seal_plaintext`: SQL cannot encrypt; it needs
+//!   `PAYBUS_SECRETS_KEY` only while such a secret is left, and fails naming it otherwise)
+//!   and declare the topology. A database that
 //!   has applied migrations newer than any this code knows belongs to a later release (an
 //!   older release deployed again): nothing to apply, the topology is declared, `SUCCESS`.
 //! - An Update whose `Version` is older than the one it replaces is CloudFormation rolling a
@@ -62,6 +65,8 @@ pub struct Report {
     pub ahead: Vec<i64>,
     /// Function queues declared (one per shard), each function with its dead-letter queue.
     pub queues: usize,
+    /// Partners whose plaintext webhook secret this run sealed.
+    pub sealed_secrets: u64,
     /// Queues of an earlier shard layout, now unbound, that still hold messages (to drain).
     pub retired: Vec<(String, u32)>,
 }
@@ -113,10 +118,12 @@ pub async fn migrate_and_declare(
     let ahead = db::migrations_ahead(&services.pool)
         .await
         .map_err(StartupError::from)?;
+    let mut sealed_secrets = 0;
     if ahead.is_empty() {
         db::migrate(&services.pool)
             .await
             .map_err(StartupError::from)?;
+        sealed_secrets = seal_plaintext_secrets(&services.pool).await?;
     } else {
         tracing::warn!(
             ?ahead,
@@ -137,6 +144,7 @@ pub async fn migrate_and_declare(
         migrations: db::MIGRATOR.iter().count(),
         ahead,
         queues: queues.len(),
+        sealed_secrets,
         retired,
     };
     tracing::info!(
@@ -145,6 +153,34 @@ pub async fn migrate_and_declare(
         "migrations applied and topology declared"
     );
     Ok(report)
+}
+
+/// The data step after the migrations: every plaintext `partners.webhook_secret` sealed
+/// under `PAYBUS_SECRETS_KEY` (read here, as only this step needs it). Returns how many.
+pub async fn seal_plaintext_secrets(pool: &sqlx::MySqlPool) -> Result<u64, FunctionError> {
+    let sealer = sealer_from_env()?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| StartupError::from(db::DbError::DataMigration(e)))?;
+    let done = paybus_partners::webhook_secrets::seal_plaintext(&mut conn, sealer.as_ref())
+        .await
+        .map_err(|e| FunctionError::Service(Box::new(e)))?;
+    if done.sealed > 0 {
+        tracing::info!(partners = done.sealed, "plaintext webhook secrets sealed");
+    }
+    Ok(done.sealed)
+}
+
+/// `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` of the process environment.
+fn sealer_from_env() -> Result<Option<paybus_platform::sealed::Sealer>, paybus_platform::ConfigError>
+{
+    use paybus_platform::sealed;
+    let vars = paybus_platform::config::Vars::from_env();
+    sealed::Sealer::read(
+        vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+        &vars,
+    )
 }
 
 /// Why an invocation could not be answered.

@@ -27,10 +27,18 @@ use paybus_platform::{
         AfterFailure, AttemptCount, Claim, Clock, Lease, RetryPolicy, RowState, Settled, WorkTable,
     },
 };
+use paybus_platform::{
+    ops_log::{self, Entry},
+    sealed::{SealError, Sealer},
+};
 use serde::{Deserialize, Serialize};
-use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder};
+use sqlx::{Connection, MySql, MySqlConnection, MySqlPool, QueryBuilder};
 
-use crate::breaker::BreakerRead;
+use crate::{
+    attempts::{self, NewAttempt},
+    breaker::BreakerRead,
+    webhook_secrets::{self, SigningSecrets},
+};
 
 /// `partner.notification.created {notification_id}`: a notification row is ready to send.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +97,104 @@ pub async fn find(
     .bind(id)
     .fetch_optional(conn)
     .await
+}
+
+const VIEW_COLUMNS: &str = "id, partner_id, event, reference_type, reference_id, status, \
+                            attempts, next_attempt_at, last_error, delivered_at, created_at";
+
+/// Notification `id` if it is `partner_id`'s (the partner API: another partner's is `None`).
+pub async fn find_for_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    id: u64,
+) -> Result<Option<NotificationView>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {VIEW_COLUMNS} FROM partner_notifications WHERE id = ? AND partner_id = ?"
+    )))
+    .bind(id)
+    .bind(partner_id)
+    .fetch_optional(conn)
+    .await
+}
+
+/// A page of `partner_id`'s notifications, newest first: those with an id below `before_id`
+/// (all, without it), at most `limit` (`index_partner_notifications_for_partner`).
+pub async fn list_for_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    before_id: Option<u64>,
+    limit: u32,
+) -> Result<Vec<NotificationView>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {VIEW_COLUMNS} FROM partner_notifications \
+         WHERE partner_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
+    )))
+    .bind(partner_id)
+    .bind(before_id.unwrap_or(u64::MAX))
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// What [`redeliver`] made of a request to send a notification again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redelivery {
+    /// It was DELIVERED, FAILED or SKIPPED: PENDING again, its message sent.
+    Queued,
+    /// It is PENDING already (waiting or in flight): left alone.
+    AlreadyPending,
+    /// No such notification of this partner.
+    NotFound,
+}
+
+/// Sends a DELIVERED, FAILED or SKIPPED notification of `partner_id` again: PENDING with a
+/// fresh attempt count, due now, under the **same id** (so the same `webhook-id`, which the
+/// partner deduplicates on), with its `partner.notification.created` message and an ops-log
+/// entry (`partner_notification.redeliver`) in `uow`'s transaction; the caller commits.
+pub async fn redeliver(
+    uow: &mut UnitOfWork<'_>,
+    partner_id: u64,
+    id: u64,
+) -> Result<Redelivery, OutboxError> {
+    // The message goes out in this transaction, so the row counts as republished now.
+    let reopened = sqlx::query(
+        "UPDATE partner_notifications SET status = 'PENDING', attempts = 0, \
+         next_attempt_at = NOW(6), republished_at = NOW(6), delivered_at = NULL \
+         WHERE id = ? AND partner_id = ? AND status IN ('DELIVERED', 'FAILED', 'SKIPPED')",
+    )
+    .bind(id)
+    .bind(partner_id)
+    .execute(&mut **uow)
+    .await?
+    .rows_affected();
+    if reopened == 0 {
+        let status: Option<(String,)> = sqlx::query_as(
+            "SELECT status FROM partner_notifications WHERE id = ? AND partner_id = ?",
+        )
+        .bind(id)
+        .bind(partner_id)
+        .fetch_optional(&mut **uow)
+        .await?;
+        return Ok(match status {
+            Some(_) => Redelivery::AlreadyPending,
+            None => Redelivery::NotFound,
+        });
+    }
+    uow.send(&Envelope::new(NotificationCreated {
+        notification_id: id,
+    }))
+    .await?;
+    ops_log::append(
+        &mut **uow,
+        &Entry {
+            actor: &format!("partner:{partner_id}"),
+            action: "partner_notification.redeliver",
+            subject: &format!("partner_notification:{id}"),
+            detail: &serde_json::json!({ "partner_id": partner_id }),
+        },
+    )
+    .await?;
+    Ok(Redelivery::Queued)
 }
 
 /// The notification rows as the retry kit works them.
@@ -272,7 +378,11 @@ pub struct ClaimedNotification {
     /// The JSON body, exactly as frozen by the transition (and signed as such).
     pub payload: String,
     pub webhook_url: String,
-    pub webhook_secret: String,
+    /// The partner's unexpired secrets, opened; an error when one does not open (a key
+    /// missing from the settings), which fails the attempt unsent.
+    pub secrets: Result<SigningSecrets, SealError>,
+    /// The endpoint answered 410 Gone once: its deliveries are parked until ops set the URL.
+    pub disabled: bool,
     /// This attempt's number (1 = the first); the settle is conditional on it.
     pub attempts: u32,
     /// The partner's circuit breaker as read with the claim.
@@ -301,7 +411,7 @@ struct NotificationRow {
     payload: String,
     partner_id: u64,
     webhook_url: Option<String>,
-    webhook_secret: String,
+    webhook_disabled: bool,
     webhook_failures: u32,
     webhook_open_until: Option<chrono::DateTime<chrono::Utc>>,
     now: chrono::DateTime<chrono::Utc>,
@@ -314,14 +424,15 @@ struct NotificationRow {
 #[tracing::instrument(skip_all, fields(notification_id = id))]
 pub async fn claim(
     pool: &MySqlPool,
+    sealer: &Sealer,
     id: u64,
     lease: Duration,
     clock: &Clock,
 ) -> Result<DeliveryClaim, sqlx::Error> {
     let mut tx = db::begin_read_committed(pool).await?;
     let row: Option<NotificationRow> = sqlx::query_as(
-        "SELECT n.status, n.event, n.payload, n.partner_id, p.webhook_url, p.webhook_secret, \
-                p.webhook_failures, p.webhook_open_until, COALESCE(?, NOW(6)) AS now \
+        "SELECT n.status, n.event, n.payload, n.partner_id, p.webhook_url, \
+                p.webhook_disabled_at IS NOT NULL AS webhook_disabled, p.webhook_failures, p.webhook_open_until, COALESCE(?, NOW(6)) AS now \
          FROM partner_notifications n JOIN partners p ON p.id = n.partner_id \
          WHERE n.id = ?",
     )
@@ -350,6 +461,18 @@ pub async fn claim(
     let Some(claim) = NOTIFICATIONS.claim(&mut tx, id, lease, clock).await? else {
         return not_claimed(tx, id, clock).await;
     };
+    let secrets = webhook_secrets::signing(&mut tx, sealer, row.partner_id, clock.sql_now())
+        .await?
+        .and_then(|secrets| {
+            if secrets.is_empty() {
+                // Sealed by `paybus migrate`; until then nothing can sign.
+                Err(SealError::UnknownKey {
+                    key_id: "(none: the partner has no sealed webhook secret)".to_owned(),
+                })
+            } else {
+                Ok(secrets)
+            }
+        });
     tx.commit().await?;
     Ok(DeliveryClaim::Claimed(ClaimedNotification {
         id,
@@ -357,7 +480,8 @@ pub async fn claim(
         event: row.event,
         payload: row.payload,
         webhook_url: webhook_url.to_owned(),
-        webhook_secret: row.webhook_secret,
+        secrets,
+        disabled: row.webhook_disabled,
         attempts: claim.attempts,
         breaker: BreakerRead {
             failures: row.webhook_failures,
@@ -422,8 +546,10 @@ pub async fn defer(
 pub async fn settle_delivered(
     pool: &MySqlPool,
     claimed: &ClaimedNotification,
+    attempt: &NewAttempt,
 ) -> Result<Settled, sqlx::Error> {
     let mut conn = pool.acquire().await?;
+    attempts::record(&mut conn, claimed, attempt).await?;
     NOTIFICATIONS
         .settle_done(
             &mut conn,
@@ -441,11 +567,47 @@ pub async fn settle_failure(
     policy: &RetryPolicy,
     error: &str,
     clock: &Clock,
+    attempt: Option<&NewAttempt>,
 ) -> Result<AfterFailure, sqlx::Error> {
     let mut conn = pool.acquire().await?;
+    if let Some(attempt) = attempt {
+        attempts::record(&mut conn, claimed, attempt).await?;
+    }
     NOTIFICATIONS
         .settle_failure(&mut conn, &claimed.claim, policy, error, clock)
         .await
+}
+
+/// The endpoint answered 410 Gone: the partner's endpoint is disabled (unless it already
+/// was) with `reason`, and this notification parked for `park_for` with no attempt counted —
+/// it is not failed, and goes when ops set the URL again. One transaction with the attempt's
+/// record. True when this disabled the endpoint.
+pub async fn settle_gone(
+    pool: &MySqlPool,
+    claimed: &ClaimedNotification,
+    attempt: &NewAttempt,
+    reason: &str,
+    park_for: Duration,
+    clock: &Clock,
+) -> Result<(Settled, bool), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    attempts::record(&mut tx, claimed, attempt).await?;
+    let disabled = sqlx::query(
+        "UPDATE partners SET webhook_disabled_at = NOW(6), webhook_disabled_reason = ? \
+         WHERE id = ? AND webhook_disabled_at IS NULL",
+    )
+    .bind(reason)
+    .bind(claimed.partner_id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    let settled = NOTIFICATIONS
+        .defer(&mut tx, &claimed.claim, park_for, Some(reason), clock)
+        .await?;
+    tx.commit().await?;
+    Ok((settled, disabled))
 }
 
 /// Ops' re-delivery of a FAILED notification (a replay of its dead letter once the partner's

@@ -18,6 +18,7 @@ pub mod function;
 pub mod ops_log;
 pub mod redact;
 pub mod retry;
+pub mod sealed;
 pub mod secrets;
 pub mod setting;
 pub mod signature;

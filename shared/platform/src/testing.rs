@@ -132,6 +132,20 @@ pub async fn assert_audit_clean(pool: &MySqlPool, checks: &[&[audit::Check]]) {
     assert!(violations.is_empty(), "audit: {violations:#?}");
 }
 
+/// The `PAYBUS_SECRETS_KEY` of every test (a child process gets it through
+/// [`TestEnv::env_vars`]; in-process code through [`sealer`]).
+pub const SECRETS_KEY: &str = "7465737473206f6e6c792c206e657665722061207265616c206b657921212121";
+
+/// The sealer of [`SECRETS_KEY`].
+pub fn sealer() -> crate::sealed::Sealer {
+    crate::sealed::Sealer::read(
+        Some(crate::Secret::new(SECRETS_KEY)),
+        &crate::config::Vars::default(),
+    )
+    .expect("the test key is valid")
+    .expect("the test key is set")
+}
+
 pub const DEFAULT_RABBITMQ_API: &str = "http://127.0.0.1:15682/api";
 /// Every per-test database and vhost starts with this, so leftovers are easy to sweep.
 pub const TEST_NAME_PREFIX: &str = "paybus_t_";
@@ -238,6 +252,7 @@ impl TestEnv {
             ),
             // Tests run in parallel: any API a child starts takes a free port.
             ("PAYBUS_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+            ("PAYBUS_SECRETS_KEY".to_owned(), SECRETS_KEY.to_owned()),
         ])
     }
 }

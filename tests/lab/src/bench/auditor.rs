@@ -278,7 +278,7 @@ async fn fill_workflows(pool: &MySqlPool, old: u64, recent: u64) -> anyhow::Resu
 /// with a correct chain and balance (`balance_after` = the entry's position in its chain).
 async fn fill(pool: &MySqlPool, old: u64, recent: u64) -> anyhow::Result<()> {
     for partner in 1..=PARTNERS {
-        sqlx::query("INSERT INTO partners (id, name, webhook_secret) VALUES (?, ?, 'bench')")
+        sqlx::query("INSERT INTO partners (id, name) VALUES (?, ?)")
             .bind(partner)
             .bind(format!("bench {partner}"))
             .execute(pool)

@@ -24,7 +24,7 @@ pub(super) async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Res
     let mut ids = Vec::with_capacity(usize::from(count));
     for n in 0..count {
         ids.push(
-            sqlx::query("INSERT INTO partners (name, webhook_secret) VALUES (?, 'bench-secret')")
+            sqlx::query("INSERT INTO partners (name) VALUES (?)")
                 .bind(format!("bench {n}"))
                 .execute(pool)
                 .await?

@@ -1,0 +1,106 @@
+//! The secrets at rest as operators handle them: `paybus migrate` seals plaintext partner
+//! webhook secrets (and refuses without a key while any is left), `paybus secrets rotate-key`
+//! re-seals the rows under an old key with the new one.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use paybus_platform::testing::{SECRETS_KEY, TestEnv};
+
+const NEW_KEY: &str = "6e6577206b6579206f66207468652074657374732c2033322062797465732121";
+
+fn paybus(env: &TestEnv, args: &[&str], keys: &[(&str, &str)]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_paybus"));
+    command
+        .args(args)
+        .envs(env.env_vars())
+        .env_remove("PAYBUS_SECRETS_KEY")
+        .env_remove("PAYBUS_SECRETS_OLD_KEYS");
+    for (name, value) in keys {
+        command.env(name, value);
+    }
+    command.output().expect("run paybus")
+}
+
+fn text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+async fn key_ids(env: &TestEnv) -> Vec<String> {
+    sqlx::query_scalar("SELECT key_id FROM partner_webhook_secrets ORDER BY id")
+        .fetch_all(&env.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn migrate_seals_plaintext_secrets_only_with_a_key_and_rotate_key_moves_them_to_the_new_one()
+{
+    let env = TestEnv::new().await;
+    let nothing_to_seal = paybus(&env, &["migrate"], &[]);
+    sqlx::query(
+        "INSERT INTO partners (name, webhook_secret) VALUES ('acme', 'acme-plaintext-secret-01'), \
+         ('globex', 'globex-plaintext-secret-1')",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+
+    let without_key = paybus(&env, &["migrate"], &[]);
+    let audit_before = paybus(&env, &["audit"], &[]);
+    let with_key = paybus(&env, &["migrate"], &[("PAYBUS_SECRETS_KEY", SECRETS_KEY)]);
+    let audit_after = paybus(&env, &["audit"], &[]);
+
+    assert!(
+        nothing_to_seal.status.success(),
+        "{}",
+        text(&nothing_to_seal)
+    );
+    assert!(!without_key.status.success());
+    assert!(
+        text(&without_key).contains("PAYBUS_SECRETS_KEY"),
+        "{}",
+        text(&without_key)
+    );
+    assert!(text(&audit_before).contains("partner_secrets_sealed"));
+    assert!(with_key.status.success(), "{}", text(&with_key));
+    assert!(text(&with_key).contains("partner webhook secrets sealed: 2"));
+    assert!(audit_after.status.success(), "{}", text(&audit_after));
+    let old_ids = key_ids(&env).await;
+    assert_eq!(old_ids.len(), 2);
+
+    let rotate = [
+        ("PAYBUS_SECRETS_KEY", NEW_KEY),
+        ("PAYBUS_SECRETS_OLD_KEYS", SECRETS_KEY),
+    ];
+    let first = paybus(&env, &["secrets", "rotate-key"], &rotate);
+    let second = paybus(&env, &["secrets", "rotate-key"], &rotate);
+    let new_only = paybus(
+        &env,
+        &["secrets", "rotate-key"],
+        &[("PAYBUS_SECRETS_KEY", SECRETS_KEY)],
+    );
+
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(
+        text(&first).contains(": 2 row(s) (0 re-sealed"),
+        "{}",
+        text(&first)
+    );
+    assert!(text(&second).contains(": 0 row(s)"), "{}", text(&second));
+    let new_ids = key_ids(&env).await;
+    assert!(
+        new_ids
+            .iter()
+            .all(|id| id == &new_ids[0] && !old_ids.contains(id))
+    );
+    // Without the key that sealed them, the rows cannot be re-sealed: a clear failure.
+    assert!(!new_only.status.success());
+    assert!(
+        text(&new_only).contains("neither PAYBUS_SECRETS_KEY nor one of PAYBUS_SECRETS_OLD_KEYS"),
+        "{}",
+        text(&new_only)
+    );
+}
