@@ -185,7 +185,7 @@ pub async fn redeliver(
     }))
     .await?;
     ops_log::append(
-        &mut **uow,
+        uow,
         &Entry {
             actor: &format!("partner:{partner_id}"),
             action: "partner_notification.redeliver",
