@@ -185,7 +185,7 @@ pub async fn redeliver(
     }))
     .await?;
     ops_log::append(
-        &mut **uow,
+        uow,
         &Entry {
             actor: &format!("partner:{partner_id}"),
             action: "partner_notification.redeliver",
@@ -411,7 +411,7 @@ struct NotificationRow {
     payload: String,
     partner_id: u64,
     webhook_url: Option<String>,
-    webhook_disabled: bool,
+    webhook_disabled_at: Option<chrono::DateTime<chrono::Utc>>,
     webhook_failures: u32,
     webhook_open_until: Option<chrono::DateTime<chrono::Utc>>,
     now: chrono::DateTime<chrono::Utc>,
@@ -432,7 +432,7 @@ pub async fn claim(
     let mut tx = db::begin_read_committed(pool).await?;
     let row: Option<NotificationRow> = sqlx::query_as(
         "SELECT n.status, n.event, n.payload, n.partner_id, p.webhook_url, \
-                p.webhook_disabled_at IS NOT NULL AS webhook_disabled, p.webhook_failures, p.webhook_open_until, COALESCE(?, NOW(6)) AS now \
+                p.webhook_disabled_at, p.webhook_failures, p.webhook_open_until, COALESCE(?, NOW(6)) AS now \
          FROM partner_notifications n JOIN partners p ON p.id = n.partner_id \
          WHERE n.id = ?",
     )
@@ -481,7 +481,7 @@ pub async fn claim(
         payload: row.payload,
         webhook_url: webhook_url.to_owned(),
         secrets,
-        disabled: row.webhook_disabled,
+        disabled: row.webhook_disabled_at.is_some(),
         attempts: claim.attempts,
         breaker: BreakerRead {
             failures: row.webhook_failures,

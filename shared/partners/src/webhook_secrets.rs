@@ -312,6 +312,14 @@ pub struct Resealed {
     pub raced: u64,
 }
 
+#[derive(sqlx::FromRow)]
+struct ResealRow {
+    id: u64,
+    partner_id: u64,
+    #[sqlx(flatten)]
+    sealed: SealedRow,
+}
+
 /// Rows re-sealed per read by [`rotate_key`].
 const RESEAL_BATCH: u32 = 200;
 
@@ -326,7 +334,7 @@ pub async fn rotate_key(
     let mut done = Resealed::default();
     let mut after = 0u64;
     loop {
-        let rows: Vec<(u64, u64, String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        let rows: Vec<ResealRow> = sqlx::query_as(
             "SELECT id, partner_id, key_id, nonce, ciphertext FROM partner_webhook_secrets \
              WHERE key_id <> ? AND id > ? ORDER BY id LIMIT ?",
         )
@@ -338,13 +346,14 @@ pub async fn rotate_key(
         let Some(last) = rows.last() else {
             return Ok(done);
         };
-        after = last.0;
-        for (id, partner_id, key_id, nonce, ciphertext) in rows {
-            let old = Sealed {
-                key_id,
-                nonce,
-                ciphertext,
-            };
+        after = last.id;
+        for ResealRow {
+            id,
+            partner_id,
+            sealed,
+        } in rows
+        {
+            let old = Sealed::from(sealed);
             let new = sealer.reseal(&old, &aad(partner_id))?;
             let moved = sqlx::query(
                 "UPDATE partner_webhook_secrets SET key_id = ?, nonce = ?, ciphertext = ? \
