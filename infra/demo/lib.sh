@@ -41,6 +41,8 @@ export PAYBUS_ADMIN_JWT_SECRET="demo-admin-jwt-secret-0123456789abcdef"
 export PAYBUS_CHAIN_MONITOR_SECRET="demo-chain-monitor-secret-0123"
 export PAYBUS_PAYMENTS_SECRET="demo-payments-secret-01234567"
 export PAYBUS_PARTNER_KEY_HASH_KEY="demo-partner-key-hash-key-0123456789abcdef"
+# Seals the partners' webhook secrets at rest (32 bytes, hex): a demo's own, never a real one.
+export PAYBUS_SECRETS_KEY="64656d6f206b6579206f6e6c792c206e657665722061207265616c206f6e6521"
 export PAYBUS_HTTP_ADDR="127.0.0.1:${PAYBUS_DEMO_HTTP_PORT:-18080}"
 export RUST_LOG="${RUST_LOG:-info}"
 api="http://$PAYBUS_HTTP_ADDR"

@@ -120,6 +120,8 @@ pub(super) async fn start_api(services: &Services, world: &World) -> anyhow::Res
             ("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET),
             ("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET),
             ("PAYBUS_PARTNER_KEY_HASH_KEY", PARTNER_KEY_HASH_KEY),
+            // Partner create seals the webhook secret.
+            ("PAYBUS_SECRETS_KEY", paybus_platform::testing::SECRETS_KEY),
             // The load is one buyer partner at the run's concurrency: its limit must not be
             // what the run measures.
             ("PAYBUS_PARTNER_RATE_LIMIT_PER_SECOND", "100000"),
