@@ -14,6 +14,7 @@ use axum::{
 use crate::AppState;
 
 pub(crate) use intake::routes as intake_routes;
+pub(crate) use withdrawals::{WithdrawalView, internal};
 
 /// W2's part of the OpenAPI document (see `crate::openapi`).
 #[derive(utoipa::OpenApi)]

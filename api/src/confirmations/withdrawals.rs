@@ -92,10 +92,10 @@ pub(super) async fn create(
 
 /// The row as JSON (amounts as exact strings), with its status history (oldest first).
 #[derive(Debug, Serialize)]
-pub(super) struct WithdrawalView {
+pub(crate) struct WithdrawalView {
     #[serde(flatten)]
-    withdrawal: Withdrawal,
-    history: Vec<HistoryEntry>,
+    pub(crate) withdrawal: Withdrawal,
+    pub(crate) history: Vec<HistoryEntry>,
 }
 
 #[utoipa::path(
@@ -127,6 +127,6 @@ pub(super) async fn show(
 }
 
 /// A row the domain cannot read is our fault, not the client's.
-pub(super) fn internal(error: ConfirmError) -> ApiError {
+pub(crate) fn internal(error: ConfirmError) -> ApiError {
     ApiError::Internal(Box::new(error))
 }

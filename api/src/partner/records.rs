@@ -6,26 +6,16 @@ use axum::{
     extract::{Path, State, rejection::PathRejection},
 };
 use paybus_confirmations::{
-    ConfirmError,
     deposit::{self, Deposit},
-    withdrawal::{self, HistoryEntry, Withdrawal},
+    withdrawal,
 };
-use serde::Serialize;
 
 use super::PartnerIdentity;
-use crate::{ApiError, AppState, admin::path_id};
-
-#[derive(Debug, Serialize)]
-pub(super) struct WithdrawalView {
-    #[serde(flatten)]
-    withdrawal: Withdrawal,
-    history: Vec<HistoryEntry>,
-}
-
-/// A row the domain cannot read is our fault, not the client's.
-fn internal(error: ConfirmError) -> ApiError {
-    ApiError::Internal(Box::new(error))
-}
+use crate::{
+    ApiError, AppState,
+    admin::path_id,
+    confirmations::{WithdrawalView, internal},
+};
 
 #[utoipa::path(
     get,
