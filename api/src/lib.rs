@@ -316,13 +316,36 @@ async fn health() -> Json<serde_json::Value> {
 async fn metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<Response, ApiError> {
-    let gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
+    let mut gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
+    partner_gauges(&state.pool, &mut gauges).await?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, bus_metrics::CONTENT_TYPE)],
         bus_metrics::encode(&gauges),
     )
         .into_response())
 }
+/// The partners' webhook health, which the platform's gauges cannot read (it knows no
+/// partners): breakers not closed, endpoints disabled by a 410.
+async fn partner_gauges(
+    pool: &MySqlPool,
+    gauges: &mut bus_metrics::Gauges,
+) -> Result<(), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    gauges.partner_breakers_not_closed = paybus_partners::breaker::not_closed(&mut conn)
+        .await?
+        .into_iter()
+        .filter(|b| b.state != paybus_partners::breaker::BreakerState::Closed)
+        .map(|b| (b.partner_id.to_string(), 1))
+        .collect();
+    let disabled: Vec<u64> = sqlx::query_scalar(
+        "SELECT id FROM partners WHERE webhook_disabled_at IS NOT NULL ORDER BY id LIMIT 200",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    gauges.partner_webhooks_disabled = disabled.into_iter().map(|id| (id.to_string(), 1)).collect();
+    Ok(())
+}
+
 /// How the fallback's 404 starts (the console tells "this build lacks the route" by it).
 pub(crate) const NO_ROUTE: &str = "no route for";
 

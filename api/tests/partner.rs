@@ -796,3 +796,53 @@ async fn a_partner_sets_its_webhook_url_and_rotates_its_secret_with_an_overlap()
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn metrics_show_each_partner_whose_webhooks_are_held_back() {
+    let api = api().await;
+    let failing = api.partner("failing").await;
+    let gone = api.partner("gone").await;
+    let healthy = api.partner("healthy").await;
+    sqlx::query(
+        "UPDATE partners SET webhook_failures = 5, \
+         webhook_open_until = NOW(6) + INTERVAL 1 MINUTE WHERE id = ?",
+    )
+    .bind(failing)
+    .execute(&api.env.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE partners SET webhook_disabled_at = NOW(6), \
+         webhook_disabled_reason = 'HTTP 410 Gone' WHERE id = ?",
+    )
+    .bind(gone)
+    .execute(&api.env.db)
+    .await
+    .unwrap();
+
+    let (status, text) = api
+        .call(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains(&format!(
+            "paybus_partner_breaker_not_closed{{partner=\"{failing}\"}} 1"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "paybus_partner_webhook_disabled{{partner=\"{gone}\"}} 1"
+        )),
+        "{text}"
+    );
+    for id in [gone, healthy] {
+        assert!(
+            !text.contains(&format!(
+                "paybus_partner_breaker_not_closed{{partner=\"{id}\"}}"
+            )),
+            "{text}"
+        );
+    }
+}

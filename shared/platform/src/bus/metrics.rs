@@ -184,6 +184,11 @@ pub struct Gauges {
     pub audit_last_pass_age_seconds: Option<f64>,
     /// The functions ops paused (`function_pauses`).
     pub paused_functions: Vec<String>,
+    /// Per partner (id): 1 while its webhook circuit breaker is open or half-open. Filled by the
+    /// caller that knows partners (the API), not by [`read_gauges`].
+    pub partner_breakers_not_closed: Vec<(String, u64)>,
+    /// Per partner (id): 1 while its endpoint is disabled by a `410 Gone` (filled as above).
+    pub partner_webhooks_disabled: Vec<(String, u64)>,
 }
 
 /// Everything in the Prometheus text format (OpenMetrics 1.0), `gauges` included.
@@ -283,6 +288,18 @@ pub fn encode(gauges: &Gauges) -> String {
             "Rows parked until ops act (e.g. a trade in doubt), by work table",
             "table",
             &gauges.held_for_a_human,
+        ),
+        (
+            "partner_breaker_not_closed",
+            "1 for each partner whose webhook circuit breaker is open or half-open",
+            "partner",
+            &gauges.partner_breakers_not_closed,
+        ),
+        (
+            "partner_webhook_disabled",
+            "1 for each partner whose endpoint answered 410 Gone: its notifications wait",
+            "partner",
+            &gauges.partner_webhooks_disabled,
         ),
     ] {
         let family: Family<Labels, Gauge> = Family::default();
