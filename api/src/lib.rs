@@ -318,12 +318,37 @@ async fn metrics(
 ) -> Result<Response, ApiError> {
     let mut gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
     partner_gauges(&state.pool, &mut gauges).await?;
+    gauges.function_due_rows = function_due_rows(state.functions, &gauges.due_retries);
     Ok((
         [(axum::http::header::CONTENT_TYPE, bus_metrics::CONTENT_TYPE)],
         bus_metrics::encode(&gauges),
     )
         .into_response())
 }
+/// Each function's backlog of due rows: the sum over the work tables it works.
+fn function_due_rows(
+    functions: &[FunctionEntry],
+    due_by_table: &[(String, u64)],
+) -> Vec<(String, u64)> {
+    functions
+        .iter()
+        .filter(|function| !function.work_tables.is_empty())
+        .map(|function| {
+            let due = function
+                .work_tables
+                .iter()
+                .filter_map(|table| {
+                    due_by_table
+                        .iter()
+                        .find(|(name, _)| name == table.table)
+                        .map(|(_, n)| *n)
+                })
+                .sum();
+            (function.name.to_owned(), due)
+        })
+        .collect()
+}
+
 /// The partners' webhook health, which the platform's gauges cannot read (it knows no
 /// partners): breakers not closed, endpoints disabled by a 410.
 async fn partner_gauges(

@@ -184,6 +184,9 @@ pub struct Gauges {
     pub audit_last_pass_age_seconds: Option<f64>,
     /// The functions ops paused (`function_pauses`).
     pub paused_functions: Vec<String>,
+    /// Per function: the due rows of its work tables (the caller that knows which function
+    /// works which table fills it from [`Gauges::due_retries`]).
+    pub function_due_rows: Vec<(String, u64)>,
     /// Per partner (id): 1 while its webhook circuit breaker is open or half-open. Filled by the
     /// caller that knows partners (the API), not by [`read_gauges`].
     pub partner_breakers_not_closed: Vec<(String, u64)>,
@@ -288,6 +291,12 @@ pub fn encode(gauges: &Gauges) -> String {
             "Rows parked until ops act (e.g. a trade in doubt), by work table",
             "table",
             &gauges.held_for_a_human,
+        ),
+        (
+            "function_due_rows",
+            "Rows due for an attempt now in each function's work tables (its backlog of retries)",
+            "function",
+            &gauges.function_due_rows,
         ),
         (
             "partner_breaker_not_closed",
