@@ -83,8 +83,9 @@ pub async fn confirm_if_detected(
 /// wait for each other in a cycle: the deposit rows by id, then the new notification rows by
 /// (event, reference), then the gate rows by (partner, currency) (`paybus_ledger::post_all`).
 ///
-/// Seven statements with BEGIN and COMMIT whatever the batch's size (two more for several
-/// notifications' and entries' ids); the duplicate a handler sees most often (already
+/// Eight statements with BEGIN and COMMIT whatever the batch's size, one more to read back
+/// the entries' ids when there are several (a deposit with a fee has two) and one for several
+/// notifications' ids; the duplicate a handler sees most often (already
 /// CONFIRMED) never gets here (the handler answers it from one committed read).
 #[tracing::instrument(skip_all, fields(confirmations = batch.len()))]
 pub async fn confirm_all_if_detected(
