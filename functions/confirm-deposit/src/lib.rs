@@ -3,10 +3,13 @@
 //! and records the fee.
 //!
 //! The same layers as confirm-withdrawal: a duplicate of a finished confirmation is answered
-//! from one committed read ([`confirm`]); otherwise the row read under its lock decides and a
-//! conditional UPDATE makes the transition ([`confirm_if_detected`]); and the ledger keys `DEP_CREDIT:{id}` / `DEP_FEE:{id}` are the
-//! last line of defence (seed 001 §3: v2.21 already stopped a second deposit row, but not a
-//! second ledger row).
+//! from one committed read, without a transaction; otherwise the rows read under their locks
+//! decide and one conditional UPDATE makes the transitions ([`confirm_all_if_detected`], W2's
+//! domain crate's); and the ledger keys `DEP_CREDIT:{id}` / `DEP_FEE:{id}` are the last line
+//! of defence (seed 001 §3: v2.21 already stopped a second deposit row, but not a second
+//! ledger row). One message or a batch of them take the same path
+//! ([`paybus_confirmations::batch`], the driver confirm-withdrawal's handler shapes too): this
+//! crate is the handler around it, and the triage of its dead letters.
 //!
 //! | delivery | outcome |
 //! | --- | --- |
@@ -17,20 +20,30 @@
 //! | bad data (an amount the ledger refuses) | `Failed`: dead letter |
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
 
-mod confirmation;
 mod triage;
 
-pub use confirmation::{Confirmation, Confirmed, DEPOSIT_CONFIRMED, confirm_if_detected};
-pub use paybus_confirmations::{DepositTxConfirmed, deposit::DepositStatus};
-
-use paybus_confirmations::deposit;
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
-    function::{BuildError, Function},
-    transition::Transition,
+pub use paybus_confirmations::{
+    DepositTxConfirmed,
+    deposit::{
+        Confirmation, Confirmed, Confirming, DEPOSIT_CONFIRMED, DepositStatus,
+        confirm_all_if_detected, confirm_if_detected,
+    },
 };
 
-/// The handler: one transaction per message, committed only when it made the transition.
+use std::fmt::Display;
+
+use paybus_confirmations::{ConfirmError, batch, deposit};
+use paybus_platform::{
+    bus::{
+        Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services, UnitOfWork,
+    },
+    function::{BuildError, Function},
+};
+use sqlx::MySqlConnection;
+use uuid::Uuid;
+
+/// The handler: what the broker delivered together in one transaction (a single message is a
+/// batch of one), committed only when it made a transition.
 pub struct ConfirmDeposit;
 
 impl Handler for ConfirmDeposit {
@@ -42,48 +55,96 @@ impl Handler for ConfirmDeposit {
         message: Envelope<DepositTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        confirm(ctx.outbox, message.data.deposit_id, message.correlation_id).await
+        confirm(ctx.outbox, message.data, message.correlation_id).await
+    }
+
+    /// confirm-withdrawal's size, for its reason: four concurrent batches fill the default
+    /// prefetch of 64, each a handful of statements for up to 16 confirmations.
+    const MAX_BATCH: usize = 16;
+
+    async fn handle_batch(
+        &self,
+        messages: Vec<Batched<DepositTxConfirmed>>,
+        outbox: &Outbox,
+    ) -> Vec<Result<Outcome, HandlerError>> {
+        let confirmations: Vec<_> = messages
+            .into_iter()
+            .map(|batched| (batched.message.data, batched.message.correlation_id))
+            .collect();
+        confirm_all(outbox, &confirmations).await
     }
 }
 
-/// What the handler does with one confirmation, on `outbox`'s database: a plain read of the
-/// committed status first (CONFIRMED and FAILED never change again, so it answers a duplicate
-/// without a transaction), then [`confirm_if_detected`] under the row lock.
+/// What the handler does with one confirmation: [`confirm_all`] with one.
 pub async fn confirm(
     outbox: &Outbox,
-    deposit_id: u64,
-    correlation_id: uuid::Uuid,
+    confirmation: DepositTxConfirmed,
+    correlation_id: Uuid,
 ) -> Result<Outcome, HandlerError> {
-    let committed = {
-        let mut conn = outbox.pool().acquire().await?;
-        deposit::committed_status(&mut conn, deposit_id).await?
-    };
-    if let Some(status) = committed
-        && status.is_terminal()
-    {
-        return Ok(not_confirmed(deposit_id, status));
-    }
-    let mut uow = outbox.begin().await?;
-    let result = confirm_if_detected(&mut uow, deposit_id, correlation_id).await;
-    match Transition::commit_or_rollback(uow, result).await {
-        Ok(confirmation) => Ok(confirmation
-            .outcome(format_args!("deposit {deposit_id}"), |status| {
-                not_confirmed(deposit_id, *status)
-            })),
-        Err(error) => error.into_outcome(),
-    }
+    batch::confirm::<ConfirmDeposit>(outbox, confirmation, correlation_id).await
 }
 
-/// A duplicate is skipped; a confirmation of a FAILED deposit is a dead letter for ops.
-fn not_confirmed(deposit_id: u64, status: DepositStatus) -> Outcome {
-    match status {
-        DepositStatus::Confirmed => {
-            Outcome::Skipped(format!("deposit {deposit_id} is already CONFIRMED"))
+/// The handler's confirmations, one result each in order (on `outbox`'s database; the
+/// benchmark drives it directly too): the committed read answers the deposits already
+/// CONFIRMED or FAILED, one transaction decides the rest under their row locks
+/// ([`batch::confirm_all`]).
+pub async fn confirm_all(
+    outbox: &Outbox,
+    confirmations: &[(DepositTxConfirmed, Uuid)],
+) -> Vec<Result<Outcome, HandlerError>> {
+    batch::confirm_all::<ConfirmDeposit>(outbox, confirmations).await
+}
+
+impl batch::Confirms for ConfirmDeposit {
+    type Message = DepositTxConfirmed;
+    type Confirmed = Confirmed;
+    type Current = DepositStatus;
+
+    fn id(message: &DepositTxConfirmed) -> u64 {
+        message.deposit_id
+    }
+
+    fn subject(message: &DepositTxConfirmed) -> impl Display {
+        format!("deposit {}", message.deposit_id)
+    }
+
+    async fn committed(
+        conn: &mut MySqlConnection,
+        ids: &[u64],
+    ) -> Result<Vec<(u64, DepositStatus)>, ConfirmError> {
+        deposit::committed_statuses(conn, ids).await
+    }
+
+    fn is_terminal(current: &DepositStatus) -> bool {
+        current.is_terminal()
+    }
+
+    async fn transition(
+        uow: &mut UnitOfWork<'_>,
+        batch: &[(&DepositTxConfirmed, Uuid)],
+    ) -> Result<Vec<Confirmation>, ConfirmError> {
+        let batch: Vec<Confirming> = batch
+            .iter()
+            .map(|(message, correlation_id)| Confirming {
+                deposit_id: message.deposit_id,
+                correlation_id: *correlation_id,
+            })
+            .collect();
+        confirm_all_if_detected(uow, &batch).await
+    }
+
+    /// A duplicate is skipped; a confirmation of a FAILED deposit is a dead letter for ops.
+    fn not_confirmed(message: &DepositTxConfirmed, status: &DepositStatus) -> Outcome {
+        let deposit_id = message.deposit_id;
+        match status {
+            DepositStatus::Confirmed => {
+                Outcome::Skipped(format!("deposit {deposit_id} is already CONFIRMED"))
+            }
+            status => Outcome::Failed(format!(
+                "deposit {deposit_id} is {status}, not DETECTED, but its transaction was \
+                 confirmed on chain"
+            )),
         }
-        status => Outcome::Failed(format!(
-            "deposit {deposit_id} is {status}, not DETECTED, but its transaction was confirmed \
-             on chain"
-        )),
     }
 }
 

@@ -1,12 +1,20 @@
 //! The `deposits` row: states and every statement W2 runs on it (the migration's header
-//! comment says who moves a row in and out of each state).
+//! comment says who moves a row in and out of each state); the confirmation transition itself
+//! is [`confirmation`]'s.
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::{ConfirmError, CreateError};
+
+mod confirmation;
+
+pub use confirmation::{
+    Confirmation, Confirmed, Confirming, DEPOSIT_CONFIRMED, confirm_all_if_detected,
+    confirm_if_detected,
+};
 
 const ENTITY: &str = "deposit";
 
@@ -104,32 +112,16 @@ struct DepositRow {
     updated_at: DateTime<Utc>,
 }
 
-/// The one row query, with or without a lock.
-macro_rules! select_deposit {
-    ($($suffix:literal)?) => {
-        concat!(
-            "SELECT id, partner_id, currency, amount, fee, tx_hash, to_address, status, \
-                    confirmed_at, created_at, updated_at \
-             FROM deposits WHERE id = ?",
-            $($suffix)?
-        )
+/// The row query's head: every column of [`DepositRow`].
+macro_rules! select_deposits {
+    () => {
+        "SELECT id, partner_id, currency, amount, fee, tx_hash, to_address, status, \
+                confirmed_at, created_at, updated_at \
+         FROM deposits"
     };
 }
 
 impl DepositRow {
-    async fn fetch(
-        conn: &mut MySqlConnection,
-        sql: &'static str,
-        id: u64,
-    ) -> Result<Option<Deposit>, ConfirmError> {
-        let row: Option<DepositRow> = sqlx::query_as(sql)
-            .bind(id)
-            .fetch_optional(conn)
-            .await
-            .map_err(ConfirmError::database(ENTITY))?;
-        row.map(DepositRow::parse).transpose()
-    }
-
     fn parse(self) -> Result<Deposit, ConfirmError> {
         Ok(Deposit {
             id: self.id,
@@ -149,7 +141,12 @@ impl DepositRow {
 
 /// The deposit, or `None`. Within a transaction that just changed it, it carries the change.
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
-    DepositRow::fetch(conn, select_deposit!(), id).await
+    let row: Option<DepositRow> = sqlx::query_as(concat!(select_deposits!(), " WHERE id = ?"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?;
+    row.map(DepositRow::parse).transpose()
 }
 
 /// The partner's deposit, or `None` — also when it is another partner's (the partner API's
@@ -159,56 +156,99 @@ pub async fn find_for_partner(
     partner_id: u64,
     id: u64,
 ) -> Result<Option<Deposit>, ConfirmError> {
-    let row: Option<DepositRow> = sqlx::query_as(select_deposit!(" AND partner_id = ?"))
-        .bind(id)
-        .bind(partner_id)
-        .fetch_optional(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?;
+    let row: Option<DepositRow> = sqlx::query_as(concat!(
+        select_deposits!(),
+        " WHERE id = ? AND partner_id = ?"
+    ))
+    .bind(id)
+    .bind(partner_id)
+    .fetch_optional(conn)
+    .await
+    .map_err(ConfirmError::database(ENTITY))?;
     row.map(DepositRow::parse).transpose()
 }
 
-/// The deposit as last committed, locked until the caller's transaction ends: the read a
-/// transition decides on (a plain SELECT would answer from the transaction's snapshot).
-pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
-    DepositRow::fetch(conn, select_deposit!(" FOR UPDATE"), id).await
-}
-
-/// The conditional transition (seed 001 §4-6): true when this call made it. `confirmed_at`
-/// comes from the caller, so the notification carries the stored value without a read-back.
-pub async fn mark_confirmed(
+/// The deposits as last committed, locked until the caller's transaction ends: the read a
+/// transition decides on (a plain SELECT would answer from the transaction's REPEATABLE READ
+/// snapshot). The locks are taken in id order, the global order of W2's row locks (see
+/// [`confirm_all_if_detected`]), so two batches never wait for each other's rows in a cycle;
+/// ids without a row are simply absent from the result.
+pub async fn lock_all(
     conn: &mut MySqlConnection,
-    id: u64,
-    confirmed_at: DateTime<Utc>,
-) -> Result<bool, ConfirmError> {
-    let matched = sqlx::query(
-        "UPDATE deposits SET status = 'CONFIRMED', confirmed_at = ? \
-         WHERE id = ? AND status = 'DETECTED'",
-    )
-    .bind(confirmed_at)
-    .bind(id)
-    .execute(conn)
-    .await
-    .map_err(ConfirmError::database(ENTITY))?
-    .rows_affected();
-    // sqlx counts matched rows (CLIENT_FOUND_ROWS); with the status in the WHERE clause a
-    // match is a transition.
-    Ok(matched == 1)
-}
-
-/// The committed status, read outside any transaction: a handler's cheap first look, so a
-/// duplicate of a finished confirmation costs one indexed read and no transaction. Only a
-/// terminal status (CONFIRMED, FAILED: nothing leaves them) may be acted on from it.
-pub async fn committed_status(
-    conn: &mut MySqlConnection,
-    id: u64,
-) -> Result<Option<DepositStatus>, ConfirmError> {
-    let status: Option<String> = sqlx::query_scalar("SELECT status FROM deposits WHERE id = ?")
-        .bind(id)
-        .fetch_optional(conn)
+    ids: &[u64],
+) -> Result<Vec<Deposit>, ConfirmError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::<MySql>::new(concat!(select_deposits!(), " WHERE id IN ("));
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(") ORDER BY id FOR UPDATE");
+    let rows: Vec<DepositRow> = query
+        .build_query_as()
+        .fetch_all(conn)
         .await
         .map_err(ConfirmError::database(ENTITY))?;
-    status.map(|status| parse_status(id, status)).transpose()
+    rows.into_iter().map(DepositRow::parse).collect()
+}
+
+/// The conditional transition (seed 001 §4-6) for any number of deposits in one statement:
+/// the number of rows it moved (the caller compares it with what it expected: with the status
+/// in the WHERE clause, a matched row is a transition). `confirmed_at` comes from the caller,
+/// so the notifications carry the stored value without reading the rows back.
+pub async fn mark_all_confirmed(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+    confirmed_at: DateTime<Utc>,
+) -> Result<u64, ConfirmError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let mut query =
+        QueryBuilder::<MySql>::new("UPDATE deposits SET status = 'CONFIRMED', confirmed_at = ");
+    query
+        .push_bind(confirmed_at)
+        .push(" WHERE status = 'DETECTED' AND id IN (");
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(")");
+    Ok(query
+        .build()
+        .execute(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?
+        .rows_affected())
+}
+
+/// The committed statuses, read outside any transaction in one statement: a handler's cheap
+/// first look, so a duplicate of a finished confirmation costs one indexed read and no
+/// transaction. Only a terminal status (CONFIRMED, FAILED: nothing leaves them) may be acted
+/// on from it; anything else is decided under [`lock_all`]. Ids without a row are absent.
+pub async fn committed_statuses(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+) -> Result<Vec<(u64, DepositStatus)>, ConfirmError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::<MySql>::new("SELECT id, status FROM deposits WHERE id IN (");
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    query.push(")");
+    let rows: Vec<(u64, String)> = query
+        .build_query_as()
+        .fetch_all(conn)
+        .await
+        .map_err(ConfirmError::database(ENTITY))?;
+    rows.into_iter()
+        .map(|(id, status)| Ok((id, parse_status(id, status)?)))
+        .collect()
 }
 
 fn parse_status(id: u64, value: String) -> Result<DepositStatus, ConfirmError> {

@@ -9,13 +9,16 @@
 //! - [`owed`]: what a confirmation writes with its transition (keyed postings, the partner's
 //!   notification).
 //! - [`audit`]: W2's invariants about the ledger entries its confirmations owe.
+//! - [`batch`]: what a confirm handler does with the messages delivered together (the
+//!   committed read, one transaction, one per message if it fails).
 //!
 //! A workflow's transition lives in its domain crate: the withdrawal confirmation is
-//! [`withdrawal::confirm_all_if_in_flight`] (one code path for one message or a batch), and
-//! `functions/confirm-withdrawal` is the handler around it. (confirm-deposit's
-//! `confirm_if_detected` still lives in its function crate.)
+//! [`withdrawal::confirm_all_if_in_flight`], the deposit confirmation
+//! [`deposit::confirm_all_if_detected`] (each one code path for one message or a batch), and
+//! `functions/confirm-withdrawal` and `functions/confirm-deposit` are the handlers around them.
 
 pub mod audit;
+pub mod batch;
 pub mod deposit;
 mod error;
 pub mod messages;

@@ -22,12 +22,17 @@ use std::{
 
 use anyhow::{Context, bail};
 use paybus_platform::{
-    bus::{Envelope, Message, Services, metrics},
+    bus::{
+        Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Runner,
+        Services, link::BrokerLink, metrics, publisher::Publisher,
+    },
     testing::TestEnv,
 };
 use sqlx::MySqlPool;
+use tokio_util::sync::CancellationToken;
 
 mod auditor;
+mod confirm_deposit;
 mod confirm_withdrawal;
 mod cpu;
 mod grant_bonus;
@@ -39,6 +44,9 @@ mod suspend;
 pub enum Workflow {
     /// W2: withdrawal confirmations, every message delivered twice.
     ConfirmWithdrawal,
+    /// W2: deposit confirmations, every message delivered twice (and, through the broker, one
+    /// message per transaction next to the handler's batches).
+    ConfirmDeposit,
     /// W3: payment completions and their bonus grants (grants/s end to end vs direct).
     GrantBonus,
     /// W4: the suspend request's latency against the number of open orders (and the seed's
@@ -86,6 +94,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
+        Workflow::ConfirmDeposit => confirm_deposit::run(&args).await,
         Workflow::GrantBonus => grant_bonus::run(&args).await,
         Workflow::Suspend => suspend::run(&args).await,
         Workflow::Match => matching::run(&args).await,
@@ -274,6 +283,124 @@ pub(crate) async fn until_processed(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
+}
+
+/// `messages` published, and consumed by `handler` in the real runtime (the local consumer,
+/// prefetch = the services' setting) until every one is processed.
+pub(crate) async fn through_the_broker<H: Handler>(
+    services: &Services,
+    handler: H,
+    messages: &[OutgoingMessage],
+    name: &'static str,
+) -> anyhow::Result<Phase> {
+    // The input comes from another process in production (the chain monitor), on a connection
+    // of its own: publishing it on the consumer's connection would throttle the consumer's
+    // acks whenever the broker applies flow control to the publisher.
+    let producer = Publisher::new(BrokerLink::connect(&services.settings.broker).await?);
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(handler);
+    let running = tokio::spawn(runner.run(shutdown.clone()));
+    // The counters are process-wide: count from where they stand now.
+    let before = processed_by(H::FUNCTION);
+    let counters = Counters::read(&services.pool).await?;
+    let started = Instant::now();
+    for chunk in messages.chunks(512) {
+        for result in producer.publish_events(chunk).await {
+            result.context("publishing a message")?;
+        }
+    }
+    until_processed(H::FUNCTION, before, messages.len() as u64, started).await?;
+    let phase = Phase {
+        name,
+        unit: "messages",
+        count: messages.len(),
+        elapsed: started.elapsed(),
+        statements: Some(counters.since(&services.pool).await?),
+    };
+    shutdown.cancel();
+    running.await??;
+    Ok(phase)
+}
+
+/// A confirm handler's work driven directly on the database, as the runtime would hand it
+/// over: a message for each of `ids` (`message`), in chunks of `batch`, with `concurrency`
+/// messages in flight; `confirm` answers one chunk (the handler's `confirm_all`). Every
+/// message must come out done or skipped.
+pub(crate) async fn direct<M, F, Fut>(
+    services: &Services,
+    ids: Vec<u64>,
+    batch: usize,
+    concurrency: u16,
+    name: &'static str,
+    message: fn(u64) -> M,
+    confirm: F,
+) -> anyhow::Result<Phase>
+where
+    M: Send + 'static,
+    F: Fn(Outbox, Vec<(M, uuid::Uuid)>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Vec<Result<Outcome, HandlerError>>> + Send,
+{
+    let work = Arc::new(ids);
+    let outbox = services.outbox.clone();
+    let counters = Counters::read(&services.pool).await?;
+    let concurrency = (usize::from(concurrency) / batch).max(1);
+    let elapsed = drive(work.len().div_ceil(batch), concurrency as u16, {
+        let work = work.clone();
+        move |b| {
+            let (work, outbox, confirm) = (work.clone(), outbox.clone(), confirm.clone());
+            async move {
+                let chunk = &work[b * batch..((b + 1) * batch).min(work.len())];
+                let confirmations: Vec<_> = chunk
+                    .iter()
+                    .map(|&id| (message(id), uuid::Uuid::now_v7()))
+                    .collect();
+                for (result, id) in confirm(outbox, confirmations).await.into_iter().zip(chunk) {
+                    match result {
+                        Ok(Outcome::Done | Outcome::Skipped(_)) => {}
+                        Ok(other) => bail!("direct confirmation of {id}: {other:?}"),
+                        Err(error) => return Err(error).context("direct confirmation"),
+                    }
+                }
+                Ok(())
+            }
+        }
+    })
+    .await?;
+    Ok(Phase {
+        name,
+        unit: "messages",
+        count: work.len(),
+        elapsed,
+        statements: Some(counters.since(&services.pool).await?),
+    })
+}
+
+/// Each id twice, the copies next to each other so duplicates really race.
+pub(crate) fn doubled(ids: &[u64]) -> Vec<u64> {
+    ids.iter().flat_map(|&id| [id, id]).collect()
+}
+
+/// A W2 bench's closing lines: through the broker against direct, and the useful transitions
+/// (`items`, one per entity; the rest of the messages are duplicates) end to end against the
+/// write ceiling.
+pub(crate) fn print_confirmation_ratios(
+    direct: &Phase,
+    through_broker: &Phase,
+    ceiling: &Phase,
+    items: usize,
+) {
+    let ratio = through_broker.rate() / direct.rate();
+    let transitions = items as f64 / through_broker.elapsed.as_secs_f64();
+    let of_ceiling = transitions / ceiling.rate();
+    println!(
+        "through the broker / direct:                 {ratio:.2}  (target >= 0.80: {})",
+        met(ratio >= 0.8)
+    );
+    println!(
+        "transitions end to end: {transitions:.0} /s = {of_ceiling:.2} x the ceiling  (target >= 0.30: {})",
+        met(of_ceiling >= 0.3)
+    );
 }
 
 /// Publishes a copy of a message the workflow already sent (the duplicate every bench
