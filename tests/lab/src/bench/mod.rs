@@ -38,6 +38,7 @@ mod cpu;
 mod grant_bonus;
 mod lambda_batch;
 mod matching;
+mod pinning;
 mod suspend;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -83,6 +84,11 @@ pub struct BenchArgs {
     /// environment each (PAYBUS_SHARDS).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub shards: u16,
+    /// (confirm-withdrawal, confirm-deposit) RabbitMQ on a CPU of its own and the database and
+    /// the bench on the others, as Amazon MQ runs on hosts of its own (`taskset`; undone at
+    /// the end).
+    #[arg(long)]
+    pub pin_broker: bool,
     /// (suspend) Open orders of the markets whose suspend request is timed.
     #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
     pub open_orders: Vec<u64>,
@@ -92,6 +98,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.items == 0 || args.concurrency == 0 || args.partners == 0 {
         bail!("--items, --concurrency and --partners must be at least 1");
     }
+    let _pinned = if args.pin_broker {
+        Some(pinning::pin_broker()?)
+    } else {
+        None
+    };
     match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
         Workflow::ConfirmDeposit => confirm_deposit::run(&args).await,
