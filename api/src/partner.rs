@@ -47,6 +47,8 @@ use crate::{ApiError, AppState};
 pub struct PartnerIdentity {
     pub partner_id: u64,
     pub key_id: u64,
+    /// The rate limit this request was admitted under (the partner's own, or the default).
+    pub rate_limit: RateLimit,
 }
 
 /// The `Idempotency-Key` request header, as the OpenAPI document lists it.
@@ -189,6 +191,7 @@ pub(crate) async fn require_partner(
             request.extensions_mut().insert(PartnerIdentity {
                 partner_id: row.partner_id,
                 key_id,
+                rate_limit: limit,
             });
             let mut response = next.run(request).await;
             let refill = std::time::Duration::from_secs_f64(
@@ -257,17 +260,11 @@ async fn me(
     let found = paybus_partners::partner::find(&mut conn, partner.partner_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("partner not found".to_owned()))?;
-    let limits: (Option<u32>, Option<u32>) =
-        sqlx::query_as("SELECT rate_limit_per_second, rate_limit_burst FROM partners WHERE id = ?")
-            .bind(partner.partner_id)
-            .fetch_one(&mut *conn)
-            .await?;
-    let defaults = state.partner_api.rate_limit;
     let me = Me {
         partner: found,
         rate_limit: RateLimitView {
-            per_second: limits.0.unwrap_or(defaults.per_second),
-            burst: limits.1.unwrap_or(defaults.burst),
+            per_second: partner.rate_limit.per_second,
+            burst: partner.rate_limit.burst,
         },
     };
     Ok(Json(

@@ -589,6 +589,13 @@ async fn past_its_rate_limit_a_partner_gets_429_and_nobody_else_does() {
     let mut last = None;
     for _ in 0..3 {
         let (status, headers, body) = send(&api, partner_get("/v1/partner/me", &key)).await;
+        if status == StatusCode::OK {
+            assert_eq!(
+                body["rate_limit"],
+                json!({"per_second": 1, "burst": 2}),
+                "{body}"
+            );
+        }
         statuses.push(status);
         last = Some((headers, body));
     }
