@@ -380,17 +380,35 @@ pub(crate) async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
 
 /// One span and one line per request: method, path, status and latency (an internal error's
 /// log line is inside the span, so it names the request too).
+/// One span per request, continuing the caller's trace when it sent a `traceparent` (W3C
+/// Trace Context), named as OpenTelemetry's HTTP conventions name a server span: method and
+/// route template, never the raw path (ids in paths would make every span name unique).
 async fn log_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|matched| matched.as_str().to_owned());
     let span = tracing::info_span!(
         "http",
+        otel.name = format!("{} {}", request.method(), route.as_deref().unwrap_or("")).trim_end(),
+        otel.kind = "server",
+        http.request.method = %request.method(),
+        http.route = route.as_deref(),
+        http.response.status_code = tracing::field::Empty,
         method = %request.method(),
         path = %request.uri().path()
     );
+    paybus_platform::telemetry::propagation::continue_trace(
+        &span,
+        &paybus_platform::telemetry::TraceHeaders::from_http(request.headers()),
+    );
     let started = std::time::Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    span.record("http.response.status_code", status);
     let _entered = span.enter();
     tracing::info!(
-        status = response.status().as_u16(),
+        status,
         latency_ms = started.elapsed().as_millis() as u64,
         "http request"
     );

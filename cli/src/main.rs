@@ -249,6 +249,11 @@ async fn main() -> ExitCode {
         Command::Approvals(command) => approvals::run(&settings, command).await,
         Command::Trace(args) => trace::run(&settings, args).await,
     };
+    // The spans of the last moments (the shutdown itself) would otherwise die with the
+    // exporter's thread.
+    if telemetry::tracing_enabled() {
+        let _ = tokio::task::spawn_blocking(telemetry::shutdown).await;
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

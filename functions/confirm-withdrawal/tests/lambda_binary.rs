@@ -151,3 +151,130 @@ async fn a_database_outage_fails_the_invocation_and_the_replayed_batch_applies_e
     }
     assert_audit_clean(&env.db).await;
 }
+
+/// The same trace through the Lambda adapter: the message's `traceparent` header (as Amazon MQ
+/// hands it over) parents the delivery's span, the invocation's X-Ray trace is linked, and the
+/// spans are exported before the invocation answers (the environment may freeze right after).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lambda_delivery_continues_the_messages_trace_and_links_the_xray_trace() {
+    use paybus_platform::testing::{lambda::header_text, otlp::OtlpReceiver};
+
+    const SENT_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const SENT_SPAN: &str = "b7ad6b7169203331";
+    const RESENT_TRACE: &str = "1bf7651916cd43dd8448eb211c80319d";
+    const RESENT_SPAN: &str = "c7ad6b7169203332";
+    // What the local Runtime API sends as `Lambda-Runtime-Trace-Id`.
+    let xray = (
+        "5bef4de7ad49b0e87f6ef6c87fc2e700".to_owned(),
+        "9a9197af755a6419".to_owned(),
+    );
+    let receiver = OtlpReceiver::start().await;
+    let env = TestEnv::new().await;
+    let services = env.services(&[ConfirmWithdrawal::queue()]).await;
+    tap(&services, "test.notifications", NotificationCreated::TYPE).await;
+    let partner_id = partner(&env.db, "acme", Some("http://127.0.0.1:9/webhook")).await;
+    let id = withdrawal(
+        &env.db,
+        partner_id,
+        "NORMAL".parse().unwrap(),
+        "BROADCASTING".parse().unwrap(),
+        "100",
+    )
+    .await;
+    let message = |envelope: &Envelope<WithdrawalTxConfirmed>, headers: serde_json::Value| {
+        MqEvent::new("paybus.confirm-withdrawal").message(
+            json!({ "messageId": envelope.id.to_string(), "headers": headers }),
+            &serde_json::to_vec(envelope).unwrap(),
+        )
+    };
+    let first = message(
+        &confirmation(id),
+        json!({ "traceparent": header_text(&format!("00-{SENT_TRACE}-{SENT_SPAN}-01")) }),
+    );
+    // A duplicate's second delivery (the broker counted one before it).
+    let redelivered = message(
+        &confirmation(id),
+        json!({
+            "traceparent": header_text(&format!("00-{RESENT_TRACE}-{RESENT_SPAN}-01")),
+            "x-delivery-count": 1,
+        }),
+    );
+    let mut vars = env.env_vars();
+    vars.extend(receiver.env_vars("confirm-withdrawal"));
+    let mut api = RuntimeApi::start().await;
+    let mut lambda = LambdaProcess::spawn(BINARY, &api, vars);
+
+    lambda.invoke(&mut api, first.json()).await.response();
+    // No waiting: exported before the answer.
+    let spans = receiver.spans();
+    let deliveries: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "process confirm-withdrawal")
+        .collect();
+    assert_eq!(deliveries.len(), 1, "{spans:#?}");
+    let delivery = deliveries[0];
+    assert_eq!(
+        (delivery.trace_id.as_str(), delivery.parent_span_id.as_str()),
+        (SENT_TRACE, SENT_SPAN)
+    );
+    assert_eq!(delivery.attribute("outcome"), Some("done"));
+    assert_eq!(delivery.service, "confirm-withdrawal");
+    assert_eq!(
+        delivery.links,
+        [xray.clone()],
+        "linked to the invocation's X-Ray trace"
+    );
+    let within_delivery = |name: &str| {
+        spans.iter().any(|span| {
+            let mut parent = span.parent_span_id.clone();
+            while span.name == name && !parent.is_empty() {
+                if parent == delivery.span_id {
+                    return true;
+                }
+                parent = spans
+                    .iter()
+                    .find(|s| s.span_id == parent)
+                    .map_or_else(String::new, |s| s.parent_span_id.clone());
+            }
+            false
+        })
+    };
+    assert!(
+        within_delivery("ledger.post_all") && within_delivery("transaction"),
+        "{spans:#?}"
+    );
+    let notification: Option<String> = sqlx::query_scalar(
+        "SELECT traceparent FROM outbox_messages WHERE routing_key = 'partner.notification.created'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert!(
+        notification.is_some_and(|t| t.starts_with(&format!("00-{SENT_TRACE}-"))),
+        "the notification's outbox row continues the trace"
+    );
+
+    lambda.invoke(&mut api, redelivered.json()).await.response();
+    let spans = receiver.spans();
+    let again: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "process confirm-withdrawal" && s.span_id != delivery.span_id)
+        .collect();
+    assert_eq!(again.len(), 1, "{spans:#?}");
+    let again = again[0];
+    assert_eq!(again.attribute("outcome"), Some("skipped"));
+    assert_eq!(again.attribute("attempt"), Some("2"));
+    assert!(
+        again.trace_id != RESENT_TRACE && again.trace_id != SENT_TRACE,
+        "a redelivery is in a trace of its own (the invocation's): {again:#?}"
+    );
+    assert_eq!(
+        again.links,
+        [
+            (RESENT_TRACE.to_owned(), RESENT_SPAN.to_owned()),
+            xray.clone()
+        ],
+        "linked to the message's trace, not parented"
+    );
+    assert_eq!(effects(&env.db, id).await, (1, 1));
+}

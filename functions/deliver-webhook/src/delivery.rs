@@ -33,8 +33,12 @@ use std::time::Duration;
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use paybus_platform::signature;
+use paybus_platform::{
+    signature,
+    telemetry::{TraceHeaders, propagation},
+};
 use sha2::Sha256;
+use tracing::Instrument;
 
 use paybus_partners::{notifications::ClaimedNotification, webhook_secrets::SigningSecrets};
 
@@ -132,8 +136,9 @@ pub async fn post(
 ) -> Attempt {
     let body = notification.payload.as_bytes();
     let webhook_id = notification.id.to_string();
-    let mut request = client
-        .post(&notification.webhook_url)
+    let span = propagation::http_client_span("webhook", "POST", &notification.webhook_url);
+    let mut request = TraceHeaders::of_span(&span)
+        .on_request(client.post(&notification.webhook_url))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(HEADER_WEBHOOK_ID, &webhook_id)
         .header(HEADER_WEBHOOK_TIMESTAMP, signed_at.to_string())
@@ -146,7 +151,14 @@ pub async fn post(
     if let Some(current) = secrets.current() {
         request = request.header(HEADER_SIGNATURE, signature::sign(current, signed_at, body));
     }
-    let sent = request.body(notification.payload.clone()).send().await;
+    let sent = request
+        .body(notification.payload.clone())
+        .send()
+        .instrument(span.clone())
+        .await;
+    if let Ok(response) = &sent {
+        span.record("http.response.status_code", response.status().as_u16());
+    }
     let response = match sent {
         Ok(response) => response,
         Err(error) => {

@@ -247,5 +247,7 @@ fn replay_message(body: &[u8]) -> Result<OutgoingMessage, DeadLetterError> {
         correlation_id: replay.correlation_id,
         occurred_at: replay.occurred_at,
         body,
+        // A replay is a new publication caused by the ops request, so it continues that trace.
+        trace: paybus_platform::telemetry::TraceHeaders::current(),
     })
 }

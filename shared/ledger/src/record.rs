@@ -42,7 +42,7 @@ const OUT_OF_RANGE: u16 = 1264;
 ///
 /// The balance may go negative: the ledger records what happened on chain, it does not refuse
 /// it. A caller that needs a floor checks it itself.
-#[tracing::instrument(skip_all, fields(postings = postings.len()))]
+#[tracing::instrument(name = "ledger.post_all", skip_all, fields(postings = postings.len()))]
 pub async fn post_all(
     conn: &mut MySqlConnection,
     postings: &[Posting],

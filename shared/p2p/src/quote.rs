@@ -44,8 +44,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use paybus_platform::{Secret, bus::metrics};
+use paybus_platform::{
+    Secret,
+    bus::metrics,
+    telemetry::{TraceHeaders, propagation},
+};
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 use url::Url;
 
 use crate::config::QuoteConfig;
@@ -378,7 +383,20 @@ impl QuoteClient {
         call: Call,
         request: reqwest::RequestBuilder,
     ) -> Result<T, QuoteError> {
-        let response = request.send().await.map_err(|e| self.transport(call, e))?;
+        let mut request = request.build().map_err(|e| self.transport(call, e))?;
+        let span = propagation::http_client_span(
+            &format!("quote.{call}"),
+            request.method().as_str(),
+            request.url().as_str(),
+        );
+        TraceHeaders::of_span(&span).on_headers(request.headers_mut());
+        let response = self
+            .http
+            .execute(request)
+            .instrument(span.clone())
+            .await
+            .map_err(|e| self.transport(call, e))?;
+        span.record("http.response.status_code", response.status().as_u16());
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();

@@ -292,6 +292,9 @@ pub fn block_on(work: impl Future<Output = Result<(), FunctionError>>) -> ExitCo
         .and_then(|runtime| {
             runtime.block_on(async {
                 let result = work.await;
+                if telemetry::tracing_enabled() {
+                    let _ = tokio::task::spawn_blocking(telemetry::shutdown).await;
+                }
                 match &result {
                     Err(FunctionError::Lambda(_)) | Ok(()) => {}
                     Err(error) if in_lambda() => report_init_error(error).await,

@@ -1,4 +1,9 @@
-//! Tracing set-up: text for people at a terminal, JSON for Lambda and log pipelines.
+//! Tracing set-up: text for people at a terminal, JSON for Lambda and log pipelines, and
+//! OpenTelemetry traces when the standard `OTEL_*` variables ask for them (docs/observability.md).
+
+mod log_ids;
+mod otlp;
+pub mod propagation;
 
 use std::io::IsTerminal;
 
@@ -6,14 +11,24 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::config::LogFormat;
 
+pub use otlp::{flush, shutdown, tracing_enabled};
+pub use propagation::TraceHeaders;
+
 /// Installs the global subscriber once; `RUST_LOG` overrides the default `info` level.
 /// Calling it again (tests, embedded runners) is harmless. Logs go to stderr, so a command's
 /// own output (`paybus audit`, `bench`, `catalog`, `sign`) stays alone on stdout; Lambda
-/// captures both.
+/// captures both. With `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) set, spans are
+/// exported over OTLP/HTTP too, and every JSON line inside a trace carries `trace_id` and
+/// `span_id`; unset, no OpenTelemetry layer is installed at all.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn"));
-    let registry = tracing_subscriber::registry().with(filter);
+    let traces = otlp::install_from_env().map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_tracked_inactivity(false)
+    });
+    let registry = tracing_subscriber::registry().with(filter).with(traces);
     let _ = match format {
         // Colour only for a person at a terminal: in files and pipes escape codes are noise.
         LogFormat::Text => registry
@@ -30,7 +45,8 @@ pub fn init(format: LogFormat) {
                     .with_writer(std::io::stderr)
                     .json()
                     .flatten_event(true)
-                    .with_current_span(true),
+                    .with_current_span(true)
+                    .map_event_format(log_ids::WithTraceIds::new),
             )
             .try_init(),
     };

@@ -4,6 +4,8 @@ use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use uuid::Uuid;
 
+use crate::telemetry::TraceHeaders;
+
 /// A message's data, tied to the routing key it travels under.
 pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The envelope's `type`, which is also the routing key on `paybus.events`.
@@ -55,7 +57,8 @@ impl<T: Message> Envelope<T> {
         }
     }
 
-    /// The serialised form, ready for the outbox or the publisher.
+    /// The serialised form, ready for the outbox or the publisher, with the trace context of
+    /// the span that sends it.
     pub fn to_outgoing(&self) -> Result<OutgoingMessage, serde_json::Error> {
         Ok(OutgoingMessage {
             id: self.id,
@@ -63,6 +66,7 @@ impl<T: Message> Envelope<T> {
             correlation_id: self.correlation_id,
             occurred_at: self.occurred_at,
             body: serde_json::to_vec(self)?,
+            trace: TraceHeaders::current(),
         })
     }
 }
@@ -75,6 +79,9 @@ pub struct OutgoingMessage {
     pub correlation_id: Uuid,
     pub occurred_at: DateTime<Utc>,
     pub body: Vec<u8>,
+    /// The W3C trace context of the transaction that wrote it: kept on the outbox row and sent
+    /// as the `traceparent` / `tracestate` headers, so the consumer's span continues the trace.
+    pub trace: TraceHeaders,
 }
 
 /// The part of an envelope that can be read without knowing its data type: enough to route,

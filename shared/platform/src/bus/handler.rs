@@ -215,27 +215,54 @@ pub async fn process<H: Handler>(
             return finish_undecodable::<H>(delivery, started, attempt, undecodable);
         }
     };
-    let span = tracing::info_span!(
-        "message",
-        function = H::FUNCTION,
-        message_id = %head.id,
-        correlation_id = %head.correlation_id,
-        attempt,
-    );
+    let span = delivery_span::<H>(&head, delivery, attempt, 1);
+    delivery_trace::follow(&span, delivery, attempt);
     let ctx = Context { outbox, attempt };
-    let result = handler.handle(envelope, &ctx).instrument(span).await;
+    let result = handler
+        .handle(envelope, &ctx)
+        .instrument(span.clone())
+        .await;
     let (disposition, label, detail) = classify(result, attempt, delivery);
     if let Some(skip) = skipped(delivery, &head, label, detail.as_deref()) {
         skips::record(outbox.pool(), H::FUNCTION, &[skip]).await;
     }
-    finish::<H>(
-        delivery,
-        Some(&head),
-        started,
+    span.record("outcome", label);
+    span.in_scope(|| {
+        finish::<H>(
+            delivery,
+            Some(&head),
+            started,
+            attempt,
+            disposition,
+            label,
+            detail,
+        )
+    })
+}
+
+/// The span of one delivery (or of a batch, `size` > 1, named after its first message), with
+/// the OpenTelemetry messaging conventions' names (`otel.*` fields are tracing-opentelemetry's
+/// span name and kind).
+fn delivery_span<H: Handler>(
+    head: &EnvelopeHead,
+    delivery: &IncomingDelivery,
+    attempt: u32,
+    size: usize,
+) -> tracing::Span {
+    tracing::info_span!(
+        "message",
+        otel.name = format!("process {}", H::FUNCTION),
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "process",
+        messaging.destination.name = %delivery.routing_key,
+        messaging.message.id = %head.id,
+        messaging.batch.message_count = size,
+        function = H::FUNCTION,
+        message_id = %head.id,
+        correlation_id = %head.correlation_id,
         attempt,
-        disposition,
-        label,
-        detail,
+        outcome = tracing::field::Empty,
     )
 }
 
@@ -274,10 +301,20 @@ pub async fn process_batch<H: Handler>(
             .into_iter()
             .map(|(index, head, batched)| ((index, head, batched.attempt), batched))
             .unzip();
-        let span = tracing::info_span!("batch", function = H::FUNCTION, size = messages.len());
+        let (first, _, first_attempt) = &heads[0];
+        let span = delivery_span::<H>(
+            &heads[0].1,
+            &deliveries[*first],
+            *first_attempt,
+            heads.len(),
+        );
+        delivery_trace::follow(&span, &deliveries[*first], *first_attempt);
+        for (index, _, _) in &heads[1..] {
+            delivery_trace::link(&span, &deliveries[*index]);
+        }
         let mut results = handler
             .handle_batch(messages, outbox)
-            .instrument(span)
+            .instrument(span.clone())
             .await;
         if results.len() != heads.len() {
             // A handler bug; requeueing lets the messages go through again rather than guess.
@@ -298,15 +335,17 @@ pub async fn process_batch<H: Handler>(
             let delivery = &deliveries[index];
             let (disposition, label, detail) = classify(result, attempt, delivery);
             skipped_here.extend(skipped(delivery, &head, label, detail.as_deref()));
-            dispositions[index] = Some(finish::<H>(
-                delivery,
-                Some(&head),
-                started,
-                attempt,
-                disposition,
-                label,
-                detail,
-            ));
+            dispositions[index] = Some(span.in_scope(|| {
+                finish::<H>(
+                    delivery,
+                    Some(&head),
+                    started,
+                    attempt,
+                    disposition,
+                    label,
+                    detail,
+                )
+            }));
         }
         skips::record(outbox.pool(), H::FUNCTION, &skipped_here).await;
     }
@@ -421,6 +460,38 @@ fn classify(
             "requeued",
             Some(error.to_string()),
         ),
+    }
+}
+
+/// How a delivery's span joins its message's trace.
+mod delivery_trace {
+    use super::IncomingDelivery;
+    use crate::telemetry::{TraceHeaders, propagation};
+
+    /// The message's first delivery continues its sender's trace (a child of the span that
+    /// wrote the outbox row). A redelivery — requeued after a fault, or after a crash before
+    /// the ack — starts a trace of its own linked to the message's: the sender's trace shows the
+    /// delivery that did the work, not every attempt that came before or after it.
+    pub(super) fn follow(span: &tracing::Span, delivery: &IncomingDelivery, attempt: u32) {
+        let headers = delivery.properties.headers().as_ref();
+        let sent = TraceHeaders::from_amqp(headers);
+        if attempt == 1 {
+            propagation::continue_trace(span, &sent);
+        } else {
+            propagation::link_to(span, &sent);
+        }
+        if let Some(xray) =
+            crate::bus::headers::header_text(headers, crate::bus::lambda::XRAY_TRACE_HEADER)
+        {
+            propagation::link_to_xray(span, &xray);
+        }
+    }
+
+    /// The other messages of a batch: one transaction, one span, linked to each (the
+    /// messaging conventions' batch receive).
+    pub(super) fn link(span: &tracing::Span, delivery: &IncomingDelivery) {
+        let sent = TraceHeaders::from_amqp(delivery.properties.headers().as_ref());
+        propagation::link_to(span, &sent);
     }
 }
 

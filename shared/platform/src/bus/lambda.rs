@@ -127,7 +127,18 @@ where
                 .get_or_try_init(|| async { build(services) })
                 .await
                 .map_err(InvocationError::start)?;
-            handle_event(handler, services, event.payload).await
+            let answer = handle_invocation(
+                handler,
+                services,
+                event.payload,
+                event.context.xray_trace_id.as_deref(),
+            )
+            .await;
+            // The environment may be frozen the moment the answer is sent: export now.
+            if crate::telemetry::tracing_enabled() {
+                let _ = tokio::task::spawn_blocking(crate::telemetry::flush).await;
+            }
+            answer
         },
     ))
     .await
@@ -246,6 +257,18 @@ pub async fn handle_event<H: Handler>(
     services: &Services,
     event: RabbitMqEvent,
 ) -> Result<BatchSummary, InvocationError> {
+    handle_invocation(handler, services, event, None).await
+}
+
+/// [`handle_event`] for one invocation whose X-Ray trace id Lambda gave (`Lambda-Runtime-Trace-Id`,
+/// `_X_AMZN_TRACE_ID`): each delivery's span links to it, so X-Ray's view of the invocation and
+/// the message's trace meet.
+pub async fn handle_invocation<H: Handler>(
+    handler: &H,
+    services: &Services,
+    event: RabbitMqEvent,
+    xray_trace_id: Option<&str>,
+) -> Result<BatchSummary, InvocationError> {
     let own = own_queues::<H>(&services.settings.broker.shards);
     check_queues(H::FUNCTION, &own, &event)?;
     let concurrency = usize::from(services.settings.broker.lambda_concurrency);
@@ -261,7 +284,7 @@ pub async fn handle_event<H: Handler>(
                 first,
                 count = messages.len(),
             );
-            settle_chunk(handler, services, messages).instrument(span)
+            settle_chunk(handler, services, messages, xray_trace_id).instrument(span)
         },
     )
     .await;
@@ -424,8 +447,12 @@ async fn settle_chunk<H: Handler>(
     handler: &H,
     services: &Services,
     messages: &[RabbitMqMessage],
+    xray_trace_id: Option<&str>,
 ) -> Vec<Settlement> {
-    let decoded: Vec<Decoded> = messages.iter().map(decode).collect();
+    let decoded: Vec<Decoded> = messages
+        .iter()
+        .map(|message| with_xray_trace_id(decode(message), xray_trace_id))
+        .collect();
     let well_formed: Vec<IncomingDelivery> = decoded
         .iter()
         .filter(|d| d.malformed.is_none())
@@ -456,6 +483,26 @@ async fn settle_chunk<H: Handler>(
     )
     .await
 }
+
+/// The invocation's X-Ray trace id rides on each of its deliveries as the
+/// [`XRAY_TRACE_HEADER`] header, where the delivery's span finds it (and a dead letter keeps it).
+fn with_xray_trace_id(mut decoded: Decoded, xray_trace_id: Option<&str>) -> Decoded {
+    if let Some(xray) = xray_trace_id.filter(|_| crate::telemetry::tracing_enabled()) {
+        let mut headers = decoded
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        crate::bus::headers::text_header(&mut headers, XRAY_TRACE_HEADER, xray);
+        decoded.delivery.properties = decoded.delivery.properties.with_headers(headers);
+    }
+    decoded
+}
+
+/// The header a Lambda delivery carries its invocation's X-Ray trace id in (X-Ray's own HTTP
+/// header name).
+pub const XRAY_TRACE_HEADER: &str = "x-amzn-trace-id";
 
 /// The disposition of a message whose body the event could not give us.
 fn malformed<H: Handler>(delivery: &IncomingDelivery, error: &str) -> Disposition {

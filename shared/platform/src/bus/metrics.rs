@@ -19,10 +19,8 @@ use std::{
 
 use prometheus_client::{
     metrics::{
-        counter::Counter,
-        family::Family,
-        gauge::Gauge,
-        histogram::{Histogram, exponential_buckets},
+        counter::Counter, exemplar::HistogramWithExemplars, family::Family, gauge::Gauge,
+        histogram::exponential_buckets,
     },
     registry::Registry,
 };
@@ -56,7 +54,7 @@ pub fn record(function: &str, outcome: &'static str, elapsed: Duration) {
         exported
             .handler_seconds
             .get_or_create(&vec![("function".to_owned(), function.to_owned())])
-            .observe(elapsed.as_secs_f64());
+            .observe(elapsed.as_secs_f64(), sampled_trace(), None);
     }
     let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
     let mut map = registry()
@@ -87,15 +85,35 @@ pub fn count(function: &str, outcome: &str) -> u64 {
 
 type Labels = Vec<(String, String)>;
 
-/// Handler latency buckets: 1 ms to ~16 s, doubling.
-fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+/// Handler latency buckets: 1 ms to ~16 s, doubling. Each bucket keeps its latest sample's
+/// trace as an OpenMetrics exemplar, so a slow bucket on a dashboard opens a slow trace.
+fn latency_histogram() -> HistogramWithExemplars<Labels> {
+    HistogramWithExemplars::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The exemplar of a sample taken inside a sampled trace (`trace_id`, `span_id`: the names
+/// Prometheus and Grafana look for); none when tracing is off.
+fn sampled_trace() -> Option<Labels> {
+    use opentelemetry::trace::TraceContextExt;
+    if !crate::telemetry::tracing_enabled() {
+        return None;
+    }
+    let context = opentelemetry::Context::current();
+    let span = context.span();
+    let ids = span.span_context();
+    ids.is_sampled().then(|| {
+        vec![
+            ("trace_id".to_owned(), ids.trace_id().to_string()),
+            ("span_id".to_owned(), ids.span_id().to_string()),
+        ]
+    })
 }
 
 /// The in-process figures in the Prometheus client's types.
 struct Exported {
     messages: Family<Labels, Counter>,
-    handler_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    handler_seconds:
+        Family<Labels, HistogramWithExemplars<Labels>, fn() -> HistogramWithExemplars<Labels>>,
     audit_violations: Family<Labels, Counter>,
     audit_last_violations: Gauge,
     audit_last_seconds: Gauge<f64, AtomicU64>,

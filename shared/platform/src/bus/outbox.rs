@@ -13,6 +13,7 @@ use std::{
 };
 
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Transaction};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{
@@ -57,10 +58,12 @@ impl Outbox {
 
     /// The one way to open a transaction that may produce messages.
     pub async fn begin(&self) -> Result<UnitOfWork<'_>, sqlx::Error> {
+        let span = transaction_span();
         Ok(UnitOfWork {
-            tx: self.pool.begin().await?,
+            tx: self.pool.begin().instrument(span.clone()).await?,
             staged: Vec::new(),
             outbox: self,
+            span,
         })
     }
 
@@ -68,10 +71,14 @@ impl Outbox {
     /// (see `db::begin_read_committed`: under REPEATABLE READ the claim's gap locks deadlock
     /// with the producers inserting new rows).
     pub async fn begin_read_committed(&self) -> Result<UnitOfWork<'_>, sqlx::Error> {
+        let span = transaction_span();
         Ok(UnitOfWork {
-            tx: crate::db::begin_read_committed(&self.pool).await?,
+            tx: crate::db::begin_read_committed(&self.pool)
+                .instrument(span.clone())
+                .await?,
             staged: Vec::new(),
             outbox: self,
+            span,
         })
     }
 
@@ -97,12 +104,24 @@ impl Outbox {
     }
 }
 
+/// The span of one unit of work's transaction, from BEGIN to COMMIT or rollback (it ends when
+/// the unit of work is dropped): the trace shows how long a handler held its row locks.
+fn transaction_span() -> tracing::Span {
+    tracing::info_span!(
+        "db.transaction",
+        otel.name = "transaction",
+        otel.kind = "client",
+        db.system.name = "mysql",
+    )
+}
+
 /// A database transaction plus the messages it will publish once committed. Derefs to the
 /// connection, so queries run on it as on a `Transaction`.
 pub struct UnitOfWork<'a> {
     tx: Transaction<'static, MySql>,
     staged: Vec<OutgoingMessage>,
     outbox: &'a Outbox,
+    span: tracing::Span,
 }
 
 impl UnitOfWork<'_> {
@@ -135,8 +154,15 @@ impl UnitOfWork<'_> {
 
     /// Commits, then publishes what this transaction sent.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await?;
-        self.outbox.publish_committed(self.staged).await;
+        let UnitOfWork {
+            tx,
+            staged,
+            outbox,
+            span,
+        } = self;
+        tx.commit().instrument(span.clone()).await?;
+        drop(span);
+        outbox.publish_committed(staged).await;
         Ok(())
     }
 
@@ -167,14 +193,17 @@ async fn insert(
         return Ok(());
     }
     let mut query = QueryBuilder::<MySql>::new(
-        "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body, created_at) ",
+        "INSERT INTO outbox_messages \
+         (message_id, routing_key, correlation_id, body, created_at, traceparent, tracestate) ",
     );
     query.push_values(messages, |mut row, message| {
         row.push_bind(message.id.to_string())
             .push_bind(&message.routing_key)
             .push_bind(message.correlation_id.to_string())
             .push_bind(&message.body)
-            .push_bind(message.occurred_at);
+            .push_bind(message.occurred_at)
+            .push_bind(&message.trace.traceparent)
+            .push_bind(&message.trace.tracestate);
     });
     query.build().execute(conn).await?;
     Ok(())
@@ -230,6 +259,8 @@ struct PendingRow {
     correlation_id: String,
     body: Vec<u8>,
     created_at: chrono::DateTime<chrono::Utc>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 /// Why an outbox row cannot be published as it is.
@@ -256,6 +287,10 @@ impl PendingRow {
             correlation_id: uuid("correlation_id", &self.correlation_id)?,
             occurred_at: self.created_at,
             body: self.body.clone(),
+            trace: crate::telemetry::TraceHeaders {
+                traceparent: self.traceparent.clone(),
+                tracestate: self.tracestate.clone(),
+            },
         })
     }
 }
@@ -307,7 +342,8 @@ impl Relay {
     pub async fn run_once(&self) -> Result<RelayReport, OutboxError> {
         let mut tx = crate::db::begin_read_committed(&self.outbox.pool).await?;
         let rows: Vec<PendingRow> = sqlx::query_as(
-            "SELECT id, message_id, routing_key, correlation_id, body, created_at \
+            "SELECT id, message_id, routing_key, correlation_id, body, created_at, \
+             traceparent, tracestate \
              FROM outbox_messages \
              WHERE published_at IS NULL AND created_at < NOW(6) - INTERVAL ? MICROSECOND \
              ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",

@@ -184,7 +184,7 @@ async fn send_event(
 }
 
 /// An event's headers: its shard key (the envelope's, else the message id), which a sharded
-/// function's consistent-hash exchange routes on.
+/// function's consistent-hash exchange routes on, and the W3C trace context of its sender.
 fn event_headers(message: &OutgoingMessage) -> FieldTable {
     let key = shard_key_of(&message.body).unwrap_or_else(|| message.id.to_string());
     let mut headers = FieldTable::default();
@@ -192,6 +192,7 @@ fn event_headers(message: &OutgoingMessage) -> FieldTable {
         SHARD_KEY_HEADER.into(),
         lapin::types::AMQPValue::LongString(key.into()),
     );
+    message.trace.to_amqp(&mut headers);
     headers
 }
 

@@ -1,0 +1,293 @@
+//! One OpenTelemetry trace per money movement, end to end: a real `paybus run` exporting to a
+//! real OTLP/HTTP receiver, a chain monitor sending one withdrawal's confirmation three times
+//! under its own `traceparent`, and a partner endpoint that records the `traceparent` it gets.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{
+    collections::HashMap,
+    io::Read,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{Router, extract::State, http::HeaderMap, routing::post};
+use paybus_platform::{
+    signature,
+    testing::{
+        TestEnv, free_port,
+        otlp::{OtlpReceiver, ReceivedSpan},
+    },
+};
+
+const SECRET: &str = "chain-monitor-secret-traces-0123";
+/// The chain monitor's own span: the trace every span of this withdrawal must join.
+const MONITOR_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const MONITOR_SPAN: &str = "00f067aa0ba902b7";
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The partner's endpoint: answers 200 and keeps each request's `traceparent`.
+async fn partner_endpoint() -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let app = Router::new()
+        .route(
+            "/webhook",
+            post(
+                |State(seen): State<Arc<Mutex<Vec<String>>>>, headers: HeaderMap| async move {
+                    let traceparent = headers
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    seen.lock().unwrap().push(traceparent);
+                    "ok"
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/webhook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+async fn confirm(client: &reqwest::Client, url: &str) -> u16 {
+    let body = r#"{"withdrawal_id": 2026, "tx_hash": "0xtraced"}"#;
+    let started = Instant::now();
+    loop {
+        let now = chrono::Utc::now().timestamp();
+        let sent = client
+            .post(url)
+            .header("content-type", "application/json")
+            .header(
+                "traceparent",
+                format!("00-{MONITOR_TRACE}-{MONITOR_SPAN}-01"),
+            )
+            .header(
+                signature::HEADER,
+                signature::sign(SECRET.as_bytes(), now, body.as_bytes()),
+            )
+            .body(body)
+            .send()
+            .await;
+        match sent {
+            Ok(answer) => return answer.status().as_u16(),
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("paybus run did not come up: {error}"),
+        }
+    }
+}
+
+/// Whether `span` descends from `ancestor` (by span ids, within the received spans).
+fn descends(spans: &[ReceivedSpan], span: &ReceivedSpan, ancestor: &str) -> bool {
+    let by_id: HashMap<&str, &ReceivedSpan> =
+        spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let mut parent = span.parent_span_id.as_str();
+    while !parent.is_empty() {
+        if parent == ancestor {
+            return true;
+        }
+        parent = by_id.get(parent).map_or("", |s| s.parent_span_id.as_str());
+    }
+    false
+}
+
+fn named<'s>(spans: &'s [ReceivedSpan], name: &str) -> Vec<&'s ReceivedSpan> {
+    spans
+        .iter()
+        .filter(|s| s.trace_id == MONITOR_TRACE && s.name == name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the_partner() {
+    let receiver = OtlpReceiver::start().await;
+    let (webhook_url, partner_saw) = partner_endpoint().await;
+    let env = TestEnv::new().await;
+    let partner_id = paybus_partners::testing::partner(&env.db, "traced", Some(&webhook_url)).await;
+    sqlx::query(
+        "INSERT INTO withdrawals (id, partner_id, kind, status, currency, amount, to_address) \
+         VALUES (2026, ?, 'NORMAL', 'BROADCASTING', 'USDT', 100, 'T-addr')",
+    )
+    .bind(partner_id)
+    .execute(&env.db)
+    .await
+    .unwrap();
+    let port = free_port();
+    let log = std::env::temp_dir().join(format!("paybus-traces-{}.log", std::process::id()));
+    let mut run = Running(
+        Command::new(env!("CARGO_BIN_EXE_paybus"))
+            .arg("run")
+            .envs(env.env_vars())
+            .envs(receiver.env_vars("paybus-run"))
+            .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
+            .env("PAYBUS_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/v1/chain-monitor/withdrawal-confirmations");
+
+    // The first confirmation, then the monitor's two re-sends once it has gone through (as
+    // the monitor re-sends after 60 s).
+    assert_eq!(confirm(&client, &url).await, 202);
+    receiver
+        .wait_for(Duration::from_secs(30), |spans| {
+            !named(spans, "POST webhook").is_empty()
+        })
+        .await;
+    assert_eq!(confirm(&client, &url).await, 202);
+    assert_eq!(confirm(&client, &url).await, 202);
+    receiver
+        .wait_for(Duration::from_secs(30), |spans| {
+            named(spans, "process confirm-withdrawal").len() == 3
+        })
+        .await;
+    // Let the last spans of the duplicates' deliveries (and anything wrongly extra) arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let spans = receiver.spans();
+
+    // The intake: three server spans, each a child of the monitor's span.
+    let intakes = named(&spans, "POST /v1/chain-monitor/withdrawal-confirmations");
+    assert_eq!(intakes.len(), 3, "{intakes:#?}");
+    for intake in &intakes {
+        assert_eq!(intake.parent_span_id, MONITOR_SPAN);
+        assert_eq!(intake.kind, 2, "a server span");
+        assert_eq!(intake.attribute("http.response.status_code"), Some("202"));
+        assert_eq!(intake.service, "paybus-run");
+    }
+    // Three deliveries, each the child of the intake that sent its message: one transitioned,
+    // the duplicates were skipped.
+    let deliveries = named(&spans, "process confirm-withdrawal");
+    let mut outcomes: Vec<&str> = deliveries
+        .iter()
+        .map(|d| d.attribute("outcome").unwrap_or(""))
+        .collect();
+    outcomes.sort_unstable();
+    assert_eq!(outcomes, ["done", "skipped", "skipped"], "{deliveries:#?}");
+    for delivery in &deliveries {
+        assert_eq!(delivery.kind, 5, "a consumer span");
+        assert!(
+            intakes
+                .iter()
+                .any(|i| descends(&spans, delivery, &i.span_id)),
+            "{delivery:#?} does not descend from an intake; its parent: {:#?}",
+            spans.iter().find(|s| s.span_id == delivery.parent_span_id)
+        );
+        assert_eq!(delivery.attribute("messaging.system"), Some("rabbitmq"));
+        assert_eq!(delivery.attribute("attempt"), Some("1"));
+    }
+    let transitioned = deliveries
+        .iter()
+        .find(|d| d.attribute("outcome") == Some("done"))
+        .unwrap();
+    // The ledger's posting and the transaction sit inside the delivery that transitioned.
+    let postings = named(&spans, "ledger.post_all");
+    assert_eq!(postings.len(), 1, "{postings:#?}");
+    assert!(descends(&spans, postings[0], &transitioned.span_id));
+    assert!(named(&spans, "transaction").iter().any(|t| descends(
+        &spans,
+        t,
+        &transitioned.span_id
+    )));
+    // The notification it owed: deliver-webhook's delivery continues the same trace, and its
+    // POST is a client span whose context the partner received.
+    let webhook_deliveries = named(&spans, "process deliver-webhook");
+    assert_eq!(webhook_deliveries.len(), 1, "{webhook_deliveries:#?}");
+    assert!(descends(
+        &spans,
+        webhook_deliveries[0],
+        &transitioned.span_id
+    ));
+    let posts = named(&spans, "POST webhook");
+    assert_eq!(posts.len(), 1);
+    let post = posts[0];
+    assert_eq!(post.kind, 3, "a client span");
+    assert!(descends(&spans, post, &webhook_deliveries[0].span_id));
+    assert_eq!(post.attribute("http.response.status_code"), Some("200"));
+    assert_eq!(
+        post.attribute("server.address"),
+        Some("127.0.0.1"),
+        "only the host: a webhook URL's path may carry a partner's token"
+    );
+    assert_eq!(
+        partner_saw.lock().unwrap().clone(),
+        [format!("00-{MONITOR_TRACE}-{}-01", post.span_id)]
+    );
+
+    // The outbox rows kept the context they were written under.
+    let kept: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT traceparent FROM outbox_messages ORDER BY id")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(kept.len(), 4, "3 confirmations and 1 notification");
+    assert!(
+        kept.iter()
+            .all(|t| t.as_deref().is_some_and(|t| t.contains(MONITOR_TRACE))),
+        "{kept:?}"
+    );
+
+    // The latency histogram's exemplar opens this trace.
+    let metrics = client
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|line| {
+            line.starts_with("paybus_handler_seconds_bucket{")
+                && line.contains(r#"function="confirm-withdrawal""#)
+                && line.contains(&format!(r#"# {{trace_id="{MONITOR_TRACE}""#))
+        }),
+        "no exemplar of the trace in:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("handler_seconds_bucket"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // The JSON log lines of the deliveries carry the trace's ids.
+    let _ = run.0.kill();
+    let _ = run.0.wait();
+    let mut text = String::new();
+    std::fs::File::open(&log)
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    let _ = std::fs::remove_file(&log);
+    let processed: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| {
+            line["message"] == "message processed" && line["function"] == "confirm-withdrawal"
+        })
+        .collect();
+    assert!(!processed.is_empty(), "no delivery log lines in:\n{text}");
+    for line in &processed {
+        assert_eq!(line["trace_id"], MONITOR_TRACE, "{line}");
+        assert!(
+            deliveries
+                .iter()
+                .any(|d| line["span_id"] == d.span_id.as_str()),
+            "{line}"
+        );
+    }
+}
