@@ -185,6 +185,66 @@ async fn a_dead_letter_fires_the_shipped_alert_in_a_real_prometheus() {
         .await
         .unwrap();
     assert_eq!(letters, 1);
+
+    // The shipped Grafana dashboard: every query is PromQL this Prometheus accepts, and names
+    // only series paybus serves (a typo would be valid PromQL and an empty panel forever).
+    let served = client
+        .get(format!("http://127.0.0.1:{paybus_port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/grafana/paybus.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    // A counter appears once it has counted something; the documented table names them all.
+    let documented = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )
+    .unwrap();
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().cloned().unwrap_or_default())
+        .map(|target| target["expr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(queries.len() >= 10, "{queries:?}");
+    for query in &queries {
+        let answer: Value = client
+            .get(
+                reqwest::Url::parse_with_params(
+                    &format!("{base}/api/v1/query"),
+                    [("query", query)],
+                )
+                .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["status"], "success", "{query}: {answer}");
+        for series in query
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("paybus_"))
+        {
+            let family = series
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_total");
+            assert!(
+                served.contains(family) || documented.contains(&format!("`{series}")),
+                "the dashboard's {series} is neither served nor documented (in {query})"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -221,7 +221,7 @@ async fn a_lambda_delivery_continues_the_messages_trace_and_links_the_xray_trace
     assert_eq!(delivery.service, "confirm-withdrawal");
     assert_eq!(
         delivery.links,
-        [xray.clone()],
+        std::slice::from_ref(&xray),
         "linked to the invocation's X-Ray trace"
     );
     let within_delivery = |name: &str| {
@@ -270,10 +270,7 @@ async fn a_lambda_delivery_continues_the_messages_trace_and_links_the_xray_trace
     );
     assert_eq!(
         again.links,
-        [
-            (RESENT_TRACE.to_owned(), RESENT_SPAN.to_owned()),
-            xray.clone()
-        ],
+        [(RESENT_TRACE.to_owned(), RESENT_SPAN.to_owned()), xray],
         "linked to the message's trace, not parented"
     );
     assert_eq!(effects(&env.db, id).await, (1, 1));
