@@ -100,8 +100,7 @@ pub(crate) fn limit(limit: Option<u32>, default: u32) -> Result<u32, ApiError> {
     responses((status = 200, description = "NEW letters grouped by function and reason, with the money at stake, biggest first", body = Object), crate::responses::AdminErrors)
 )]
 async fn overview(State(state): State<AppState>) -> Result<Json<Overview>, ApiError> {
-    let mut conn = state.pool.acquire().await?;
-    let overview = groups::overview(&mut conn, &state.dead_letters)
+    let overview = groups::overview(&state.pool, &state.dead_letters)
         .await
         .map_err(into_api)?;
     Ok(Json(overview))
@@ -230,8 +229,7 @@ async fn dry_run(
     let params = query(params)?;
     let selection = params.selection()?;
     let limit = limit(params.limit, MAX_LIMIT)?;
-    let mut conn = state.pool.acquire().await?;
-    let run = replay::dry_run(&mut conn, &state.dead_letters, &selection, limit)
+    let run = replay::dry_run(&state.pool, &state.dead_letters, &selection, limit)
         .await
         .map_err(into_api)?;
     Ok(Json(run))
@@ -314,9 +312,8 @@ async fn request_and_execute(
     options: ExecuteOptions,
 ) -> Result<ActionAnswer, ApiError> {
     let requested = {
-        let mut conn = state.pool.acquire().await?;
         operation::request(
-            &mut conn,
+            &state.pool,
             &state.dead_letters,
             action,
             selection,
@@ -364,8 +361,7 @@ async fn replay(
     let selection = selection(request.ids, request.group)?;
     if request.dry_run {
         let limit = limit(request.limit, MAX_LIMIT)?;
-        let mut conn = state.pool.acquire().await?;
-        let run = replay::dry_run(&mut conn, &state.dead_letters, &selection, limit)
+        let run = replay::dry_run(&state.pool, &state.dead_letters, &selection, limit)
             .await
             .map_err(into_api)?;
         return Ok(ActionAnswer::DryRun(run));

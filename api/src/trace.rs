@@ -347,13 +347,12 @@ async fn dead_letters(
     type LetterRow = (u64, String, String, String, u32, DateTime<Utc>);
     let letters: Vec<LetterRow> = sqlx::query_as(
         "SELECT id, reason, status, error, failures, failed_at FROM dead_letters \
-         WHERE function_name = ? AND routing_key = ? \
-         AND JSON_UNQUOTE(JSON_EXTRACT(CONVERT(body USING utf8mb4), '$.shard_key')) = ? \
+         WHERE shard_key = ? AND function_name = ? AND routing_key = ? \
          ORDER BY id LIMIT 100",
     )
+    .bind(id.to_string())
     .bind(function)
     .bind(routing_key)
-    .bind(id.to_string())
     .fetch_all(&mut *conn)
     .await?;
     let mut ids = Vec::with_capacity(letters.len());

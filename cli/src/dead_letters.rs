@@ -210,8 +210,7 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
         }
         read_only => {
             let pool = db::connect(&settings.database).await?;
-            let mut conn = pool.acquire().await?;
-            read(&mut conn, read_only).await
+            read(&pool, read_only).await
         }
     }
 }
@@ -237,9 +236,8 @@ async fn request(
     actor: &str,
 ) -> anyhow::Result<OperationDetail> {
     let four_eyes = paybus_platform::approvals::FourEyes::from_env()?;
-    let mut conn = services.pool.acquire().await?;
     Ok(operation::request(
-        &mut conn,
+        &services.pool,
         &TRIAGER,
         action,
         &select.selection(),
@@ -265,19 +263,19 @@ fn awaiting_approval(requested: &OperationDetail) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn read(
-    conn: &mut sqlx::MySqlConnection,
-    command: DeadLettersCommand,
-) -> anyhow::Result<ExitCode> {
+async fn read(pool: &sqlx::MySqlPool, command: DeadLettersCommand) -> anyhow::Result<ExitCode> {
+    let mut conn = pool.acquire().await?;
+    let conn = &mut *conn;
     match command {
         DeadLettersCommand::Groups => {
-            let overview = groups::overview(conn, &TRIAGER).await?;
+            let overview = groups::overview(pool, &TRIAGER).await?;
             if overview.groups.is_empty() {
                 println!("no NEW dead letters");
             }
             for group in &overview.groups {
+                let plus = if group.count_capped { "+" } else { "" };
                 println!(
-                    "{:>6}  {} / {}  ({} failure(s); first {}, last {})",
+                    "{:>6}{plus}  {} / {}  ({}{plus} failure(s); first {}, last {})",
                     group.count,
                     group.function,
                     group.reason,
@@ -336,7 +334,7 @@ async fn read(
             println!("{}", serde_json::to_string_pretty(&detail)?);
         }
         DeadLettersCommand::DryRun { select, limit } => {
-            let run = replay::dry_run(conn, &TRIAGER, &select.selection(), limit).await?;
+            let run = replay::dry_run(pool, &TRIAGER, &select.selection(), limit).await?;
             print_dry_run(&run);
         }
         DeadLettersCommand::Operations { limit } => {

@@ -657,9 +657,8 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
     let archived = {
         use paybus_dead_letter_ops::{OperationAction, Selection, Triager, operation};
         let triager = Triager::new(&[]);
-        let mut conn = services.pool.acquire().await.unwrap();
         let requested = operation::request(
-            &mut conn,
+            &services.pool,
             &triager,
             OperationAction::Archive,
             &Selection::Ids(vec![letter]),

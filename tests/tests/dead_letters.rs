@@ -106,9 +106,8 @@ async fn act_now(
     selection: &Selection,
     actor: &str,
 ) -> ExecutionReport {
-    let mut conn = services.pool.acquire().await.unwrap();
     let requested = operation::request(
-        &mut conn,
+        &services.pool,
         &TRIAGER,
         action,
         selection,
@@ -156,7 +155,7 @@ async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_
     let sent_before = confirmations_sent(pool).await;
 
     let mut conn = pool.acquire().await.unwrap();
-    let run = replay::dry_run(&mut conn, &TRIAGER, &group(), 500)
+    let run = replay::dry_run(&services.pool, &TRIAGER, &group(), 500)
         .await
         .unwrap();
     assert_eq!((run.already_applied, run.safe, run.needs_human), (1, 0, 0));
@@ -230,8 +229,7 @@ async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_g
     let shutdown = CancellationToken::new();
     let consumer = tokio::spawn(runner.run(shutdown.clone()));
 
-    let mut conn = pool.acquire().await.unwrap();
-    let run = replay::dry_run(&mut conn, &TRIAGER, &group(), 500)
+    let run = replay::dry_run(&services.pool, &TRIAGER, &group(), 500)
         .await
         .unwrap();
     assert_eq!((run.already_applied, run.safe, run.needs_human), (0, 1, 2));
@@ -300,8 +298,7 @@ async fn copies_of_one_anomaly_hold_its_money_up_once_and_say_it_needs_a_human()
     let safe = in_flight(pool, acme, "4").await;
     dead_letter(pool, "confirm-withdrawal", confirmation(safe)).await;
 
-    let mut conn = pool.acquire().await.unwrap();
-    let overview = groups::overview(&mut conn, &TRIAGER).await.unwrap();
+    let overview = groups::overview(&services.pool, &TRIAGER).await.unwrap();
     assert_eq!(overview.groups.len(), 1);
     assert_eq!(overview.groups[0].count, 4);
     assert_eq!(
@@ -311,6 +308,87 @@ async fn copies_of_one_anomaly_hold_its_money_up_once_and_say_it_needs_a_human()
     let sum = &overview.exposure[0];
     assert_eq!((sum.letters, sum.needs_a_human), (4, dec("19036")));
     assert_eq!(overview.groups[0].exposure, overview.exposure);
+}
+
+#[tokio::test]
+async fn the_money_at_stake_reads_the_oldest_letters_page_by_page_up_to_its_limit() {
+    // 1,001 letters, copies of the confirmations of 300 withdrawals of 1 USDT each: the scan
+    // pages through the first 1,000 (several statements' worth), counts every letter, sums
+    // each withdrawal once, and says it stopped short of the last one.
+    let (_env, services, acme) = setup().await;
+    let pool = &services.pool;
+    let mut withdrawals = Vec::new();
+    for _ in 0..300 {
+        withdrawals.push(in_flight(pool, acme, "1").await);
+    }
+    let limit = usize::try_from(groups::EXPOSURE_SCAN_LIMIT).unwrap();
+    for i in 0..=limit {
+        dead_letter(
+            pool,
+            "confirm-withdrawal",
+            confirmation(withdrawals[i % 300]),
+        )
+        .await;
+    }
+    let overview = groups::overview(pool, &TRIAGER).await.unwrap();
+    assert_eq!(overview.groups.len(), 1);
+    assert_eq!(overview.groups[0].count, limit as u64 + 1);
+    assert!(!overview.exposure_complete);
+    assert_eq!(
+        sums(&overview.exposure),
+        [(Some(acme), "USDT".to_owned(), dec("300"), 300)]
+    );
+    assert_eq!(overview.exposure[0].letters, limit as u64);
+}
+
+#[tokio::test]
+async fn a_group_past_the_count_cap_says_so_and_its_times_still_span_every_letter() {
+    let (_env, services, _) = setup().await;
+    let pool = &services.pool;
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                  UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    // One letter past the cap, set-based, a second apart from 2026-01-01 on.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
+         body, failed_at, last_failed_at) \
+         SELECT CONCAT('capped-', n), 'grant-bonus', 'charge.bonus_job.created', 'failed', \
+                'boom', '{{}}', TIMESTAMPADD(SECOND, n, '2026-01-01 00:00:00'), \
+                TIMESTAMPADD(SECOND, n, '2026-01-01 00:00:00') \
+         FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
+               FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) numbers \
+         WHERE n <= {}",
+        groups::GROUP_COUNT_CAP
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    // And an old letter that failed again much later: the group's first and last failure.
+    sqlx::query(
+        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
+         body, failed_at, last_failed_at, failures) \
+         VALUES ('capped-reopened', 'grant-bonus', 'charge.bonus_job.created', 'failed', 'boom', \
+                 '{}', '2025-12-31 00:00:00', '2026-06-01 00:00:00', 4)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let overview = groups::overview(pool, &TRIAGER).await.unwrap();
+    assert_eq!(overview.groups.len(), 1);
+    let group = &overview.groups[0];
+    assert!(group.count_capped, "{group:?}");
+    assert_eq!(group.count, groups::GROUP_COUNT_CAP + 1);
+    assert!(group.failures > groups::GROUP_COUNT_CAP, "{group:?}");
+    assert_eq!(
+        group.first_failed_at.to_rfc3339(),
+        "2025-12-31T00:00:00+00:00"
+    );
+    assert_eq!(
+        group.last_failed_at.to_rfc3339(),
+        "2026-06-01T00:00:00+00:00"
+    );
+    assert!(!overview.exposure_complete);
 }
 
 #[tokio::test]
@@ -353,8 +431,7 @@ async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() 
     .await;
     assert_eq!(report.archived, 1);
 
-    let mut conn = pool.acquire().await.unwrap();
-    let overview = groups::overview(&mut conn, &TRIAGER).await.unwrap();
+    let overview = groups::overview(&services.pool, &TRIAGER).await.unwrap();
     let counts: Vec<_> = overview
         .groups
         .iter()
@@ -396,7 +473,6 @@ async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
     )
     .await;
     dead_letter(pool, "retired-function", confirmation(id)).await;
-    let mut conn = pool.acquire().await.unwrap();
     for selection in [
         group(),
         Selection::Group {
@@ -404,7 +480,7 @@ async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
             reason: "failed".to_owned(),
         },
     ] {
-        let run = replay::dry_run(&mut conn, &TRIAGER, &selection, 500)
+        let run = replay::dry_run(&services.pool, &TRIAGER, &selection, 500)
             .await
             .unwrap();
         assert_eq!((run.safe, run.needs_human), (0, 1), "{selection:?}");
@@ -495,8 +571,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
         reason: "failed".to_owned(),
     };
     // The breaker opened on the second failure: the endpoint is still failing.
-    let mut conn = services.pool.acquire().await.unwrap();
-    let run_now = replay::dry_run(&mut conn, &TRIAGER, &selection, 10)
+    let run_now = replay::dry_run(&services.pool, &TRIAGER, &selection, 10)
         .await
         .unwrap();
     assert_eq!(run_now.needs_human, 1, "{:?}", run_now.letters);
@@ -511,8 +586,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
         .mount(&endpoint)
         .await;
     let safe = eventually(Duration::from_secs(10), || async {
-        let mut conn = services.pool.acquire().await.unwrap();
-        replay::dry_run(&mut conn, &TRIAGER, &selection, 10)
+        replay::dry_run(&services.pool, &TRIAGER, &selection, 10)
             .await
             .unwrap()
             .safe
@@ -581,10 +655,17 @@ async fn requested(
     actor: &str,
     policy: &Policy,
 ) -> paybus_dead_letter_ops::OperationDetail {
-    let mut conn = services.pool.acquire().await.unwrap();
-    operation::request(&mut conn, &TRIAGER, action, &group(), actor, 500, policy)
-        .await
-        .unwrap()
+    operation::request(
+        &services.pool,
+        &TRIAGER,
+        action,
+        &group(),
+        actor,
+        500,
+        policy,
+    )
+    .await
+    .unwrap()
 }
 
 async fn execute_as(

@@ -83,9 +83,8 @@ async fn request(
         .map_err(|_| ApiError::BadRequest("action must be replay or archive".to_owned()))?;
     let selection = selection(body.ids, body.group)?;
     let limit = limit(body.limit, MAX_LIMIT)?;
-    let mut conn = state.pool.acquire().await?;
     let detail = operation::request(
-        &mut conn,
+        &state.pool,
         &state.dead_letters,
         action,
         &selection,

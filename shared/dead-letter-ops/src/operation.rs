@@ -26,7 +26,7 @@ use paybus_platform::{
 };
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use sqlx::{MySql, MySqlConnection, QueryBuilder};
+use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder};
 use uuid::Uuid;
 
 use crate::{
@@ -211,7 +211,7 @@ fn content_hash(id: Uuid, action: OperationAction, letters: &[(u64, String)]) ->
 /// Classifies the selection's NEW letters (oldest first, at most `limit`) and freezes them into
 /// an operation of `actor`'s (see the module docs). Nothing is acted on.
 pub async fn request(
-    conn: &mut MySqlConnection,
+    pool: &MySqlPool,
     triager: &Triager,
     action: OperationAction,
     selection: &Selection,
@@ -219,7 +219,7 @@ pub async fn request(
     limit: u32,
     four_eyes: &FourEyes,
 ) -> Result<OperationDetail, DeadLetterError> {
-    let run = replay::dry_run(conn, triager, selection, limit.clamp(1, MAX_PAGE)).await?;
+    let run = replay::dry_run(pool, triager, selection, limit.clamp(1, MAX_PAGE)).await?;
     if run.letters.is_empty() {
         return Err(DeadLetterError::NothingSelected);
     }
@@ -247,7 +247,7 @@ pub async fn request(
     let selection_text = serde_json::to_string(selection)
         .map_err(|e| DeadLetterError::Invalid(format!("the selection: {e}")))?;
     let hash = content_hash(id, action, &frozen);
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO dead_letter_operations \
          (id, action, selection, letters, letters_with_money, content_hash, status, \
@@ -303,7 +303,7 @@ pub async fn request(
     tx.commit().await?;
     tracing::info!(operation = %id, %action, actor, letters = frozen.len(), approval_required,
         "dead-letter operation requested");
-    let mut detail = show(conn, id)
+    let mut detail = show(&mut *pool.acquire().await?, id)
         .await?
         .ok_or(DeadLetterError::OperationNotFound(id))?;
     detail.not_included = run.remaining;

@@ -15,7 +15,7 @@ use paybus_platform::{
     triage::{Triage, Verdict},
 };
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
 use crate::{
@@ -44,25 +44,24 @@ pub struct DryRun {
 
 /// Classifies the selection's NEW letters (oldest first, at most `limit`).
 pub async fn dry_run(
-    conn: &mut MySqlConnection,
+    pool: &MySqlPool,
     triager: &Triager,
     selection: &Selection,
     limit: u32,
 ) -> Result<DryRun, DeadLetterError> {
-    let ids = letter::selected_ids(conn, selection, limit.clamp(1, MAX_PAGE)).await?;
-    let total = letter::count_selected(conn, selection).await?;
+    let mut conn = pool.acquire().await?;
+    let ids = letter::selected_ids(&mut conn, selection, limit.clamp(1, MAX_PAGE)).await?;
+    let total = letter::count_selected(&mut conn, selection).await?;
+    let letters = letter::with_bodies(&mut conn, &ids).await?;
+    drop(conn);
     let mut run = DryRun {
         already_applied: 0,
         safe: 0,
         needs_human: 0,
         remaining: total.saturating_sub(ids.len() as u64),
-        letters: Vec::with_capacity(ids.len()),
+        letters: Vec::with_capacity(letters.len()),
     };
-    for id in ids {
-        let Some((letter, body)) = letter::find(conn, id).await? else {
-            continue;
-        };
-        let triage = triager.triage(conn, &letter, &body).await?;
+    for (letter, triage) in triager.triage_each(pool, letters).await? {
         match triage.verdict {
             Verdict::AlreadyApplied => run.already_applied += 1,
             Verdict::Safe => run.safe += 1,

@@ -325,8 +325,9 @@ pub async fn record_failure(
     // Assignments run left to right: `reopened_at` reads the status before it is reset.
     let affected = sqlx::query(
         "INSERT INTO dead_letters (dead_letter_id, function_name, message_id, \
-         correlation_id, routing_key, reason, error, attempts, body, headers, last_failed_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6)) \
+         correlation_id, routing_key, reason, error, attempts, body, headers, shard_key, \
+         last_failed_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6)) \
          ON DUPLICATE KEY UPDATE failures = failures + 1, \
          last_failed_at = CURRENT_TIMESTAMP(6), \
          reopened_at = IF(status = 'NEW', reopened_at, CURRENT_TIMESTAMP(6)), \
@@ -342,6 +343,7 @@ pub async fn record_failure(
     .bind(row.attempts)
     .bind(body)
     .bind(headers)
+    .bind(indexed_shard_key(body))
     .bind(&row.error)
     .bind(row.attempts)
     .execute(conn)
@@ -355,6 +357,12 @@ pub async fn record_failure(
         "dead letter recorded{again}"
     );
     Ok(true)
+}
+
+/// The body's shard key as the trace looks letters up by it; a key longer than the column
+/// (no message of ours has one) is not indexed rather than cut to another entity's key.
+fn indexed_shard_key(body: &[u8]) -> Option<String> {
+    super::envelope::shard_key_of(body).filter(|key| key.chars().count() <= 190)
 }
 
 /// Records the dead letter of work that failed for good outside a delivery — a row a

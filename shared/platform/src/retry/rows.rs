@@ -416,15 +416,20 @@ impl WorkTable {
         conn: &mut MySqlConnection,
         overdue: Duration,
     ) -> Result<u64, sqlx::Error> {
+        // One count per status, added: each is a range on its own (status, time) index.
+        // With OR the optimizer read every row of both statuses (a second at a million
+        // bonus jobs, on every scrape).
         let mut sql = format!(
-            "SELECT COUNT(*) FROM {} WHERE ({} = '{}' AND {} < NOW(6) - INTERVAL ? MICROSECOND)",
+            "SELECT (SELECT COUNT(*) FROM {} WHERE {} = '{}' AND {} < NOW(6) - INTERVAL ? \
+             MICROSECOND)",
             self.table, self.status, self.due, self.next_attempt_at
         );
         if let Lease::Status { status, claimed_at } = self.lease {
             let _ = write!(
                 sql,
-                " OR ({} = '{status}' AND {claimed_at} < NOW(6) - INTERVAL ? MICROSECOND)",
-                self.status
+                " + (SELECT COUNT(*) FROM {} WHERE {} = '{status}' AND {claimed_at} < NOW(6) - \
+                 INTERVAL ? MICROSECOND)",
+                self.table, self.status
             );
         }
         let micros = micros(overdue);

@@ -38,6 +38,7 @@ mod cpu;
 mod grant_bonus;
 mod lambda_batch;
 mod matching;
+mod ops_queries;
 mod pinning;
 mod suspend;
 
@@ -63,6 +64,9 @@ pub enum Workflow {
     /// Ops: one continuous-auditor pass over a ledger of `--items` entries against the full
     /// audit of the same rows (try `--items 1000000`).
     Auditor,
+    /// Ops: every console page and ops list, group and count route over HTTP with `--rows`
+    /// dead letters, bonus jobs and cancel tasks each, and the EXPLAIN of every query.
+    OpsQueries,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -92,6 +96,9 @@ pub struct BenchArgs {
     /// (suspend) Open orders of the markets whose suspend request is timed.
     #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
     pub open_orders: Vec<u64>,
+    /// (ops-queries) Rows of each big table: dead letters, bonus jobs, cancel tasks.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub rows: u64,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -111,6 +118,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workflow::Match => matching::run(&args).await,
         Workflow::LambdaBatch => lambda_batch::run(&args).await,
         Workflow::Auditor => auditor::run(&args).await,
+        Workflow::OpsQueries => ops_queries::run(&args).await,
     }
 }
 

@@ -328,7 +328,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
 
 /// A digits table (0..9): cross joins of it count to a million without a sequence engine
 /// (MySQL 8 has none).
-async fn create_digits(pool: &MySqlPool) -> anyhow::Result<()> {
+pub(super) async fn create_digits(pool: &MySqlPool) -> anyhow::Result<()> {
     sqlx::query("CREATE TABLE bench_digits (d TINYINT UNSIGNED NOT NULL PRIMARY KEY)")
         .execute(pool)
         .await?;
