@@ -273,9 +273,8 @@ async fn read(pool: &sqlx::MySqlPool, command: DeadLettersCommand) -> anyhow::Re
                 println!("no NEW dead letters");
             }
             for group in &overview.groups {
-                let plus = if group.count_capped { "+" } else { "" };
                 println!(
-                    "{:>6}{plus}  {} / {}  ({}{plus} failure(s); first {}, last {})",
+                    "{:>6}  {} / {}  ({} failure(s); first {}, last {})",
                     group.count,
                     group.function,
                     group.reason,

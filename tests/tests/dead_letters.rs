@@ -342,56 +342,6 @@ async fn the_money_at_stake_reads_the_oldest_letters_page_by_page_up_to_its_limi
 }
 
 #[tokio::test]
-async fn a_group_past_the_count_cap_says_so_and_its_times_still_span_every_letter() {
-    let (_env, services, _) = setup().await;
-    let pool = &services.pool;
-    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
-                  UNION ALL SELECT 8 UNION ALL SELECT 9)";
-    // One letter past the cap, set-based, a second apart from 2026-01-01 on.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
-         body, failed_at, last_failed_at) \
-         SELECT CONCAT('capped-', n), 'grant-bonus', 'charge.bonus_job.created', 'failed', \
-                'boom', '{{}}', TIMESTAMPADD(SECOND, n, '2026-01-01 00:00:00'), \
-                TIMESTAMPADD(SECOND, n, '2026-01-01 00:00:00') \
-         FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
-               FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) numbers \
-         WHERE n <= {}",
-        groups::GROUP_COUNT_CAP
-    )))
-    .execute(pool)
-    .await
-    .unwrap();
-    // And an old letter that failed again much later: the group's first and last failure.
-    sqlx::query(
-        "INSERT INTO dead_letters (dead_letter_id, function_name, routing_key, reason, error, \
-         body, failed_at, last_failed_at, failures) \
-         VALUES ('capped-reopened', 'grant-bonus', 'charge.bonus_job.created', 'failed', 'boom', \
-                 '{}', '2025-12-31 00:00:00', '2026-06-01 00:00:00', 4)",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-
-    let overview = groups::overview(pool, &TRIAGER).await.unwrap();
-    assert_eq!(overview.groups.len(), 1);
-    let group = &overview.groups[0];
-    assert!(group.count_capped, "{group:?}");
-    assert_eq!(group.count, groups::GROUP_COUNT_CAP + 1);
-    assert!(group.failures > groups::GROUP_COUNT_CAP, "{group:?}");
-    assert_eq!(
-        group.first_failed_at.to_rfc3339(),
-        "2025-12-31T00:00:00+00:00"
-    );
-    assert_eq!(
-        group.last_failed_at.to_rfc3339(),
-        "2026-06-01T00:00:00+00:00"
-    );
-    assert!(!overview.exposure_complete);
-}
-
-#[tokio::test]
 async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() {
     let (_env, services, acme) = setup().await;
     let pool = &services.pool;

@@ -77,8 +77,8 @@ async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>
                             tr.group data-function=(group.function) data-reason=(group.reason) {
                                 td { a href=(group_href(&group.function, &group.reason)) { (group.function) } }
                                 td { code { (group.reason) } }
-                                td.n.letters { @if group.count_capped { "more than " (groups::GROUP_COUNT_CAP) } @else { (group.count) } }
-                                td.n.failures { (group.failures) @if group.count_capped { "+" } }
+                                td.n.letters { (group.count) }
+                                td.n.failures { (group.failures) }
                                 td { (at(group.first_failed_at)) }
                                 td { (at(group.last_failed_at)) }
                                 td { (sums(&group.exposure)) }

@@ -52,14 +52,10 @@ pub struct ExposureSum {
 pub struct Group {
     pub function: String,
     pub reason: String,
-    /// Letters in the group, counted up to [`GROUP_COUNT_CAP`] + 1 (`count_capped`).
+    /// Letters in the group.
     pub count: u64,
-    /// Failures they stand for: a letter counts each time its message failed again (over
-    /// the letters counted).
+    /// Failures they stand for: a letter counts each time its message failed again.
     pub failures: u64,
-    /// True when the group has more letters than [`GROUP_COUNT_CAP`]: `count` and
-    /// `failures` are lower bounds.
-    pub count_capped: bool,
     pub first_failed_at: DateTime<Utc>,
     pub last_failed_at: DateTime<Utc>,
     /// Biggest amount first.
@@ -106,58 +102,16 @@ impl TriageKey {
 /// function, reason, letters, failures, first and last failed_at.
 type GroupRow = (String, String, i64, i64, DateTime<Utc>, DateTime<Utc>);
 
-/// A group's MIN(failed_at), MAX(failed_at), MAX(last_failed_at).
-type GroupTimes = (
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-);
-
-/// Letters counted per group. One exact GROUP BY over half a million NEW letters read the
-/// whole index on every view of the page (0.2 s and growing with the table); the cap keeps
-/// each group's count to a bounded range, and the times come from the index's ends.
-pub const GROUP_COUNT_CAP: u64 = 10_000;
-
-/// Each group's figures: its (function, reason) pairs by a skip over the index's distinct
-/// prefixes, then per group a capped count and the first and last failure read off
-/// `index_dead_letters_groups` and `index_dead_letters_groups_last` (a letter's last failure
-/// is never before its first, so the latest of either column is the group's last).
+/// Each group's figures, read from `index_dead_letters_groups` alone.
 async fn group_rows(conn: &mut sqlx::MySqlConnection) -> Result<Vec<GroupRow>, DeadLetterError> {
-    let pairs: Vec<(String, String)> = sqlx::query_as(
-        "SELECT DISTINCT function_name, reason FROM dead_letters WHERE status = 'NEW'",
+    Ok(sqlx::query_as(
+        "SELECT function_name, reason, COUNT(*), CAST(SUM(failures) AS SIGNED), \
+         MIN(failed_at), MAX(COALESCE(last_failed_at, failed_at)) \
+         FROM dead_letters WHERE status = 'NEW' \
+         GROUP BY function_name, reason",
     )
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut rows = Vec::with_capacity(pairs.len());
-    for (function, reason) in pairs {
-        // The cap is written into the statement, not bound: a derived table's LIMIT must be
-        // a constant for every optimizer to stop the scan at it.
-        let (count, failures): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT COUNT(*), CAST(COALESCE(SUM(failures), 0) AS SIGNED) FROM \
-             (SELECT failures FROM dead_letters \
-              WHERE status = 'NEW' AND function_name = ? AND reason = ? LIMIT {}) capped",
-            GROUP_COUNT_CAP + 1
-        )))
-        .bind(&function)
-        .bind(&reason)
-        .fetch_one(&mut *conn)
-        .await?;
-        let times: GroupTimes = sqlx::query_as(
-            "SELECT MIN(failed_at), MAX(failed_at), MAX(last_failed_at) FROM dead_letters \
-                 WHERE status = 'NEW' AND function_name = ? AND reason = ?",
-        )
-        .bind(&function)
-        .bind(&reason)
-        .fetch_one(&mut *conn)
-        .await?;
-        let (Some(first), Some(last_first)) = (times.0, times.1) else {
-            // Every letter of the group left NEW between the two reads.
-            continue;
-        };
-        let last = times.2.map_or(last_first, |last| last.max(last_first));
-        rows.push((function, reason, count, failures, first, last));
-    }
-    Ok(rows)
+    .fetch_all(conn)
+    .await?)
 }
 
 #[derive(Default)]
@@ -291,7 +245,6 @@ pub async fn overview(pool: &MySqlPool, triager: &Triager) -> Result<Overview, D
                 reason,
                 count: u64::try_from(count).unwrap_or(0),
                 failures: u64::try_from(failures).unwrap_or(0),
-                count_capped: u64::try_from(count).unwrap_or(0) > GROUP_COUNT_CAP,
                 first_failed_at: first,
                 last_failed_at: last,
                 exposure,
