@@ -254,6 +254,51 @@ where
     Ok(started.elapsed())
 }
 
+/// The admin API served on a local port over `services`, with an ADMIN token: what the
+/// benches that time HTTP routes ask.
+pub(crate) struct BenchApi {
+    pub(crate) base: String,
+    pub(crate) token: String,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), paybus_api::ApiError>>,
+}
+
+impl BenchApi {
+    const ADMIN_SECRET: &'static str = "bench-admin-secret-0123456789-abcdef";
+
+    /// With every catalog function's triage (what `paybus run` serves).
+    pub(crate) async fn start(services: &Services) -> anyhow::Result<Self> {
+        let config = paybus_api::ApiConfig {
+            admin_jwt_secret: Some(paybus_platform::Secret::new(Self::ADMIN_SECRET)),
+            ..paybus_api::ApiConfig::default()
+        };
+        let state = paybus_api::AppState::new(services, &config, paybus_catalog::audit_checks())?
+            .with_functions(paybus_catalog::FUNCTIONS);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(paybus_api::serve_on(listener, state, shutdown.clone()));
+        let token = paybus_api::auth::issue(
+            Self::ADMIN_SECRET,
+            "bench",
+            &[paybus_api::auth::Role::Admin],
+            Duration::from_secs(3600),
+        )?;
+        Ok(Self {
+            base,
+            token,
+            shutdown,
+            server,
+        })
+    }
+
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.server.await??;
+        Ok(())
+    }
+}
+
 pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::Result<Services> {
     let mut settings = env.settings.clone();
     settings.broker.prefetch = concurrency;

@@ -16,16 +16,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use paybus_api::{ApiConfig, AppState, auth::Role};
 use paybus_confirm_withdrawal::WithdrawalTxConfirmed;
 use paybus_markets::grouped;
-use paybus_platform::{Secret, bus::Envelope, testing::TestEnv};
+use paybus_platform::{bus::Envelope, testing::TestEnv};
 use sqlx::{MySqlPool, Row};
-use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, bench_services, suspend::create_digits};
+use super::{BenchApi, BenchArgs, bench_services, suspend::create_digits};
 
-const ADMIN_SECRET: &str = "bench-admin-secret-0123456789-abcdef";
 const TIMED_REQUESTS: usize = 10;
 const TARGET: Duration = Duration::from_millis(200);
 /// Rows inserted per statement while loading.
@@ -82,22 +79,8 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
         .execute(pool)
         .await?;
 
-    let config = ApiConfig {
-        admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
-        ..ApiConfig::default()
-    };
-    let state = AppState::new(&services, &config, paybus_catalog::audit_checks())?
-        .with_functions(paybus_catalog::FUNCTIONS);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let shutdown = CancellationToken::new();
-    let server = tokio::spawn(paybus_api::serve_on(listener, state, shutdown.clone()));
-    let token = paybus_api::auth::issue(
-        ADMIN_SECRET,
-        "bench",
-        &[Role::Admin],
-        Duration::from_secs(3600),
-    )?;
+    let api = BenchApi::start(&services).await?;
+    let (base, token) = (&api.base, &api.token);
     let http = reqwest::Client::new();
 
     let letter: u64 = sqlx::query_scalar("SELECT MAX(id) FROM dead_letters WHERE status = 'NEW'")
@@ -113,7 +96,7 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
         let mut timed = Vec::with_capacity(TIMED_REQUESTS);
         for i in 0..=TIMED_REQUESTS {
             let started = Instant::now();
-            get(&http, &base, &token, route).await?;
+            get(&http, base, token, route).await?;
             if i > 0 {
                 timed.push(started.elapsed());
             }
@@ -139,14 +122,14 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
 
     let groups: serde_json::Value = http
         .get(format!("{base}/v1/admin/dead-letters/groups"))
-        .bearer_auth(&token)
+        .bearer_auth(token)
         .send()
         .await?
         .json()
         .await?;
     let first: serde_json::Value = http
         .get(format!("{base}/v1/admin/dead-letters/1"))
-        .bearer_auth(&token)
+        .bearer_auth(token)
         .send()
         .await?
         .json()
@@ -168,11 +151,9 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
 
     println!("\nthe statements each route runs, with their plans:");
     for route in &routes {
-        explain_route(pool, &http, &base, &token, route).await?;
+        explain_route(pool, &http, base, token, route).await?;
     }
-    shutdown.cancel();
-    server.await??;
-    Ok(())
+    api.stop().await
 }
 
 struct Route {

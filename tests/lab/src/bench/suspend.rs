@@ -16,20 +16,18 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
-use paybus_api::{ApiConfig, AppState, auth::Role};
 use paybus_cancel_orders::{Attempts, CancelConfig, CancelOrders, cancel_tasks};
 use paybus_markets::{
     grouped, market,
     materialise::{Materialiser, MaterialiserConfig, Plan},
     suspension,
 };
-use paybus_platform::{Secret, bus::Runner, retry::Clock, testing::TestEnv};
+use paybus_platform::{bus::Runner, retry::Clock, testing::TestEnv};
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use super::{BenchArgs, Counters, Phase, bench_services, drive};
+use super::{BenchApi, BenchArgs, Counters, Phase, bench_services, drive};
 
-const ADMIN_SECRET: &str = "bench-admin-secret-0123456789-abcdef";
 /// Orders inserted per statement while loading.
 const LOAD_STEP: u64 = 100_000;
 /// The seed's loop is measured at this size (the issue's 100k).
@@ -47,21 +45,8 @@ async fn latency(args: &BenchArgs) -> anyhow::Result<()> {
     let env = TestEnv::new().await;
     let services = bench_services(&env, args.concurrency).await?;
     create_digits(&services.pool).await?;
-    let config = ApiConfig {
-        admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
-        ..ApiConfig::default()
-    };
-    let state = AppState::new(&services, &config, paybus_catalog::audit_checks())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let shutdown = CancellationToken::new();
-    let server = tokio::spawn(paybus_api::serve_on(listener, state, shutdown.clone()));
-    let token = paybus_api::auth::issue(
-        ADMIN_SECRET,
-        "bench",
-        &[Role::Admin],
-        Duration::from_secs(3600),
-    )?;
+    let api = BenchApi::start(&services).await?;
+    let (base, token) = (&api.base, &api.token);
     let http = reqwest::Client::new();
 
     // Every market is loaded before the first request is timed, so no request pays for the
@@ -88,7 +73,7 @@ async fn latency(args: &BenchArgs) -> anyhow::Result<()> {
         for symbol in symbols {
             let suspend = || {
                 http.post(format!("{base}/v1/admin/markets/{symbol}/suspend"))
-                    .bearer_auth(&token)
+                    .bearer_auth(token)
                     .send()
             };
             let started = Instant::now();
@@ -147,9 +132,7 @@ async fn latency(args: &BenchArgs) -> anyhow::Result<()> {
             seed.as_secs_f64() / ours.as_secs_f64()
         );
     }
-    shutdown.cancel();
-    server.await??;
-    Ok(())
+    api.stop().await
 }
 
 /// The seed's first design (seed 004): suspend and cancel every open order in the request's
