@@ -300,6 +300,12 @@ paybus_rabbitmq_use() {
     RABBITMQ_ENABLED_PLUGINS_FILE="$PAYBUS_RABBITMQ_DIR/enabled_plugins"
     RABBITMQ_CONF_ENV_FILE="$PAYBUS_RABBITMQ_DIR/rabbitmq-env.conf"
     # Erlang distribution and a newly started epmd on loopback only.
+    # The CLI's own Erlang node (rabbitmqctl, rabbitmq-plugins) listens on a port of this
+    # range. Debian's default, 35672-35682, lies in the kernel's ephemeral range, where the
+    # tests' private nodes once took their ports: a restarted node failed with
+    # dist_port_already_used, its port held by another node's rabbitmqctl.
+    RABBITMQ_CTL_DIST_PORT_MIN=19100
+    RABBITMQ_CTL_DIST_PORT_MAX=19199
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
     ERL_EPMD_ADDRESS=127.0.0.1
   )

@@ -11,7 +11,6 @@ mod cluster;
 use url::Url;
 
 pub use cluster::{CLUSTER_SIZE, PrivateCluster};
-use paybus_platform::testing::free_port;
 
 /// A RabbitMQ node or MariaDB server of the test's own (own state folder, ports and name),
 /// started with the same `infra/local` scripts, for fault tests that stop and restart a
@@ -22,6 +21,25 @@ pub struct PrivateService {
     service: &'static str,
     state_dir: std::path::PathBuf,
     vars: Vec<(String, String)>,
+}
+
+/// The first of `n` consecutive loopback ports nobody listens on right now, between 20,000
+/// and 32,000: below the ephemeral range, where outgoing connections take their local ports
+/// (a node restarted on such a port can find it taken by a client's socket), and above the
+/// range `infra/local/lib.sh` gives RabbitMQ's CLI nodes (19,100-19,199). Once these were
+/// ephemeral ports: a restarted node's distribution port was taken by a `rabbitmqctl` of
+/// another test, whose default range (35,672-35,682) lies inside the ephemeral one.
+pub(crate) fn unused_port_run(n: u16) -> u16 {
+    let salt = uuid::Uuid::new_v4().as_u128() as u16;
+    let mut candidate = 20_000 + salt % 12_000;
+    loop {
+        let free = (candidate..candidate + n)
+            .all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+        if free {
+            return candidate;
+        }
+        candidate = 20_000 + (candidate - 20_000 + 97) % 12_000;
+    }
 }
 
 /// Kept for readability at call sites: a private RabbitMQ node.
@@ -64,16 +82,16 @@ impl PrivateService {
     /// unique to this start, so nodes of several state folders never meet.
     pub fn start_rabbitmq_in(state_dir: std::path::PathBuf) -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let amqp_port = free_port();
+        let amqp_port = unused_port_run(3);
         let vars = vec![
             ("PAYBUS_AMQP_PORT".to_owned(), amqp_port.to_string()),
             (
                 "PAYBUS_RABBITMQ_MGMT_PORT".to_owned(),
-                free_port().to_string(),
+                (amqp_port + 1).to_string(),
             ),
             (
                 "PAYBUS_RABBITMQ_DIST_PORT".to_owned(),
-                free_port().to_string(),
+                (amqp_port + 2).to_string(),
             ),
             (
                 "PAYBUS_RABBITMQ_NODENAME".to_owned(),
@@ -96,7 +114,7 @@ impl PrivateService {
 
     /// A MariaDB server whose state (data, socket, log) lives in `state_dir`.
     pub fn start_mariadb_in(state_dir: std::path::PathBuf) -> Self {
-        let port = free_port();
+        let port = unused_port_run(1);
         let vars = vec![("PAYBUS_MARIADB_PORT".to_owned(), port.to_string())];
         Self::launch(
             "mariadb",

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use url::Url;
 
-use super::run_local_script;
+use super::{run_local_script, unused_port_run};
 use paybus_platform::config::BrokerSettings;
 
 /// Nodes in a private cluster: a majority (2) survives the loss of any one.
@@ -21,20 +21,6 @@ pub struct PrivateCluster {
     vars: Vec<(String, String)>,
 }
 
-/// The first of `n` consecutive loopback ports nobody listens on right now, below the
-/// ephemeral range (where outgoing connections take their ports).
-fn free_port_run(n: u16, salt: u16) -> u16 {
-    let mut candidate = 20_000 + salt % 12_000;
-    loop {
-        let free = (candidate..candidate + n)
-            .all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
-        if free {
-            return candidate;
-        }
-        candidate = 20_000 + (candidate - 20_000 + 97) % 12_000;
-    }
-}
-
 impl PrivateCluster {
     /// Starts the nodes and joins them (about 20-40 s on two cores). Blocks the calling
     /// thread: call it from `spawn_blocking`.
@@ -47,10 +33,9 @@ impl PrivateCluster {
     /// are unique to this start.
     pub fn start_in(state_dir: PathBuf) -> Self {
         let id = uuid::Uuid::new_v4();
-        let salt = u16::from_le_bytes([id.as_bytes()[0], id.as_bytes()[1]]);
         let size = CLUSTER_SIZE as u16;
         // One run for every port: AMQP, then management, then distribution, per node.
-        let amqp = free_port_run(3 * size, salt);
+        let amqp = unused_port_run(3 * size);
         let mgmt = amqp + size;
         let dist = mgmt + size;
         let simple = id.simple().to_string();
