@@ -9,8 +9,8 @@ use std::sync::Arc;
 use chrono::Duration;
 use paybus_bonuses::{
     BonusRules, CompleteError, Completion,
-    charge::{self, Container, PaymentGateway},
-    completion,
+    charge::{Container, PaymentGateway},
+    completion, event,
     job::{self, JobType, NewJob},
     testing::{self, assert_audit_clean},
 };
@@ -151,8 +151,10 @@ async fn get_payment_count_counts_only_the_event_s_bonuses_inside_its_window() {
     let (env, _services) = setup().await;
     let member = testing::member(&env.db).await;
     let other_member = testing::member(&env.db).await;
+    // The event applies now: its window began ten days ago and ends tomorrow.
     let start = testing::db_now(&env.db).await - Duration::days(10);
-    let end = start + Duration::days(7);
+    let end = start + Duration::days(11);
+    testing::event_in(&env.db, "spring", 10, start, end, 5).await;
     // (member, status, method, created_at): only the first is the event's bonus in the window.
     let rows = [
         (member, "EVENT", "spring", start + Duration::days(1)),
@@ -182,12 +184,15 @@ async fn get_payment_count_counts_only_the_event_s_bonuses_inside_its_window() {
     }
 
     let mut conn = env.db.acquire().await.unwrap();
-    let count = charge::payment_count(&mut conn, member, "spring", start, end)
+    let standing = event::applying_now(&mut conn, member)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("the event applies now");
 
+    assert_eq!(standing.event.title, "spring");
     assert_eq!(
-        count, 3,
+        (standing.granted, standing.owed),
+        (3, 0),
         "inside the window (both ends included), EVENT, this method"
     );
 }

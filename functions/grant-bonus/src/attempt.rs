@@ -1,26 +1,35 @@
-//! One attempt at a bonus job, whoever makes it (the handler on the message, the worker on a
-//! due retry). No transaction spans two steps:
+//! One attempt at a bonus job, whoever makes it. Two paths, each with as few statements as its
+//! guarantees allow (every grant is one transaction: the credit, the EVENT charge and DONE):
 //!
-//! 1. **claim** (READ COMMITTED, short): PENDING and due -> PROCESSING with
-//!    `processing_started_at` (the retry kit's status lease). The worker claims its batch
-//!    itself (`claim_due`, `FOR UPDATE SKIP LOCKED`).
-//! 2. **grant** (one transaction, `paybus_bonuses::grant::grant_in`): member lock, EVENT
-//!    charge, credit, DONE — committed only if the claim is still this attempt's.
-//! 3. after a failed grant, **settle** (short, conditional on the claim): PENDING with
-//!    `last_error` and `next_retry_at` after the seed's backoff, or FAILED when the 3rd retry
-//!    failed. The worker writes the dead letter of a FAILED job in this transaction (the
-//!    handler's `Outcome::Failed` dead-letters the message instead).
+//! - **the message** ([`attempt_messages`]: grant-bonus's immediate attempt, ops' retries):
+//!   one plain read of the messages' jobs (a duplicate, or a job not due, ends there), then
+//!   one transaction that grants every due job of the batch, guarded by "still PENDING and
+//!   due" (`paybus_bonuses::grant::grant_due_in`) — no claim is committed first, so a crash
+//!   leaves nothing to reap. When that transaction cannot keep everything (a job claimed
+//!   meanwhile, a failing grant), it is rolled back and each job is granted on its own.
+//! - **the worker** ([`claim_due`] then [`attempt`]): its batch claim commits the due jobs
+//!   PROCESSING (`FOR UPDATE SKIP LOCKED`, the retry kit's status lease), then grants them one
+//!   by one, each guarded by its claim (`grant_in`).
 //!
-//! An attempt whose process dies leaves the job PROCESSING; the reaper returns it to PENDING
-//! once its claim is older than the timeout, and a settle guarded by the old claim writes
+//! After a failed grant, **settle** (short, conditional on a claim): PENDING with
+//! `last_error` and `next_retry_at` after the seed's backoff, or FAILED when the 3rd retry
+//! failed. The message path claims the job in that same transaction; the worker writes the
+//! dead letter of a FAILED job in it (the handler's `Outcome::Failed` dead-letters the
+//! message instead).
+//!
+//! A worker whose process dies leaves its jobs PROCESSING; the reaper returns them to PENDING
+//! once their claim is older than the timeout, and a settle guarded by the old claim writes
 //! nothing (principle 4: the row, re-read under its guard, decides).
 
-use std::time::Duration;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use paybus_bonuses::{
     BonusError, BonusJobCreated,
     grant::{self, ClaimedJob, Granted},
-    job::{self, BONUS_JOBS},
+    job::{self, BONUS_JOBS, BonusJob, JobStatus},
 };
 use paybus_platform::{
     bus::{Envelope, dead_letter},
@@ -33,7 +42,7 @@ use crate::GrantBonus;
 
 /// Who makes the attempt: it decides where a give-up's dead letter comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+enum Source {
     /// grant-bonus on a `charge.bonus_job.created` message: `Outcome::Failed` dead-letters
     /// the message.
     Message,
@@ -42,12 +51,15 @@ pub enum Source {
     Worker,
 }
 
-/// What the claim of one job found.
-#[derive(Debug, Clone)]
-pub enum Claimed {
-    Job(ClaimedJob),
-    /// Not this attempt's to make: granted, failed, in flight elsewhere, or not due yet.
+/// What the message path did for one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageResult {
+    /// This message's attempt: granted, or failed and settled.
+    Attempted(Attempted),
+    /// Not this message's to attempt: granted, failed, in flight elsewhere, or not due yet.
     NotClaimed(RowState),
+    /// An earlier message of the same batch names the same job and made its attempt.
+    Repeated,
     /// No such job.
     Missing,
 }
@@ -70,17 +82,163 @@ pub enum Attempted {
     ClaimLost,
 }
 
-/// Claims job `id` if it is PENDING and due (the immediate attempt, or an ops retry).
-pub async fn claim(pool: &MySqlPool, id: u64, clock: &Clock) -> Result<Claimed, BonusError> {
-    let mut tx = db::begin_read_committed(pool).await?;
-    let Some(claim) = BONUS_JOBS.claim(&mut tx, id, Duration::ZERO, clock).await? else {
-        let state = BONUS_JOBS.describe(&mut tx, id, clock).await?;
-        tx.rollback().await?;
-        return Ok(state.map_or(Claimed::Missing, Claimed::NotClaimed));
+/// The message path for the jobs of a batch of messages (`ids`, one per message, repeats
+/// allowed), one result per message in order. A batch that fails as a whole (the database
+/// went away, say) is tried again one message at a time, so each message gets its own
+/// answer.
+pub async fn attempt_messages(
+    pool: &MySqlPool,
+    ids: &[u64],
+    policy: &RetryPolicy,
+    clock: &Clock,
+) -> Vec<Result<MessageResult, BonusError>> {
+    match attempt_together(pool, ids, policy, clock).await {
+        Ok(results) => results.into_iter().map(Ok).collect(),
+        Err(error) if ids.len() == 1 => vec![Err(error)],
+        Err(error) => {
+            tracing::info!(
+                size = ids.len(),
+                error = %paybus_platform::telemetry::one_line(&error),
+                "bonus batch failed; attempting one message at a time"
+            );
+            let mut results = Vec::with_capacity(ids.len());
+            for id in ids {
+                results.push(
+                    attempt_together(pool, std::slice::from_ref(id), policy, clock)
+                        .await
+                        .map(|mut one| one.remove(0)),
+                );
+            }
+            results
+        }
+    }
+}
+
+async fn attempt_together(
+    pool: &MySqlPool,
+    ids: &[u64],
+    policy: &RetryPolicy,
+    clock: &Clock,
+) -> Result<Vec<MessageResult>, BonusError> {
+    let mut distinct = ids.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let states = {
+        let mut conn = pool.acquire().await?;
+        job::with_states(&mut conn, &distinct, clock).await?
     };
-    let job = job::claimed(&mut tx, &claim).await?;
-    tx.commit().await?;
-    Ok(Claimed::Job(ClaimedJob { job, claim }))
+    let mut due: Vec<&BonusJob> = states
+        .iter()
+        .filter(|(job, state)| job.status == JobStatus::Pending && state.is_due())
+        .map(|(job, _)| job)
+        .collect();
+    due.sort_unstable_by_key(|job| job.id);
+    let attempted = if due.is_empty() {
+        BTreeMap::new()
+    } else {
+        grant_due(pool, &due, policy, clock).await?
+    };
+    let mut answered = BTreeSet::new();
+    Ok(ids
+        .iter()
+        .map(|id| {
+            if !answered.insert(*id) {
+                MessageResult::Repeated
+            } else if let Some(attempted) = attempted.get(id) {
+                MessageResult::Attempted(attempted.clone())
+            } else if let Some((_, state)) = states.iter().find(|(job, _)| job.id == *id) {
+                MessageResult::NotClaimed(state.clone())
+            } else {
+                MessageResult::Missing
+            }
+        })
+        .collect())
+}
+
+/// Grants `due` (by id) in one transaction; when it cannot keep them all, rolls it back and
+/// grants each in a transaction of its own. One job's grant failing is settled as its
+/// failure (the claim taken in the settle's transaction).
+async fn grant_due(
+    pool: &MySqlPool,
+    due: &[&BonusJob],
+    policy: &RetryPolicy,
+    clock: &Clock,
+) -> Result<BTreeMap<u64, Attempted>, BonusError> {
+    let mut tx = pool.begin().await?;
+    let decided = grant::grant_due_in(&mut tx, due, clock).await;
+    if let Ok(Granted::Done { charge_ids }) = &decided {
+        tx.commit().await?;
+        let mut attempted = BTreeMap::new();
+        for (job, &charge_id) in due.iter().zip(charge_ids) {
+            tracing::info!(
+                job_id = job.id,
+                charge_id,
+                member_id = job.member_id,
+                additional_can = job.additional_can,
+                batch = due.len(),
+                "bonus granted"
+            );
+            attempted.insert(job.id, Attempted::Granted { charge_id });
+        }
+        return Ok(attempted);
+    }
+    if let Err(rollback) = tx.rollback().await {
+        tracing::warn!(%rollback, "rolling back a grant that kept nothing failed");
+    }
+    if let [job] = due {
+        let attempted = match decided {
+            Err(error) => {
+                let error = paybus_platform::telemetry::one_line(&error);
+                settle_message_failure(pool, job, policy, &error, clock).await?
+            }
+            _ => {
+                tracing::warn!(
+                    job_id = job.id,
+                    "the job was claimed by another attempt before this grant committed"
+                );
+                Attempted::ClaimLost
+            }
+        };
+        return Ok(BTreeMap::from([(job.id, attempted)]));
+    }
+    tracing::info!(
+        size = due.len(),
+        "bonus grant batch rolled back; granting one job at a time"
+    );
+    let mut attempted = BTreeMap::new();
+    for job in due {
+        attempted.extend(Box::pin(grant_due(pool, &[*job], policy, clock)).await?);
+    }
+    Ok(attempted)
+}
+
+/// The message path's failed grant: the job claimed and its failure settled in one short
+/// transaction (nothing if another attempt claimed it meanwhile).
+async fn settle_message_failure(
+    pool: &MySqlPool,
+    job: &BonusJob,
+    policy: &RetryPolicy,
+    error: &str,
+    clock: &Clock,
+) -> Result<Attempted, BonusError> {
+    let mut tx = db::begin_read_committed(pool).await?;
+    let Some(claim) = BONUS_JOBS
+        .claim(&mut tx, job.id, Duration::ZERO, clock)
+        .await?
+    else {
+        tx.rollback().await?;
+        tracing::warn!(
+            job_id = job.id,
+            error,
+            "grant failed, and another attempt claimed the job since"
+        );
+        return Ok(Attempted::ClaimLost);
+    };
+    let claimed = ClaimedJob {
+        job: job.clone(),
+        claim,
+    };
+    settle_failure_in(tx, &claimed, policy, error, clock, Source::Message).await
 }
 
 /// Claims up to `limit` due jobs, oldest due first, skipping rows other claimers hold.
@@ -102,30 +260,30 @@ pub async fn claim_due(
     Ok(claimed)
 }
 
-/// Grants a claimed job, or settles its failure.
+/// The worker's attempt at a job it claimed: the grant, or the settle of its failure (with
+/// the dead letter when it gives up).
 #[tracing::instrument(skip_all, fields(job_id = claimed.job.id, retry_count = claimed.claim.attempts))]
 pub async fn attempt(
     pool: &MySqlPool,
     claimed: &ClaimedJob,
     policy: &RetryPolicy,
     clock: &Clock,
-    source: Source,
 ) -> Result<Attempted, BonusError> {
     let mut tx = pool.begin().await?;
     let error = match grant::grant_in(&mut tx, claimed, clock).await {
-        Ok(Granted::Done { charge_id }) => {
+        Ok(Granted::Done { charge_ids }) => {
             tx.commit().await?;
+            let charge_id = charge_ids.first().copied().unwrap_or_default();
             tracing::info!(
                 job_id = claimed.job.id,
                 charge_id,
                 member_id = claimed.job.member_id,
                 additional_can = claimed.job.additional_can,
-                ?source,
-                "bonus granted"
+                "bonus granted by the worker"
             );
             return Ok(Attempted::Granted { charge_id });
         }
-        Ok(Granted::ClaimLost) => {
+        Ok(Granted::NotAll) => {
             tx.rollback().await?;
             tracing::warn!(
                 job_id = claimed.job.id,
@@ -139,13 +297,14 @@ pub async fn attempt(
         tracing::warn!(%rollback, "rolling back a failed grant failed");
     }
     let error = paybus_platform::telemetry::one_line(&error);
-    settle_failure(pool, claimed, policy, &error, clock, source).await
+    let tx = pool.begin().await?;
+    settle_failure_in(tx, claimed, policy, &error, clock, Source::Worker).await
 }
 
-/// Short transaction after a failed grant: retry after the backoff, or FAILED (with the
-/// worker's dead letter).
-async fn settle_failure(
-    pool: &MySqlPool,
+/// Settles a failed grant in `tx` and commits it: retry after the backoff, or FAILED (with
+/// the worker's dead letter).
+async fn settle_failure_in(
+    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
     claimed: &ClaimedJob,
     policy: &RetryPolicy,
     error: &str,
@@ -153,7 +312,6 @@ async fn settle_failure(
     source: Source,
 ) -> Result<Attempted, BonusError> {
     let id = claimed.job.id;
-    let mut tx = pool.begin().await?;
     let settled = BONUS_JOBS
         .settle_failure(&mut tx, &claimed.claim, policy, error, clock)
         .await?;

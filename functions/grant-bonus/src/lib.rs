@@ -32,12 +32,14 @@ use std::sync::Arc;
 
 use paybus_bonuses::BonusJobCreated;
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
+    bus::{
+        Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services, sweeper::Job,
+    },
     function::{BuildError, Function},
     retry::{Clock, RetryPolicy, RowState},
 };
 
-pub use attempt::{Attempted, Claimed, Source};
+pub use attempt::{Attempted, MessageResult};
 pub use config::GrantConfig;
 pub use reaper::BonusReaper;
 pub use worker::{BonusWorker, WorkerReport};
@@ -76,23 +78,49 @@ impl Handler for GrantBonus {
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.job_id;
-        let pool = ctx.outbox.pool();
-        let claimed = match attempt::claim(pool, id, &self.clock).await? {
-            Claimed::Job(claimed) => claimed,
-            Claimed::NotClaimed(state) => return Ok(not_claimed(id, &state, ctx.attempt)),
-            Claimed::Missing => {
-                return Ok(Outcome::Failed(format!("bonus job {id} does not exist")));
-            }
-        };
-        let attempted =
-            attempt::attempt(pool, &claimed, &self.policy, &self.clock, Source::Message).await?;
-        Ok(match attempted {
-            Attempted::Granted { .. } => Outcome::Done,
-            Attempted::Retry {
+        let mut results =
+            attempt::attempt_messages(ctx.outbox.pool(), &[id], &self.policy, &self.clock).await;
+        let result = results.pop().unwrap_or(Ok(MessageResult::Repeated));
+        self.outcome(id, result, ctx.attempt)
+    }
+
+    /// A batch's due jobs share one grant transaction: a handful of statements for up to 16
+    /// grants (four concurrent batches fill the default prefetch of 64, as confirm-withdrawal's).
+    const MAX_BATCH: usize = 16;
+
+    async fn handle_batch(
+        &self,
+        messages: Vec<Batched<BonusJobCreated>>,
+        outbox: &Outbox,
+    ) -> Vec<Result<Outcome, HandlerError>> {
+        let ids: Vec<u64> = messages.iter().map(|m| m.message.data.job_id).collect();
+        let results =
+            attempt::attempt_messages(outbox.pool(), &ids, &self.policy, &self.clock).await;
+        messages
+            .iter()
+            .zip(results)
+            .map(|(batched, result)| {
+                self.outcome(batched.message.data.job_id, result, batched.attempt)
+            })
+            .collect()
+    }
+}
+
+impl GrantBonus {
+    /// The outcome of one message of job `id`, delivered for the `delivery_attempt`-th time.
+    fn outcome(
+        &self,
+        id: u64,
+        result: Result<MessageResult, paybus_bonuses::BonusError>,
+        delivery_attempt: u32,
+    ) -> Result<Outcome, HandlerError> {
+        Ok(match result? {
+            MessageResult::Attempted(Attempted::Granted { .. }) => Outcome::Done,
+            MessageResult::Attempted(Attempted::Retry {
                 after,
                 failures,
                 error,
-            } => Outcome::Retry {
+            }) => Outcome::Retry {
                 after,
                 error: format!(
                     "bonus job {id}: failure {failures} of at most {} ({error}); the worker \
@@ -100,12 +128,17 @@ impl Handler for GrantBonus {
                     self.policy.max_attempts()
                 ),
             },
-            Attempted::GaveUp { retry_count, error } => Outcome::Failed(format!(
-                "bonus job {id} FAILED after {retry_count} retries; last error: {error}"
+            MessageResult::Attempted(Attempted::GaveUp { retry_count, error }) => Outcome::Failed(
+                format!("bonus job {id} FAILED after {retry_count} retries; last error: {error}"),
+            ),
+            MessageResult::Attempted(Attempted::ClaimLost) => Outcome::Skipped(format!(
+                "bonus job {id}: another attempt claimed it before this grant committed"
             )),
-            Attempted::ClaimLost => Outcome::Skipped(format!(
-                "bonus job {id}: the claim was taken over before the grant committed"
+            MessageResult::NotClaimed(state) => not_claimed(id, &state, delivery_attempt),
+            MessageResult::Repeated => Outcome::Skipped(format!(
+                "bonus job {id}: delivered twice in one batch; the first copy made the attempt"
             )),
+            MessageResult::Missing => Outcome::Failed(format!("bonus job {id} does not exist")),
         })
     }
 }

@@ -24,7 +24,7 @@ use sqlx::MySqlPool;
 
 use crate::{
     GrantBonus,
-    attempt::{self, Attempted, Source},
+    attempt::{self, Attempted},
 };
 
 /// What one worker run did.
@@ -75,9 +75,7 @@ impl BonusWorker {
         };
         for job in &claimed {
             let started = Instant::now();
-            let outcome =
-                attempt::attempt(&self.pool, job, &self.policy, &self.clock, Source::Worker)
-                    .await?;
+            let outcome = attempt::attempt(&self.pool, job, &self.policy, &self.clock).await?;
             let label = match outcome {
                 Attempted::Granted { .. } => {
                     report.granted += 1;

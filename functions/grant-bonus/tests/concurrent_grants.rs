@@ -1,4 +1,4 @@
-//! Payments completing while grant-bonus claims and grants the jobs they create, many at once
+//! Payments completing while grant-bonus grants the jobs they create, many at once
 //! on different members, as at a busy charge event: every completion, claim and grant commits,
 //! none deadlocks (a deadlock would be retried on the bus, but every one is a grant delayed).
 //!
@@ -18,7 +18,7 @@ use paybus_bonuses::{
     completion,
     testing::{self, Purchase, assert_audit_clean},
 };
-use paybus_grant_bonus::{Attempted, Claimed, Source, attempt};
+use paybus_grant_bonus::{Attempted, MessageResult, attempt};
 use paybus_platform::{
     bus::Services,
     retry::Clock,
@@ -45,8 +45,7 @@ async fn purchases(pool: &sqlx::MySqlPool) -> Vec<Purchase> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn completions_claims_and_grants_of_different_members_at_once_all_commit_without_a_deadlock()
-{
+async fn completions_and_grants_of_different_members_at_once_all_commit_without_a_deadlock() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     settings.database.max_connections = u32::try_from(RACERS).unwrap() + 8;
@@ -80,20 +79,13 @@ async fn completions_claims_and_grants_of_different_members_at_once_all_commit_w
                         continue;
                     }
                 };
-                let claimed = match attempt::claim(&pool, job_id, &Clock::Database).await {
-                    Ok(Claimed::Job(claimed)) => claimed,
-                    Ok(other) => panic!("job {job_id} was not claimable: {other:?}"),
-                    Err(error) => {
-                        errors.push(format!("claim {job_id}: {error}"));
-                        continue;
-                    }
-                };
-                match attempt::attempt(&pool, &claimed, &policy, &Clock::Database, Source::Message)
-                    .await
-                {
-                    Ok(Attempted::Granted { .. }) => {}
-                    Ok(other) => errors.push(format!("grant {job_id}: {other:?}")),
-                    Err(error) => errors.push(format!("grant {job_id}: {error}")),
+                let mut granted =
+                    attempt::attempt_messages(&pool, &[job_id], &policy, &Clock::Database).await;
+                match granted.pop() {
+                    Some(Ok(MessageResult::Attempted(Attempted::Granted { .. }))) => {}
+                    Some(Ok(other)) => errors.push(format!("grant {job_id}: {other:?}")),
+                    Some(Err(error)) => errors.push(format!("grant {job_id}: {error}")),
+                    None => errors.push(format!("grant {job_id}: no answer")),
                 }
             }
             errors

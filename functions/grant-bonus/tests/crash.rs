@@ -1,7 +1,8 @@
-//! The process dies mid-grant: a real grant-bonus binary claims a job and is killed (SIGKILL)
-//! while its grant waits on the member's row lock. The job stays PROCESSING (the seed would
-//! strand it there for ever); the reaper returns it, and it is granted exactly once — the
-//! redelivered message, the worker and the reaper all racing for it.
+//! The process dies mid-grant: a real grant-bonus binary is killed (SIGKILL) while its grant
+//! waits on the member's row lock. The seed would have stranded the job PROCESSING for ever;
+//! here the grant had committed nothing (the message path claims nothing before its one
+//! transaction), so the job is still PENDING and due, the redelivered message grants it
+//! exactly once, and the worker and the reaper that run after find nothing left.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;
@@ -21,13 +22,14 @@ use tokio_util::sync::CancellationToken;
 const TIMEOUT: Duration = Duration::from_secs(600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_once() {
+async fn a_job_whose_process_was_killed_mid_grant_is_granted_exactly_once_by_its_redelivered_message()
+ {
     let bonuses = Bonuses::new().await;
     ten_percent_event(bonuses.pool()).await;
     // Its message waits in grant-bonus's queue for the process below.
     let charge = bonuses.completed_purchase(100, BonusRules::default()).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    // Hold the member's lock so the process's grant blocks after its claim committed.
+    // Hold the member's lock so the process's grant blocks inside its transaction.
     let mut blocker = bonuses.pool().begin().await.unwrap();
     sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
         .bind(charge.member_id)
@@ -41,21 +43,9 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let grant_waits = eventually(Duration::from_secs(30), || async {
-        bonuses.job(job_id).await.status == JobStatus::Processing
-            && bonuses
-                .count(
-                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
-                     JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
-                     WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
-                )
-                .await
-                > 0
-    })
-    .await;
     assert!(
-        grant_waits,
-        "the process claimed the job and waits to grant it"
+        bonuses.lock_waits(1).await,
+        "the process's grant waits on the member"
     );
 
     process.kill().await.unwrap();
@@ -70,7 +60,7 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
         metrics::count("grant-bonus", "skipped") + metrics::count("grant-bonus", "done") >= 1
     })
     .await;
-    let still_stranded = bonuses.job(job_id).await;
+    let granted_by_then = bonuses.job(job_id).await;
     // The reaper and the worker run on a clock past the timeout.
     let later =
         Clock::manual(testing::db_now(bonuses.pool()).await + TIMEOUT + Duration::from_secs(1));
@@ -89,8 +79,8 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
 
     assert_eq!(
         stranded.status,
-        JobStatus::Processing,
-        "the kill left it claimed"
+        JobStatus::Pending,
+        "the kill left nothing committed"
     );
     assert!(redelivered, "the killed process's message came back");
     assert_eq!(
@@ -98,12 +88,12 @@ async fn a_job_whose_process_was_killed_mid_grant_is_reaped_and_granted_exactly_
             metrics::count("grant-bonus", "skipped"),
             metrics::count("grant-bonus", "done")
         ),
-        (1, 0),
-        "a job in flight is not claimed again by its redelivered message"
+        (0, 1),
+        "the redelivered message grants the job"
     );
-    assert_eq!(still_stranded.status, JobStatus::Processing);
-    assert_eq!(reaped, [job_id]);
-    assert_eq!((run.claimed, run.granted), (1, 1));
+    assert_eq!(granted_by_then.status, JobStatus::Done);
+    assert_eq!(reaped, Vec::<u64>::new(), "nothing stranded PROCESSING");
+    assert_eq!((run.claimed, run.granted), (0, 0));
     let job = bonuses.job(job_id).await;
     assert_eq!((job.status, job.retry_count), (JobStatus::Done, 0));
     bonuses.assert_granted_once(charge.member_id, 110).await;

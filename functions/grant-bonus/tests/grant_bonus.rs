@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use paybus_bonuses::{
     BonusRules,
-    charge::Container,
+    charge::{Container, PaymentGateway},
     job::{self, JobStatus, JobType},
     testing::{self, assert_audit_clean},
 };
@@ -59,30 +59,161 @@ async fn a_completed_charge_is_granted_by_the_immediate_attempt() {
 }
 
 #[tokio::test]
-async fn the_worker_leaves_a_job_being_granted_alone() {
+async fn the_worker_leaves_a_job_another_worker_claimed_alone() {
     let bonuses = Bonuses::new().await;
     ten_percent_event(bonuses.pool()).await;
     let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    let attempt::Claimed::Job(in_flight) = attempt::claim(bonuses.pool(), job_id, &bonuses.clock)
+    let in_flight = attempt::claim_due(bonuses.pool(), 30, &bonuses.clock)
         .await
-        .unwrap()
-    else {
-        panic!("the immediate attempt claims the job")
-    };
+        .unwrap();
+    assert_eq!(in_flight.len(), 1, "the other worker claims the job");
 
     let report = bonuses.run_worker().await;
+    let message = bonuses.deliver(job_id).await;
 
     assert_eq!(report, WorkerReport::default(), "nothing claimed");
+    assert!(
+        matches!(&message, Outcome::Skipped(why) if why.contains("being granted")),
+        "{message:?}"
+    );
     let job = bonuses.job(job_id).await;
     assert_eq!(job.status, JobStatus::Processing);
-    assert_eq!(job.processing_started_at, in_flight.claim.claimed_at);
+    assert_eq!(job.processing_started_at, in_flight[0].claim.claimed_at);
     assert_eq!(
         bonuses
             .count("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
             .await,
         0
     );
+}
+
+/// The message's grant holds no claim until its last statement: a worker that claims the job
+/// while the grant waits on the member's lock wins, and the grant rolls back (it never
+/// committed anything) — granted once, by the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_claiming_the_job_while_its_message_grants_it_pays_once() {
+    let bonuses = std::sync::Arc::new(Bonuses::new().await);
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    let mut blocker = bonuses.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
+        .bind(charge.member_id)
+        .fetch_one(&mut *blocker)
+        .await
+        .unwrap();
+    let message = tokio::spawn({
+        let bonuses = bonuses.clone();
+        async move { bonuses.deliver(job_id).await }
+    });
+    assert!(
+        bonuses.lock_waits(1).await,
+        "the message's grant waits on the member"
+    );
+    let claimed = attempt::claim_due(bonuses.pool(), 30, &bonuses.clock)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "the worker claims the job meanwhile");
+    let worker = tokio::spawn({
+        let (bonuses, claimed) = (bonuses.clone(), claimed[0].clone());
+        async move {
+            attempt::attempt(
+                bonuses.pool(),
+                &claimed,
+                &paybus_bonuses::job::RETRY_POLICY,
+                &bonuses.clock,
+            )
+            .await
+            .unwrap()
+        }
+    });
+    assert!(
+        bonuses.lock_waits(2).await,
+        "the worker's grant waits on the member too"
+    );
+
+    blocker.rollback().await.unwrap();
+    let message = message.await.unwrap();
+    let worker = worker.await.unwrap();
+
+    assert!(
+        matches!(&message, Outcome::Skipped(why) if why.contains("another attempt claimed it")),
+        "{message:?}"
+    );
+    assert!(
+        matches!(worker, paybus_grant_bonus::Attempted::Granted { .. }),
+        "{worker:?}"
+    );
+    assert_eq!(bonuses.job(job_id).await.status, JobStatus::Done);
+    bonuses.assert_granted_once(charge.member_id, 110).await;
+}
+
+/// Messages the broker delivered together share one grant transaction; a job whose grant fails
+/// rolls it back, and the others are granted one by one: every message gets the outcome it
+/// would have had alone.
+#[tokio::test]
+async fn a_batch_grants_its_jobs_together_and_one_failing_grant_costs_the_others_nothing() {
+    let bonuses = Bonuses::new().await;
+    testing::active_event(bonuses.pool(), "spring 10% bonus", 10, 5).await;
+    let twice = testing::member(bonuses.pool()).await;
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        let purchase = testing::purchase(bonuses.pool(), twice, PaymentGateway::Pg, 100).await;
+        jobs.push(
+            bonuses
+                .complete(&purchase, NO_FIRST_CHARGE)
+                .await
+                .bonus_jobs[0]
+                .job_id,
+        );
+    }
+    let other = bonuses.completed_purchase(200, NO_FIRST_CHARGE).await;
+    jobs.push(other.bonus_jobs[0].job_id);
+    let broken = bonuses.completed_purchase(300, NO_FIRST_CHARGE).await;
+    jobs.push(broken.bonus_jobs[0].job_id);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TRIGGER fault_refuse_one_member BEFORE INSERT ON charges FOR EACH ROW \
+         IF NEW.status = 'EVENT' AND NEW.member_id = {} THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected fault: this member refused'; \
+         END IF",
+        broken.member_id
+    )))
+    .execute(bonuses.pool())
+    .await
+    .unwrap();
+    // The first job's message twice in the same batch.
+    let delivered = [jobs[0], jobs[1], jobs[2], jobs[3], jobs[0]];
+
+    let outcomes = bonuses.deliver_batch(&delivered).await;
+
+    assert_eq!(outcomes[..3], [Outcome::Done, Outcome::Done, Outcome::Done]);
+    assert!(
+        matches!(&outcomes[3], Outcome::Retry { after, error } if *after == minutes(5)
+            && error.contains("injected fault")),
+        "{:?}",
+        outcomes[3]
+    );
+    assert!(
+        matches!(&outcomes[4], Outcome::Skipped(why) if why.contains("twice in one batch")),
+        "{:?}",
+        outcomes[4]
+    );
+    for &job_id in &jobs[..3] {
+        assert_eq!(bonuses.job(job_id).await.status, JobStatus::Done);
+    }
+    let failed = bonuses.job(jobs[3]).await;
+    assert_eq!((failed.status, failed.retry_count), (JobStatus::Pending, 0));
+    assert_eq!(
+        (
+            testing::cans(bonuses.pool(), twice, Container::Pg).await,
+            testing::cans(bonuses.pool(), other.member_id, Container::Pg).await,
+            testing::cans(bonuses.pool(), broken.member_id, Container::Pg).await,
+        ),
+        (220, 220, 300),
+        "both bonuses of the member who bought twice, the other's, none for the refused"
+    );
+    assert_audit_clean(bonuses.pool()).await;
 }
 
 #[tokio::test]

@@ -286,31 +286,6 @@ pub async fn completed_purchases(
     .await
 }
 
-/// The seed's `getPaymentCount(member, method, startDate, endDate)`, fixed as the seed asks:
-/// only EVENT charges (bonuses granted), only inside the window (both ends included), counted
-/// by the database (one COUNT served by `index_charges_payment_count`), not by fetching rows.
-pub async fn payment_count(
-    conn: &mut MySqlConnection,
-    member_id: u64,
-    method: &str,
-    start: DateTime<Utc>,
-    end: DateTime<Utc>,
-) -> Result<u64, sqlx::Error> {
-    crate::count(
-        conn,
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM charges \
-             WHERE member_id = ? AND status = 'EVENT' AND method = ? \
-               AND created_at BETWEEN ? AND ?",
-        )
-        .bind(member_id)
-        .bind(method)
-        .bind(start)
-        .bind(end),
-    )
-    .await
-}
-
 /// The EVENT charge a bonus job grants: its snapshot of the purchase.
 #[derive(Debug, Clone, Copy)]
 pub struct BonusCharge<'a> {

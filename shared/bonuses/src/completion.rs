@@ -11,13 +11,13 @@
 //!    AND price = ?` — the affected rows decide (principle 1). 0 rows: a locking read says why
 //!    (unknown, a bonus charge, another gateway, another amount, completed before); a repeat
 //!    of the same gateway payment returns the original result and writes nothing.
-//! 2. The member's row lock (`FOR UPDATE`), then the credit to the charge's container.
+//! 2. The credit to the charge's container, whose UPDATE takes the member's row lock.
 //! 3. The bonuses owed, decided under that lock — READ COMMITTED, so the counts below see
 //!    every other completion and grant of this member, which all take the same lock first:
 //!    FIRST_CHARGE when this is the member's first completed purchase (and
 //!    `PAYBUS_FIRST_CHARGE_BONUS_PERCENT` > 0); ACTIVE_CHARGE_EVENT when an event is active
-//!    and the member is below its `available_count` (granted bonuses by
-//!    [`charge::payment_count`], plus the member's jobs of this event still owed).
+//!    and the member is below its `available_count` (its bonuses of the event granted and
+//!    still owed: [`event::applying_now`], one statement with the event).
 //! 4. One `charge_event_job` row per bonus (PENDING, its snapshot frozen) and its
 //!    `charge.bonus_job.created` message, through the outbox: grant-bonus makes the immediate
 //!    attempt once this commits.
@@ -264,7 +264,6 @@ pub async fn complete_in(
         entity: "charge",
         id,
     })?;
-    member::lock(uow, charge.member_id).await?;
     member::credit(uow, charge.member_id, charge.container, charge.cans).await?;
     let mut bonus_jobs = Vec::new();
     for new in owed_bonuses(uow, rules, &charge).await? {
@@ -377,16 +376,16 @@ async fn owed_bonuses(
     {
         bonuses.push(owed(JobType::FirstCharge, None, cans, FIRST_CHARGE_METHOD));
     }
-    if let Some(event) = event::active_now(conn).await? {
-        let granted = charge::payment_count(
-            conn,
-            charge.member_id,
-            &event.title,
-            event.start_at,
-            event.end_at,
-        )
-        .await?;
-        let owed_already = job::owed_for_event(conn, charge.member_id, event.id).await?;
+    if let Some(event::Standing {
+        event,
+        granted,
+        owed: owed_already,
+    }) = event::applying_now(conn, charge.member_id).await?
+    {
+        let (granted, owed_already) = (
+            u64::try_from(granted).unwrap_or(0),
+            u64::try_from(owed_already).unwrap_or(0),
+        );
         let limit = u64::try_from(event.available_count).unwrap_or(0);
         let percent = u32::try_from(event.add_percent).unwrap_or(0);
         if granted + owed_already >= limit {

@@ -82,13 +82,45 @@ pub async fn set_active(
     Ok(matched == 1)
 }
 
-/// The event that applies to a charge completed now: active, its window around now; when
-/// windows overlap, the one that started last (one event bonus per charge).
-pub async fn active_now(conn: &mut MySqlConnection) -> Result<Option<ChargeEvent>, sqlx::Error> {
-    sqlx::query_as(select_events!(
-        "WHERE is_active = 1 AND start_at <= NOW(6) AND end_at >= NOW(6) \
-         ORDER BY start_at DESC, id DESC LIMIT 1"
-    ))
+/// The event that applies to a charge completed now, and where the member stands in it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Standing {
+    #[sqlx(flatten)]
+    pub event: ChargeEvent,
+    /// The member's bonuses of this event granted so far: the seed's `getPaymentCount(member,
+    /// method, startDate, endDate)`, fixed as the seed asks — only EVENT charges, only inside
+    /// the window (both ends included), counted by the database (a COUNT served by
+    /// `index_charges_payment_count`), not by fetching rows.
+    pub granted: i64,
+    /// The member's jobs of this event not DONE yet: the limit counts them with the granted
+    /// ones, so two quick charges cannot both pass it before either bonus is granted.
+    pub owed: i64,
+}
+
+/// The event that applies to a charge completed now — active, its window around now; when
+/// windows overlap, the one that started last (one event bonus per charge) — with the
+/// member's [`Standing`] in it, in one statement (the completion reads it under the
+/// member's lock: READ COMMITTED, so the counts see every other completion and grant of the
+/// member).
+pub async fn applying_now(
+    conn: &mut MySqlConnection,
+    member_id: u64,
+) -> Result<Option<Standing>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT e.id, e.title, e.add_percent, e.start_at, e.end_at, e.is_active, \
+                e.available_count, e.created_at, e.updated_at, \
+                (SELECT COUNT(*) FROM charges c \
+                  WHERE c.member_id = ? AND c.status = 'EVENT' AND c.method = e.title \
+                    AND c.created_at BETWEEN e.start_at AND e.end_at) AS granted, \
+                (SELECT COUNT(*) FROM charge_event_job j \
+                  WHERE j.member_id = ? AND j.charge_event_id = e.id \
+                    AND j.status <> 'DONE') AS owed \
+         FROM charge_events e \
+         WHERE e.is_active = 1 AND e.start_at <= NOW(6) AND e.end_at >= NOW(6) \
+         ORDER BY e.start_at DESC, e.id DESC LIMIT 1",
+    )
+    .bind(member_id)
+    .bind(member_id)
     .fetch_optional(conn)
     .await
 }

@@ -23,10 +23,10 @@ use paybus_platform::{
     bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
     db,
     ops_log::{self, Entry},
-    retry::{AttemptCount, Backoff, Claim, Lease, RetryPolicy, WorkTable},
+    retry::{AttemptCount, Backoff, Claim, Clock, Lease, RetryPolicy, RowState, WorkTable},
 };
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{AssertSqlSafe, MySqlConnection};
 use uuid::Uuid;
 
 use crate::{
@@ -134,16 +134,22 @@ pub struct BonusJob {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The columns of [`JobRow`].
+macro_rules! job_columns {
+    () => {
+        concat!(
+            "id, source_charge_id, result_charge_id, member_id, charge_event_id, ",
+            "job_type, idempotency_key, additional_can, payment_gateway, container, ",
+            "method_snapshot, status, retry_count, next_retry_at, processing_started_at, ",
+            "processed_at, last_error, created_at, updated_at"
+        )
+    };
+}
+
 /// `SELECT <the columns of JobRow> FROM charge_event_job <tail>`.
 macro_rules! select_jobs {
     ($tail:literal) => {
-        concat!(
-            "SELECT id, source_charge_id, result_charge_id, member_id, charge_event_id, ",
-            "job_type, idempotency_key, additional_can, payment_gateway, container, ",
-            "method_snapshot, status, retry_count, next_retry_at, processing_started_at, ",
-            "processed_at, last_error, created_at, updated_at FROM charge_event_job ",
-            $tail
-        )
+        concat!("SELECT ", job_columns!(), " FROM charge_event_job ", $tail)
     };
 }
 
@@ -277,6 +283,50 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<BonusJob
     by_id(conn, select_jobs!("WHERE id = ?"), id).await
 }
 
+/// The jobs of `ids` that exist, each with where it stands for the retry kit (its state by
+/// `clock`, read in the same statement): what the message path reads before it grants, in
+/// one plain read — a duplicate or a job that is not due costs nothing more.
+pub async fn with_states(
+    conn: &mut MySqlConnection,
+    ids: &[u64],
+    clock: &Clock,
+) -> Result<Vec<(BonusJob, RowState)>, BonusError> {
+    #[derive(sqlx::FromRow)]
+    struct Stated {
+        #[sqlx(flatten)]
+        row: JobRow,
+        now: DateTime<Utc>,
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT {}, COALESCE(?, NOW(6)) AS now FROM charge_event_job WHERE id IN ({})",
+        job_columns!(),
+        db::placeholders(ids.len())
+    );
+    let rows: Vec<Stated> = ids
+        .iter()
+        .fold(
+            sqlx::query_as(AssertSqlSafe(sql)).bind(clock.sql_now()),
+            |query, id| query.bind(*id),
+        )
+        .fetch_all(conn)
+        .await?;
+    rows.into_iter()
+        .map(|Stated { row, now }| {
+            let state = RowState {
+                status: row.status.clone(),
+                attempts: u64::try_from(row.retry_count).unwrap_or(0),
+                next_attempt_at: row.next_retry_at,
+                last_error: row.last_error.clone(),
+                now,
+            };
+            Ok((row.into_job()?, state))
+        })
+        .collect()
+}
+
 async fn by_id(
     conn: &mut MySqlConnection,
     sql: &'static str,
@@ -342,26 +392,6 @@ pub async fn claimed(conn: &mut MySqlConnection, claim: &Claim) -> Result<BonusJ
         entity: ENTITY,
         id: claim.id,
     })
-}
-
-/// The member's jobs of this event that are still owed (not DONE): the per-member limit
-/// counts them with the granted ones, so two quick charges cannot both pass it before either
-/// bonus is granted.
-pub async fn owed_for_event(
-    conn: &mut MySqlConnection,
-    member_id: u64,
-    charge_event_id: u64,
-) -> Result<u64, sqlx::Error> {
-    crate::count(
-        conn,
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM charge_event_job \
-             WHERE member_id = ? AND charge_event_id = ? AND status <> 'DONE'",
-        )
-        .bind(member_id)
-        .bind(charge_event_id),
-    )
-    .await
 }
 
 /// Ops' retry of a FAILED job (seed 003's admin API): FAILED -> PENDING, due now, with its

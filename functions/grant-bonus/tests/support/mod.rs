@@ -15,7 +15,7 @@ use paybus_bonuses::{
 };
 use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus, WorkerReport};
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Services},
+    bus::{Batched, Context, Envelope, Handler, Outcome, Services},
     retry::Clock,
     testing::TestEnv,
 };
@@ -87,6 +87,24 @@ impl Bonuses {
         self.deliver_as(job_id, 1).await
     }
 
+    /// `charge.bonus_job.created` for each of `job_ids`, delivered together as one batch (first
+    /// deliveries).
+    pub async fn deliver_batch(&self, job_ids: &[u64]) -> Vec<Outcome> {
+        let messages = job_ids
+            .iter()
+            .map(|&job_id| Batched {
+                message: Envelope::new(BonusJobCreated { job_id }),
+                attempt: 1,
+            })
+            .collect();
+        self.handler()
+            .handle_batch(messages, &self.services.outbox)
+            .await
+            .into_iter()
+            .map(|outcome| outcome.expect("the handler reaches an outcome"))
+            .collect()
+    }
+
     /// A member's purchase of `cans` through PG, completed by its gateway.
     pub async fn completed_purchase(&self, cans: i32, rules: BonusRules) -> CompletedCharge {
         let member = testing::member(self.pool()).await;
@@ -116,6 +134,21 @@ impl Bonuses {
     }
 
     /// From now on every grant fails: the database refuses bonus (EVENT) charges.
+    /// Whether, within 30 s, at least `count` transactions of this test's database wait on a
+    /// row lock.
+    pub async fn lock_waits(&self, count: i64) -> bool {
+        paybus_platform::testing::eventually(Duration::from_secs(30), || async {
+            self.count(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
+                 JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+                 WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
+            )
+            .await
+                >= count
+        })
+        .await
+    }
+
     pub async fn break_grants(&self) {
         sqlx::raw_sql(
             "CREATE TRIGGER fault_refuse_bonus_charges BEFORE INSERT ON charges FOR EACH ROW \

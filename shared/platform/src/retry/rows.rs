@@ -234,6 +234,32 @@ impl WorkTable {
         }
     }
 
+    /// `UPDATE <table> SET <set> WHERE id IN (<ids placeholders>) AND <due>`: an attempt that
+    /// claims nothing beforehand and does its whole work in one transaction settles the rows
+    /// with this — its row locks are the claim, and a row another attempt claimed meanwhile
+    /// no longer matches (compare the affected rows with `ids`). Bind the SET clause's own
+    /// parameters, then [`WorkTable::bind_due`].
+    pub fn due_update(&self, set: &str, ids: usize) -> String {
+        format!(
+            "UPDATE {} {BY_ID} SET {set} WHERE id IN ({}) AND {}",
+            self.table,
+            db::placeholders(ids),
+            self.due_condition()
+        )
+    }
+
+    /// Binds [`WorkTable::due_update`]'s WHERE parameters: the ids, then the clock.
+    pub fn bind_due<'q>(
+        &self,
+        query: Query<'q, MySql, MySqlArguments>,
+        ids: &[u64],
+        clock: &Clock,
+    ) -> Query<'q, MySql, MySqlArguments> {
+        ids.iter()
+            .fold(query, |query, id| query.bind(*id))
+            .bind(clock.sql_now())
+    }
+
     fn due_condition(&self) -> String {
         format!(
             "{status} = '{due}' AND ({next} IS NULL OR {next} <= {NOW})",

@@ -8,8 +8,8 @@
 //!
 //! - **direct**: the same transactions at the same concurrency on the database only, an
 //!   in-process queue standing in for the broker: `concurrency` tasks run the completion
-//!   transactions while `concurrency` others take the created jobs, claim and grant each
-//!   (`grant_bonus::attempt`), then claim it again as the duplicate would.
+//!   transactions while `concurrency` others take the created jobs and grant each as its
+//!   message would (`attempt::attempt_messages`), then once more as the duplicate would.
 //! - **end to end**: `concurrency` tasks complete the payments (the transaction commits the job
 //!   and its `charge.bonus_job.created` message through the outbox) and publish a copy of the
 //!   message; grant-bonus consumes both (prefetch `concurrency`, its own connection and pool,
@@ -27,7 +27,7 @@ use paybus_bonuses::BonusJobCreated;
 use paybus_bonuses::{
     BonusRules, Completion, PaymentCompletion, charge::PaymentGateway, completion,
 };
-use paybus_grant_bonus::{GrantBonus, Source, attempt};
+use paybus_grant_bonus::{Attempted, GrantBonus, MessageResult, attempt};
 use paybus_money::Amount;
 use paybus_platform::{
     bus::{Handler, Runner, Services, metrics},
@@ -144,24 +144,18 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 let Some(job_id) = jobs.lock().await.recv().await else {
                     bail!("the completing tasks stopped early");
                 };
-                let attempt::Claimed::Job(claimed) =
-                    attempt::claim(&services.pool, job_id, &Clock::Database).await?
-                else {
-                    bail!("bonus job {job_id} could not be claimed");
-                };
-                let granted = attempt::attempt(
-                    &services.pool,
-                    &claimed,
-                    &policy,
-                    &Clock::Database,
-                    Source::Message,
-                )
-                .await?;
-                if !matches!(granted, paybus_grant_bonus::Attempted::Granted { .. }) {
-                    bail!("bonus job {job_id}: {granted:?}");
+                let first =
+                    attempt::attempt_messages(&services.pool, &[job_id], &policy, &Clock::Database)
+                        .await;
+                match &first[..] {
+                    [Ok(MessageResult::Attempted(Attempted::Granted { .. }))] => {}
+                    other => bail!("bonus job {job_id}: {other:?}"),
                 }
-                match attempt::claim(&services.pool, job_id, &Clock::Database).await? {
-                    attempt::Claimed::NotClaimed(state) if state.status == "DONE" => Ok(()),
+                let duplicate =
+                    attempt::attempt_messages(&services.pool, &[job_id], &policy, &Clock::Database)
+                        .await;
+                match &duplicate[..] {
+                    [Ok(MessageResult::NotClaimed(state))] if state.status == "DONE" => Ok(()),
                     other => bail!("bonus job {job_id}: the duplicate was not refused: {other:?}"),
                 }
             }
