@@ -3,10 +3,10 @@
 //!
 //! - **the message** ([`attempt_messages`]: grant-bonus's immediate attempt, ops' retries):
 //!   one plain read of the messages' jobs (a duplicate, or a job not due, ends there), then
-//!   one transaction that grants every due job of the batch, guarded by "still PENDING and
-//!   due" (`paybus_bonuses::grant::grant_due_in`) — no claim is committed first, so a crash
-//!   leaves nothing to reap. When that transaction cannot keep everything (a job claimed
-//!   meanwhile, a failing grant), it is rolled back and each job is granted on its own.
+//!   one transaction that locks the jobs still PENDING and due and grants them
+//!   (`paybus_bonuses::grant::grant_due_in`) — no claim is committed first, so a crash
+//!   leaves nothing to reap, and a job claimed meanwhile is simply left out. When a grant
+//!   fails, the transaction is rolled back and each job is granted on its own.
 //! - **the worker** ([`claim_due`] then [`attempt`]): its batch claim commits the due jobs
 //!   PROCESSING (`FOR UPDATE SKIP LOCKED`, the retry kit's status lease), then grants them one
 //!   by one, each guarded by its claim (`grant_in`).
@@ -155,9 +155,10 @@ async fn attempt_together(
         .collect())
 }
 
-/// Grants `due` (by id) in one transaction; when it cannot keep them all, rolls it back and
-/// grants each in a transaction of its own. One job's grant failing is settled as its
-/// failure (the claim taken in the settle's transaction).
+/// Grants `due` (by id) in one transaction; a job another attempt claimed meanwhile is left
+/// out of it. When a grant fails, the transaction is rolled back and each job is granted in
+/// one of its own, so only the failing job's failure is settled (the claim taken in the
+/// settle's transaction).
 async fn grant_due(
     pool: &MySqlPool,
     due: &[&BonusJob],
@@ -165,44 +166,44 @@ async fn grant_due(
     clock: &Clock,
 ) -> Result<BTreeMap<u64, Attempted>, BonusError> {
     let mut tx = pool.begin().await?;
-    let decided = grant::grant_due_in(&mut tx, due, clock).await;
-    if let Ok(Granted::Done { charge_ids }) = &decided {
-        tx.commit().await?;
-        let mut attempted = BTreeMap::new();
-        for (job, &charge_id) in due.iter().zip(charge_ids) {
-            tracing::info!(
-                job_id = job.id,
-                charge_id,
-                member_id = job.member_id,
-                additional_can = job.additional_can,
-                batch = due.len(),
-                "bonus granted"
-            );
-            attempted.insert(job.id, Attempted::Granted { charge_id });
+    let error = match grant::grant_due_in(&mut tx, due, clock).await {
+        Ok(granted) => {
+            tx.commit().await?;
+            let mut attempted = BTreeMap::new();
+            for job in due {
+                let Some(&charge_id) = granted.get(&job.id) else {
+                    tracing::warn!(
+                        job_id = job.id,
+                        "the job was claimed by another attempt before this grant locked it"
+                    );
+                    attempted.insert(job.id, Attempted::ClaimLost);
+                    continue;
+                };
+                tracing::info!(
+                    job_id = job.id,
+                    charge_id,
+                    member_id = job.member_id,
+                    additional_can = job.additional_can,
+                    batch = due.len(),
+                    "bonus granted"
+                );
+                attempted.insert(job.id, Attempted::Granted { charge_id });
+            }
+            return Ok(attempted);
         }
-        return Ok(attempted);
-    }
+        Err(error) => error,
+    };
     if let Err(rollback) = tx.rollback().await {
-        tracing::warn!(%rollback, "rolling back a grant that kept nothing failed");
+        tracing::warn!(%rollback, "rolling back a failed grant failed");
     }
     if let [job] = due {
-        let attempted = match decided {
-            Err(error) => {
-                let error = paybus_platform::telemetry::one_line(&error);
-                settle_message_failure(pool, job, policy, &error, clock).await?
-            }
-            _ => {
-                tracing::warn!(
-                    job_id = job.id,
-                    "the job was claimed by another attempt before this grant committed"
-                );
-                Attempted::ClaimLost
-            }
-        };
+        let error = paybus_platform::telemetry::one_line(&error);
+        let attempted = settle_message_failure(pool, job, policy, &error, clock).await?;
         return Ok(BTreeMap::from([(job.id, attempted)]));
     }
     tracing::info!(
         size = due.len(),
+        error = %paybus_platform::telemetry::one_line(&error),
         "bonus grant batch rolled back; granting one job at a time"
     );
     let mut attempted = BTreeMap::new();
@@ -271,9 +272,8 @@ pub async fn attempt(
 ) -> Result<Attempted, BonusError> {
     let mut tx = pool.begin().await?;
     let error = match grant::grant_in(&mut tx, claimed, clock).await {
-        Ok(Granted::Done { charge_ids }) => {
+        Ok(Granted::Done { charge_id }) => {
             tx.commit().await?;
-            let charge_id = charge_ids.first().copied().unwrap_or_default();
             tracing::info!(
                 job_id = claimed.job.id,
                 charge_id,
@@ -283,7 +283,7 @@ pub async fn attempt(
             );
             return Ok(Attempted::Granted { charge_id });
         }
-        Ok(Granted::NotAll) => {
+        Ok(Granted::ClaimLost) => {
             tx.rollback().await?;
             tracing::warn!(
                 job_id = claimed.job.id,

@@ -7,20 +7,20 @@
 //!
 //! | path | what it does | a failure |
 //! | --- | --- | --- |
-//! | the message ([`GrantBonus`]): the seed's immediate grant | claims the job (PENDING -> PROCESSING), grants it ([`attempt`]) | PENDING, `next_retry_at` + 5 min, `retry_count` unchanged (`Outcome::Retry`) |
+//! | the message ([`GrantBonus`], up to 16 at once): the seed's immediate grant | one transaction locks the jobs still PENDING and due and grants them ([`attempt`]) | PENDING, `next_retry_at` + 5 min, `retry_count` unchanged (`Outcome::Retry`) |
 //! | the worker ([`worker::BonusWorker`], every 5 min, 30 due jobs) | the retries | `retry_count` 1 (+ 10 min), 2 (+ 15 min), 3: FAILED + dead letter |
 //! | the reaper ([`reaper::BonusReaper`], every minute) | PROCESSING older than the timeout -> PENDING, due now | — |
 //! | ops' retry (admin API, `paybus jobs retry`) | FAILED -> PENDING, due now, a message at once | one more attempt; FAILED again (and a dead letter) if it fails |
 //!
 //! | delivery | outcome |
 //! | --- | --- |
-//! | this delivery claimed and granted the job | `Done` (the EVENT charge, the credit and DONE committed together) |
+//! | this delivery granted the job | `Done` (the EVENT charge, the credit and DONE committed together) |
 //! | the grant failed | `Retry` (the worker retries it when due) |
 //! | the grant failed and that was the last attempt (after an ops retry) | `Failed`: dead letter |
-//! | the job is DONE, PROCESSING or not due (a duplicate, a late message) | `Skipped` |
+//! | the job is DONE, PROCESSING or not due (a duplicate, a late message), or another message of the same batch names it | `Skipped` |
 //! | the job is FAILED and this is a redelivery | `Failed` again (its dead letter may not have been confirmed; it is recorded once) |
 //! | no such job | `Failed`: dead letter |
-//! | the database is unreachable while claiming or settling | error: requeued (a job left PROCESSING is reaped) |
+//! | the database is unreachable while granting or settling | error: requeued (nothing was committed: the job is still PENDING and due) |
 
 pub mod attempt;
 pub mod config;

@@ -88,11 +88,64 @@ async fn the_worker_leaves_a_job_another_worker_claimed_alone() {
     );
 }
 
-/// The message's grant holds no claim until its last statement: a worker that claims the job
-/// while the grant waits on the member's lock wins, and the grant rolls back (it never
-/// committed anything) — granted once, by the worker.
+/// The message's grant claims nothing before its one transaction: a worker's claim that
+/// commits between the message's read of the job and the grant's lock on it wins — the grant
+/// leaves the job out and writes nothing — and the worker grants it. Once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_claiming_the_job_while_its_message_grants_it_pays_once() {
+async fn a_worker_claim_landing_between_a_message_s_read_and_its_grant_wins_and_pays_once() {
+    let bonuses = std::sync::Arc::new(Bonuses::new().await);
+    ten_percent_event(bonuses.pool()).await;
+    let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
+    let job_id = charge.bonus_jobs[0].job_id;
+    // The worker's claim, not committed yet: the message still reads the job PENDING.
+    let mut claiming = paybus_platform::db::begin_read_committed(bonuses.pool())
+        .await
+        .unwrap();
+    let claims = job::BONUS_JOBS
+        .claim_due(&mut claiming, 30, Duration::ZERO, &bonuses.clock)
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 1);
+    let message = tokio::spawn({
+        let bonuses = bonuses.clone();
+        async move { bonuses.deliver(job_id).await }
+    });
+    assert!(
+        bonuses.lock_waits(1).await,
+        "the message's grant waits to lock the job"
+    );
+    let claimed = job::claimed(&mut claiming, &claims[0]).await.unwrap();
+    claiming.commit().await.unwrap();
+    let message = message.await.unwrap();
+    let worker = attempt::attempt(
+        bonuses.pool(),
+        &paybus_bonuses::grant::ClaimedJob {
+            job: claimed,
+            claim: claims[0].clone(),
+        },
+        &job::RETRY_POLICY,
+        &bonuses.clock,
+    )
+    .await
+    .unwrap();
+
+    assert!(
+        matches!(&message, Outcome::Skipped(why) if why.contains("another attempt claimed it")),
+        "{message:?}"
+    );
+    assert!(
+        matches!(worker, paybus_grant_bonus::Attempted::Granted { .. }),
+        "{worker:?}"
+    );
+    assert_eq!(bonuses.job(job_id).await.status, JobStatus::Done);
+    bonuses.assert_granted_once(charge.member_id, 110).await;
+}
+
+/// And the other way round: once the message's grant holds the job (here while it waits on
+/// the member's lock), a worker run skips the job instead of waiting, and the message grants
+/// it. Once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_running_while_a_message_grants_the_job_skips_it() {
     let bonuses = std::sync::Arc::new(Bonuses::new().await);
     ten_percent_event(bonuses.pool()).await;
     let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
@@ -111,40 +164,17 @@ async fn a_worker_claiming_the_job_while_its_message_grants_it_pays_once() {
         bonuses.lock_waits(1).await,
         "the message's grant waits on the member"
     );
-    let claimed = attempt::claim_due(bonuses.pool(), 30, &bonuses.clock)
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1, "the worker claims the job meanwhile");
-    let worker = tokio::spawn({
-        let (bonuses, claimed) = (bonuses.clone(), claimed[0].clone());
-        async move {
-            attempt::attempt(
-                bonuses.pool(),
-                &claimed,
-                &paybus_bonuses::job::RETRY_POLICY,
-                &bonuses.clock,
-            )
-            .await
-            .unwrap()
-        }
-    });
-    assert!(
-        bonuses.lock_waits(2).await,
-        "the worker's grant waits on the member too"
-    );
 
+    let report = bonuses.run_worker().await;
     blocker.rollback().await.unwrap();
     let message = message.await.unwrap();
-    let worker = worker.await.unwrap();
 
-    assert!(
-        matches!(&message, Outcome::Skipped(why) if why.contains("another attempt claimed it")),
-        "{message:?}"
+    assert_eq!(
+        report,
+        WorkerReport::default(),
+        "the worker skipped the job"
     );
-    assert!(
-        matches!(worker, paybus_grant_bonus::Attempted::Granted { .. }),
-        "{worker:?}"
-    );
+    assert_eq!(message, Outcome::Done);
     assert_eq!(bonuses.job(job_id).await.status, JobStatus::Done);
     bonuses.assert_granted_once(charge.member_id, 110).await;
 }

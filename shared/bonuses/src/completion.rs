@@ -23,8 +23,8 @@
 //!    attempt once this commits.
 //!
 //! Lock order: the charge row, then the member row (then the event row, shared, by the job's
-//! foreign key). Grants lock the member, then their job row; nothing locks a job and then a
-//! member, so the two never wait on each other in a cycle.
+//! foreign key). Grants lock their job rows, then the member; a completion locks no existing
+//! job row, so the two never wait on each other in a cycle.
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;

@@ -3,17 +3,22 @@
 //! UPDATE to DONE still finds it this attempt's. Two attempts, two guards:
 //!
 //! - **the message's** ([`grant_due_in`], grant-bonus's immediate attempt and ops' retries):
-//!   no claim is committed first. The transaction credits the member (the member's lock),
-//!   writes the EVENT charge and moves the job PENDING -> DONE only if it is still PENDING and
-//!   due; its row locks are the claim. A crash before the commit leaves the job PENDING and
-//!   due, nothing to reap. Several messages' jobs share one such transaction.
+//!   no claim is committed first. The transaction locks the jobs still PENDING and due (the
+//!   row locks are the claim; a job another attempt claimed meanwhile is left out, nothing to
+//!   roll back), credits their members, writes the EVENT charges and moves the jobs to DONE.
+//!   A crash before the commit leaves them PENDING and due, nothing to reap. Several
+//!   messages' jobs share one such transaction.
 //! - **the worker's** ([`grant_in`]): its batch claim committed the jobs PROCESSING (`FOR
-//!   UPDATE SKIP LOCKED`, so workers never share a job); DONE is guarded by that claim.
+//!   UPDATE SKIP LOCKED`, so workers never share a job); the grant locks its job under that
+//!   claim first, and DONE is guarded by it.
 //!
-//! Lock order in both: the members (in id order in a batch), then the job rows — the
-//! completion locks its charge, then the member, and nothing locks a job and then a member.
+//! Lock order in both: the job rows (in id order), then the members (in id order) — the
+//! completion locks its charge, then the member, and no existing job row, so no two of them
+//! wait on each other in a cycle.
 
-use paybus_platform::retry::{Claim, Clock};
+use std::collections::BTreeMap;
+
+use paybus_platform::retry::{Claim, Clock, Settled};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use crate::{
@@ -29,16 +34,14 @@ pub struct ClaimedJob {
     pub claim: Claim,
 }
 
-/// What a grant transaction decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the worker's grant transaction decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Granted {
-    /// Granted: the EVENT charges (one per job, in the jobs' order) and the credits are in
-    /// the transaction; commit it.
-    Done { charge_ids: Vec<u64> },
-    /// A job was no longer this attempt's (another attempt claimed it, the reaper returned
-    /// it, ops changed it) or, in a batch, a member was not found: roll back, nothing may be
-    /// kept.
-    NotAll,
+    /// Granted: the EVENT charge `charge_id` and the credit are in the transaction; commit it.
+    Done { charge_id: u64 },
+    /// The claim is no longer this attempt's (the reaper returned it, ops changed the row):
+    /// nothing was written.
+    ClaimLost,
 }
 
 /// The assignments of a job the worker granted (binds: the result charge, then the clock).
@@ -53,6 +56,9 @@ pub async fn grant_in(
     claimed: &ClaimedJob,
     clock: &Clock,
 ) -> Result<Granted, BonusError> {
+    if BONUS_JOBS.lock_claimed(conn, &claimed.claim).await? == Settled::ClaimLost {
+        return Ok(Granted::ClaimLost);
+    }
     let job = &claimed.job;
     member::credit(conn, job.member_id, job.container, job.additional_can).await?;
     let charge_id = insert_charge(conn, job).await?;
@@ -66,28 +72,36 @@ pub async fn grant_in(
         .execute(conn)
         .await?
         .rows_affected();
-    Ok(if matched == 1 {
-        Granted::Done {
-            charge_ids: vec![charge_id],
-        }
-    } else {
-        Granted::NotAll
-    })
+    if matched != 1 {
+        return Err(BonusError::Inconsistent(format!(
+            "bonus job {} was locked under its claim, yet its DONE matched {matched} rows",
+            job.id
+        )));
+    }
+    Ok(Granted::Done { charge_id })
 }
 
 /// The message path's grant of `jobs` (distinct, read PENDING and due just before), in the
-/// caller's transaction: every credit in one UPDATE (the members' locks, in id order), one
-/// EVENT charge per job, and every job PENDING -> DONE in one UPDATE guarded by "still
-/// PENDING and due". `Done` only when every job and every member was found so; a single
-/// job's missing member is `Vanished`, as in [`grant_in`].
+/// caller's transaction: the jobs still due locked (in id order), their credits (one UPDATE
+/// for several: the members' locks, in id order), one EVENT charge each, and each job
+/// PENDING -> DONE. Returns the EVENT charge of each job granted; a job missing from it was
+/// claimed by another attempt meanwhile and nothing was written for it. A single job's
+/// missing member is `Vanished`, as in [`grant_in`]; in a batch, an error (roll back).
 pub async fn grant_due_in(
     conn: &mut MySqlConnection,
     jobs: &[&BonusJob],
     clock: &Clock,
-) -> Result<Granted, BonusError> {
-    if let [job] = jobs {
+) -> Result<BTreeMap<u64, u64>, BonusError> {
+    let ids: Vec<u64> = jobs.iter().map(|job| job.id).collect();
+    let locked = BONUS_JOBS.lock_due(conn, &ids, clock).await?;
+    let jobs: Vec<&BonusJob> = jobs
+        .iter()
+        .copied()
+        .filter(|job| locked.contains(&job.id))
+        .collect();
+    if let [job] = jobs[..] {
         member::credit(conn, job.member_id, job.container, job.additional_can).await?;
-    } else {
+    } else if !jobs.is_empty() {
         let credits: Vec<Credit> = jobs
             .iter()
             .map(|job| Credit {
@@ -97,37 +111,41 @@ pub async fn grant_due_in(
             })
             .collect();
         if !member::credit_all(conn, &credits).await? {
-            return Ok(Granted::NotAll);
+            return Err(BonusError::Inconsistent(format!(
+                "a member of bonus jobs {locked:?} is missing"
+            )));
         }
+    } else {
+        return Ok(BTreeMap::new());
     }
-    let mut charge_ids = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        charge_ids.push(insert_charge(conn, job).await?);
+    let mut granted = BTreeMap::new();
+    for job in &jobs {
+        granted.insert(job.id, insert_charge(conn, job).await?);
     }
-    let ids: Vec<u64> = jobs.iter().map(|job| job.id).collect();
     let set = format!(
         "status = 'DONE', result_charge_id = CASE id {}END, \
          processed_at = COALESCE(?, NOW(6)), next_retry_at = NULL",
-        "WHEN ? THEN ? ".repeat(ids.len())
+        "WHEN ? THEN ? ".repeat(granted.len())
     );
-    let query = ids
+    let query = granted
         .iter()
-        .zip(&charge_ids)
         .fold(
-            sqlx::query(AssertSqlSafe(BONUS_JOBS.due_update(&set, ids.len()))),
+            sqlx::query(AssertSqlSafe(BONUS_JOBS.due_update(&set, granted.len()))),
             |query, (job_id, charge_id)| query.bind(*job_id).bind(*charge_id),
         )
         .bind(clock.sql_now());
+    let granted_ids: Vec<u64> = granted.keys().copied().collect();
     let matched = BONUS_JOBS
-        .bind_due(query, &ids, clock)
+        .bind_due(query, &granted_ids, clock)
         .execute(conn)
         .await?
         .rows_affected();
-    Ok(if matched == ids.len() as u64 {
-        Granted::Done { charge_ids }
-    } else {
-        Granted::NotAll
-    })
+    if matched != granted_ids.len() as u64 {
+        return Err(BonusError::Inconsistent(format!(
+            "bonus jobs {granted_ids:?} were locked while due, yet their DONE matched {matched}"
+        )));
+    }
+    Ok(granted)
 }
 
 /// The job's EVENT charge, from its snapshot.

@@ -52,7 +52,7 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Member>,
 }
 
 /// Credits `cans` to the member's `container` balance. The UPDATE is also the member's row
-/// lock (a completion takes it after its charge's, a grant before its job's); a separate
+/// lock (a completion takes it after its charge's, a grant after its job's); a separate
 /// `SELECT … FOR UPDATE` before it was one statement more for the same lock. `Vanished` when
 /// there is no such member.
 pub async fn credit(
@@ -91,7 +91,7 @@ pub struct Credit {
 }
 
 /// Several credits in one UPDATE, which locks the members in id order (the order of every
-/// batch, so two batches never wait on each other in a cycle). False when a member was not
+/// batch, so two batches never wait on each other in a cycle over members). False when a member was not
 /// found: nothing may be kept (roll back; one [`credit`] at a time names the missing one).
 pub async fn credit_all(
     conn: &mut MySqlConnection,

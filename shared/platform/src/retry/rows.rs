@@ -234,11 +234,10 @@ impl WorkTable {
         }
     }
 
-    /// `UPDATE <table> SET <set> WHERE id IN (<ids placeholders>) AND <due>`: an attempt that
-    /// claims nothing beforehand and does its whole work in one transaction settles the rows
-    /// with this — its row locks are the claim, and a row another attempt claimed meanwhile
-    /// no longer matches (compare the affected rows with `ids`). Bind the SET clause's own
-    /// parameters, then [`WorkTable::bind_due`].
+    /// `UPDATE <table> SET <set> WHERE id IN (<ids placeholders>) AND <due>`: how an attempt
+    /// that claims nothing beforehand and does its whole work in one transaction settles the
+    /// rows [`WorkTable::lock_due`] locked (its row locks are the claim). Bind the SET
+    /// clause's own parameters, then [`WorkTable::bind_due`].
     pub fn due_update(&self, set: &str, ids: usize) -> String {
         format!(
             "UPDATE {} {BY_ID} SET {set} WHERE id IN ({}) AND {}",
@@ -246,6 +245,57 @@ impl WorkTable {
             db::placeholders(ids),
             self.due_condition()
         )
+    }
+
+    /// Locks, in the caller's transaction, the rows of `ids` that are due now and returns
+    /// their ids: the claim of an attempt done in that one transaction. A row another attempt
+    /// claimed meanwhile is not returned (a row locked by a claim in progress is waited for).
+    pub async fn lock_due(
+        &self,
+        conn: &mut MySqlConnection,
+        ids: &[u64],
+        clock: &Clock,
+    ) -> Result<Vec<u64>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT id FROM {} {BY_ID} WHERE id IN ({}) AND {} ORDER BY id FOR UPDATE",
+            self.table,
+            db::placeholders(ids.len()),
+            self.due_condition()
+        );
+        let query: QueryScalar<'_, MySql, u64, MySqlArguments> =
+            sqlx::query_scalar(AssertSqlSafe(sql));
+        ids.iter()
+            .fold(query, |query, id| query.bind(*id))
+            .bind(clock.sql_now())
+            .fetch_all(conn)
+            .await
+    }
+
+    /// Locks the row of `claim` in the caller's transaction if the claim is still its own:
+    /// an attempt that must lock the row before anything else (its lock order) checks its
+    /// claim this way.
+    pub async fn lock_claimed(
+        &self,
+        conn: &mut MySqlConnection,
+        claim: &Claim,
+    ) -> Result<Settled, sqlx::Error> {
+        let sql = format!(
+            "SELECT id FROM {} {BY_ID} WHERE {} FOR UPDATE",
+            self.table,
+            self.guard()
+        );
+        let query: QueryScalar<'_, MySql, u64, MySqlArguments> =
+            sqlx::query_scalar(AssertSqlSafe(sql));
+        let query = query.bind(claim.id);
+        let query = match self.lease {
+            Lease::InPlace => query.bind(claim.attempts),
+            Lease::Status { .. } => query.bind(claim.claimed_at),
+        };
+        let locked = query.fetch_optional(conn).await?;
+        Ok(Settled::from_rows(u64::from(locked.is_some())))
     }
 
     /// Binds [`WorkTable::due_update`]'s WHERE parameters: the ids, then the clock.
