@@ -191,6 +191,16 @@ impl Matcher {
         dead_letters: DeadLetters,
     ) -> Result<Accounted, MatchError> {
         let attempt = self.attempt(claim, correlation_id).await;
+        if let Ok(AttemptEnd::Closed(reason)) = &attempt {
+            // The attempt closed the order itself, with a conditional UPDATE under its claim
+            // that matched the row, in a transaction it committed: the row already said so
+            // (principle 4). Accounting would lock the order, find it terminal and roll back
+            // (four statements and a rollback on every matched order).
+            return Ok(Accounted::Terminal {
+                status: reason.status(),
+                reason: Some(*reason),
+            });
+        }
         if let Err(error) = &attempt {
             tracing::warn!(
                 deposit_order_id = claim.id,

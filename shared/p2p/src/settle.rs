@@ -91,7 +91,7 @@ pub(crate) async fn settle(
     let remaining = confirm_fill(&mut uow, fill, order.remaining_amount, trade).await?;
 
     let settled = if remaining.is_zero() {
-        deposit_order::close(
+        let closed = deposit_order::close(
             &mut uow,
             claim.id,
             Closer::Claim(claim),
@@ -101,6 +101,15 @@ pub(crate) async fn settle(
             correlation_id,
         )
         .await?;
+        if !closed {
+            // Locked and held by this claim above: the close cannot miss. Should it, nothing
+            // is kept (the fill stays TRADING; the next attempt settles it under its key),
+            // since the matcher takes `Filled` as the row's own word and skips accounting.
+            return Err(MatchError::inconsistent(format!(
+                "deposit order {} was locked under this claim, yet closing it matched nothing",
+                claim.id
+            )));
+        }
         Settled::Filled
     } else {
         Settled::Partial { remaining }
