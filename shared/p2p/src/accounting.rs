@@ -19,6 +19,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use paybus_money::Amount;
 use paybus_platform::{
     bus::{Envelope, Outbox, dead_letter},
@@ -185,7 +187,11 @@ pub async fn account(
         uow.commit().await?;
         return Ok(accounted);
     }
-    if deposit_order::close_if_expired(&mut uow, &order, claim, clock, correlation_id).await? {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT COALESCE(?, NOW(6))")
+        .bind(clock.sql_now())
+        .fetch_one(&mut *uow)
+        .await?;
+    if deposit_order::close_if_expired(&mut uow, &order, now, claim, clock, correlation_id).await? {
         uow.commit().await?;
         return Ok(Accounted::Terminal {
             status: DepositOrderStatus::Expired,

@@ -253,19 +253,17 @@ impl DepositOrder {
     }
 }
 
-/// Closes `order` EXPIRED if the kit's clock says it is past its `expires_at`, in `uow`, which
-/// holds it under `claim`; true when it did.
+/// Closes `order` EXPIRED if `now` (the kit's clock, which the caller read in one of its own
+/// statements) is past its `expires_at`, in `uow`, which holds it under `claim`; true when it
+/// did.
 pub(crate) async fn close_if_expired(
     uow: &mut UnitOfWork<'_>,
     order: &DepositOrder,
+    now: DateTime<Utc>,
     claim: &Claim,
     clock: &Clock,
     correlation_id: Uuid,
 ) -> Result<bool, MatchError> {
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT COALESCE(?, NOW(6))")
-        .bind(clock.sql_now())
-        .fetch_one(&mut **uow)
-        .await?;
     if order.expires_at > now {
         return Ok(false);
     }

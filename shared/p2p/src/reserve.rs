@@ -7,6 +7,7 @@
 //! nothing and is never closed here: the attempt asks about that fill first, under its key
 //! (principle 12).
 
+use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use paybus_platform::{
     bus::Outbox,
@@ -84,12 +85,13 @@ pub(crate) async fn reserve(
         }
     };
     // One read of the order's fills: how many are settled (the next key's number), and
-    // whether one is in doubt.
-    let (settled_fills, in_doubt): (i64, Option<String>) = sqlx::query_as(
+    // whether one is in doubt; with the clock the expiry is judged by.
+    let (settled_fills, in_doubt, now): (i64, Option<String>, DateTime<Utc>) = sqlx::query_as(
         "SELECT CAST(COUNT(DISTINCT CASE WHEN status = 'CONFIRMED' THEN trade_key END) AS SIGNED), \
-                MAX(CASE WHEN status = 'TRADING' THEN trade_key END) \
+                MAX(CASE WHEN status = 'TRADING' THEN trade_key END), COALESCE(?, NOW(6)) \
          FROM p2p_matches WHERE deposit_order_id = ?",
     )
+    .bind(clock.sql_now())
     .bind(claim.id)
     .fetch_one(&mut *uow)
     .await?;
@@ -98,7 +100,7 @@ pub(crate) async fn reserve(
         uow.rollback().await?;
         return Ok(Reservation::InDoubt(fill));
     }
-    if deposit_order::close_if_expired(&mut uow, &order, claim, clock, correlation_id).await? {
+    if deposit_order::close_if_expired(&mut uow, &order, now, claim, clock, correlation_id).await? {
         uow.commit().await?;
         return Ok(Reservation::Closed(CloseReason::Expired));
     }
