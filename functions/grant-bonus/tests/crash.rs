@@ -30,12 +30,7 @@ async fn a_job_whose_process_was_killed_mid_grant_is_granted_exactly_once_by_its
     let charge = bonuses.completed_purchase(100, BonusRules::default()).await;
     let job_id = charge.bonus_jobs[0].job_id;
     // Hold the member's lock so the process's grant blocks inside its transaction.
-    let mut blocker = bonuses.pool().begin().await.unwrap();
-    sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
-        .bind(charge.member_id)
-        .fetch_one(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = bonuses.hold_member(charge.member_id).await;
     let mut process = tokio::process::Command::new(env!("CARGO_BIN_EXE_grant-bonus"))
         .envs(bonuses.env.env_vars())
         .stdout(Stdio::null())

@@ -150,12 +150,7 @@ async fn a_worker_running_while_a_message_grants_the_job_skips_it() {
     ten_percent_event(bonuses.pool()).await;
     let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
-    let mut blocker = bonuses.pool().begin().await.unwrap();
-    sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
-        .bind(charge.member_id)
-        .fetch_one(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = bonuses.hold_member(charge.member_id).await;
     let message = tokio::spawn({
         let bonuses = bonuses.clone();
         async move { bonuses.deliver(job_id).await }

@@ -134,6 +134,18 @@ impl Bonuses {
     }
 
     /// From now on every grant fails: the database refuses bonus (EVENT) charges.
+    /// A transaction holding the member's row lock (every grant of the member waits on it
+    /// until it is rolled back).
+    pub async fn hold_member(&self, member_id: u64) -> sqlx::Transaction<'static, sqlx::MySql> {
+        let mut blocker = self.pool().begin().await.expect("a transaction");
+        sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
+            .bind(member_id)
+            .fetch_one(&mut *blocker)
+            .await
+            .expect("the member's lock");
+        blocker
+    }
+
     /// Whether, within 30 s, at least `count` transactions of this test's database wait on a
     /// row lock.
     pub async fn lock_waits(&self, count: i64) -> bool {

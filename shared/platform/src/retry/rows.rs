@@ -470,8 +470,6 @@ impl WorkTable {
             .await
     }
 
-    /// Where row `id` stands now; `None` when there is no such row. A locking read, so it
-    /// sees the latest committed version even inside a REPEATABLE READ snapshot.
     /// Rows due for an attempt now (a retry whose time came, or a new row not yet taken).
     pub async fn count_due(&self, conn: &mut MySqlConnection) -> Result<u64, sqlx::Error> {
         let sql = format!(
@@ -534,6 +532,8 @@ impl WorkTable {
         Ok(Some(u64::try_from(count).unwrap_or(0)))
     }
 
+    /// Where row `id` stands now; `None` when there is no such row. A locking read, so it
+    /// sees the latest committed version even inside a REPEATABLE READ snapshot.
     pub async fn describe(
         &self,
         conn: &mut MySqlConnection,
