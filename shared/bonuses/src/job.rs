@@ -1,20 +1,26 @@
 //! Bonus jobs (`charge_event_job`, seed 003): one row per bonus a completed charge owes,
-//! granted exactly once. The row's states (the migration's header comment is the reference):
+//! granted exactly once. The row's states (the migration's header comment describes them as
+//! first built, when the message's attempt claimed the job PROCESSING too; it grants a PENDING
+//! job in one transaction now, [`crate::grant`]):
 //!
 //! ```text
-//!                 claim (message: the immediate attempt; worker: due retries)
-//!  completion ──► PENDING ─────────────────────────────────────► PROCESSING ──grant──► DONE
-//!                  ▲  ▲  ▲  failure: next_retry_at + 5 / 10 / 15 min,  │
-//!                  │  │  └──────── retry_count (retries only), last_error ┤
-//!                  │  └── reaper: claim older than the timeout ──────────┤
-//!                  │                               3rd retry fails (+ dead letter)
-//!                  └──── ops retry (next_retry_at = now) ◄──── FAILED ◄──┘
+//!                  message's grant: locked while PENDING and due, DONE in one transaction
+//!  completion ──► PENDING ─────────────────────────────────────────────────────────► DONE
+//!                  │ ▲ ▲ ▲  worker's claim (due retries)                              ▲
+//!                  │ │ │ │                                                            │
+//!                  └─┼─┼─┼──────────────────────────────► PROCESSING ──worker's grant──┘
+//!                    │ │ └─ failure: next_retry_at + 5 / 10 / 15 min, ──┤
+//!                    │ │    retry_count (retries only), last_error      │
+//!                    │ └─── reaper: claim older than the timeout ───────┤
+//!                    │                    3rd retry fails (+ dead letter)
+//!                    └──── ops retry (next_retry_at = now) ◄── FAILED ◄─┘
 //! ```
 //!
-//! The claim, the settles and the reaper are the platform's retry kit on [`BONUS_JOBS`] (a
-//! status lease: PROCESSING with `processing_started_at`, which every settle is guarded by;
-//! [`AttemptCount::OnRetryFailure`]: the immediate attempt's failure schedules the first retry
-//! without counting one). The schedule is [`retry_policy`].
+//! A failed grant of the message's is claimed and settled in one transaction, so it never
+//! stays PROCESSING. The claims, the settles and the reaper are the platform's retry kit on
+//! [`BONUS_JOBS`] (a status lease: PROCESSING with `processing_started_at`, which every settle
+//! is guarded by; [`AttemptCount::OnRetryFailure`]: the immediate attempt's failure schedules
+//! the first retry without counting one). The schedule is [`RETRY_POLICY`].
 
 use std::time::Duration;
 

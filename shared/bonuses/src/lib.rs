@@ -2,14 +2,15 @@
 //! twice.
 //!
 //! - [`member`]: can balances per container, changed only under the member's row lock.
-//! - [`charge`]: purchases (CHARGE) and granted bonuses (EVENT), their payment status, and
-//!   `getPaymentCount` ([`charge::payment_count`]).
-//! - [`event`]: charge events (title, percent, window, active, per-member limit).
+//! - [`charge`]: purchases (CHARGE) and granted bonuses (EVENT), and their payment status.
+//! - [`event`]: charge events (title, percent, window, active, per-member limit), and a
+//!   member's standing in the one that applies now, `getPaymentCount` included
+//!   ([`event::applying_now`]).
 //! - [`completion`]: the one REQUEST -> COMPLETE transition behind every gateway path: the
 //!   credit and the bonus jobs it owes, in one transaction.
 //! - [`job`]: the bonus jobs (`charge_event_job`): states, the retry kit's table
-//!   ([`job::BONUS_JOBS`]) and schedule ([`job::retry_policy`]), the admin views and retry.
-//! - [`grant`]: the one transaction that pays a claimed job.
+//!   ([`job::BONUS_JOBS`]) and schedule ([`job::RETRY_POLICY`]), the admin views and retry.
+//! - [`grant`]: the one transaction that pays a job (the message's or the worker's).
 //! - [`messages`]: the `charge.bonus_job.created` message.
 //! - [`audit`]: W3's invariants.
 //!
