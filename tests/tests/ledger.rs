@@ -860,6 +860,35 @@ async fn concurrent_batches_over_shared_gates_keep_every_chain_exact() {
     assert_eq!(audit_violations(&pool).await, Vec::<String>::new());
 }
 
+/// A batch reads only its own gates, even while the gate table is new and its statistics say
+/// it is empty: with them, the entries' INSERT … SELECT once scanned the gates into a join
+/// buffer, share-locking every one — here it would wait for the open transaction that holds
+/// two other partners' gates (and, with two such batches, deadlock; CI saw it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_on_a_new_gate_table_waits_for_no_other_partner_s_gate() {
+    let env = TestEnv::new().await;
+    let others = [new_partner(&env.db).await, new_partner(&env.db).await];
+    let mine = new_partner(&env.db).await;
+    let mut holding = env.db.begin().await.unwrap();
+    let held: Vec<Posting> = others.iter().map(|&p| credit(p, "USDT", "1")).collect();
+    ledger::post_all(&mut holding, &held).await.unwrap();
+
+    let batch: Vec<Posting> = (0..16).map(|_| credit(mine, "USDT", "1")).collect();
+    let posted = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        post_all_committed(&env.db, &batch),
+    )
+    .await;
+    holding.commit().await.unwrap();
+
+    assert!(
+        matches!(&posted, Ok(Ok(entries)) if entries.len() == 16),
+        "the batch waited for the other partners' open transaction: {posted:?}"
+    );
+    assert_eq!(balance(&env.db, mine, "USDT").await, Some(dec("16")));
+    assert_eq!(audit_violations(&env.db).await, Vec::<String>::new());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_batches_over_different_gates_never_deadlock() {
     // Four shards of four batches each, as confirm-withdrawal's sharded consumers run them:

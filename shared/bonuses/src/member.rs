@@ -100,7 +100,11 @@ pub async fn credit_all(
     let mut members: Vec<u64> = credits.iter().map(|c| c.member_id).collect();
     members.sort_unstable();
     members.dedup();
-    let mut sql = sqlx::QueryBuilder::<sqlx::MySql>::new("UPDATE members SET ");
+    // FORCE INDEX: the UPDATE must lock these members and no other. A range on the primary
+    // key is what MariaDB picks today, but a scan chosen on a small table's statistics would
+    // lock every member — the ledger's gate read did exactly that.
+    let mut sql =
+        sqlx::QueryBuilder::<sqlx::MySql>::new("UPDATE members FORCE INDEX (PRIMARY) SET ");
     let containers = [
         (Container::Pg, "pg_can"),
         (Container::Aos, "aos_can"),

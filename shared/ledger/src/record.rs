@@ -267,13 +267,15 @@ async fn insert_entries(
             .push_bind(posting.memo.as_deref())
             .push(" AS memo");
     }
-    // STRAIGHT_JOIN: the entries drive and each gate is found by its primary key. Left to
-    // itself the optimizer may scan the small gate table first, and INSERT … SELECT
+    // STRAIGHT_JOIN and FORCE INDEX: the entries drive and each gate is found by its primary
+    // key. Left to itself the optimizer may scan the small gate table first, or scan it into
+    // a join buffer after the entries (it did, with a new table's statistics: a deadlock in
+    // `concurrent_batches_over_different_gates_never_deadlock`), and INSERT … SELECT
     // share-locks every row it reads, other transactions' gates included: two batches that
     // hold some gates each then wait for each other's (a deadlock, measured with four
     // shards). ORDER BY seq: rows are inserted, and numbered, in chain order.
     entries.push(
-        ") AS e STRAIGHT_JOIN partner_balances b \
+        ") AS e STRAIGHT_JOIN partner_balances b FORCE INDEX (PRIMARY) \
          ON b.partner_id = e.partner_id AND b.currency = e.currency \
          ORDER BY e.seq",
     );
