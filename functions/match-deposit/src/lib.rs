@@ -35,7 +35,6 @@ use paybus_p2p::{
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
-    db,
     function::{BuildError, Function},
     retry::Claim,
 };
@@ -66,15 +65,16 @@ enum MessageClaim {
     Missing,
 }
 
-/// Short transaction 1: PENDING → MATCHING if due, committed before the attempt.
+/// The claim, PENDING → MATCHING if due, committed before the attempt: one conditional UPDATE
+/// that commits by itself (nothing else belongs with it), then the stamp it wrote. A message
+/// that finds the order not due (a duplicate, a late message) reads where it stands with a
+/// plain read: no transaction opened, none rolled back.
 async fn claim(pool: &MySqlPool, matcher: &Matcher, id: u64) -> Result<MessageClaim, MatchError> {
-    let mut tx = db::begin_read_committed(pool).await?;
-    if let Some(claim) = deposit_order::claim(&mut tx, id, matcher.clock()).await? {
-        tx.commit().await?;
+    let mut conn = pool.acquire().await?;
+    if let Some(claim) = deposit_order::claim(&mut conn, id, matcher.clock()).await? {
         return Ok(MessageClaim::Held(claim));
     }
-    let state = deposit_order::lock(&mut tx, id).await?;
-    tx.rollback().await?;
+    let state = deposit_order::find(&mut conn, id).await?;
     Ok(state.map_or(MessageClaim::Missing, MessageClaim::NotDue))
 }
 

@@ -29,6 +29,7 @@ async fn pending_order(pool: &MySqlPool, partner: u64) -> u64 {
         &testing::buyer(partner, "100"),
         DEFAULT_ORDER_TTL,
         &Clock::Database,
+        deposit_order::Start::Pending,
     )
     .await
     .unwrap()

@@ -357,38 +357,63 @@ pub struct NewDepositOrder {
 /// What [`insert`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inserted {
-    /// A new PENDING order.
+    /// A new order (PENDING, or MATCHING under its creator's claim: [`Start`]).
     New(u64),
     /// The partner already created an order with this reference (or under this idempotency
     /// key): nothing was written.
     Existing(u64),
 }
 
-/// Inserts a PENDING order (due now, expiring `ttl` from the kit's now), in the caller's
-/// transaction. A repeated partner reference is the expected outcome of a retried request,
-/// not an error; the transaction stays usable.
+/// How a new order starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// PENDING, due now: for the message or the due-orders job to claim.
+    Pending,
+    /// MATCHING, claimed by its creator at the kit's now (`claimed_at`): the inline path,
+    /// which matches it in the request. Nobody ever sees it PENDING, so the due-orders job
+    /// never races the request for it; [`claim_of_new`] gives the claim.
+    Claimed,
+}
+
+/// Inserts an order (expiring `ttl` from the kit's now) as `start` says, in the caller's
+/// transaction or on its own. A repeated partner reference is the expected outcome of a
+/// retried request, not an error; a transaction stays usable.
 pub async fn insert(
     conn: &mut MySqlConnection,
     new: &NewDepositOrder,
     ttl: std::time::Duration,
     clock: &Clock,
+    start: Start,
 ) -> Result<Inserted, CreateError> {
-    let inserted = sqlx::query(
-        "INSERT INTO p2p_deposit_orders \
-         (partner_id, partner_order_ref, idempotency_key, currency, amount, remaining_amount, \
-          expires_at) \
-         VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND)",
-    )
-    .bind(new.partner_id)
-    .bind(&new.partner_order_ref)
-    .bind(&new.idempotency_key)
-    .bind(&new.currency)
-    .bind(new.amount)
-    .bind(new.amount)
-    .bind(clock.sql_now())
-    .bind(micros(ttl))
-    .execute(&mut *conn)
-    .await;
+    let sql = match start {
+        Start::Pending => {
+            "INSERT INTO p2p_deposit_orders \
+             (partner_id, partner_order_ref, idempotency_key, currency, amount, \
+              remaining_amount, expires_at) \
+             VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND)"
+        }
+        Start::Claimed => {
+            "INSERT INTO p2p_deposit_orders \
+             (partner_id, partner_order_ref, idempotency_key, currency, amount, \
+              remaining_amount, expires_at, status, claimed_at) \
+             VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND, \
+                     'MATCHING', COALESCE(?, NOW(6)))"
+        }
+    };
+    let query = sqlx::query(sql)
+        .bind(new.partner_id)
+        .bind(&new.partner_order_ref)
+        .bind(&new.idempotency_key)
+        .bind(&new.currency)
+        .bind(new.amount)
+        .bind(new.amount)
+        .bind(clock.sql_now())
+        .bind(micros(ttl));
+    let query = match start {
+        Start::Pending => query,
+        Start::Claimed => query.bind(clock.sql_now()),
+    };
+    let inserted = query.execute(&mut *conn).await;
     let (column, value) = match inserted {
         Ok(done) => return Ok(Inserted::New(done.last_insert_id())),
         Err(error) if db::is_duplicate_on(&error, PARTNER_REF_KEY) => {
@@ -427,6 +452,24 @@ pub async fn claim(
     Ok(DEPOSIT_ORDERS
         .claim(conn, id, std::time::Duration::ZERO, clock)
         .await?)
+}
+
+/// The claim an order inserted [`Start::Claimed`] is held by: its stamp, no attempt counted.
+pub async fn claim_of_new(conn: &mut MySqlConnection, id: u64) -> Result<Claim, MatchError> {
+    let claimed_at: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT claimed_at FROM p2p_deposit_orders WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
+    let claimed_at = claimed_at
+        .ok_or_else(|| MatchError::inconsistent(format!("new deposit order {id} has no claim")))?;
+    Ok(Claim {
+        id,
+        attempts: 0,
+        claimed_at: Some(claimed_at),
+        failed_before: false,
+    })
 }
 
 /// Who closes an order, and so the condition the close is guarded by.

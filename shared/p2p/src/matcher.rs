@@ -37,7 +37,7 @@ use crate::{
     CreateError, MatchError,
     accounting::{self, Accounted, AttemptEnd, DeadLetters, Policies},
     config::MatchingConfig,
-    deposit_order::{self, Inserted, NewDepositOrder},
+    deposit_order::{self, Inserted, NewDepositOrder, Start},
     matches::ReleaseReason,
     messages::DepositOrderCreated,
     quote::{Effect, Quote, QuoteClient, QuoteError, QuoteRequest, TradeRequest},
@@ -142,18 +142,21 @@ impl Matcher {
         handoff: Handoff,
     ) -> Result<Created, CreateError> {
         let correlation_id = Uuid::now_v7();
-        let mut uow = self.outbox.begin().await?;
-        let id =
-            match deposit_order::insert(&mut uow, new, self.config.order_ttl, &self.clock).await? {
-                Inserted::Existing(id) => {
-                    uow.rollback().await?;
-                    return Ok(Created::Existing(id));
-                }
-                Inserted::New(id) => id,
-            };
-        tracing::Span::current().record("deposit_order_id", id);
+        let ttl = self.config.order_ttl;
         match handoff {
             Handoff::Queued => {
+                let mut uow = self.outbox.begin().await?;
+                let id =
+                    match deposit_order::insert(&mut uow, new, ttl, &self.clock, Start::Pending)
+                        .await?
+                    {
+                        Inserted::Existing(id) => {
+                            uow.rollback().await?;
+                            return Ok(Created::Existing(id));
+                        }
+                        Inserted::New(id) => id,
+                    };
+                tracing::Span::current().record("deposit_order_id", id);
                 uow.send(&Envelope::with_correlation(
                     correlation_id,
                     DepositOrderCreated {
@@ -165,14 +168,21 @@ impl Matcher {
                 Ok(Created::Queued(id))
             }
             Handoff::Inline => {
-                // Claimed before anyone can see it PENDING: the due-orders job never races the
-                // request for it, and if this process dies the reaper hands it back.
-                let claim = deposit_order::claim(&mut uow, id, &self.clock)
-                    .await?
-                    .ok_or_else(|| {
-                        MatchError::inconsistent(format!("new deposit order {id} not claimable"))
-                    })?;
-                uow.commit().await?;
+                // Inserted already claimed by this request, in one statement of its own (no
+                // message goes with it): nobody ever sees it PENDING, so the due-orders job
+                // never races the request for it, and if this process dies the reaper hands
+                // it back.
+                let mut conn = self.outbox.pool().acquire().await?;
+                let id =
+                    match deposit_order::insert(&mut conn, new, ttl, &self.clock, Start::Claimed)
+                        .await?
+                    {
+                        Inserted::Existing(id) => return Ok(Created::Existing(id)),
+                        Inserted::New(id) => id,
+                    };
+                tracing::Span::current().record("deposit_order_id", id);
+                let claim = deposit_order::claim_of_new(&mut conn, id).await?;
+                drop(conn);
                 let accounted = self
                     .run(&claim, correlation_id, DeadLetters::Record)
                     .await?;

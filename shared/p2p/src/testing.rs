@@ -30,7 +30,7 @@ use wiremock::{
 use crate::{
     CreateError, FillPolicy, MatchError, MatchingConfig, QuoteConfig,
     config::{CANDIDATES, DEFAULT_ORDER_TTL},
-    deposit_order::{self, CloseReason, Closer, Inserted, NewDepositOrder},
+    deposit_order::{self, CloseReason, Closer, Inserted, NewDepositOrder, Start},
     matches::{self, Reserved},
     quote::{Call, IDEMPOTENCY_KEY, QuoteClient, QuoteRequest, TradeRequest},
     reserve::Fill,
@@ -547,7 +547,9 @@ async fn seed_create_and_match(
     let clock = Clock::Database;
     let mut tx = outbox.begin().await?;
     // ① the order.
-    let id = match deposit_order::insert(&mut tx, new, DEFAULT_ORDER_TTL, &clock).await {
+    let id = match deposit_order::insert(&mut tx, new, DEFAULT_ORDER_TTL, &clock, Start::Pending)
+        .await
+    {
         Ok(Inserted::New(id)) => id,
         Ok(Inserted::Existing(id)) => {
             return Err(MatchError::inconsistent(format!(
