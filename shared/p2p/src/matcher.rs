@@ -53,7 +53,7 @@ const CONTENDED_PAUSE: Duration = Duration::from_millis(10);
 /// How the create API hands a new order to matching (`PAYBUS_ASYNC_MATCHING_ENABLED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handoff {
-    /// Switch off (the default, seed 000 §0): claimed in the inserting transaction and matched
+    /// Switch off (the default, seed 000 §0): inserted already claimed (MATCHING) and matched
     /// inside the request — still with no lock across the quote call.
     Inline,
     /// Switch on: PENDING, with a `p2p.deposit_order.created` message in the same transaction.
