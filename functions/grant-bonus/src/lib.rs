@@ -80,7 +80,11 @@ impl Handler for GrantBonus {
         let id = message.data.job_id;
         let mut results =
             attempt::attempt_messages(ctx.outbox.pool(), &[id], &self.policy, &self.clock).await;
-        let result = results.pop().unwrap_or(Ok(MessageResult::Repeated));
+        let result = results.pop().unwrap_or_else(|| {
+            Err(paybus_bonuses::BonusError::Inconsistent(format!(
+                "no result for the message of bonus job {id}"
+            )))
+        });
         self.outcome(id, result, ctx.attempt)
     }
 

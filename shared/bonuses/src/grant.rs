@@ -99,9 +99,12 @@ pub async fn grant_due_in(
         .copied()
         .filter(|job| locked.contains(&job.id))
         .collect();
+    if jobs.is_empty() {
+        return Ok(BTreeMap::new());
+    }
     if let [job] = jobs[..] {
         member::credit(conn, job.member_id, job.container, job.additional_can).await?;
-    } else if !jobs.is_empty() {
+    } else {
         let credits: Vec<Credit> = jobs
             .iter()
             .map(|job| Credit {
@@ -115,8 +118,6 @@ pub async fn grant_due_in(
                 "a member of bonus jobs {locked:?} is missing"
             )));
         }
-    } else {
-        return Ok(BTreeMap::new());
     }
     let mut granted = BTreeMap::new();
     for job in &jobs {

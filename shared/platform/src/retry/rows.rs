@@ -33,7 +33,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use chrono::{DateTime, Utc};
 use sqlx::{
-    AssertSqlSafe, MySql, MySqlConnection,
+    AssertSqlSafe, MySql, MySqlConnection, Row,
     mysql::MySqlArguments,
     query::{Query, QueryScalar},
 };
@@ -265,13 +265,11 @@ impl WorkTable {
             db::placeholders(ids.len()),
             self.due_condition()
         );
-        let query: QueryScalar<'_, MySql, u64, MySqlArguments> =
-            sqlx::query_scalar(AssertSqlSafe(sql));
-        ids.iter()
-            .fold(query, |query, id| query.bind(*id))
-            .bind(clock.sql_now())
+        let rows = self
+            .bind_due(sqlx::query(AssertSqlSafe(sql)), ids, clock)
             .fetch_all(conn)
-            .await
+            .await?;
+        rows.iter().map(|row| row.try_get(0)).collect()
     }
 
     /// Locks the row of `claim` in the caller's transaction if the claim is still its own:
@@ -287,14 +285,10 @@ impl WorkTable {
             self.table,
             self.guard()
         );
-        let query: QueryScalar<'_, MySql, u64, MySqlArguments> =
-            sqlx::query_scalar(AssertSqlSafe(sql));
-        let query = query.bind(claim.id);
-        let query = match self.lease {
-            Lease::InPlace => query.bind(claim.attempts),
-            Lease::Status { .. } => query.bind(claim.claimed_at),
-        };
-        let locked = query.fetch_optional(conn).await?;
+        let locked = self
+            .bind_guard(sqlx::query(AssertSqlSafe(sql)), claim)
+            .fetch_optional(conn)
+            .await?;
         Ok(Settled::from_rows(u64::from(locked.is_some())))
     }
 
@@ -371,7 +365,9 @@ impl WorkTable {
     }
 
     /// Claims row `id` if it is due, in the caller's transaction (commit it before working
-    /// on the row). `lease`: how long an in-place claim keeps the row (ignored by status
+    /// on the row) or on a connection of its own, where the UPDATE commits by itself and the
+    /// read after it still finds the claim it wrote (a claimed row is written only under its
+    /// guard, and reaped only after its lease). `lease`: how long an in-place claim keeps the row (ignored by status
     /// leases, which the reaper times out). `None`: not due, not in the due status, or no
     /// such row ([`WorkTable::describe`] tells which).
     pub async fn claim(
@@ -397,7 +393,8 @@ impl WorkTable {
         if claimed == 0 {
             return Ok(None);
         }
-        // The row is locked by our UPDATE: these are the values we claimed it with.
+        // The row is ours (locked by our UPDATE, or claimed by it): these are the values we
+        // claimed it with.
         let row: ClaimedRow = sqlx::query_as(AssertSqlSafe(self.claimed_row_sql("id = ?")))
             .bind(id)
             .fetch_one(&mut *conn)
