@@ -34,17 +34,24 @@ async fn new_withdrawal(
     withdrawal(pool, partner_id, kind, status, amount).await
 }
 
-/// Posts through the ledger (so balance and chain stay right) and returns the entry id.
+/// Posts through the ledger (so balance and chain stay right) and returns the entry id: the
+/// gate's newest entry, read while the posting's transaction still holds the gate.
 async fn post(pool: &MySqlPool, posting: Posting) -> u64 {
     let mut tx = pool.begin().await.expect("post through the ledger");
     let posted = ledger::post(&mut tx, &posting)
         .await
         .expect("post through the ledger");
+    assert_eq!(posted, Posted::Recorded);
+    let entry_id: u64 = sqlx::query_scalar(
+        "SELECT MAX(id) FROM ledger_entries WHERE partner_id = ? AND currency = ?",
+    )
+    .bind(posting.partner_id)
+    .bind(&posting.currency)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("read the entry's id");
     tx.commit().await.expect("post through the ledger");
-    match posted {
-        Posted::Recorded { entry_id, .. } => entry_id,
-        other => panic!("expected Recorded, got {other:?}"),
-    }
+    entry_id
 }
 
 fn withdrawal_debit(partner_id: u64, withdrawal_id: u64, amount: &str) -> Posting {

@@ -158,7 +158,9 @@ impl Posting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Posted {
     /// This call wrote the entry (its `balance_after` is on the row) and moved the balance.
-    Recorded { entry_id: u64 },
+    /// The entry's id is not returned: no caller needs it, and for a batch it would cost a
+    /// read of its own (a multi-row `INSERT … SELECT` reports only its first id).
+    Recorded,
     /// An entry with this key already exists (written earlier, or by a concurrent transaction
     /// that committed first): nothing was written and the transaction is still usable.
     AlreadyRecorded { idem_key: IdemKey },

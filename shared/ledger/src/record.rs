@@ -66,9 +66,9 @@ pub async fn post_all(
     if pending.len() > 1 {
         let set: Vec<&Posting> = pending.iter().map(|&i| &postings[i]).collect();
         match record(conn, &set).await? {
-            Recording::Recorded(entry_ids) => {
-                for (&i, entry_id) in pending.iter().zip(entry_ids) {
-                    posted[i] = Some(Posted::Recorded { entry_id });
+            Recording::Recorded => {
+                for &i in &pending {
+                    posted[i] = Some(Posted::Recorded);
                 }
                 one_at_a_time = &[];
             }
@@ -81,12 +81,7 @@ pub async fn post_all(
     for &i in one_at_a_time {
         let posting = &postings[i];
         posted[i] = Some(match record(conn, &[posting]).await? {
-            Recording::Recorded(entry_ids) => Posted::Recorded {
-                entry_id: entry_ids.first().copied().ok_or(LedgerError::Incomplete {
-                    written: 0,
-                    expected: 1,
-                })?,
-            },
+            Recording::Recorded => Posted::Recorded,
             Recording::Duplicate(error) => match &posting.idem_key {
                 Some(key) => already_recorded(posting, key),
                 // A NULL key cannot collide; if the server says otherwise, do not hide it.
@@ -122,8 +117,8 @@ fn already_recorded(posting: &Posting, key: &IdemKey) -> Posted {
 }
 
 enum Recording {
-    /// The entries' ids, in the set's order.
-    Recorded(Vec<u64>),
+    /// Every entry of the set is written.
+    Recorded,
     /// Some entry's key is already in the ledger: nothing is written and the gates are back
     /// where they were.
     Duplicate(sqlx::Error),
@@ -156,17 +151,15 @@ async fn record(conn: &mut MySqlConnection, set: &[&Posting]) -> Result<Recordin
             .checked_add(posting.entry_type.signed(posting.amount))
             .ok_or_else(|| out_of_range(posting))?;
     }
-    let first_id = match insert_entries(conn, set, &later).await {
-        Ok(done) => {
-            if done.rows_affected() != set.len() as u64 {
-                // Only a gate row missing under our own lock could get here.
-                return Err(LedgerError::Incomplete {
-                    written: done.rows_affected(),
-                    expected: set.len() as u64,
-                });
-            }
-            done.last_insert_id()
+    match insert_entries(conn, set, &later).await {
+        Ok(done) if done.rows_affected() != set.len() as u64 => {
+            // Only a gate row missing under our own lock could get here.
+            return Err(LedgerError::Incomplete {
+                written: done.rows_affected(),
+                expected: set.len() as u64,
+            });
         }
+        Ok(_) => {}
         Err(error) if is_duplicate_on(&error, IDEM_KEY_INDEX) => {
             // The balances moved for entries that are not written: move them back (the only
             // extra statement, on this rare path).
@@ -178,18 +171,13 @@ async fn record(conn: &mut MySqlConnection, set: &[&Posting]) -> Result<Recordin
             return Ok(Recording::Duplicate(error));
         }
         Err(error) => return Err(error.into()),
-    };
-    let entry_ids = if set.len() == 1 {
-        vec![first_id]
-    } else {
-        entry_ids(conn, &gates, first_id, set.len()).await?
-    };
+    }
     tracing::debug!(
         entries = set.len(),
         gates = gates.len(),
         "ledger entries recorded"
     );
-    Ok(Recording::Recorded(entry_ids))
+    Ok(Recording::Recorded)
 }
 
 /// One upsert for every gate, in `(partner_id, currency)` order (the map's).
@@ -280,39 +268,6 @@ async fn insert_entries(
          ORDER BY e.seq",
     );
     entries.build().execute(&mut *conn).await
-}
-
-/// The ids of the `count` entries just written from `first_id` on. A multi-row insert's ids
-/// need not be consecutive (`innodb_autoinc_lock_mode = 2`), but they rise in insertion order,
-/// and no other transaction can write an entry of these gates while this one holds them: the
-/// gates' entries from `first_id` on are exactly this set's.
-async fn entry_ids(
-    conn: &mut MySqlConnection,
-    gates: &BTreeMap<(u64, &str), Amount>,
-    first_id: u64,
-    count: usize,
-) -> Result<Vec<u64>, LedgerError> {
-    let mut query = QueryBuilder::<MySql>::new("SELECT id FROM ledger_entries WHERE id >= ");
-    query
-        .push_bind(first_id)
-        .push(" AND (partner_id, currency) IN (");
-    let mut list = query.separated(", ");
-    for (partner_id, currency) in gates.keys() {
-        list.push("(")
-            .push_bind_unseparated(*partner_id)
-            .push_unseparated(", ")
-            .push_bind_unseparated(*currency)
-            .push_unseparated(")");
-    }
-    query.push(") ORDER BY id");
-    let ids: Vec<u64> = query.build_query_scalar().fetch_all(&mut *conn).await?;
-    if ids.len() != count {
-        return Err(LedgerError::Incomplete {
-            written: ids.len() as u64,
-            expected: count as u64,
-        });
-    }
-    Ok(ids)
 }
 
 fn out_of_range(posting: &Posting) -> LedgerError {
