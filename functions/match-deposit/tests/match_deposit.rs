@@ -91,6 +91,110 @@ async fn an_order_the_sellers_can_fill_is_matched_with_its_legs_and_its_notifica
 }
 
 #[tokio::test]
+async fn an_order_filled_over_two_attempts_notifies_every_confirmed_match_of_both_fills() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::PartialRetry, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    let first_seller = world.seller("40").await;
+    let id = world.queued(&matcher, "100").await;
+
+    // Attempt 1: 40 of 100 (the partial fill's remaining and fee are written on the order).
+    assert!(matches!(
+        world.deliver(&handler, id, 1).await,
+        Outcome::Retry { .. }
+    ));
+    let (remaining, fee): (String, String) = sqlx::query_as(
+        "SELECT CAST(remaining_amount AS CHAR), CAST(fee_amount AS CHAR) \
+         FROM p2p_deposit_orders WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(world.pool())
+    .await
+    .unwrap();
+    assert_eq!((trim(&remaining), trim(&fee)), ("60", "0.1"));
+    // Attempt 2, once a second seller came: the last 60, and the close writes what is left.
+    let second_seller = world.seller("75").await;
+    world.clock.advance(Duration::from_secs(1));
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+    assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
+
+    let payload: String = sqlx::query_scalar(
+        "SELECT payload FROM partner_notifications \
+         WHERE event = 'P2P_DEPOSIT_MATCHED' AND reference_id = ?",
+    )
+    .bind(id)
+    .fetch_one(world.pool())
+    .await
+    .unwrap();
+    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    assert_eq!(payload["deposit_order_id"], id);
+    assert_eq!(payload["status"], "MATCHED");
+    assert_eq!(payload["close_reason"], "FILLED");
+    let amount = |value: &serde_json::Value| dec(value.as_str().unwrap());
+    assert_eq!(
+        (
+            amount(&payload["amount"]),
+            amount(&payload["filled_amount"]),
+            amount(&payload["fee_amount"])
+        ),
+        (dec("100"), dec("100"), dec("0.2"))
+    );
+    let matches: Vec<(u64, paybus_money::Amount, String)> = payload["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["withdraw_order_id"].as_u64().unwrap(),
+                amount(&m["amount"]),
+                m["trade_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        matches,
+        [
+            (first_seller, dec("40"), "t-1".to_owned()),
+            (second_seller, dec("60"), "t-2".to_owned()),
+        ]
+    );
+    let (remaining, fee): (String, String) = sqlx::query_as(
+        "SELECT CAST(remaining_amount AS CHAR), CAST(fee_amount AS CHAR) \
+         FROM p2p_deposit_orders WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(world.pool())
+    .await
+    .unwrap();
+    assert_eq!((trim(&remaining), trim(&fee)), ("0", "0.2"));
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_order_s_notification_lists_no_match() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    world.seller("30").await;
+    let id = world.queued(&matcher, "50").await;
+
+    assert_eq!(world.deliver(&handler, id, 1).await, Outcome::Done);
+
+    let payload: String = sqlx::query_scalar(
+        "SELECT payload FROM partner_notifications \
+         WHERE event = 'P2P_DEPOSIT_CANCELLED' AND reference_id = ?",
+    )
+    .bind(id)
+    .fetch_one(world.pool())
+    .await
+    .unwrap();
+    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    assert_eq!(payload["close_reason"], "NO_LIQUIDITY");
+    assert_eq!(payload["matches"], serde_json::json!([]));
+    assert!(dec(payload["filled_amount"].as_str().unwrap()).is_zero());
+}
+
+#[tokio::test]
 async fn fill_or_cancel_cancels_at_once_without_a_quote_call_and_without_counting() {
     let world = World::new().await;
     let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
@@ -345,6 +449,53 @@ async fn the_reaper_takes_back_only_claims_older_than_the_timeout_and_releases_t
     // And the due-orders job matches it.
     assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
+async fn a_close_that_finds_a_reservation_still_held_gives_it_back_to_the_seller() {
+    let world = World::new().await;
+    let matcher = world.matcher(FillPolicy::FillOrCancel, 5);
+    let handler = MatchDeposit::new(matcher.clone());
+    let seller = world.seller("100").await;
+    let id = world.queued(&matcher, "30").await;
+    // A reservation no attempt holds any more (what a bug elsewhere would leave): the close
+    // must not leave it behind, or the seller's 30 would stay held forever.
+    sqlx::query(
+        "INSERT INTO p2p_matches (deposit_order_id, withdraw_order_id, amount, trade_key) \
+         VALUES (?, ?, 30, ?)",
+    )
+    .bind(id)
+    .bind(seller)
+    .bind(format!("p2p-deposit-{id}-fill-1"))
+    .execute(world.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE p2p_withdraw_orders SET reserved_amount = 30 WHERE id = ?")
+        .bind(seller)
+        .execute(world.pool())
+        .await
+        .unwrap();
+
+    // The attempt finds the order expired and closes it itself.
+    world.clock.advance(Duration::from_secs(31 * 60));
+    assert_eq!(world.deliver(&handler, id, 1).await, Outcome::Done);
+
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("EXPIRED".to_owned(), Some("EXPIRED".to_owned()), 0)
+    );
+    assert_eq!(
+        world
+            .count(
+                "SELECT COUNT(*) FROM p2p_matches \
+                 WHERE status = 'RELEASED' AND release_reason = 'ORDER_CLOSED'"
+            )
+            .await,
+        1
+    );
+    let (remaining, reserved, _) = seller_amounts(world.pool(), seller).await;
+    assert_eq!((trim(&remaining), trim(&reserved)), ("100", "0"));
     assert_audit_clean(world.pool()).await;
 }
 

@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use crate::{
     FUNCTION, MatchError,
-    deposit_order::{self, CloseReason, Closer, DEPOSIT_ORDERS, DepositOrderStatus, FinalFailure},
+    deposit_order::{self, Close, CloseReason, Closer, DEPOSIT_ORDERS, DepositOrderStatus},
     matches::{self, Held, ReleaseReason},
     messages::DepositOrderCreated,
 };
@@ -253,8 +253,7 @@ pub async fn account(
                 &mut uow,
                 claim.id,
                 Closer::Claim(claim),
-                CloseReason::MatchFailed,
-                Some(FinalFailure { error: &error }),
+                Close::MatchFailed { error: &error },
                 clock,
                 correlation_id,
             )

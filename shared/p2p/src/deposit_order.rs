@@ -271,12 +271,32 @@ pub(crate) async fn close_if_expired(
         uow,
         order.id,
         Closer::Claim(claim),
-        CloseReason::Expired,
-        None,
+        Close::Expired,
         clock,
         correlation_id,
     )
     .await
+}
+
+/// A fill that leaves `remaining` of the order: its remaining amount and the fill's fee, in
+/// the caller's transaction, which holds the order (a fill that leaves nothing is written by
+/// the close, [`Close::Filled`]).
+pub(crate) async fn record_fill(
+    conn: &mut MySqlConnection,
+    id: u64,
+    remaining: Amount,
+    fee: Amount,
+) -> Result<(), MatchError> {
+    sqlx::query(
+        "UPDATE p2p_deposit_orders \
+         SET remaining_amount = ?, fee_amount = fee_amount + ? WHERE id = ?",
+    )
+    .bind(remaining)
+    .bind(fee)
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// MATCHING → IN_DOUBT under `claim`, with `error` as its `last_error` (asking about a fill in
@@ -483,35 +503,59 @@ pub enum Closer<'a> {
     Locked,
 }
 
-/// A failed attempt a close also records (at the attempt limit): it counts, and its error is
-/// the order's `last_error`.
+/// Why an order closes, with what that close writes on the row besides its terminal status.
 #[derive(Debug, Clone, Copy)]
-pub struct FinalFailure<'a> {
-    pub error: &'a str,
+pub enum Close<'a> {
+    /// MATCHED by the fill that leaves nothing: in the close's own statement the remaining
+    /// amount goes to zero and the fill's fee is added (the caller holds the order and has
+    /// checked that the fill covers what remained).
+    Filled { last_fill_fee: Amount },
+    /// CANCELLED by fill-or-cancel.
+    NoLiquidity,
+    /// CANCELLED at the attempt limit: the failed attempt counts and its error is the order's
+    /// `last_error`.
+    MatchFailed { error: &'a str },
+    /// EXPIRED: past `expires_at`.
+    Expired,
 }
 
-/// **The one way an order is closed**: the terminal status of `reason`, `closed_at` and
-/// `close_reason`, conditional on `closer`; then, only when this call made the transition,
-/// its RESERVED matches released and the partner's notification (and message) written, all in
-/// `uow`'s transaction (principle 8: the webhook goes out after commit). False when the
-/// condition did not hold: nothing was written.
+impl Close<'_> {
+    pub fn reason(self) -> CloseReason {
+        match self {
+            Close::Filled { .. } => CloseReason::Filled,
+            Close::NoLiquidity => CloseReason::NoLiquidity,
+            Close::MatchFailed { .. } => CloseReason::MatchFailed,
+            Close::Expired => CloseReason::Expired,
+        }
+    }
+}
+
+/// **The one way an order is closed**: the terminal status of `close`'s reason, `closed_at`
+/// and `close_reason` (and what `close` also records), conditional on `closer`; then, only
+/// when this call made the transition, its RESERVED matches released and the partner's
+/// notification (and message) written, all in `uow`'s transaction (principle 8: the webhook
+/// goes out after commit). False when the condition did not hold: nothing was written.
 pub async fn close(
     uow: &mut UnitOfWork<'_>,
     id: u64,
     closer: Closer<'_>,
-    reason: CloseReason,
-    failure: Option<FinalFailure<'_>>,
+    close: Close<'_>,
     clock: &Clock,
     correlation_id: Uuid,
 ) -> Result<bool, MatchError> {
+    let reason = close.reason();
     let status: &str = reason.status().into();
     let reason_text: &str = reason.into();
     let mut set = format!(
         "status = '{status}', close_reason = '{reason_text}', closed_at = COALESCE(?, NOW(6)), \
          next_attempt_at = NULL"
     );
-    if failure.is_some() {
-        set.push_str(", match_attempt_count = match_attempt_count + 1, last_error = ?");
+    match close {
+        Close::Filled { .. } => set.push_str(", remaining_amount = 0, fee_amount = fee_amount + ?"),
+        Close::MatchFailed { .. } => {
+            set.push_str(", match_attempt_count = match_attempt_count + 1, last_error = ?")
+        }
+        Close::NoLiquidity | Close::Expired => {}
     }
     let sql = match closer {
         Closer::Claim(_) => DEPOSIT_ORDERS.guarded_update(&set),
@@ -520,14 +564,17 @@ pub async fn close(
         ),
     };
     let mut query = sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now());
-    if let Some(failure) = failure {
-        query = query.bind(
-            failure
-                .error
-                .chars()
-                .take(DEPOSIT_ORDERS.last_error_max)
-                .collect::<String>(),
-        );
+    match close {
+        Close::Filled { last_fill_fee } => query = query.bind(last_fill_fee),
+        Close::MatchFailed { error } => {
+            query = query.bind(
+                error
+                    .chars()
+                    .take(DEPOSIT_ORDERS.last_error_max)
+                    .collect::<String>(),
+            )
+        }
+        Close::NoLiquidity | Close::Expired => {}
     }
     let query = match closer {
         Closer::Claim(claim) => DEPOSIT_ORDERS.bind_guard(query, claim),
@@ -536,39 +583,90 @@ pub async fn close(
     if query.execute(&mut **uow).await?.rows_affected() != 1 {
         return Ok(false);
     }
-    matches::release(uow, Held::OfOrders(&[id]), ReleaseReason::OrderClosed).await?;
-    notify(uow, id, reason, correlation_id).await?;
+    let closed = read_closed(uow, id).await?;
+    // A plain read is enough to know whether anything is still held: a match is RESERVED only
+    // by its INSERT, under the order's lock, which this transaction holds; the release locks
+    // what it moves.
+    if closed.iter().any(|row| row.match_is(MatchStatus::Reserved)) {
+        matches::release(uow, Held::OfOrders(&[id]), ReleaseReason::OrderClosed).await?;
+    }
+    notify(uow, id, closed, reason, correlation_id).await?;
     tracing::info!(deposit_order_id = id, %status, reason = reason_text, "deposit order closed");
     Ok(true)
 }
 
-/// The partner's notification of a close, frozen now, with its message.
+/// One row of [`read_closed`]: the order as the close left it, with one of its CONFIRMED or
+/// RESERVED matches (or none).
+#[derive(sqlx::FromRow)]
+struct ClosedRow {
+    #[sqlx(flatten)]
+    order: Row,
+    match_status: Option<String>,
+    match_id: Option<u64>,
+    match_withdraw_order_id: Option<u64>,
+    match_amount: Option<Amount>,
+    match_fee: Option<Amount>,
+    match_rate: Option<Amount>,
+    match_trade_id: Option<String>,
+}
+
+impl ClosedRow {
+    fn match_is(&self, status: MatchStatus) -> bool {
+        self.match_status.as_deref() == Some(<&str>::from(status))
+    }
+}
+
+/// The closed order and its CONFIRMED and RESERVED matches, in one read (the order's columns
+/// repeat on each match's row).
+async fn read_closed(uow: &mut UnitOfWork<'_>, id: u64) -> Result<Vec<ClosedRow>, MatchError> {
+    let (confirmed, reserved): (&str, &str) =
+        (MatchStatus::Confirmed.into(), MatchStatus::Reserved.into());
+    Ok(sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT o.*, m.* FROM (SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ?) o \
+         LEFT JOIN ( \
+             SELECT status AS match_status, id AS match_id, \
+                    withdraw_order_id AS match_withdraw_order_id, amount AS match_amount, \
+                    fee AS match_fee, rate AS match_rate, external_trade_id AS match_trade_id \
+             FROM p2p_matches \
+             WHERE deposit_order_id = ? AND status IN ('{confirmed}', '{reserved}') \
+         ) m ON TRUE \
+         ORDER BY m.match_id"
+    )))
+    .bind(id)
+    .bind(id)
+    .fetch_all(&mut **uow)
+    .await?)
+}
+
+/// The partner's notification of a close, frozen now, with its message: the order as
+/// [`read_closed`] found it and its CONFIRMED matches.
 async fn notify(
     uow: &mut UnitOfWork<'_>,
     id: u64,
+    rows: Vec<ClosedRow>,
     reason: CloseReason,
     correlation_id: Uuid,
 ) -> Result<(), MatchError> {
-    let Some(order) = find(uow, id).await? else {
+    let confirmed: Vec<serde_json::Value> = rows
+        .iter()
+        .filter(|row| row.match_is(MatchStatus::Confirmed))
+        .filter_map(|row| {
+            Some(serde_json::json!({
+                "match_id": row.match_id?,
+                "withdraw_order_id": row.match_withdraw_order_id,
+                "amount": row.match_amount,
+                "fee": row.match_fee,
+                "rate": row.match_rate,
+                "trade_id": row.match_trade_id,
+            }))
+        })
+        .collect();
+    let Some(row) = rows.into_iter().next() else {
         return Err(MatchError::inconsistent(format!(
             "deposit order {id} vanished while closing"
         )));
     };
-    let confirmed: Vec<serde_json::Value> = matches::of_deposit_order(uow, id)
-        .await?
-        .into_iter()
-        .filter(|m| m.status == MatchStatus::Confirmed)
-        .map(|m| {
-            serde_json::json!({
-                "match_id": m.id,
-                "withdraw_order_id": m.withdraw_order_id,
-                "amount": m.amount,
-                "fee": m.fee,
-                "rate": m.rate,
-                "trade_id": m.external_trade_id,
-            })
-        })
-        .collect();
+    let order = row.order.into_order()?;
     let filled = order
         .amount
         .checked_sub(order.remaining_amount)

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::{
     MatchError,
-    deposit_order::{self, CloseReason, Closer, DEPOSIT_ORDERS},
+    deposit_order::{self, Close, Closer, DEPOSIT_ORDERS},
     matches::{self, Held, ReleaseReason},
 };
 
@@ -117,8 +117,7 @@ pub async fn expire_due(
             &mut uow,
             id,
             Closer::Locked,
-            CloseReason::Expired,
-            None,
+            Close::Expired,
             clock,
             Uuid::now_v7(),
         )

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::{
     MatchError,
     config::{CANDIDATES, FillPolicy},
-    deposit_order::{self, CloseReason, Closer},
+    deposit_order::{self, Close, CloseReason, Closer},
     matches::{self, Reserved},
     quote::Quote,
 };
@@ -141,8 +141,7 @@ pub(crate) async fn reserve(
             &mut uow,
             claim.id,
             Closer::Claim(claim),
-            CloseReason::NoLiquidity,
-            None,
+            Close::NoLiquidity,
             clock,
             correlation_id,
         )

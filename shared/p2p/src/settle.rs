@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::{
     MatchError,
-    deposit_order::{self, CloseReason, Closer},
+    deposit_order::{self, Close, Closer},
     matches::{self, Held, ReleaseReason},
     quote::{Quote, Trade},
     reserve::Fill,
@@ -95,8 +95,9 @@ pub(crate) async fn settle(
             &mut uow,
             claim.id,
             Closer::Claim(claim),
-            CloseReason::Filled,
-            None,
+            Close::Filled {
+                last_fill_fee: trade.fee,
+            },
             clock,
             correlation_id,
         )
@@ -112,6 +113,7 @@ pub(crate) async fn settle(
         }
         Settled::Filled
     } else {
+        deposit_order::record_fill(&mut uow, claim.id, remaining, trade.fee).await?;
         Settled::Partial { remaining }
     };
     uow.commit().await?;
@@ -123,9 +125,10 @@ pub(crate) async fn settle(
 }
 
 /// The fill's writes once traded, in the caller's transaction (which holds the deposit order):
-/// the ledger legs, its TRADING matches CONFIRMED with the trade and its terms, the sellers'
-/// reservations used (in id order), the order's remaining and fee. Returns what remains of
-/// the order.
+/// the ledger legs, the sellers' reservations used (in id order), its TRADING matches
+/// CONFIRMED with the trade and its terms. Returns what remains of the order, which the caller
+/// writes with the fill's fee: in the close when nothing remains
+/// ([`Close::Filled`](deposit_order::Close::Filled)), else [`deposit_order::record_fill`].
 ///
 /// The legs go first: their gate rows serialise every settlement of one partner, and a
 /// settlement queued at a gate while holding its sellers would make concurrent reserves skip
@@ -148,10 +151,16 @@ pub(crate) async fn confirm_fill(
             ))
         })?;
     post_legs(conn, fill, trade.fee).await?;
+    // The sellers' reservations are used first, in id order: each UPDATE takes its seller's
+    // exclusive lock before the matches below are rewritten (the order
+    // `withdraw_order::lock_in_order` keeps elsewhere, without a statement of its own).
+    let mut sellers: Vec<_> = fill.matches.iter().collect();
+    sellers.sort_by_key(|m| m.withdraw_order_id);
+    for m in sellers {
+        withdraw_order::use_reserved(conn, m.withdraw_order_id, m.amount).await?;
+    }
     let ids: Vec<u64> = fill.matches.iter().map(|m| m.match_id).collect();
     let first = ids.first().copied().unwrap_or_default();
-    let sellers: Vec<u64> = fill.matches.iter().map(|m| m.withdraw_order_id).collect();
-    withdraw_order::lock_in_order(conn, &sellers).await?;
     let confirm = sqlx::query(AssertSqlSafe(format!(
         "UPDATE p2p_matches \
          SET status = 'CONFIRMED', confirmed_at = NOW(6), rate = ?, external_trade_id = ?, \
@@ -177,20 +186,6 @@ pub(crate) async fn confirm_fill(
             ids.len()
         )));
     }
-    let mut sellers: Vec<_> = fill.matches.iter().collect();
-    sellers.sort_by_key(|m| m.withdraw_order_id);
-    for m in sellers {
-        withdraw_order::use_reserved(conn, m.withdraw_order_id, m.amount).await?;
-    }
-    sqlx::query(
-        "UPDATE p2p_deposit_orders \
-         SET remaining_amount = ?, fee_amount = fee_amount + ? WHERE id = ?",
-    )
-    .bind(remaining)
-    .bind(trade.fee)
-    .bind(id)
-    .execute(&mut *conn)
-    .await?;
     Ok(remaining)
 }
 

@@ -30,7 +30,7 @@ use wiremock::{
 use crate::{
     CreateError, FillPolicy, MatchError, MatchingConfig, QuoteConfig,
     config::{CANDIDATES, DEFAULT_ORDER_TTL},
-    deposit_order::{self, CloseReason, Closer, Inserted, NewDepositOrder, Start},
+    deposit_order::{self, Close, CloseReason, Closer, Inserted, NewDepositOrder, Start},
     matches::{self, Reserved},
     quote::{Call, IDEMPOTENCY_KEY, QuoteClient, QuoteRequest, TradeRequest},
     reserve::Fill,
@@ -591,7 +591,7 @@ async fn seed_create_and_match(
             amount,
         });
     }
-    let reason = if left.is_zero() {
+    let close = if left.is_zero() {
         // ④ the external calls, every lock above still held.
         let reference = format!("p2p-deposit-{id}");
         let priced = quote
@@ -627,21 +627,22 @@ async fn seed_create_and_match(
             trade_checks: 0,
         };
         settle::confirm_fill(&mut tx, &fill, new.amount, &trade).await?;
-        CloseReason::Filled
+        Close::Filled {
+            last_fill_fee: trade.fee,
+        }
     } else {
-        CloseReason::NoLiquidity
+        Close::NoLiquidity
     };
     deposit_order::close(
         &mut tx,
         id,
         Closer::Locked,
-        reason,
-        None,
+        close,
         &clock,
         Uuid::now_v7(),
     )
     .await?;
     // ⑥ commit: only now are the locks released.
     tx.commit().await?;
-    Ok((id, reason))
+    Ok((id, close.reason()))
 }
