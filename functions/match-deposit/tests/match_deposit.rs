@@ -90,6 +90,30 @@ async fn an_order_the_sellers_can_fill_is_matched_with_its_legs_and_its_notifica
     assert_audit_clean(world.pool()).await;
 }
 
+async fn remaining_and_fee(world: &World, id: u64) -> (String, String) {
+    sqlx::query_as(
+        "SELECT CAST(remaining_amount AS CHAR), CAST(fee_amount AS CHAR) \
+         FROM p2p_deposit_orders WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(world.pool())
+    .await
+    .unwrap()
+}
+
+/// The payload of the order's notification of `event`, as frozen at its close.
+async fn notification(world: &World, event: &str, id: u64) -> serde_json::Value {
+    let payload: String = sqlx::query_scalar(
+        "SELECT payload FROM partner_notifications WHERE event = ? AND reference_id = ?",
+    )
+    .bind(event)
+    .bind(id)
+    .fetch_one(world.pool())
+    .await
+    .unwrap();
+    serde_json::from_str(&payload).unwrap()
+}
+
 #[tokio::test]
 async fn an_order_filled_over_two_attempts_notifies_every_confirmed_match_of_both_fills() {
     let world = World::new().await;
@@ -103,14 +127,7 @@ async fn an_order_filled_over_two_attempts_notifies_every_confirmed_match_of_bot
         world.deliver(&handler, id, 1).await,
         Outcome::Retry { .. }
     ));
-    let (remaining, fee): (String, String) = sqlx::query_as(
-        "SELECT CAST(remaining_amount AS CHAR), CAST(fee_amount AS CHAR) \
-         FROM p2p_deposit_orders WHERE id = ?",
-    )
-    .bind(id)
-    .fetch_one(world.pool())
-    .await
-    .unwrap();
+    let (remaining, fee) = remaining_and_fee(&world, id).await;
     assert_eq!((trim(&remaining), trim(&fee)), ("60", "0.1"));
     // Attempt 2, once a second seller came: the last 60, and the close writes what is left.
     let second_seller = world.seller("75").await;
@@ -118,15 +135,7 @@ async fn an_order_filled_over_two_attempts_notifies_every_confirmed_match_of_bot
     assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
 
-    let payload: String = sqlx::query_scalar(
-        "SELECT payload FROM partner_notifications \
-         WHERE event = 'P2P_DEPOSIT_MATCHED' AND reference_id = ?",
-    )
-    .bind(id)
-    .fetch_one(world.pool())
-    .await
-    .unwrap();
-    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    let payload = notification(&world, "P2P_DEPOSIT_MATCHED", id).await;
     assert_eq!(payload["deposit_order_id"], id);
     assert_eq!(payload["status"], "MATCHED");
     assert_eq!(payload["close_reason"], "FILLED");
@@ -158,14 +167,7 @@ async fn an_order_filled_over_two_attempts_notifies_every_confirmed_match_of_bot
             (second_seller, dec("60"), "t-2".to_owned()),
         ]
     );
-    let (remaining, fee): (String, String) = sqlx::query_as(
-        "SELECT CAST(remaining_amount AS CHAR), CAST(fee_amount AS CHAR) \
-         FROM p2p_deposit_orders WHERE id = ?",
-    )
-    .bind(id)
-    .fetch_one(world.pool())
-    .await
-    .unwrap();
+    let (remaining, fee) = remaining_and_fee(&world, id).await;
     assert_eq!((trim(&remaining), trim(&fee)), ("0", "0.2"));
     assert_audit_clean(world.pool()).await;
 }
@@ -180,15 +182,7 @@ async fn a_cancelled_order_s_notification_lists_no_match() {
 
     assert_eq!(world.deliver(&handler, id, 1).await, Outcome::Done);
 
-    let payload: String = sqlx::query_scalar(
-        "SELECT payload FROM partner_notifications \
-         WHERE event = 'P2P_DEPOSIT_CANCELLED' AND reference_id = ?",
-    )
-    .bind(id)
-    .fetch_one(world.pool())
-    .await
-    .unwrap();
-    let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
+    let payload = notification(&world, "P2P_DEPOSIT_CANCELLED", id).await;
     assert_eq!(payload["close_reason"], "NO_LIQUIDITY");
     assert_eq!(payload["matches"], serde_json::json!([]));
     assert!(dec(payload["filled_amount"].as_str().unwrap()).is_zero());

@@ -633,15 +633,7 @@ async fn seed_create_and_match(
     } else {
         Close::NoLiquidity
     };
-    deposit_order::close(
-        &mut tx,
-        id,
-        Closer::Locked,
-        close,
-        &clock,
-        Uuid::now_v7(),
-    )
-    .await?;
+    deposit_order::close(&mut tx, id, Closer::Locked, close, &clock, Uuid::now_v7()).await?;
     // ⑥ commit: only now are the locks released.
     tx.commit().await?;
     Ok((id, close.reason()))
