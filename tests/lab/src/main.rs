@@ -46,7 +46,7 @@ async fn main() -> ExitCode {
     };
     telemetry::init(settings.log_format);
     let result = match cli.command {
-        Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
     };
     match result {

@@ -13,6 +13,7 @@
 //! afterwards), so it can run next to `paybus run` on the same servers.
 
 use std::{
+    process::ExitCode,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -40,6 +41,7 @@ mod lambda_batch;
 mod matching;
 mod ops_queries;
 mod pinning;
+mod soak;
 mod suspend;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -67,6 +69,11 @@ pub enum Workflow {
     /// Ops: every console page and ops list, group and count route over HTTP with `--rows`
     /// dead letters, bonus jobs and cancel tasks each, and the EXPLAIN of every query.
     OpsQueries,
+    /// All four workflows at a steady rate for `--minutes`, every message delivered
+    /// `--copies` times, each function its own process: throughput, p50/p99, RSS, table
+    /// sizes, outbox backlog and dead letters per window, a plot, then chaos's exactly-once
+    /// checks.
+    Soak,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -99,9 +106,13 @@ pub struct BenchArgs {
     /// (ops-queries) Rows of each big table: dead letters, bonus jobs, cancel tasks.
     #[arg(long, default_value_t = 5_000_000)]
     pub rows: u64,
+    #[command(flatten)]
+    pub soak: soak::SoakArgs,
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+/// Every bench but the soak fails only on an error; the soak also fails (exit 1) when its
+/// exactly-once checks find a violation.
+pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.items == 0 || args.concurrency == 0 || args.partners == 0 {
         bail!("--items, --concurrency and --partners must be at least 1");
     }
@@ -110,7 +121,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    match args.workflow {
+    let ran = match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
         Workflow::ConfirmDeposit => confirm_deposit::run(&args).await,
         Workflow::GrantBonus => grant_bonus::run(&args).await,
@@ -119,7 +130,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workflow::LambdaBatch => lambda_batch::run(&args).await,
         Workflow::Auditor => auditor::run(&args).await,
         Workflow::OpsQueries => ops_queries::run(&args).await,
-    }
+        Workflow::Soak => return soak::run(&args.soak, args.concurrency).await,
+    };
+    ran.map(|()| ExitCode::SUCCESS)
 }
 
 pub(crate) struct Phase {

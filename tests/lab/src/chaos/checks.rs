@@ -26,7 +26,7 @@ pub struct Violation {
     pub detail: String,
 }
 
-pub(super) fn violation(check: &str, detail: impl Into<String>) -> Violation {
+pub(crate) fn violation(check: &str, detail: impl Into<String>) -> Violation {
     Violation {
         check: check.to_owned(),
         detail: detail.into(),
@@ -87,7 +87,7 @@ const NOT_TERMINAL: &[(&str, &str)] = &[
     ),
 ];
 
-async fn not_terminal(pool: &MySqlPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+pub(crate) async fn not_terminal(pool: &MySqlPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
     let mut found = Vec::new();
     for (what, sql) in NOT_TERMINAL {
         let n: i64 = sqlx::query_scalar(*sql).fetch_one(pool).await?;
@@ -111,7 +111,7 @@ fn all_queues() -> Vec<String> {
 }
 
 /// Messages in each non-empty queue (ready ones; with no consumer left, that is all of them).
-pub(super) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32)>, lapin::Error> {
+pub(crate) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32)>, lapin::Error> {
     let channel = services.connection().create_channel().await?;
     let mut found = Vec::new();
     for queue in all_queues() {
@@ -125,7 +125,7 @@ pub(super) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32
 }
 
 /// Messages ready in `queue` (a passive declare).
-pub(super) async fn ready(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
+pub(crate) async fn ready(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
     let declared = channel
         .queue_declare(
             queue.into(),
@@ -148,7 +148,7 @@ pub struct Quiescence {
 
 /// Polls until nothing is pending in the database and every queue is empty, twice in a row
 /// (a message between two polls must not pass for quiet), or `timeout`.
-pub(super) async fn await_quiescence(
+pub(crate) async fn await_quiescence(
     services: &Services,
     _duplicator: &Duplicator,
     _load: &Load,
@@ -224,7 +224,7 @@ pub struct DeadLetters {
     pub count: i64,
 }
 
-pub(super) async fn dead_letters_by_reason(
+pub(crate) async fn dead_letters_by_reason(
     pool: &MySqlPool,
 ) -> Result<Vec<DeadLetters>, sqlx::Error> {
     let rows: Vec<(String, String, i64)> = sqlx::query_as(
@@ -354,7 +354,7 @@ async fn quote_reconciliation(
 }
 
 /// Every check, after quiescence and with every function process stopped.
-pub(super) async fn run_all(
+pub(crate) async fn run_all(
     services: &Services,
     duplicator: &Duplicator,
     load: &Load,
@@ -400,7 +400,7 @@ pub(super) async fn run_all(
 }
 
 /// Rows by state, per workflow table (the report's counts).
-pub(super) async fn counts(
+pub(crate) async fn counts(
     pool: &MySqlPool,
 ) -> Result<BTreeMap<String, BTreeMap<String, i64>>, sqlx::Error> {
     const BY_STATE: &[(&str, &str)] = &[

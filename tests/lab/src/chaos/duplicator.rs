@@ -39,7 +39,7 @@ use super::Profile;
 /// The tap's queue: a quorum queue, so a broker restart keeps what it had not copied yet, and
 /// on a cluster the death of one node neither loses it nor makes it unavailable (a classic
 /// queue lives on one node only).
-pub(super) const TAP_QUEUE: &str = "chaos.tap";
+pub(crate) const TAP_QUEUE: &str = "chaos.tap";
 
 #[derive(Default)]
 struct Counters {
@@ -49,14 +49,14 @@ struct Counters {
     malformed: Mutex<Vec<u64>>,
 }
 
-pub(super) struct Duplicator {
+pub(crate) struct Duplicator {
     counters: Arc<Counters>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Duplicator {
-    pub(super) async fn start(
+    pub(crate) async fn start(
         services: &Services,
         profile: &Profile,
         stop: CancellationToken,
@@ -95,22 +95,22 @@ impl Duplicator {
         })
     }
 
-    pub(super) async fn stop(&self) {
+    pub(crate) async fn stop(&self) {
         self.stop.cancel();
         while !self.task.is_finished() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
-    pub(super) fn seen(&self) -> u64 {
+    pub(crate) fn seen(&self) -> u64 {
         self.counters.seen.load(Ordering::Relaxed)
     }
 
-    pub(super) fn copies(&self) -> u64 {
+    pub(crate) fn copies(&self) -> u64 {
         self.counters.copies.load(Ordering::Relaxed)
     }
 
-    pub(super) fn malformed(&self) -> Vec<u64> {
+    pub(crate) fn malformed(&self) -> Vec<u64> {
         self.counters
             .malformed
             .lock()
@@ -147,7 +147,7 @@ async fn declare_tap(link: &BrokerLink) -> Result<lapin::Channel, lapin::Error> 
 }
 
 /// The body of malformed message `marker`: JSON, but not an envelope.
-pub(super) fn malformed_body(marker: u64) -> Vec<u8> {
+pub(crate) fn malformed_body(marker: u64) -> Vec<u8> {
     format!("{{\"chaos_malformed\": {marker}, \"data\": ").into_bytes()
 }
 

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use paybus_platform::Settings;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -25,14 +25,26 @@ use super::{
 
 /// One process to run: a function's name and the binary that runs it.
 #[derive(Debug, Clone)]
-pub(super) struct Binary {
-    pub(super) name: String,
-    pub(super) path: PathBuf,
+pub(crate) struct Binary {
+    pub(crate) name: String,
+    pub(crate) path: PathBuf,
+}
+
+/// `--bin-dir`, or the folder of this `paybus-lab` binary (where `cargo build --workspace
+/// --bins` puts the function binaries too).
+pub(crate) fn bin_dir(asked: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match asked {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("the directory of this paybus-lab binary")?
+            .to_path_buf()),
+    }
 }
 
 /// Every catalog function (the canary aside: no load uses it) and the sweeper, found in
 /// `dir` unless substituted.
-pub(super) fn binaries(
+pub(crate) fn binaries(
     dir: &Path,
     substitutes: &[(String, PathBuf)],
 ) -> anyhow::Result<Vec<Binary>> {
@@ -78,7 +90,7 @@ pub(super) fn binaries(
 /// The environment of every function process: the run's database and broker (every node, in
 /// the harness's order; [`Fleet::start`] gives each process its own), and settings short
 /// enough that a crashed attempt is reaped and a retry is due within the run.
-pub(super) fn environment(settings: &Settings, world: &World) -> HashMap<String, String> {
+pub(crate) fn environment(settings: &Settings, world: &World) -> HashMap<String, String> {
     let quote_timeout = QUOTE_TIMEOUT.as_millis().to_string();
     [
         ("PAYBUS_DATABASE_URL", settings.database.url.to_string()),
@@ -127,7 +139,7 @@ struct Supervised {
     starts: AtomicU32,
 }
 
-pub(super) struct Fleet {
+pub(crate) struct Fleet {
     processes: Vec<Arc<Supervised>>,
     stop: CancellationToken,
     tasks: tokio::task::JoinSet<()>,
@@ -136,7 +148,7 @@ pub(super) struct Fleet {
 impl Fleet {
     /// Starts every binary with `env`, process `i` with `PAYBUS_AMQP_URL` set to
     /// `broker_node_orders[i % len]` (the broker's nodes, each order starting at another node).
-    pub(super) async fn start(
+    pub(crate) async fn start(
         binaries: &[Binary],
         env: HashMap<String, String>,
         broker_node_orders: &[String],
@@ -171,7 +183,7 @@ impl Fleet {
     }
 
     /// SIGKILLs one live process chosen by `dice`; its name.
-    pub(super) async fn kill_random(&self, dice: &mut Dice) -> Option<String> {
+    pub(crate) async fn kill_random(&self, dice: &mut Dice) -> Option<String> {
         let process = &self.processes[dice.below(self.processes.len())];
         let pid = process.pid.load(Ordering::SeqCst);
         if pid == 0 {
@@ -182,8 +194,22 @@ impl Fleet {
         Some(process.binary.name.clone())
     }
 
+    /// Every process's name and the pid of its live instance (none while it restarts).
+    pub(crate) fn pids(&self) -> Vec<(String, Option<u32>)> {
+        self.processes
+            .iter()
+            .map(|p| {
+                let pid = p.pid.load(Ordering::SeqCst);
+                (
+                    p.binary.name.clone(),
+                    u32::try_from(pid).ok().filter(|&pid| pid != 0),
+                )
+            })
+            .collect()
+    }
+
     /// SIGTERM to every process (they finish in-flight messages and exit); waits for them.
-    pub(super) async fn stop(mut self) -> Vec<ProcessRecord> {
+    pub(crate) async fn stop(mut self) -> Vec<ProcessRecord> {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
         self.processes

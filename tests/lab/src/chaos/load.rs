@@ -2,6 +2,9 @@
 //! once. Every idempotent call is sent `copies` times at once (a client retrying while its
 //! first call is in flight); every call is retried on a transport error or a 5xx until it gets
 //! a definitive answer (the database or broker may be restarting), within a bound.
+//!
+//! Chaos sends a fixed number of items as fast as the concurrency allows ([`Plan::Items`]);
+//! the soak sends each workflow's items at a rate of its own for a while ([`Plan::Paced`]).
 
 use std::{
     collections::BTreeMap,
@@ -22,6 +25,106 @@ use super::{
     outside::{Api, CHAIN_MONITOR_SECRET, PAYMENTS_SECRET, World},
 };
 use crate::bench::drive;
+
+/// How many items the drivers send, and when.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Plan {
+    /// This many in all, split over the workflows ([`Shares`]), each driver as fast as its
+    /// concurrency allows.
+    Items(usize),
+    /// Each workflow at its own rate for this long (the soak).
+    Paced(Rates, Duration),
+}
+
+/// Items per second of each workflow: p2p deposit orders, confirmations (withdrawals and
+/// deposits), payment completions, market orders placed.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Rates {
+    pub(crate) p2p: f64,
+    pub(crate) confirmations: f64,
+    pub(crate) bonuses: f64,
+    pub(crate) markets: f64,
+}
+
+/// One driver's part of a [`Plan`].
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    /// The items it sends (paced: at most; the deadline may come first).
+    items: usize,
+    pace: Option<Pace>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    per_second: f64,
+    lasting: Duration,
+}
+
+/// Setup sized by the items (sellers, members) is sized by at most this many in a paced run:
+/// a soak's hundreds of thousands of items would otherwise spend minutes creating members.
+const PACED_SETUP_ITEMS: usize = 2_000;
+
+/// A paced run's market lives this long before its suspension ends it (placing goes on, and
+/// is refused, until the next market takes over).
+const PACED_MARKET_LIFETIME: Duration = Duration::from_secs(10);
+
+impl Schedule {
+    fn all_at_once(items: usize) -> Self {
+        Self { items, pace: None }
+    }
+
+    fn paced(per_second: f64, lasting: Duration) -> Self {
+        Self {
+            items: (per_second * lasting.as_secs_f64()).ceil() as usize,
+            pace: Some(Pace {
+                per_second,
+                lasting,
+            }),
+        }
+    }
+
+    /// The items setup is sized by.
+    fn setup_items(&self) -> usize {
+        match self.pace {
+            None => self.items,
+            Some(_) => self.items.min(PACED_SETUP_ITEMS),
+        }
+    }
+
+    /// Runs `work(i)` for every item on `concurrency` tasks: all at once, or item `i` not
+    /// before `i / rate` seconds from now and none from the deadline on (a driver behind its
+    /// pace sends as fast as its concurrency allows, never more at once). The items sent.
+    async fn send<F, Fut>(&self, concurrency: u16, work: F) -> anyhow::Result<usize>
+    where
+        F: Fn(usize) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send,
+    {
+        let Some(pace) = self.pace else {
+            drive(self.items, concurrency, work).await?;
+            return Ok(self.items);
+        };
+        let start = tokio::time::Instant::now();
+        let until = start + pace.lasting;
+        let sent = Arc::new(AtomicUsize::new(0));
+        drive(self.items, concurrency, {
+            let sent = sent.clone();
+            move |i| {
+                let (work, sent) = (work.clone(), sent.clone());
+                async move {
+                    let due = start + Duration::from_secs_f64(i as f64 / pace.per_second);
+                    if due >= until {
+                        return Ok(());
+                    }
+                    tokio::time::sleep_until(due).await;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    work(i).await
+                }
+            }
+        })
+        .await?;
+        Ok(sent.load(Ordering::Relaxed))
+    }
+}
 
 /// A request that gets no definitive answer (2xx/4xx) within this is lost: a violation.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
@@ -241,7 +344,17 @@ impl Shares {
     }
 }
 
-pub(super) async fn run(profile: &Profile, api: &Api, world: &World) -> anyhow::Result<Load> {
+/// Chaos's load: `profile.items` split over the workflows, all at once.
+pub(crate) async fn run(profile: &Profile, api: &Api, world: &World) -> anyhow::Result<Load> {
+    run_plan(profile, api, world, Plan::Items(profile.items)).await
+}
+
+pub(crate) async fn run_plan(
+    profile: &Profile,
+    api: &Api,
+    world: &World,
+    plan: Plan,
+) -> anyhow::Result<Load> {
     let client = Client {
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(15))
@@ -249,19 +362,34 @@ pub(super) async fn run(profile: &Profile, api: &Api, world: &World) -> anyhow::
         base: api.base.clone(),
         admin_token: api.admin_token.clone(),
     };
-    let shares = Shares::of(profile.items);
+    let [p2p_plan, confirmations_plan, bonuses_plan, markets_plan] = match plan {
+        Plan::Items(items) => {
+            let shares = Shares::of(items);
+            [
+                shares.p2p,
+                shares.confirmations,
+                shares.bonuses,
+                shares.markets,
+            ]
+            .map(Schedule::all_at_once)
+        }
+        Plan::Paced(rates, lasting) => {
+            [rates.p2p, rates.confirmations, rates.bonuses, rates.markets]
+                .map(|per_second| Schedule::paced(per_second, lasting))
+        }
+    };
     let tallies: [Arc<Tally>; 4] = Default::default();
     let (p2p, confirmed, bonuses, markets) = tokio::join!(
-        p2p_deposit_orders(profile, &client, world, shares.p2p, tallies[0].clone()),
+        p2p_deposit_orders(profile, &client, world, p2p_plan, tallies[0].clone()),
         confirmations(
             profile,
             &client,
             world,
-            shares.confirmations,
+            confirmations_plan,
             tallies[1].clone()
         ),
-        payment_completions(profile, &client, shares.bonuses, tallies[2].clone()),
-        market_orders(profile, &client, shares.markets, tallies[3].clone()),
+        payment_completions(profile, &client, bonuses_plan, tallies[2].clone()),
+        market_orders(profile, &client, markets_plan, tallies[3].clone()),
     );
     // A lost request is reported as a violation, not as a failed run.
     for (name, result) in [
@@ -273,18 +401,22 @@ pub(super) async fn run(profile: &Profile, api: &Api, world: &World) -> anyhow::
             tracing::warn!(workflow = name, error = %format!("{e:#}"), "chaos load");
         }
     }
-    let markets = match &markets {
-        Ok(markets) => *markets,
+    let (market_orders_sent, markets) = match &markets {
+        Ok(sent) => *sent,
         Err(e) => {
             tracing::warn!(workflow = "markets", error = %format!("{e:#}"), "chaos load");
-            0
+            (markets_plan.items, 0)
         }
     };
+    // A driver that failed is counted as if it had sent all it was to.
+    let sent = |result: &anyhow::Result<usize>, schedule: Schedule| {
+        *result.as_ref().unwrap_or(&schedule.items)
+    };
     let load = Load {
-        p2p_deposit_orders: tallies[0].take(shares.p2p),
-        confirmations: tallies[1].take(shares.confirmations),
-        payment_completions: tallies[2].take(shares.bonuses),
-        market_orders: tallies[3].take(shares.markets),
+        p2p_deposit_orders: tallies[0].take(sent(&p2p, p2p_plan)),
+        confirmations: tallies[1].take(sent(&confirmed, confirmations_plan)),
+        payment_completions: tallies[2].take(sent(&bonuses, bonuses_plan)),
+        market_orders: tallies[3].take(market_orders_sent),
         markets,
     };
     // Setup that failed outright (not a lost request) is the harness's own failure.
@@ -319,9 +451,10 @@ async fn p2p_deposit_orders(
     profile: &Profile,
     client: &Client,
     world: &World,
-    orders: usize,
+    schedule: Schedule,
     tally: Arc<Tally>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
+    let orders = schedule.items;
     let buyer = id_of(
         &client
             .admin_post(
@@ -344,7 +477,7 @@ async fn p2p_deposit_orders(
     // Partners act with their own API keys, as deployed.
     let seller_key = client.partner_key(&tally, seller).await?;
     let buyer_key = Arc::new(client.partner_key(&tally, buyer).await?);
-    let sellers = (orders / 20).max(10);
+    let sellers = (schedule.setup_items() / 20).max(10);
     // Orders are 1 to 5 USDT: every order can be filled whatever the interleaving.
     let each = (orders * 5 / sellers + 10).to_string();
     for n in 0..sellers {
@@ -362,31 +495,31 @@ async fn p2p_deposit_orders(
             .await?;
     }
     let (client, copies) = (client.clone(), profile.copies);
-    drive(orders, profile.concurrency, move |i| {
-        let (client, tally, buyer_key) = (client.clone(), tally.clone(), buyer_key.clone());
-        async move {
-            // Every copy carries the order's reference and its Idempotency-Key, as a partner
-            // re-sending a request does.
-            let body = json!({"currency": "USDT", "amount": (i % 5 + 1).to_string(),
+    schedule
+        .send(profile.concurrency, move |i| {
+            let (client, tally, buyer_key) = (client.clone(), tally.clone(), buyer_key.clone());
+            async move {
+                // Every copy carries the order's reference and its Idempotency-Key, as a partner
+                // re-sending a request does.
+                let body = json!({"currency": "USDT", "amount": (i % 5 + 1).to_string(),
                               "partner_order_ref": format!("chaos-{i}")});
-            let idempotency_key = format!("chaos-buy-{i}");
-            let _ = client
-                .copies(
-                    &tally,
-                    copies,
-                    Signer::Partner {
-                        key: &buyer_key,
-                        idempotency_key: Some(&idempotency_key),
-                    },
-                    "/v1/partner/p2p/deposit-orders",
-                    &body,
-                )
-                .await;
-            Ok(())
-        }
-    })
-    .await?;
-    Ok(())
+                let idempotency_key = format!("chaos-buy-{i}");
+                let _ = client
+                    .copies(
+                        &tally,
+                        copies,
+                        Signer::Partner {
+                            key: &buyer_key,
+                            idempotency_key: Some(&idempotency_key),
+                        },
+                        "/v1/partner/p2p/deposit-orders",
+                        &body,
+                    )
+                    .await;
+                Ok(())
+            }
+        })
+        .await
 }
 
 /// W2: withdrawals in BROADCASTING confirmed through the signed intake, and deposits
@@ -396,9 +529,9 @@ async fn confirmations(
     profile: &Profile,
     client: &Client,
     world: &World,
-    items: usize,
+    schedule: Schedule,
     tally: Arc<Tally>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let partner = id_of(
         &client
             .admin_post(
@@ -410,63 +543,63 @@ async fn confirmations(
             .await?,
     )?;
     let (client, copies) = (client.clone(), profile.copies);
-    drive(items, profile.concurrency, move |i| {
-        let (client, tally) = (client.clone(), tally.clone());
-        async move {
-            let amount = format!("{}.{:02}", i % 90 + 10, i % 100);
-            if i % 3 == 2 {
-                let Ok(deposit) = client
-                    .admin_post(
-                        &tally,
-                        "/v1/admin/deposits",
-                        json!({"partner_id": partner, "currency": "USDT", "amount": amount,
+    schedule
+        .send(profile.concurrency, move |i| {
+            let (client, tally) = (client.clone(), tally.clone());
+            async move {
+                let amount = format!("{}.{:02}", i % 90 + 10, i % 100);
+                if i % 3 == 2 {
+                    let Ok(deposit) = client
+                        .admin_post(
+                            &tally,
+                            "/v1/admin/deposits",
+                            json!({"partner_id": partner, "currency": "USDT", "amount": amount,
                                "fee": "0.5", "tx_hash": format!("0xdeposit{i}"),
                                "to_address": format!("0xaddress{i}")}),
-                    )
-                    .await
-                else {
-                    return Ok(());
-                };
-                let body = json!({"deposit_id": id_of(&deposit)?});
-                let _ = client
-                    .copies(
-                        &tally,
-                        copies,
-                        Signer::ChainMonitor,
-                        "/v1/chain-monitor/deposit-confirmations",
-                        &body,
-                    )
-                    .await;
-            } else {
-                let Ok(withdrawal) = client
-                    .admin_post(
-                        &tally,
-                        "/v1/admin/withdrawals",
-                        json!({"partner_id": partner, "status": "BROADCASTING",
+                        )
+                        .await
+                    else {
+                        return Ok(());
+                    };
+                    let body = json!({"deposit_id": id_of(&deposit)?});
+                    let _ = client
+                        .copies(
+                            &tally,
+                            copies,
+                            Signer::ChainMonitor,
+                            "/v1/chain-monitor/deposit-confirmations",
+                            &body,
+                        )
+                        .await;
+                } else {
+                    let Ok(withdrawal) = client
+                        .admin_post(
+                            &tally,
+                            "/v1/admin/withdrawals",
+                            json!({"partner_id": partner, "status": "BROADCASTING",
                                "currency": "USDT", "amount": amount,
                                "to_address": format!("0xaddress{i}")}),
-                    )
-                    .await
-                else {
-                    return Ok(());
-                };
-                let body = json!({"withdrawal_id": id_of(&withdrawal)?,
+                        )
+                        .await
+                    else {
+                        return Ok(());
+                    };
+                    let body = json!({"withdrawal_id": id_of(&withdrawal)?,
                                   "tx_hash": format!("0xwithdrawal{i}")});
-                let _ = client
-                    .copies(
-                        &tally,
-                        copies,
-                        Signer::ChainMonitor,
-                        "/v1/chain-monitor/withdrawal-confirmations",
-                        &body,
-                    )
-                    .await;
+                    let _ = client
+                        .copies(
+                            &tally,
+                            copies,
+                            Signer::ChainMonitor,
+                            "/v1/chain-monitor/withdrawal-confirmations",
+                            &body,
+                        )
+                        .await;
+                }
+                Ok(())
             }
-            Ok(())
-        }
-    })
-    .await?;
-    Ok(())
+        })
+        .await
 }
 
 const GATEWAYS: [(&str, &str); 5] = [
@@ -484,9 +617,9 @@ const GATEWAYS: [(&str, &str); 5] = [
 async fn payment_completions(
     profile: &Profile,
     client: &Client,
-    charges: usize,
+    schedule: Schedule,
     tally: Arc<Tally>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let now = chrono::Utc::now();
     client
         .admin_post(
@@ -498,7 +631,7 @@ async fn payment_completions(
                    "available_count": 1_000_000}),
         )
         .await?;
-    let members = (charges / 8).max(3);
+    let members = (schedule.setup_items() / 8).max(3);
     let mut member_ids = Vec::with_capacity(members);
     for m in 0..members {
         member_ids.push(id_of(
@@ -513,53 +646,67 @@ async fn payment_completions(
     }
     let member_ids = Arc::new(member_ids);
     let (client, copies) = (client.clone(), profile.copies);
-    drive(charges, profile.concurrency, move |i| {
-        let (client, tally, member_ids) = (client.clone(), tally.clone(), member_ids.clone());
-        async move {
-            let (gateway, path) = GATEWAYS[i % GATEWAYS.len()];
-            let price = format!("{}", 1_000 + i % 7 * 100);
-            let Ok(charge) = client
-                .admin_post(
-                    &tally,
-                    "/v1/admin/charges",
-                    json!({"member_id": member_ids[i % member_ids.len()], "cans": 10 + i % 5,
+    schedule
+        .send(profile.concurrency, move |i| {
+            let (client, tally, member_ids) = (client.clone(), tally.clone(), member_ids.clone());
+            async move {
+                let (gateway, path) = GATEWAYS[i % GATEWAYS.len()];
+                let price = format!("{}", 1_000 + i % 7 * 100);
+                let Ok(charge) = client
+                    .admin_post(
+                        &tally,
+                        "/v1/admin/charges",
+                        json!({"member_id": member_ids[i % member_ids.len()], "cans": 10 + i % 5,
                            "price": price, "payment_gateway": gateway, "method": "card"}),
-                )
-                .await
-            else {
-                return Ok(());
-            };
-            let body = json!({"charge_id": id_of(&charge)?, "gateway_tx_id": format!("gw-{i}"),
+                    )
+                    .await
+                else {
+                    return Ok(());
+                };
+                let body = json!({"charge_id": id_of(&charge)?, "gateway_tx_id": format!("gw-{i}"),
                               "amount": price});
-            let calls = (0..copies).map(|copy| {
-                let call = if copy % 2 == 0 { "webhook" } else { "verify" };
-                let url = format!("/v1/payments/{path}/{call}");
-                let (client, tally, body) = (client.clone(), tally.clone(), body.clone());
-                async move {
-                    client
-                        .call(&tally, Signer::PaymentService, Method::POST, &url, &body)
-                        .await
-                }
-            });
-            futures_util::future::join_all(calls).await;
-            Ok(())
-        }
-    })
-    .await?;
-    Ok(())
+                let calls = (0..copies).map(|copy| {
+                    let call = if copy % 2 == 0 { "webhook" } else { "verify" };
+                    let url = format!("/v1/payments/{path}/{call}");
+                    let (client, tally, body) = (client.clone(), tally.clone(), body.clone());
+                    async move {
+                        client
+                            .call(&tally, Signer::PaymentService, Method::POST, &url, &body)
+                            .await
+                    }
+                });
+                futures_util::future::join_all(calls).await;
+                Ok(())
+            }
+        })
+        .await
 }
 
 /// W4: clients place orders on several markets (and fill one in three, in full or in part);
 /// when half of a market's orders are placed, ops suspend it (`copies` suspend calls at once)
-/// while the clients go on placing (refused from then on) and filling.
+/// while the clients go on placing (refused from then on) and filling. All at once the orders
+/// go round the markets; paced, each market takes the orders of [`PACED_MARKET_LIFETIME`] in
+/// turn, so suspensions (and their cancels) spread over the run. A market whose half was never
+/// placed (the deadline came first) is suspended at the end. The orders sent and the markets.
 async fn market_orders(
     profile: &Profile,
     client: &Client,
-    orders: usize,
+    schedule: Schedule,
     tally: Arc<Tally>,
-) -> anyhow::Result<usize> {
-    let markets = (orders / 100).max(2);
-    let per_market = orders.div_ceil(markets);
+) -> anyhow::Result<(usize, usize)> {
+    let orders = schedule.items;
+    let (markets, per_market) = match schedule.pace {
+        None => {
+            let markets = (orders / 100).max(2);
+            (markets, orders.div_ceil(markets))
+        }
+        Some(pace) => {
+            let per_market =
+                ((pace.per_second * PACED_MARKET_LIFETIME.as_secs_f64()) as usize).max(100);
+            (orders.div_ceil(per_market).max(2), per_market)
+        }
+    };
+    let paced = schedule.pace.is_some();
     let mut symbols = Vec::with_capacity(markets);
     for m in 0..markets {
         let symbol = format!("CHAOS{m}");
@@ -573,8 +720,14 @@ async fn market_orders(
         Arc::new((0..markets).map(|_| AtomicUsize::new(0)).collect());
     let (client, copies) = (client.clone(), profile.copies);
     let suspends = Arc::new(Mutex::new(Vec::new()));
-    drive(orders, profile.concurrency, {
-        let suspends = suspends.clone();
+    let sent = schedule.send(profile.concurrency, {
+        let (client, tally, symbols, placed, suspends) = (
+            client.clone(),
+            tally.clone(),
+            symbols.clone(),
+            placed.clone(),
+            suspends.clone(),
+        );
         move |i| {
             let (client, tally, symbols, placed, suspends) = (
                 client.clone(),
@@ -584,7 +737,11 @@ async fn market_orders(
                 suspends.clone(),
             );
             async move {
-                let market = i % symbols.len();
+                let market = if paced {
+                    (i / per_market).min(symbols.len() - 1)
+                } else {
+                    i % symbols.len()
+                };
                 let symbol = &symbols[market];
                 if placed[market].fetch_add(1, Ordering::SeqCst) == per_market / 2 {
                     let (client, tally, symbol) = (client.clone(), tally.clone(), symbol.clone());
@@ -628,5 +785,19 @@ async fn market_orders(
     for suspend in pending {
         suspend.await?;
     }
-    Ok(markets)
+    for (symbol, placed) in symbols.iter().zip(placed.iter()) {
+        if placed.load(Ordering::SeqCst) <= per_market / 2 {
+            let path = format!("/v1/admin/markets/{symbol}/suspend");
+            let _ = client
+                .copies(
+                    &tally,
+                    copies,
+                    Signer::Admin,
+                    &path,
+                    &json!({"note": "chaos"}),
+                )
+                .await;
+        }
+    }
+    Ok((sent, markets))
 }

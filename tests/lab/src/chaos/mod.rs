@@ -20,31 +20,32 @@
 //! delivered or FAILED. Exit 1 on any violation.
 
 mod broker;
-mod checks;
-mod duplicator;
+pub(crate) mod checks;
+pub(crate) mod duplicator;
 mod faults;
-mod fleet;
-mod load;
-mod outside;
-mod report;
+pub(crate) mod fleet;
+pub(crate) mod load;
+pub(crate) mod outside;
+pub(crate) mod report;
+pub(crate) mod stage;
 
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use paybus_lab::services::PrivateService;
-use paybus_platform::{Settings, bus::Services, db};
+use paybus_platform::Settings;
 
 use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;
 
 use self::{
-    fleet::Fleet,
     report::{Figures, Report},
+    stage::Stage,
 };
 
 /// How much load and how many faults: `--quick` (CI) or the full profile, each value
@@ -286,14 +287,14 @@ fn repository_dir() -> PathBuf {
 }
 
 /// The run's own MariaDB and RabbitMQ, in one state folder.
-struct OwnServices {
+pub(crate) struct OwnServices {
     mariadb: Arc<PrivateService>,
     rabbitmq: Arc<OwnBroker>,
 }
 
 impl OwnServices {
     /// Kills what a previous run in `state_dir` left running, wipes it, starts both.
-    async fn start(state_dir: PathBuf, broker_nodes: usize) -> anyhow::Result<Self> {
+    pub(crate) async fn start(state_dir: PathBuf, broker_nodes: usize) -> anyhow::Result<Self> {
         tokio::task::spawn_blocking(move || {
             // A previous run killed before its end left its servers running: kill them by
             // their pid files. Everything that names a service is overridden, so that a
@@ -324,6 +325,22 @@ impl OwnServices {
         .await?
     }
 
+    /// Kills both, keeping the state folder (the logs) for whoever reads the report.
+    pub(crate) async fn shut_down(self) -> anyhow::Result<()> {
+        let Self { mariadb, rabbitmq } = self;
+        tokio::task::spawn_blocking(move || {
+            // The run has ended, so these are the last handles.
+            if let Ok(mariadb) = Arc::try_unwrap(mariadb) {
+                mariadb.kill_keeping_state();
+            }
+            if let Ok(rabbitmq) = Arc::try_unwrap(rabbitmq) {
+                rabbitmq.kill_keeping_state();
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// The harness's own settings: the run's database, and the broker's nodes from node 1.
     fn settings(&self) -> anyhow::Result<Settings> {
         let mut settings = Settings::from_vars(
@@ -343,9 +360,6 @@ impl OwnServices {
     }
 }
 
-/// How long the harness's own parts (the duplicator, the API) may take to stop.
-const STOP_WITHIN: Duration = Duration::from_secs(30);
-
 pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let profile = Profile::from_args(&args)?;
     // The layout is the process's (the checks ask the catalog for its queues) and every
@@ -354,19 +368,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     paybus_platform::bus::topology::install_shards(layout.clone()).map_err(|other| {
         anyhow::anyhow!("PAYBUS_SHARDS={other} is set: run chaos with --shards instead")
     })?;
-    let bin_dir = match &args.bin_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the directory of this paybus-lab binary")?
-            .to_path_buf(),
-    };
-    let binaries = fleet::binaries(&bin_dir, &args.substitutes)?;
-    let state_dir = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| repository_dir().join(".local/chaos"));
-    let state_dir = std::path::absolute(&state_dir)?;
+    let binaries = fleet::binaries(&fleet::bin_dir(args.bin_dir.as_deref())?, &args.substitutes)?;
+    let state_dir = state_dir(args.state_dir.as_deref(), ".local/chaos")?;
     eprintln!(
         "chaos ({} profile, seed {}): starting MariaDB and RabbitMQ ({} node{}) of its own in {}",
         profile.name,
@@ -377,18 +380,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     );
     let own = OwnServices::start(state_dir.clone(), profile.broker_nodes).await?;
     let result = drive(&profile, &own, &binaries, &state_dir).await;
-    let OwnServices { mariadb, rabbitmq } = own;
-    tokio::task::spawn_blocking(move || {
-        // The fault schedule has ended, so these are the last handles; the state folder (logs)
-        // stays for whoever reads the report.
-        if let Ok(mariadb) = Arc::try_unwrap(mariadb) {
-            mariadb.kill_keeping_state();
-        }
-        if let Ok(rabbitmq) = Arc::try_unwrap(rabbitmq) {
-            rabbitmq.kill_keeping_state();
-        }
-    })
-    .await?;
+    own.shut_down().await?;
     let report = result?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -402,54 +394,31 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `--state-dir`, or `default` in the repository; absolute.
+pub(crate) fn state_dir(asked: Option<&Path>, default: &str) -> anyhow::Result<PathBuf> {
+    let dir = asked.map_or_else(|| repository_dir().join(default), Path::to_path_buf);
+    Ok(std::path::absolute(&dir)?)
+}
+
 async fn drive(
     profile: &Profile,
     own: &OwnServices,
     binaries: &[fleet::Binary],
     state_dir: &Path,
 ) -> anyhow::Result<Report> {
-    let settings = own.settings()?;
-    let services = Services::connect(settings.clone())
-        .await
-        .context("while connecting to the run's own database and broker")?;
-    db::migrate(&services.pool).await?;
-    services.declare_topology(&paybus_catalog::queues()).await?;
-
-    let outside = outside::World::start(profile).await;
-    let api = outside::start_api(&services, &outside).await?;
-    let stop = CancellationToken::new();
-    let duplicator = duplicator::Duplicator::start(&services, profile, stop.clone()).await?;
-    let depth = report::DepthWatch::start(services.link.clone(), stop.clone());
-
-    let mut env = fleet::environment(&settings, &outside);
-    // Always set (empty: none sharded), so no value inherited from this shell applies.
-    env.insert(
-        paybus_platform::bus::topology::Shards::VARIABLE.to_owned(),
-        settings.broker.shards.to_string(),
-    );
-    // Each process its own order of the nodes: the connections spread over the cluster, so
-    // any node's death moves some of them.
-    let node_orders: Vec<String> = (1..=own.rabbitmq.nodes())
-        .map(|first| {
-            own.rabbitmq
-                .settings(&settings.broker, first)
-                .to_env_value()
-        })
-        .collect();
-    let fleet = Arc::new(Fleet::start(binaries, env, &node_orders, &state_dir.join("logs")).await?);
-    let started = Instant::now();
-    let started_at = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let stage = Stage::start(profile, own, binaries, state_dir).await?;
+    let started = stage.started;
 
     let faults_stop = CancellationToken::new();
     let faults = tokio::spawn(faults::run(
         profile.clone(),
-        fleet.clone(),
+        stage.fleet.clone(),
         own.mariadb.clone(),
         own.rabbitmq.clone(),
-        outside.clone(),
+        stage.outside.clone(),
         faults_stop.clone(),
     ));
-    let load = load::run(profile, &api, &outside).await;
+    let load = load::run(profile, &stage.api, &stage.outside).await;
     let load_sent = started.elapsed();
     // The faults run at least their window, then stop.
     let window_left = profile.fault_window.saturating_sub(started.elapsed());
@@ -458,64 +427,22 @@ async fn drive(
     let fault_log = faults.await?;
     let load = load?;
 
-    let quiet_from = Instant::now();
-    let quiescence =
-        checks::await_quiescence(&services, &duplicator, &load, profile.quiescence_timeout).await;
-    let time_to_quiescence = quiet_from.elapsed();
-    let fleet = Arc::try_unwrap(fleet)
-        .map_err(|_| anyhow::anyhow!("the fault schedule still holds the fleet"))?;
-    let exits = fleet.stop().await;
-    // A harness part that does not stop is a finding of the run, not a hang of it (a 4-shard
-    // run once sat here for minutes under a loaded machine, with nothing said).
-    let mut unstopped = Vec::new();
-    if tokio::time::timeout(STOP_WITHIN, duplicator.stop())
-        .await
-        .is_err()
-    {
-        unstopped.push(checks::violation(
-            "harness_did_not_stop",
-            format!(
-                "the duplicator was still running {} s after its stop",
-                STOP_WITHIN.as_secs()
-            ),
-        ));
-    }
-    stop.cancel();
-    if tokio::time::timeout(STOP_WITHIN, api.stop()).await.is_err() {
-        unstopped.push(checks::violation(
-            "harness_did_not_stop",
-            format!(
-                "the API still had requests in flight {} s after its stop",
-                STOP_WITHIN.as_secs()
-            ),
-        ));
-    }
-
-    let mut violations = checks::run_all(
-        &services,
-        &duplicator,
-        &load,
-        &outside.quotes,
-        started_at,
-        quiescence,
-    )
-    .await?;
-    violations.extend(unstopped);
+    let outside = stage.outside.clone();
+    let ending = stage.finish(&load, profile.quiescence_timeout).await?;
+    let mut violations = ending.violations;
     violations.extend(
         fault_log
             .iter()
             .filter(|fault| fault.what.ends_with("FAILED"))
             .map(|fault| checks::violation("fault_not_applied", fault.what.clone())),
     );
-    let counts = checks::counts(&services.pool).await?;
-    let dead_letters = checks::dead_letters_by_reason(&services.pool).await?;
     Ok(Report {
         profile: profile.clone(),
         figures: Figures {
             load_sent,
-            time_to_quiescence,
+            time_to_quiescence: ending.time_to_quiescence,
             total: started.elapsed(),
-            peak_queue_depth: depth.peak(),
+            peak_queue_depth: ending.peak_queue_depth,
             broker_node_kills: fault_log
                 .iter()
                 .filter(|fault| {
@@ -523,9 +450,9 @@ async fn drive(
                         && !fault.what.ends_with("FAILED")
                 })
                 .count() as u64,
-            messages_seen: duplicator.seen(),
-            copies_published: duplicator.copies(),
-            malformed_injected: duplicator.malformed().len() as u64,
+            messages_seen: ending.messages_seen,
+            copies_published: ending.copies_published,
+            malformed_injected: ending.malformed_injected,
             quote_calls: outside.quotes.quote_calls(),
             trade_calls: outside.quotes.trade_calls(),
             webhook_posts: outside.webhooks.posts(),
@@ -533,9 +460,9 @@ async fn drive(
         },
         load,
         faults: fault_log,
-        process_exits: exits,
-        counts,
-        dead_letters,
+        process_exits: ending.process_exits,
+        counts: ending.counts,
+        dead_letters: ending.dead_letters,
         violations,
         state_dir: state_dir.to_path_buf(),
     })

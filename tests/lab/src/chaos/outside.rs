@@ -19,19 +19,19 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::m
 
 use super::Profile;
 
-pub(super) const CHAIN_MONITOR_SECRET: &str = "chaos-chain-monitor-secret";
-pub(super) const PAYMENTS_SECRET: &str = "chaos-payment-service-secret";
+pub(crate) const CHAIN_MONITOR_SECRET: &str = "chaos-chain-monitor-secret";
+pub(crate) const PAYMENTS_SECRET: &str = "chaos-payment-service-secret";
 const ADMIN_JWT_SECRET: &str = "chaos-admin-jwt-secret-of-32-chars-or-more";
 const PARTNER_KEY_HASH_KEY: &str = "chaos-partner-key-hash-key-of-32-chars-or-more";
-pub(super) const QUOTE_API_KEY: &str = "chaos-quote-api-key";
+pub(crate) const QUOTE_API_KEY: &str = "chaos-quote-api-key";
 /// One quote service call; a createTrade slower than this is a timeout.
-pub(super) const QUOTE_TIMEOUT: Duration = Duration::from_millis(1_000);
+pub(crate) const QUOTE_TIMEOUT: Duration = Duration::from_millis(1_000);
 /// How long the quote service takes when it is healthy.
-pub(super) const QUOTE_DELAY: Duration = Duration::from_millis(30);
+pub(crate) const QUOTE_DELAY: Duration = Duration::from_millis(30);
 
 /// The partners' webhook endpoint: 200, or 503 while an outage lasts.
 #[derive(Clone, Default)]
-pub(super) struct Webhooks {
+pub(crate) struct Webhooks {
     /// Milliseconds since `epoch` until which every POST is refused.
     failing_until_ms: Arc<AtomicU64>,
     epoch: Arc<Mutex<Option<Instant>>>,
@@ -45,16 +45,16 @@ impl Webhooks {
         epoch.get_or_insert_with(Instant::now).elapsed().as_millis() as u64
     }
 
-    pub(super) fn fail_for(&self, outage: Duration) {
+    pub(crate) fn fail_for(&self, outage: Duration) {
         let until = self.now_ms() + outage.as_millis() as u64;
         self.failing_until_ms.store(until, Ordering::SeqCst);
     }
 
-    pub(super) fn posts(&self) -> u64 {
+    pub(crate) fn posts(&self) -> u64 {
         self.posts.load(Ordering::Relaxed)
     }
 
-    pub(super) fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
 }
@@ -72,15 +72,15 @@ impl Respond for Webhooks {
 
 /// The stubs a run starts, shared by the load, the fault schedule and the report.
 #[derive(Clone)]
-pub(super) struct World {
-    pub(super) quotes: Arc<QuoteStub>,
-    pub(super) webhooks: Webhooks,
-    pub(super) webhook_url: String,
+pub(crate) struct World {
+    pub(crate) quotes: Arc<QuoteStub>,
+    pub(crate) webhooks: Webhooks,
+    pub(crate) webhook_url: String,
     _webhook_server: Arc<MockServer>,
 }
 
 impl World {
-    pub(super) async fn start(_profile: &Profile) -> Self {
+    pub(crate) async fn start(_profile: &Profile) -> Self {
         let quotes = Arc::new(QuoteStub::with_delay(QUOTE_DELAY).await);
         let webhooks = Webhooks::default();
         let server = MockServer::start().await;
@@ -99,21 +99,21 @@ impl World {
 
 /// The HTTP API, in this process (the clients' entry point; the functions are the processes
 /// the schedule kills).
-pub(super) struct Api {
-    pub(super) base: String,
-    pub(super) admin_token: String,
+pub(crate) struct Api {
+    pub(crate) base: String,
+    pub(crate) admin_token: String,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Api {
-    pub(super) async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
     }
 }
 
-pub(super) async fn start_api(services: &Services, world: &World) -> anyhow::Result<Api> {
+pub(crate) async fn start_api(services: &Services, world: &World) -> anyhow::Result<Api> {
     let vars = Vars::new(
         [
             ("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET),

@@ -47,7 +47,7 @@ pub struct Figures {
     pub webhook_refused: u64,
 }
 
-fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64((d.as_secs_f64() * 10.0).round() / 10.0)
 }
 
@@ -216,12 +216,12 @@ impl fmt::Display for Report {
 }
 
 /// Samples the ready messages of every queue twice a second; keeps the peak of their sum.
-pub(super) struct DepthWatch {
+pub(crate) struct DepthWatch {
     peak: Arc<AtomicU64>,
 }
 
 impl DepthWatch {
-    pub(super) fn start(link: BrokerLink, stop: CancellationToken) -> Self {
+    pub(crate) fn start(link: BrokerLink, stop: CancellationToken) -> Self {
         let peak = Arc::new(AtomicU64::new(0));
         let queues: Vec<String> = paybus_catalog::queues().iter().map(|q| q.queue()).collect();
         tokio::spawn({
@@ -248,7 +248,7 @@ impl DepthWatch {
         Self { peak }
     }
 
-    pub(super) fn peak(&self) -> u64 {
+    pub(crate) fn peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }
 }

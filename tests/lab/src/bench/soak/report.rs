@@ -1,0 +1,355 @@
+//! The soak's report: every window, the samples behind the plot, and a summary that sets the
+//! last window against the first one after the warm-up — what a leak (RSS), a drift (p99) or
+//! a backlog (outbox, queues) would show. The summary informs; only the exactly-once checks
+//! at quiescence fail the run.
+
+use std::{fmt, path::PathBuf, time::Duration};
+
+use serde::Serialize;
+
+use super::{
+    SoakPlan, Workflow,
+    figures::{Throughput, Window},
+    samples::{HARNESS, Sample},
+};
+use crate::chaos::{
+    checks::{DeadLetters, Violation},
+    load::Load,
+    report::seconds,
+};
+
+/// The targets: RSS growth and p99 drift after the warm-up, at most.
+pub(crate) const RSS_GROWTH_TARGET: f64 = 0.10;
+pub(crate) const P99_DRIFT_TARGET: f64 = 0.20;
+
+/// A backlog may grow by this many, or a tenth of itself, and still be flat: a handful of
+/// messages in flight at a window's end is the load, not a backlog.
+const BACKLOG_FLOOR: i64 = 100;
+
+/// One point of a workflow's series (the plot's throughput and p99 lines).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Point {
+    pub(crate) at_s: f64,
+    pub(crate) per_second: f64,
+    pub(crate) p99_ms: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Series {
+    pub(crate) workflow: Workflow,
+    pub(crate) points: Vec<Point>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SoakReport {
+    pub(crate) plan: SoakPlan,
+    pub(crate) windows: Vec<Window>,
+    pub(crate) samples: Vec<Sample>,
+    pub(crate) series: Vec<Series>,
+    pub(crate) summary: Summary,
+    pub(crate) load: Load,
+    #[serde(serialize_with = "seconds")]
+    pub(crate) load_sent: Duration,
+    #[serde(serialize_with = "seconds")]
+    pub(crate) time_to_quiescence: Duration,
+    pub(crate) peak_queue_depth: u64,
+    pub(crate) messages_seen: u64,
+    pub(crate) copies_published: u64,
+    pub(crate) dead_letters: Vec<DeadLetters>,
+    pub(crate) violations: Vec<Violation>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) plot: Option<PathBuf>,
+}
+
+/// A figure at the first window after the warm-up and at the last one.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Change<T> {
+    pub(crate) what: String,
+    pub(crate) from: T,
+    pub(crate) to: T,
+    /// `to / from - 1`.
+    pub(crate) change: f64,
+}
+
+fn change<T: Copy + Into<f64>>(what: String, from: T, to: T) -> Change<T> {
+    let (a, b) = (from.into(), to.into());
+    Change {
+        what,
+        from,
+        to,
+        change: if a > 0.0 { b / a - 1.0 } else { 0.0 },
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Summary {
+    /// The windows compared (None: fewer than three windows, nothing to compare after the
+    /// warm-up).
+    pub(crate) compared: Option<(u32, u32)>,
+    /// Every process's RSS, KiB.
+    pub(crate) rss: Vec<Change<u32>>,
+    /// The function processes' largest growth (the target's figure: the harness holds the
+    /// load's tallies, and MariaDB fills its buffer pool, both by design).
+    pub(crate) largest_function_rss_growth: Option<f64>,
+    pub(crate) p99_ms: Vec<Change<f64>>,
+    pub(crate) largest_p99_drift: Option<f64>,
+    pub(crate) outbox_backlog: Option<(i64, i64)>,
+    pub(crate) queue_depth: Option<(u64, u64)>,
+    pub(crate) backlog_flat: Option<bool>,
+    /// Items not terminal once the run went quiet (each one a violation too).
+    pub(crate) stuck: Vec<(String, i64)>,
+}
+
+fn is_function(process: &str) -> bool {
+    process != HARNESS && process != "mariadb" && process != "rabbitmq"
+}
+
+impl Summary {
+    pub(crate) fn of(windows: &[Window], stuck: &[(String, i64)]) -> Self {
+        let mut summary = Self {
+            compared: None,
+            rss: Vec::new(),
+            largest_function_rss_growth: None,
+            p99_ms: Vec::new(),
+            largest_p99_drift: None,
+            outbox_backlog: None,
+            queue_depth: None,
+            backlog_flat: None,
+            stuck: stuck.to_vec(),
+        };
+        let (Some(first), Some(last)) = (windows.get(1), windows.last()) else {
+            return summary;
+        };
+        if windows.len() < 3 {
+            return summary;
+        }
+        summary.compared = Some((first.n, last.n));
+        for (process, &from) in &first.rss_kib {
+            if let Some(&to) = last.rss_kib.get(process) {
+                let kib = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+                summary
+                    .rss
+                    .push(change(process.clone(), kib(from), kib(to)));
+            }
+        }
+        summary.largest_function_rss_growth = summary
+            .rss
+            .iter()
+            .filter(|c| is_function(&c.what))
+            .map(|c| c.change)
+            .reduce(f64::max);
+        let p99 = |w: &Window, workflow: Workflow| -> Option<f64> {
+            w.workflows
+                .iter()
+                .find(|t: &&Throughput| t.workflow == workflow)?
+                .p99_ms
+        };
+        for workflow in Workflow::ALL {
+            if let (Some(from), Some(to)) = (p99(first, workflow), p99(last, workflow)) {
+                summary
+                    .p99_ms
+                    .push(change(workflow.name().to_owned(), from, to));
+            }
+        }
+        summary.largest_p99_drift = summary.p99_ms.iter().map(|c| c.change).reduce(f64::max);
+        summary.outbox_backlog = Some((first.outbox_backlog, last.outbox_backlog));
+        summary.queue_depth = Some((first.queue_depth, last.queue_depth));
+        let flat = |from: i64, to: i64| to <= from + BACKLOG_FLOOR.max(from / 10);
+        summary.backlog_flat = Some(
+            flat(first.outbox_backlog, last.outbox_backlog)
+                && flat(
+                    i64::try_from(first.queue_depth).unwrap_or(i64::MAX),
+                    i64::try_from(last.queue_depth).unwrap_or(i64::MAX),
+                ),
+        );
+        summary
+    }
+}
+
+fn verdict(value: Option<f64>, target: f64) -> String {
+    match value {
+        None => "not compared".to_owned(),
+        Some(v) if v <= target => format!(
+            "{:+.1} % (target ≤ {:.0} %: met)",
+            v * 100.0,
+            target * 100.0
+        ),
+        Some(v) => format!(
+            "{:+.1} % (target ≤ {:.0} %: NOT met)",
+            v * 100.0,
+            target * 100.0
+        ),
+    }
+}
+
+impl SoakReport {
+    pub(crate) fn summary_text(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for SoakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.plan.rates;
+        writeln!(
+            f,
+            "\nsoak: {:.1} min, windows of {:.1} min, every message ×{}; rates/s p2p {}, confirmations {}, bonuses {}, markets {}",
+            self.plan.lasting.as_secs_f64() / 60.0,
+            self.plan.window.as_secs_f64() / 60.0,
+            self.plan.copies,
+            r.p2p,
+            r.confirmations,
+            r.bonuses,
+            r.markets
+        )?;
+        let s = &self.summary;
+        match s.compared {
+            Some((from, to)) => writeln!(f, "summary: window {to} against window {from}")?,
+            None => writeln!(
+                f,
+                "summary: fewer than three windows, nothing compared after the warm-up"
+            )?,
+        }
+        writeln!(
+            f,
+            "  RSS growth, largest of the functions: {}",
+            verdict(s.largest_function_rss_growth, RSS_GROWTH_TARGET)
+        )?;
+        for c in &s.rss {
+            writeln!(
+                f,
+                "    {:<36} {:>8.1} → {:>8.1} MiB  {:+.1} %",
+                c.what,
+                f64::from(c.from) / 1024.0,
+                f64::from(c.to) / 1024.0,
+                c.change * 100.0
+            )?;
+        }
+        writeln!(
+            f,
+            "  p99 drift, largest: {}",
+            verdict(s.largest_p99_drift, P99_DRIFT_TARGET)
+        )?;
+        for c in &s.p99_ms {
+            writeln!(
+                f,
+                "    {:<14} {:>8.0} → {:>8.0} ms  {:+.1} %",
+                c.what,
+                c.from,
+                c.to,
+                c.change * 100.0
+            )?;
+        }
+        if let (Some((ob_from, ob_to)), Some((q_from, q_to)), Some(flat)) =
+            (s.outbox_backlog, s.queue_depth, s.backlog_flat)
+        {
+            writeln!(
+                f,
+                "  backlog: outbox {ob_from} → {ob_to}, queued {q_from} → {q_to}: {}",
+                if flat { "flat" } else { "GROWING" }
+            )?;
+        }
+        if s.stuck.is_empty() {
+            writeln!(f, "  stuck after quiescence: nothing")?;
+        } else {
+            for (what, n) in &s.stuck {
+                writeln!(f, "  STUCK after quiescence: {what}: {n}")?;
+            }
+        }
+        writeln!(
+            f,
+            "  load sent in {:.1?}, quiet {:.1?} later; peak queue depth {}; messages seen {}, copies {}",
+            self.load_sent,
+            self.time_to_quiescence,
+            self.peak_queue_depth,
+            self.messages_seen,
+            self.copies_published
+        )?;
+        if self.dead_letters.is_empty() {
+            writeln!(f, "  dead letters: none")?;
+        }
+        for group in &self.dead_letters {
+            writeln!(
+                f,
+                "  dead letters: {} {} {}",
+                group.function, group.reason, group.count
+            )?;
+        }
+        if let Some(plot) = &self.plot {
+            writeln!(f, "  plot: {}", plot.display())?;
+        }
+        writeln!(f, "  logs: {}", self.state_dir.display())?;
+        if self.violations.is_empty() {
+            writeln!(
+                f,
+                "\nPASSED: every item terminal and exactly once, audit clean, every queue empty"
+            )
+        } else {
+            writeln!(f, "\nFAILED: {} violation(s)", self.violations.len())?;
+            for v in &self.violations {
+                writeln!(f, "  [{}] {}", v.check, v.detail)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn window(n: u32, rss_kib: u64, p99_ms: f64, outbox_backlog: i64) -> Window {
+        Window {
+            n,
+            from_s: 0.0,
+            to_s: 1.0,
+            workflows: vec![Throughput {
+                workflow: Workflow::P2p,
+                finished: 10,
+                per_second: 10.0,
+                p50_ms: Some(p99_ms / 2.0),
+                p99_ms: Some(p99_ms),
+            }],
+            rss_kib: BTreeMap::from([
+                ("match-deposit".to_owned(), rss_kib),
+                (HARNESS.to_owned(), rss_kib * 10),
+            ]),
+            tables: Vec::new(),
+            outbox_backlog,
+            dead_letters: 0,
+            dead_letters_new: 0,
+            queue_depth: 0,
+            peak_queue_depth: 0,
+            queues: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_summary_compares_the_last_window_with_the_first_after_the_warm_up() {
+        let windows = [
+            window(1, 1_000, 900.0, 0),
+            window(2, 10_000, 100.0, 50),
+            window(3, 10_500, 110.0, 60),
+            window(4, 12_000, 150.0, 500),
+        ];
+        let summary = Summary::of(&windows, &[]);
+        assert_eq!(summary.compared, Some((2, 4)));
+        let growth = summary.largest_function_rss_growth.expect("compared");
+        assert!((growth - 0.2).abs() < 1e-9, "{growth}");
+        let drift = summary.largest_p99_drift.expect("compared");
+        assert!((drift - 0.5).abs() < 1e-9, "{drift}");
+        assert_eq!(summary.outbox_backlog, Some((50, 500)));
+        assert_eq!(summary.backlog_flat, Some(false));
+    }
+
+    #[test]
+    fn two_windows_are_too_few_to_compare() {
+        let windows = [window(1, 1_000, 900.0, 0), window(2, 10_000, 100.0, 50)];
+        let summary = Summary::of(&windows, &[]);
+        assert_eq!(summary.compared, None);
+        assert_eq!(summary.largest_p99_drift, None);
+        assert_eq!(summary.backlog_flat, None);
+    }
+}

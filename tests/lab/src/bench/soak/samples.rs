@@ -1,0 +1,176 @@
+//! Every process's resident memory (VmRSS in /proc/<pid>/status: each function is its own OS
+//! process, so the figure is its own) and the messages in the queues, sampled every few
+//! seconds for the plot and at every window's end for the window.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use paybus_platform::bus::Services;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::chaos::{checks, fleet::Fleet};
+
+/// The harness's own process: the HTTP API, the load's clients and the duplicator.
+pub(crate) const HARNESS: &str = "harness (API, clients, duplicator)";
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Sample {
+    /// Seconds since the load started.
+    pub(crate) at_s: f64,
+    /// Resident memory by process, KiB (a process restarting at that moment is missing).
+    pub(crate) rss_kib: BTreeMap<String, u64>,
+    /// Messages ready in every queue (the functions', their dead-letter queues, the tap).
+    pub(crate) queue_depth: u64,
+    /// The queues that had any, by name: where a backlog is.
+    pub(crate) queues: BTreeMap<String, u64>,
+}
+
+struct Source {
+    fleet: Arc<Fleet>,
+    services: Services,
+    /// The run's MariaDB and RabbitMQ write their pids here (`infra/local`'s layout).
+    pid_files: [(&'static str, PathBuf); 2],
+    started: Instant,
+}
+
+impl Source {
+    async fn sample(&self) -> Sample {
+        let mut processes: Vec<(String, Option<u32>)> = self.fleet.pids();
+        processes.push((HARNESS.to_owned(), Some(std::process::id())));
+        for (name, file) in &self.pid_files {
+            processes.push(((*name).to_owned(), pid_in(file)));
+        }
+        let rss_kib = processes
+            .into_iter()
+            .filter_map(|(name, pid)| Some((name, rss_kib(pid?)?)))
+            .collect();
+        let queues: BTreeMap<String, u64> = match checks::queue_depths(&self.services).await {
+            Ok(queues) => queues
+                .into_iter()
+                .map(|(queue, n)| (queue, u64::from(n)))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "soak: queue depths not read");
+                BTreeMap::new()
+            }
+        };
+        Sample {
+            at_s: self.started.elapsed().as_secs_f64(),
+            rss_kib,
+            queue_depth: queues.values().sum(),
+            queues,
+        }
+    }
+}
+
+fn pid_in(file: &Path) -> Option<u32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+/// VmRSS of `pid`, KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+pub(crate) struct Sampler {
+    source: Arc<Source>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    /// Samples already given to a window.
+    windowed: Mutex<usize>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampler {
+    pub(crate) fn start(
+        fleet: Arc<Fleet>,
+        services: Services,
+        state_dir: &Path,
+        every: Duration,
+    ) -> Self {
+        let source = Arc::new(Source {
+            fleet,
+            services,
+            pid_files: [
+                ("mariadb", state_dir.join("mariadb/pid")),
+                ("rabbitmq", state_dir.join("rabbitmq/pid")),
+            ],
+            started: Instant::now(),
+        });
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (source, samples, stop) = (source.clone(), samples.clone(), stop.clone());
+            async move {
+                let mut ticks = tokio::time::interval(every);
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        _ = ticks.tick() => {}
+                    }
+                    let sample = source.sample().await;
+                    lock(&samples).push(sample);
+                }
+            }
+        });
+        Self {
+            source,
+            samples,
+            windowed: Mutex::new(0),
+            stop,
+            task,
+        }
+    }
+
+    /// When the load started (the samples' clock).
+    pub(crate) fn started(&self) -> Instant {
+        self.source.started
+    }
+
+    /// A sample now (kept with the others), and the most messages queued at once since the
+    /// last window's end.
+    pub(crate) async fn window_end(&self) -> (Sample, u64) {
+        let now = self.source.sample().await;
+        let mut samples = lock(&self.samples);
+        samples.push(now.clone());
+        let mut windowed = self
+            .windowed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let peak = samples[*windowed..]
+            .iter()
+            .map(|s| s.queue_depth)
+            .max()
+            .unwrap_or(0);
+        *windowed = samples.len();
+        (now, peak)
+    }
+
+    /// Stops sampling (and lets go of the fleet); every sample, in time order.
+    pub(crate) async fn stop(self) -> Vec<Sample> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        let mut samples = std::mem::take(&mut *lock(&self.samples));
+        samples.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        samples
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
