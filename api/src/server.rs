@@ -5,12 +5,19 @@
 //! - header read timeout: a request's headers must arrive within it; hyper starts the same
 //!   timer when a keep-alive connection goes idle, so it is also the idle timeout;
 //! - body read timeout: a request's body must arrive within it (408);
-//! - connection cap: past it, new connections wait in the listen backlog.
+//! - connection cap: past it, new connections wait in the listen backlog;
+//! - every request runs to its end on a task of its own, even when its client hangs up
+//!   ([`run_to_completion`]).
 //!
 //! Shutdown stops accepting, lets requests in flight finish, then returns.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use axum::{
+    extract::Request,
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
 use hyper::server::conn::http1;
 use hyper_util::{
     rt::{TokioIo, TokioTimer},
@@ -18,7 +25,7 @@ use hyper_util::{
     service::TowerToHyperService,
 };
 use tokio::{net::TcpListener, sync::Semaphore};
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::{ApiError, AppState, router};
@@ -49,7 +56,13 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> Result<(), ApiError> {
     let addr: SocketAddr = listener.local_addr().map_err(ApiError::Serve)?;
-    let service = router(state).layer(RequestBodyTimeoutLayer::new(limits.body_timeout));
+    let requests = TaskTracker::new();
+    let service = router(state)
+        .layer(axum::middleware::from_fn({
+            let requests = requests.clone();
+            move |request: Request, next: Next| run_to_completion(requests.clone(), request, next)
+        }))
+        .layer(RequestBodyTimeoutLayer::new(limits.body_timeout));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let connections = GracefulShutdown::new();
     tracing::info!(%addr, ?limits, "HTTP API listening");
@@ -89,6 +102,24 @@ pub async fn serve_on(
         });
     }
     connections.shutdown().await;
+    // Requests whose clients hung up are not connections any more, but still run.
+    requests.close();
+    requests.wait().await;
     tracing::info!(%addr, "HTTP API stopped");
     Ok(())
+}
+
+/// Runs the request on a task of its own, so it ends as its handler decides even when its
+/// client hangs up. hyper drops a request's future when the connection closes: a payment
+/// completion cut off while waiting on a member's lock was then never applied, and a handler
+/// cut off inside a transaction handed its connection back to the pool mid-transaction (the
+/// soak saw the next request on it fail with MySQL 1568). An answer nobody reads is dropped.
+async fn run_to_completion(requests: TaskTracker, request: Request, next: Next) -> Response {
+    match requests.spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(failed) => {
+            tracing::error!(error = %failed, "a request's task failed");
+            ApiError::Internal(Box::new(failed)).into_response()
+        }
+    }
 }

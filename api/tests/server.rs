@@ -282,3 +282,92 @@ async fn unknown_fields_are_refused_on_every_route() {
         "{body}"
     );
 }
+
+/// Statements running on this test's own database (other tests run beside it) from other
+/// connections than this one: here, the completion waiting on the member's lock. sqlx
+/// prepares, so they show as `Execute`; `innodb_trx` does not always list a transaction
+/// waiting on its first row lock.
+async fn statements_waiting(api: &Api) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.processlist \
+         WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command IN ('Query', 'Execute')",
+    )
+    .fetch_one(&api.env.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_request_whose_client_hangs_up_mid_transaction_still_finishes_it() {
+    // A payment completion whose client went away while its transaction waited on a lock
+    // (a proxy's timeout, a crashed caller). Cut off there, it would leave its connection
+    // to the pool mid-transaction — the soak saw the next request on it fail with MySQL
+    // 1568 — and whether the payment was applied would depend on when the client left.
+    let api = Api::new().await;
+    let member = paybus_bonuses::testing::member(&api.env.db).await;
+    let purchase = paybus_bonuses::testing::purchase(
+        &api.env.db,
+        member,
+        paybus_bonuses::charge::PaymentGateway::Pg,
+        10,
+    )
+    .await;
+    let paid = purchase.paid();
+    let body = serde_json::json!({"charge_id": paid.charge_id, "gateway_tx_id": paid.gateway_tx_id,
+                                  "amount": paid.amount.to_string()})
+    .to_string();
+    let mut holder = api.env.db.begin().await.unwrap();
+    sqlx::query("SELECT id FROM members WHERE id = ? FOR UPDATE")
+        .bind(member)
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let (addr, shutdown) = serve_with(&api, Limits::default()).await;
+
+    let client = tokio::spawn(
+        reqwest::Client::new()
+            .post(format!("http://{addr}/v1/payments/pg/webhook"))
+            .header("content-type", "application/json")
+            .header(
+                signature::HEADER,
+                signature::sign(PAYMENTS_SECRET.as_bytes(), now(), body.as_bytes()),
+            )
+            .body(body)
+            .send(),
+    );
+    let mut waited = 0;
+    while statements_waiting(&api).await == 0 {
+        waited += 1;
+        if waited == 400 || client.is_finished() {
+            let answer = match client.await.unwrap() {
+                Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+                Err(e) => e.to_string(),
+            };
+            panic!("the completion never waited on the member's lock: {answer:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // The client gives up: its connection closes.
+    client.abort();
+    // Long enough for the server to see the hang-up before the lock goes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.commit().await.unwrap();
+
+    let mut status = String::new();
+    for _ in 0..100 {
+        status = sqlx::query_scalar("SELECT payment_status FROM charges WHERE id = ?")
+            .bind(purchase.id)
+            .fetch_one(&api.env.db)
+            .await
+            .unwrap();
+        if status == "COMPLETE" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status, "COMPLETE",
+        "the completion was abandoned with its client"
+    );
+    shutdown.cancel();
+}
