@@ -303,6 +303,7 @@ async fn soak(
             &profile,
             &stage.api,
             &stage.outside,
+            &pool,
             Plan::Paced(plan.rates, plan.lasting)
         ),
         windows

@@ -57,6 +57,9 @@ struct Schedule {
 #[derive(Debug, Clone, Copy)]
 struct Pace {
     per_second: f64,
+    /// The load's start: item `i` is due `i / per_second` after it, setup included, so a
+    /// driver whose setup took a while catches up instead of running past the soak's end.
+    from: tokio::time::Instant,
     lasting: Duration,
 }
 
@@ -73,11 +76,12 @@ impl Schedule {
         Self { items, pace: None }
     }
 
-    fn paced(per_second: f64, lasting: Duration) -> Self {
+    fn paced(per_second: f64, from: tokio::time::Instant, lasting: Duration) -> Self {
         Self {
             items: (per_second * lasting.as_secs_f64()).ceil() as usize,
             pace: Some(Pace {
                 per_second,
+                from,
                 lasting,
             }),
         }
@@ -92,7 +96,7 @@ impl Schedule {
     }
 
     /// Runs `work(i)` for every item on `concurrency` tasks: all at once, or item `i` not
-    /// before `i / rate` seconds from now and none from the deadline on (a driver behind its
+    /// before `i / rate` seconds from the load's start and none from the deadline on (a driver behind its
     /// pace sends as fast as its concurrency allows, never more at once). The items sent.
     async fn send<F, Fut>(&self, concurrency: u16, work: F) -> anyhow::Result<usize>
     where
@@ -103,7 +107,7 @@ impl Schedule {
             drive(self.items, concurrency, work).await?;
             return Ok(self.items);
         };
-        let start = tokio::time::Instant::now();
+        let start = pace.from;
         let until = start + pace.lasting;
         let sent = Arc::new(AtomicUsize::new(0));
         drive(self.items, concurrency, {
@@ -128,6 +132,8 @@ impl Schedule {
 
 /// A request that gets no definitive answer (2xx/4xx) within this is lost: a violation.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
+/// How long one attempt of a call that is safe to repeat waits for its answer.
+const CALL_PATIENCE: Duration = Duration::from_secs(15);
 
 /// What one workflow's driver sent and what it was answered.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -139,6 +145,8 @@ pub struct Sent {
     pub answers: BTreeMap<u16, usize>,
     /// Requests that never got a definitive answer (each one a violation).
     pub lost: Vec<String>,
+    /// Fixtures whose create had an unknown outcome and that were found made.
+    pub recovered: usize,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -159,6 +167,11 @@ impl Tally {
         let mut sent = self.0.lock().unwrap_or_else(|p| p.into_inner());
         sent.requests += 1;
         *sent.answers.entry(status).or_default() += 1;
+    }
+
+    fn recovered(&self) {
+        let mut sent = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        sent.recovered += 1;
     }
 
     fn lost(&self, what: String) {
@@ -192,11 +205,67 @@ struct Client {
     http: reqwest::Client,
     base: String,
     admin_token: String,
+    /// The run's database: where a fixture whose create had an unknown outcome is looked for.
+    db: sqlx::MySqlPool,
 }
 
 impl Client {
-    /// One call, retried until a definitive answer: (status, body). Tallied; a call that never
-    /// gets one is tallied as lost and is an error.
+    /// One attempt: a definitive answer (2xx/4xx, but not 408, 429 or a 409 that asks to
+    /// retry), or why the outcome is unknown (a transport error or timeout after sending, a
+    /// 5xx: the request may or may not have taken effect).
+    async fn attempt(
+        &self,
+        signer: Signer<'_>,
+        method: &Method,
+        path: &str,
+        bytes: &[u8],
+        patience: Duration,
+    ) -> Result<(u16, Value), String> {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .timeout(patience)
+            .header("content-type", "application/json")
+            .body(bytes.to_vec());
+        request = match signer {
+            Signer::Admin => request.bearer_auth(&self.admin_token),
+            Signer::ChainMonitor => request.header(
+                paybus_platform::signature::HEADER,
+                sign(CHAIN_MONITOR_SECRET, bytes),
+            ),
+            Signer::PaymentService => request.header(
+                paybus_platform::signature::HEADER,
+                sign(PAYMENTS_SECRET, bytes),
+            ),
+            Signer::Partner {
+                key,
+                idempotency_key,
+            } => {
+                let request = request.bearer_auth(key);
+                match idempotency_key {
+                    Some(idempotency_key) => request.header("idempotency-key", idempotency_key),
+                    None => request,
+                }
+            }
+        };
+        let response = request.send().await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        // A 409 with Retry-After is "the same request is still running" (a copy under one
+        // Idempotency-Key): a real client waits and asks again.
+        let busy = status == 409 && response.headers().contains_key("retry-after");
+        if status >= 500 || status == 408 || status == 429 || busy {
+            return Err(format!("HTTP {status}"));
+        }
+        Ok((
+            status,
+            response.json::<Value>().await.unwrap_or(Value::Null),
+        ))
+    }
+
+    /// One call, retried until a definitive answer: (status, body). Only for calls a retry
+    /// cannot make twice (signed confirmations and completions, partner calls under their
+    /// keys, admin actions guarded by state); a create of a row is [`Client::create_fixture`].
+    /// Tallied; a call that never gets one is tallied as lost and is an error.
     async fn call(
         &self,
         tally: &Tally,
@@ -206,59 +275,68 @@ impl Client {
         body: &Value,
     ) -> anyhow::Result<(u16, Value)> {
         let bytes = serde_json::to_vec(body)?;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(100);
+        let mut retry = Retry::new();
         loop {
-            let mut request = self
-                .http
-                .request(method.clone(), format!("{}{path}", self.base))
-                .header("content-type", "application/json")
-                .body(bytes.clone());
-            request = match signer {
-                Signer::Admin => request.bearer_auth(&self.admin_token),
-                Signer::ChainMonitor => request.header(
-                    paybus_platform::signature::HEADER,
-                    sign(CHAIN_MONITOR_SECRET, &bytes),
-                ),
-                Signer::PaymentService => request.header(
-                    paybus_platform::signature::HEADER,
-                    sign(PAYMENTS_SECRET, &bytes),
-                ),
-                Signer::Partner {
-                    key,
-                    idempotency_key,
-                } => {
-                    let request = request.bearer_auth(key);
-                    match idempotency_key {
-                        Some(idempotency_key) => request.header("idempotency-key", idempotency_key),
-                        None => request,
-                    }
+            match self
+                .attempt(signer, &method, path, &bytes, CALL_PATIENCE)
+                .await
+            {
+                Ok((status, answer)) => {
+                    tally.answered(status);
+                    return Ok((status, answer));
                 }
-            };
-            let last = match request.send().await {
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    // A 409 with Retry-After is "the same request is still running" (a copy
-                    // under one Idempotency-Key): a real client waits and asks again.
-                    let busy = status == 409 && response.headers().contains_key("retry-after");
-                    if status < 500 && status != 408 && status != 429 && !busy {
-                        let body = response.json::<Value>().await.unwrap_or(Value::Null);
-                        tally.answered(status);
-                        return Ok((status, body));
-                    }
-                    format!("HTTP {status}")
-                }
-                Err(e) => e.to_string(),
-            };
-            if started.elapsed() > REQUEST_DEADLINE {
-                let what = format!(
-                    "{method} {path}: no definitive answer in {REQUEST_DEADLINE:?} (last: {last})"
-                );
-                tally.lost(what.clone());
-                bail!(what);
+                Err(last) => retry.after(tally, &method, path, &last).await?,
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Creates `fixture` — a row another system owns in production (a withdrawal being
+    /// broadcast, a deposit seen on chain, a purchase awaiting payment), made here through the
+    /// admin API — exactly once. A plain retry made a second withdrawal the load never
+    /// confirmed, left BROADCASTING for ever (the soak's first runs). So the client waits for
+    /// the answer however long the server takes (the API runs every request to its end), and
+    /// after an attempt whose outcome is still unknown — a 5xx, or a connection reset by an API
+    /// that died — it looks the row up by the natural key the item gave it, and sends the
+    /// request again only when the row is provably not there. Its id.
+    async fn create_fixture(
+        &self,
+        tally: &Tally,
+        path: &str,
+        body: &Value,
+        fixture: Fixture,
+    ) -> anyhow::Result<u64> {
+        let bytes = serde_json::to_vec(body)?;
+        let mut retry = Retry::new();
+        loop {
+            let last = match self
+                .attempt(Signer::Admin, &Method::POST, path, &bytes, REQUEST_DEADLINE)
+                .await
+            {
+                Ok((status, answer)) => {
+                    tally.answered(status);
+                    if !(200..300).contains(&status) {
+                        bail!("POST {path} {body}: {status} {answer}");
+                    }
+                    return id_of(&answer);
+                }
+                Err(last) => last,
+            };
+            loop {
+                // The database may be restarting too: ask until it answers.
+                match fixture.find(&self.db).await {
+                    Ok(Some(id)) => {
+                        tally.recovered();
+                        return Ok(id);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        retry
+                            .after(tally, &Method::POST, path, &format!("{last}; lookup: {e}"))
+                            .await?
+                    }
+                }
+            }
+            retry.after(tally, &Method::POST, path, &last).await?;
         }
     }
 
@@ -311,6 +389,82 @@ impl Client {
     }
 }
 
+/// The pause between attempts of one call, and its deadline.
+struct Retry {
+    started: Instant,
+    pause: Duration,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            pause: Duration::from_millis(100),
+        }
+    }
+
+    /// Waits before the next attempt, or gives up (tallied as lost) past the deadline.
+    async fn after(
+        &mut self,
+        tally: &Tally,
+        method: &Method,
+        path: &str,
+        last: &str,
+    ) -> anyhow::Result<()> {
+        if self.started.elapsed() > REQUEST_DEADLINE {
+            let what = format!(
+                "{method} {path}: no definitive answer in {REQUEST_DEADLINE:?} (last: {last})"
+            );
+            tally.lost(what.clone());
+            bail!(what);
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(2));
+        Ok(())
+    }
+}
+
+/// A fixture's natural key: what finds the row an attempt with an unknown outcome may have
+/// made.
+enum Fixture {
+    /// A withdrawal to an address no other item uses.
+    Withdrawal { to_address: String },
+    /// A deposit of a transaction no other item uses.
+    Deposit { tx_hash: String },
+    /// A purchase whose method names its item (the purchase's method is only a label: the
+    /// bonus jobs snapshot their own reason).
+    Purchase { member_id: u64, method: String },
+}
+
+impl Fixture {
+    async fn find(&self, db: &sqlx::MySqlPool) -> Result<Option<u64>, sqlx::Error> {
+        match self {
+            Self::Withdrawal { to_address } => {
+                sqlx::query_scalar("SELECT id FROM withdrawals WHERE to_address = ? LIMIT 1")
+                    .bind(to_address)
+                    .fetch_optional(db)
+                    .await
+            }
+            Self::Deposit { tx_hash } => {
+                sqlx::query_scalar("SELECT id FROM deposits WHERE tx_hash = ? LIMIT 1")
+                    .bind(tx_hash)
+                    .fetch_optional(db)
+                    .await
+            }
+            Self::Purchase { member_id, method } => {
+                sqlx::query_scalar(
+                    "SELECT id FROM charges \
+                     WHERE member_id = ? AND status = 'CHARGE' AND method = ? LIMIT 1",
+                )
+                .bind(member_id)
+                .bind(method)
+                .fetch_optional(db)
+                .await
+            }
+        }
+    }
+}
+
 fn sign(secret: &str, body: &[u8]) -> String {
     paybus_platform::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), body)
 }
@@ -345,22 +499,27 @@ impl Shares {
 }
 
 /// Chaos's load: `profile.items` split over the workflows, all at once.
-pub(crate) async fn run(profile: &Profile, api: &Api, world: &World) -> anyhow::Result<Load> {
-    run_plan(profile, api, world, Plan::Items(profile.items)).await
+pub(crate) async fn run(
+    profile: &Profile,
+    api: &Api,
+    world: &World,
+    db: &sqlx::MySqlPool,
+) -> anyhow::Result<Load> {
+    run_plan(profile, api, world, db, Plan::Items(profile.items)).await
 }
 
 pub(crate) async fn run_plan(
     profile: &Profile,
     api: &Api,
     world: &World,
+    db: &sqlx::MySqlPool,
     plan: Plan,
 ) -> anyhow::Result<Load> {
     let client = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(15))
-            .build()?,
+        http: reqwest::Client::builder().build()?,
         base: api.base.clone(),
         admin_token: api.admin_token.clone(),
+        db: db.clone(),
     };
     let [p2p_plan, confirmations_plan, bonuses_plan, markets_plan] = match plan {
         Plan::Items(items) => {
@@ -374,8 +533,9 @@ pub(crate) async fn run_plan(
             .map(Schedule::all_at_once)
         }
         Plan::Paced(rates, lasting) => {
+            let from = tokio::time::Instant::now();
             [rates.p2p, rates.confirmations, rates.bonuses, rates.markets]
-                .map(|per_second| Schedule::paced(per_second, lasting))
+                .map(|per_second| Schedule::paced(per_second, from, lasting))
         }
     };
     let tallies: [Arc<Tally>; 4] = Default::default();
@@ -549,19 +709,21 @@ async fn confirmations(
             async move {
                 let amount = format!("{}.{:02}", i % 90 + 10, i % 100);
                 if i % 3 == 2 {
+                    let tx_hash = format!("0xdeposit{i}");
                     let Ok(deposit) = client
-                        .admin_post(
+                        .create_fixture(
                             &tally,
                             "/v1/admin/deposits",
-                            json!({"partner_id": partner, "currency": "USDT", "amount": amount,
-                               "fee": "0.5", "tx_hash": format!("0xdeposit{i}"),
-                               "to_address": format!("0xaddress{i}")}),
+                            &json!({"partner_id": partner, "currency": "USDT", "amount": amount,
+                                    "fee": "0.5", "tx_hash": tx_hash,
+                                    "to_address": format!("0xaddress{i}")}),
+                            Fixture::Deposit { tx_hash },
                         )
                         .await
                     else {
                         return Ok(());
                     };
-                    let body = json!({"deposit_id": id_of(&deposit)?});
+                    let body = json!({"deposit_id": deposit});
                     let _ = client
                         .copies(
                             &tally,
@@ -572,19 +734,21 @@ async fn confirmations(
                         )
                         .await;
                 } else {
+                    let to_address = format!("0xaddress{i}");
                     let Ok(withdrawal) = client
-                        .admin_post(
+                        .create_fixture(
                             &tally,
                             "/v1/admin/withdrawals",
-                            json!({"partner_id": partner, "status": "BROADCASTING",
-                               "currency": "USDT", "amount": amount,
-                               "to_address": format!("0xaddress{i}")}),
+                            &json!({"partner_id": partner, "status": "BROADCASTING",
+                                    "currency": "USDT", "amount": amount,
+                                    "to_address": to_address}),
+                            Fixture::Withdrawal { to_address },
                         )
                         .await
                     else {
                         return Ok(());
                     };
-                    let body = json!({"withdrawal_id": id_of(&withdrawal)?,
+                    let body = json!({"withdrawal_id": withdrawal,
                                   "tx_hash": format!("0xwithdrawal{i}")});
                     let _ = client
                         .copies(
@@ -652,18 +816,21 @@ async fn payment_completions(
             async move {
                 let (gateway, path) = GATEWAYS[i % GATEWAYS.len()];
                 let price = format!("{}", 1_000 + i % 7 * 100);
+                let member_id = member_ids[i % member_ids.len()];
+                let method = format!("card {i}");
                 let Ok(charge) = client
-                    .admin_post(
+                    .create_fixture(
                         &tally,
                         "/v1/admin/charges",
-                        json!({"member_id": member_ids[i % member_ids.len()], "cans": 10 + i % 5,
-                           "price": price, "payment_gateway": gateway, "method": "card"}),
+                        &json!({"member_id": member_id, "cans": 10 + i % 5, "price": price,
+                                "payment_gateway": gateway, "method": method}),
+                        Fixture::Purchase { member_id, method },
                     )
                     .await
                 else {
                     return Ok(());
                 };
-                let body = json!({"charge_id": id_of(&charge)?, "gateway_tx_id": format!("gw-{i}"),
+                let body = json!({"charge_id": charge, "gateway_tx_id": format!("gw-{i}"),
                               "amount": price});
                 let calls = (0..copies).map(|copy| {
                     let call = if copy % 2 == 0 { "webhook" } else { "verify" };

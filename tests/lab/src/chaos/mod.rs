@@ -418,7 +418,7 @@ async fn drive(
         stage.outside.clone(),
         faults_stop.clone(),
     ));
-    let load = load::run(profile, &stage.api, &stage.outside).await;
+    let load = load::run(profile, &stage.api, &stage.outside, &stage.services.pool).await;
     let load_sent = started.elapsed();
     // The faults run at least their window, then stop.
     let window_left = profile.fault_window.saturating_sub(started.elapsed());
