@@ -1,0 +1,108 @@
+//! `paybus-lab bench soak` as CI runs it: one minute of all four workflows at a low steady
+//! rate, every message three times, each function its own process, on a MariaDB and a RabbitMQ
+//! of the run's own. A smoke test of the soak itself — its windows, samples, plot and ending —
+//! and of exactly-once under a steady load; never of speed (no figure is compared with a
+//! target here: that is the 30-minute run's job, in docs/benchmarks.md).
+//!
+//! Needs the workspace's binaries built, like the chaos test (`cargo nextest run --workspace`
+//! builds them).
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::Value;
+
+/// The `paybus-lab` binary of this build (next to every function binary).
+fn lab() -> PathBuf {
+    let lab = Path::new(env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update"))
+        .with_file_name("paybus-lab");
+    assert!(
+        lab.is_file(),
+        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
+        lab.display()
+    );
+    lab
+}
+
+#[test]
+fn a_minute_of_every_workflow_at_a_steady_rate_ends_exactly_once_with_every_figure_reported() {
+    let state_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.local/soak-test");
+    let plot = state_dir.join("soak-test.svg");
+    let output = Command::new(lab())
+        .args([
+            "bench",
+            "soak",
+            "--json",
+            "--minutes",
+            "1",
+            "--window-minutes",
+            "0.25",
+        ])
+        .args(["--rate", "p2p=2", "--rate", "confirmations=20"])
+        .args(["--rate", "bonuses=10", "--rate", "markets=10"])
+        .args(["--sample-seconds", "5", "--state-dir"])
+        .arg(&state_dir)
+        .arg("--plot")
+        .arg(&plot)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}):\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+
+    assert_eq!(report["violations"], Value::Array(vec![]), "{report:#}");
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(report["summary"]["stuck"], Value::Array(vec![]));
+    // Four windows of 15 s, each with every workflow's figures and every process's memory.
+    let windows = report["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 4, "{report:#}");
+    let functions = [
+        "match-deposit",
+        "confirm-withdrawal",
+        "confirm-deposit",
+        "grant-bonus",
+        "cancel-orders",
+        "deliver-webhook",
+        "sweeper",
+    ];
+    for window in windows {
+        for process in functions.iter().copied().chain(["mariadb", "rabbitmq"]) {
+            assert!(
+                window["rss_kib"][process].as_u64().unwrap_or(0) > 0,
+                "no RSS of {process} in {window:#}"
+            );
+        }
+        assert_eq!(window["workflows"].as_array().unwrap().len(), 4);
+        assert!(!window["tables"].as_array().unwrap().is_empty());
+    }
+    // Something finished in every workflow, and every item the load sent came out terminal
+    // (the checks above); the summary compared a window after the warm-up with the last.
+    for workflow in ["p2p", "confirmations", "bonuses", "markets"] {
+        let finished: u64 = windows
+            .iter()
+            .flat_map(|w| w["workflows"].as_array().unwrap())
+            .filter(|t| {
+                t["workflow"]
+                    .as_str()
+                    .unwrap()
+                    .eq_ignore_ascii_case(workflow)
+            })
+            .map(|t| t["finished"].as_u64().unwrap())
+            .sum();
+        assert!(finished > 0, "nothing of {workflow} finished: {report:#}");
+    }
+    assert_eq!(report["summary"]["compared"], serde_json::json!([2, 4]));
+    assert!(report["summary"]["largest_function_rss_growth"].is_number());
+    assert!(report["samples"].as_array().unwrap().len() >= 10);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    assert!(svg.contains("RSS MiB, by process"));
+}
