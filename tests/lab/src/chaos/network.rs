@@ -1,7 +1,7 @@
-//! Network faults for a chaos run (issue 29, "Chaos v2"): latency, loss, partitions, socket
-//! kills and a reset right after COMMIT, between the function processes and the database or
-//! the broker, made with the kernel's own tools where the machine allows and with TCP relays
-//! in the harness where it does not. docs/chaos.md § Network faults.
+//! Network faults for a chaos run: latency, loss, partitions, socket kills and a reset right
+//! after COMMIT, between the function processes and the database or the broker, made with the
+//! kernel's own tools where the machine allows and with TCP relays in the harness where it
+//! does not. docs/chaos.md § Network faults.
 //!
 //! # Shape
 //!
