@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs MariaDB and RabbitMQ from Debian packages if they are missing.
-# Safe without an init system: package scripts are told not to start services.
+# Installs MariaDB and RabbitMQ from Debian packages if they are missing, and the kernel's
+# network tools chaos's network faults use (iproute2: ip netns, veth, tc, ss -K; nftables:
+# loss and partitions inside a run's namespaces). Safe without an init system: package
+# scripts are told not to start services.
 set -euo pipefail
 
 # shellcheck source=SCRIPTDIR/env.sh
 . "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")/env.sh"
 
-PACKAGES=(mariadb-server mariadb-client rabbitmq-server)
+PACKAGES=(mariadb-server mariadb-client rabbitmq-server iproute2 nftables)
 # Commands the other scripts use, and the package each comes from.
 declare -A NEEDED=(
   [mariadbd]=mariadb-server
@@ -15,6 +17,10 @@ declare -A NEEDED=(
   [mariadb-admin]=mariadb-client
   [rabbitmq-server]=rabbitmq-server
   [rabbitmqctl]=rabbitmq-server
+  [ip]=iproute2
+  [tc]=iproute2
+  [ss]=iproute2
+  [nft]=nftables
 )
 
 missing_commands() {
@@ -26,7 +32,7 @@ missing_commands() {
 
 mapfile -t missing < <(missing_commands | sort)
 if ((${#missing[@]} == 0)); then
-  echo "install: mariadb-server, mariadb-client and rabbitmq-server already installed"
+  echo "install: ${PACKAGES[*]} already installed"
   exit 0
 fi
 

@@ -25,6 +25,7 @@ pub(crate) mod duplicator;
 mod faults;
 pub(crate) mod fleet;
 pub(crate) mod load;
+pub(crate) mod network;
 pub(crate) mod outside;
 pub(crate) mod report;
 pub(crate) mod stage;
