@@ -573,6 +573,50 @@ async fn a_request_whose_process_died_after_its_commit_is_run_again_without_a_se
 }
 
 #[tokio::test]
+async fn a_request_running_longer_than_the_lease_keeps_its_key_by_renewing_it() {
+    // A live request renews its key; only a dead one lets a retry in after the lease. The
+    // order's insert waits on the partner's row, held here for longer than a lease.
+    let api = api().await;
+    let partner = api.partner("slow").await;
+    let key = api.partner_key(partner).await;
+    let body = json!({"currency": "USDT", "amount": "5"});
+    let mut holder = api.env.db.begin().await.unwrap();
+    sqlx::query("SELECT id FROM partners WHERE id = ? FOR UPDATE")
+        .bind(partner)
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let first = tokio::spawn(api.router().oneshot(with_key(
+        "POST",
+        WITHDRAW_ORDERS,
+        &key,
+        Some("sell-long"),
+        &body,
+    )));
+    tokio::time::sleep(paybus_api::partner::idempotency::LEASE + Duration::from_secs(2)).await;
+
+    let retry = tokio::time::timeout(
+        Duration::from_secs(3),
+        send(
+            &api,
+            with_key("POST", WITHDRAW_ORDERS, &key, Some("sell-long"), &body),
+        ),
+    )
+    .await
+    .expect("the retry was run (it waits on the lock) instead of being told the key is busy");
+    assert_eq!(retry.0, StatusCode::CONFLICT, "{}", retry.2);
+    assert_eq!(retry.1[header::RETRY_AFTER], "1");
+
+    holder.commit().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM p2p_withdraw_orders").await,
+        1
+    );
+}
+
+#[tokio::test]
 async fn past_its_rate_limit_a_partner_gets_429_and_nobody_else_does() {
     let api = api().await;
     let partner = api.partner("busy").await;

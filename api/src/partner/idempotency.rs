@@ -10,10 +10,13 @@
 //! - a 5xx is not kept: the key is free again, so a retry runs (and finds, by the order's own
 //!   `idempotency_key` column, anything the failed run did commit).
 //!
-//! A process that died mid-request leaves the key IN_PROGRESS; once its lease
-//! ([`LEASE`]) has passed a retry takes it over and runs again — the handler's effect is
-//! keyed on the same idempotency key in its own table, so the rerun finds what the first run
-//! made instead of making it twice.
+//! A running request renews its key's lease ([`LEASE`]) every [`RENEW_EVERY`], so it holds
+//! the key however long it runs. A process that died mid-request stops renewing and leaves the
+//! key IN_PROGRESS; once the lease has passed, a retry takes it over and runs again — the
+//! handler's effect is keyed on the same idempotency key in its own table, so the rerun finds
+//! what the first run made instead of making it twice. (Chaos v2 killed the API mid-request
+//! when the lease was a fixed 120 s: every partner retrying an order was refused 409 for two
+//! minutes.)
 
 use std::{
     sync::atomic::{AtomicU32, Ordering},
@@ -29,15 +32,19 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use sha2::{Digest, Sha256};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::PartnerIdentity;
 use crate::{ApiError, AppState};
 
 pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// How long a running request holds its key before a retry may take it over: longer than
-/// any partner request can take (an inline match's quote calls included).
-pub const LEASE: Duration = Duration::from_secs(120);
+/// How long a request's key is held past its last renewal before a retry may take it over:
+/// how long partners wait for an order whose API process died mid-request.
+pub const LEASE: Duration = Duration::from_secs(10);
+/// How often a running request renews its lease: a few renewals fit in one lease, so a slow
+/// database delays one without losing the key.
+pub const RENEW_EVERY: Duration = Duration::from_secs(3);
 /// How long an answer is kept (at least; the prune removes older ones).
 pub const RETENTION_HOURS: u32 = 24;
 const KEY_MAX_LEN: usize = 255;
@@ -144,7 +151,13 @@ pub(crate) async fn idempotent(
 
     let mut request = Request::from_parts(parts, Body::from(body));
     request.extensions_mut().insert(IdempotencyKey(key.clone()));
+    let renewal = AbortOnDropHandle::new(tokio::spawn(renew_lease(
+        state.clone(),
+        partner_id,
+        key.clone(),
+    )));
     let response = next.run(request).await;
+    drop(renewal);
     let (parts, body) = response.into_parts();
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(bytes) => bytes,
@@ -161,6 +174,29 @@ pub(crate) async fn idempotent(
         tracing::warn!(partner_id, error = %error, "could not keep an idempotent answer");
     }
     Ok(Response::from_parts(parts, Body::from(bytes)))
+}
+
+/// Extends the key's lease every [`RENEW_EVERY`] while the request runs (aborted when it
+/// ends). A failed renewal is only logged: the next one may succeed, and a lease that ran out
+/// lets a retry in, whose effect the order's own key still keeps single.
+async fn renew_lease(state: AppState, partner_id: u64, key: String) {
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + RENEW_EVERY, RENEW_EVERY);
+    loop {
+        ticks.tick().await;
+        let renewed = sqlx::query(
+            "UPDATE partner_idempotency_keys SET locked_until = NOW(6) + INTERVAL ? SECOND \
+             WHERE partner_id = ? AND idempotency_key = ? AND status = 'IN_PROGRESS'",
+        )
+        .bind(LEASE.as_secs())
+        .bind(partner_id)
+        .bind(&key)
+        .execute(&state.pool)
+        .await;
+        if let Err(error) = renewed {
+            tracing::warn!(partner_id, %error, "could not renew an idempotency key's lease");
+        }
+    }
 }
 
 async fn claim(
