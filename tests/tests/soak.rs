@@ -72,6 +72,7 @@ fn a_minute_of_every_workflow_at_a_steady_rate_ends_exactly_once_with_every_figu
         "cancel-orders",
         "deliver-webhook",
         "sweeper",
+        "api",
     ];
     for window in windows {
         for process in functions.iter().copied().chain(["mariadb", "rabbitmq"]) {

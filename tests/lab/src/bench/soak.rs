@@ -264,13 +264,17 @@ async fn soak(
         broker_node_kills: 0,
         database_restarts: 0,
         webhook_outage: Duration::ZERO,
+        late_webhooks: 0,
+        network_faults: false,
+        partition: Duration::ZERO,
         fault_window: Duration::ZERO,
         quiescence_timeout: Duration::from_secs(args.quiescence_timeout_s),
         seed: 0,
         concurrency: plan.concurrency,
         shards: 1,
     };
-    let stage = Stage::start(&profile, own, binaries, state_dir).await?;
+    // No network of its own: a soak measures, it does not break.
+    let stage = Stage::start(&profile, own, binaries, state_dir, false).await?;
     let pool = stage.services.pool.clone();
     let sampler = Sampler::start(
         stage.fleet.clone(),

@@ -1,7 +1,9 @@
 //! What a chaos run must end in, read from the database and the broker: quiescence within a
 //! bound, every item terminal, the audit clean, every malformed message a dead letter with
 //! reason `malformed` and no other dead letter without a cause, no message in any queue,
-//! every webhook delivered or FAILED, no client request without a definitive answer.
+//! every webhook delivered or FAILED and what the partner received consistent with it (at
+//! least once, never under two ids), W1's trades reconciled with the quote service, no client
+//! request without a definitive answer.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,6 +19,7 @@ use sqlx::MySqlPool;
 use super::{
     duplicator::{Duplicator, TAP_QUEUE},
     load::Load,
+    outside::Webhooks,
 };
 
 /// One thing the run proved wrong.
@@ -351,6 +354,125 @@ async fn quote_reconciliation(
             )
         }))
         .collect())
+}
+
+/// What the partners' endpoint saw, set against the notifications paybus recorded: every
+/// notification paybus marked DELIVERED was received with a 2xx at least once (delivery is at
+/// least once), a notification is never sent under two ids (the partner dedupes by
+/// `webhook-id`: a second id is a second notification to it), and nothing is received that
+/// paybus never owed. Also the redeliveries counted: the same id received again after an
+/// answer the sender did not see in time.
+pub(crate) async fn webhook_deliveries(
+    pool: &MySqlPool,
+    webhooks: &Webhooks,
+) -> anyhow::Result<(Vec<Violation>, WebhookFigures)> {
+    let received = webhooks.received();
+    let mut violations = Vec::new();
+    let mut by_id: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    let mut ids_by_notification: BTreeMap<(&str, &[u8]), BTreeSet<&str>> = BTreeMap::new();
+    for r in &received {
+        let (posts, accepted) = by_id.entry(&r.webhook_id).or_default();
+        *posts += 1;
+        if (200..300).contains(&r.status) {
+            *accepted += 1;
+        }
+        ids_by_notification
+            .entry((&r.event, &r.payload))
+            .or_default()
+            .insert(&r.webhook_id);
+    }
+    for ((event, _), ids) in &ids_by_notification {
+        if ids.len() > 1 {
+            violations.push(violation(
+                "webhook_under_two_ids",
+                format!(
+                    "one {event} notification received under {} ids: {}",
+                    ids.len(),
+                    ids.iter().copied().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+    }
+    let delivered: Vec<u64> =
+        sqlx::query_scalar("SELECT id FROM partner_notifications WHERE status = 'DELIVERED'")
+            .fetch_all(pool)
+            .await?;
+    let unseen: Vec<String> = delivered
+        .iter()
+        .map(u64::to_string)
+        .filter(|id| {
+            by_id
+                .get(id.as_str())
+                .is_none_or(|(_, accepted)| *accepted == 0)
+        })
+        .collect();
+    if !unseen.is_empty() {
+        violations.push(violation(
+            "webhook_delivered_unseen",
+            format!(
+                "{} notification(s) DELIVERED that the partner never accepted, e.g. {}",
+                unseen.len(),
+                unseen
+                    .iter()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let owed: BTreeSet<String> =
+        sqlx::query_scalar::<_, u64>("SELECT id FROM partner_notifications")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|id| id.to_string())
+            .collect();
+    let phantom: Vec<&str> = by_id
+        .keys()
+        .copied()
+        .filter(|id| !owed.contains(*id))
+        .collect();
+    if !phantom.is_empty() {
+        violations.push(violation(
+            "webhook_never_owed",
+            format!(
+                "{} webhook id(s) received that no notification has, e.g. {}",
+                phantom.len(),
+                phantom
+                    .iter()
+                    .take(5)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let figures = WebhookFigures {
+        posts: received.len() as u64,
+        notifications: by_id.len() as u64,
+        accepted_again: by_id
+            .values()
+            .map(|(_, accepted)| u64::from(accepted.saturating_sub(1)))
+            .sum(),
+        answered_late: received
+            .iter()
+            .filter(|r| r.late && (200..300).contains(&r.status))
+            .count() as u64,
+    };
+    Ok((violations, figures))
+}
+
+/// The partners' endpoint in figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WebhookFigures {
+    /// POSTs received, and the notifications (distinct ids) among them.
+    pub posts: u64,
+    pub notifications: u64,
+    /// 2xx answers beyond the first per notification: at-least-once's repeats.
+    pub accepted_again: u64,
+    /// POSTs accepted after the sender's timeout (the late phase).
+    pub answered_late: u64,
 }
 
 /// Every check, after quiescence and with every function process stopped.

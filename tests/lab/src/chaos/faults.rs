@@ -14,7 +14,8 @@ use super::{
     Dice, Profile,
     broker::OwnBroker,
     fleet::Fleet,
-    outside::{QUOTE_DELAY, QUOTE_TIMEOUT, World},
+    network::{NetFault, Network, Peer},
+    outside::{API_PROCESS, QUOTE_DELAY, QUOTE_TIMEOUT, World},
 };
 
 /// How a broker node kill is named in the fault log (the report counts them by it).
@@ -27,6 +28,140 @@ pub struct Fault {
     pub at_s: f64,
     pub what: String,
     pub took_ms: u64,
+    /// How long it held, for a fault that holds (a partition, an outage, a slow phase).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lasts_ms: Option<u64>,
+}
+
+/// The functions that move money: where a reset right after COMMIT matters most.
+const MONEY_MOVERS: [&str; 4] = [
+    "confirm-withdrawal",
+    "confirm-deposit",
+    "grant-bonus",
+    "match-deposit",
+];
+
+/// The run's network and its function processes by slot (process `i` lives in slot `i`).
+pub(super) struct Net {
+    pub(super) network: Arc<Network>,
+    pub(super) slots: Vec<String>,
+}
+
+impl Net {
+    fn slot_of(&self, name: &str) -> Option<usize> {
+        self.slots.iter().position(|n| n == name)
+    }
+}
+
+/// What the schedule does between the functions and the database or broker, as fractions of
+/// the fault window. The quick profile (CI) gets one of each kind, a partition from the
+/// database among them; the full profile adds a partition from the broker, latency on a
+/// second process and resets after COMMIT in every money mover.
+#[derive(Debug, Clone, Copy)]
+enum NetStep {
+    Latency(Peer),
+    Loss,
+    Partition(Peer),
+    ResetAfterCommit { every_money_mover: bool },
+    KillSockets(Peer),
+}
+
+fn network_plan(profile: &Profile) -> Vec<(f64, NetStep)> {
+    let mut plan: Vec<(f64, NetStep)> = vec![
+        (0.10, NetStep::Latency(Peer::Database)),
+        (0.20, NetStep::Loss),
+        (0.30, NetStep::Partition(Peer::Database)),
+        (
+            0.50,
+            NetStep::ResetAfterCommit {
+                every_money_mover: false,
+            },
+        ),
+        (0.60, NetStep::KillSockets(Peer::Database)),
+    ];
+    if profile.name == "full" {
+        plan.extend([
+            (0.15, NetStep::Latency(Peer::Broker)),
+            (0.55, NetStep::Partition(Peer::Broker)),
+            (0.65, NetStep::KillSockets(Peer::Broker)),
+            (
+                0.70,
+                NetStep::ResetAfterCommit {
+                    every_money_mover: true,
+                },
+            ),
+        ]);
+    }
+    plan.sort_by(|a, b| a.0.total_cmp(&b.0));
+    plan
+}
+
+/// Applies one network step; what it did (a step may touch several processes).
+async fn apply(step: NetStep, profile: &Profile, net: &Net, dice: &mut Dice) -> Vec<NetFault> {
+    let random_slot = |dice: &mut Dice| dice.below(net.slots.len());
+    let hold = profile.partition.min(profile.fault_window / 3);
+    let network = &net.network;
+    match step {
+        NetStep::Latency(peer) => {
+            let slot = random_slot(dice);
+            // The relay delays the whole slot; netem the slot's link: either way both peers
+            // of a process that talks to both.
+            let _ = peer;
+            vec![
+                network
+                    .latency(
+                        slot,
+                        Duration::from_millis(200),
+                        Duration::from_millis(50),
+                        hold,
+                    )
+                    .await,
+            ]
+        }
+        NetStep::Loss => vec![network.loss(random_slot(dice), 5, hold).await],
+        NetStep::Partition(peer) => {
+            vec![
+                network
+                    .partition(random_slot(dice), peer, profile.partition)
+                    .await,
+            ]
+        }
+        NetStep::ResetAfterCommit { every_money_mover } => {
+            let slots: Vec<usize> = if every_money_mover {
+                MONEY_MOVERS.iter().filter_map(|n| net.slot_of(n)).collect()
+            } else {
+                let movers: Vec<usize> =
+                    MONEY_MOVERS.iter().filter_map(|n| net.slot_of(n)).collect();
+                movers
+                    .get(dice.below(movers.len().max(1)))
+                    .copied()
+                    .into_iter()
+                    .collect()
+            };
+            let mut done = Vec::new();
+            for slot in slots {
+                done.push(network.reset_after_commit(slot, 2).await);
+            }
+            done
+        }
+        NetStep::KillSockets(peer) => {
+            // A process restarting (killed, or partitioned a moment ago) may hold none: try
+            // the others in turn until one had some to lose.
+            let first = random_slot(dice);
+            let mut tried = Vec::new();
+            for n in 0..net.slots.len() {
+                let fault = network
+                    .kill_sockets((first + n) % net.slots.len(), peer)
+                    .await;
+                let cut = fault.cut.unwrap_or(0) > 0 || fault.failed();
+                tried.push(fault);
+                if cut {
+                    break;
+                }
+            }
+            tried.split_off(tried.len().saturating_sub(1))
+        }
+    }
 }
 
 /// The fault schedule, until `stop`: a SIGKILL of a random function process every
@@ -41,6 +176,7 @@ pub(super) async fn run(
     mariadb: Arc<PrivateService>,
     rabbitmq: Arc<OwnBroker>,
     world: World,
+    net: Option<Net>,
     stop: CancellationToken,
 ) -> Vec<Fault> {
     let started = Instant::now();
@@ -51,8 +187,17 @@ pub(super) async fn run(
             at_s: (started.elapsed() - took).as_secs_f64(),
             what,
             took_ms: took.as_millis() as u64,
+            lasts_ms: None,
         });
     };
+    let mut network_steps = match &net {
+        Some(_) if profile.network_faults => network_plan(&profile).into_iter().peekable(),
+        _ => Vec::new().into_iter().peekable(),
+    };
+    // The API process is killed at least once mid-load (the random kills may miss it).
+    let mut api_kill_at = Some(profile.fault_window.mul_f64(0.4));
+    let late_webhooks_at = profile.fault_window.mul_f64(0.7);
+    let mut late_webhooks_done = profile.late_webhooks == 0;
     // (when, which) of the service restarts, in time order.
     let mut restarts: Vec<(Duration, Restart)> = Vec::new();
     let spread = |n: u32, offset: f64| {
@@ -92,17 +237,49 @@ pub(super) async fn run(
                 record(format!("SIGKILL {name}"), Duration::ZERO, &mut log);
             }
         }
-        if !webhook_outage_done && now >= webhook_outage_at {
-            webhook_outage_done = true;
-            world.webhooks.fail_for(profile.webhook_outage);
+        while let (Some(net), Some(&(at, step))) = (&net, network_steps.peek()) {
+            if now < profile.fault_window.mul_f64(at) {
+                break;
+            }
+            network_steps.next();
+            for fault in apply(step, &profile, net, &mut dice).await {
+                log.push(Fault {
+                    at_s: (started.elapsed().as_secs_f64() - fault.took_ms as f64 / 1000.0)
+                        .max(0.0),
+                    // A failure is the stage's finding (with those that did not end).
+                    what: format!("network: {fault}"),
+                    took_ms: fault.took_ms,
+                    lasts_ms: fault.lasts_ms,
+                });
+            }
+        }
+        if api_kill_at.is_some_and(|at| now >= at) {
+            api_kill_at = None;
+            if let Some(name) = fleet.kill_named(API_PROCESS).await {
+                record(format!("SIGKILL {name}"), Duration::ZERO, &mut log);
+            }
+        }
+        if !late_webhooks_done && now >= late_webhooks_at {
+            late_webhooks_done = true;
+            world.webhooks.answer_next_late(profile.late_webhooks);
             record(
                 format!(
-                    "partner webhook endpoint answers 503 for {:?}",
-                    profile.webhook_outage
+                    "partner webhook endpoint takes the next {} notifications, answers after the sender's timeout",
+                    profile.late_webhooks
                 ),
                 Duration::ZERO,
                 &mut log,
             );
+        }
+        if !webhook_outage_done && now >= webhook_outage_at {
+            webhook_outage_done = true;
+            world.webhooks.fail_for(profile.webhook_outage);
+            log.push(Fault {
+                at_s: started.elapsed().as_secs_f64(),
+                what: "partner webhook endpoint answers 503".to_owned(),
+                took_ms: 0,
+                lasts_ms: Some(profile.webhook_outage.as_millis() as u64),
+            });
         }
         if now >= next_quote_change {
             next_quote_change = now + Duration::from_secs(3);
@@ -206,6 +383,8 @@ async fn restart_on_schedule(
             at_s: (began - started).as_secs_f64(),
             what: format!("{what}{}", if ok { "" } else { " FAILED" }),
             took_ms: began.elapsed().as_millis() as u64,
+            // Down from the kill until it answers again.
+            lasts_ms: Some(began.elapsed().as_millis() as u64),
         });
     }
     log

@@ -1,6 +1,7 @@
-//! The function processes of a chaos run: every catalog function's real binary and the
-//! sweeper, each a separate OS process under a supervisor that starts it again at once when it
-//! dies (a SIGKILL from the schedule, or a failed start while the database is down).
+//! The processes of a chaos run: every catalog function's real binary, the sweeper and the HTTP
+//! API (`paybus serve`), each a separate OS process under a supervisor that starts it again at
+//! once when it dies (a SIGKILL from the schedule, or a failed start while the database is
+//! down). With the run's network, each function lives in a network namespace of its own.
 
 use std::{
     collections::HashMap,
@@ -20,14 +21,24 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Dice,
-    outside::{QUOTE_API_KEY, QUOTE_TIMEOUT, World},
+    network::Network,
+    outside::{API_PROCESS, QUOTE_API_KEY, QUOTE_TIMEOUT, WEBHOOK_TIMEOUT, World},
 };
 
-/// One process to run: a function's name and the binary that runs it.
+/// One process to run: its name, the binary and its arguments.
 #[derive(Debug, Clone)]
 pub(crate) struct Binary {
     pub(crate) name: String,
     pub(crate) path: PathBuf,
+    pub(crate) args: Vec<String>,
+}
+
+impl Binary {
+    /// The HTTP API, not a function: it talks to the clients and the database, while the
+    /// network faults are between the functions and the database or broker.
+    pub(crate) fn is_api(&self) -> bool {
+        self.name == API_PROCESS
+    }
 }
 
 /// `--bin-dir`, or the folder of this `paybus-lab` binary (where `cargo build --workspace
@@ -42,8 +53,8 @@ pub(crate) fn bin_dir(asked: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Every catalog function (the canary aside: no load uses it) and the sweeper, found in
-/// `dir` unless substituted.
+/// Every catalog function (the canary aside: no load uses it), the sweeper and the API
+/// (`paybus serve`), found in `dir` unless substituted.
 pub(crate) fn binaries(
     dir: &Path,
     substitutes: &[(String, PathBuf)],
@@ -75,8 +86,18 @@ pub(crate) fn binaries(
         binaries.push(Binary {
             name: name.to_owned(),
             path,
+            args: Vec::new(),
         });
     }
+    let paybus = dir.join("paybus");
+    if !paybus.is_file() {
+        missing.push(paybus.display().to_string());
+    }
+    binaries.push(Binary {
+        name: API_PROCESS.to_owned(),
+        path: paybus,
+        args: vec!["serve".to_owned()],
+    });
     if !missing.is_empty() {
         bail!(
             "function binaries not found: {} (build them with `cargo build --workspace --bins`, \
@@ -112,7 +133,10 @@ pub(crate) fn environment(settings: &Settings, world: &World) -> HashMap<String,
         ("PAYBUS_MATCH_POLL_INTERVAL_MS", "500".to_owned()),
         ("PAYBUS_BONUS_WORKER_INTERVAL_MS", "1000".to_owned()),
         ("PAYBUS_BONUS_PROCESSING_TIMEOUT_MS", "10000".to_owned()),
-        ("PAYBUS_WEBHOOK_TIMEOUT_MS", "2000".to_owned()),
+        (
+            "PAYBUS_WEBHOOK_TIMEOUT_MS",
+            WEBHOOK_TIMEOUT.as_millis().to_string(),
+        ),
         ("PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS", "2000".to_owned()),
         ("PAYBUS_FIRST_CHARGE_BONUS_PERCENT", "10".to_owned()),
     ]
@@ -131,6 +155,14 @@ pub struct ProcessRecord {
     pub starts: u32,
 }
 
+/// One process as the fleet runs it: what, with which settings, and where.
+pub(crate) struct ProcessSpec {
+    pub(crate) binary: Binary,
+    pub(crate) env: HashMap<String, String>,
+    /// The network slot (namespace) it lives in; none: the host's, as without the network.
+    pub(crate) slot: Option<usize>,
+}
+
 struct Supervised {
     binary: Binary,
     /// The pid of the live process (0 while it is restarting).
@@ -146,33 +178,34 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// Starts every binary with `env`, process `i` with `PAYBUS_AMQP_URL` set to
-    /// `broker_node_orders[i % len]` (the broker's nodes, each order starting at another node).
+    /// Starts every process (in its namespace when it has a slot of `network`).
     pub(crate) async fn start(
-        binaries: &[Binary],
-        env: HashMap<String, String>,
-        broker_node_orders: &[String],
+        specs: Vec<ProcessSpec>,
+        network: Option<Arc<Network>>,
         log_dir: &Path,
     ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
         let mut processes = Vec::new();
-        for (i, binary) in binaries.iter().enumerate() {
-            let mut env = env.clone();
-            if !broker_node_orders.is_empty() {
-                env.insert(
-                    "PAYBUS_AMQP_URL".to_owned(),
-                    broker_node_orders[i % broker_node_orders.len()].clone(),
-                );
-            }
+        for spec in specs {
             let supervised = Arc::new(Supervised {
-                binary: binary.clone(),
+                binary: spec.binary.clone(),
                 pid: AtomicU64::new(0),
                 killed: AtomicU32::new(0),
                 starts: AtomicU32::new(0),
             });
-            let log = log_dir.join(format!("{}.log", binary.name));
-            tasks.spawn(supervise(supervised.clone(), env, log, stop.clone()));
+            let log = log_dir.join(format!("{}.log", spec.binary.name));
+            let place = Place {
+                network: network.clone(),
+                slot: spec.slot,
+            };
+            tasks.spawn(supervise(
+                supervised.clone(),
+                spec.env,
+                place,
+                log,
+                stop.clone(),
+            ));
             processes.push(supervised);
         }
         Ok(Self {
@@ -185,6 +218,16 @@ impl Fleet {
     /// SIGKILLs one live process chosen by `dice`; its name.
     pub(crate) async fn kill_random(&self, dice: &mut Dice) -> Option<String> {
         let process = &self.processes[dice.below(self.processes.len())];
+        Self::kill(process).await
+    }
+
+    /// SIGKILLs the process named `name` if it is alive; its name.
+    pub(crate) async fn kill_named(&self, name: &str) -> Option<String> {
+        let process = self.processes.iter().find(|p| p.binary.name == name)?;
+        Self::kill(process).await
+    }
+
+    async fn kill(process: &Supervised) -> Option<String> {
         let pid = process.pid.load(Ordering::SeqCst);
         if pid == 0 {
             return None;
@@ -232,9 +275,27 @@ async fn signal(pid: u64, signal: &str) {
         .await;
 }
 
+/// Where a process runs: in its slot's namespace of the run's network, or on the host.
+struct Place {
+    network: Option<Arc<Network>>,
+    slot: Option<usize>,
+}
+
+impl Place {
+    fn command(&self, binary: &Binary) -> anyhow::Result<tokio::process::Command> {
+        let mut command = match (&self.network, self.slot) {
+            (Some(network), Some(slot)) => network.command(slot, &binary.path)?,
+            _ => tokio::process::Command::new(&binary.path),
+        };
+        command.args(&binary.args);
+        Ok(command)
+    }
+}
+
 async fn supervise(
     process: Arc<Supervised>,
     env: HashMap<String, String>,
+    place: Place,
     log: PathBuf,
     stop: CancellationToken,
 ) {
@@ -247,13 +308,15 @@ async fn supervise(
             tracing::error!(log = %log.display(), "cannot open the process log");
             return;
         };
-        let child = tokio::process::Command::new(&process.binary.path)
-            .envs(&env)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn();
+        let child = place.command(&process.binary).and_then(|mut command| {
+            Ok(command
+                .envs(&env)
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .kill_on_drop(true)
+                .spawn()?)
+        });
         let mut child = match child {
             Ok(child) => child,
             Err(e) => {

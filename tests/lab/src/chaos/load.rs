@@ -3,8 +3,10 @@
 //! first call is in flight); every call is retried on a transport error or a 5xx until it gets
 //! a definitive answer (the database or broker may be restarting), within a bound.
 //!
-//! Chaos sends a fixed number of items as fast as the concurrency allows ([`Plan::Items`]);
-//! the soak sends each workflow's items at a rate of its own for a while ([`Plan::Paced`]).
+//! Chaos spreads a fixed number of items over its fault window ([`Plan::Spread`]), so every
+//! fault lands on a live load (a killed API had requests in flight, a partition cut
+//! transactions short); the soak sends each workflow's items at a rate of its own for a while
+//! ([`Plan::Paced`]).
 
 use std::{
     collections::BTreeMap,
@@ -29,9 +31,9 @@ use crate::bench::drive;
 /// How many items the drivers send, and when.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Plan {
-    /// This many in all, split over the workflows ([`Shares`]), each driver as fast as its
-    /// concurrency allows.
-    Items(usize),
+    /// This many items in all, split over the workflows ([`Shares`]), each workflow's spread
+    /// evenly over this long (a driver behind goes as fast as its concurrency allows).
+    Spread(usize, Duration),
     /// Each workflow at its own rate for this long (the soak).
     Paced(Rates, Duration),
 }
@@ -49,9 +51,9 @@ pub(crate) struct Rates {
 /// One driver's part of a [`Plan`].
 #[derive(Debug, Clone, Copy)]
 struct Schedule {
-    /// The items it sends (paced: at most; the deadline may come first).
+    /// The items it sends (at most: the deadline may come first).
     items: usize,
-    pace: Option<Pace>,
+    pace: Pace,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,50 +65,52 @@ struct Pace {
     lasting: Duration,
 }
 
-/// Setup sized by the items (sellers, members) is sized by at most this many in a paced run:
-/// a soak's hundreds of thousands of items would otherwise spend minutes creating members.
-const PACED_SETUP_ITEMS: usize = 2_000;
+/// Setup sized by the items (sellers, members) is sized by at most this many: a soak's
+/// hundreds of thousands of items would otherwise spend minutes creating members.
+const SETUP_ITEMS: usize = 2_000;
 
-/// A paced run's market lives this long before its suspension ends it (placing goes on, and
-/// is refused, until the next market takes over).
-const PACED_MARKET_LIFETIME: Duration = Duration::from_secs(10);
+/// A market lives this long before its suspension ends it (placing goes on, and is refused,
+/// until the next market takes over), and takes at least this many orders.
+const MARKET_LIFETIME: Duration = Duration::from_secs(10);
+const MARKET_ORDERS: usize = 100;
 
 impl Schedule {
-    fn all_at_once(items: usize) -> Self {
-        Self { items, pace: None }
-    }
-
     fn paced(per_second: f64, from: tokio::time::Instant, lasting: Duration) -> Self {
         Self {
             items: (per_second * lasting.as_secs_f64()).ceil() as usize,
-            pace: Some(Pace {
+            pace: Pace {
                 per_second,
                 from,
                 lasting,
-            }),
+            },
+        }
+    }
+
+    fn spread(items: usize, from: tokio::time::Instant, lasting: Duration) -> Self {
+        Self {
+            items,
+            pace: Pace {
+                per_second: items as f64 / lasting.as_secs_f64().max(0.001),
+                from,
+                lasting,
+            },
         }
     }
 
     /// The items setup is sized by.
     fn setup_items(&self) -> usize {
-        match self.pace {
-            None => self.items,
-            Some(_) => self.items.min(PACED_SETUP_ITEMS),
-        }
+        self.items.min(SETUP_ITEMS)
     }
 
-    /// Runs `work(i)` for every item on `concurrency` tasks: all at once, or item `i` not
-    /// before `i / rate` seconds from the load's start and none from the deadline on (a driver behind its
-    /// pace sends as fast as its concurrency allows, never more at once). The items sent.
+    /// Runs `work(i)` for every item on `concurrency` tasks, item `i` not before
+    /// `i / rate` seconds from the load's start and none from the deadline on (a driver behind
+    /// its pace sends as fast as its concurrency allows, never more at once). The items sent.
     async fn send<F, Fut>(&self, concurrency: u16, work: F) -> anyhow::Result<usize>
     where
         F: Fn(usize) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = anyhow::Result<()>> + Send,
     {
-        let Some(pace) = self.pace else {
-            drive(self.items, concurrency, work).await?;
-            return Ok(self.items);
-        };
+        let pace = self.pace;
         let start = pace.from;
         let until = start + pace.lasting;
         let sent = Arc::new(AtomicUsize::new(0));
@@ -307,6 +311,7 @@ impl Client {
     ) -> anyhow::Result<u64> {
         let bytes = serde_json::to_vec(body)?;
         let mut retry = Retry::new();
+        let mut unknown_before = false;
         loop {
             let last = match self
                 .attempt(Signer::Admin, &Method::POST, path, &bytes, REQUEST_DEADLINE)
@@ -314,13 +319,24 @@ impl Client {
             {
                 Ok((status, answer)) => {
                     tally.answered(status);
-                    if !(200..300).contains(&status) {
-                        bail!("POST {path} {body}: {status} {answer}");
+                    if (200..300).contains(&status) {
+                        return id_of(&answer);
                     }
-                    return id_of(&answer);
+                    // Refused after an attempt whose outcome was unknown: that attempt may
+                    // have made the row after all (a COMMIT the server finished after the API
+                    // died) — the refusal is then the row's unique key speaking.
+                    if unknown_before && let Ok(Some(id)) = fixture.find(&self.db).await {
+                        tally.recovered();
+                        return Ok(id);
+                    }
+                    bail!("POST {path} {body}: {status} {answer}");
                 }
                 Err(last) => last,
             };
+            unknown_before = true;
+            // Pause first: a COMMIT that reached the server before the API died lands
+            // meanwhile, and the lookup then sees it.
+            retry.after(tally, &Method::POST, path, &last).await?;
             loop {
                 // The database may be restarting too: ask until it answers.
                 match fixture.find(&self.db).await {
@@ -336,7 +352,6 @@ impl Client {
                     }
                 }
             }
-            retry.after(tally, &Method::POST, path, &last).await?;
         }
     }
 
@@ -389,6 +404,14 @@ impl Client {
     }
 }
 
+async fn by_name(
+    sql: &'static str,
+    name: &str,
+    db: &sqlx::MySqlPool,
+) -> Result<Option<u64>, sqlx::Error> {
+    sqlx::query_scalar(sql).bind(name).fetch_optional(db).await
+}
+
 /// The pause between attempts of one call, and its deadline.
 struct Retry {
     started: Instant,
@@ -428,12 +451,32 @@ impl Retry {
 /// made.
 enum Fixture {
     /// A withdrawal to an address no other item uses.
-    Withdrawal { to_address: String },
+    Withdrawal {
+        to_address: String,
+    },
     /// A deposit of a transaction no other item uses.
-    Deposit { tx_hash: String },
+    Deposit {
+        tx_hash: String,
+    },
     /// A purchase whose method names its item (the purchase's method is only a label: the
     /// bonus jobs snapshot their own reason).
-    Purchase { member_id: u64, method: String },
+    Purchase {
+        member_id: u64,
+        method: String,
+    },
+    /// The run's set-up, each named once in a run.
+    Partner {
+        name: String,
+    },
+    Member {
+        nickname: String,
+    },
+    ChargeEvent {
+        title: String,
+    },
+    Market {
+        symbol: String,
+    },
 }
 
 impl Fixture {
@@ -450,6 +493,18 @@ impl Fixture {
                     .bind(tx_hash)
                     .fetch_optional(db)
                     .await
+            }
+            Self::Partner { name } => {
+                by_name("SELECT id FROM partners WHERE name = ?", name, db).await
+            }
+            Self::Member { nickname } => {
+                by_name("SELECT id FROM members WHERE nickname = ?", nickname, db).await
+            }
+            Self::ChargeEvent { title } => {
+                by_name("SELECT id FROM charge_events WHERE title = ?", title, db).await
+            }
+            Self::Market { symbol } => {
+                by_name("SELECT id FROM markets WHERE symbol = ?", symbol, db).await
             }
             Self::Purchase { member_id, method } => {
                 sqlx::query_scalar(
@@ -498,16 +553,6 @@ impl Shares {
     }
 }
 
-/// Chaos's load: `profile.items` split over the workflows, all at once.
-pub(crate) async fn run(
-    profile: &Profile,
-    api: &Api,
-    world: &World,
-    db: &sqlx::MySqlPool,
-) -> anyhow::Result<Load> {
-    run_plan(profile, api, world, db, Plan::Items(profile.items)).await
-}
-
 pub(crate) async fn run_plan(
     profile: &Profile,
     api: &Api,
@@ -521,8 +566,9 @@ pub(crate) async fn run_plan(
         admin_token: api.admin_token.clone(),
         db: db.clone(),
     };
+    let from = tokio::time::Instant::now();
     let [p2p_plan, confirmations_plan, bonuses_plan, markets_plan] = match plan {
-        Plan::Items(items) => {
+        Plan::Spread(items, lasting) => {
             let shares = Shares::of(items);
             [
                 shares.p2p,
@@ -530,10 +576,9 @@ pub(crate) async fn run_plan(
                 shares.bonuses,
                 shares.markets,
             ]
-            .map(Schedule::all_at_once)
+            .map(|items| Schedule::spread(items, from, lasting))
         }
         Plan::Paced(rates, lasting) => {
-            let from = tokio::time::Instant::now();
             [rates.p2p, rates.confirmations, rates.bonuses, rates.markets]
                 .map(|per_second| Schedule::paced(per_second, from, lasting))
         }
@@ -615,25 +660,27 @@ async fn p2p_deposit_orders(
     tally: Arc<Tally>,
 ) -> anyhow::Result<usize> {
     let orders = schedule.items;
-    let buyer = id_of(
-        &client
-            .admin_post(
-                &tally,
-                "/v1/admin/partners",
-                json!({"name": "chaos p2p buyer", "webhook_url": world.webhook_url,
-                       "webhook_secret": "chaos-buyer-webhook-secret"}),
-            )
-            .await?,
-    )?;
-    let seller = id_of(
-        &client
-            .admin_post(
-                &tally,
-                "/v1/admin/partners",
-                json!({"name": "chaos p2p seller", "webhook_secret": "chaos-seller-webhook-secret"}),
-            )
-            .await?,
-    )?;
+    let buyer = client
+        .create_fixture(
+            &tally,
+            "/v1/admin/partners",
+            &json!({"name": "chaos p2p buyer", "webhook_url": world.webhook_url,
+                    "webhook_secret": "chaos-buyer-webhook-secret"}),
+            Fixture::Partner {
+                name: "chaos p2p buyer".to_owned(),
+            },
+        )
+        .await?;
+    let seller = client
+        .create_fixture(
+            &tally,
+            "/v1/admin/partners",
+            &json!({"name": "chaos p2p seller", "webhook_secret": "chaos-seller-webhook-secret"}),
+            Fixture::Partner {
+                name: "chaos p2p seller".to_owned(),
+            },
+        )
+        .await?;
     // Partners act with their own API keys, as deployed.
     let seller_key = client.partner_key(&tally, seller).await?;
     let buyer_key = Arc::new(client.partner_key(&tally, buyer).await?);
@@ -692,16 +739,17 @@ async fn confirmations(
     schedule: Schedule,
     tally: Arc<Tally>,
 ) -> anyhow::Result<usize> {
-    let partner = id_of(
-        &client
-            .admin_post(
-                &tally,
-                "/v1/admin/partners",
-                json!({"name": "chaos exchange", "webhook_url": world.webhook_url,
-                       "webhook_secret": "chaos-exchange-webhook-secret"}),
-            )
-            .await?,
-    )?;
+    let partner = client
+        .create_fixture(
+            &tally,
+            "/v1/admin/partners",
+            &json!({"name": "chaos exchange", "webhook_url": world.webhook_url,
+                    "webhook_secret": "chaos-exchange-webhook-secret"}),
+            Fixture::Partner {
+                name: "chaos exchange".to_owned(),
+            },
+        )
+        .await?;
     let (client, copies) = (client.clone(), profile.copies);
     schedule
         .send(profile.concurrency, move |i| {
@@ -786,27 +834,32 @@ async fn payment_completions(
 ) -> anyhow::Result<usize> {
     let now = chrono::Utc::now();
     client
-        .admin_post(
+        .create_fixture(
             &tally,
             "/v1/admin/charge-events",
-            json!({"title": "chaos event", "add_percent": 20,
-                   "start_at": now - chrono::Duration::hours(1),
-                   "end_at": now + chrono::Duration::days(1),
-                   "available_count": 1_000_000}),
+            &json!({"title": "chaos event", "add_percent": 20,
+                    "start_at": now - chrono::Duration::hours(1),
+                    "end_at": now + chrono::Duration::days(1),
+                    "available_count": 1_000_000}),
+            Fixture::ChargeEvent {
+                title: "chaos event".to_owned(),
+            },
         )
         .await?;
     let members = (schedule.setup_items() / 8).max(3);
     let mut member_ids = Vec::with_capacity(members);
     for m in 0..members {
-        member_ids.push(id_of(
-            &client
-                .admin_post(
+        let nickname = format!("chaos{m}");
+        member_ids.push(
+            client
+                .create_fixture(
                     &tally,
                     "/v1/admin/members",
-                    json!({"nickname": format!("chaos{m}")}),
+                    &json!({"nickname": nickname}),
+                    Fixture::Member { nickname },
                 )
                 .await?,
-        )?);
+        );
     }
     let member_ids = Arc::new(member_ids);
     let (client, copies) = (client.clone(), profile.copies);
@@ -851,9 +904,9 @@ async fn payment_completions(
 
 /// W4: clients place orders on several markets (and fill one in three, in full or in part);
 /// when half of a market's orders are placed, ops suspend it (`copies` suspend calls at once)
-/// while the clients go on placing (refused from then on) and filling. All at once the orders
-/// go round the markets; paced, each market takes the orders of [`PACED_MARKET_LIFETIME`] in
-/// turn, so suspensions (and their cancels) spread over the run. A market whose half was never
+/// while the clients go on placing (refused from then on) and filling. Each market takes the
+/// orders of [`MARKET_LIFETIME`] (at least [`MARKET_ORDERS`]) in turn, so suspensions (and
+/// their cancels) spread over the run. A market whose half was never
 /// placed (the deadline came first) is suspended at the end. The orders sent and the markets.
 async fn market_orders(
     profile: &Profile,
@@ -862,23 +915,21 @@ async fn market_orders(
     tally: Arc<Tally>,
 ) -> anyhow::Result<(usize, usize)> {
     let orders = schedule.items;
-    let (markets, per_market) = match schedule.pace {
-        None => {
-            let markets = (orders / 100).max(2);
-            (markets, orders.div_ceil(markets))
-        }
-        Some(pace) => {
-            let per_market =
-                ((pace.per_second * PACED_MARKET_LIFETIME.as_secs_f64()) as usize).max(100);
-            (orders.div_ceil(per_market).max(2), per_market)
-        }
-    };
-    let paced = schedule.pace.is_some();
+    let per_market =
+        ((schedule.pace.per_second * MARKET_LIFETIME.as_secs_f64()) as usize).max(MARKET_ORDERS);
+    let markets = orders.div_ceil(per_market).max(2);
     let mut symbols = Vec::with_capacity(markets);
     for m in 0..markets {
         let symbol = format!("CHAOS{m}");
         client
-            .admin_post(&tally, "/v1/admin/markets", json!({"symbol": symbol}))
+            .create_fixture(
+                &tally,
+                "/v1/admin/markets",
+                &json!({"symbol": symbol}),
+                Fixture::Market {
+                    symbol: symbol.clone(),
+                },
+            )
             .await?;
         symbols.push(symbol);
     }
@@ -904,11 +955,7 @@ async fn market_orders(
                 suspends.clone(),
             );
             async move {
-                let market = if paced {
-                    (i / per_market).min(symbols.len() - 1)
-                } else {
-                    i % symbols.len()
-                };
+                let market = (i / per_market).min(symbols.len() - 1);
                 let symbol = &symbols[market];
                 if placed[market].fetch_add(1, Ordering::SeqCst) == per_market / 2 {
                     let (client, tally, symbol) = (client.clone(), tally.clone(), symbol.clone());

@@ -112,6 +112,10 @@ pub struct ChaosArgs {
     /// run: the harness's topology and every process's): exactly-once must not depend on it.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub shards: u16,
+    /// Keep the network out of it: every process on the host, no namespaces, relays or
+    /// network faults (the process-level faults only).
+    #[arg(long)]
+    pub no_network_faults: bool,
     /// Run another binary as one function, e.g. a deliberately broken build:
     /// `--substitute confirm-withdrawal=/path/to/binary` (repeatable).
     #[arg(long = "substitute", value_parser = parse_substitute)]
@@ -139,6 +143,12 @@ pub struct Profile {
     pub broker_node_kills: u32,
     pub database_restarts: u32,
     pub webhook_outage: Duration,
+    /// POSTs the partners' endpoint takes and answers after the sender's timeout.
+    pub late_webhooks: u64,
+    /// Network faults between the functions and the database or broker (namespaces, relays).
+    pub network_faults: bool,
+    /// How long a network partition lasts.
+    pub partition: Duration,
     pub fault_window: Duration,
     pub quiescence_timeout: Duration,
     pub seed: u64,
@@ -162,6 +172,9 @@ impl Profile {
                 broker_node_kills: 0,
                 database_restarts: 1,
                 webhook_outage: Duration::from_secs(6),
+                late_webhooks: 3,
+                network_faults: true,
+                partition: Duration::from_secs(12),
                 fault_window: Duration::from_secs(30),
                 quiescence_timeout: Duration::from_secs(180),
                 seed: 0,
@@ -180,6 +193,9 @@ impl Profile {
                 broker_node_kills: 2,
                 database_restarts: 1,
                 webhook_outage: Duration::from_secs(30),
+                late_webhooks: 20,
+                network_faults: true,
+                partition: Duration::from_secs(20),
                 fault_window: Duration::from_secs(120),
                 quiescence_timeout: Duration::from_secs(600),
                 seed: 0,
@@ -232,6 +248,7 @@ impl Profile {
         if let Some(s) = args.quiescence_timeout_s {
             profile.quiescence_timeout = Duration::from_secs(s);
         }
+        profile.network_faults = !args.no_network_faults;
         profile.copies = args.copies;
         profile.malformed_every = args.malformed_every;
         profile.shards = args.shards;
@@ -260,6 +277,9 @@ impl Profile {
         )
     }
 }
+
+/// The share of the fault window the load is spread over.
+const LOAD_SHARE_OF_WINDOW: f64 = 0.8;
 
 /// A small deterministic generator for the fault schedule (reproducible with `--seed`).
 #[derive(Debug, Clone)]
@@ -407,7 +427,7 @@ async fn drive(
     binaries: &[fleet::Binary],
     state_dir: &Path,
 ) -> anyhow::Result<Report> {
-    let stage = Stage::start(profile, own, binaries, state_dir).await?;
+    let stage = Stage::start(profile, own, binaries, state_dir, profile.network_faults).await?;
     let started = stage.started;
 
     let faults_stop = CancellationToken::new();
@@ -417,9 +437,25 @@ async fn drive(
         own.mariadb.clone(),
         own.rabbitmq.clone(),
         stage.outside.clone(),
+        stage.network.clone().map(|network| faults::Net {
+            network,
+            slots: stage.slots.clone(),
+        }),
         faults_stop.clone(),
     ));
-    let load = load::run(profile, &stage.api, &stage.outside, &stage.services.pool).await;
+    // The load spreads over most of the fault window, so every fault meets requests and
+    // messages in flight.
+    let load = load::run_plan(
+        profile,
+        &stage.api,
+        &stage.outside,
+        &stage.services.pool,
+        load::Plan::Spread(
+            profile.items,
+            profile.fault_window.mul_f64(LOAD_SHARE_OF_WINDOW),
+        ),
+    )
+    .await;
     let load_sent = started.elapsed();
     // The faults run at least their window, then stop.
     let window_left = profile.fault_window.saturating_sub(started.elapsed());
@@ -458,6 +494,12 @@ async fn drive(
             trade_calls: outside.quotes.trade_calls(),
             webhook_posts: outside.webhooks.posts(),
             webhook_refused: outside.webhooks.refused(),
+            webhooks: ending.webhooks,
+            network: ending.network,
+            api_kills: fault_log
+                .iter()
+                .filter(|fault| fault.what == format!("SIGKILL {}", outside::API_PROCESS))
+                .count() as u64,
         },
         load,
         faults: fault_log,

@@ -229,6 +229,8 @@ pub(crate) struct NetFault {
     pub(crate) took_ms: u64,
     /// How long it holds (none: a one-off, or armed until used).
     pub(crate) lasts_ms: Option<u64>,
+    /// Connections it cut, for a socket kill.
+    pub(crate) cut: Option<u64>,
 }
 
 impl NetFault {
@@ -619,7 +621,9 @@ impl Network {
         else {
             let reset = self.relays.kill(slot, peer);
             let what = format!("{what}: {reset} connection(s) reset");
-            return self.record(slot, what, Mechanism::Relay, Applied::Yes, began, None);
+            let mut fault = self.record(slot, what, Mechanism::Relay, Applied::Yes, began, None);
+            fault.cut = Some(reset as u64);
+            return fault;
         };
         let mut killed = 0;
         for port in ports {
@@ -644,7 +648,9 @@ impl Network {
             }
         }
         let what = format!("{what}: {killed} socket(s) killed");
-        self.record(slot, what, Mechanism::SsKill, Applied::Yes, began, None)
+        let mut fault = self.record(slot, what, Mechanism::SsKill, Applied::Yes, began, None);
+        fault.cut = Some(killed as u64);
+        fault
     }
 
     /// Ends every fault, stops the relays, removes the namespaces (and kills what still runs
@@ -742,6 +748,7 @@ impl Network {
                             applied: failed(&e),
                             took_ms: began.elapsed().as_millis() as u64,
                             lasts_ms: None,
+                            cut: None,
                         });
                     }
                 }
@@ -777,6 +784,7 @@ impl Network {
             applied,
             took_ms: began.elapsed().as_millis() as u64,
             lasts_ms: lasts.map(|d| d.as_millis() as u64),
+            cut: None,
         };
         tracing::info!(fault = %fault, "network fault");
         self.log

@@ -1,8 +1,10 @@
-//! What surrounds paybus in a chaos run: the quote service (slow, failing, timing out), the
-//! partners' webhook endpoint (failing for a while) and the HTTP API the clients call;
-//! `faults` is the schedule that breaks them and the rest.
+//! What surrounds paybus in a chaos run: the quote service (slow, failing, trading then
+//! answering too late), the partners' webhook endpoint (failing for a while, taking
+//! notifications then answering too late) and the HTTP API the clients call; `faults` is the
+//! schedule that breaks them and the rest.
 
 use std::{
+    collections::HashMap,
     net::SocketAddr,
     sync::{
         Arc, Mutex,
@@ -11,10 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_api::{ApiConfig, AppState, auth::Role};
+use paybus_api::auth::Role;
 use paybus_p2p::testing::QuoteStub;
-use paybus_platform::{bus::Services, config::Vars};
-use tokio_util::sync::CancellationToken;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
 
 use super::Profile;
@@ -28,15 +28,35 @@ pub(crate) const QUOTE_API_KEY: &str = "chaos-quote-api-key";
 pub(crate) const QUOTE_TIMEOUT: Duration = Duration::from_millis(1_000);
 /// How long the quote service takes when it is healthy.
 pub(crate) const QUOTE_DELAY: Duration = Duration::from_millis(30);
+/// How long deliver-webhook waits for a partner's answer (`PAYBUS_WEBHOOK_TIMEOUT_MS`).
+pub(crate) const WEBHOOK_TIMEOUT: Duration = Duration::from_millis(2_000);
 
-/// The partners' webhook endpoint: 200, or 503 while an outage lasts.
+/// One POST the partners' endpoint received.
+#[derive(Debug, Clone)]
+pub(crate) struct Received {
+    /// `webhook-id`: the notification's id, the partner's idempotency key.
+    pub(crate) webhook_id: String,
+    /// `x-paybus-event` and the body: what the notification says.
+    pub(crate) event: String,
+    pub(crate) payload: Vec<u8>,
+    /// The answer it got (200 also when it came after the sender's timeout).
+    pub(crate) status: u16,
+    /// Answered after the sender's timeout.
+    pub(crate) late: bool,
+}
+
+/// The partners' webhook endpoint: 200; 503 while an outage lasts; and, for the POSTs it is
+/// told to answer late, 200 only after the sender's timeout — it took the notification (a partner that acted on
+/// it), but the sender cannot know, so the notification must come again under the same id.
+/// Every POST is recorded for the checks.
 #[derive(Clone, Default)]
 pub(crate) struct Webhooks {
     /// Milliseconds since `epoch` until which every POST is refused.
     failing_until_ms: Arc<AtomicU64>,
+    /// POSTs still to answer late.
+    late_left: Arc<AtomicU64>,
     epoch: Arc<Mutex<Option<Instant>>>,
-    posts: Arc<AtomicU64>,
-    refused: Arc<AtomicU64>,
+    received: Arc<Mutex<Vec<Received>>>,
 }
 
 impl Webhooks {
@@ -50,23 +70,74 @@ impl Webhooks {
         self.failing_until_ms.store(until, Ordering::SeqCst);
     }
 
+    /// Answers the next `posts` POSTs after the sender's timeout (counted, not timed: the
+    /// deliveries come when the broker and deliver-webhook let them, and each must meet it).
+    pub(crate) fn answer_next_late(&self, posts: u64) {
+        self.late_left.store(posts, Ordering::SeqCst);
+    }
+
+    pub(crate) fn received(&self) -> Vec<Received> {
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub(crate) fn posts(&self) -> u64 {
-        self.posts.load(Ordering::Relaxed)
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as u64
     }
 
     pub(crate) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|r| r.status >= 300)
+            .count() as u64
     }
 }
 
 impl Respond for Webhooks {
-    fn respond(&self, _: &Request) -> ResponseTemplate {
-        self.posts.fetch_add(1, Ordering::Relaxed);
-        if self.now_ms() < self.failing_until_ms.load(Ordering::SeqCst) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return ResponseTemplate::new(503).set_body_string("partner endpoint down");
-        }
-        ResponseTemplate::new(200)
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let header = |name: &str| {
+            request
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let now = self.now_ms();
+        let (status, delay) = if now < self.failing_until_ms.load(Ordering::SeqCst) {
+            (503, Duration::ZERO)
+        } else if self
+            .late_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            (200, WEBHOOK_TIMEOUT + WEBHOOK_TIMEOUT / 2)
+        } else {
+            (200, Duration::ZERO)
+        };
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Received {
+                webhook_id: header("webhook-id"),
+                event: header("x-paybus-event"),
+                payload: request.body.clone(),
+                status,
+                late: !delay.is_zero(),
+            });
+        let answer = if status == 503 {
+            ResponseTemplate::new(503).set_body_string("partner endpoint down")
+        } else {
+            ResponseTemplate::new(200)
+        };
+        answer.set_delay(delay)
     }
 }
 
@@ -75,6 +146,8 @@ impl Respond for Webhooks {
 pub(crate) struct World {
     pub(crate) quotes: Arc<QuoteStub>,
     pub(crate) webhooks: Webhooks,
+    /// Where partners' webhooks go, as the function processes reach it (through the run's
+    /// relay when they live in network namespaces).
     pub(crate) webhook_url: String,
     _webhook_server: Arc<MockServer>,
 }
@@ -97,25 +170,37 @@ impl World {
     }
 }
 
-/// The HTTP API, in this process (the clients' entry point; the functions are the processes
-/// the schedule kills).
+/// The name of the HTTP API's process in the fleet (`paybus serve`).
+pub(crate) const API_PROCESS: &str = "api";
+
+/// The HTTP API the clients call: `paybus serve` as a process of its own, which the schedule
+/// SIGKILLs like the functions (its supervisor starts it again on the same address).
+#[derive(Clone)]
 pub(crate) struct Api {
     pub(crate) base: String,
     pub(crate) admin_token: String,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl Api {
-    pub(crate) async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
+    /// The API on `addr` (free: the process binds it), and an ADMIN token it accepts.
+    pub(crate) fn on(addr: SocketAddr) -> anyhow::Result<Self> {
+        let admin_token = paybus_api::auth::issue(
+            ADMIN_JWT_SECRET,
+            "chaos",
+            &[Role::Admin],
+            Duration::from_secs(24 * 3600),
+        )?;
+        Ok(Self {
+            base: format!("http://{addr}"),
+            admin_token,
+        })
     }
-}
 
-pub(crate) async fn start_api(services: &Services, world: &World) -> anyhow::Result<Api> {
-    let vars = Vars::new(
+    /// The API process's settings (beside the database and broker ones every process has).
+    pub(crate) fn environment(&self, world: &World) -> HashMap<String, String> {
+        let addr = self.base.trim_start_matches("http://").to_owned();
         [
+            ("PAYBUS_HTTP_ADDR", addr.as_str()),
             ("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET),
             ("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET),
             ("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET),
@@ -133,31 +218,26 @@ pub(crate) async fn start_api(services: &Services, world: &World) -> anyhow::Res
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect(),
-    );
-    let config = ApiConfig::read(&vars)?;
-    let state = AppState::new(services, &config, paybus_catalog::audit_checks())?;
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            if let Err(e) = paybus_api::serve_on(listener, state, stop).await {
-                tracing::error!(error = %e, "the chaos run's HTTP API stopped");
+        .collect()
+    }
+
+    /// Waits until the API answers `/health` (a process just started, or started again).
+    pub(crate) async fn ready(&self, within: Duration) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + within;
+        loop {
+            let answer = client
+                .get(format!("{}/health", self.base))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await;
+            match answer {
+                Ok(response) if response.status().is_success() => return Ok(()),
+                _ if Instant::now() >= deadline => {
+                    anyhow::bail!("the API at {} did not answer within {within:?}", self.base)
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
-    });
-    let admin_token = paybus_api::auth::issue(
-        ADMIN_JWT_SECRET,
-        "chaos",
-        &[Role::Admin],
-        Duration::from_secs(24 * 3600),
-    )?;
-    Ok(Api {
-        base,
-        admin_token,
-        stop,
-        task,
-    })
+    }
 }

@@ -17,10 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Profile,
-    checks::{DeadLetters, Violation},
+    checks::{DeadLetters, Violation, WebhookFigures},
     faults::Fault,
     fleet::ProcessRecord,
     load::{Load, Sent},
+    stage::NetworkFigures,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -45,6 +46,12 @@ pub struct Figures {
     pub trade_calls: u64,
     pub webhook_posts: u64,
     pub webhook_refused: u64,
+    /// What the partners' endpoint received: at-least-once's repeats, the late answers.
+    pub webhooks: WebhookFigures,
+    /// The run's network: which mechanisms ran, the resets after COMMIT ("off" without it).
+    pub network: Option<NetworkFigures>,
+    /// SIGKILLs of the HTTP API process.
+    pub api_kills: u64,
 }
 
 pub(crate) fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -158,6 +165,19 @@ impl fmt::Display for Report {
             f,
             "  quote service: {quote_phases} changes (healthy / failing / hanging / slow)"
         )?;
+        match &fig.network {
+            Some(network) => writeln!(
+                f,
+                "  {}; {} connection(s) reset right after COMMIT ({} of those COMMITs had committed)",
+                network.mode, network.commit_resets, network.commit_resets_committed
+            )?,
+            None => writeln!(f, "  network faults: off (--no-network-faults)")?,
+        }
+        writeln!(
+            f,
+            "  the HTTP API process SIGKILLed {} time(s)",
+            fig.api_kills
+        )?;
         let processes: Vec<String> = self
             .process_exits
             .iter()
@@ -182,6 +202,11 @@ impl fmt::Display for Report {
             f,
             "  quote calls / trade calls {} / {};  webhook POSTs {} ({} refused)",
             fig.quote_calls, fig.trade_calls, fig.webhook_posts, fig.webhook_refused
+        )?;
+        writeln!(
+            f,
+            "  webhooks: {} notifications received, {} accepted again (at least once), {} accepted after the sender's timeout",
+            fig.webhooks.notifications, fig.webhooks.accepted_again, fig.webhooks.answered_late
         )?;
         writeln!(f, "\nitems by state")?;
         for (table, states) in &self.counts {

@@ -1,8 +1,10 @@
 //! The stage a run plays on, shared by chaos and the soak (`bench soak`): on the run's own
 //! services, a fresh database with the migrations and the topology, the quote service stub
-//! and the partner webhook endpoint, the HTTP API, the duplicator, the queue-depth watch and
-//! every function as its own process. [`Stage::finish`] is the common ending: quiescence,
-//! every process stopped, then the exactly-once checks.
+//! and the partner webhook endpoint, the duplicator, the queue-depth watch, and every function
+//! and the HTTP API as processes of their own — with the run's network (chaos), each function
+//! in a network namespace whose database, broker and HTTP peers are relayed, so the schedule
+//! can break what is between them. [`Stage::finish`] is the common ending: quiescence, every
+//! process stopped, the network taken down, then the exactly-once checks.
 
 use std::{
     collections::BTreeMap,
@@ -12,18 +14,23 @@ use std::{
 };
 
 use anyhow::Context;
-use paybus_platform::{bus::Services, db};
+use paybus_platform::{bus::Services, db, testing::free_port};
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     OwnServices, Profile,
     checks::{self, DeadLetters, Violation},
     duplicator::Duplicator,
-    fleet::{self, Fleet, ProcessRecord},
+    fleet::{self, Fleet, ProcessRecord, ProcessSpec},
     load::Load,
-    outside::{self, Api, World},
+    network::{Network, NetworkOptions, Peer},
+    outside::{Api, World},
     report::DepthWatch,
 };
+
+/// How long the API process may take to answer after its start.
+const API_START_WITHIN: Duration = Duration::from_secs(60);
 
 /// How long the harness's own parts (the duplicator, the API) may take to stop.
 const STOP_WITHIN: Duration = Duration::from_secs(30);
@@ -35,11 +42,26 @@ pub(crate) struct Stage {
     pub(crate) duplicator: Duplicator,
     pub(crate) depth: DepthWatch,
     pub(crate) fleet: Arc<Fleet>,
+    /// The run's network (chaos with network faults); none: every process on the host.
+    pub(crate) network: Option<Arc<Network>>,
+    /// The function processes by network slot (the API has none).
+    pub(crate) slots: Vec<String>,
     stop: CancellationToken,
     /// When every process had been started (the run's clock).
     pub(crate) started: Instant,
     /// A minute before it, on the wall clock: where the quote reconciliation starts.
     pub(crate) started_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The run's network in figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct NetworkFigures {
+    /// What the machine allowed ("network faults: kernel (netns + nft + ss; …)").
+    pub mode: String,
+    /// Connections reset right after their COMMIT went out, and how many of those COMMITs
+    /// the server carried out (the client could not know).
+    pub commit_resets: u64,
+    pub commit_resets_committed: u64,
 }
 
 /// What [`Stage::finish`] found.
@@ -51,6 +73,10 @@ pub(crate) struct Ending {
     pub(crate) dead_letters: Vec<DeadLetters>,
     /// The most messages ready in all queues at once, over the whole run.
     pub(crate) peak_queue_depth: u64,
+    /// What the partners' endpoint received.
+    pub(crate) webhooks: checks::WebhookFigures,
+    /// What the network did: none without one.
+    pub(crate) network: Option<NetworkFigures>,
     /// Events the tap saw, copies it published, malformed messages it injected.
     pub(crate) messages_seen: u64,
     pub(crate) copies_published: u64,
@@ -58,11 +84,14 @@ pub(crate) struct Ending {
 }
 
 impl Stage {
+    /// Sets the stage; with `network`, the functions live in namespaces of the run's network
+    /// (or, where the machine cannot make them, behind its relays on the host).
     pub(crate) async fn start(
         profile: &Profile,
         own: &OwnServices,
         binaries: &[fleet::Binary],
         state_dir: &Path,
+        network: bool,
     ) -> anyhow::Result<Self> {
         let settings = own.settings()?;
         let services = Services::connect(settings.clone())
@@ -71,8 +100,7 @@ impl Stage {
         db::migrate(&services.pool).await?;
         services.declare_topology(&paybus_catalog::queues()).await?;
 
-        let outside = World::start(profile).await;
-        let api = outside::start_api(&services, &outside).await?;
+        let mut outside = World::start(profile).await;
         let stop = CancellationToken::new();
         let duplicator = Duplicator::start(&services, profile, stop.clone()).await?;
         let depth = DepthWatch::start(services.link.clone(), stop.clone());
@@ -92,8 +120,71 @@ impl Stage {
                     .to_env_value()
             })
             .collect();
-        let fleet =
-            Arc::new(Fleet::start(binaries, env, &node_orders, &state_dir.join("logs")).await?);
+        let functions = binaries.iter().filter(|b| !b.is_api()).count();
+        let network = if network {
+            let network = Network::start(NetworkOptions {
+                slots: functions,
+                namespaces: true,
+            })
+            .await?;
+            network
+                .relay_url("mariadb", Peer::Database, &settings.database.url)
+                .await?;
+            for node in 1..=own.rabbitmq.nodes() {
+                let url = own.rabbitmq.settings(&settings.broker, node).url;
+                network
+                    .relay_url(&format!("rabbitmq-{node}"), Peer::Broker, &url)
+                    .await?;
+            }
+            network
+                .relay_url("quotes", Peer::Http, &outside.quotes.url().parse()?)
+                .await?;
+            network
+                .relay_url("webhooks", Peer::Http, &outside.webhook_url.parse()?)
+                .await?;
+            // Partners' webhook URLs are read from the database by whichever process
+            // delivers.
+            outside.webhook_url = network.rewrite(None, &outside.webhook_url);
+            Some(Arc::new(network))
+        } else {
+            None
+        };
+        let api = Api::on(([127, 0, 0, 1], free_port()).into())?;
+        let mut specs = Vec::with_capacity(binaries.len());
+        let mut slots = Vec::with_capacity(functions);
+        let mut slot = 0;
+        for (i, binary) in binaries.iter().enumerate() {
+            let mut env = env.clone();
+            env.insert(
+                "PAYBUS_AMQP_URL".to_owned(),
+                node_orders[i % node_orders.len()].clone(),
+            );
+            let spec = if binary.is_api() {
+                env.extend(api.environment(&outside));
+                ProcessSpec {
+                    binary: binary.clone(),
+                    env,
+                    slot: None,
+                }
+            } else {
+                let this = slot;
+                slot += 1;
+                slots.push(binary.name.clone());
+                if let Some(network) = &network {
+                    for value in env.values_mut() {
+                        *value = network.rewrite(Some(this), value);
+                    }
+                }
+                ProcessSpec {
+                    binary: binary.clone(),
+                    env,
+                    slot: Some(this),
+                }
+            };
+            specs.push(spec);
+        }
+        let fleet = Arc::new(Fleet::start(specs, network.clone(), &state_dir.join("logs")).await?);
+        api.ready(API_START_WITHIN).await?;
         Ok(Self {
             services,
             outside,
@@ -101,6 +192,8 @@ impl Stage {
             duplicator,
             depth,
             fleet,
+            network,
+            slots,
             stop,
             started: Instant::now(),
             started_at: chrono::Utc::now() - chrono::Duration::minutes(1),
@@ -117,10 +210,10 @@ impl Stage {
         let Self {
             services,
             outside,
-            api,
             duplicator,
             depth,
             fleet,
+            network,
             stop,
             started_at,
             ..
@@ -148,14 +241,28 @@ impl Stage {
             ));
         }
         stop.cancel();
-        if tokio::time::timeout(STOP_WITHIN, api.stop()).await.is_err() {
-            unstopped.push(checks::violation(
-                "harness_did_not_stop",
-                format!(
-                    "the API still had requests in flight {} s after its stop",
-                    STOP_WITHIN.as_secs()
-                ),
-            ));
+        let network_figures = network.as_ref().map(|network| {
+            let resets = network.commit_resets();
+            NetworkFigures {
+                mode: network.capabilities().to_string(),
+                commit_resets: resets.len() as u64,
+                commit_resets_committed: resets.iter().filter(|r| r.committed()).count() as u64,
+            }
+        });
+        if let Some(network) = network {
+            unstopped.extend(
+                network
+                    .faults()
+                    .into_iter()
+                    .filter(|fault| fault.failed())
+                    .map(|fault| checks::violation("network_fault_failed", fault.to_string())),
+            );
+            if let Err(e) = network.cleanup().await {
+                unstopped.push(checks::violation(
+                    "network_not_cleaned_up",
+                    format!("{e:#}"),
+                ));
+            }
         }
 
         let mut violations = checks::run_all(
@@ -168,7 +275,12 @@ impl Stage {
         )
         .await?;
         violations.extend(unstopped);
+        let (webhook_violations, webhooks) =
+            checks::webhook_deliveries(&services.pool, &outside.webhooks).await?;
+        violations.extend(webhook_violations);
         Ok(Ending {
+            webhooks,
+            network: network_figures,
             time_to_quiescence,
             process_exits,
             violations,

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::chaos::{checks, fleet::Fleet};
 
 /// The harness's own process: the HTTP API, the load's clients and the duplicator.
-pub(crate) const HARNESS: &str = "harness (API, clients, duplicator)";
+pub(crate) const HARNESS: &str = "harness (clients, duplicator)";
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Sample {
