@@ -388,6 +388,25 @@ impl Client {
         Ok(answer)
     }
 
+    /// The partner `name` (once in a run), taking webhooks at `webhook_url` if any.
+    async fn partner(
+        &self,
+        tally: &Tally,
+        name: &str,
+        webhook_url: Option<&str>,
+    ) -> anyhow::Result<u64> {
+        let secret = format!("{}-webhook-secret", name.replace(' ', "-"));
+        let body = match webhook_url {
+            Some(url) => json!({"name": name, "webhook_url": url, "webhook_secret": secret}),
+            None => json!({"name": name, "webhook_secret": secret}),
+        };
+        let fixture = Fixture::Partner {
+            name: name.to_owned(),
+        };
+        self.create_fixture(tally, "/v1/admin/partners", &body, fixture)
+            .await
+    }
+
     /// A new API key of `partner`, as an ADMIN creates one.
     async fn partner_key(&self, tally: &Tally, partner: u64) -> anyhow::Result<String> {
         let answer = self
@@ -661,26 +680,9 @@ async fn p2p_deposit_orders(
 ) -> anyhow::Result<usize> {
     let orders = schedule.items;
     let buyer = client
-        .create_fixture(
-            &tally,
-            "/v1/admin/partners",
-            &json!({"name": "chaos p2p buyer", "webhook_url": world.webhook_url,
-                    "webhook_secret": "chaos-buyer-webhook-secret"}),
-            Fixture::Partner {
-                name: "chaos p2p buyer".to_owned(),
-            },
-        )
+        .partner(&tally, "chaos p2p buyer", Some(&world.webhook_url))
         .await?;
-    let seller = client
-        .create_fixture(
-            &tally,
-            "/v1/admin/partners",
-            &json!({"name": "chaos p2p seller", "webhook_secret": "chaos-seller-webhook-secret"}),
-            Fixture::Partner {
-                name: "chaos p2p seller".to_owned(),
-            },
-        )
-        .await?;
+    let seller = client.partner(&tally, "chaos p2p seller", None).await?;
     // Partners act with their own API keys, as deployed.
     let seller_key = client.partner_key(&tally, seller).await?;
     let buyer_key = Arc::new(client.partner_key(&tally, buyer).await?);
@@ -740,15 +742,7 @@ async fn confirmations(
     tally: Arc<Tally>,
 ) -> anyhow::Result<usize> {
     let partner = client
-        .create_fixture(
-            &tally,
-            "/v1/admin/partners",
-            &json!({"name": "chaos exchange", "webhook_url": world.webhook_url,
-                    "webhook_secret": "chaos-exchange-webhook-secret"}),
-            Fixture::Partner {
-                name: "chaos exchange".to_owned(),
-            },
-        )
+        .partner(&tally, "chaos exchange", Some(&world.webhook_url))
         .await?;
     let (client, copies) = (client.clone(), profile.copies);
     schedule
