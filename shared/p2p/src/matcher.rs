@@ -86,6 +86,11 @@ pub struct Matcher {
     quote: Option<QuoteClient>,
     config: MatchingConfig,
     clock: Clock,
+    /// A misreading of failed createTrade calls that replaces [`QuoteError::effect`]: the seam
+    /// of chaos's deliberately broken match-deposit ([`Matcher::misreading_trade_outcomes`]).
+    /// The field exists only with `test-harness`, which no deployed binary enables.
+    #[cfg(feature = "test-harness")]
+    misread: Option<fn(&QuoteError) -> Effect>,
 }
 
 impl std::fmt::Debug for Matcher {
@@ -107,7 +112,34 @@ impl Matcher {
             outbox,
             config,
             clock: Clock::Database,
+            #[cfg(feature = "test-harness")]
+            misread: None,
         })
+    }
+
+    /// The same matcher reading every failed createTrade with `effect` instead of
+    /// [`QuoteError::effect`] — a deliberately broken matcher, for the chaos harness's proof
+    /// that it can fail (`tests/src/bin/match-deposit-releases-on-timeout.rs`: a timeout read
+    /// as *not done*, so the fill is released while the quote service may hold its trade,
+    /// principle 12's violation). Only the classification changes: reserve, the TRADING mark,
+    /// the calls, settle, release and the accounting are the real ones, so whatever the
+    /// harness catches is that one misreading. Feature `test-harness` only, which the deployed
+    /// builds (`cargo lambda build --bin match-deposit`, `cargo build -p paybus`) never enable:
+    /// they have neither this method nor the field it sets (a whole-workspace build, which
+    /// unifies the lab's features, has the field, always `None` outside this method).
+    #[cfg(feature = "test-harness")]
+    pub fn misreading_trade_outcomes(mut self, effect: fn(&QuoteError) -> Effect) -> Self {
+        self.misread = Some(effect);
+        self
+    }
+
+    /// What a failed createTrade left at the quote service (principle 12, [`crate::quote`]).
+    fn trade_effect(&self, error: &QuoteError) -> Effect {
+        #[cfg(feature = "test-harness")]
+        if let Some(misread) = self.misread {
+            return misread(error);
+        }
+        error.effect()
     }
 
     /// The same matcher on another clock (tests).
@@ -350,7 +382,7 @@ impl Matcher {
             // A refusal of this request is not proof about an earlier one whose outcome was
             // unknown: a service that traded, answered late, then refuses the retry ("quote
             // expired" before it looks the key up) still holds that trade. The key decides.
-            Err(error) if error.effect() == Effect::NotDone && fill.trade_checks > 0 => {
+            Err(error) if self.trade_effect(&error) == Effect::NotDone && fill.trade_checks > 0 => {
                 match client.trade_by_key(&fill.trade_key).await {
                     Ok(Some(record)) => {
                         tracing::warn!(
@@ -382,7 +414,7 @@ impl Matcher {
                     }
                 }
             }
-            Err(error) if error.effect() == Effect::NotDone => {
+            Err(error) if self.trade_effect(&error) == Effect::NotDone => {
                 settle::release(&self.outbox, claim, fill, ReleaseReason::TradeRefused).await?;
                 return Err(error.into());
             }

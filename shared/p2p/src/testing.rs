@@ -147,6 +147,9 @@ pub struct StubCall {
     pub currency: String,
     pub arrived: Instant,
     pub answered: Instant,
+    /// The HTTP status of the answer (200 to a createTrade: a trade made, or found under its
+    /// key).
+    pub status: u16,
 }
 
 impl StubCall {
@@ -167,6 +170,9 @@ struct Book {
     failing_quotes: u32,
     failing_trades: u32,
     refused_trades: u32,
+    /// The next this many trades are answered after `late_delay`, whatever the delay then.
+    late_trades: u32,
+    late_delay: Duration,
 }
 
 impl Book {
@@ -213,8 +219,15 @@ struct TradeListing(Shared);
 /// The stub's fixed rate.
 const RATE: &str = "1391.5";
 
-/// Records the call's arrival and when it will be answered.
-fn log_call(book: &mut Book, call: Call, request: &Request, delay: Duration) {
+/// Records the call: its arrival, when it will be answered and with what; returns the answer.
+fn log_call(
+    book: &mut Book,
+    call: Call,
+    request: &Request,
+    status: u16,
+    delay: Duration,
+    answer: ResponseTemplate,
+) -> ResponseTemplate {
     let body = request.body_json::<serde_json::Value>().unwrap_or_default();
     let text = |field: &str| body[field].as_str().unwrap_or_default().to_owned();
     let arrived = Instant::now();
@@ -224,7 +237,9 @@ fn log_call(book: &mut Book, call: Call, request: &Request, delay: Duration) {
         currency: text("currency"),
         arrived,
         answered: arrived + delay,
+        status,
     });
+    answer.set_delay(delay)
 }
 
 /// A string field of a request body ("" when absent).
@@ -245,23 +260,20 @@ impl Respond for Quotes {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let delay = Duration::from_millis(self.0.quote_delay_ms.load(Ordering::SeqCst));
         let mut book = self.0.book();
-        log_call(&mut book, Call::GetQuote, request, delay);
         book.quotes += 1;
         if book.failing_quotes > 0 {
             book.failing_quotes -= 1;
-            return ResponseTemplate::new(503)
-                .set_body_string("quote engine unavailable")
-                .set_delay(delay);
+            let answer = ResponseTemplate::new(503).set_body_string("quote engine unavailable");
+            return log_call(&mut book, Call::GetQuote, request, 503, delay, answer);
         }
         let amount = amount_of(request);
         let n = book.quotes;
-        ResponseTemplate::new(200)
-            .set_body_json(serde_json::json!({
-                "quote_id": format!("q-{n}"),
-                "rate": RATE,
-                "fee": self.0.fee.min(amount),
-            }))
-            .set_delay(delay)
+        let answer = ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "quote_id": format!("q-{n}"),
+            "rate": RATE,
+            "fee": self.0.fee.min(amount),
+        }));
+        log_call(&mut book, Call::GetQuote, request, 200, delay, answer)
     }
 }
 
@@ -269,21 +281,18 @@ impl Respond for Trades {
     /// Trades as soon as the request arrives; the delay comes before the answer, so a delay
     /// longer than the client's timeout is a service that traded and then answered late.
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let delay = Duration::from_millis(self.0.trade_delay_ms.load(Ordering::SeqCst));
+        let mut delay = Duration::from_millis(self.0.trade_delay_ms.load(Ordering::SeqCst));
         let mut book = self.0.book();
-        log_call(&mut book, Call::CreateTrade, request, delay);
         book.trade_requests += 1;
         if book.failing_trades > 0 {
             book.failing_trades -= 1;
-            return ResponseTemplate::new(500)
-                .set_body_string("trade engine error")
-                .set_delay(delay);
+            let answer = ResponseTemplate::new(500).set_body_string("trade engine error");
+            return log_call(&mut book, Call::CreateTrade, request, 500, delay, answer);
         }
         if book.refused_trades > 0 {
             book.refused_trades -= 1;
-            return ResponseTemplate::new(422)
-                .set_body_string("quote expired")
-                .set_delay(delay);
+            let answer = ResponseTemplate::new(422).set_body_string("quote expired");
+            return log_call(&mut book, Call::CreateTrade, request, 422, delay, answer);
         }
         let Some(key) = request
             .headers
@@ -291,7 +300,8 @@ impl Respond for Trades {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
         else {
-            return ResponseTemplate::new(400).set_body_string("Idempotency-Key is required");
+            let answer = ResponseTemplate::new(400).set_body_string("Idempotency-Key is required");
+            return log_call(&mut book, Call::CreateTrade, request, 400, delay, answer);
         };
         let amount = amount_of(request);
         let fee = self.0.fee.min(amount);
@@ -304,18 +314,21 @@ impl Respond for Trades {
         trade.requests += 1;
         // An idempotent API: the same key is the same trade; reused for another amount, refused.
         if trade.amount != amount {
-            return ResponseTemplate::new(409)
-                .set_body_string("idempotency key reused with another amount")
-                .set_delay(delay);
+            let answer = ResponseTemplate::new(409)
+                .set_body_string("idempotency key reused with another amount");
+            return log_call(&mut book, Call::CreateTrade, request, 409, delay, answer);
         }
-        ResponseTemplate::new(200)
-            .set_body_json(serde_json::json!({
-                "trade_id": trade.trade_id,
-                "amount": trade.amount,
-                "rate": RATE,
-                "fee": fee,
-            }))
-            .set_delay(delay)
+        let answer = ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "trade_id": trade.trade_id,
+            "amount": trade.amount,
+            "rate": RATE,
+            "fee": fee,
+        }));
+        if book.late_trades > 0 {
+            book.late_trades -= 1;
+            delay = book.late_delay;
+        }
+        log_call(&mut book, Call::CreateTrade, request, 200, delay, answer)
     }
 }
 
@@ -467,6 +480,15 @@ impl QuoteStub {
         self.shared.book().refused_trades = n;
     }
 
+    /// The next `n` trades (createTrade calls that make or find their trade) are answered
+    /// after `delay`, whatever the delay is then: longer than the client's timeout, `n`
+    /// trades the service made and answered late, whatever the timing of the load.
+    pub fn answer_next_trades_after(&self, n: u32, delay: Duration) {
+        let mut book = self.shared.book();
+        book.late_trades = n;
+        book.late_delay = delay;
+    }
+
     /// A trade the service made that paybus never asked for (reconciliation's orphan).
     pub fn plant_trade(&self, key: &str, amount: &str, reference: &str) -> String {
         self.shared
@@ -497,6 +519,19 @@ impl QuoteStub {
     /// `createTrade` calls received so far.
     pub fn trade_calls(&self) -> u64 {
         self.shared.book().trade_requests
+    }
+
+    /// `createTrade` calls answered 200 (a trade made, or found under its key) later than
+    /// `timeout` after they arrived: trades whose caller gave up waiting first.
+    pub fn trades_answered_after(&self, timeout: Duration) -> u64 {
+        self.shared
+            .book()
+            .calls
+            .iter()
+            .filter(|c| {
+                c.call == Call::CreateTrade && c.status == 200 && c.answered - c.arrived > timeout
+            })
+            .count() as u64
     }
 
     /// `GET /v1/trades` calls received so far (listings and lookups by key).

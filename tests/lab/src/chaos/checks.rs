@@ -324,7 +324,8 @@ async fn other_dead_letters(pool: &MySqlPool) -> Result<Vec<Violation>, sqlx::Er
 }
 
 /// W1's settled fills against the quote service's trades, over the whole run (nothing moves
-/// at quiescence, so every trade is judged): no orphan trade, no missing trade.
+/// at quiescence, so every trade is judged): no orphan trade, no missing trade — at the end
+/// (paybus's own reconciliation) and at any moment of the run ([`orphaned_for_a_while`]).
 async fn quote_reconciliation(
     pool: &MySqlPool,
     quotes: &QuoteStub,
@@ -335,6 +336,15 @@ async fn quote_reconciliation(
     let mut tx = pool.begin().await?;
     let found = reconcile::reconcile(&mut tx, &quotes.client(), since, until).await?;
     tx.rollback().await?;
+    let orphans_at_the_end: BTreeSet<&str> = found
+        .discrepancies
+        .iter()
+        .filter_map(|d| match d {
+            reconcile::Discrepancy::OrphanTrade { trade_key, .. } => Some(trade_key.as_str()),
+            _ => None,
+        })
+        .collect();
+    let for_a_while = orphaned_for_a_while(pool, quotes, &orphans_at_the_end).await?;
     Ok(found
         .discrepancies
         .iter()
@@ -353,6 +363,7 @@ async fn quote_reconciliation(
                 ),
             )
         }))
+        .chain(for_a_while)
         .collect())
 }
 
@@ -473,6 +484,81 @@ pub struct WebhookFigures {
     pub accepted_again: u64,
     /// POSTs accepted after the sender's timeout (the late phase).
     pub answered_late: u64,
+}
+
+/// A fill paybus released after the quote service had made its trade.
+#[derive(sqlx::FromRow)]
+struct ReleasedFill {
+    trade_key: String,
+    deposit_order_id: u64,
+    release_reason: String,
+    released_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Orphan trades of the run's history: a trade whose fill paybus released *after* the quote
+/// service had made it. From that release on, nothing in paybus held the seller's liquidity
+/// behind a trade that existed (another buyer could take it, or the order could close), even
+/// when a later attempt settled the trade under the same key and left clean books — which is
+/// all paybus's end-of-run reconciliation sees, so a build that releases on an *unknown*
+/// outcome passes it whenever its retry happens to find the trade. Principle 12 forbids the
+/// release itself. A chaos run can order the two events exactly: the stub's trades and the
+/// database's `released_at` are read off this machine's one clock (paybus's reconciliation,
+/// against a counterparty's clock, allows `CLOCK_SKEW` and judges the end state only). In a
+/// correct build no fill is ever released after its trade exists: a fill is released only
+/// before createTrade is sent, on a definitive refusal of the first request, or when the key's
+/// lookup found no trade. Keys already reported as orphans at the end are not repeated.
+async fn orphaned_for_a_while(
+    pool: &MySqlPool,
+    quotes: &QuoteStub,
+    orphans_at_the_end: &BTreeSet<&str>,
+) -> Result<Vec<Violation>, sqlx::Error> {
+    let released: Vec<ReleasedFill> = sqlx::query_as(
+        "SELECT trade_key, deposit_order_id, release_reason, released_at FROM p2p_matches \
+         WHERE status = 'RELEASED' ORDER BY released_at, id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let settled: BTreeSet<String> =
+        sqlx::query_scalar("SELECT DISTINCT trade_key FROM p2p_matches WHERE status = 'CONFIRMED'")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect();
+    let trades = quotes.trades();
+    let mut reported = BTreeSet::new();
+    let mut violations = Vec::new();
+    for fill in released {
+        let Some(trade) = trades.get(&fill.trade_key) else {
+            continue;
+        };
+        if fill.released_at <= trade.created_at
+            || orphans_at_the_end.contains(fill.trade_key.as_str())
+            || !reported.insert(fill.trade_key.clone())
+        {
+            continue;
+        }
+        let later = (fill.released_at - trade.created_at).num_milliseconds();
+        let then = if settled.contains(&fill.trade_key) {
+            "; a later attempt settled it under the same key, but until then it was an orphan"
+        } else {
+            ""
+        };
+        violations.push(violation(
+            "reconcile:p2p_orphan_trade",
+            format!(
+                "p2p_orphan_trade: the quote service made trade {} for {} {} under key {}; \
+                 paybus released that fill of deposit order {} ({}) {later} ms later, while \
+                 the trade stood{then}",
+                trade.trade_id,
+                trade.amount,
+                trade.currency,
+                fill.trade_key,
+                fill.deposit_order_id,
+                fill.release_reason
+            ),
+        ));
+    }
+    Ok(violations)
 }
 
 /// Every check, after quiescence and with every function process stopped.

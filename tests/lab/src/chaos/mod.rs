@@ -492,6 +492,9 @@ async fn drive(
             malformed_injected: ending.malformed_injected,
             quote_calls: outside.quotes.quote_calls(),
             trade_calls: outside.quotes.trade_calls(),
+            late_trades: outside
+                .quotes
+                .trades_answered_after(self::outside::QUOTE_TIMEOUT),
             webhook_posts: outside.webhooks.posts(),
             webhook_refused: outside.webhooks.refused(),
             webhooks: ending.webhooks,

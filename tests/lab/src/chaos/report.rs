@@ -44,6 +44,9 @@ pub struct Figures {
     pub malformed_injected: u64,
     pub quote_calls: u64,
     pub trade_calls: u64,
+    /// createTrade calls the quote service answered with a trade after the client's timeout
+    /// (an *unknown* outcome that was in fact done): the run tested principle 12 only if > 0.
+    pub late_trades: u64,
     pub webhook_posts: u64,
     pub webhook_refused: u64,
     /// What the partners' endpoint received: at-least-once's repeats, the late answers.
@@ -200,8 +203,12 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  quote calls / trade calls {} / {};  webhook POSTs {} ({} refused)",
-            fig.quote_calls, fig.trade_calls, fig.webhook_posts, fig.webhook_refused
+            "  quote calls / trade calls {} / {} ({} traded, answered after the client's timeout);  webhook POSTs {} ({} refused)",
+            fig.quote_calls,
+            fig.trade_calls,
+            fig.late_trades,
+            fig.webhook_posts,
+            fig.webhook_refused
         )?;
         writeln!(
             f,
