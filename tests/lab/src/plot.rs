@@ -27,21 +27,23 @@ const COLOURS: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-/// The bands' colours, by kind in order of first appearance. Darker than the lines' (a band
-/// is shaded lightly, so its hue must carry), and starting with the hues the lines use least.
+/// The bands' colours, by kind in [`Figure::kinds`]' order then first appearance: hues far apart, so that two
+/// kinds stay told apart when lightly shaded and overlapping (a restart under an outage).
 const BAND_COLOURS: [RGBColor; 8] = [
-    RGBColor(178, 24, 43),
-    RGBColor(106, 61, 154),
-    RGBColor(140, 81, 10),
-    RGBColor(230, 97, 1),
-    RGBColor(1, 102, 94),
-    RGBColor(90, 90, 90),
-    RGBColor(197, 27, 125),
+    RGBColor(200, 30, 45),
+    RGBColor(118, 42, 131),
     RGBColor(33, 102, 172),
+    RGBColor(140, 81, 10),
+    RGBColor(240, 140, 0),
+    RGBColor(1, 133, 113),
+    RGBColor(197, 27, 125),
+    RGBColor(90, 90, 90),
 ];
 
-/// How strongly a band shades the panels it crosses (its own strip row is darker).
-const BAND_SHADE: f64 = 0.13;
+/// How strongly a band shades the panels it crosses (its own strip row is darker), and its
+/// edges: where two bands overlap, their edges still say which is which.
+const BAND_SHADE: f64 = 0.12;
+const BAND_EDGE: f64 = 0.4;
 const BAND_TICK: f64 = 0.45;
 const STRIP_SHADE: f64 = 0.45;
 
@@ -185,6 +187,10 @@ pub(crate) struct Figure {
     pub(crate) panels: Vec<Panel>,
     pub(crate) marks: Vec<f64>,
     pub(crate) bands: Vec<Band>,
+    /// The bands' kinds in the order their colours are given (a kind of no band here keeps
+    /// its colour and stays out of the legend; a kind not listed comes after): a kind's
+    /// colour is then the same from one picture to the next.
+    pub(crate) kinds: Vec<String>,
 }
 
 /// Writes `figure` to `path` as SVG.
@@ -193,7 +199,7 @@ pub(crate) fn draw(figure: &Figure, path: &Path) -> anyhow::Result<()> {
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(40);
     title.titled(&figure.title, ("sans-serif", 18))?;
-    let kinds = kinds(&figure.bands);
+    let kinds = kinds(&figure.kinds, &figure.bands);
     let body = if figure.bands.is_empty() {
         body
     } else {
@@ -215,16 +221,20 @@ pub(crate) fn draw(figure: &Figure, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bands' kinds in order of first appearance, each with its colour.
-fn kinds(bands: &[Band]) -> Vec<(&str, RGBColor)> {
-    let mut kinds: Vec<(&str, RGBColor)> = Vec::new();
+/// The kinds of `bands` with their colours, in the legend's order: `order` first, then the
+/// others as they appear. A colour is a kind's place in that whole list, bands or not.
+fn kinds<'a>(order: &'a [String], bands: &'a [Band]) -> Vec<(&'a str, RGBColor)> {
+    let mut all: Vec<&str> = order.iter().map(String::as_str).collect();
     for band in bands {
-        if !kinds.iter().any(|(kind, _)| *kind == band.kind) {
-            let colour = BAND_COLOURS[kinds.len() % BAND_COLOURS.len()];
-            kinds.push((&band.kind, colour));
+        if !all.contains(&band.kind.as_str()) {
+            all.push(&band.kind);
         }
     }
-    kinds
+    all.into_iter()
+        .enumerate()
+        .filter(|(_, kind)| bands.iter().any(|band| band.kind == *kind))
+        .map(|(n, kind)| (kind, BAND_COLOURS[n % BAND_COLOURS.len()]))
+        .collect()
 }
 
 fn colour_of(kinds: &[(&str, RGBColor)], kind: &str) -> RGBColor {
@@ -376,6 +386,14 @@ where
                     colour.mix(BAND_SHADE).filled(),
                 )))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
+            for x in [start, end] {
+                chart
+                    .draw_series(LineSeries::new(
+                        [(x, 0.0), (x, top)],
+                        colour.mix(BAND_EDGE).stroke_width(1),
+                    ))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
         }
     }
     for &x in &figure.marks {
@@ -474,17 +492,27 @@ mod tests {
     }
 
     #[test]
-    fn kinds_keep_their_order_of_first_appearance_and_one_colour_each() {
+    fn kinds_keep_the_order_given_then_of_first_appearance_and_one_colour_each() {
         let bands = [
             Band::new(1.0, 1.0, "a", "SIGKILL"),
             Band::new(2.0, 4.0, "b", "database restart"),
             Band::new(3.0, 3.0, "c", "SIGKILL"),
         ];
-        let kinds = kinds(&bands);
-        let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
+        let found = kinds(&[], &bands);
+        let names: Vec<&str> = found.iter().map(|(k, _)| *k).collect();
         assert_eq!(names, ["SIGKILL", "database restart"]);
-        assert_ne!(kinds[0].1, kinds[1].1);
-        assert_eq!(colour_of(&kinds, "SIGKILL"), BAND_COLOURS[0]);
+        assert_ne!(found[0].1, found[1].1);
+        assert_eq!(colour_of(&found, "SIGKILL"), BAND_COLOURS[0]);
+        // In a fixed order, an absent kind keeps its colour's place and stays out.
+        let order = ["database restart", "broker restart", "SIGKILL"].map(String::from);
+        let found = kinds(&order, &bands);
+        assert_eq!(
+            found,
+            [
+                ("database restart", BAND_COLOURS[0]),
+                ("SIGKILL", BAND_COLOURS[2])
+            ]
+        );
     }
 
     /// Draws a figure with every element into a temporary file and reads it back.
@@ -514,6 +542,7 @@ mod tests {
                 Band::new(10.0, 30.0, "partition db", "network partition"),
                 Band::new(12.0, 12.0, "match-deposit", "function SIGKILL"),
             ],
+            kinds: Vec::new(),
         };
         draw(&figure, &path).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();

@@ -293,6 +293,7 @@ impl Timeline {
             ],
             marks: Vec::new(),
             bands,
+            kinds: KINDS.map(String::from).to_vec(),
         }
     }
 
@@ -353,26 +354,18 @@ pub(crate) fn bands(faults: &[Fault], profile: &Profile) -> Vec<Band> {
         .filter(|f| f.what.starts_with("quote service"))
         .map(|f| f.at_s)
         .collect();
-    let mut bands: Vec<Band> = faults
+    faults
         .iter()
         .filter_map(|fault| {
             let next_quote = quote_changes.iter().copied().find(|&at| at > fault.at_s);
             band_of(fault, profile, next_quote)
         })
-        .collect();
-    // The plot colours kinds in order of first appearance: a fixed order keeps a kind's
-    // colour from one run to the next (a kind not listed comes after, in time order).
-    let rank = |kind: &str| KINDS.iter().position(|k| *k == kind).unwrap_or(KINDS.len());
-    bands.sort_by(|a, b| {
-        rank(&a.kind)
-            .cmp(&rank(&b.kind))
-            .then(a.start_s.total_cmp(&b.start_s))
-    });
-    bands
+        .collect()
 }
 
-/// The kinds of the fault log, in the order their colours are given.
-const KINDS: [&str; 6] = [
+/// The kinds of the fault log, in the order their colours are given (so a kind has the same
+/// colour in every run and profile; a kind not listed, e.g. a network fault's, comes after).
+pub(crate) const KINDS: [&str; 6] = [
     "function SIGKILL",
     "broker restart",
     "database restart",
@@ -505,17 +498,16 @@ mod tests {
             fault(21.0, "partition from the database (slot 2)", 20_000),
         ];
         let bands = bands(&log, &profile());
-        // By kind (the colours' order), then in time.
         let expected = [
+            Band::new(2.0, 2.0, "quote 5xx", "quote service"),
             Band::new(3.0, 3.0, "match-deposit", "function SIGKILL"),
+            Band::new(5.0, 8.0, "quote hangs", "quote service"),
+            Band::new(7.5, 13.5, "webhooks 503", "webhook outage"),
+            Band::new(8.0, 11.0, "quote slow", "quote service"),
             Band::new(9.0, 13.5, "broker", "broker restart"),
+            Band::new(12.0, 15.0, "node 2", "broker node SIGKILL"),
             Band::new(13.0, 14.0, "node 3 FAILED", "broker restart"),
             Band::new(18.0, 20.25, "database", "database restart"),
-            Band::new(12.0, 15.0, "node 2", "broker node SIGKILL"),
-            Band::new(7.5, 13.5, "webhooks 503", "webhook outage"),
-            Band::new(2.0, 2.0, "quote 5xx", "quote service"),
-            Band::new(5.0, 8.0, "quote hangs", "quote service"),
-            Band::new(8.0, 11.0, "quote slow", "quote service"),
             // The last quote phase lasts until the end of the fault window.
             Band::new(20.0, 30.0, "quote slow", "quote service"),
             // What this does not know lasts its took_ms.

@@ -79,6 +79,7 @@ fn figure(report: &SoakReport) -> Figure {
         ],
         marks: report.windows.iter().map(|w| w.to_s).collect(),
         bands: Vec::new(),
+        kinds: Vec::new(),
     }
 }
 
