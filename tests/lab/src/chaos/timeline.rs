@@ -22,7 +22,7 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use paybus_platform::bus::{Services, link::BrokerLink};
-use sqlx::MySqlPool;
+use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{Profile, faults::Fault, report::Report};
@@ -66,7 +66,15 @@ impl Watch {
         let origin = (Instant::now(), Utc::now());
         let samples = Arc::new(Mutex::new(Vec::new()));
         let queues: Vec<String> = paybus_catalog::queues().iter().map(|q| q.queue()).collect();
-        let (link, pool) = (services.link.clone(), services.pool.clone());
+        let link = services.link.clone();
+        // A connection of its own, not one of the harness's pool: a watcher must neither take
+        // a connection from the load it watches (the API's requests exhaust that pool on a
+        // loaded run) nor wait behind them.
+        let pool = MySqlPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(SAMPLE_WITHIN)
+            .connect_lazy_with((*services.pool.connect_options()).clone());
         let task = tokio::spawn({
             let samples = samples.clone();
             async move {
@@ -74,7 +82,7 @@ impl Watch {
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        () = stop.cancelled() => return,
+                        () = stop.cancelled() => break,
                         _ = ticks.tick() => {}
                     }
                     let at = Instant::now();
@@ -93,6 +101,7 @@ impl Watch {
                         orders_in_doubt,
                     });
                 }
+                pool.close().await;
             }
         });
         Self {
