@@ -29,7 +29,7 @@ const COLOURS: [RGBColor; 10] = [
 
 /// The bands' colours, by kind in [`Figure::kinds`]' order then first appearance: hues far apart, so that two
 /// kinds stay told apart when lightly shaded and overlapping (a restart under an outage).
-const BAND_COLOURS: [RGBColor; 8] = [
+const BAND_COLOURS: [RGBColor; 12] = [
     RGBColor(200, 30, 45),
     RGBColor(118, 42, 131),
     RGBColor(33, 102, 172),
@@ -38,6 +38,10 @@ const BAND_COLOURS: [RGBColor; 8] = [
     RGBColor(1, 133, 113),
     RGBColor(197, 27, 125),
     RGBColor(90, 90, 90),
+    RGBColor(128, 128, 0),
+    RGBColor(0, 0, 128),
+    RGBColor(27, 120, 55),
+    RGBColor(190, 160, 0),
 ];
 
 /// How strongly a band shades the panels it crosses (its own strip row is darker), and its
@@ -206,8 +210,11 @@ pub(crate) fn draw(figure: &Figure, path: &Path) -> anyhow::Result<()> {
         let plot_px = f64::from(figure.size.0.saturating_sub(2 * MARGIN + Y_LABELS)).max(1.0);
         let layout = lanes(&figure.bands, figure.end_s, plot_px);
         let rows = layout.iter().flatten().max().map_or(1, |lane| lane + 1);
-        let (strip, body) = body.split_vertically(LEGEND_PX + rows as u32 * LANE_PX + 10);
-        strip_of(&strip, figure, &kinds, &layout, rows)
+        let legend = legend_places(&kinds, figure.size.0);
+        let legend_rows = legend.iter().map(|&(row, _)| row + 1).max().unwrap_or(1);
+        let strip_px = legend_rows as u32 * LEGEND_PX + rows as u32 * LANE_PX + 10;
+        let (strip, body) = body.split_vertically(strip_px);
+        strip_of(&strip, figure, &kinds, &legend, &layout, rows)
             .context("while drawing the faults' strip")?;
         body
     };
@@ -244,15 +251,43 @@ fn colour_of(kinds: &[(&str, RGBColor)], kind: &str) -> RGBColor {
         .map_or(BLACK, |&(_, colour)| colour)
 }
 
+/// Where each kind of the legend goes: (row, x in pixels), left to right from the y labels'
+/// edge, on as many rows as a picture `width` wide needs.
+fn legend_places(kinds: &[(&str, RGBColor)], width: u32) -> Vec<(usize, i32)> {
+    let left = f64::from(MARGIN + Y_LABELS);
+    let right = f64::from(width.saturating_sub(MARGIN));
+    let (mut row, mut x) = (0, left);
+    kinds
+        .iter()
+        .map(|(kind, _)| {
+            let wide = 18.0 + kind.chars().count() as f64 * LABEL_CHAR_PX;
+            if x > left && x + wide > right {
+                (row, x) = (row + 1, left);
+            }
+            let place = (row, x as i32);
+            x += wide + 16.0;
+            place
+        })
+        .collect()
+}
+
 /// The strip row of each band's label (None: no row had room, so it goes unlabelled; outside
-/// the axis: no row either): the first row, top down, whose last label has ended before this
-/// band starts, in time order. A label takes its band's width or its text's, whichever is
-/// wider, plus a gap; `plot_px` is the axis' width in pixels (0 to `end_s`).
+/// the axis: no row either): the first row, top down, where it overlaps no label placed
+/// before it. Bands that last are placed before the instants (a SIGKILL every 2 s must not
+/// take the rows a partition needs), each in time order. A label takes its band's width or
+/// its text's, whichever is wider, plus a gap; `plot_px` is the axis' width in pixels (0 to
+/// `end_s`).
 fn lanes(bands: &[Band], end_s: f64, plot_px: f64) -> Vec<Option<usize>> {
     let px_per_s = plot_px / end_s.max(f64::EPSILON);
+    let instant = |band: &Band| band.end_s <= band.start_s;
     let mut order: Vec<usize> = (0..bands.len()).collect();
-    order.sort_by(|&a, &b| bands[a].start_s.total_cmp(&bands[b].start_s));
-    let mut lane_ends: Vec<f64> = Vec::new();
+    order.sort_by(|&a, &b| {
+        instant(&bands[a])
+            .cmp(&instant(&bands[b]))
+            .then(bands[a].start_s.total_cmp(&bands[b].start_s))
+    });
+    // Every row's labels so far, as stretches of pixels.
+    let mut rows: Vec<Vec<(f64, f64)>> = Vec::new();
     let mut layout = vec![None; bands.len()];
     for i in order {
         let Some((start, end)) = bands[i].within(end_s) else {
@@ -261,17 +296,17 @@ fn lanes(bands: &[Band], end_s: f64, plot_px: f64) -> Vec<Option<usize>> {
         let (from, band_to) = (start * px_per_s, end * px_per_s);
         let text_to = from + bands[i].label.chars().count() as f64 * LABEL_CHAR_PX;
         let to = band_to.max(text_to) + LABEL_GAP_PX;
-        match lane_ends.iter().position(|&taken| taken <= from) {
-            Some(lane) => {
-                lane_ends[lane] = to;
-                layout[i] = Some(lane);
+        let free = |row: &Vec<(f64, f64)>| row.iter().all(|&(a, b)| to <= a || b <= from);
+        let lane = match rows.iter().position(free) {
+            Some(lane) => lane,
+            None if rows.len() < MAX_LANES => {
+                rows.push(Vec::new());
+                rows.len() - 1
             }
-            None if lane_ends.len() < MAX_LANES => {
-                lane_ends.push(to);
-                layout[i] = Some(lane_ends.len() - 1);
-            }
-            None => {}
-        }
+            None => continue,
+        };
+        rows[lane].push((from, to));
+        layout[i] = Some(lane);
     }
     layout
 }
@@ -282,24 +317,28 @@ fn strip_of<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     figure: &Figure,
     kinds: &[(&str, RGBColor)],
+    legend_places: &[(usize, i32)],
     layout: &[Option<usize>],
     rows: usize,
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
-    let (legend, lanes) = area.split_vertically(LEGEND_PX);
+    let legend_rows = legend_places
+        .iter()
+        .map(|&(row, _)| row + 1)
+        .max()
+        .unwrap_or(1);
+    let (legend, lanes) = area.split_vertically(legend_rows as u32 * LEGEND_PX);
     let label = ("sans-serif", LABEL_FONT).into_font().color(&BLACK);
     legend.draw(&Text::new("faults:", (MARGIN as i32, 5), label.clone()))?;
-    let mut x = f64::from(MARGIN + Y_LABELS);
-    for (kind, colour) in kinds {
-        let at = x as i32;
+    for ((kind, colour), &(row, at)) in kinds.iter().zip(legend_places) {
+        let y = row as i32 * LEGEND_PX as i32 + 5;
         legend.draw(&Rectangle::new(
-            [(at, 5), (at + 14, 17)],
+            [(at, y), (at + 14, y + 12)],
             colour.mix(STRIP_SHADE).filled(),
         ))?;
-        legend.draw(&Text::new(kind.to_string(), (at + 18, 5), label.clone()))?;
-        x += 18.0 + kind.chars().count() as f64 * LABEL_CHAR_PX + 16.0;
+        legend.draw(&Text::new(kind.to_string(), (at + 18, y), label.clone()))?;
     }
     let mut chart = ChartBuilder::on(&lanes)
         .margin_left(MARGIN)
@@ -469,14 +508,27 @@ mod tests {
     fn labels_take_the_first_free_row_and_a_band_wider_than_its_label_keeps_its_row() {
         // 100 s over 1000 px: 10 px a second; "kill" is about 25 px (+8 gap).
         let bands = [
-            Band::new(0.0, 20.0, "partition", "network"), // 0..200 px
-            Band::new(5.0, 5.0, "kill", "SIGKILL"),       // 50..83: row 1
-            Band::new(9.0, 9.0, "kill", "SIGKILL"),       // 90..123: row 1 is free again
-            Band::new(8.0, 8.0, "kill", "SIGKILL"),       // 80..113, placed before 9: row 2
-            Band::new(21.0, 21.0, "kill", "SIGKILL"),     // row 0 is free again at 208 px
+            Band::new(5.0, 5.0, "kill", "SIGKILL"), // 50..83: row 1 (after the partition)
+            Band::new(0.0, 20.0, "partition", "network"), // 0..208 px: first, row 0
+            Band::new(9.0, 9.0, "kill", "SIGKILL"), // 90..123: row 1 is free again
+            Band::new(8.0, 8.0, "kill", "SIGKILL"), // 80..113, placed before 9: row 2
+            Band::new(21.0, 21.0, "kill", "SIGKILL"), // row 0 is free again at 208 px
+            Band::new(30.0, 40.0, "outage", "webhooks"), // 300..408: placed before the kills
+            Band::new(25.0, 25.0, "kill", "SIGKILL"), // 250..283: fits before the outage
         ];
         let layout = lanes(&bands, 100.0, 1000.0);
-        assert_eq!(layout, vec![Some(0), Some(1), Some(1), Some(2), Some(0)]);
+        assert_eq!(
+            layout,
+            vec![
+                Some(1),
+                Some(0),
+                Some(1),
+                Some(2),
+                Some(0),
+                Some(0),
+                Some(0)
+            ]
+        );
     }
 
     #[test]
@@ -489,6 +541,21 @@ mod tests {
         assert_eq!(layout[MAX_LANES], None);
         let outside = [Band::new(200.0, 210.0, "late", "x")];
         assert_eq!(lanes(&outside, 100.0, 1000.0), vec![None]);
+        // A lasting band placed last in time still gets a row before any instant.
+        let mut busy = bands.clone();
+        busy.push(Band::new(0.5, 60.0, "partition", "network"));
+        assert_eq!(lanes(&busy, 100.0, 1000.0)[20], Some(0));
+    }
+
+    #[test]
+    fn the_legend_wraps_to_a_new_row_when_the_next_kind_would_pass_the_right_edge() {
+        let kinds: Vec<(&str, RGBColor)> = ["aaaaaaaaaa"; 5].iter().map(|k| (*k, BLACK)).collect();
+        // Each entry is 18 + 62 px wide, then 16 px of space: 96 px apart from x = 70.
+        assert_eq!(
+            legend_places(&kinds, 400),
+            [(0, 70), (0, 166), (0, 262), (1, 70), (1, 166)]
+        );
+        assert!(legend_places(&kinds, 2000).iter().all(|&(row, _)| row == 0));
     }
 
     #[test]
