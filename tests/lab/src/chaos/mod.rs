@@ -414,7 +414,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let (mut report, timeline) = result?;
     // Drawn after the services are gone (it needs nothing but the figures), and never the
     // run's failure: the report says why there is no picture.
-    let bands = timeline::bands(&report.faults, &report.profile);
+    let bands = timeline.bands(&report);
     if let Some(why) = timeline.throughput_error() {
         eprintln!("chaos: the timeline's throughput: {why}");
     }
@@ -452,6 +452,7 @@ async fn drive(
     let stage = Stage::start(profile, own, binaries, state_dir, profile.network_faults).await?;
     let started = stage.started;
     let pool = stage.services.pool.clone();
+    let slots = stage.slots.clone();
 
     let faults_stop = CancellationToken::new();
     let faults = tokio::spawn(faults::run(
@@ -489,7 +490,7 @@ async fn drive(
 
     let outside = stage.outside.clone();
     let ending = stage.finish(&load, profile.quiescence_timeout).await?;
-    let timeline = timeline::Timeline::read(&pool, &ending.recording, started).await;
+    let timeline = timeline::Timeline::read(&pool, &ending.recording, started, slots).await;
     let mut violations = ending.violations;
     violations.extend(
         fault_log

@@ -196,13 +196,20 @@ pub(crate) struct Timeline {
     queued: Vec<(f64, Option<f64>)>,
     fills_in_doubt: Vec<(f64, Option<f64>)>,
     orders_in_doubt: Vec<(f64, Option<f64>)>,
+    /// The function processes by network slot (a network fault names its slot).
+    slots: Vec<String>,
 }
 
 impl Timeline {
     /// The run from `zero` (when every process had been started: the fault log's clock) to
     /// now, with the throughput read from `pool`. Never fails: a throughput that could not be
-    /// read is drawn as such.
-    pub(crate) async fn read(pool: &MySqlPool, recording: &Recording, zero: Instant) -> Self {
+    /// read is drawn as such. `slots`: the function processes by network slot.
+    pub(crate) async fn read(
+        pool: &MySqlPool,
+        recording: &Recording,
+        zero: Instant,
+        slots: Vec<String>,
+    ) -> Self {
         let now = Instant::now();
         let end_s = now.saturating_duration_since(zero).as_secs_f64().max(1.0);
         let bucket_s = bucket_for(end_s);
@@ -238,7 +245,13 @@ impl Timeline {
             queued: line(|s| s.queued),
             fills_in_doubt: line(|s| s.fills_in_doubt),
             orders_in_doubt: line(|s| s.orders_in_doubt),
+            slots,
         }
+    }
+
+    /// The run's faults as bands ([`bands`]); more may be added before drawing.
+    pub(crate) fn bands(&self, report: &Report) -> Vec<Band> {
+        bands(&report.faults, &report.profile, &self.slots)
     }
 
     /// Why the throughput panel is empty, if it is.
@@ -352,12 +365,32 @@ fn per_second(at_us: impl IntoIterator<Item = i64>, bucket_s: f64, end_s: f64) -
         .collect()
 }
 
-/// Every fault of the log as a band (kind, label, stretch). Restarts last from their start to
-/// when the service answered again (`took_ms`); the webhook outage lasts the profile's
-/// `webhook_outage`; a quote service phase lasts until the next change (a burst of failures
-/// is an instant: it is used up by the next calls); a SIGKILL is an instant. A fault this
-/// does not know lasts its `took_ms`, kind "other". The healthy quote phase is no fault.
-pub(crate) fn bands(faults: &[Fault], profile: &Profile) -> Vec<Band> {
+/// The kinds of the fault log, in the order their colours are given (so a kind has the same
+/// colour in every run and profile; a kind not listed comes after).
+pub(crate) const KINDS: [&str; 12] = [
+    "function SIGKILL",
+    "broker restart",
+    "database restart",
+    "broker node SIGKILL",
+    "webhook outage",
+    "quote service",
+    "network partition",
+    "network latency",
+    "packet loss",
+    "socket kill",
+    "reset after COMMIT",
+    "late webhooks",
+];
+
+/// Every fault of the log as a band (kind, label, stretch). A fault that holds lasts its
+/// `lasts_ms` (a restart: down from the stop or kill until the service answered; the webhook
+/// outage; a partition, latency or loss); a quote service phase lasts until the next change
+/// (a burst of failures is an instant: the next calls use it up); a SIGKILL, a socket kill,
+/// resets after COMMIT and late webhooks (armed until used) are instants. A network fault
+/// names its slot, labelled with the process in it (`slots`); one the machine could not apply
+/// did not happen and is no band. A fault this does not know lasts its `took_ms`, kind
+/// "other". The healthy quote phase is no fault.
+pub(crate) fn bands(faults: &[Fault], profile: &Profile, slots: &[String]) -> Vec<Band> {
     let quote_changes: Vec<f64> = faults
         .iter()
         .filter(|f| f.what.starts_with("quote service"))
@@ -367,25 +400,24 @@ pub(crate) fn bands(faults: &[Fault], profile: &Profile) -> Vec<Band> {
         .iter()
         .filter_map(|fault| {
             let next_quote = quote_changes.iter().copied().find(|&at| at > fault.at_s);
-            band_of(fault, profile, next_quote)
+            band_of(fault, profile, slots, next_quote)
         })
         .collect()
 }
 
-/// The kinds of the fault log, in the order their colours are given (so a kind has the same
-/// colour in every run and profile; a kind not listed, e.g. a network fault's, comes after).
-pub(crate) const KINDS: [&str; 6] = [
-    "function SIGKILL",
-    "broker restart",
-    "database restart",
-    "broker node SIGKILL",
-    "webhook outage",
-    "quote service",
-];
-
-fn band_of(fault: &Fault, profile: &Profile, next_quote_change: Option<f64>) -> Option<Band> {
+fn band_of(
+    fault: &Fault,
+    profile: &Profile,
+    slots: &[String],
+    next_quote_change: Option<f64>,
+) -> Option<Band> {
     let at = fault.at_s;
-    let took = at + fault.took_ms as f64 / 1e3;
+    // Its own length when it says (`lasts_ms`), else what is known of it.
+    let lasted = |otherwise_s: f64| at + fault.lasts_ms.map_or(otherwise_s, |ms| ms as f64 / 1e3);
+    let took_s = fault.took_ms as f64 / 1e3;
+    if let Some(network) = fault.what.strip_prefix("network: ") {
+        return network_band(network, at, lasted(0.0), slots);
+    }
     let (what, failed) = match fault.what.strip_suffix(" FAILED") {
         Some(what) => (what, " FAILED"),
         None => (fault.what.as_str(), ""),
@@ -395,34 +427,85 @@ fn band_of(fault: &Fault, profile: &Profile, next_quote_change: Option<f64>) -> 
             .and_then(|i| what[i + 1..].split(')').next())
             .map(str::to_owned)
     };
-    let (start, end, label, kind) = if let Some(name) = what.strip_prefix("SIGKILL ") {
-        (at, at, name.to_owned(), "function SIGKILL")
+    let (end, label, kind) = if let Some(name) = what.strip_prefix("SIGKILL ") {
+        (at, name.to_owned(), "function SIGKILL")
     } else if what.starts_with(super::faults::BROKER_NODE_KILL) {
-        (at, took, node().unwrap_or_default(), "broker node SIGKILL")
+        (
+            lasted(took_s),
+            node().unwrap_or_default(),
+            "broker node SIGKILL",
+        )
     } else if what.starts_with("broker restart") {
         let label = node().unwrap_or_else(|| "broker".to_owned());
-        (at, took, label, "broker restart")
+        (lasted(took_s), label, "broker restart")
     } else if what.starts_with("database restart") {
-        (at, took, "database".to_owned(), "database restart")
-    } else if what.starts_with("partner webhook endpoint") {
-        let end = at + profile.webhook_outage.as_secs_f64();
-        (at, end, "webhooks 503".to_owned(), "webhook outage")
+        (lasted(took_s), "database".to_owned(), "database restart")
+    } else if what.starts_with("partner webhook endpoint answers 503") {
+        let end = lasted(profile.webhook_outage.as_secs_f64());
+        (end, "webhooks 503".to_owned(), "webhook outage")
+    } else if let Some(late) = what.strip_prefix("partner webhook endpoint takes the next ") {
+        let n = late.split(' ').next().unwrap_or_default();
+        (at, format!("webhooks late ×{n}"), "late webhooks")
     } else if let Some(phase) = what.strip_prefix("quote service: ") {
         let until = next_quote_change.unwrap_or(profile.fault_window.as_secs_f64().max(at));
         if phase.starts_with("healthy") {
             return None;
         } else if phase.contains("after the client's timeout") {
-            (at, until, "quote hangs".to_owned(), "quote service")
+            (until, "quote hangs".to_owned(), "quote service")
         } else if phase.starts_with("slow") {
-            (at, until, "quote slow".to_owned(), "quote service")
+            (until, "quote slow".to_owned(), "quote service")
         } else {
-            (at, at, "quote 5xx".to_owned(), "quote service")
+            (at, "quote 5xx".to_owned(), "quote service")
         }
     } else {
         let label: String = what.chars().take(32).collect();
-        (at, took, label, "other")
+        (lasted(took_s), label, "other")
     };
-    Some(Band::new(start, end, format!("{label}{failed}"), kind))
+    Some(Band::new(at, end, format!("{label}{failed}"), kind))
+}
+
+/// A network fault as the log has it (`<namespace or slot N>: <what> (<mechanism>)`, or
+/// `…: not applied (why)`, or `… FAILED: why`), from `at` to `end`.
+fn network_band(text: &str, at: f64, end: f64, slots: &[String]) -> Option<Band> {
+    let (place, what) = text.split_once(": ")?;
+    if what.contains(": not applied (") {
+        return None;
+    }
+    // A namespace is `pbc<pid><letter>-<slot>`.
+    let slot = place
+        .strip_prefix("slot ")
+        .or_else(|| place.rsplit_once('-').map(|(_, slot)| slot))
+        .and_then(|slot| slot.parse::<usize>().ok());
+    let who = slot
+        .and_then(|slot| slots.get(slot))
+        .map_or(place, String::as_str);
+    let peer = if what.contains("database") {
+        "database"
+    } else if what.contains("broker") {
+        "broker"
+    } else {
+        "?"
+    };
+    let (end, short, kind) = if what.starts_with("latency") {
+        (end, "latency".to_owned(), "network latency")
+    } else if let Some(loss) = what.strip_prefix("loss ") {
+        let percent = loss.split(" each way").next().unwrap_or(loss);
+        (end, format!("loss {percent}"), "packet loss")
+    } else if what.starts_with("partition") {
+        (end, format!("✕ {peer}"), "network partition")
+    } else if what.starts_with("reset the connection right after") {
+        (at, "COMMIT reset".to_owned(), "reset after COMMIT")
+    } else if what.starts_with("kill the sockets") {
+        (at, format!("sockets to {peer}"), "socket kill")
+    } else {
+        (end, what.chars().take(24).collect(), "other")
+    };
+    let failed = if what.contains(" FAILED") {
+        " FAILED"
+    } else {
+        ""
+    };
+    Some(Band::new(at, end, format!("{who} {short}{failed}"), kind))
 }
 
 #[cfg(test)]
@@ -482,6 +565,13 @@ mod tests {
         assert_eq!(per_second([], 1.0, 0.5), vec![(0.25, 0.0)]);
     }
 
+    fn lasting(at_s: f64, what: &str, took_ms: u64, lasts_ms: u64) -> Fault {
+        Fault {
+            lasts_ms: Some(lasts_ms),
+            ..fault(at_s, what, took_ms)
+        }
+    }
+
     #[test]
     fn every_fault_of_the_log_is_a_band_of_its_kind_over_the_time_it_lasted() {
         let log = [
@@ -496,17 +586,32 @@ mod tests {
                 "quote service: trades, then answers createTrade after the client's timeout",
                 0,
             ),
-            fault(7.5, "partner webhook endpoint answers 503 for 6s", 0),
+            lasting(7.5, "partner webhook endpoint answers 503", 0, 6_000),
             fault(8.0, "quote service: slow (half the timeout)", 0),
-            fault(9.0, "broker restart", 4_500),
+            lasting(9.0, "broker restart", 4_500, 4_500),
             fault(11.0, "quote service: healthy", 0),
-            fault(12.0, "broker node SIGKILL (node 2), started again", 3_000),
-            fault(13.0, "broker restart (node 3) FAILED", 1_000),
-            fault(18.0, "database restart (SIGKILL)", 2_250),
+            lasting(
+                12.0,
+                "broker node SIGKILL (node 2), started again",
+                3_000,
+                3_000,
+            ),
+            lasting(13.0, "broker restart (node 3) FAILED", 1_000, 1_000),
+            fault(14.0, "SIGKILL api", 0),
+            lasting(18.0, "database restart (SIGKILL)", 2_250, 2_250),
             fault(20.0, "quote service: slow (half the timeout)", 0),
-            fault(21.0, "partition from the database (slot 2)", 20_000),
+            fault(
+                21.0,
+                "partner webhook endpoint takes the next 3 notifications, answers after the sender's timeout",
+                0,
+            ),
+            // Before the log said how long a fault held, a restart lasted its took_ms and the
+            // outage the profile's.
+            fault(22.0, "database restart (SIGKILL)", 1_500),
+            fault(23.0, "partner webhook endpoint answers 503", 0),
+            fault(24.0, "something new", 2_000),
         ];
-        let bands = bands(&log, &profile());
+        let bands = bands(&log, &profile(), &[]);
         let expected = [
             Band::new(2.0, 2.0, "quote 5xx", "quote service"),
             Band::new(3.0, 3.0, "match-deposit", "function SIGKILL"),
@@ -516,11 +621,77 @@ mod tests {
             Band::new(9.0, 13.5, "broker", "broker restart"),
             Band::new(12.0, 15.0, "node 2", "broker node SIGKILL"),
             Band::new(13.0, 14.0, "node 3 FAILED", "broker restart"),
+            Band::new(14.0, 14.0, "api", "function SIGKILL"),
             Band::new(18.0, 20.25, "database", "database restart"),
             // The last quote phase lasts until the end of the fault window.
             Band::new(20.0, 30.0, "quote slow", "quote service"),
-            // What this does not know lasts its took_ms.
-            Band::new(21.0, 41.0, "partition from the database (slo", "other"),
+            Band::new(21.0, 21.0, "webhooks late ×3", "late webhooks"),
+            Band::new(22.0, 23.5, "database", "database restart"),
+            Band::new(23.0, 29.0, "webhooks 503", "webhook outage"),
+            Band::new(24.0, 26.0, "something new", "other"),
+        ];
+        assert_eq!(bands, expected);
+    }
+
+    #[test]
+    fn a_network_fault_is_labelled_with_the_process_in_its_slot_and_one_not_applied_is_none() {
+        let slots = ["match-deposit", "grant-bonus", "sweeper"].map(String::from);
+        let log = [
+            lasting(
+                3.0,
+                "network: pbc4242a-1: latency 200ms ± 50ms each way for 10s (relay)",
+                5,
+                10_000,
+            ),
+            lasting(
+                6.0,
+                "network: pbc4242a-2: loss 5 % each way for 10s (nft)",
+                8,
+                10_000,
+            ),
+            lasting(
+                9.0,
+                "network: pbc4242a-0: partition from the database for 12s (nft)",
+                9,
+                12_000,
+            ),
+            fault(
+                15.0,
+                "network: slot 1: reset the connection right after the next 2 COMMIT(s) (relay)",
+                0,
+            ),
+            fault(
+                18.0,
+                "network: pbc4242a-2: kill the sockets to the database: 3 socket(s) killed (ss -K)",
+                20,
+            ),
+            lasting(
+                20.0,
+                "network: slot 0: loss 5 % each way for 10s: not applied (no nft: missing)",
+                0,
+                10_000,
+            ),
+            lasting(
+                21.0,
+                "network: pbc4242a-7: partition from the broker for 20s (nft) FAILED: nft said no",
+                3,
+                20_000,
+            ),
+        ];
+        let bands = bands(&log, &profile(), &slots);
+        let expected = [
+            Band::new(3.0, 13.0, "grant-bonus latency", "network latency"),
+            Band::new(6.0, 16.0, "sweeper loss 5 %", "packet loss"),
+            Band::new(9.0, 21.0, "match-deposit ✕ database", "network partition"),
+            Band::new(15.0, 15.0, "grant-bonus COMMIT reset", "reset after COMMIT"),
+            Band::new(18.0, 18.0, "sweeper sockets to database", "socket kill"),
+            // A slot the stage does not know keeps its namespace's name.
+            Band::new(
+                21.0,
+                41.0,
+                "pbc4242a-7 ✕ broker FAILED",
+                "network partition",
+            ),
         ];
         assert_eq!(bands, expected);
     }
@@ -530,9 +701,27 @@ mod tests {
     #[test]
     fn a_quick_run_draws_three_panels_under_its_faults() {
         let mut log = vec![
-            fault(7.5, "partner webhook endpoint answers 503 for 6s", 0),
-            fault(9.0, "broker restart", 6_500),
-            fault(18.0, "database restart (SIGKILL)", 3_250),
+            lasting(7.5, "partner webhook endpoint answers 503", 0, 6_000),
+            lasting(9.0, "broker restart", 6_500, 6_500),
+            lasting(18.0, "database restart (SIGKILL)", 3_250, 3_250),
+            lasting(
+                3.0,
+                "network: pbc1a-1: latency 200ms ± 50ms each way for 10s (relay)",
+                5,
+                10_000,
+            ),
+            lasting(
+                9.0,
+                "network: pbc1a-0: partition from the database for 12s (nft)",
+                9,
+                12_000,
+            ),
+            fault(
+                15.0,
+                "network: slot 1: reset the connection right after the next 2 COMMIT(s) (relay)",
+                0,
+            ),
+            fault(12.0, "SIGKILL api", 0),
         ];
         let names = [
             "match-deposit",
@@ -589,6 +778,9 @@ mod tests {
                     0.0
                 })
             }),
+            slots: ["match-deposit", "grant-bonus", "sweeper"]
+                .map(String::from)
+                .to_vec(),
             orders_in_doubt: secs(|t| {
                 (!(18.0..21.0).contains(&t)).then_some(if t > 30.0 { 1.0 } else { 0.0 })
             }),
@@ -625,7 +817,7 @@ mod tests {
         };
         let path = std::env::temp_dir().join(format!("paybus-timeline-{}.svg", std::process::id()));
         timeline
-            .draw(&report, bands(&log, &report.profile), &path)
+            .draw(&report, timeline.bands(&report), &path)
             .unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);
