@@ -64,7 +64,7 @@ const LABEL_CHAR_PX: f64 = 6.2;
 const LABEL_GAP_PX: f64 = 8.0;
 /// Rows of labels in the strip at most: a busy run (a SIGKILL every 2 s) labels what fits and
 /// leaves the rest to the kinds' legend.
-const MAX_LANES: usize = 6;
+const MAX_LANES: usize = 8;
 const LANE_PX: u32 = 15;
 const LEGEND_PX: u32 = 22;
 /// A band narrower than this many pixels is drawn as a tick: an instant (a SIGKILL).
