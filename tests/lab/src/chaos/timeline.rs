@@ -450,6 +450,10 @@ fn band_of(
         let until = next_quote_change.unwrap_or(profile.fault_window.as_secs_f64().max(at));
         if phase.starts_with("healthy") {
             return None;
+        } else if let Some(first) = phase.strip_prefix("the first ") {
+            // Armed at the start for the next trades, whenever they come: an instant.
+            let n = first.split(' ').next().unwrap_or_default();
+            (at, format!("{n} trades late"), "quote service")
         } else if phase.contains("after the client's timeout") {
             (until, "quote hangs".to_owned(), "quote service")
         } else if phase.starts_with("slow") {
@@ -576,6 +580,11 @@ mod tests {
     fn every_fault_of_the_log_is_a_band_of_its_kind_over_the_time_it_lasted() {
         let log = [
             fault(
+                0.1,
+                "quote service: the first 5 trades answered after the client's timeout",
+                0,
+            ),
+            fault(
                 2.0,
                 "quote service: next 3 quotes 503, next 2 trades 500 (not traded), then one 422",
                 0,
@@ -613,6 +622,7 @@ mod tests {
         ];
         let bands = bands(&log, &profile(), &[]);
         let expected = [
+            Band::new(0.1, 0.1, "5 trades late", "quote service"),
             Band::new(2.0, 2.0, "quote 5xx", "quote service"),
             Band::new(3.0, 3.0, "match-deposit", "function SIGKILL"),
             Band::new(5.0, 8.0, "quote hangs", "quote service"),
@@ -804,6 +814,7 @@ mod tests {
                 webhooks: Default::default(),
                 network: None,
                 api_kills: 0,
+                late_trades: 0,
             },
             load: Default::default(),
             faults: log.clone(),
