@@ -4,6 +4,7 @@
 
 mod bench;
 mod chaos;
+mod plot;
 
 use std::process::ExitCode;
 

@@ -41,7 +41,7 @@ mod lambda_batch;
 mod matching;
 mod ops_queries;
 mod pinning;
-mod soak;
+pub(crate) mod soak;
 mod suspend;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

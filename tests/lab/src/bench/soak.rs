@@ -7,7 +7,7 @@
 //! otherwise); the summary sets RSS growth, p99 drift and the backlog against their targets as
 //! information, never as a failure.
 
-mod figures;
+pub(crate) mod figures;
 mod plot;
 mod report;
 mod samples;

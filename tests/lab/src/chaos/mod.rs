@@ -29,6 +29,7 @@ pub(crate) mod network;
 pub(crate) mod outside;
 pub(crate) mod report;
 pub(crate) mod stage;
+pub(crate) mod timeline;
 
 use std::{
     path::{Path, PathBuf},
@@ -104,6 +105,10 @@ pub struct ChaosArgs {
     /// `.local/chaos` in the repository).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Where to write the run's timeline (SVG: throughput, queue depth and fills in doubt over
+    /// time, every fault as a band; default `timeline.svg` in the state folder).
+    #[arg(long)]
+    pub timeline: Option<PathBuf>,
     /// Where the function binaries are (default: next to this `paybus-lab`; build them first
     /// with `cargo build --workspace --bins`).
     #[arg(long)]
@@ -391,6 +396,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     })?;
     let binaries = fleet::binaries(&fleet::bin_dir(args.bin_dir.as_deref())?, &args.substitutes)?;
     let state_dir = state_dir(args.state_dir.as_deref(), ".local/chaos")?;
+    let timeline_path = match &args.timeline {
+        Some(path) => std::path::absolute(path)?,
+        None => state_dir.join("timeline.svg"),
+    };
     eprintln!(
         "chaos ({} profile, seed {}): starting MariaDB and RabbitMQ ({} node{}) of its own in {}",
         profile.name,
@@ -402,7 +411,20 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let own = OwnServices::start(state_dir.clone(), profile.broker_nodes).await?;
     let result = drive(&profile, &own, &binaries, &state_dir).await;
     own.shut_down().await?;
-    let report = result?;
+    let (mut report, timeline) = result?;
+    // Drawn after the services are gone (it needs nothing but the figures), and never the
+    // run's failure: the report says why there is no picture.
+    let bands = timeline.bands(&report);
+    if let Some(why) = timeline.throughput_error() {
+        eprintln!("chaos: the timeline's throughput: {why}");
+    }
+    match timeline.draw(&report, bands, &timeline_path) {
+        Ok(()) => report.timeline = Some(timeline_path),
+        Err(e) => {
+            eprintln!("chaos: no timeline: {e:#}");
+            report.timeline_not_drawn = Some(format!("{e:#}"));
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -426,9 +448,11 @@ async fn drive(
     own: &OwnServices,
     binaries: &[fleet::Binary],
     state_dir: &Path,
-) -> anyhow::Result<Report> {
+) -> anyhow::Result<(Report, timeline::Timeline)> {
     let stage = Stage::start(profile, own, binaries, state_dir, profile.network_faults).await?;
     let started = stage.started;
+    let pool = stage.services.pool.clone();
+    let slots = stage.slots.clone();
 
     let faults_stop = CancellationToken::new();
     let faults = tokio::spawn(faults::run(
@@ -466,6 +490,7 @@ async fn drive(
 
     let outside = stage.outside.clone();
     let ending = stage.finish(&load, profile.quiescence_timeout).await?;
+    let timeline = timeline::Timeline::read(&pool, &ending.recording, started, slots).await;
     let mut violations = ending.violations;
     violations.extend(
         fault_log
@@ -473,7 +498,8 @@ async fn drive(
             .filter(|fault| fault.what.ends_with("FAILED"))
             .map(|fault| checks::violation("fault_not_applied", fault.what.clone())),
     );
-    Ok(Report {
+    let report = Report {
+        seed: profile.seed,
         profile: profile.clone(),
         figures: Figures {
             load_sent,
@@ -511,7 +537,10 @@ async fn drive(
         dead_letters: ending.dead_letters,
         violations,
         state_dir: state_dir.to_path_buf(),
-    })
+        timeline: None,
+        timeline_not_drawn: None,
+    };
+    Ok((report, timeline))
 }
 
 #[cfg(test)]

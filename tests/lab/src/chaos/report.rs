@@ -1,19 +1,8 @@
 //! The chaos run's report: a table for people, the same as JSON (`--json`) for machines.
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
-use paybus_platform::bus::link::BrokerLink;
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
 use super::{
     Profile,
@@ -34,7 +23,8 @@ pub struct Figures {
     pub time_to_quiescence: Duration,
     #[serde(serialize_with = "seconds")]
     pub total: Duration,
-    /// The most messages ready in all queues at once (sampled every 500 ms).
+    /// The most messages ready in the functions' queues at once (the timeline's samples,
+    /// every second).
     pub peak_queue_depth: u64,
     /// Broker nodes SIGKILLed (and started again) during the run.
     pub broker_node_kills: u64,
@@ -63,6 +53,9 @@ pub(crate) fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok,
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The fault schedule's seed, first (`--seed` repeats its choices): a failed run is
+    /// reproduced from it.
+    pub seed: u64,
     pub profile: Profile,
     pub figures: Figures,
     pub load: Load,
@@ -74,6 +67,11 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// The run's MariaDB, RabbitMQ and process logs.
     pub state_dir: PathBuf,
+    /// The run's picture (SVG: throughput, queue depth and fills in doubt over time, the
+    /// faults as bands); None when it could not be drawn, with why.
+    pub timeline: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline_not_drawn: Option<String>,
 }
 
 impl Report {
@@ -103,9 +101,13 @@ impl fmt::Display for Report {
         let fig = &self.figures;
         writeln!(
             f,
-            "paybus-lab chaos: {} profile, seed {}, {} items, every message x{}, 1 in {} malformed, {}{}",
+            "seed {} (--seed {} makes the same fault choices)",
+            self.seed, self.seed
+        )?;
+        writeln!(
+            f,
+            "paybus-lab chaos: {} profile, {} items, every message x{}, 1 in {} malformed, {}{}",
             p.name,
-            p.seed,
             p.items,
             p.copies,
             p.malformed_every,
@@ -232,6 +234,11 @@ impl fmt::Display for Report {
             )?;
         }
         writeln!(f, "\nlogs: {}", self.state_dir.display())?;
+        match (&self.timeline, &self.timeline_not_drawn) {
+            (Some(path), _) => writeln!(f, "timeline: {}", path.display())?,
+            (None, Some(why)) => writeln!(f, "timeline: not drawn ({why})")?,
+            (None, None) => {}
+        }
         if self.violations.is_empty() {
             writeln!(
                 f,
@@ -244,43 +251,5 @@ impl fmt::Display for Report {
             }
             Ok(())
         }
-    }
-}
-
-/// Samples the ready messages of every queue twice a second; keeps the peak of their sum.
-pub(crate) struct DepthWatch {
-    peak: Arc<AtomicU64>,
-}
-
-impl DepthWatch {
-    pub(crate) fn start(link: BrokerLink, stop: CancellationToken) -> Self {
-        let peak = Arc::new(AtomicU64::new(0));
-        let queues: Vec<String> = paybus_catalog::queues().iter().map(|q| q.queue()).collect();
-        tokio::spawn({
-            let peak = peak.clone();
-            async move {
-                while !stop.is_cancelled() {
-                    if let Ok(channel) = link.current().connection.create_channel().await {
-                        let mut sum = 0_u64;
-                        for queue in &queues {
-                            if let Ok(n) = super::checks::ready(&channel, queue).await {
-                                sum += u64::from(n);
-                            }
-                        }
-                        peak.fetch_max(sum, Ordering::Relaxed);
-                        let _ = channel.close(200, "sampled".into()).await;
-                    }
-                    tokio::select! {
-                        () = stop.cancelled() => {}
-                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    }
-                }
-            }
-        });
-        Self { peak }
-    }
-
-    pub(crate) fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Relaxed)
     }
 }

@@ -1,10 +1,11 @@
 //! The stage a run plays on, shared by chaos and the soak (`bench soak`): on the run's own
 //! services, a fresh database with the migrations and the topology, the quote service stub
-//! and the partner webhook endpoint, the duplicator, the queue-depth watch, and every function
-//! and the HTTP API as processes of their own — with the run's network (chaos), each function
-//! in a network namespace whose database, broker and HTTP peers are relayed, so the schedule
-//! can break what is between them. [`Stage::finish`] is the common ending: quiescence, every
-//! process stopped, the network taken down, then the exactly-once checks.
+//! and the partner webhook endpoint, the duplicator, the timeline's watch (queue depth and
+//! fills in doubt every second), and every function and the HTTP API as processes of their
+//! own — with the run's network (chaos), each function in a network namespace whose database,
+//! broker and HTTP peers are relayed, so the schedule can break what is between them.
+//! [`Stage::finish`] is the common ending: quiescence, every process stopped, the network
+//! taken down, then the exactly-once checks.
 
 use std::{
     collections::BTreeMap,
@@ -26,7 +27,7 @@ use super::{
     load::Load,
     network::{Network, NetworkOptions, Peer},
     outside::{Api, World},
-    report::DepthWatch,
+    timeline::{Recording, Watch},
 };
 
 /// How long the API process may take to answer after its start.
@@ -40,7 +41,7 @@ pub(crate) struct Stage {
     pub(crate) outside: World,
     pub(crate) api: Api,
     pub(crate) duplicator: Duplicator,
-    pub(crate) depth: DepthWatch,
+    pub(crate) watch: Watch,
     pub(crate) fleet: Arc<Fleet>,
     /// The run's network (chaos with network faults); none: every process on the host.
     pub(crate) network: Option<Arc<Network>>,
@@ -77,6 +78,8 @@ pub(crate) struct Ending {
     pub(crate) webhooks: checks::WebhookFigures,
     /// What the network did: none without one.
     pub(crate) network: Option<NetworkFigures>,
+    /// The timeline's samples, from the stage's start to its stop.
+    pub(crate) recording: Recording,
     /// Events the tap saw, copies it published, malformed messages it injected.
     pub(crate) messages_seen: u64,
     pub(crate) copies_published: u64,
@@ -103,7 +106,7 @@ impl Stage {
         let mut outside = World::start(profile).await;
         let stop = CancellationToken::new();
         let duplicator = Duplicator::start(&services, profile, stop.clone()).await?;
-        let depth = DepthWatch::start(services.link.clone(), stop.clone());
+        let watch = Watch::start(&services, stop.clone());
 
         let mut env = fleet::environment(&settings, &outside);
         // Always set (empty: none sharded), so no value inherited from this shell applies.
@@ -190,7 +193,7 @@ impl Stage {
             outside,
             api,
             duplicator,
-            depth,
+            watch,
             fleet,
             network,
             slots,
@@ -211,7 +214,7 @@ impl Stage {
             services,
             outside,
             duplicator,
-            depth,
+            watch,
             fleet,
             network,
             stop,
@@ -278,6 +281,7 @@ impl Stage {
         let (webhook_violations, webhooks) =
             checks::webhook_deliveries(&services.pool, &outside.webhooks).await?;
         violations.extend(webhook_violations);
+        let recording = watch.finish().await;
         Ok(Ending {
             webhooks,
             network: network_figures,
@@ -286,7 +290,8 @@ impl Stage {
             violations,
             counts: checks::counts(&services.pool).await?,
             dead_letters: checks::dead_letters_by_reason(&services.pool).await?,
-            peak_queue_depth: depth.peak(),
+            peak_queue_depth: recording.peak_queue_depth(),
+            recording,
             messages_seen: duplicator.seen(),
             copies_published: duplicator.copies(),
             malformed_injected: duplicator.malformed().len() as u64,
