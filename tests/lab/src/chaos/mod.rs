@@ -372,8 +372,11 @@ impl OwnServices {
         let mut settings = Settings::from_vars(
             [
                 ("PAYBUS_DATABASE_URL", self.mariadb.url.as_str()),
-                ("PAYBUS_DB_MAX_CONNECTIONS", "48"),
-                ("PAYBUS_DB_ACQUIRE_TIMEOUT_MS", "3000"),
+                // The harness's own reads (fixture lookups, the soak's windows, the checks):
+                // the API is a process of its own with its own pool. A loaded machine (the
+                // suite beside it) must slow them, not fail the run.
+                ("PAYBUS_DB_MAX_CONNECTIONS", "16"),
+                ("PAYBUS_DB_ACQUIRE_TIMEOUT_MS", "30000"),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
