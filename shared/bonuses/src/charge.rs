@@ -116,7 +116,7 @@ macro_rules! select_charges {
 }
 
 #[derive(sqlx::FromRow)]
-struct ChargeRow {
+pub(crate) struct ChargeRow {
     id: u64,
     member_id: u64,
     status: String,
@@ -133,7 +133,7 @@ struct ChargeRow {
 }
 
 impl ChargeRow {
-    fn into_charge(self) -> Result<Charge, BonusError> {
+    pub(crate) fn into_charge(self) -> Result<Charge, BonusError> {
         let id = self.id;
         Ok(Charge {
             id,
