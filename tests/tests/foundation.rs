@@ -133,3 +133,52 @@ async fn dropping_the_environment_removes_its_database_and_vhost() {
     .err();
     assert!(error.is_some(), "vhost {name} still accepts connections");
 }
+
+#[tokio::test]
+async fn a_pooled_connection_the_server_killed_while_idle_is_replaced_before_anyone_gets_it() {
+    // Arrange: a pool of one connection, and that connection killed by the server while it
+    // sits idle in the pool (a restart, a network drop, `wait_timeout`).
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.database.clone();
+    settings.max_connections = 1;
+    let pool = db::connect(&settings).await.unwrap();
+    let first: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {first}")))
+        .execute(&env.db)
+        .await
+        .unwrap();
+    tokio::time::sleep(db::PING_WHEN_IDLE_FOR + std::time::Duration::from_millis(200)).await;
+
+    // Act: the next acquire, once the connection has been idle longer than the pool trusts.
+    let second: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&pool)
+        .await
+        .expect("the dead connection is found by the idle ping and replaced");
+
+    // Assert
+    assert_ne!(first, second);
+}
+
+#[tokio::test]
+async fn a_read_committed_transaction_sees_what_others_commit_meanwhile() {
+    // Arrange: a READ COMMITTED transaction that has read once (a REPEATABLE READ one would
+    // keep that snapshot).
+    let env = TestEnv::new().await;
+    let count = "SELECT COUNT(*) FROM canary_pings";
+    let mut tx = db::begin_read_committed(&env.db).await.unwrap();
+    let before: i64 = sqlx::query_scalar(count).fetch_one(&mut *tx).await.unwrap();
+
+    // Act: another connection commits a row.
+    sqlx::query("INSERT INTO canary_pings () VALUES ()")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let after: i64 = sqlx::query_scalar(count).fetch_one(&mut *tx).await.unwrap();
+
+    // Assert
+    assert_eq!((before, after), (0, 1));
+    tx.commit().await.unwrap();
+}

@@ -36,7 +36,7 @@ use paybus_platform::{
     db,
     retry::{AfterFailure, Claim, Clock, RetryPolicy, RowState},
 };
-use sqlx::MySqlPool;
+use sqlx::{MySql, MySqlPool, pool::PoolConnection};
 
 use crate::GrantBonus;
 
@@ -123,10 +123,10 @@ async fn attempt_together(
     let mut distinct = ids.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
-    let states = {
-        let mut conn = pool.acquire().await?;
-        job::with_states(&mut conn, &distinct, clock).await?
-    };
+    // The read and the grant's transaction share one checkout of the pool (each return to it
+    // costs a ping round trip).
+    let mut conn = pool.acquire().await?;
+    let states = job::with_states(&mut conn, &distinct, clock).await?;
     let mut due: Vec<&BonusJob> = states
         .iter()
         .filter(|(job, state)| job.status == JobStatus::Pending && state.is_due())
@@ -134,9 +134,10 @@ async fn attempt_together(
         .collect();
     due.sort_unstable_by_key(|job| job.id);
     let attempted = if due.is_empty() {
+        drop(conn);
         BTreeMap::new()
     } else {
-        grant_due(pool, &due, policy, clock).await?
+        grant_due(pool, Some(conn), &due, policy, clock).await?
     };
     let mut answered = BTreeSet::new();
     Ok(ids
@@ -155,17 +156,21 @@ async fn attempt_together(
         .collect())
 }
 
-/// Grants `due` (by id) in one transaction; a job another attempt claimed meanwhile is left
-/// out of it. When a grant fails, the transaction is rolled back and each job is granted in
-/// one of its own, so only the failing job's failure is settled (the claim taken in the
-/// settle's transaction).
+/// Grants `due` (by id) in one transaction (on `conn` when given); a job another attempt
+/// claimed meanwhile is left out of it. When a grant fails, the transaction is rolled back and
+/// each job is granted in one of its own, so only the failing job's failure is settled (the
+/// claim taken in the settle's transaction).
 async fn grant_due(
     pool: &MySqlPool,
+    conn: Option<PoolConnection<MySql>>,
     due: &[&BonusJob],
     policy: &RetryPolicy,
     clock: &Clock,
 ) -> Result<BTreeMap<u64, Attempted>, BonusError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = match conn {
+        Some(conn) => sqlx::Transaction::begin(conn, None).await?,
+        None => pool.begin().await?,
+    };
     let error = match grant::grant_due_in(&mut tx, due, clock).await {
         Ok(granted) => {
             tx.commit().await?;
@@ -208,7 +213,7 @@ async fn grant_due(
     );
     let mut attempted = BTreeMap::new();
     for job in due {
-        attempted.extend(Box::pin(grant_due(pool, &[*job], policy, clock)).await?);
+        attempted.extend(Box::pin(grant_due(pool, None, &[*job], policy, clock)).await?);
     }
     Ok(attempted)
 }

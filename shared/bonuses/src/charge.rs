@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::{Deserialize, Serialize};
-use sqlx::MySqlConnection;
+use sqlx::{MySqlConnection, Row};
 
 use crate::{BonusError, error::parse_column};
 
@@ -116,7 +116,7 @@ macro_rules! select_charges {
 }
 
 #[derive(sqlx::FromRow)]
-struct ChargeRow {
+pub(crate) struct ChargeRow {
     id: u64,
     member_id: u64,
     status: String,
@@ -133,7 +133,7 @@ struct ChargeRow {
 }
 
 impl ChargeRow {
-    fn into_charge(self) -> Result<Charge, BonusError> {
+    pub(crate) fn into_charge(self) -> Result<Charge, BonusError> {
         let id = self.id;
         Ok(Charge {
             id,
@@ -316,6 +316,57 @@ pub async fn insert_bonus(
     .execute(conn)
     .await?
     .last_insert_id())
+}
+
+/// Inserts several EVENT charges in one statement (the caller holds every member's lock);
+/// the id of the first. The others' ids are not assumed: [`event_charges_from`] reads them.
+pub async fn insert_bonuses(
+    conn: &mut MySqlConnection,
+    bonuses: &[BonusCharge<'_>],
+) -> Result<u64, sqlx::Error> {
+    let mut insert = sqlx::QueryBuilder::<sqlx::MySql>::new(
+        "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, method, \
+                              payment_status, completed_at) ",
+    );
+    insert.push_values(bonuses, |mut row, bonus| {
+        row.push_bind(bonus.member_id)
+            .push("'EVENT'")
+            .push_bind(bonus.cans)
+            .push("NULL")
+            .push_bind(bonus.payment_gateway.as_str())
+            .push_bind(bonus.container.as_str())
+            .push_bind(bonus.method)
+            .push("'COMPLETE'")
+            .push("NOW(6)");
+    });
+    Ok(insert.build().execute(conn).await?.last_insert_id())
+}
+
+/// The EVENT charges of `members` (sorted, distinct) with an id from `first` on, in id order:
+/// (charge id, member id). Under the members' locks these are the ones this transaction just
+/// inserted ([`insert_bonuses`]). The ids are numbers, written into the statement: the
+/// list's length varies with the batch, and a prepared statement per length would cost a
+/// prepare round trip on most connections.
+pub async fn event_charges_from(
+    conn: &mut MySqlConnection,
+    first: u64,
+    members: &[u64],
+) -> Result<Vec<(u64, u64)>, sqlx::Error> {
+    let list = members
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    // A plain text statement (`raw_sql`): `query_as` would prepare each distinct text.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT id, member_id FROM charges \
+         WHERE member_id IN ({list}) AND status = 'EVENT' AND id >= {first} ORDER BY id"
+    )))
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(|row| Ok((row.try_get("id")?, row.try_get("member_id")?)))
+    .collect()
 }
 
 #[cfg(test)]

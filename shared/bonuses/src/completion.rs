@@ -11,13 +11,15 @@
 //!    AND price = ?` — the affected rows decide (principle 1). 0 rows: a locking read says why
 //!    (unknown, a bonus charge, another gateway, another amount, completed before); a repeat
 //!    of the same gateway payment returns the original result and writes nothing.
-//! 2. The credit to the charge's container, whose UPDATE takes the member's row lock.
+//! 2. The credit to the charge's container, whose UPDATE takes the member's row lock (it
+//!    reads the cans, container and member from the charge row itself: no read before it).
 //! 3. The bonuses owed, decided under that lock — READ COMMITTED, so the counts below see
 //!    every other completion and grant of this member, which all take the same lock first:
 //!    FIRST_CHARGE when this is the member's first completed purchase (and
 //!    `PAYBUS_FIRST_CHARGE_BONUS_PERCENT` > 0); ACTIVE_CHARGE_EVENT when an event is active
 //!    and the member is below its `available_count` (its bonuses of the event granted and
-//!    still owed: [`event::applying_now`], one statement with the event).
+//!    still owed: [`event::applying_now`]'s counts, read in one statement with the charge and
+//!    the event, [`event::charge_and_standing`]).
 //! 4. One `charge_event_job` row per bonus (PENDING, its snapshot frozen) and its
 //!    `charge.bonus_job.created` message, through the outbox: grant-bonus makes the immediate
 //!    attempt once this commits.
@@ -260,13 +262,16 @@ pub async fn complete_in(
         Err(e) => return Err(e.into()),
     }
 
-    let charge = charge::find(uow, id).await?.ok_or(BonusError::Vanished {
-        entity: "charge",
-        id,
-    })?;
-    member::credit(uow, charge.member_id, charge.container, charge.cans).await?;
+    member::credit_charge(uow, id).await?;
+    let (charge, standing) =
+        event::charge_and_standing(uow, id)
+            .await?
+            .ok_or(BonusError::Vanished {
+                entity: "charge",
+                id,
+            })?;
     let mut bonus_jobs = Vec::new();
-    for new in owed_bonuses(uow, rules, &charge).await? {
+    for new in owed_bonuses(uow, rules, &charge, standing).await? {
         if let Some(job_id) = job::enqueue(uow, &new, correlation_id).await? {
             bonus_jobs.push(OwedBonus {
                 job_id,
@@ -353,11 +358,13 @@ async fn not_completed(
     }
 }
 
-/// The bonuses a just-completed charge owes (decided under the member's lock).
+/// The bonuses a just-completed charge owes (decided under the member's lock), `standing` its
+/// member's in the event that applies now ([`event::charge_and_standing`]).
 async fn owed_bonuses(
     conn: &mut MySqlConnection,
     rules: BonusRules,
     charge: &Charge,
+    standing: Option<event::Standing>,
 ) -> Result<Vec<NewJob>, sqlx::Error> {
     let owed = |job_type, charge_event_id, additional_can, method_snapshot: &str| NewJob {
         source_charge_id: charge.id,
@@ -380,7 +387,7 @@ async fn owed_bonuses(
         event,
         granted,
         owed: owed_already,
-    }) = event::applying_now(conn, charge.member_id).await?
+    }) = standing
     {
         let (granted, owed_already) = (
             u64::try_from(granted).unwrap_or(0),

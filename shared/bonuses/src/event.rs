@@ -5,6 +5,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
+use crate::{
+    BonusError,
+    charge::{Charge, ChargeRow},
+};
+
 /// A charge event as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct ChargeEvent {
@@ -97,6 +102,45 @@ pub struct Standing {
     pub owed: i64,
 }
 
+/// A member's standing in event `e` (`granted`, `owed`: see [`Standing`]), for the member named
+/// by `$member` (a placeholder or a column of the enclosing query). One text for
+/// [`applying_now`] and [`charge_and_standing`], so the two never count differently.
+macro_rules! standing_counts {
+    ($member:literal) => {
+        concat!(
+            "(SELECT COUNT(*) FROM charges g WHERE g.member_id = ",
+            $member,
+            " AND g.status = 'EVENT' AND g.method = e.title ",
+            "AND g.created_at BETWEEN e.start_at AND e.end_at) AS granted, ",
+            "(SELECT COUNT(*) FROM charge_event_job j WHERE j.member_id = ",
+            $member,
+            " AND j.charge_event_id = e.id AND j.status <> 'DONE') AS owed"
+        )
+    };
+}
+
+/// The events that apply to a charge completed now — active, their window around now — the
+/// one that started last first (one event bonus per charge).
+macro_rules! applying_events {
+    ($alias:literal) => {
+        concat!(
+            "FROM charge_events ",
+            $alias,
+            " WHERE ",
+            $alias,
+            ".is_active = 1 AND ",
+            $alias,
+            ".start_at <= NOW(6) AND ",
+            $alias,
+            ".end_at >= NOW(6) ORDER BY ",
+            $alias,
+            ".start_at DESC, ",
+            $alias,
+            ".id DESC LIMIT 1"
+        )
+    };
+}
+
 /// The event that applies to a charge completed now — active, its window around now; when
 /// windows overlap, the one that started last (one event bonus per charge) — with the
 /// member's [`Standing`] in it, in one statement (the completion reads it under the
@@ -106,21 +150,100 @@ pub async fn applying_now(
     conn: &mut MySqlConnection,
     member_id: u64,
 ) -> Result<Option<Standing>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT e.id, e.title, e.add_percent, e.start_at, e.end_at, e.is_active, \
-                e.available_count, e.created_at, e.updated_at, \
-                (SELECT COUNT(*) FROM charges c \
-                  WHERE c.member_id = ? AND c.status = 'EVENT' AND c.method = e.title \
-                    AND c.created_at BETWEEN e.start_at AND e.end_at) AS granted, \
-                (SELECT COUNT(*) FROM charge_event_job j \
-                  WHERE j.member_id = ? AND j.charge_event_id = e.id \
-                    AND j.status <> 'DONE') AS owed \
-         FROM charge_events e \
-         WHERE e.is_active = 1 AND e.start_at <= NOW(6) AND e.end_at >= NOW(6) \
-         ORDER BY e.start_at DESC, e.id DESC LIMIT 1",
-    )
+    sqlx::query_as(concat!(
+        "SELECT e.id, e.title, e.add_percent, e.start_at, e.end_at, e.is_active, ",
+        "e.available_count, e.created_at, e.updated_at, ",
+        standing_counts!("?"),
+        " ",
+        applying_events!("e")
+    ))
     .bind(member_id)
     .bind(member_id)
     .fetch_optional(conn)
     .await
+}
+
+/// The completion's one read after its credit: charge `charge_id` as it now stands, the event
+/// that applies now and its member's [`Standing`] in it ([`applying_now`]'s, for the charge's
+/// member) — one statement where a read of the charge and then of the standing were two
+/// round trips. Read under the member's lock (the credit's UPDATE), at READ COMMITTED.
+pub async fn charge_and_standing(
+    conn: &mut MySqlConnection,
+    charge_id: u64,
+) -> Result<Option<(Charge, Option<Standing>)>, BonusError> {
+    /// The event's columns come through a LEFT JOIN (NULL when none applies), renamed where a
+    /// charge's have the same name.
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        charge: ChargeRow,
+        event_id: Option<u64>,
+        title: Option<String>,
+        add_percent: Option<i32>,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+        is_active: Option<bool>,
+        available_count: Option<i32>,
+        event_created_at: Option<DateTime<Utc>>,
+        event_updated_at: Option<DateTime<Utc>>,
+        granted: i64,
+        owed: i64,
+    }
+    let row: Option<Row> = sqlx::query_as(concat!(
+        "SELECT c.id, c.member_id, c.status, c.cans, c.price, c.payment_gateway, c.container, ",
+        "c.method, c.payment_status, c.gateway_tx_id, c.completed_at, c.created_at, ",
+        "c.updated_at, e.id AS event_id, e.title, e.add_percent, e.start_at, e.end_at, ",
+        "e.is_active, e.available_count, e.created_at AS event_created_at, ",
+        "e.updated_at AS event_updated_at, ",
+        standing_counts!("c.member_id"),
+        " FROM charges c LEFT JOIN charge_events e ON e.id = (SELECT a.id ",
+        applying_events!("a"),
+        ") WHERE c.id = ?"
+    ))
+    .bind(charge_id)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let event = match (
+        row.event_id,
+        row.title,
+        row.add_percent,
+        row.start_at,
+        row.end_at,
+        row.is_active,
+        row.available_count,
+        row.event_created_at,
+        row.event_updated_at,
+    ) {
+        (
+            Some(id),
+            Some(title),
+            Some(add_percent),
+            Some(start_at),
+            Some(end_at),
+            Some(is_active),
+            Some(available_count),
+            Some(created_at),
+            Some(updated_at),
+        ) => Some(ChargeEvent {
+            id,
+            title,
+            add_percent,
+            start_at,
+            end_at,
+            is_active,
+            available_count,
+            created_at,
+            updated_at,
+        }),
+        _ => None,
+    };
+    let standing = event.map(|event| Standing {
+        event,
+        granted: row.granted,
+        owed: row.owed,
+    });
+    Ok(Some((row.charge.into_charge()?, standing)))
 }

@@ -119,10 +119,7 @@ pub async fn grant_due_in(
             )));
         }
     }
-    let mut granted = BTreeMap::new();
-    for job in &jobs {
-        granted.insert(job.id, insert_charge(conn, job).await?);
-    }
+    let granted = insert_charges(conn, &jobs).await?;
     let set = format!(
         "status = 'DONE', result_charge_id = CASE id {}END, \
          processed_at = COALESCE(?, NOW(6)), next_retry_at = NULL",
@@ -149,17 +146,70 @@ pub async fn grant_due_in(
     Ok(granted)
 }
 
+/// The EVENT charge of each of `jobs` (locked, their members' locks held, in id order), from
+/// their snapshots; each job's charge id. One job: one INSERT. Several: one multi-row INSERT
+/// and one read of the ids it gave, where an INSERT per job was a round trip each (about
+/// one statement per grant of the ten a grant costs end to end; docs/benchmarks.md,
+/// 2026-12-04).
+///
+/// Reading the ids back does not assume they are consecutive (MySQL 8's default
+/// `innodb_autoinc_lock_mode = 2` may interleave another statement's): an EVENT charge is only
+/// ever inserted under its member's row lock, which this transaction holds for every member of
+/// `jobs`, so the EVENT charges of those members from the first id on are exactly these rows,
+/// and a member's rows come in the order they were inserted (ids grow within a statement).
+async fn insert_charges(
+    conn: &mut MySqlConnection,
+    jobs: &[&BonusJob],
+) -> Result<BTreeMap<u64, u64>, BonusError> {
+    if let [job] = jobs {
+        return Ok(BTreeMap::from([(job.id, insert_charge(conn, job).await?)]));
+    }
+    let first = charge::insert_bonuses(
+        conn,
+        &jobs.iter().map(|job| bonus_charge(job)).collect::<Vec<_>>(),
+    )
+    .await?;
+    let mut members: Vec<u64> = jobs.iter().map(|job| job.member_id).collect();
+    members.sort_unstable();
+    members.dedup();
+    let mut inserted = charge::event_charges_from(conn, first, &members).await?;
+    if inserted.len() != jobs.len() {
+        return Err(BonusError::Inconsistent(format!(
+            "{} EVENT charges inserted for bonus jobs, {} found from id {first}",
+            jobs.len(),
+            inserted.len()
+        )));
+    }
+    // Each job takes the first remaining charge of its member (both in insertion order).
+    let mut granted = BTreeMap::new();
+    for job in jobs {
+        let Some(at) = inserted
+            .iter()
+            .position(|(_, member)| *member == job.member_id)
+        else {
+            return Err(BonusError::Inconsistent(format!(
+                "no EVENT charge found for bonus job {} of member {}",
+                job.id, job.member_id
+            )));
+        };
+        let (charge_id, _) = inserted.remove(at);
+        granted.insert(job.id, charge_id);
+    }
+    Ok(granted)
+}
+
+/// The EVENT charge a job grants, from its snapshot.
+fn bonus_charge(job: &BonusJob) -> charge::BonusCharge<'_> {
+    charge::BonusCharge {
+        member_id: job.member_id,
+        cans: job.additional_can,
+        payment_gateway: job.payment_gateway,
+        container: job.container,
+        method: &job.method_snapshot,
+    }
+}
+
 /// The job's EVENT charge, from its snapshot.
 async fn insert_charge(conn: &mut MySqlConnection, job: &BonusJob) -> Result<u64, sqlx::Error> {
-    charge::insert_bonus(
-        conn,
-        &charge::BonusCharge {
-            member_id: job.member_id,
-            cans: job.additional_can,
-            payment_gateway: job.payment_gateway,
-            container: job.container,
-            method: &job.method_snapshot,
-        },
-    )
-    .await
+    charge::insert_bonus(conn, &bonus_charge(job)).await
 }

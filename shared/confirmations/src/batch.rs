@@ -21,7 +21,7 @@ use paybus_platform::{
     bus::{HandlerError, Outbox, Outcome, UnitOfWork},
     transition::Transition,
 };
-use sqlx::MySqlConnection;
+use sqlx::{MySql, MySqlConnection, pool::PoolConnection};
 use uuid::Uuid;
 
 use crate::ConfirmError;
@@ -112,12 +112,18 @@ pub async fn confirm_all<C: Confirms>(
     let mut ids: Vec<u64> = valid.iter().map(|&i| C::id(&confirmations[i].0)).collect();
     ids.sort_unstable();
     ids.dedup();
-    // Only a shortcut: a failed read decides nothing, the transaction below decides all.
-    let committed: BTreeMap<u64, C::Current> = match outbox.pool().acquire().await {
-        Ok(mut conn) if !ids.is_empty() => C::committed(&mut conn, &ids)
-            .await
-            .map(|states| states.into_iter().collect())
-            .unwrap_or_default(),
+    // Only a shortcut: a failed read decides nothing, the transaction below decides all. The
+    // transaction then runs on the same connection (one checkout of the pool, whose every
+    // return costs a ping round trip); not after a failed read, which may have broken it.
+    let mut conn = outbox.pool().acquire().await.ok();
+    let committed: BTreeMap<u64, C::Current> = match conn.as_mut() {
+        Some(read_on) if !ids.is_empty() => match C::committed(read_on, &ids).await {
+            Ok(states) => states.into_iter().collect(),
+            Err(_) => {
+                conn = None;
+                BTreeMap::new()
+            }
+        },
         _ => BTreeMap::new(),
     };
     let mut pending = Vec::with_capacity(valid.len());
@@ -132,7 +138,7 @@ pub async fn confirm_all<C: Confirms>(
     }
 
     if !pending.is_empty() {
-        match in_one_transaction::<C>(outbox, confirmations, &pending).await {
+        match in_one_transaction::<C>(outbox, conn.take(), confirmations, &pending).await {
             Ok(answers) => {
                 for (&i, answer) in pending.iter().zip(answers) {
                     results[i] = Some(Ok(answer));
@@ -149,7 +155,7 @@ pub async fn confirm_all<C: Confirms>(
                 );
                 for round in rounds::<C>(confirmations, &pending) {
                     let answers = join_all(round.iter().map(|&i| async move {
-                        in_one_transaction::<C>(outbox, confirmations, &[i])
+                        in_one_transaction::<C>(outbox, None, confirmations, &[i])
                             .await
                             .and_then(|mut answers| answers.pop().map_or_else(unanswered, Ok))
                     }))
@@ -183,10 +189,12 @@ fn rounds<C: Confirms>(confirmations: &[(C::Message, Uuid)], indices: &[usize]) 
     rounds
 }
 
-/// The transition for `indices` in one transaction: committed when it made at least one
-/// transition, rolled back otherwise and on any error; the handler's outcome for each.
+/// The transition for `indices` in one transaction (on `conn` when given, else on a
+/// connection of the pool): committed when it made at least one transition, rolled back
+/// otherwise and on any error; the handler's outcome for each.
 async fn in_one_transaction<C: Confirms>(
     outbox: &Outbox,
+    conn: Option<PoolConnection<MySql>>,
     confirmations: &[(C::Message, Uuid)],
     indices: &[usize],
 ) -> Result<Vec<Outcome>, HandlerError> {
@@ -194,7 +202,10 @@ async fn in_one_transaction<C: Confirms>(
         .iter()
         .map(|&i| (&confirmations[i].0, confirmations[i].1))
         .collect();
-    let mut uow = outbox.begin().await?;
+    let mut uow = match conn {
+        Some(conn) => outbox.begin_on(conn).await?,
+        None => outbox.begin().await?,
+    };
     match C::transition(&mut uow, &batch).await {
         Ok(decided) => {
             if decided

@@ -3,7 +3,7 @@
 //! Helpers that run SQL take `&mut MySqlConnection` (or a transaction deref'd to one) and
 //! leave committing to the caller; the one way to open a transaction is `pool.begin()`.
 
-use std::str::FromStr;
+use std::{str::FromStr, time::Duration};
 
 use sqlx::{
     Connection,
@@ -38,12 +38,32 @@ pub fn connect_options(settings: &DatabaseSettings) -> Result<MySqlConnectOption
     })
 }
 
+/// A pooled connection idle for longer than this is pinged before it is handed out.
+///
+/// Why not every time (sqlx's default): the pool already pings each connection when it is
+/// released (sqlx's check on return, which closes a broken one), so one handed out moments
+/// later was just proven alive; the second ping was a round trip per acquire for nothing. A
+/// W3 grant end to end acquires about 1.5 connections, each ping a wake-up of a server thread
+/// and of a client worker (docs/benchmarks.md, 2026-12-04). A connection that sat idle longer
+/// — across a database restart, a network drop, the server's `wait_timeout` — is still
+/// checked, and replaced when dead, before anyone gets it.
+pub const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
+
 /// Opens the pool and proves it works with one round trip, so a wrong URL fails at start-up
 /// and not inside the first handler.
 pub async fn connect(settings: &DatabaseSettings) -> Result<MySqlPool, DbError> {
     let pool = MySqlPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_WHEN_IDLE_FOR {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(connect_options(settings)?)
         .await
         .map_err(|source| DbError::Unreachable {
@@ -131,13 +151,14 @@ pub async fn migrations_ahead(pool: &MySqlPool) -> Result<Vec<i64>, DbError> {
 pub async fn begin_read_committed(
     pool: &MySqlPool,
 ) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    // Applies to the next transaction on this connection only.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .execute(&mut *conn)
-        .await?;
-    sqlx::Transaction::begin(conn, None).await
+    // The SET applies to the next transaction on this connection only. Sent with the BEGIN in
+    // one text query (the connection allows multi-statements): one round trip instead of a
+    // prepared SET and then a BEGIN. sqlx still checks the server reports a transaction open.
+    pool.begin_with(READ_COMMITTED_BEGIN).await
 }
+
+/// [`begin_read_committed`]'s BEGIN.
+const READ_COMMITTED_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN";
 
 /// MySQL / MariaDB error numbers that no retry can fix: the statement itself is refused for
 /// what it writes (a constraint, a value that does not fit) or is malformed.

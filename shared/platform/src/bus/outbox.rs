@@ -67,6 +67,23 @@ impl Outbox {
         })
     }
 
+    /// [`Outbox::begin`] on a connection the caller already holds (a read before the
+    /// transaction, on the same checkout of the pool).
+    pub async fn begin_on(
+        &self,
+        conn: sqlx::pool::PoolConnection<MySql>,
+    ) -> Result<UnitOfWork<'_>, sqlx::Error> {
+        let span = transaction_span();
+        Ok(UnitOfWork {
+            tx: sqlx::Transaction::begin(conn, None)
+                .instrument(span.clone())
+                .await?,
+            staged: Vec::new(),
+            outbox: self,
+            span,
+        })
+    }
+
     /// The same, READ COMMITTED: for claiming queue-like rows with `FOR UPDATE SKIP LOCKED`
     /// (see `db::begin_read_committed`: under REPEATABLE READ the claim's gap locks deadlock
     /// with the producers inserting new rows).

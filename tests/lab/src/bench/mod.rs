@@ -170,18 +170,23 @@ impl Phase {
 }
 
 /// The server's statement counters (`SHOW GLOBAL STATUS`) we report, in print order.
-const COUNTERS: [(&str, &str); 10] = [
+const COUNTERS: [(&str, &str); 12] = [
     ("Questions", "statements"),
     ("Com_select", "select"),
     ("Com_insert", "insert"),
     ("Com_insert_select", "insert_select"),
     ("Com_update", "update"),
+    // UPDATE ... JOIN (W3's credit of a completed charge) counts here, not in Com_update.
+    ("Com_update_multi", "update_multi"),
     ("Com_delete", "delete"),
     ("Com_begin", "begin"),
     ("Com_commit", "commit"),
     ("Com_rollback", "rollback"),
     // Every statement's storage-engine commit, reads in autocommit included.
     ("Handler_commit", "handler_commit"),
+    // Statements prepared (a round trip each, not in `Questions`): a statement shape a
+    // connection's statement cache had not seen, or had evicted.
+    ("Com_stmt_prepare", "prepare"),
 ];
 
 /// Statements the server executed between two readings of its counters, and the CPU time

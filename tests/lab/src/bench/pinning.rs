@@ -16,14 +16,14 @@ pub(crate) struct Pinned {
     all: String,
 }
 
-fn state_dir() -> PathBuf {
+pub(crate) fn state_dir() -> PathBuf {
     std::env::var_os("PAYBUS_STATE_DIR").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.local"),
         PathBuf::from,
     )
 }
 
-fn pid_in(file: PathBuf) -> anyhow::Result<u32> {
+pub(crate) fn pid_in(file: PathBuf) -> anyhow::Result<u32> {
     let text = std::fs::read_to_string(&file)
         .with_context(|| format!("reading {} (is the local service running?)", file.display()))?;
     text.trim()
