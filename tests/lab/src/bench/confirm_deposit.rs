@@ -157,7 +157,13 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     ] {
         phase.print();
     }
-    print_confirmation_ratios(&batched, &through_broker, &ceiling, args.items);
+    print_confirmation_ratios(
+        &batched,
+        &through_broker,
+        &ceiling,
+        args.items,
+        args.pin_broker,
+    );
     println!(
         "batched / one message per transaction:      direct {:.2}, through the broker {:.2}",
         batched.rate() / single.rate(),

@@ -118,7 +118,13 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for phase in [&direct, &through_broker, &ceiling] {
         phase.print();
     }
-    print_confirmation_ratios(&direct, &through_broker, &ceiling, args.items);
+    print_confirmation_ratios(
+        &direct,
+        &through_broker,
+        &ceiling,
+        args.items,
+        args.pin_broker,
+    );
     println!(
         "exactly once: {debits} debits for {} withdrawals, audit clean",
         2 * args.items

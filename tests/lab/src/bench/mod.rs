@@ -375,23 +375,26 @@ pub(crate) async fn through_the_broker<H: Handler>(
     messages: &[OutgoingMessage],
     name: &'static str,
 ) -> anyhow::Result<Phase> {
-    // The input comes from another process in production (the chain monitor), on a connection
-    // of its own: publishing it on the consumer's connection would throttle the consumer's
-    // acks whenever the broker applies flow control to the publisher.
+    // The input comes from another system in production (the chain monitor, on hosts of its
+    // own): it is published, on a connection of its own, before the clock starts, so the
+    // phase times what the function's host does — deliveries, the handler's transactions,
+    // acks — as the direct phase times the handler on work already in hand. Published while
+    // the consumer ran, the producer's CPU sat on the core the consumer and the database
+    // share (--pin-broker), a cost no production function pays.
     let producer = Publisher::new(BrokerLink::connect(&services.settings.broker).await?);
-    let shutdown = CancellationToken::new();
-    let mut runner = Runner::new(services.clone());
-    runner.add_function(handler);
-    let running = tokio::spawn(runner.run(shutdown.clone()));
-    // The counters are process-wide: count from where they stand now.
-    let before = processed_by(H::FUNCTION);
-    let counters = Counters::read(&services.pool).await?;
-    let started = Instant::now();
     for chunk in messages.chunks(512) {
         for result in producer.publish_events(chunk).await {
             result.context("publishing a message")?;
         }
     }
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(handler);
+    // The counters are process-wide: count from where they stand now.
+    let before = processed_by(H::FUNCTION);
+    let counters = Counters::read(&services.pool).await?;
+    let started = Instant::now();
+    let running = tokio::spawn(runner.run(shutdown.clone()));
     until_processed(H::FUNCTION, before, messages.len() as u64, started).await?;
     let phase = Phase {
         name,
@@ -466,22 +469,39 @@ pub(crate) fn doubled(ids: &[u64]) -> Vec<u64> {
 /// A W2 bench's closing lines: through the broker against direct, and the useful transitions
 /// (`items`, one per entity; the rest of the messages are duplicates) end to end against the
 /// write ceiling.
+/// W2's ratios against their targets: through the broker ≥ 0.85× direct with the broker on a
+/// core of its own (`--pin-broker`, the production topology: Amazon MQ on hosts of its own),
+/// and transitions end to end ≥ 0.5× the write ceiling with every process on both cores.
+/// The other topology's figure is printed as information.
 pub(crate) fn print_confirmation_ratios(
     direct: &Phase,
     through_broker: &Phase,
     ceiling: &Phase,
     items: usize,
+    pinned: bool,
 ) {
     let ratio = through_broker.rate() / direct.rate();
     let transitions = items as f64 / through_broker.elapsed.as_secs_f64();
     let of_ceiling = transitions / ceiling.rate();
+    let verdict = |target_here: bool, value: f64, target: f64| {
+        if target_here {
+            format!("target >= {target:.2}: {}", met(value >= target))
+        } else {
+            "its target is the other topology's".to_owned()
+        }
+    };
     println!(
-        "through the broker / direct:                 {ratio:.2}  (target >= 0.80: {})",
-        met(ratio >= 0.8)
+        "through the broker / direct:                 {ratio:.2}  ({}; broker {})",
+        verdict(pinned, ratio, 0.85),
+        if pinned {
+            "on a core of its own"
+        } else {
+            "sharing the cores"
+        }
     );
     println!(
-        "transitions end to end: {transitions:.0} /s = {of_ceiling:.2} x the ceiling  (target >= 0.30: {})",
-        met(of_ceiling >= 0.3)
+        "transitions end to end: {transitions:.0} /s = {of_ceiling:.2} x the ceiling  ({})",
+        verdict(!pinned, of_ceiling, 0.5)
     );
 }
 

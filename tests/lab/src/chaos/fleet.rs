@@ -266,6 +266,39 @@ impl Fleet {
     }
 }
 
+/// The pid file of a process's live instance, beside its log.
+fn pid_file(log: &Path) -> PathBuf {
+    log.with_extension("pid")
+}
+
+/// SIGKILLs what a run killed before its end left running (its processes outlive it: a
+/// SIGTERM to the harness does not reach them), by the pid files in `log_dir`, each only if
+/// that pid still runs the binary the file names.
+pub(crate) fn kill_leftovers(log_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(log_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "pid") {
+            continue;
+        }
+        let Some((pid, binary)) = std::fs::read_to_string(&path).ok().and_then(|text| {
+            let (pid, binary) = text.split_once('\n')?;
+            Some((pid.trim().parse::<u32>().ok()?, binary.trim().to_owned()))
+        }) else {
+            continue;
+        };
+        let running = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&binary));
+        if running {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 /// `kill -<signal> <pid>`: only ever a pid this run started.
 async fn signal(pid: u64, signal: &str) {
     let _ = tokio::process::Command::new("kill")
@@ -329,6 +362,12 @@ async fn supervise(
         process
             .pid
             .store(child.id().map_or(0, u64::from), Ordering::SeqCst);
+        if let Some(pid) = child.id() {
+            let _ = std::fs::write(
+                pid_file(&log),
+                format!("{pid}\n{}\n", process.binary.path.display()),
+            );
+        }
         tokio::select! {
             _ = child.wait() => {
                 process.pid.store(0, Ordering::SeqCst);

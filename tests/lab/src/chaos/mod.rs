@@ -339,6 +339,7 @@ impl OwnServices {
                 .stdin(std::process::Stdio::null())
                 .output();
             OwnBroker::kill_leftover_cluster(&state_dir);
+            fleet::kill_leftovers(&state_dir.join("logs"));
             let _ = std::fs::remove_dir_all(&state_dir);
             std::fs::create_dir_all(state_dir.join("logs"))?;
             let mariadb = PrivateService::start_mariadb_in(state_dir.clone());
