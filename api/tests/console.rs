@@ -384,6 +384,7 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
         .await
         .expect("insert");
     }
+    group_counts::recount(db).await.expect("recount");
     sqlx::query(
         "INSERT INTO partners (name, webhook_url, webhook_failures, \
          webhook_open_until) VALUES ('flaky', NULL, 5, NOW(6) + INTERVAL 1 MINUTE)",
