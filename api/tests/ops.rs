@@ -47,6 +47,10 @@ async fn metrics_expose_outcomes_latency_backlog_dead_letters_due_and_stuck_rows
     .execute(&api.services.pool)
     .await
     .unwrap();
+    // Written around the recorder: its group counted as `paybus dead-letters recount` does.
+    paybus_platform::bus::dead_letter::group_counts::recount(&api.services.pool)
+        .await
+        .unwrap();
     sqlx::query(
         "INSERT INTO outbox_messages (message_id, routing_key, correlation_id, body) \
          VALUES (UUID(), 'x', UUID(), '{}')",

@@ -14,6 +14,8 @@
 //!   when a letter has money at stake).
 //! - `operations`, `operation <id>`, `approve <id> --hash H`, `execute <id>`: the operations,
 //!   one with its letters, the second person's approval, and executing (or resuming) one.
+//! - `recount`: sets the groups' counts to what the NEW letters are (after the audit check
+//!   `dead_letter_group_counts` found them drifted), printing each group it corrected.
 //!
 //! Exit 1 when a replay left letters that need a human or are already applied.
 
@@ -25,7 +27,12 @@ use paybus_dead_letter_ops::{
     ExecuteOptions, ListFilter, OperationAction, OperationDetail, OperationStatus, Selection,
     Triager, groups, letter, operation, replay,
 };
-use paybus_platform::{Settings, bus::Services, db, triage::Verdict};
+use paybus_platform::{
+    Settings,
+    bus::{Services, dead_letter::group_counts},
+    db,
+    triage::Verdict,
+};
 
 #[derive(Debug, clap::Args)]
 #[group(required = true, multiple = true)]
@@ -126,6 +133,9 @@ pub enum DeadLettersCommand {
         #[arg(long, env = "USER", default_value = "cli")]
         actor: String,
     },
+    /// Set the groups' counts to what the NEW letters are, while writers keep writing (when
+    /// the audit found them drifted: SQL by hand, an older paybus during a deploy).
+    Recount,
 }
 
 const TRIAGER: Triager = Triager::new(paybus_catalog::FUNCTIONS);
@@ -364,6 +374,23 @@ async fn read(pool: &sqlx::MySqlPool, command: DeadLettersCommand) -> anyhow::Re
                 return Ok(ExitCode::FAILURE);
             };
             println!("{}", serde_json::to_string_pretty(&detail)?);
+        }
+        DeadLettersCommand::Recount => {
+            let corrected = group_counts::recount(pool).await?;
+            if corrected.is_empty() {
+                println!("every group's counts were right");
+            }
+            for drift in &corrected {
+                println!(
+                    "{} / {}: {} letter(s) and {} failure(s), counted as {} and {}",
+                    drift.function_name,
+                    drift.reason,
+                    drift.letters,
+                    drift.failures,
+                    drift.counted_letters,
+                    drift.counted_failures
+                );
+            }
         }
         DeadLettersCommand::Replay { .. }
         | DeadLettersCommand::Archive { .. }

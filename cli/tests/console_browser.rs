@@ -17,7 +17,7 @@ use api_process::{ApiProcess, output_dir, python_tool};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
 use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
-    bus::{Envelope, Runner},
+    bus::{Envelope, Runner, dead_letter::group_counts},
     signature,
     testing::{TestEnv, eventually, scalar},
 };
@@ -140,6 +140,9 @@ async fn dead_letters(env: &TestEnv) {
         .await
         .expect("insert a dead letter");
     }
+    group_counts::recount(&env.db)
+        .await
+        .expect("count the letters' groups");
 }
 
 /// A withdrawal of 100 USDT still BROADCASTING, and its confirmation dead-lettered in the
@@ -179,6 +182,9 @@ async fn safe_letter(env: &TestEnv) -> (u64, u64) {
     .await
     .expect("insert the safe letter")
     .last_insert_id();
+    group_counts::recount(&env.db)
+        .await
+        .expect("count the letters' groups");
     (withdrawal, letter)
 }
 

@@ -717,6 +717,21 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
         4
     );
     assert_eq!(letter_state(&env).await, [(4, "NEW".to_owned(), true)]);
+    // Its group's counts followed it through the archive and the reopening.
+    let mut tx = env.db.begin().await.unwrap();
+    let counts = dead_letter::group_counts::read(&mut tx).await.unwrap();
+    assert_eq!(
+        dead_letter::group_counts::drifted(&mut tx).await.unwrap(),
+        []
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        counts
+            .iter()
+            .map(|group| (group.letters, group.failures))
+            .collect::<Vec<_>>(),
+        [(1, 4)]
+    );
 }
 
 async fn publish_pings(services: &Services, ids: &[u64]) {

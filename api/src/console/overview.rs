@@ -121,7 +121,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                                 td.n.ready { (depth.map_or_else(|| "—".to_owned(), |d| d.ready.to_string())) }
                                 td.n { (depth.map_or_else(|| "—".to_owned(), |d| d.consumers.to_string())) }
                                 @if i == 0 {
-                                    td.n.dead-letters { a href="/console/dead-letters" { (new_letters(function.dead_letters_new)) } }
+                                    td.n.dead-letters { a href="/console/dead-letters" { (function.dead_letters_new) } }
                                     td.n.failures { (function.failures_last_hour) }
                                 } @else { td {} td {} }
                             }
@@ -170,14 +170,4 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         },
     )
     .into_response()
-}
-
-/// A capped count as people read it: "more than 10,000" past the cap.
-fn new_letters(count: u64) -> String {
-    let cap = paybus_platform::bus::metrics::DEAD_LETTER_COUNT_CAP;
-    if count > cap {
-        format!("more than {cap}")
-    } else {
-        count.to_string()
-    }
 }

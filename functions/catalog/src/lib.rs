@@ -51,6 +51,8 @@ pub static AUDIT: &[&[Check]] = &[
     paybus_partners::audit::CHECKS,
     // The ops trail itself: the hash chain of `ops_log`.
     paybus_platform::ops_log::CHECKS,
+    // The dead-letter groups' counts against the NEW letters they count.
+    paybus_platform::bus::dead_letter::group_counts::CHECKS,
 ];
 
 /// The queues of every function in the layout `shards` (what the topology declares): each

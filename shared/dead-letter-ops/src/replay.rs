@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
 use paybus_platform::{
-    bus::{Envelope, OutgoingMessage, UnitOfWork},
+    bus::{
+        Envelope, OutgoingMessage, UnitOfWork,
+        dead_letter::group_counts::{self, Change},
+    },
     triage::{Triage, Verdict},
 };
 use serde::Serialize;
@@ -131,13 +134,15 @@ pub(crate) async fn replay_locked(
         result.replay_message_id = Some(message.id);
         result.result = ActionResult::Replayed;
         uow.send_outgoing(message).await?;
-        sqlx::query(
+        let replayed = sqlx::query(
             "UPDATE dead_letters SET status = 'REPLAYED', replayed_at = NOW(6) \
              WHERE id = ? AND status = 'NEW'",
         )
         .bind(id)
         .execute(&mut **uow)
-        .await?;
+        .await?
+        .rows_affected();
+        left_new(uow, &letter, replayed).await?;
     } else {
         result.result = ActionResult::NotSent;
     }
@@ -184,20 +189,22 @@ pub(crate) async fn archive_locked(
     };
     let mut result = ReplayResult {
         id,
-        function_name: letter.function_name,
+        function_name: letter.function_name.clone(),
         verdict: None,
         result: ActionResult::Skipped,
         detail: String::new(),
         replay_message_id: None,
     };
     if letter.status == letter::LetterStatus::New {
-        sqlx::query(
+        let archived = sqlx::query(
             "UPDATE dead_letters SET status = 'ARCHIVED', archived_at = NOW(6) \
              WHERE id = ? AND status = 'NEW'",
         )
         .bind(id)
         .execute(&mut *conn)
-        .await?;
+        .await?
+        .rows_affected();
+        left_new(&mut *conn, &letter, archived).await?;
         result.result = ActionResult::Archived;
     } else {
         result.detail = format!("the letter is {} now", letter.status);
@@ -208,6 +215,27 @@ pub(crate) async fn archive_locked(
     };
     trail::record(conn, &entry).await?;
     Ok(result)
+}
+
+/// Takes `letter` (locked by the caller, read NEW) out of its group's counts when the caller's
+/// guarded UPDATE moved it out of NEW (`moved`: its affected rows).
+async fn left_new(
+    conn: &mut MySqlConnection,
+    letter: &DeadLetter,
+    moved: u64,
+) -> Result<(), DeadLetterError> {
+    if moved == 1 {
+        group_counts::apply(
+            conn,
+            &letter.function_name,
+            &letter.reason,
+            Change::LeftNew {
+                failures: letter.failures,
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 impl ReplayResult {

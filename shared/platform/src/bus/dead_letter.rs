@@ -16,6 +16,10 @@ use super::{
     },
 };
 
+pub mod group_counts;
+
+use group_counts::Change;
+
 pub const H_FUNCTION: &str = "x-paybus-function";
 pub const H_REASON: &str = "x-paybus-reason";
 pub const H_ERROR: &str = "x-paybus-error";
@@ -303,7 +307,8 @@ pub async fn record_given_up(
 /// counted once more — and reopened (NEW again, `reopened_at` set) when it had been archived or
 /// replayed, so a failure that comes back after ops dealt with it is seen again, never
 /// swallowed. A failure recorded already (its `failure_id`: a DLQ redelivering the same dead
-/// letter) changes nothing. True when this call recorded a new failure.
+/// letter) changes nothing. The letter's group counts ([`group_counts`]) change with it. True
+/// when this call recorded a new failure.
 pub async fn record_failure(
     conn: &mut MySqlConnection,
     row: &DeadLetterRow,
@@ -322,16 +327,15 @@ pub async fn record_failure(
     if !new_failure {
         return Ok(false);
     }
-    // Assignments run left to right: `reopened_at` reads the status before it is reset.
+    // The status is left alone here: whether this failure reopens the letter is decided below,
+    // under the lock this statement takes, so the group counts know which it was.
     let affected = sqlx::query(
         "INSERT INTO dead_letters (dead_letter_id, function_name, message_id, \
          correlation_id, routing_key, reason, error, attempts, body, headers, shard_key, \
          last_failed_at) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6)) \
          ON DUPLICATE KEY UPDATE failures = failures + 1, \
-         last_failed_at = CURRENT_TIMESTAMP(6), \
-         reopened_at = IF(status = 'NEW', reopened_at, CURRENT_TIMESTAMP(6)), \
-         status = 'NEW', error = ?, attempts = ?",
+         last_failed_at = CURRENT_TIMESTAMP(6), error = ?, attempts = ?",
     )
     .bind(&row.dead_letter_id)
     .bind(&row.function_name)
@@ -346,17 +350,57 @@ pub async fn record_failure(
     .bind(indexed_shard_key(body))
     .bind(&row.error)
     .bind(row.attempts)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
     // MySQL's affected rows for an upsert: 1 inserted, 2 updated.
-    let again = if affected == 1 { "" } else { " again" };
+    let recorded = if affected == 1 {
+        group_counts::apply(conn, &row.function_name, &row.reason, Change::Recorded).await?;
+        "dead letter recorded"
+    } else if let Change::Reopened { .. } = failed_again(conn, &row.dead_letter_id).await? {
+        "dead letter recorded again, reopened"
+    } else {
+        "dead letter recorded again"
+    };
     tracing::warn!(
         function = %row.function_name, message_id = row.message_id.as_deref().unwrap_or(""),
         dead_letter_id = %row.dead_letter_id, reason = %row.reason, error = %row.error,
-        "dead letter recorded{again}"
+        "{recorded}"
     );
     Ok(true)
+}
+
+/// Reopens letter `dead_letter_id` (locked by the caller's upsert, its failure counted) if it
+/// was no longer NEW, and applies the change to its group: the group it is stored under, which
+/// a broker-made letter id shared by two functions' queues may make another than the failing
+/// delivery's.
+async fn failed_again(
+    conn: &mut MySqlConnection,
+    dead_letter_id: &str,
+) -> Result<Change, sqlx::Error> {
+    let (id, function, reason, failures): (u64, String, String, u32) = sqlx::query_as(
+        "SELECT id, function_name, reason, failures FROM dead_letters \
+         WHERE dead_letter_id = ? FOR UPDATE",
+    )
+    .bind(dead_letter_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let reopened = sqlx::query(
+        "UPDATE dead_letters SET status = 'NEW', reopened_at = CURRENT_TIMESTAMP(6) \
+         WHERE id = ? AND status <> 'NEW'",
+    )
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1;
+    let change = if reopened {
+        Change::Reopened { failures }
+    } else {
+        Change::FailedAgain
+    };
+    group_counts::apply(conn, &function, &reason, change).await?;
+    Ok(change)
 }
 
 /// The body's shard key as the trace looks letters up by it; a key longer than the column

@@ -36,6 +36,7 @@ mod auditor;
 mod confirm_deposit;
 mod confirm_withdrawal;
 mod cpu;
+mod dead_letter_storm;
 mod grant_bonus;
 mod lambda_batch;
 mod matching;
@@ -69,6 +70,10 @@ pub enum Workflow {
     /// Ops: every console page and ops list, group and count route over HTTP with `--rows`
     /// dead letters, bonus jobs and cancel tasks each, and the EXPLAIN of every query.
     OpsQueries,
+    /// Ops: `--items` dead letters recorded by `--concurrency` recorders all in one group
+    /// (function, reason) against spread over a group each: what the group's counts cost
+    /// under a storm of one failure.
+    DeadLetterStorm,
     /// All four workflows at a steady rate for `--minutes`, every message delivered
     /// `--copies` times, each function its own process: throughput, p50/p99, RSS, table
     /// sizes, outbox backlog and dead letters per window, a plot, then chaos's exactly-once
@@ -130,6 +135,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Workflow::LambdaBatch => lambda_batch::run(&args).await,
         Workflow::Auditor => auditor::run(&args).await,
         Workflow::OpsQueries => ops_queries::run(&args).await,
+        Workflow::DeadLetterStorm => dead_letter_storm::run(&args).await,
         Workflow::Soak => return soak::run(&args.soak, args.concurrency).await,
     };
     ran.map(|()| ExitCode::SUCCESS)
