@@ -10,26 +10,29 @@
 //! included).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
+use lab_run::{lab, run_for_report};
 use serde_json::Value;
+
+mod lab_run;
 
 const BROKEN_CONFIRM_WITHDRAWAL: &str = env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update");
 const BROKEN_MATCH_DEPOSIT: &str = env!("CARGO_BIN_EXE_match-deposit-releases-on-timeout");
 
-/// The `paybus-lab` binary of this build (next to every function binary).
-fn lab() -> PathBuf {
-    let lab = Path::new(BROKEN_CONFIRM_WITHDRAWAL).with_file_name("paybus-lab");
-    assert!(
-        lab.is_file(),
-        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
-        lab.display()
-    );
-    lab
-}
+/// A broken build's run: its faults are the duplicates and late answers of every run, no
+/// service restarts, a short window and a short bound on quiescence (a broken build may never
+/// be quiet).
+const BROKEN_BUILD_RUN: [&str; 8] = [
+    "--broker-restarts",
+    "0",
+    "--database-restarts",
+    "0",
+    "--fault-window-s",
+    "10",
+    "--quiescence-timeout-s",
+    "45",
+];
 
 /// Runs `paybus-lab chaos --quick --json` with `args` in its own state folder under `.local/`;
 /// the exit code and the report.
@@ -37,21 +40,12 @@ fn chaos(state: &str, args: &[&str]) -> (i32, Value) {
     let state_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../.local")
         .join(state);
-    let output = Command::new(lab())
-        .args(["chaos", "--quick", "--json", "--state-dir"])
-        .arg(&state_dir)
-        .args(args)
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "no JSON report ({e}):\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    });
-    (output.status.code().unwrap_or(-1), report)
+    run_for_report(
+        Command::new(lab())
+            .args(["chaos", "--quick", "--json", "--state-dir"])
+            .arg(&state_dir)
+            .args(args),
+    )
 }
 
 /// The names of the run's violations.
@@ -173,18 +167,7 @@ fn the_seeds_read_then_update_confirmation_is_caught_as_a_double_debit() {
     // the run is not quiet soon: a short bound keeps the test short.
     let (code, report) = chaos(
         "chaos-test-broken",
-        &[
-            "--substitute",
-            &substitute,
-            "--broker-restarts",
-            "0",
-            "--database-restarts",
-            "0",
-            "--fault-window-s",
-            "10",
-            "--quiescence-timeout-s",
-            "45",
-        ],
+        &[&["--substitute", &substitute][..], &BROKEN_BUILD_RUN[..]].concat(),
     );
 
     assert_eq!(code, 1, "{report:#}");
@@ -205,18 +188,7 @@ fn a_match_deposit_that_releases_its_fill_on_a_create_trade_timeout_is_caught_as
     // settles it: the books end clean, and only the history shows the orphan.
     let (code, report) = chaos(
         "chaos-test-broken-p2p",
-        &[
-            "--substitute",
-            &substitute,
-            "--broker-restarts",
-            "0",
-            "--database-restarts",
-            "0",
-            "--fault-window-s",
-            "10",
-            "--quiescence-timeout-s",
-            "45",
-        ],
+        &[&["--substitute", &substitute][..], &BROKEN_BUILD_RUN[..]].concat(),
     );
 
     assert_eq!(code, 1, "{report:#}");

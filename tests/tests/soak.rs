@@ -8,58 +8,38 @@
 //! builds them).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
+use lab_run::{lab, run_for_report};
 use serde_json::Value;
 
-/// The `paybus-lab` binary of this build (next to every function binary).
-fn lab() -> PathBuf {
-    let lab = Path::new(env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update"))
-        .with_file_name("paybus-lab");
-    assert!(
-        lab.is_file(),
-        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
-        lab.display()
-    );
-    lab
-}
+mod lab_run;
 
 #[test]
 fn a_minute_of_every_workflow_at_a_steady_rate_ends_exactly_once_with_every_figure_reported() {
     let state_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.local/soak-test");
     let plot = state_dir.join("soak-test.svg");
-    let output = Command::new(lab())
-        .args([
-            "bench",
-            "soak",
-            "--json",
-            "--minutes",
-            "1",
-            "--window-minutes",
-            "0.25",
-        ])
-        .args(["--rate", "p2p=2", "--rate", "confirmations=20"])
-        .args(["--rate", "bonuses=10", "--rate", "markets=10"])
-        .args(["--sample-seconds", "5", "--state-dir"])
-        .arg(&state_dir)
-        .arg("--plot")
-        .arg(&plot)
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "no JSON report ({e}):\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    });
+    let (code, report) = run_for_report(
+        Command::new(lab())
+            .args([
+                "bench",
+                "soak",
+                "--json",
+                "--minutes",
+                "1",
+                "--window-minutes",
+                "0.25",
+            ])
+            .args(["--rate", "p2p=2", "--rate", "confirmations=20"])
+            .args(["--rate", "bonuses=10", "--rate", "markets=10"])
+            .args(["--sample-seconds", "5", "--state-dir"])
+            .arg(&state_dir)
+            .arg("--plot")
+            .arg(&plot),
+    );
 
     assert_eq!(report["violations"], Value::Array(vec![]), "{report:#}");
-    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(code, 0);
     assert_eq!(report["summary"]["stuck"], Value::Array(vec![]));
     // Four windows of 15 s, each with every workflow's figures and every process's memory.
     let windows = report["windows"].as_array().unwrap();

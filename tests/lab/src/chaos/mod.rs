@@ -164,28 +164,34 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// The CI profile (`--quick`): one RabbitMQ node, a short fault window, every fault kind
+    /// once; its seed is set by `from_args`.
+    pub(crate) fn quick() -> Self {
+        Self {
+            name: "quick",
+            items: 200,
+            copies: 3,
+            malformed_every: 100,
+            kill_every: Duration::from_secs(3),
+            broker_restarts: 1,
+            broker_nodes: 1,
+            broker_node_kills: 0,
+            database_restarts: 1,
+            webhook_outage: Duration::from_secs(6),
+            late_webhooks: 3,
+            network_faults: true,
+            partition: Duration::from_secs(12),
+            fault_window: Duration::from_secs(30),
+            quiescence_timeout: Duration::from_secs(180),
+            seed: 0,
+            concurrency: 8,
+            shards: 1,
+        }
+    }
+
     fn from_args(args: &ChaosArgs) -> anyhow::Result<Self> {
         let mut profile = if args.quick {
-            Self {
-                name: "quick",
-                items: 200,
-                copies: 3,
-                malformed_every: 100,
-                kill_every: Duration::from_secs(3),
-                broker_restarts: 1,
-                broker_nodes: 1,
-                broker_node_kills: 0,
-                database_restarts: 1,
-                webhook_outage: Duration::from_secs(6),
-                late_webhooks: 3,
-                network_faults: true,
-                partition: Duration::from_secs(12),
-                fault_window: Duration::from_secs(30),
-                quiescence_timeout: Duration::from_secs(180),
-                seed: 0,
-                concurrency: 8,
-                shards: 1,
-            }
+            Self::quick()
         } else {
             Self {
                 name: "full",

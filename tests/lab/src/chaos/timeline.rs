@@ -527,24 +527,8 @@ mod tests {
 
     fn profile() -> Profile {
         Profile {
-            name: "quick",
-            items: 200,
-            copies: 3,
-            malformed_every: 100,
-            kill_every: Duration::from_secs(3),
-            broker_restarts: 1,
-            broker_nodes: 1,
-            broker_node_kills: 0,
-            database_restarts: 1,
-            webhook_outage: Duration::from_secs(6),
-            late_webhooks: 3,
-            network_faults: true,
-            partition: Duration::from_secs(12),
-            fault_window: Duration::from_secs(30),
-            quiescence_timeout: Duration::from_secs(180),
             seed: 13,
-            concurrency: 8,
-            shards: 1,
+            ..Profile::quick()
         }
     }
 

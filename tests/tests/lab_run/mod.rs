@@ -1,0 +1,35 @@
+//! Running `paybus-lab` from an end-to-end test: the binary of this build and its JSON report.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::Value;
+
+/// The `paybus-lab` binary of this build (next to every function binary).
+pub fn lab() -> PathBuf {
+    let lab = Path::new(env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update"))
+        .with_file_name("paybus-lab");
+    assert!(
+        lab.is_file(),
+        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
+        lab.display()
+    );
+    lab
+}
+
+/// Runs a lab command that prints a JSON report (`--json`) with `RUST_LOG=error`: its exit
+/// code (-1 if killed by a signal) and the report; a run that printed none fails the test
+/// with its output.
+pub fn run_for_report(command: &mut Command) -> (i32, Value) {
+    let output = command.env("RUST_LOG", "error").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}):\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().unwrap_or(-1), report)
+}
