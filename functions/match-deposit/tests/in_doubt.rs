@@ -179,6 +179,45 @@ async fn a_refused_retry_of_a_trade_in_doubt_settles_the_trade_the_service_holds
 }
 
 #[tokio::test]
+async fn a_refused_resend_of_a_fill_whose_unknown_outcome_was_never_counted_settles_the_trade() {
+    // Found by the full chaos profile (seed 101): a process killed between its createTrade and
+    // recording the unknown outcome leaves a TRADING fill with no check counted (an ops recheck
+    // leaves the same); the next attempt's resend was refused, and the fill was released while
+    // the service held the first send's trade: an orphan for the 42-134 s until a retry found it.
+    let world = World::new().await;
+    let matcher = with_timeout(&world, TIMEOUT, FillPolicy::FillOrCancel);
+    let handler = MatchDeposit::new(matcher.clone());
+    let seller = world.seller("25").await;
+    let id = world.queued(&matcher, "25").await;
+    world.stub.set_trade_delay(LATE);
+    let outcome = world.deliver(&handler, id, 1).await;
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    // What the killed process never wrote.
+    sqlx::query("UPDATE p2p_matches SET trade_checks = 0 WHERE deposit_order_id = ?")
+        .bind(id)
+        .execute(world.pool())
+        .await
+        .unwrap();
+
+    world.stub.set_trade_delay(Duration::ZERO);
+    world.stub.refuse_next_trades(1);
+    world.clock.advance(Duration::from_secs(2));
+    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
+
+    assert_eq!(
+        order_state(world.pool(), id).await,
+        ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
+    );
+    assert_eq!(match_statuses(&world, id).await, ["CONFIRMED"]);
+    assert_eq!(world.stub.trades().len(), 1);
+    let (_, reserved, status) = seller_amounts(world.pool(), seller).await;
+    assert_eq!((trim(&reserved), status.as_str()), ("0", "FILLED"));
+    let found = reconciled(&world).await;
+    assert!(found.is_clean(), "{:?}", found.discrepancies);
+    assert_audit_clean(world.pool()).await;
+}
+
+#[tokio::test]
 async fn a_definitively_refused_trade_releases_the_liquidity_and_counts_a_failed_attempt() {
     let world = World::new().await;
     let matcher = with_timeout(&world, TIMEOUT, FillPolicy::FillOrCancel);

@@ -313,7 +313,9 @@ impl Matcher {
                         checks = fill.trade_checks,
                         "a fill is in doubt: asking the quote service again under its key"
                     );
-                    return self.trade(quote, claim, &fill, &sent, correlation_id).await;
+                    return self
+                        .trade(quote, claim, &fill, &sent, Send::Again, correlation_id)
+                        .await;
                 }
                 Reservation::Closed(reason) => return Ok(AttemptEnd::Closed(reason)),
                 Reservation::ClaimLost => return Ok(AttemptEnd::ClaimLost),
@@ -355,7 +357,7 @@ impl Matcher {
         if !settle::mark_trading(&self.outbox, &fill, &priced).await? {
             return Ok(AttemptEnd::ClaimLost);
         }
-        self.trade(quote, claim, &fill, &priced, correlation_id)
+        self.trade(quote, claim, &fill, &priced, Send::First, correlation_id)
             .await
     }
 
@@ -367,6 +369,7 @@ impl Matcher {
         claim: &Claim,
         fill: &Fill,
         quote: &Quote,
+        send: Send,
         correlation_id: Uuid,
     ) -> Result<AttemptEnd, MatchError> {
         let reference = reference(claim.id);
@@ -382,7 +385,10 @@ impl Matcher {
             // A refusal of this request is not proof about an earlier one whose outcome was
             // unknown: a service that traded, answered late, then refuses the retry ("quote
             // expired" before it looks the key up) still holds that trade. The key decides.
-            Err(error) if self.trade_effect(&error) == Effect::NotDone && fill.trade_checks > 0 => {
+            // Whether the earlier outcome was recorded does not matter: a process killed
+            // between its send and that record (or an ops recheck, which resets the count)
+            // left a TRADING fill whose count says 0 (the full chaos profile, seed 101).
+            Err(error) if self.trade_effect(&error) == Effect::NotDone && send == Send::Again => {
                 match client.trade_by_key(&fill.trade_key).await {
                     Ok(Some(record)) => {
                         tracing::warn!(
@@ -461,4 +467,14 @@ impl Matcher {
 /// A deposit order's name at the quote service.
 fn reference(deposit_order_id: u64) -> String {
     format!("p2p-deposit-{deposit_order_id}")
+}
+
+/// Whether a createTrade under a fill's key may have gone out before this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Send {
+    /// Sent right after the fill was marked TRADING in this attempt: nothing went out before.
+    First,
+    /// A TRADING fill found by this attempt: an earlier one marked it, and its send's outcome
+    /// is unknown (recorded as a check or lost with a killed process).
+    Again,
 }
