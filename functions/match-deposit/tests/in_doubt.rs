@@ -180,7 +180,7 @@ async fn a_refused_retry_of_a_trade_in_doubt_settles_the_trade_the_service_holds
 
 #[tokio::test]
 async fn a_refused_resend_of_a_fill_whose_unknown_outcome_was_never_counted_settles_the_trade() {
-    // Found by the full chaos profile (seed 101): a process killed between its createTrade and
+    // Found by a full chaos profile run: a process killed between its createTrade and
     // recording the unknown outcome leaves a TRADING fill with no check counted (an ops recheck
     // leaves the same); the next attempt's resend was refused, and the fill was released while
     // the service held the first send's trade: an orphan for the 42-134 s until a retry found it.

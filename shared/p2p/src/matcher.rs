@@ -387,7 +387,7 @@ impl Matcher {
             // expired" before it looks the key up) still holds that trade. The key decides.
             // Whether the earlier outcome was recorded does not matter: a process killed
             // between its send and that record (or an ops recheck, which resets the count)
-            // left a TRADING fill whose count says 0 (the full chaos profile, seed 101).
+            // left a TRADING fill whose count says 0 (found by a full chaos profile run).
             Err(error) if self.trade_effect(&error) == Effect::NotDone && send == Send::Again => {
                 match client.trade_by_key(&fill.trade_key).await {
                     Ok(Some(record)) => {

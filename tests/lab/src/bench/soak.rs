@@ -258,6 +258,7 @@ async fn soak(
         copies: plan.copies,
         // Only duplicates: a dead letter in a soak is a finding, never an injected one.
         malformed_every: u64::MAX,
+        late_trades_first: 0,
         kill_every: Duration::ZERO,
         broker_restarts: 0,
         broker_nodes: 1,

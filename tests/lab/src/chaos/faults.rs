@@ -21,13 +21,6 @@ use super::{
 /// How a broker node kill is named in the fault log (the report counts them by it).
 pub(super) const BROKER_NODE_KILL: &str = "broker node SIGKILL";
 
-/// The first trades of every run answered after the client's timeout, having been made: the
-/// phases alone may come while no createTrade is in flight (a quick run's orders can all be
-/// matched before the first late phase), and a run without a late trade would pass without
-/// testing principle 12's *unknown*. Five, so that some of them are match-deposit's own first
-/// calls: the sweeper's due-orders job makes some attempts too, and its re-asks of fills in
-/// doubt (the failing phase's 500s, 2 s later) can take some of the five.
-const LATE_TRADES_FIRST: u32 = 5;
 /// How late a late answer comes: half a second past the client's timeout (the client gave up
 /// well before it), far inside the zombie timeout.
 const LATE_ANSWER: Duration = QUOTE_TIMEOUT.saturating_add(Duration::from_millis(500));
@@ -178,7 +171,7 @@ async fn apply(step: NetStep, profile: &Profile, net: &Net, dice: &mut Dice) -> 
 /// The fault schedule, until `stop`: a SIGKILL of a random function process every
 /// `kill_every` (its supervisor restarts it at once), the broker restarts, broker node kills
 /// and database restarts spread evenly over the fault window, the webhook outage at a quarter
-/// of it, the first [`LATE_TRADES_FIRST`] trades answered after the client's timeout, and the
+/// of it, the first `profile.late_trades_first` trades answered after the client's timeout, and the
 /// quote service alternating between healthy, failing (503s, 500s without a trade, a 422
 /// refusal), trading then answering after the client's timeout, and slow. Returns what it
 /// did.
@@ -237,10 +230,11 @@ pub(super) async fn run(
     ));
     world
         .quotes
-        .answer_next_trades_after(LATE_TRADES_FIRST, LATE_ANSWER);
+        .answer_next_trades_after(profile.late_trades_first, LATE_ANSWER);
     record(
         format!(
-            "quote service: the first {LATE_TRADES_FIRST} trades answered after the client's timeout"
+            "quote service: the first {} trades answered after the client's timeout",
+            profile.late_trades_first
         ),
         Duration::ZERO,
         &mut log,

@@ -98,6 +98,14 @@ pub struct ChaosArgs {
     /// One malformed message is injected per this many messages seen.
     #[arg(long, default_value_t = 100)]
     pub malformed_every: u64,
+    /// The run's first this many trades are answered after the client's timeout, having been
+    /// made: the quote phases alone may come while no createTrade is in flight (a quick run's
+    /// orders can all be matched before the first late phase), and a run without a late trade
+    /// would pass without testing principle 12's *unknown*. Five by default, so that some of
+    /// them are match-deposit's own first calls: the sweeper's due-orders job makes attempts
+    /// too, and its re-asks of fills in doubt can take some of them.
+    #[arg(long, default_value_t = 5)]
+    pub late_trades_first: u32,
     /// Seed of the fault schedule's random choices (default: from the clock; printed).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -141,6 +149,8 @@ pub struct Profile {
     pub items: usize,
     pub copies: u32,
     pub malformed_every: u64,
+    /// `--late-trades-first`.
+    pub late_trades_first: u32,
     pub kill_every: Duration,
     pub broker_restarts: u32,
     /// RabbitMQ nodes the run starts (3: a cluster).
@@ -172,6 +182,7 @@ impl Profile {
             items: 200,
             copies: 3,
             malformed_every: 100,
+            late_trades_first: 5,
             kill_every: Duration::from_secs(3),
             broker_restarts: 1,
             broker_nodes: 1,
@@ -198,6 +209,7 @@ impl Profile {
                 items: 10_000,
                 copies: 3,
                 malformed_every: 100,
+                late_trades_first: 5,
                 kill_every: Duration::from_secs(2),
                 broker_restarts: 2,
                 broker_nodes: 3,
@@ -262,6 +274,7 @@ impl Profile {
         profile.network_faults = !args.no_network_faults;
         profile.copies = args.copies;
         profile.malformed_every = args.malformed_every;
+        profile.late_trades_first = args.late_trades_first;
         profile.shards = args.shards;
         profile.seed = args.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
