@@ -143,6 +143,28 @@ async fn a_5xx_from_create_trade_is_in_doubt_and_the_next_check_trades_once() {
 async fn a_refused_retry_of_a_trade_in_doubt_settles_the_trade_the_service_holds_under_the_key() {
     // Found by the chaos run: the service traded, answered late, then refused the retry
     // ("quote expired" checked before the key). Releasing then left an orphan trade.
+    a_refused_resend_settles_the_late_trade(CheckCount::Recorded).await;
+}
+
+#[tokio::test]
+async fn a_refused_resend_of_a_fill_whose_unknown_outcome_was_never_counted_settles_the_trade() {
+    // Found by a full chaos profile run: a process killed between its createTrade and
+    // recording the unknown outcome leaves a TRADING fill with no check counted (an ops recheck
+    // leaves the same); the next attempt's resend was refused, and the fill was released while
+    // the service held the first send's trade: an orphan for the 42-134 s until a retry found it.
+    a_refused_resend_settles_the_late_trade(CheckCount::Lost).await;
+}
+
+/// Whether the first attempt's unknown outcome is still counted when the next one resends.
+enum CheckCount {
+    Recorded,
+    /// What a process killed before writing it leaves.
+    Lost,
+}
+
+/// A trade made and answered late leaves its fill TRADING; the next attempt's resend is
+/// refused; the trade the service holds under the key must be settled, once.
+async fn a_refused_resend_settles_the_late_trade(checks: CheckCount) {
     let world = World::new().await;
     let matcher = with_timeout(&world, TIMEOUT, FillPolicy::FillOrCancel);
     let handler = MatchDeposit::new(matcher.clone());
@@ -152,52 +174,13 @@ async fn a_refused_retry_of_a_trade_in_doubt_settles_the_trade_the_service_holds
     let outcome = world.deliver(&handler, id, 1).await;
     assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
     assert_eq!(match_statuses(&world, id).await, ["TRADING"]);
-
-    world.stub.set_trade_delay(Duration::ZERO);
-    world.stub.refuse_next_trades(1);
-    world.clock.advance(Duration::from_secs(2));
-    assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
-
-    assert_eq!(
-        order_state(world.pool(), id).await,
-        ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
-    );
-    let trades = world.stub.trades();
-    assert_eq!(trades.len(), 1, "{trades:?}");
-    let settled: Vec<String> =
-        sqlx::query_scalar("SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'")
-            .fetch_all(world.pool())
+    if let CheckCount::Lost = checks {
+        sqlx::query("UPDATE p2p_matches SET trade_checks = 0 WHERE deposit_order_id = ?")
+            .bind(id)
+            .execute(world.pool())
             .await
             .unwrap();
-    let trade = trades.values().next().unwrap();
-    assert_eq!(settled, std::slice::from_ref(&trade.trade_id));
-    let (_, reserved, status) = seller_amounts(world.pool(), seller).await;
-    assert_eq!((trim(&reserved), status.as_str()), ("0", "FILLED"));
-    let found = reconciled(&world).await;
-    assert!(found.is_clean(), "{:?}", found.discrepancies);
-    assert_audit_clean(world.pool()).await;
-}
-
-#[tokio::test]
-async fn a_refused_resend_of_a_fill_whose_unknown_outcome_was_never_counted_settles_the_trade() {
-    // Found by a full chaos profile run: a process killed between its createTrade and
-    // recording the unknown outcome leaves a TRADING fill with no check counted (an ops recheck
-    // leaves the same); the next attempt's resend was refused, and the fill was released while
-    // the service held the first send's trade: an orphan for the 42-134 s until a retry found it.
-    let world = World::new().await;
-    let matcher = with_timeout(&world, TIMEOUT, FillPolicy::FillOrCancel);
-    let handler = MatchDeposit::new(matcher.clone());
-    let seller = world.seller("25").await;
-    let id = world.queued(&matcher, "25").await;
-    world.stub.set_trade_delay(LATE);
-    let outcome = world.deliver(&handler, id, 1).await;
-    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
-    // What the killed process never wrote.
-    sqlx::query("UPDATE p2p_matches SET trade_checks = 0 WHERE deposit_order_id = ?")
-        .bind(id)
-        .execute(world.pool())
-        .await
-        .unwrap();
+    }
 
     world.stub.set_trade_delay(Duration::ZERO);
     world.stub.refuse_next_trades(1);
@@ -209,7 +192,15 @@ async fn a_refused_resend_of_a_fill_whose_unknown_outcome_was_never_counted_sett
         ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
     );
     assert_eq!(match_statuses(&world, id).await, ["CONFIRMED"]);
-    assert_eq!(world.stub.trades().len(), 1);
+    let trades = world.stub.trades();
+    assert_eq!(trades.len(), 1, "{trades:?}");
+    let settled: Vec<String> =
+        sqlx::query_scalar("SELECT external_trade_id FROM p2p_matches WHERE status = 'CONFIRMED'")
+            .fetch_all(world.pool())
+            .await
+            .unwrap();
+    let trade = trades.values().next().unwrap();
+    assert_eq!(settled, std::slice::from_ref(&trade.trade_id));
     let (_, reserved, status) = seller_amounts(world.pool(), seller).await;
     assert_eq!((trim(&reserved), status.as_str()), ("0", "FILLED"));
     let found = reconciled(&world).await;
