@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::{
     DepositTxConfirmed, WithdrawalTxConfirmed,
@@ -760,6 +762,93 @@ async fn a_groups_counts_follow_its_letters_through_repeats_an_archive_a_reopeni
     assert_eq!(shown(pool).await, withdrawals_failed(1, 3), "replayed");
     assert_eq!(shown(pool).await, counted_afresh(pool).await);
     assert_eq!(drift_found(pool).await, Vec::<String>::new());
+}
+
+/// The group's first and last failure as shown, and as read afresh from its NEW letters.
+async fn failure_times_shown_and_afresh(
+    pool: &MySqlPool,
+) -> (
+    Option<(DateTime<Utc>, DateTime<Utc>)>,
+    Option<(DateTime<Utc>, DateTime<Utc>)>,
+) {
+    let shown = groups::overview(pool, &TRIAGER)
+        .await
+        .unwrap()
+        .groups
+        .into_iter()
+        .find(|g| g.function == "confirm-withdrawal")
+        .map(|g| (g.first_failed_at, g.last_failed_at));
+    let afresh: (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT MIN(failed_at), GREATEST(MAX(failed_at), COALESCE(MAX(last_failed_at), MAX(failed_at))) \
+         FROM dead_letters IGNORE INDEX (index_dead_letters_groups_first_failure, \
+                                         index_dead_letters_groups_last_failure) \
+         WHERE function_name = 'confirm-withdrawal' AND status = 'NEW'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (shown, afresh.0.zip(afresh.1))
+}
+
+#[tokio::test]
+async fn a_groups_first_and_last_failure_are_its_new_letters_through_a_repeat_an_archive_and_a_replay()
+ {
+    let (_env, services, partner) = setup().await;
+    let pool = &services.pool;
+    let (first, first_message) = failing_confirmation(pool, partner).await;
+    let (second, second_message) = failing_confirmation(pool, partner).await;
+
+    fail(pool, &first, &first_message).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    fail(pool, &second, &second_message).await;
+    let (shown, afresh) = failure_times_shown_and_afresh(pool).await;
+    assert_eq!(shown, afresh);
+    let (first_failure, second_failure) = shown.unwrap();
+    assert!(first_failure < second_failure, "two letters, apart in time");
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    fail(pool, &first, &first_message).await;
+    let (shown, afresh) = failure_times_shown_and_afresh(pool).await;
+    assert_eq!(shown, afresh);
+    let (still_first, repeated) = shown.unwrap();
+    assert_eq!(
+        still_first, first_failure,
+        "a repeat keeps its letter's first failure"
+    );
+    assert!(
+        repeated > second_failure,
+        "the repeat is the group's last failure"
+    );
+
+    let archived = act_now(
+        &services,
+        OperationAction::Archive,
+        &Selection::Ids(vec![letter_id(pool, &first).await]),
+        "alice",
+    )
+    .await;
+    assert_eq!(archived.archived, 1);
+    let (shown, afresh) = failure_times_shown_and_afresh(pool).await;
+    assert_eq!(shown, afresh);
+    assert_eq!(
+        shown,
+        Some((second_failure, second_failure)),
+        "the archived letter's times leave the group"
+    );
+
+    let replayed = act_now(
+        &services,
+        OperationAction::Replay,
+        &Selection::Ids(vec![letter_id(pool, &second).await]),
+        "alice",
+    )
+    .await;
+    assert_eq!(replayed.replayed, 1);
+    assert_eq!(
+        failure_times_shown_and_afresh(pool).await,
+        (None, None),
+        "no NEW letter, no group"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -102,14 +102,29 @@ impl TriageKey {
     }
 }
 
+/// function, reason, and its NEW letters' first failure, last failure and latest
+/// `last_failed_at` (`None` when the group has no NEW letter).
+type GroupTimes = (
+    String,
+    String,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
 /// function, reason, letters, failures, first and last failed_at.
 type GroupRow = (String, String, i64, i64, DateTime<Utc>, DateTime<Utc>);
 
 /// Each group's figures, in one snapshot: its letters and failures from the counts every
-/// write keeps ([`group_counts`]), its first and last failure by a skip over the distinct
-/// (function, reason) prefixes of two indexes (two index reads per group, however many
-/// letters). A group the counts and the letters disagree on is drift, which the audit check
-/// `dead_letter_group_counts` reports: the page shows the letters that are there.
+/// write keeps ([`group_counts`]), its first and last failure by three point reads per group
+/// at the ends of the (function, reason, NEW) range of two indexes. The groups themselves come
+/// from a skip over those indexes' distinct (function, reason) prefixes, NEW or not (a few
+/// dozen index reads), so a group the counts miss still shows: the page shows the letters
+/// that are there, and the audit check `dead_letter_group_counts` reports the drift.
+///
+/// A `GROUP BY` with `MIN(failed_at)` over the NEW letters looked like the same skip on paper
+/// but read the whole NEW range on MariaDB 10.11: 2.4 s at 5,000,000 letters (`paybus-lab
+/// bench ops-queries`, 2026-12-04), where these point reads take milliseconds.
 async fn group_rows(conn: &mut sqlx::MySqlConnection) -> Result<Vec<GroupRow>, DeadLetterError> {
     let mut tx = conn.begin().await?;
     let counts: HashMap<(String, String), (i64, i64)> = group_counts::read(&mut tx)
@@ -122,49 +137,46 @@ async fn group_rows(conn: &mut sqlx::MySqlConnection) -> Result<Vec<GroupRow>, D
             )
         })
         .collect();
-    // Forced, as the optimizer's estimates at millions of rows cannot be trusted to pick
-    // the skip: any other index reads every NEW letter.
-    let times: Vec<(String, String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT function_name, reason, MIN(failed_at), MAX(failed_at) FROM dead_letters \
-         FORCE INDEX (index_dead_letters_groups_first_failure) \
-         WHERE status = 'NEW' GROUP BY function_name, reason",
+    // The skip is forced: the optimizer's estimates at millions of rows cannot be trusted to
+    // pick it, and any other plan reads every letter. NULLs sort last in a descending order,
+    // so the last `last_failed_at` is the latest one set.
+    let times: Vec<GroupTimes> = sqlx::query_as(
+        "SELECT g.function_name, g.reason, \
+                    (SELECT d.failed_at FROM dead_letters d \
+                     FORCE INDEX (index_dead_letters_groups_first_failure) \
+                     WHERE d.function_name = g.function_name AND d.reason = g.reason \
+                       AND d.status = 'NEW' ORDER BY d.failed_at LIMIT 1), \
+                    (SELECT d.failed_at FROM dead_letters d \
+                     FORCE INDEX (index_dead_letters_groups_first_failure) \
+                     WHERE d.function_name = g.function_name AND d.reason = g.reason \
+                       AND d.status = 'NEW' ORDER BY d.failed_at DESC LIMIT 1), \
+                    (SELECT d.last_failed_at FROM dead_letters d \
+                     FORCE INDEX (index_dead_letters_groups_last_failure) \
+                     WHERE d.function_name = g.function_name AND d.reason = g.reason \
+                       AND d.status = 'NEW' ORDER BY d.last_failed_at DESC LIMIT 1) \
+             FROM (SELECT function_name, reason FROM dead_letters \
+                   FORCE INDEX (index_dead_letters_groups_first_failure) \
+                   GROUP BY function_name, reason) g",
     )
     .fetch_all(&mut *tx)
     .await?;
-    let last_failures: HashMap<(String, String), Option<DateTime<Utc>>> = sqlx::query_as(
-        "SELECT function_name, reason, MAX(last_failed_at) FROM dead_letters \
-         FORCE INDEX (index_dead_letters_groups_last_failure) \
-         WHERE status = 'NEW' GROUP BY function_name, reason",
-    )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(
-        |(function, reason, last): (String, String, Option<DateTime<Utc>>)| {
-            ((function, reason), last)
-        },
-    )
-    .collect();
     tx.commit().await?;
-    let groups_with_letters = times.len();
     let rows: Vec<GroupRow> = times
         .into_iter()
-        .map(|(function, reason, first, last_first)| {
+        .filter_map(|(function, reason, first, last_first, last_again)| {
+            let (first, last_first) = (first?, last_first?);
             let key = (function, reason);
             let (letters, failures) = counts.get(&key).copied().unwrap_or_default();
             // A letter that failed once before failures were counted has no last failure.
-            let last = last_failures
-                .get(&key)
-                .copied()
-                .flatten()
-                .map_or(last_first, |last| last.max(last_first));
-            (key.0, key.1, letters, failures, first, last)
+            let last = last_again.map_or(last_first, |last| last.max(last_first));
+            Some((key.0, key.1, letters, failures, first, last))
         })
         .collect();
-    if counts.len() != groups_with_letters || rows.iter().any(|row| row.2 <= 0) {
+    let counted = counts.values().filter(|(letters, _)| *letters != 0).count();
+    if counted != rows.len() || rows.iter().any(|row| row.2 <= 0) {
         tracing::warn!(
-            counted = counts.len(),
-            with_letters = groups_with_letters,
+            counted,
+            with_letters = rows.len(),
             "the dead-letter group counts disagree with the NEW letters (run paybus audit)"
         );
     }
