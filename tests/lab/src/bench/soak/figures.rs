@@ -138,6 +138,8 @@ pub(crate) struct Window {
     pub(crate) workflows: Vec<Throughput>,
     /// Resident memory at the window's end, by process, KiB.
     pub(crate) rss_kib: BTreeMap<String, u64>,
+    /// Of it, anonymous memory (heap and stacks), KiB.
+    pub(crate) anon_kib: BTreeMap<String, u64>,
     /// Every table of the run's database, biggest first.
     pub(crate) tables: Vec<TableSize>,
     /// Outbox messages written and not yet published, at the window's end.
@@ -206,6 +208,7 @@ impl Meter {
             to_s: self.last_end_s + seconds,
             workflows,
             rss_kib: sample.rss_kib,
+            anon_kib: sample.anon_kib,
             tables,
             outbox_backlog,
             dead_letters,
@@ -274,6 +277,16 @@ impl fmt::Display for Window {
             .map(|(process, kib)| format!("{process} {:.1}", *kib as f64 / 1024.0))
             .collect();
         writeln!(f, "  RSS MiB: {}", rss.join(", "))?;
+        let anon: Vec<String> = self
+            .anon_kib
+            .iter()
+            .map(|(process, kib)| format!("{process} {:.1}", *kib as f64 / 1024.0))
+            .collect();
+        writeln!(
+            f,
+            "  of it anonymous (heap, stacks) MiB: {}",
+            anon.join(", ")
+        )?;
         let tables: Vec<String> = self
             .tables
             .iter()

@@ -104,6 +104,7 @@ mod tests {
                     ("match-deposit".to_owned(), 20_000 + i * 100),
                     ("mariadb".to_owned(), 200_000 + i * 1_000),
                 ]),
+                anon_kib: BTreeMap::new(),
                 queue_depth: (i % 4) * 7,
                 queues: BTreeMap::new(),
             })
@@ -128,6 +129,7 @@ mod tests {
             to_s,
             workflows: Vec::new(),
             rss_kib: BTreeMap::new(),
+            anon_kib: BTreeMap::new(),
             tables: Vec::new(),
             outbox_backlog: 0,
             dead_letters: 0,

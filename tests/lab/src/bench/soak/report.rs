@@ -3,7 +3,7 @@
 //! a backlog (outbox, queues) would show. The summary informs; only the exactly-once checks
 //! at quiescence fail the run.
 
-use std::{fmt, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
 use serde::Serialize;
 
@@ -91,6 +91,11 @@ pub(crate) struct Summary {
     /// The function processes' largest growth (the target's figure: the harness holds the
     /// load's tallies, and MariaDB fills its buffer pool, both by design).
     pub(crate) largest_function_rss_growth: Option<f64>,
+    /// Every process's anonymous memory (heap and stacks), KiB: what a leak grows, where the
+    /// RSS also counts the binary's pages as its rarer code paths first run.
+    pub(crate) anon: Vec<Change<u32>>,
+    /// The function processes' largest anonymous growth.
+    pub(crate) largest_function_anon_growth: Option<f64>,
     pub(crate) p99_ms: Vec<Change<f64>>,
     pub(crate) largest_p99_drift: Option<f64>,
     pub(crate) outbox_backlog: Option<(i64, i64)>,
@@ -98,6 +103,22 @@ pub(crate) struct Summary {
     pub(crate) backlog_flat: Option<bool>,
     /// Items not terminal once the run went quiet (each one a violation too).
     pub(crate) stuck: Vec<(String, i64)>,
+}
+
+/// Each process's figure in both windows, from one to the other.
+fn changes(from: &BTreeMap<String, u64>, to: &BTreeMap<String, u64>) -> Vec<Change<u32>> {
+    let kib = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    from.iter()
+        .filter_map(|(process, &a)| Some(change(process.clone(), kib(a), kib(*to.get(process)?))))
+        .collect()
+}
+
+fn largest_function_growth(changes: &[Change<u32>]) -> Option<f64> {
+    changes
+        .iter()
+        .filter(|c| is_function(&c.what))
+        .map(|c| c.change)
+        .reduce(f64::max)
 }
 
 fn is_function(process: &str) -> bool {
@@ -110,6 +131,8 @@ impl Summary {
             compared: None,
             rss: Vec::new(),
             largest_function_rss_growth: None,
+            anon: Vec::new(),
+            largest_function_anon_growth: None,
             p99_ms: Vec::new(),
             largest_p99_drift: None,
             outbox_backlog: None,
@@ -124,20 +147,10 @@ impl Summary {
             return summary;
         }
         summary.compared = Some((first.n, last.n));
-        for (process, &from) in &first.rss_kib {
-            if let Some(&to) = last.rss_kib.get(process) {
-                let kib = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-                summary
-                    .rss
-                    .push(change(process.clone(), kib(from), kib(to)));
-            }
-        }
-        summary.largest_function_rss_growth = summary
-            .rss
-            .iter()
-            .filter(|c| is_function(&c.what))
-            .map(|c| c.change)
-            .reduce(f64::max);
+        summary.rss = changes(&first.rss_kib, &last.rss_kib);
+        summary.largest_function_rss_growth = largest_function_growth(&summary.rss);
+        summary.anon = changes(&first.anon_kib, &last.anon_kib);
+        summary.largest_function_anon_growth = largest_function_growth(&summary.anon);
         let p99 = |w: &Window, workflow: Workflow| -> Option<f64> {
             w.workflows
                 .iter()
@@ -216,6 +229,21 @@ impl fmt::Display for SoakReport {
             verdict(s.largest_function_rss_growth, RSS_GROWTH_TARGET)
         )?;
         for c in &s.rss {
+            writeln!(
+                f,
+                "    {:<36} {:>8.1} → {:>8.1} MiB  {:+.1} %",
+                c.what,
+                f64::from(c.from) / 1024.0,
+                f64::from(c.to) / 1024.0,
+                c.change * 100.0
+            )?;
+        }
+        writeln!(
+            f,
+            "  of it anonymous memory (heap, stacks), largest growth of the functions: {:+.1} %",
+            s.largest_function_anon_growth.unwrap_or(0.0) * 100.0
+        )?;
+        for c in &s.anon {
             writeln!(
                 f,
                 "    {:<36} {:>8.1} → {:>8.1} MiB  {:+.1} %",
@@ -316,6 +344,9 @@ mod tests {
                 ("match-deposit".to_owned(), rss_kib),
                 (HARNESS.to_owned(), rss_kib * 10),
             ]),
+            // The binary's pages are a fixed 8 MiB of the function's RSS here: its anonymous
+            // part grows faster than its RSS.
+            anon_kib: BTreeMap::from([("match-deposit".to_owned(), rss_kib.saturating_sub(8_192))]),
             tables: Vec::new(),
             outbox_backlog,
             dead_letters: 0,
@@ -338,6 +369,9 @@ mod tests {
         assert_eq!(summary.compared, Some((2, 4)));
         let growth = summary.largest_function_rss_growth.expect("compared");
         assert!((growth - 0.2).abs() < 1e-9, "{growth}");
+        let anon = summary.largest_function_anon_growth.expect("compared");
+        let expected = (12_000.0 - 8_192.0) / (10_000.0 - 8_192.0) - 1.0;
+        assert!((anon - expected).abs() < 1e-9, "{anon}");
         let drift = summary.largest_p99_drift.expect("compared");
         assert!((drift - 0.5).abs() < 1e-9, "{drift}");
         assert_eq!(summary.outbox_backlog, Some((50, 500)));

@@ -1,5 +1,7 @@
 //! Every process's resident memory (VmRSS in /proc/<pid>/status: each function is its own OS
-//! process, so the figure is its own) and the messages in the queues, sampled every few
+//! process, so the figure is its own), and the anonymous part of it (RssAnon: heap and stacks,
+//! what a leak grows; the rest is mapped files, mostly the binary's own pages, faulted in as
+//! code paths first run and bounded by its size) and the messages in the queues, sampled every few
 //! seconds for the plot and at every window's end for the window.
 
 use std::{
@@ -24,6 +26,8 @@ pub(crate) struct Sample {
     pub(crate) at_s: f64,
     /// Resident memory by process, KiB (a process restarting at that moment is missing).
     pub(crate) rss_kib: BTreeMap<String, u64>,
+    /// Of it, anonymous memory (RssAnon), KiB.
+    pub(crate) anon_kib: BTreeMap<String, u64>,
     /// Messages ready in every queue (the functions', their dead-letter queues, the tap).
     pub(crate) queue_depth: u64,
     /// The queues that had any, by name: where a backlog is.
@@ -46,8 +50,12 @@ impl Source {
             processes.push(((*name).to_owned(), pid_in(file)));
         }
         let rss_kib = processes
-            .into_iter()
-            .filter_map(|(name, pid)| Some((name, rss_kib(pid?)?)))
+            .iter()
+            .filter_map(|(name, pid)| Some((name.clone(), status_kib(pid.as_ref()?, "VmRSS:")?)))
+            .collect();
+        let anon_kib = processes
+            .iter()
+            .filter_map(|(name, pid)| Some((name.clone(), status_kib(pid.as_ref()?, "RssAnon:")?)))
             .collect();
         let queues: BTreeMap<String, u64> = match checks::queue_depths(&self.services).await {
             Ok(queues) => queues
@@ -62,6 +70,7 @@ impl Source {
         Sample {
             at_s: self.started.elapsed().as_secs_f64(),
             rss_kib,
+            anon_kib,
             queue_depth: queues.values().sum(),
             queues,
         }
@@ -72,12 +81,12 @@ fn pid_in(file: &Path) -> Option<u32> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
-/// VmRSS of `pid`, KiB.
-fn rss_kib(pid: u32) -> Option<u64> {
+/// The `field` (`VmRSS:`, `RssAnon:`) of `pid`'s status, KiB.
+fn status_kib(pid: &u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .find_map(|line| line.strip_prefix(field))?
         .trim()
         .trim_end_matches("kB")
         .trim()
