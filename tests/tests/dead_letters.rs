@@ -651,6 +651,12 @@ async fn fail(pool: &MySqlPool, key: &str, message: &OutgoingMessage) {
     tx.commit().await.unwrap();
 }
 
+/// `action` on the one letter recorded under `key`, by alice, at once.
+async fn act_on_letter(services: &Services, action: OperationAction, key: &str) -> ExecutionReport {
+    let id = letter_id(&services.pool, key).await;
+    act_now(services, action, &Selection::Ids(vec![id]), "alice").await
+}
+
 async fn letter_id(pool: &MySqlPool, key: &str) -> u64 {
     sqlx::query_scalar("SELECT id FROM dead_letters WHERE dead_letter_id = ?")
         .bind(key)
@@ -734,13 +740,7 @@ async fn a_groups_counts_follow_its_letters_through_repeats_an_archive_a_reopeni
     fail(pool, &second, &second_message).await;
     assert_eq!(shown(pool).await, withdrawals_failed(2, 3));
 
-    let archived = act_now(
-        &services,
-        OperationAction::Archive,
-        &Selection::Ids(vec![letter_id(pool, &first).await]),
-        "alice",
-    )
-    .await;
+    let archived = act_on_letter(&services, OperationAction::Archive, &first).await;
     assert_eq!(archived.archived, 1);
     assert_eq!(shown(pool).await, withdrawals_failed(1, 1), "archived");
 
@@ -751,13 +751,7 @@ async fn a_groups_counts_follow_its_letters_through_repeats_an_archive_a_reopeni
         "reopened with its three failures"
     );
 
-    let replayed = act_now(
-        &services,
-        OperationAction::Replay,
-        &Selection::Ids(vec![letter_id(pool, &second).await]),
-        "alice",
-    )
-    .await;
+    let replayed = act_on_letter(&services, OperationAction::Replay, &second).await;
     assert_eq!(replayed.replayed, 1);
     assert_eq!(shown(pool).await, withdrawals_failed(1, 3), "replayed");
     assert_eq!(shown(pool).await, counted_afresh(pool).await);
@@ -820,13 +814,7 @@ async fn a_groups_first_and_last_failure_are_its_new_letters_through_a_repeat_an
         "the repeat is the group's last failure"
     );
 
-    let archived = act_now(
-        &services,
-        OperationAction::Archive,
-        &Selection::Ids(vec![letter_id(pool, &first).await]),
-        "alice",
-    )
-    .await;
+    let archived = act_on_letter(&services, OperationAction::Archive, &first).await;
     assert_eq!(archived.archived, 1);
     let (shown, afresh) = failure_times_shown_and_afresh(pool).await;
     assert_eq!(shown, afresh);
@@ -836,13 +824,7 @@ async fn a_groups_first_and_last_failure_are_its_new_letters_through_a_repeat_an
         "the archived letter's times leave the group"
     );
 
-    let replayed = act_now(
-        &services,
-        OperationAction::Replay,
-        &Selection::Ids(vec![letter_id(pool, &second).await]),
-        "alice",
-    )
-    .await;
+    let replayed = act_on_letter(&services, OperationAction::Replay, &second).await;
     assert_eq!(replayed.replayed, 1);
     assert_eq!(
         failure_times_shown_and_afresh(pool).await,

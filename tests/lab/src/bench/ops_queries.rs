@@ -170,6 +170,14 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
     api.stop().await
 }
 
+/// Runs `statements` in order: the bench's switches of the server's logs.
+async fn execute_each(pool: &MySqlPool, statements: &[&'static str]) -> anyhow::Result<()> {
+    for statement in statements {
+        sqlx::query(*statement).execute(pool).await?;
+    }
+    Ok(())
+}
+
 /// The route asked ten times more with the server's slow log on (every statement over 5 ms),
 /// to show which of its statements a slow request waited on.
 async fn slow_statements(
@@ -179,15 +187,15 @@ async fn slow_statements(
     token: &str,
     route: &Route,
 ) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE TABLE mysql.slow_log")
-        .execute(pool)
-        .await?;
-    sqlx::query("SET GLOBAL long_query_time = 0.005")
-        .execute(pool)
-        .await?;
-    sqlx::query("SET GLOBAL slow_query_log = 1")
-        .execute(pool)
-        .await?;
+    execute_each(
+        pool,
+        &[
+            "TRUNCATE TABLE mysql.slow_log",
+            "SET GLOBAL long_query_time = 0.005",
+            "SET GLOBAL slow_query_log = 1",
+        ],
+    )
+    .await?;
     let mut timed = Vec::new();
     let mut asked = Ok(());
     for _ in 0..TIMED_REQUESTS {
@@ -295,12 +303,14 @@ async fn explain_route(
     token: &str,
     route: &Route,
 ) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE TABLE mysql.general_log")
-        .execute(pool)
-        .await?;
-    sqlx::query("SET GLOBAL general_log = 1")
-        .execute(pool)
-        .await?;
+    execute_each(
+        pool,
+        &[
+            "TRUNCATE TABLE mysql.general_log",
+            "SET GLOBAL general_log = 1",
+        ],
+    )
+    .await?;
     let asked = get(http, base, token, route).await;
     sqlx::query("SET GLOBAL general_log = 0")
         .execute(pool)

@@ -228,31 +228,13 @@ impl fmt::Display for SoakReport {
             "  RSS growth, largest of the functions: {}",
             verdict(s.largest_function_rss_growth, RSS_GROWTH_TARGET)
         )?;
-        for c in &s.rss {
-            writeln!(
-                f,
-                "    {:<36} {:>8.1} → {:>8.1} MiB  {:+.1} %",
-                c.what,
-                f64::from(c.from) / 1024.0,
-                f64::from(c.to) / 1024.0,
-                c.change * 100.0
-            )?;
-        }
+        write_kib_changes(f, &s.rss)?;
         writeln!(
             f,
             "  of it anonymous memory (heap, stacks), largest growth of the functions: {:+.1} %",
             s.largest_function_anon_growth.unwrap_or(0.0) * 100.0
         )?;
-        for c in &s.anon {
-            writeln!(
-                f,
-                "    {:<36} {:>8.1} → {:>8.1} MiB  {:+.1} %",
-                c.what,
-                f64::from(c.from) / 1024.0,
-                f64::from(c.to) / 1024.0,
-                c.change * 100.0
-            )?;
-        }
+        write_kib_changes(f, &s.anon)?;
         writeln!(
             f,
             "  p99 drift, largest: {}",
@@ -320,6 +302,21 @@ impl fmt::Display for SoakReport {
             Ok(())
         }
     }
+}
+
+/// One line per process: its figure in both windows, MiB, and the change.
+fn write_kib_changes(f: &mut fmt::Formatter<'_>, changes: &[Change<u32>]) -> fmt::Result {
+    for c in changes {
+        writeln!(
+            f,
+            "    {:<36} {:>8.1} → {:>8.1} MiB  {:+.1} %",
+            c.what,
+            f64::from(c.from) / 1024.0,
+            f64::from(c.to) / 1024.0,
+            c.change * 100.0
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
