@@ -99,6 +99,76 @@ async fn a_settled_fill_whose_trade_the_service_lost_is_missing() {
 }
 
 #[tokio::test]
+async fn a_listing_the_service_pages_short_is_followed_to_its_last_page() {
+    let world = World::new().await;
+    two_matched_orders(&world).await;
+    // Made last, so on the last page: a reconciliation that stopped at the first short page
+    // would never judge it.
+    world
+        .stub
+        .plant_trade("p2p-deposit-777-fill-1", "4", "p2p-deposit-777");
+    world.stub.cap_listing_pages(1);
+    let asked = world.stub.listing_calls();
+
+    let found = reconciled(&world).await;
+
+    let orphans: Vec<&str> = found
+        .discrepancies
+        .iter()
+        .map(|d| match d {
+            Discrepancy::OrphanTrade { trade_key, .. } => trade_key.as_str(),
+            other => panic!("expected only the orphan, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(orphans, ["p2p-deposit-777-fill-1"]);
+    assert_eq!((found.trades_listed, found.fills_settled), (3, 2));
+    // Three pages of one, and no fill asked for by key: both settled trades were listed.
+    assert_eq!(world.stub.listing_calls() - asked, 3);
+}
+
+#[tokio::test]
+async fn a_fill_settled_in_the_period_whose_trade_is_older_is_judged_from_the_listing() {
+    let world = World::new().await;
+    let (first, _) = two_matched_orders(&world).await;
+    let key = format!("p2p-deposit-{first}-fill-1");
+    // Before the hour judged, within the listing's lookback: not judged from the service's
+    // side, but its fill was settled in the period.
+    world
+        .stub
+        .backdate_trade(&key, Duration::from_secs(65 * 60));
+    sqlx::query("UPDATE p2p_matches SET amount = amount + 1 WHERE trade_key = ?")
+        .bind(&key)
+        .execute(world.pool())
+        .await
+        .unwrap();
+    let asked = world.stub.listing_calls();
+
+    let found = reconciled(&world).await;
+
+    assert_eq!(found.discrepancies.len(), 1, "{:?}", found.discrepancies);
+    let Discrepancy::TradeMismatch {
+        trade_key,
+        deposit_order_id,
+        paybus_amount,
+        service_amount,
+        ..
+    } = &found.discrepancies[0]
+    else {
+        panic!("expected a mismatch, got {:?}", found.discrepancies);
+    };
+    assert_eq!((trade_key, *deposit_order_id), (&key, first));
+    assert_eq!(
+        (paybus_amount.to_string(), service_amount.to_string()),
+        ("11".to_owned(), "10".to_owned())
+    );
+    assert_eq!(
+        world.stub.listing_calls() - asked,
+        1,
+        "one page, nothing asked by key"
+    );
+}
+
+#[tokio::test]
 async fn the_continuous_auditor_records_a_reconciliation_finding_like_its_own() {
     let world = World::new().await;
     two_matched_orders(&world).await;

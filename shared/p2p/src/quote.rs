@@ -335,35 +335,15 @@ impl QuoteClient {
         Ok(page.trades.into_iter().find(|t| t.idempotency_key == key))
     }
 
-    /// Every trade the quote service created in `[since, before)`, page by page.
-    pub async fn trades_created(
-        &self,
-        since: DateTime<Utc>,
-        before: DateTime<Utc>,
-    ) -> Result<Vec<TradeRecord>, QuoteError> {
-        let mut trades = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let mut url = self.trades.clone();
-            {
-                let mut query = url.query_pairs_mut();
-                query
-                    .append_pair("created_since", &rfc3339(since))
-                    .append_pair("created_before", &rfc3339(before))
-                    .append_pair("limit", &PAGE.to_string());
-                if let Some(after) = &after {
-                    query.append_pair("after", after);
-                }
-            }
-            let page: TradePage = self
-                .send(Call::ListTrades, self.authorised(self.http.get(url)))
-                .await?;
-            let full = page.trades.len() >= PAGE as usize;
-            trades.extend(page.trades);
-            match page.next_after {
-                Some(next) if full && after.as_deref() != Some(next.as_str()) => after = Some(next),
-                _ => return Ok(trades),
-            }
+    /// The trades the quote service created in `[since, before)`, a page at a time (see
+    /// [`TradePages`]): a reconciliation holds one page, not the window's trades.
+    pub fn trades_created(&self, since: DateTime<Utc>, before: DateTime<Utc>) -> TradePages<'_> {
+        TradePages {
+            client: self,
+            since,
+            before,
+            after: None,
+            done: false,
         }
     }
 
@@ -428,6 +408,56 @@ impl QuoteClient {
         } else {
             QuoteError::Transport { call, detail }
         }
+    }
+}
+
+/// A listing of the trades created in a period, page by page ([`QuoteClient::trades_created`]).
+/// It follows the service's `next_after` for as long as it gives one, whatever the size of
+/// the page: a service may cap `limit` below what was asked, and stopping at the first short
+/// page would leave the rest of the period unjudged.
+pub struct TradePages<'c> {
+    client: &'c QuoteClient,
+    since: DateTime<Utc>,
+    before: DateTime<Utc>,
+    after: Option<String>,
+    done: bool,
+}
+
+impl TradePages<'_> {
+    /// The next page, or `None` after the last.
+    pub async fn next_page(&mut self) -> Result<Option<Vec<TradeRecord>>, QuoteError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut url = self.client.trades.clone();
+        {
+            let mut query = url.query_pairs_mut();
+            query
+                .append_pair("created_since", &rfc3339(self.since))
+                .append_pair("created_before", &rfc3339(self.before))
+                .append_pair("limit", &PAGE.to_string());
+            if let Some(after) = &self.after {
+                query.append_pair("after", after);
+            }
+        }
+        let page: TradePage = self
+            .client
+            .send(
+                Call::ListTrades,
+                self.client.authorised(self.client.http.get(url)),
+            )
+            .await?;
+        // An empty page, or one that points back where it started, ends the listing rather
+        // than looping on a service's bug.
+        match page.next_after {
+            Some(next)
+                if !page.trades.is_empty() && self.after.as_deref() != Some(next.as_str()) =>
+            {
+                self.after = Some(next);
+            }
+            _ => self.done = true,
+        }
+        Ok(Some(page.trades))
     }
 }
 

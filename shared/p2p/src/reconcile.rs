@@ -20,13 +20,14 @@
 //! service's clock may run a little ahead of the database's.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
     sync::Mutex,
     time::Duration,
 };
 
 use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
 use paybus_money::Amount;
 use paybus_platform::{
     audit::{self, CheckFuture, ExternalCheck, Finding as _, Period},
@@ -182,6 +183,7 @@ struct FillRow {
     amount: Amount,
     trade_id: Option<String>,
     deposit_order_id: u64,
+    confirmed_at: Option<DateTime<Utc>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -206,6 +208,10 @@ struct DoubtRow {
 /// Compares the quote service's trades created in `[since, until − CLOCK_SKEW)` with paybus's
 /// fills read in `conn` (one snapshot: open a transaction), and the fills settled in
 /// `[since, until)` with the service's trades.
+///
+/// The listing is judged a page at a time and the settled fills are streamed, so a pass holds
+/// one page of trades whatever the window's volume (the sweeper's memory grew with it); what
+/// crosses pages is only the keys the settled side and the fills in doubt need.
 pub async fn reconcile(
     conn: &mut MySqlConnection,
     client: &QuoteClient,
@@ -214,59 +220,30 @@ pub async fn reconcile(
 ) -> Result<Reconciliation, ReconcileError> {
     let judged_until = until - skew();
     let listed_since = since - chrono::Duration::from_std(LOOKBACK).unwrap_or_default();
-    let trades = if judged_until > listed_since {
-        client.trades_created(listed_since, judged_until).await?
-    } else {
-        Vec::new()
+    let mut listing = Listing {
+        since,
+        until,
+        ..Listing::default()
     };
-    let by_key: BTreeMap<&str, &TradeRecord> = trades
-        .iter()
-        .map(|t| (t.idempotency_key.as_str(), t))
-        .collect();
-    let fills = fills_by_key(conn, by_key.keys().copied()).await?;
-
-    let mut discrepancies = Vec::new();
-    for trade in trades.iter().filter(|t| t.created_at >= since) {
-        let rows = fills.get(trade.idempotency_key.as_str());
-        let of = |status: &str| -> Vec<&FillRow> {
-            rows.into_iter()
-                .flatten()
-                .filter(|r| r.status == status)
-                .collect()
-        };
-        let confirmed = of("CONFIRMED");
-        if let Some(first) = confirmed.first() {
-            let amount = sum(confirmed.iter().map(|r| r.amount));
-            let trade_id = first.trade_id.clone().unwrap_or_default();
-            if trade_id != trade.trade_id || amount != trade.amount {
-                discrepancies.push(Discrepancy::TradeMismatch {
-                    trade_key: trade.idempotency_key.clone(),
-                    deposit_order_id: first.deposit_order_id,
-                    paybus_trade_id: trade_id,
-                    paybus_amount: amount,
-                    service_trade_id: trade.trade_id.clone(),
-                    service_amount: trade.amount,
-                });
+    if judged_until > listed_since {
+        let mut pages = client.trades_created(listed_since, judged_until);
+        while let Some(page) = pages.next_page().await? {
+            let fills = fills_by_key(conn, page.iter().map(|t| t.idempotency_key.as_str())).await?;
+            for trade in &page {
+                listing.judge(trade, fills.get(trade.idempotency_key.as_str()));
             }
-            continue;
         }
-        if !of("TRADING").is_empty() {
-            continue;
-        }
-        let in_paybus = rows
-            .and_then(|rows| rows.first())
-            .map_or_else(|| "no match".to_owned(), |r| r.status.clone());
-        discrepancies.push(Discrepancy::OrphanTrade {
-            trade_id: trade.trade_id.clone(),
-            trade_key: trade.idempotency_key.clone(),
-            amount: trade.amount,
-            currency: trade.currency.clone(),
-            created_at: trade.created_at,
-            in_paybus,
-        });
     }
+    let Listing {
+        trades_listed,
+        mut discrepancies,
+        settled_and_listed,
+        doubts_listed,
+        ..
+    } = listing;
 
-    let settled: Vec<SettledRow> = sqlx::query_as(
+    let mut fills_settled = 0;
+    let mut settled = sqlx::query_as::<_, SettledRow>(
         "SELECT trade_key, MIN(external_trade_id) AS trade_id, SUM(amount) AS amount, \
                 MIN(deposit_order_id) AS deposit_order_id, MAX(confirmed_at) AS confirmed_at \
          FROM p2p_matches \
@@ -275,30 +252,26 @@ pub async fn reconcile(
     )
     .bind(since)
     .bind(until)
-    .fetch_all(&mut *conn)
-    .await?;
-    for fill in &settled {
-        let service = match by_key.get(fill.trade_key.as_str()) {
-            Some(trade) => Some((*trade).clone()),
-            // Traded before the listing's start (a fill in doubt for long): ask for it.
-            None => client.trade_by_key(&fill.trade_key).await?,
-        };
-        match service {
+    .fetch(&mut *conn);
+    while let Some(fill) = settled.try_next().await? {
+        fills_settled += 1;
+        if settled_and_listed.contains(fill.trade_key.as_str()) {
+            continue;
+        }
+        // Traded outside the listing (before its start: a fill in doubt for long): ask for it.
+        match client.trade_by_key(&fill.trade_key).await? {
             None => discrepancies.push(Discrepancy::MissingTrade {
-                trade_key: fill.trade_key.clone(),
-                trade_id: fill.trade_id.clone(),
+                trade_key: fill.trade_key,
+                trade_id: fill.trade_id,
                 deposit_order_id: fill.deposit_order_id,
                 amount: fill.amount,
                 confirmed_at: fill.confirmed_at,
             }),
-            // Judged from the service's side above when it is in the judged listing.
-            Some(trade)
-                if by_key.contains_key(fill.trade_key.as_str()) && trade.created_at >= since => {}
             Some(trade) if trade.trade_id != fill.trade_id || trade.amount != fill.amount => {
                 discrepancies.push(Discrepancy::TradeMismatch {
-                    trade_key: fill.trade_key.clone(),
+                    trade_key: fill.trade_key,
                     deposit_order_id: fill.deposit_order_id,
-                    paybus_trade_id: fill.trade_id.clone(),
+                    paybus_trade_id: fill.trade_id,
                     paybus_amount: fill.amount,
                     service_trade_id: trade.trade_id,
                     service_amount: trade.amount,
@@ -307,6 +280,7 @@ pub async fn reconcile(
             Some(_) => {}
         }
     }
+    drop(settled);
 
     let doubts: Vec<DoubtRow> = sqlx::query_as(
         "SELECT m.trade_key, m.deposit_order_id, d.status AS order_status, \
@@ -320,8 +294,8 @@ pub async fn reconcile(
     .await?;
     let mut in_doubt = Vec::with_capacity(doubts.len());
     for doubt in doubts {
-        let service_trade_id = match by_key.get(doubt.trade_key.as_str()) {
-            Some(trade) => Some(trade.trade_id.clone()),
+        let service_trade_id = match doubts_listed.get(doubt.trade_key.as_str()) {
+            Some(trade_id) => Some(trade_id.clone()),
             None => client
                 .trade_by_key(&doubt.trade_key)
                 .await?
@@ -341,11 +315,83 @@ pub async fn reconcile(
     Ok(Reconciliation {
         since,
         judged_until,
-        trades_listed: trades.len(),
-        fills_settled: settled.len(),
+        trades_listed,
+        fills_settled,
         discrepancies,
         in_doubt,
     })
+}
+
+/// What judging the listing's pages leaves for the rest of a reconciliation.
+#[derive(Default)]
+struct Listing {
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    trades_listed: usize,
+    discrepancies: Vec<Discrepancy>,
+    /// Keys of fills settled in `[since, until)` whose trade the listing had: judged here.
+    settled_and_listed: HashSet<String>,
+    /// The listed trade id under each key with a fill in doubt.
+    doubts_listed: HashMap<String, String>,
+}
+
+impl Listing {
+    /// Judges one listed trade against paybus's fills under its key: from the service's side
+    /// when it was created in the period, from paybus's when its fill was settled in it.
+    fn judge(&mut self, trade: &TradeRecord, rows: Option<&Vec<FillRow>>) {
+        self.trades_listed += 1;
+        let of = |status: &str| -> Vec<&FillRow> {
+            rows.into_iter()
+                .flatten()
+                .filter(|r| r.status == status)
+                .collect()
+        };
+        let confirmed = of("CONFIRMED");
+        if !of("TRADING").is_empty() {
+            self.doubts_listed
+                .insert(trade.idempotency_key.clone(), trade.trade_id.clone());
+        }
+        let created_in_period = trade.created_at >= self.since;
+        let settled_in_period = confirmed
+            .iter()
+            .filter_map(|r| r.confirmed_at)
+            .max()
+            .is_some_and(|at| at >= self.since && at < self.until);
+        if settled_in_period {
+            self.settled_and_listed
+                .insert(trade.idempotency_key.clone());
+        }
+        if let Some(first) = confirmed.first() {
+            let amount = sum(confirmed.iter().map(|r| r.amount));
+            let trade_id = first.trade_id.clone().unwrap_or_default();
+            let judged = created_in_period || settled_in_period;
+            if judged && (trade_id != trade.trade_id || amount != trade.amount) {
+                self.discrepancies.push(Discrepancy::TradeMismatch {
+                    trade_key: trade.idempotency_key.clone(),
+                    deposit_order_id: first.deposit_order_id,
+                    paybus_trade_id: trade_id,
+                    paybus_amount: amount,
+                    service_trade_id: trade.trade_id.clone(),
+                    service_amount: trade.amount,
+                });
+            }
+            return;
+        }
+        if !created_in_period || !of("TRADING").is_empty() {
+            return;
+        }
+        let in_paybus = rows
+            .and_then(|rows| rows.first())
+            .map_or_else(|| "no match".to_owned(), |r| r.status.clone());
+        self.discrepancies.push(Discrepancy::OrphanTrade {
+            trade_id: trade.trade_id.clone(),
+            trade_key: trade.idempotency_key.clone(),
+            amount: trade.amount,
+            currency: trade.currency.clone(),
+            created_at: trade.created_at,
+            in_paybus,
+        });
+    }
 }
 
 fn skew() -> chrono::Duration {
@@ -373,7 +419,8 @@ async fn fills_by_key<'k>(
                 sqlx::query_as(AssertSqlSafe(format!(
                     "SELECT trade_key, status, SUM(amount) AS amount, \
                             MIN(external_trade_id) AS trade_id, \
-                            MIN(deposit_order_id) AS deposit_order_id \
+                            MIN(deposit_order_id) AS deposit_order_id, \
+                            MAX(confirmed_at) AS confirmed_at \
                      FROM p2p_matches WHERE trade_key IN ({}) \
                      GROUP BY trade_key, status ORDER BY trade_key, status",
                     db::placeholders(chunk.len())

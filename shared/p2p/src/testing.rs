@@ -173,6 +173,8 @@ struct Book {
     /// The next this many trades are answered after `late_delay`, whatever the delay then.
     late_trades: u32,
     late_delay: Duration,
+    /// Listings answer at most this many trades a page, whatever `limit` asked.
+    page_cap: Option<usize>,
 }
 
 impl Book {
@@ -368,7 +370,8 @@ impl Respond for TradeListing {
         let limit = query
             .get("limit")
             .and_then(|l| l.parse().ok())
-            .unwrap_or(500_usize);
+            .unwrap_or(500_usize)
+            .min(book.page_cap.unwrap_or(usize::MAX));
         let more = trades.len() > limit;
         trades.truncate(limit);
         let next_after = trades
@@ -496,6 +499,12 @@ impl QuoteStub {
             .trade(key.to_owned(), dec(amount), CURRENCY, reference)
             .trade_id
             .clone()
+    }
+
+    /// From now on, a listing's page holds at most `trades`, however many were asked for (as
+    /// services cap `limit`); `next_after` says there are more.
+    pub fn cap_listing_pages(&self, trades: usize) {
+        self.shared.book().page_cap = Some(trades);
     }
 
     /// The trade under `key` was made `by` earlier than it was (reconciliation only judges
