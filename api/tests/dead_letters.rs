@@ -222,6 +222,53 @@ async fn ops_dry_run_then_an_admin_replay_sends_the_safe_letter_and_records_who(
 }
 
 #[tokio::test]
+async fn a_group_dry_run_over_part_of_its_group_says_how_many_it_left_out() {
+    let api = Api::new().await;
+    let (withdrawal, _) = dead_lettered_confirmation(&api).await;
+    let mut conn = api.services.pool.acquire().await.unwrap();
+    for n in 2..=3 {
+        let message = Envelope::new(WithdrawalTxConfirmed {
+            withdrawal_id: withdrawal,
+            tx_hash: format!("0xabc{n}"),
+        })
+        .to_outgoing()
+        .unwrap();
+        let letter = format!("letter-{n}");
+        record_given_up(
+            &mut conn,
+            "confirm-withdrawal",
+            &letter,
+            &message,
+            "boom",
+            4,
+        )
+        .await
+        .unwrap();
+    }
+    drop(conn);
+    let ops = token(&[Role::Ops]);
+    let group = "/v1/admin/dead-letters/dry-run?function=confirm-withdrawal&reason=failed";
+
+    let mut seen = Vec::new();
+    for limit in [2, 3, 500] {
+        let (status, run) = api
+            .call(request(
+                "GET",
+                &format!("{group}&limit={limit}"),
+                Some(&ops),
+            ))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{run}");
+        seen.push((
+            run["letters"].as_array().unwrap().len(),
+            run["remaining"].as_u64(),
+        ));
+    }
+
+    assert_eq!(seen, [(2, Some(1)), (3, Some(0)), (3, Some(0))]);
+}
+
+#[tokio::test]
 async fn client_mistakes_on_dead_letter_routes_are_400_or_404() {
     let api = Api::new().await;
     for (request, status) in [

@@ -7,7 +7,7 @@
 //! NEW again (`reopened_at`, `failures` counted: the platform's `dead_letter::record_failure`).
 
 use chrono::{DateTime, Utc};
-use paybus_platform::triage::Triage;
+use paybus_platform::{bus::dead_letter::group_counts, triage::Triage};
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
@@ -315,15 +315,24 @@ pub async fn selected_ids(
     Ok(query.build_query_scalar().fetch_all(conn).await?)
 }
 
-/// How many NEW letters `selection` has in all (what is left after a limited action).
+/// How many NEW letters `selection` has in all (what is left after a limited action). A
+/// group's from its counts (exact: kept in the transactions that move letters), not by
+/// counting its letters.
 pub async fn count_selected(
     conn: &mut MySqlConnection,
     selection: &Selection,
 ) -> Result<u64, DeadLetterError> {
-    let count: i64 = selecting("SELECT COUNT(*)", selection)?
-        .build_query_scalar()
-        .fetch_one(conn)
-        .await?;
+    let count: i64 = match selection {
+        Selection::Group { function, reason } => {
+            group_counts::letters_of(conn, function, reason).await?
+        }
+        Selection::Ids(_) => {
+            selecting("SELECT COUNT(*)", selection)?
+                .build_query_scalar()
+                .fetch_one(conn)
+                .await?
+        }
+    };
     Ok(u64::try_from(count).unwrap_or(0))
 }
 

@@ -110,6 +110,24 @@ pub async fn read(conn: &mut MySqlConnection) -> Result<Vec<GroupCount>, sqlx::E
         .collect())
 }
 
+/// The NEW letters of one group, from its counts: what is left of a group after a limited
+/// action, without counting its letters (a dry run over a group of 80,000 NEW letters spent
+/// most of its time in that count).
+pub async fn letters_of(
+    conn: &mut MySqlConnection,
+    function: &str,
+    reason: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(letters), 0) AS SIGNED) FROM dead_letter_group_counts \
+         WHERE function_name = ? AND reason = ?",
+    )
+    .bind(function)
+    .bind(reason)
+    .fetch_one(conn)
+    .await
+}
+
 /// The counts summed per group; `lock` is appended to the statement.
 async fn counted(
     conn: &mut MySqlConnection,
