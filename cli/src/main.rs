@@ -186,6 +186,11 @@ pub(crate) fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
     ))
 }
 
+/// The sweeper's allocator (functions/sweeper/src/main.rs): `run` hosts its passes, `serve`
+/// is the API.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
