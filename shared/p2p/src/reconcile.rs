@@ -220,11 +220,7 @@ pub async fn reconcile(
 ) -> Result<Reconciliation, ReconcileError> {
     let judged_until = until - skew();
     let listed_since = since - chrono::Duration::from_std(LOOKBACK).unwrap_or_default();
-    let mut listing = Listing {
-        since,
-        until,
-        ..Listing::default()
-    };
+    let mut listing = Listing::new(since, until);
     if judged_until > listed_since {
         let mut pages = client.trades_created(listed_since, judged_until);
         while let Some(page) = pages.next_page().await? {
@@ -323,7 +319,6 @@ pub async fn reconcile(
 }
 
 /// What judging the listing's pages leaves for the rest of a reconciliation.
-#[derive(Default)]
 struct Listing {
     since: DateTime<Utc>,
     until: DateTime<Utc>,
@@ -336,6 +331,17 @@ struct Listing {
 }
 
 impl Listing {
+    fn new(since: DateTime<Utc>, until: DateTime<Utc>) -> Self {
+        Self {
+            since,
+            until,
+            trades_listed: 0,
+            discrepancies: Vec::new(),
+            settled_and_listed: HashSet::new(),
+            doubts_listed: HashMap::new(),
+        }
+    }
+
     /// Judges one listed trade against paybus's fills under its key: from the service's side
     /// when it was created in the period, from paybus's when its fill was settled in it.
     fn judge(&mut self, trade: &TradeRecord, rows: Option<&Vec<FillRow>>) {
@@ -347,7 +353,8 @@ impl Listing {
                 .collect()
         };
         let confirmed = of("CONFIRMED");
-        if !of("TRADING").is_empty() {
+        let in_doubt = !of("TRADING").is_empty();
+        if in_doubt {
             self.doubts_listed
                 .insert(trade.idempotency_key.clone(), trade.trade_id.clone());
         }
@@ -377,7 +384,7 @@ impl Listing {
             }
             return;
         }
-        if !created_in_period || !of("TRADING").is_empty() {
+        if !created_in_period || in_doubt {
             return;
         }
         let in_paybus = rows
