@@ -105,6 +105,13 @@ const LOCAL_SERVICES: SettingGroup = SettingGroup {
             default: "`60`",
             about: "seconds `stop.sh` waits for a clean shutdown",
         },
+        Setting {
+            name: "PAYBUS_MARIADB_OPTIONS",
+            default: "unset",
+            about: "extra `mariadbd` options for the next start, space-separated, after the \
+                    defaults (so they win), e.g. `--innodb-buffer-pool-size=1G`: a \
+                    measurement's server settings",
+        },
     ],
 };
 

@@ -223,6 +223,9 @@ start_mariadb() {
       --collation-server=utf8mb4_unicode_ci
       --skip-name-resolve
     )
+    local extra
+    read -r -a extra <<<"${PAYBUS_MARIADB_OPTIONS:-}"
+    args+=("${extra[@]}")
     ((EUID == 0)) && args+=(--user=root)
     paybus_info "MariaDB: starting on 127.0.0.1:$PAYBUS_MARIADB_PORT"
     paybus_spawn "$dir/mariadbd.out" mariadbd "${args[@]}"

@@ -7,20 +7,22 @@
 //! (a lost update under concurrent charges), and nothing stopped a repeated verify from
 //! completing and rewarding a payment twice. Here, in one READ COMMITTED transaction:
 //!
-//! 1. `UPDATE charges ... WHERE id = ? AND payment_status = 'REQUEST' AND payment_gateway = ?
-//!    AND price = ?` — the affected rows decide (principle 1). 0 rows: a locking read says why
-//!    (unknown, a bonus charge, another gateway, another amount, completed before); a repeat
-//!    of the same gateway payment returns the original result and writes nothing.
-//! 2. The credit to the charge's container, whose UPDATE takes the member's row lock (it
-//!    reads the cans, container and member from the charge row itself: no read before it).
-//! 3. The bonuses owed, decided under that lock — READ COMMITTED, so the counts below see
+//! 1. `UPDATE charges c JOIN members m ... WHERE c.id = ? AND c.payment_status = 'REQUEST'
+//!    AND c.payment_gateway = ? AND c.price = ?` — the transition and, in the same statement,
+//!    the credit to the charge's container, which takes the member's row lock after the
+//!    charge's (it reads the cans and the container from the charge row itself:
+//!    [`charge::complete_and_credit`]). The affected rows decide (principle 1). 0 rows: a
+//!    locking read says why (unknown, a bonus charge, another gateway, another amount,
+//!    completed before); a repeat of the same gateway payment returns the original result and
+//!    writes nothing.
+//! 2. The bonuses owed, decided under that lock — READ COMMITTED, so the counts below see
 //!    every other completion and grant of this member, which all take the same lock first:
 //!    FIRST_CHARGE when this is the member's first completed purchase (and
 //!    `PAYBUS_FIRST_CHARGE_BONUS_PERCENT` > 0); ACTIVE_CHARGE_EVENT when an event is active
 //!    and the member is below its `available_count` (its bonuses of the event granted and
 //!    still owed: [`event::applying_now`]'s counts, read in one statement with the charge and
 //!    the event, [`event::charge_and_standing`]).
-//! 4. One `charge_event_job` row per bonus (PENDING, its snapshot frozen) and its
+//! 3. One `charge_event_job` row per bonus (PENDING, its snapshot frozen) and its
 //!    `charge.bonus_job.created` message, through the outbox: grant-bonus makes the immediate
 //!    attempt once this commits.
 //!
@@ -45,7 +47,6 @@ use crate::{
     charge::{self, Charge, ChargeStatus, Container, PaymentGateway, PaymentStatus},
     event,
     job::{self, BonusJob, JobStatus, JobType, NewJob},
-    member,
 };
 
 /// The reason recorded on a first-charge bonus (its EVENT charge's method).
@@ -237,7 +238,7 @@ pub async fn complete_in(
     correlation_id: Uuid,
 ) -> Result<Completion, CompleteError> {
     let id = request.charge_id;
-    let transitioned = charge::mark_complete(
+    let transitioned = charge::complete_and_credit(
         uow,
         id,
         request.gateway,
@@ -248,7 +249,7 @@ pub async fn complete_in(
     match transitioned {
         Ok(true) => {}
         Ok(false) => return not_completed(uow, request).await,
-        Err(e) if db::is_duplicate_on(&e, "uk_charges_gateway_tx") => {
+        Err(BonusError::Database(e)) if db::is_duplicate_on(&e, "uk_charges_gateway_tx") => {
             let other = charge::completed_by(uow, request.gateway, &request.gateway_tx_id).await?;
             tracing::warn!(charge_id = id, gateway = %request.gateway,
                 gateway_tx_id = %request.gateway_tx_id, other_charge_id = other,
@@ -262,7 +263,6 @@ pub async fn complete_in(
         Err(e) => return Err(e.into()),
     }
 
-    member::credit_charge(uow, id).await?;
     let (charge, standing) =
         event::charge_and_standing(uow, id)
             .await?

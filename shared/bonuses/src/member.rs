@@ -82,35 +82,6 @@ pub async fn credit(
     Ok(())
 }
 
-/// Credits charge `charge_id`'s cans to its member's balance of its container, reading them
-/// from the charge row in the same statement: the completion's credit, which needs no read of
-/// the charge before it (a round trip fewer). The UPDATE is the member's row lock, taken after
-/// the charge's (the completion's transition holds it). `Vanished` when the charge's member
-/// does not exist.
-pub async fn credit_charge(conn: &mut MySqlConnection, charge_id: u64) -> Result<(), BonusError> {
-    // Every container's column is assigned, the others with + 0: one static statement for the
-    // three containers. FORCE INDEX: the member by its primary key, and no other row locked.
-    let matched = sqlx::query(
-        "UPDATE charges c JOIN members m FORCE INDEX (PRIMARY) ON m.id = c.member_id \
-         SET m.pg_can = m.pg_can + IF(c.container = 'pg', c.cans, 0), \
-             m.aos_can = m.aos_can + IF(c.container = 'aos', c.cans, 0), \
-             m.ios_can = m.ios_can + IF(c.container = 'ios', c.cans, 0) \
-         WHERE c.id = ?",
-    )
-    .bind(charge_id)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    // Matched rows of the one table updated (CLIENT_FOUND_ROWS): 0 means no member.
-    if matched == 0 {
-        return Err(BonusError::Vanished {
-            entity: "member of charge",
-            id: charge_id,
-        });
-    }
-    Ok(())
-}
-
 /// One credit of [`credit_all`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Credit {
