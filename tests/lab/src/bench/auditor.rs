@@ -26,6 +26,9 @@ const WORKFLOW_SHARE: u64 = 10;
 const DAY: Duration = Duration::from_secs(86_400);
 
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.database_url {
+        return on_existing_database(url).await;
+    }
     let env = TestEnv::new().await;
     let pool = &env.db;
     let old = args.items as u64;
@@ -76,6 +79,23 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("the generated rows should be clean: {:?}", pass.violations);
     }
     by_check(pool, &checks, pass.window_since).await
+}
+
+/// Every check on a database as it is, the auditor's default window ending at its latest
+/// ledger entry (a finished soak's database has no "now" of its own).
+async fn on_existing_database(url: &str) -> anyhow::Result<()> {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await?;
+    let latest: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT MAX(created_at) FROM ledger_entries")
+            .fetch_one(&pool)
+            .await?;
+    let latest = latest.ok_or_else(|| anyhow::anyhow!("no ledger entry: nothing to time"))?;
+    let since = latest - AuditorConfig::default().window;
+    println!("the window: {since} to {latest}");
+    by_check(&pool, &paybus_catalog::audit_checks(), since).await
 }
 
 /// Each check's windowed form against its full form, over the same rows.

@@ -111,6 +111,11 @@ pub struct BenchArgs {
     /// (ops-queries) Rows of each big table: dead letters, bonus jobs, cancel tasks.
     #[arg(long, default_value_t = 5_000_000)]
     pub rows: u64,
+    /// (auditor) Time every check, windowed and in full, on this existing database (a soak's,
+    /// a copy of production's) instead of generated rows; the window ends at its latest
+    /// ledger entry. Read only.
+    #[arg(long)]
+    pub database_url: Option<String>,
     #[command(flatten)]
     pub soak: soak::SoakArgs,
 }

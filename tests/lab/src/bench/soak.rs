@@ -32,7 +32,9 @@ pub struct SoakArgs {
     /// (soak) How long the load lasts.
     #[arg(long, default_value_t = 30.0)]
     pub minutes: f64,
-    /// (soak) The length of a window (0.25: 15 seconds); the first one is the warm-up.
+    /// (soak) The length of a window (0.25: 15 seconds). The first ones are the warm-up: as
+    /// many as the continuous auditor's window takes to fill (`PAYBUS_AUDITOR_WINDOW_SECS`,
+    /// 15 minutes by default), at least one.
     #[arg(long, default_value_t = 5.0)]
     pub window_minutes: f64,
     /// (soak) Items per second of one workflow, repeatable: `--rate p2p=38`,
@@ -164,6 +166,10 @@ pub(crate) struct SoakPlan {
     #[serde(serialize_with = "crate::chaos::report::seconds")]
     pub(crate) window: Duration,
     pub(crate) windows: u32,
+    /// The first windows, not compared: until the continuous auditor's window is full (a pass
+    /// re-reads every row of its window, so its cost, the sweeper's largest, grows until
+    /// then), and at least the first (caches, pools, the JIT-less first runs of every path).
+    pub(crate) warm_up_windows: u32,
     pub(crate) copies: u32,
     pub(crate) concurrency: u16,
 }
@@ -195,11 +201,15 @@ fn plan_of(args: &SoakArgs, concurrency: u16) -> anyhow::Result<SoakPlan> {
     }
     let lasting = Duration::from_secs_f64(args.minutes * 60.0);
     let window = Duration::from_secs_f64(args.window_minutes * 60.0).min(lasting);
+    // The fleet inherits this process's environment: its auditor runs with this window.
+    let auditor_window = paybus_platform::auditor::AuditorConfig::from_env()?.window;
     Ok(SoakPlan {
         rates,
         lasting,
         window,
         windows: (lasting.as_secs_f64() / window.as_secs_f64()).ceil() as u32,
+        warm_up_windows: ((auditor_window.as_secs_f64() / window.as_secs_f64()).ceil() as u32)
+            .max(1),
         copies: args.copies,
         concurrency,
     })
@@ -292,7 +302,8 @@ async fn soak(
             let end = started + (plan.window * n).min(plan.lasting);
             tokio::time::sleep_until(end.into()).await;
             let (now, peak_queue_depth) = sampler.window_end().await;
-            let window = meter.window(n, now, peak_queue_depth).await?;
+            let warm_up = n <= plan.warm_up_windows;
+            let window = meter.window(n, warm_up, now, peak_queue_depth).await?;
             let text = window.to_string();
             if echo_to_stderr {
                 eprint!("{text}");

@@ -8,7 +8,9 @@
 //!   grant);
 //! - markets: a market's `suspended_at` to each of its orders' `cancelled_at`.
 //!
-//! Next to them: every table's size, the outbox backlog, the dead letters, the queues.
+//! Next to them: every table's size, the outbox backlog, the dead letters, the queues, and the
+//! continuous auditor's passes (a pass re-reads every row of its window, 15 minutes by
+//! default: its cost grows until the window is full, and it is the sweeper's heaviest job).
 
 use std::{collections::BTreeMap, fmt};
 
@@ -129,10 +131,21 @@ pub(crate) struct TableSize {
     pub(crate) mib: f64,
 }
 
+/// The continuous auditor's passes that started in a window (`audit_passes`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct AuditorPasses {
+    pub(crate) passes: u64,
+    /// The longest pass, and all of them together, milliseconds.
+    pub(crate) longest_ms: u64,
+    pub(crate) total_ms: u64,
+}
+
 /// A window: from the end of the previous one (or the load's start) to its own end.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Window {
     pub(crate) n: u32,
+    /// Part of the warm-up: not compared (see `SoakPlan::warm_up_windows`).
+    pub(crate) warm_up: bool,
     pub(crate) from_s: f64,
     pub(crate) to_s: f64,
     pub(crate) workflows: Vec<Throughput>,
@@ -152,6 +165,7 @@ pub(crate) struct Window {
     pub(crate) peak_queue_depth: u64,
     /// The non-empty queues at the window's end.
     pub(crate) queues: BTreeMap<String, u64>,
+    pub(crate) auditor: AuditorPasses,
 }
 
 /// Reads each window's figures; remembers where the last one ended.
@@ -182,6 +196,7 @@ impl Meter {
     pub(crate) async fn window(
         &mut self,
         n: u32,
+        warm_up: bool,
         sample: Sample,
         peak_queue_depth: u64,
     ) -> anyhow::Result<Window> {
@@ -202,8 +217,19 @@ impl Meter {
         )
         .fetch_one(&self.pool)
         .await?;
+        let (passes, longest_ms, total_ms): (i64, i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), CAST(COALESCE(MAX(duration_ms), 0) AS SIGNED), \
+                    CAST(COALESCE(SUM(duration_ms), 0) AS SIGNED) \
+             FROM audit_passes WHERE started_at >= ? AND started_at < ?",
+        )
+        .bind(self.last_end)
+        .bind(end)
+        .fetch_one(&self.pool)
+        .await?;
+        let count = |v: i64| u64::try_from(v).unwrap_or(0);
         let window = Window {
             n,
+            warm_up,
             from_s: self.last_end_s,
             to_s: self.last_end_s + seconds,
             workflows,
@@ -216,6 +242,11 @@ impl Meter {
             queue_depth: sample.queue_depth,
             peak_queue_depth: peak_queue_depth.max(sample.queue_depth),
             queues: sample.queues,
+            auditor: AuditorPasses {
+                passes: count(passes),
+                longest_ms: count(longest_ms),
+                total_ms: count(total_ms),
+            },
         };
         self.last_end = end;
         self.last_end_s = window.to_s;
@@ -258,7 +289,7 @@ impl fmt::Display for Window {
             self.n,
             self.from_s,
             self.to_s,
-            if self.n == 1 { ", the warm-up" } else { "" }
+            if self.warm_up { ", the warm-up" } else { "" }
         )?;
         for w in &self.workflows {
             writeln!(
@@ -299,6 +330,11 @@ impl fmt::Display for Window {
             .iter()
             .map(|(queue, n)| format!("{queue} {n}"))
             .collect();
+        writeln!(
+            f,
+            "  auditor: {} passes, the longest {} ms, {} ms in all",
+            self.auditor.passes, self.auditor.longest_ms, self.auditor.total_ms
+        )?;
         writeln!(
             f,
             "  outbox backlog {}, dead letters {} ({} NEW), queued {} (peak {}){}{}",

@@ -125,6 +125,7 @@ mod tests {
             .collect();
         let window = |n: u32, from_s: f64, to_s: f64| Window {
             n,
+            warm_up: n == 1,
             from_s,
             to_s,
             workflows: Vec::new(),
@@ -137,6 +138,7 @@ mod tests {
             queue_depth: 0,
             peak_queue_depth: 0,
             queues: BTreeMap::new(),
+            auditor: Default::default(),
         };
         SoakReport {
             plan: SoakPlan {
@@ -149,6 +151,7 @@ mod tests {
                 lasting: Duration::from_secs(120),
                 window: Duration::from_secs(60),
                 windows: 2,
+                warm_up_windows: 1,
                 copies: 3,
                 concurrency: 8,
             },

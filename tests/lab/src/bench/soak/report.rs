@@ -83,8 +83,7 @@ fn change<T: Copy + Into<f64>>(what: String, from: T, to: T) -> Change<T> {
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Summary {
-    /// The windows compared (None: fewer than three windows, nothing to compare after the
-    /// warm-up).
+    /// The windows compared (None: fewer than two windows after the warm-up).
     pub(crate) compared: Option<(u32, u32)>,
     /// Every process's RSS, KiB.
     pub(crate) rss: Vec<Change<u32>>,
@@ -140,10 +139,11 @@ impl Summary {
             backlog_flat: None,
             stuck: stuck.to_vec(),
         };
-        let (Some(first), Some(last)) = (windows.get(1), windows.last()) else {
+        let (Some(first), Some(last)) = (windows.iter().find(|w| !w.warm_up), windows.last())
+        else {
             return summary;
         };
-        if windows.len() < 3 {
+        if first.n == last.n {
             return summary;
         }
         summary.compared = Some((first.n, last.n));
@@ -220,7 +220,9 @@ impl fmt::Display for SoakReport {
             Some((from, to)) => writeln!(f, "summary: window {to} against window {from}")?,
             None => writeln!(
                 f,
-                "summary: fewer than three windows, nothing compared after the warm-up"
+                "summary: fewer than two windows after the warm-up ({} windows: the auditor's \
+                 window to fill), nothing compared",
+                self.plan.warm_up_windows
             )?,
         }
         writeln!(
@@ -324,10 +326,12 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::bench::soak::figures::AuditorPasses;
 
     fn window(n: u32, rss_kib: u64, p99_ms: f64, outbox_backlog: i64) -> Window {
         Window {
             n,
+            warm_up: n == 1,
             from_s: 0.0,
             to_s: 1.0,
             workflows: vec![Throughput {
@@ -351,6 +355,7 @@ mod tests {
             queue_depth: 0,
             peak_queue_depth: 0,
             queues: BTreeMap::new(),
+            auditor: AuditorPasses::default(),
         }
     }
 
@@ -373,6 +378,23 @@ mod tests {
         assert!((drift - 0.5).abs() < 1e-9, "{drift}");
         assert_eq!(summary.outbox_backlog, Some((50, 500)));
         assert_eq!(summary.backlog_flat, Some(false));
+    }
+
+    #[test]
+    fn a_warm_up_of_several_windows_is_left_out_of_the_comparison() {
+        let mut windows = [
+            window(1, 1_000, 900.0, 0),
+            window(2, 9_000, 800.0, 50),
+            window(3, 10_000, 100.0, 50),
+            window(4, 10_500, 110.0, 60),
+        ];
+        windows[1].warm_up = true;
+        let summary = Summary::of(&windows, &[]);
+        assert_eq!(summary.compared, Some((3, 4)));
+        let drift = summary.largest_p99_drift.expect("compared");
+        assert!((drift - 0.1).abs() < 1e-9, "{drift}");
+        windows[2].warm_up = true;
+        assert_eq!(Summary::of(&windows, &[]).compared, None);
     }
 
     #[test]
