@@ -31,7 +31,7 @@ esac
 : "${PAYBUS_STOP_TIMEOUT:=60}"
 # Extra mariadbd options, space-separated, after the defaults (so they win): a measurement's
 # server settings, e.g. "--innodb-buffer-pool-size=1G --performance-schema=ON".
-: "${PAYBUS_MARIADB_OPTIONS:=}"
+PAYBUS_MARIADB_OPTIONS="${PAYBUS_MARIADB_OPTIONS:-}"
 
 # Per-service state folders (data, sockets, pid files, logs).
 PAYBUS_MARIADB_DIR="$PAYBUS_STATE_DIR/mariadb"

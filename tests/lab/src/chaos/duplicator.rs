@@ -164,16 +164,22 @@ async fn run(
     stop: CancellationToken,
 ) {
     while !stop.is_cancelled() {
-        let result = consume(
-            &link,
-            &publisher,
-            &queues,
-            copies,
-            malformed_every,
-            &counters,
-            &stop,
-        )
-        .await;
+        // Every await of a consumer can wait on a broker connection that died without a word
+        // (an ack, a declare, the stall check's count): the stop must not wait with it (a
+        // 4-shard chaos test, 2026-12-05: "the duplicator was still running 30 s after its
+        // stop", 263 messages left in the tap).
+        let result = tokio::select! {
+            () = stop.cancelled() => break,
+            result = consume(
+                &link,
+                &publisher,
+                &queues,
+                copies,
+                malformed_every,
+                &counters,
+                &stop,
+            ) => result,
+        };
         if let Err(e) = result {
             tracing::debug!(error = %e, "chaos tap: reconnecting");
         }
@@ -212,11 +218,18 @@ async fn consume(
                 // A consumer can outlive its queue's leader on a restarted node and never be
                 // told (the four-shard run once left 334 messages in the tap this way): when
                 // the tap holds messages and none came for a while, consume afresh.
-                if last_delivery.elapsed() > STALL_CHECK
-                    && super::checks::ready(&channel, TAP_QUEUE).await? > 0
-                {
-                    tracing::warn!("chaos tap: no delivery while messages wait; consuming afresh");
-                    return Ok(());
+                if last_delivery.elapsed() > STALL_CHECK {
+                    // A count the broker does not give within the check's period is a stall too.
+                    let waiting = tokio::time::timeout(
+                        STALL_CHECK,
+                        super::checks::ready(&channel, TAP_QUEUE),
+                    )
+                    .await;
+                    if !matches!(waiting, Ok(Ok(0))) {
+                        tracing::warn!(?waiting,
+                            "chaos tap: no delivery while messages wait (or no count); consuming afresh");
+                        return Ok(());
+                    }
                 }
                 continue;
             }
