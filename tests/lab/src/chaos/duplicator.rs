@@ -165,9 +165,9 @@ async fn run(
 ) {
     while !stop.is_cancelled() {
         // Every await of a consumer can wait on a broker connection that died without a word
-        // (an ack, a declare, the stall check's count): the stop must not wait with it (a
-        // 4-shard chaos test, 2026-12-05: "the duplicator was still running 30 s after its
-        // stop", 263 messages left in the tap).
+        // (an ack, a declare, a copy's publish, the stall check's count): the stop drops the
+        // consumer whatever it awaits (a 4-shard chaos test, 2026-12-05: "the duplicator was
+        // still running 30 s after its stop", 263 messages left in the tap).
         let result = tokio::select! {
             () = stop.cancelled() => break,
             result = consume(
@@ -177,7 +177,6 @@ async fn run(
                 copies,
                 malformed_every,
                 &counters,
-                &stop,
             ) => result,
         };
         if let Err(e) = result {
@@ -197,7 +196,6 @@ async fn consume(
     copies: u32,
     malformed_every: u64,
     counters: &Counters,
-    stop: &CancellationToken,
 ) -> Result<(), lapin::Error> {
     let channel = declare_tap(link).await?;
     channel.basic_qos(64, BasicQosOptions::default()).await?;
@@ -213,7 +211,6 @@ async fn consume(
     let mut watch = tokio::time::interval(STALL_CHECK);
     loop {
         let delivery = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
             _ = watch.tick() => {
                 // A consumer can outlive its queue's leader on a restarted node and never be
                 // told (the four-shard run once left 334 messages in the tap this way): when
@@ -249,11 +246,7 @@ async fn consume(
         let sends = (1..copies).map(|_| {
             publisher.publish_raw(exchange, queue, &delivery.data, delivery.properties.clone())
         });
-        // A publish waiting on a broker that went away must not hold the harness's stop.
-        let all = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            all = futures_util::future::join_all(sends) => all,
-        };
+        let all = futures_util::future::join_all(sends).await;
         if let Some(Err(e)) = all.into_iter().find(Result::is_err) {
             // Not acked: the tap delivers it again (more copies: still "at least copies").
             tracing::debug!(error = %e, "chaos tap: a copy was not confirmed");
