@@ -5,6 +5,8 @@
 
 use std::collections::BTreeSet;
 
+use chrono::{DateTime, Utc};
+
 use paybus_confirmations::{
     testing::{BROADCAST_TX, withdrawal},
     withdrawal::{WithdrawalKind, WithdrawalStatus},
@@ -159,6 +161,92 @@ async fn the_ledgers_windowed_checks_find_what_the_full_checks_find_in_the_windo
         .await
         .unwrap();
     assert_eq!(none, []);
+}
+
+/// Moves an entry's stamp to `seconds` before the given instant and puts a key on it that is
+/// not its own (to the ledger's checks a `misplaced_idem_key`, nothing else): a transaction that wrote it then
+/// and committed now.
+async fn plant_late_commit(pool: &MySqlPool, entry_id: u64, before: DateTime<Utc>, seconds: u32) {
+    sqlx::query(
+        "UPDATE ledger_entries SET idem_key = CONCAT('WDR_CONFIRM:', reference_id + 1000), \
+         created_at = ? - INTERVAL ? SECOND WHERE id = ?",
+    )
+    .bind(before)
+    .bind(seconds)
+    .bind(entry_id)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_pass_reads_from_the_previous_pass_less_the_overlap_and_no_further() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[]).await;
+    let pool = &services.pool;
+    clean_ledger(&services).await;
+    let entries: Vec<u64> = sqlx::query_scalar("SELECT id FROM ledger_entries ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    // The older entry is stamped further back, so the stamps keep the ids' order (the
+    // windowed balance check reads a pair's latest entry in the window).
+    let (too_late, late) = (entries[entries.len() - 2], entries[entries.len() - 1]);
+    let config = AuditorConfig::default();
+    // The ledger's checks: a key that is not its own is then one finding (W2's would add the
+    // withdrawal it no longer names).
+    let ledger_checks = paybus_ledger::audit::CHECKS;
+    let auditor = Auditor::new(pool.clone(), ledger_checks.to_vec(), config);
+    let started = |pass: u64| async move {
+        sqlx::query_scalar::<_, DateTime<Utc>>("SELECT started_at FROM audit_passes WHERE id = ?")
+            .bind(pass)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+
+    let first = auditor.pass().await.unwrap();
+    assert_eq!(first.violations, []);
+    let first_started = started(first.id).await;
+    // The first pass on the database reads the whole window.
+    assert_eq!(
+        first.window_since,
+        first_started - chrono::Duration::from_std(config.window).unwrap()
+    );
+    // Written a minute before the first pass, committed after it: inside the overlap.
+    plant_late_commit(pool, late, first_started, 60).await;
+    let second = auditor.pass().await.unwrap();
+    assert_eq!(
+        second.window_since,
+        first_started - chrono::Duration::from_std(config.overlap).unwrap(),
+        "the second pass reads from the first's start less the overlap"
+    );
+    let checks: Vec<_> = second.violations.iter().map(|v| v.check).collect();
+    assert_eq!(checks, ["misplaced_idem_key"]);
+
+    // Written five minutes before the second pass (longer than the overlap): no pass reads
+    // it any more; the full audit does.
+    plant_late_commit(pool, too_late, started(second.id).await, 300).await;
+    let third = auditor.pass().await.unwrap();
+    let described: Vec<_> = third
+        .violations
+        .iter()
+        .map(|v| v.description.clone())
+        .collect();
+    assert_eq!(described.len(), 1, "{described:?}");
+    assert!(
+        described[0].contains(&format!("entry {late} ")),
+        "{described:?}"
+    );
+    let mut conn = pool.acquire().await.unwrap();
+    let full = audit::run(&mut conn, ledger_checks).await.unwrap();
+    let found: BTreeSet<_> = full.iter().map(|v| v.description.clone()).collect();
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|d| d.contains(&format!("entry {too_late} ")))
+    );
 }
 
 #[test]

@@ -30,7 +30,8 @@ fn a_minute_of_every_workflow_at_a_steady_rate_ends_exactly_once_with_every_figu
                 "--window-minutes",
                 "0.25",
             ])
-            // The warm-up lasts until the auditor's window is full: one 15-s window here; and
+            // The warm-up lasts until the auditor's passes read their steady span (at most its
+            // window): one 15-s window here; and
             // a pass every 10 s, so the windows have passes to report (the first one runs as
             // the sweeper starts, before the load).
             .env("PAYBUS_AUDITOR_WINDOW_SECS", "15")

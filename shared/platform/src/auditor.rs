@@ -2,14 +2,20 @@
 //! checks) over recent rows, every minute by default.
 //!
 //! A pass opens one read-only transaction (one snapshot for every check), runs each check's
-//! `recent` form over the window (rows written in the last `window`, default 15 min; the full
-//! form for a check without one), and then:
+//! `recent` form (the full form for a check without one) over the rows written since the
+//! previous pass began, less an overlap (default 2 min: a transaction that committed after that
+//! pass's snapshot is read by this one), at most `window` back (default 15 min: the first pass,
+//! and the first after an outage), and then:
 //! - logs each violation as one ERROR line (`check`, `description`: what a CloudWatch metric
 //!   filter or an alarm on ERROR lines catches),
 //! - counts it in the metrics (`paybus_audit_violations_total{check}`, and the last pass's
 //!   figures as gauges),
 //! - upserts it into `audit_findings` (first / last seen, times seen, the pass that saw it
 //!   last) and records the pass in `audit_passes`: what `GET /v1/admin/audit/status` shows.
+//!
+//! Why not the whole window every pass (as until 2026-12-05): each row was then read
+//! window ÷ interval = 15 times, and the passes grew to 16 s a minute on a 2-core machine at
+//! ~105 items/s — the soak's p99 drifted with them (docs/benchmarks.md, 2026-12-05).
 //!
 //! Passes older than `retention` are deleted by the next pass. Rows older than the window
 //! are not re-read every minute: `paybus audit` (and `GET /v1/admin/audit`) runs the full
@@ -40,8 +46,14 @@ pub const VAR_INTERVAL_MS: Setting = Setting {
 pub const VAR_WINDOW_SECS: Setting = Setting {
     name: "PAYBUS_AUDITOR_WINDOW_SECS",
     default: "`900`",
-    about: "the continuous auditor: a pass checks the rows written this long before it (longer \
-            than the interval, so late commits are seen)",
+    about: "the continuous auditor: the furthest back a pass reads (the first pass, and the \
+            first after an outage; older rows are the full `paybus audit`'s)",
+};
+pub const VAR_OVERLAP_SECS: Setting = Setting {
+    name: "PAYBUS_AUDITOR_OVERLAP_SECS",
+    default: "`120`",
+    about: "the continuous auditor: a pass reads from the previous pass's start less this (longer \
+            than paybus's longest transaction, so a late commit is read by the next pass)",
 };
 pub const VAR_RETENTION_HOURS: Setting = Setting {
     name: "PAYBUS_AUDITOR_RETENTION_HOURS",
@@ -50,17 +62,29 @@ pub const VAR_RETENTION_HOURS: Setting = Setting {
 };
 
 /// What [`AuditorConfig::read`] reads, in the order the page lists them.
-pub const SETTINGS: &[Setting] = &[VAR_INTERVAL_MS, VAR_WINDOW_SECS, VAR_RETENTION_HOURS];
+pub const SETTINGS: &[Setting] = &[
+    VAR_INTERVAL_MS,
+    VAR_WINDOW_SECS,
+    VAR_OVERLAP_SECS,
+    VAR_RETENTION_HOURS,
+];
 
 /// How the auditor runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuditorConfig {
     /// Pause between passes (default 60 s, `PAYBUS_AUDITOR_INTERVAL_MS`).
     pub interval: Duration,
-    /// A pass checks the rows written this long before it (default 15 min,
-    /// `PAYBUS_AUDITOR_WINDOW_SECS`): longer than the interval, so a transaction that
-    /// committed late is still seen by a later pass.
+    /// The furthest back a pass reads (default 15 min, `PAYBUS_AUDITOR_WINDOW_SECS`): the
+    /// first pass on a database, and the first after the auditor stood still longer than
+    /// this (the gap is logged as a WARN; the full audit covers it).
     pub window: Duration,
+    /// A pass reads the rows written since the previous pass began less this (default 2 min,
+    /// `PAYBUS_AUDITOR_OVERLAP_SECS`). A row is stamped when written and seen when its
+    /// transaction commits: a commit later than the previous pass's snapshot is read by this
+    /// one as long as its transaction lasted less than the overlap. paybus's transactions
+    /// last milliseconds (the longest waits on a lock, `innodb_lock_wait_timeout`, 50 s);
+    /// no network call is made inside one.
+    pub overlap: Duration,
     /// Passes kept in `audit_passes` (default 7 days, `PAYBUS_AUDITOR_RETENTION_HOURS`).
     pub retention: Duration,
 }
@@ -70,6 +94,7 @@ impl Default for AuditorConfig {
         Self {
             interval: Duration::from_secs(60),
             window: Duration::from_secs(15 * 60),
+            overlap: Duration::from_secs(2 * 60),
             retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -102,6 +127,12 @@ impl AuditorConfig {
                 "seconds, at least 1",
                 positive,
             )?),
+            overlap: Duration::from_secs(vars.parse(
+                VAR_OVERLAP_SECS,
+                defaults.overlap.as_secs(),
+                "seconds, at least 1",
+                positive,
+            )?),
             retention: Duration::from_secs(
                 vars.parse(
                     VAR_RETENTION_HOURS,
@@ -111,6 +142,34 @@ impl AuditorConfig {
                 )? * 3600,
             ),
         })
+    }
+}
+
+impl AuditorConfig {
+    /// How far back a pass reads once passes follow each other: the interval plus the
+    /// overlap, at most the window. The auditor's cost follows it (the write rate times it).
+    pub fn steady_span(&self) -> Duration {
+        (self.interval + self.overlap).min(self.window)
+    }
+}
+
+impl AuditorConfig {
+    /// Where a pass starting at `now` begins reading: the previous pass's start less the
+    /// overlap, at most the window back. A gap longer than the window is said, here.
+    pub fn pass_since(&self, now: DateTime<Utc>, previous: Option<DateTime<Utc>>) -> DateTime<Utc> {
+        let furthest = before(now, self.window);
+        let Some(previous) = previous else {
+            return furthest;
+        };
+        if previous < furthest {
+            tracing::warn!(
+                previous_pass = %previous, covered_from = %furthest,
+                "the continuous auditor stood still longer than its window: rows written \
+                 between previous_pass and covered_from are left to the full audit \
+                 (paybus audit)"
+            );
+        }
+        before(previous, self.overlap).max(furthest)
     }
 }
 
@@ -153,13 +212,14 @@ impl Auditor {
     #[tracing::instrument(skip_all, fields(checks = self.checks.len(), external = self.external.len()))]
     pub async fn pass(&self) -> Result<Pass, sqlx::Error> {
         let started = std::time::Instant::now();
-        let window = i64::try_from(self.config.window.as_micros()).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin().await?;
-        let (started_at, since): (DateTime<Utc>, DateTime<Utc>) =
-            sqlx::query_as("SELECT NOW(6), NOW(6) - INTERVAL ? MICROSECOND")
-                .bind(window)
+        // The snapshot's instant and the previous pass's (any process's): the first
+        // statement of the transaction, so both are read in the snapshot the checks use.
+        let (started_at, previous): (DateTime<Utc>, Option<DateTime<Utc>>) =
+            sqlx::query_as("SELECT NOW(6), (SELECT MAX(started_at) FROM audit_passes)")
                 .fetch_one(&mut *tx)
                 .await?;
+        let since = self.config.pass_since(started_at, previous);
         let mut violations = audit::run_recent(&mut tx, &self.checks, Window { since }).await?;
         for check in self.external.iter() {
             let period = Period {
@@ -211,6 +271,17 @@ impl Auditor {
             duration,
         })
     }
+}
+
+/// `duration` before `instant`; an absurd setting (centuries) reads from 1970, which every
+/// row is after.
+fn before(instant: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(duration)
+        .ok()
+        .and_then(|duration| instant.checked_sub_signed(duration))
+        .map_or(DateTime::UNIX_EPOCH, |since| {
+            since.max(DateTime::UNIX_EPOCH)
+        })
 }
 
 async fn record_finding(
@@ -321,6 +392,43 @@ pub async fn findings(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(minute: i64) -> DateTime<Utc> {
+        DateTime::UNIX_EPOCH + chrono::Duration::days(20_000) + chrono::Duration::minutes(minute)
+    }
+
+    #[test]
+    fn a_pass_reads_from_the_previous_pass_less_the_overlap() {
+        let config = AuditorConfig::default();
+        assert_eq!(config.pass_since(at(60), Some(at(59))), at(57));
+        assert_eq!(config.steady_span(), Duration::from_secs(3 * 60));
+    }
+
+    #[test]
+    fn the_first_pass_and_one_after_an_outage_read_at_most_the_window() {
+        let config = AuditorConfig::default();
+        assert_eq!(config.pass_since(at(60), None), at(45));
+        assert_eq!(config.pass_since(at(60), Some(at(10))), at(45));
+        // An overlap longer than the window is cut to it (a test's 15-s window).
+        let short = AuditorConfig {
+            window: Duration::from_secs(15),
+            ..AuditorConfig::default()
+        };
+        assert_eq!(
+            short.pass_since(at(60), Some(at(60))),
+            at(60) - chrono::Duration::seconds(15)
+        );
+        assert_eq!(short.steady_span(), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn an_absurd_window_reads_from_1970() {
+        let config = AuditorConfig {
+            window: Duration::from_secs(u64::MAX / 4),
+            ..AuditorConfig::default()
+        };
+        assert_eq!(config.pass_since(at(60), None), DateTime::UNIX_EPOCH);
+    }
 
     #[test]
     fn every_documented_default_is_the_default() {

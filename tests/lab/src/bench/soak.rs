@@ -33,8 +33,8 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 30.0)]
     pub minutes: f64,
     /// (soak) The length of a window (0.25: 15 seconds). The first ones are the warm-up: as
-    /// many as the continuous auditor's window takes to fill (`PAYBUS_AUDITOR_WINDOW_SECS`,
-    /// 15 minutes by default), at least one.
+    /// many as the continuous auditor's passes take to read their steady span (its interval
+    /// plus its overlap, at most its window: 3 minutes by default), at least one.
     #[arg(long, default_value_t = 5.0)]
     pub window_minutes: f64,
     /// (soak) Items per second of one workflow, repeatable: `--rate p2p=38`,
@@ -166,9 +166,10 @@ pub(crate) struct SoakPlan {
     #[serde(serialize_with = "crate::chaos::report::seconds")]
     pub(crate) window: Duration,
     pub(crate) windows: u32,
-    /// The first windows, not compared: until the continuous auditor's window is full (a pass
-    /// re-reads every row of its window, so its cost, the sweeper's largest, grows until
-    /// then), and at least the first (caches, pools, the JIT-less first runs of every path).
+    /// The first windows, not compared: until the continuous auditor's passes read their
+    /// steady span (`AuditorConfig::steady_span`: a pass's cost, the sweeper's largest,
+    /// grows with the rows it reads until then), and at least the first (caches, pools, the
+    /// first runs of every path).
     pub(crate) warm_up_windows: u32,
     pub(crate) copies: u32,
     pub(crate) concurrency: u16,
@@ -201,15 +202,14 @@ fn plan_of(args: &SoakArgs, concurrency: u16) -> anyhow::Result<SoakPlan> {
     }
     let lasting = Duration::from_secs_f64(args.minutes * 60.0);
     let window = Duration::from_secs_f64(args.window_minutes * 60.0).min(lasting);
-    // The fleet inherits this process's environment: its auditor runs with this window.
-    let auditor_window = paybus_platform::auditor::AuditorConfig::from_env()?.window;
+    // The fleet inherits this process's environment: its auditor runs with these settings.
+    let auditor_span = paybus_platform::auditor::AuditorConfig::from_env()?.steady_span();
     Ok(SoakPlan {
         rates,
         lasting,
         window,
         windows: (lasting.as_secs_f64() / window.as_secs_f64()).ceil() as u32,
-        warm_up_windows: ((auditor_window.as_secs_f64() / window.as_secs_f64()).ceil() as u32)
-            .max(1),
+        warm_up_windows: ((auditor_span.as_secs_f64() / window.as_secs_f64()).ceil() as u32).max(1),
         copies: args.copies,
         concurrency,
     })

@@ -221,7 +221,7 @@ impl fmt::Display for SoakReport {
             None => writeln!(
                 f,
                 "summary: fewer than two windows after the warm-up ({} windows: the auditor's \
-                 window to fill), nothing compared",
+                 passes to reach their steady span), nothing compared",
                 self.plan.warm_up_windows
             )?,
         }
