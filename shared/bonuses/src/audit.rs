@@ -114,18 +114,20 @@ impl fmt::Display for Violation {
 
 /// The members a window touched: changed since its start, or with a charge changed since.
 const TOUCHED_MEMBERS: &str = " JOIN ( \
-        SELECT id FROM members WHERE updated_at >= ? \
-        UNION SELECT member_id FROM charges WHERE updated_at >= ?) touched \
+        SELECT id FROM members FORCE INDEX (index_members_recent) WHERE updated_at >= ? \
+        UNION SELECT member_id FROM charges FORCE INDEX (index_charges_recent) \
+              WHERE updated_at >= ?) touched \
      ON touched.id = m.id";
 
 /// The bonus jobs a window touched: changed since its start, or whose source or result charge
 /// changed since.
 const TOUCHED_JOBS: &str = " JOIN ( \
-        SELECT id FROM charge_event_job WHERE updated_at >= ? \
-        UNION SELECT tj.id FROM charges tc \
+        SELECT id FROM charge_event_job FORCE INDEX (index_charge_event_job_recent) \
+              WHERE updated_at >= ? \
+        UNION SELECT tj.id FROM charges tc FORCE INDEX (index_charges_recent) \
               JOIN charge_event_job tj ON tj.result_charge_id = tc.id \
               WHERE tc.updated_at >= ? \
-        UNION SELECT tj.id FROM charges tc \
+        UNION SELECT tj.id FROM charges tc FORCE INDEX (index_charges_recent) \
               JOIN charge_event_job tj ON tj.source_charge_id = tc.id \
               WHERE tc.updated_at >= ?) touched \
      ON touched.id = j.id";
@@ -133,8 +135,9 @@ const TOUCHED_JOBS: &str = " JOIN ( \
 /// The charges a window touched: changed since its start, or the result of a job changed
 /// since.
 const TOUCHED_CHARGES: &str = " JOIN ( \
-        SELECT id FROM charges WHERE updated_at >= ? \
-        UNION SELECT result_charge_id FROM charge_event_job \
+        SELECT id FROM charges FORCE INDEX (index_charges_recent) WHERE updated_at >= ? \
+        UNION SELECT result_charge_id \
+              FROM charge_event_job FORCE INDEX (index_charge_event_job_recent) \
               WHERE updated_at >= ? AND result_charge_id IS NOT NULL) touched \
      ON touched.id = c.id";
 

@@ -174,14 +174,15 @@ impl fmt::Display for Violation {
 /// start, or referenced by a ledger entry written since.
 const TOUCHED_WITHDRAWALS: &str = " JOIN ( \
         SELECT id FROM withdrawals WHERE status = 'CONFIRMED' AND updated_at >= ? \
-        UNION SELECT reference_id FROM ledger_entries \
+        UNION SELECT reference_id FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
               WHERE created_at >= ? AND reference_type = 'WITHDRAWAL') touched \
      ON touched.id = w.id";
 
 /// The confirmation DEBITs a window touched: written since its start, or keyed to a withdrawal
 /// changed since (whatever its status now).
 const TOUCHED_WITHDRAWAL_DEBITS: &str = " JOIN ( \
-        SELECT id FROM ledger_entries WHERE created_at >= ? \
+        SELECT id FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
+              WHERE created_at >= ? \
         UNION SELECT le.id FROM withdrawals tw \
               JOIN ledger_entries le ON le.idem_key = CONCAT('WDR_CONFIRM:', tw.id) \
               WHERE tw.status IN ('REQUESTED', 'PROCESSING', 'BROADCASTING', 'STALE', \
@@ -192,16 +193,17 @@ const TOUCHED_WITHDRAWAL_DEBITS: &str = " JOIN ( \
 /// The deposits a window touched: changed since its start, or referenced by a ledger entry
 /// written since.
 const TOUCHED_DEPOSITS: &str = " JOIN ( \
-        SELECT id FROM deposits WHERE updated_at >= ? \
-        UNION SELECT reference_id FROM ledger_entries \
+        SELECT id FROM deposits FORCE INDEX (index_deposits_recent) WHERE updated_at >= ? \
+        UNION SELECT reference_id FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
               WHERE created_at >= ? AND reference_type = 'DEPOSIT') touched \
      ON touched.id = d.id";
 
 /// The keyed deposit entries a window touched: written since its start, or keyed to a deposit
 /// changed since.
 const TOUCHED_DEPOSIT_ENTRIES: &str = " JOIN ( \
-        SELECT id FROM ledger_entries WHERE created_at >= ? \
-        UNION SELECT le.id FROM deposits td \
+        SELECT id FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
+              WHERE created_at >= ? \
+        UNION SELECT le.id FROM deposits td FORCE INDEX (index_deposits_recent) \
               JOIN ledger_entries le ON le.idem_key IN (CONCAT('DEP_CREDIT:', td.id), \
                                                          CONCAT('DEP_FEE:', td.id)) \
               WHERE td.updated_at >= ?) touched \

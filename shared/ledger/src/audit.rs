@@ -296,9 +296,10 @@ pub async fn recent_duplicate_keyed_entries(
     window: Window,
 ) -> Result<Vec<Violation>, sqlx::Error> {
     let rows: Vec<(String, u64, String, String)> = sqlx::query_as(
-        "SELECT e.reference_type, e.reference_id, e.entry_type, \
+        "SELECT STRAIGHT_JOIN e.reference_type, e.reference_id, e.entry_type, \
                 CAST(GROUP_CONCAT(e.id ORDER BY e.id) AS CHAR) \
-         FROM (SELECT DISTINCT reference_type, reference_id FROM ledger_entries \
+         FROM (SELECT DISTINCT reference_type, reference_id \
+               FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
                WHERE created_at >= ? AND idem_key IS NOT NULL) touched \
          JOIN ledger_entries e \
            ON e.reference_type = touched.reference_type \
@@ -321,7 +322,8 @@ pub async fn recent_misplaced_idem_keys(
 ) -> Result<Vec<Violation>, sqlx::Error> {
     let rows: Vec<(u64, String, String, String, u64)> = sqlx::query_as(concat!(
         "SELECT id, idem_key, entry_type, reference_type, reference_id \
-             FROM ledger_entries WHERE created_at >= ? AND idem_key IS NOT NULL",
+             FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
+             WHERE created_at >= ? AND idem_key IS NOT NULL",
         misplaced_key!(),
         " ORDER BY id"
     ))
@@ -341,7 +343,8 @@ pub async fn recent_balance_mismatches(
     let rows: Vec<(u64, String, Option<String>, String)> = sqlx::query_as(
         "SELECT last.partner_id, last.currency, CAST(b.balance AS CHAR), \
                 CAST(last.balance_after AS CHAR) \
-         FROM (SELECT partner_id, currency, MAX(id) AS id FROM ledger_entries \
+         FROM (SELECT partner_id, currency, MAX(id) AS id \
+               FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
                WHERE created_at >= ? GROUP BY partner_id, currency) touched \
          JOIN ledger_entries last ON last.id = touched.id \
          LEFT JOIN partner_balances b \
@@ -366,7 +369,8 @@ pub async fn recent_broken_chains(
     window: Window,
 ) -> Result<Vec<Violation>, sqlx::Error> {
     let touched: Vec<(u64, String, u64)> = sqlx::query_as(
-        "SELECT partner_id, currency, MIN(id) FROM ledger_entries WHERE created_at >= ? \
+        "SELECT partner_id, currency, MIN(id) \
+         FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) WHERE created_at >= ? \
          GROUP BY partner_id, currency ORDER BY 1, 2",
     )
     .bind(window.since)

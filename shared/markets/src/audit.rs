@@ -119,12 +119,13 @@ const MATERIALISED_BATCHES: &str = " JOIN ( \
 /// The batches a window touched: materialised since its start, or with a task changed since.
 const TOUCHED_BATCHES: &str = " JOIN ( \
         SELECT id FROM task_batches WHERE materialised_at >= ? \
-        UNION SELECT batch_id FROM tasks WHERE updated_at >= ?) touched \
+        UNION SELECT batch_id FROM tasks FORCE INDEX (index_tasks_recent) \
+              WHERE updated_at >= ?) touched \
      ON touched.id = b.id";
 
 /// The tasks changed since a window's start.
 const TOUCHED_TASKS: &str = " JOIN ( \
-        SELECT id FROM tasks WHERE updated_at >= ?) touched \
+        SELECT id FROM tasks FORCE INDEX (index_tasks_recent) WHERE updated_at >= ?) touched \
      ON touched.id = t.id";
 
 /// The frozen sets of open suspensions: nothing left behind, nothing added after.

@@ -221,30 +221,35 @@ fn exact(text: String) -> String {
 /// The withdraw orders a window touched: changed since its start, or with a match changed
 /// since.
 const TOUCHED_WITHDRAW_ORDERS: &str = " JOIN ( \
-        SELECT id FROM p2p_withdraw_orders WHERE updated_at >= ? \
-        UNION SELECT withdraw_order_id FROM p2p_matches WHERE updated_at >= ?) touched \
+        SELECT id FROM p2p_withdraw_orders FORCE INDEX (index_p2p_withdraw_orders_recent) \
+              WHERE updated_at >= ? \
+        UNION SELECT withdraw_order_id FROM p2p_matches FORCE INDEX (index_p2p_matches_recent) \
+              WHERE updated_at >= ?) touched \
      ON touched.id = w.id";
 
 /// The deposit orders a window touched: changed since its start, or with a match changed
 /// since.
 const TOUCHED_DEPOSIT_ORDERS: &str = " JOIN ( \
-        SELECT id FROM p2p_deposit_orders WHERE updated_at >= ? \
-        UNION SELECT deposit_order_id FROM p2p_matches WHERE updated_at >= ?) touched \
+        SELECT id FROM p2p_deposit_orders FORCE INDEX (index_p2p_deposit_orders_recent) \
+              WHERE updated_at >= ? \
+        UNION SELECT deposit_order_id FROM p2p_matches FORCE INDEX (index_p2p_matches_recent) \
+              WHERE updated_at >= ?) touched \
      ON touched.id = d.id";
 
 /// The matches a window touched: changed since its start, or settled by an entry written
 /// since.
 const TOUCHED_MATCHES: &str = " JOIN ( \
-        SELECT id FROM p2p_matches WHERE updated_at >= ? \
-        UNION SELECT reference_id FROM ledger_entries \
+        SELECT id FROM p2p_matches FORCE INDEX (index_p2p_matches_recent) WHERE updated_at >= ? \
+        UNION SELECT reference_id FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
               WHERE created_at >= ? AND reference_type = 'P2P_SETTLEMENT') touched \
      ON touched.id = m.id";
 
 /// The settlement entries a window touched: written since its start, or settling a match
 /// changed since.
 const TOUCHED_SETTLEMENT_ENTRIES: &str = " JOIN ( \
-        SELECT id FROM ledger_entries WHERE created_at >= ? \
-        UNION SELECT le.id FROM p2p_matches tm \
+        SELECT id FROM ledger_entries FORCE INDEX (index_ledger_entries_recent) \
+              WHERE created_at >= ? \
+        UNION SELECT le.id FROM p2p_matches tm FORCE INDEX (index_p2p_matches_recent) \
               JOIN ledger_entries le \
                 ON le.reference_type = 'P2P_SETTLEMENT' AND le.reference_id = tm.id \
               WHERE tm.updated_at >= ?) touched \

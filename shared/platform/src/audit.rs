@@ -68,6 +68,12 @@ pub struct Window {
 /// Which rows a check reads: all of them (`paybus audit`), or those a [`Window`] touched (the
 /// continuous auditor). A domain writes each check's SQL once, with a `{recent}` marker where
 /// the window narrows it, and runs it with [`Scope::fetch`].
+///
+/// A `recent` fragment names the index of the time column it reads (`FORCE INDEX`): on young
+/// tables, where a window is a tenth of a table, MariaDB chose whole-table scans or
+/// another index instead (an `IS NOT NULL` on the idem-key index estimated at a fifth of its
+/// rows), and a pass grew with the tables rather than with its span (the soak of
+/// 2026-12-05, docs/benchmarks.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     All,

@@ -93,8 +93,10 @@ async fn on_existing_database(url: &str) -> anyhow::Result<()> {
             .fetch_one(&pool)
             .await?;
     let latest = latest.ok_or_else(|| anyhow::anyhow!("no ledger entry: nothing to time"))?;
-    let since = latest - AuditorConfig::default().window;
-    println!("the window: {since} to {latest}");
+    // What a pass reads once passes follow each other (the settings from the environment).
+    let span = AuditorConfig::from_env()?.steady_span();
+    let since = latest - span;
+    println!("the span of a steady pass ({span:?}): {since} to {latest}");
     by_check(&pool, &paybus_catalog::audit_checks(), since).await
 }
 

@@ -112,8 +112,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5_000_000)]
     pub rows: u64,
     /// (auditor) Time every check, windowed and in full, on this existing database (a soak's,
-    /// a copy of production's) instead of generated rows; the window ends at its latest
-    /// ledger entry. Read only.
+    /// a copy of production's) instead of generated rows; the window is a steady pass's span
+    /// (`PAYBUS_AUDITOR_INTERVAL_MS` plus `PAYBUS_AUDITOR_OVERLAP_SECS`, at most
+    /// `PAYBUS_AUDITOR_WINDOW_SECS`) ending at its latest ledger entry. Read only.
     #[arg(long)]
     pub database_url: Option<String>,
     #[command(flatten)]
