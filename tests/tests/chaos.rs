@@ -188,10 +188,14 @@ fn a_match_deposit_that_releases_its_fill_on_a_create_trade_timeout_is_caught_as
     // a run whose late answers all went to the sweeper passed (seen once in a suite). Its
     // released orders are retried after the 5 s backoff by the sweeper, which finds the trade
     // under the same key and settles it: the books end clean, only the history shows the orphan.
+    // No kills and no network faults: a suite run (2026-12-05) found no orphan when a 12-s
+    // partition from the database and the SIGKILLs left the late trades to the sweeper's
+    // correct code; the hazard under test needs only the late answers.
     let (code, report) = chaos(
         "chaos-test-broken-p2p",
         &[
             &["--substitute", &substitute, "--late-trades-first", "40"][..],
+            &["--kill-every-ms", "0", "--no-network-faults"][..],
             &BROKEN_BUILD_RUN[..],
         ]
         .concat(),
