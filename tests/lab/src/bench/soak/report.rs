@@ -81,6 +81,15 @@ fn change<T: Copy + Into<f64>>(what: String, from: T, to: T) -> Change<T> {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct WorstP99 {
+    pub(crate) workflow: String,
+    pub(crate) window: u32,
+    pub(crate) from_ms: f64,
+    pub(crate) to_ms: f64,
+    pub(crate) change: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Summary {
     /// The windows compared (None: fewer than two windows after the warm-up).
@@ -97,6 +106,10 @@ pub(crate) struct Summary {
     pub(crate) largest_function_anon_growth: Option<f64>,
     pub(crate) p99_ms: Vec<Change<f64>>,
     pub(crate) largest_p99_drift: Option<f64>,
+    /// The highest p99 of any window after the warm-up against the first's, for the workflow
+    /// where it rose most (no target): the drift compares two windows, and a soak whose middle
+    /// windows stalled ended on a quiet one (2026-12-05, docs/benchmarks.md).
+    pub(crate) worst_p99: Option<WorstP99>,
     pub(crate) outbox_backlog: Option<(i64, i64)>,
     pub(crate) queue_depth: Option<(u64, u64)>,
     pub(crate) backlog_flat: Option<bool>,
@@ -134,6 +147,7 @@ impl Summary {
             largest_function_anon_growth: None,
             p99_ms: Vec::new(),
             largest_p99_drift: None,
+            worst_p99: None,
             outbox_backlog: None,
             queue_depth: None,
             backlog_flat: None,
@@ -165,6 +179,27 @@ impl Summary {
             }
         }
         summary.largest_p99_drift = summary.p99_ms.iter().map(|c| c.change).reduce(f64::max);
+        for window in windows.iter().filter(|w| !w.warm_up && w.n > first.n) {
+            for workflow in Workflow::ALL {
+                let (Some(from), Some(to)) = (p99(first, workflow), p99(window, workflow)) else {
+                    continue;
+                };
+                let rise = change(workflow.name().to_owned(), from, to);
+                if summary
+                    .worst_p99
+                    .as_ref()
+                    .is_none_or(|w| rise.change > w.change)
+                {
+                    summary.worst_p99 = Some(WorstP99 {
+                        workflow: rise.what,
+                        window: window.n,
+                        from_ms: from,
+                        to_ms: to,
+                        change: rise.change,
+                    });
+                }
+            }
+        }
         summary.outbox_backlog = Some((first.outbox_backlog, last.outbox_backlog));
         summary.queue_depth = Some((first.queue_depth, last.queue_depth));
         let flat = |from: i64, to: i64| to <= from + BACKLOG_FLOOR.max(from / 10);
@@ -250,6 +285,18 @@ impl fmt::Display for SoakReport {
                 c.from,
                 c.to,
                 c.change * 100.0
+            )?;
+        }
+        if let Some(w) = &s.worst_p99 {
+            writeln!(
+                f,
+                "  p99, the worst window against the first (no target): {:+.1} % ({}, window {}: \
+                 {:.0} → {:.0} ms)",
+                w.change * 100.0,
+                w.workflow,
+                w.window,
+                w.from_ms,
+                w.to_ms
             )?;
         }
         if let (Some((ob_from, ob_to)), Some((q_from, q_to)), Some(flat)) =
@@ -376,6 +423,11 @@ mod tests {
         assert!((anon - expected).abs() < 1e-9, "{anon}");
         let drift = summary.largest_p99_drift.expect("compared");
         assert!((drift - 0.5).abs() < 1e-9, "{drift}");
+        let worst = summary.worst_p99.as_ref().expect("compared");
+        assert_eq!(
+            (worst.window, worst.from_ms, worst.to_ms),
+            (4, 100.0, 150.0)
+        );
         assert_eq!(summary.outbox_backlog, Some((50, 500)));
         assert_eq!(summary.backlog_flat, Some(false));
     }
@@ -398,11 +450,31 @@ mod tests {
     }
 
     #[test]
+    fn a_stall_in_a_middle_window_is_the_worst_p99_though_the_last_is_quiet() {
+        let windows = [
+            window(1, 1_000, 900.0, 0),
+            window(2, 10_000, 100.0, 50),
+            window(3, 10_000, 700.0, 50),
+            window(4, 10_000, 90.0, 50),
+        ];
+        let summary = Summary::of(&windows, &[]);
+        let drift = summary.largest_p99_drift.expect("compared");
+        assert!((drift + 0.1).abs() < 1e-9, "{drift}");
+        let worst = summary.worst_p99.expect("compared");
+        assert_eq!(
+            (worst.window, worst.from_ms, worst.to_ms),
+            (3, 100.0, 700.0)
+        );
+        assert!((worst.change - 6.0).abs() < 1e-9, "{}", worst.change);
+    }
+
+    #[test]
     fn two_windows_are_too_few_to_compare() {
         let windows = [window(1, 1_000, 900.0, 0), window(2, 10_000, 100.0, 50)];
         let summary = Summary::of(&windows, &[]);
         assert_eq!(summary.compared, None);
         assert_eq!(summary.largest_p99_drift, None);
+        assert_eq!(summary.worst_p99, None);
         assert_eq!(summary.backlog_flat, None);
     }
 }
