@@ -143,17 +143,13 @@ impl AuditorConfig {
             ),
         })
     }
-}
 
-impl AuditorConfig {
     /// How far back a pass reads once passes follow each other: the interval plus the
     /// overlap, at most the window. The auditor's cost follows it (the write rate times it).
     pub fn steady_span(&self) -> Duration {
         (self.interval + self.overlap).min(self.window)
     }
-}
 
-impl AuditorConfig {
     /// Where a pass starting at `now` begins reading: the previous pass's start less the
     /// overlap, at most the window back. A gap longer than the window is said, here.
     pub fn pass_since(&self, now: DateTime<Utc>, previous: Option<DateTime<Utc>>) -> DateTime<Utc> {

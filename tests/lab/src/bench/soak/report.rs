@@ -81,13 +81,12 @@ fn change<T: Copy + Into<f64>>(what: String, from: T, to: T) -> Change<T> {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A workflow's p99 at the first window after the warm-up and at a later `window`.
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct WorstP99 {
-    pub(crate) workflow: String,
     pub(crate) window: u32,
-    pub(crate) from_ms: f64,
-    pub(crate) to_ms: f64,
-    pub(crate) change: f64,
+    #[serde(flatten)]
+    pub(crate) p99_ms: Change<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -179,27 +178,23 @@ impl Summary {
             }
         }
         summary.largest_p99_drift = summary.p99_ms.iter().map(|c| c.change).reduce(f64::max);
-        for window in windows.iter().filter(|w| !w.warm_up && w.n > first.n) {
-            for workflow in Workflow::ALL {
-                let (Some(from), Some(to)) = (p99(first, workflow), p99(window, workflow)) else {
-                    continue;
-                };
-                let rise = change(workflow.name().to_owned(), from, to);
-                if summary
-                    .worst_p99
-                    .as_ref()
-                    .is_none_or(|w| rise.change > w.change)
-                {
-                    summary.worst_p99 = Some(WorstP99 {
-                        workflow: rise.what,
+        summary.worst_p99 = windows
+            .iter()
+            .filter(|w| !w.warm_up && w.n > first.n)
+            .flat_map(|window| {
+                Workflow::ALL.into_iter().filter_map(move |workflow| {
+                    let p99_ms = change(
+                        workflow.name().to_owned(),
+                        p99(first, workflow)?,
+                        p99(window, workflow)?,
+                    );
+                    Some(WorstP99 {
                         window: window.n,
-                        from_ms: from,
-                        to_ms: to,
-                        change: rise.change,
-                    });
-                }
-            }
-        }
+                        p99_ms,
+                    })
+                })
+            })
+            .max_by(|a, b| a.p99_ms.change.total_cmp(&b.p99_ms.change));
         summary.outbox_backlog = Some((first.outbox_backlog, last.outbox_backlog));
         summary.queue_depth = Some((first.queue_depth, last.queue_depth));
         let flat = |from: i64, to: i64| to <= from + BACKLOG_FLOOR.max(from / 10);
@@ -292,11 +287,11 @@ impl fmt::Display for SoakReport {
                 f,
                 "  p99, the worst window against the first (no target): {:+.1} % ({}, window {}: \
                  {:.0} → {:.0} ms)",
-                w.change * 100.0,
-                w.workflow,
+                w.p99_ms.change * 100.0,
+                w.p99_ms.what,
                 w.window,
-                w.from_ms,
-                w.to_ms
+                w.p99_ms.from,
+                w.p99_ms.to
             )?;
         }
         if let (Some((ob_from, ob_to)), Some((q_from, q_to)), Some(flat)) =
@@ -425,7 +420,7 @@ mod tests {
         assert!((drift - 0.5).abs() < 1e-9, "{drift}");
         let worst = summary.worst_p99.as_ref().expect("compared");
         assert_eq!(
-            (worst.window, worst.from_ms, worst.to_ms),
+            (worst.window, worst.p99_ms.from, worst.p99_ms.to),
             (4, 100.0, 150.0)
         );
         assert_eq!(summary.outbox_backlog, Some((50, 500)));
@@ -462,10 +457,14 @@ mod tests {
         assert!((drift + 0.1).abs() < 1e-9, "{drift}");
         let worst = summary.worst_p99.expect("compared");
         assert_eq!(
-            (worst.window, worst.from_ms, worst.to_ms),
+            (worst.window, worst.p99_ms.from, worst.p99_ms.to),
             (3, 100.0, 700.0)
         );
-        assert!((worst.change - 6.0).abs() < 1e-9, "{}", worst.change);
+        assert!(
+            (worst.p99_ms.change - 6.0).abs() < 1e-9,
+            "{}",
+            worst.p99_ms.change
+        );
     }
 
     #[test]
@@ -474,7 +473,7 @@ mod tests {
         let summary = Summary::of(&windows, &[]);
         assert_eq!(summary.compared, None);
         assert_eq!(summary.largest_p99_drift, None);
-        assert_eq!(summary.worst_p99, None);
+        assert!(summary.worst_p99.is_none());
         assert_eq!(summary.backlog_flat, None);
     }
 }
