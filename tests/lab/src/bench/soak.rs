@@ -7,6 +7,7 @@
 //! otherwise); the summary sets RSS growth, p99 drift and the backlog against their targets as
 //! information, never as a failure.
 
+mod disk;
 pub(crate) mod figures;
 mod plot;
 mod report;
@@ -301,9 +302,8 @@ async fn soak(
         for n in 1..=plan.windows {
             let end = started + (plan.window * n).min(plan.lasting);
             tokio::time::sleep_until(end.into()).await;
-            let (now, peak_queue_depth) = sampler.window_end().await;
             let warm_up = n <= plan.warm_up_windows;
-            let window = meter.window(n, warm_up, now, peak_queue_depth).await?;
+            let window = meter.window(n, warm_up, sampler.window_end().await).await?;
             let text = window.to_string();
             if echo_to_stderr {
                 eprint!("{text}");

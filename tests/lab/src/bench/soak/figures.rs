@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::MySqlPool;
 
-use super::{Workflow, samples::Sample};
+use super::{Workflow, disk::DiskWindow, samples::WindowEnd};
 
 /// Each workflow's finished items, as (finished, microseconds since the window bound passed
 /// first, microseconds the item took), finished in `[from, to)`. `TIMESTAMPDIFF(MICROSECOND,
@@ -166,6 +166,8 @@ pub(crate) struct Window {
     /// The non-empty queues at the window's end.
     pub(crate) queues: BTreeMap<String, u64>,
     pub(crate) auditor: AuditorPasses,
+    /// The disk under MariaDB over the window (None where it could not be read).
+    pub(crate) disk: Option<DiskWindow>,
 }
 
 /// Reads each window's figures; remembers where the last one ended.
@@ -197,9 +199,13 @@ impl Meter {
         &mut self,
         n: u32,
         warm_up: bool,
-        sample: Sample,
-        peak_queue_depth: u64,
+        end_sample: WindowEnd,
     ) -> anyhow::Result<Window> {
+        let WindowEnd {
+            sample,
+            peak_queue_depth,
+            disk,
+        } = end_sample;
         let end = database_now(&self.pool).await?;
         let seconds = (end - self.last_end).as_seconds_f64();
         let mut workflows = Vec::with_capacity(Workflow::ALL.len());
@@ -247,6 +253,7 @@ impl Meter {
                 longest_ms: count(longest_ms),
                 total_ms: count(total_ms),
             },
+            disk,
         };
         self.last_end = end;
         self.last_end_s = window.to_s;
@@ -335,6 +342,18 @@ impl fmt::Display for Window {
             "  auditor: {} passes, the longest {} ms, {} ms in all",
             self.auditor.passes, self.auditor.longest_ms, self.auditor.total_ms
         )?;
+        if let Some(disk) = &self.disk {
+            writeln!(
+                f,
+                "  disk under MariaDB: writes {:.2} ms, flushes {:.2} ms on average; the slowest \
+                 stretch between samples: writes {:.2} ms, flushes {:.2} ms (to {:.0} s)",
+                disk.write_ms,
+                disk.flush_ms,
+                disk.worst_write_ms,
+                disk.worst_flush_ms,
+                disk.worst_flush_at_s
+            )?;
+        }
         writeln!(
             f,
             "  outbox backlog {}, dead letters {} ({} NEW), queued {} (peak {}){}{}",

@@ -107,6 +107,7 @@ mod tests {
                 anon_kib: BTreeMap::new(),
                 queue_depth: (i % 4) * 7,
                 queues: BTreeMap::new(),
+                disk: None,
             })
             .collect();
         let series = Workflow::ALL
@@ -139,6 +140,7 @@ mod tests {
             peak_queue_depth: 0,
             queues: BTreeMap::new(),
             auditor: Default::default(),
+            disk: None,
         };
         SoakReport {
             plan: SoakPlan {

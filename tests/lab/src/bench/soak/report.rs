@@ -483,6 +483,7 @@ mod tests {
             peak_queue_depth: 0,
             queues: BTreeMap::new(),
             auditor: AuditorPasses::default(),
+            disk: None,
         }
     }
 

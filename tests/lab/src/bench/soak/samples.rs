@@ -1,8 +1,9 @@
 //! Every process's resident memory (VmRSS in /proc/<pid>/status: each function is its own OS
 //! process, so the figure is its own), and the anonymous part of it (RssAnon: heap and stacks,
 //! what a leak grows; the rest is mapped files, mostly the binary's own pages, faulted in as
-//! code paths first run and bounded by its size) and the messages in the queues, sampled every few
-//! seconds for the plot and at every window's end for the window.
+//! code paths first run and bounded by its size), the messages in the queues and the disk
+//! under MariaDB (`disk`), sampled every few seconds for the plot and at every window's end
+//! for the window.
 
 use std::{
     collections::BTreeMap,
@@ -15,6 +16,7 @@ use paybus_platform::bus::Services;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::disk::{Device, DiskCounters, DiskWindow};
 use crate::chaos::{checks, fleet::Fleet};
 
 /// The harness's own process: the HTTP API, the load's clients and the duplicator.
@@ -32,6 +34,16 @@ pub(crate) struct Sample {
     pub(crate) queue_depth: u64,
     /// The queues that had any, by name: where a backlog is.
     pub(crate) queues: BTreeMap<String, u64>,
+    /// The disk under MariaDB's data (None where `/proc/diskstats` does not name it).
+    pub(crate) disk: Option<DiskCounters>,
+}
+
+/// A window's end: a sample then, the most messages queued at once in the window, and the
+/// disk over it.
+pub(crate) struct WindowEnd {
+    pub(crate) sample: Sample,
+    pub(crate) peak_queue_depth: u64,
+    pub(crate) disk: Option<DiskWindow>,
 }
 
 struct Source {
@@ -39,6 +51,7 @@ struct Source {
     services: Services,
     /// The run's MariaDB and RabbitMQ write their pids here (`infra/local`'s layout).
     pid_files: [(&'static str, PathBuf); 2],
+    disk: Option<Device>,
     started: Instant,
 }
 
@@ -73,6 +86,7 @@ impl Source {
             anon_kib,
             queue_depth: queues.values().sum(),
             queues,
+            disk: self.disk.and_then(Device::counters),
         }
     }
 }
@@ -117,6 +131,7 @@ impl Sampler {
                 ("mariadb", state_dir.join("mariadb/pid")),
                 ("rabbitmq", state_dir.join("rabbitmq/pid")),
             ],
+            disk: Device::of(&state_dir.join("mariadb/data")),
             started: Instant::now(),
         });
         let samples = Arc::new(Mutex::new(Vec::new()));
@@ -149,9 +164,9 @@ impl Sampler {
         self.source.started
     }
 
-    /// A sample now (kept with the others), and the most messages queued at once since the
-    /// last window's end.
-    pub(crate) async fn window_end(&self) -> (Sample, u64) {
+    /// A sample now (kept with the others), the most messages queued at once since the last
+    /// window's end, and the disk since then (from that window's last sample).
+    pub(crate) async fn window_end(&self) -> WindowEnd {
         let now = self.source.sample().await;
         let mut samples = lock(&self.samples);
         samples.push(now.clone());
@@ -159,13 +174,21 @@ impl Sampler {
             .windowed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let peak = samples[*windowed..]
+        let peak_queue_depth = samples[*windowed..]
             .iter()
             .map(|s| s.queue_depth)
             .max()
             .unwrap_or(0);
+        let disk: Vec<(f64, DiskCounters)> = samples[windowed.saturating_sub(1)..]
+            .iter()
+            .filter_map(|s| Some((s.at_s, s.disk?)))
+            .collect();
         *windowed = samples.len();
-        (now, peak)
+        WindowEnd {
+            sample: now,
+            peak_queue_depth,
+            disk: DiskWindow::of(&disk),
+        }
     }
 
     /// Stops sampling (and lets go of the fleet); every sample, in time order.
