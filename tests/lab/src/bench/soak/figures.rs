@@ -199,13 +199,12 @@ impl Meter {
         &mut self,
         n: u32,
         warm_up: bool,
-        end_sample: WindowEnd,
-    ) -> anyhow::Result<Window> {
-        let WindowEnd {
+        WindowEnd {
             sample,
             peak_queue_depth,
             disk,
-        } = end_sample;
+        }: WindowEnd,
+    ) -> anyhow::Result<Window> {
         let end = database_now(&self.pool).await?;
         let seconds = (end - self.last_end).as_seconds_f64();
         let mut workflows = Vec::with_capacity(Workflow::ALL.len());
