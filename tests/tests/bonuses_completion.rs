@@ -490,3 +490,102 @@ async fn the_audit_names_every_broken_bonus_invariant_it_finds() {
         "{found:#?}"
     );
 }
+
+/// Index entries and rows `conn`'s session has read so far (the `Handler_read_*` counters).
+async fn rows_read(conn: &mut sqlx::MySqlConnection) -> i64 {
+    let counters: Vec<(String, String)> =
+        sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler_read%'")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    counters
+        .iter()
+        .map(|(_, value)| value.parse::<i64>().unwrap())
+        .sum()
+}
+
+/// Inserts `count` jobs of `member` in `event` (status `status`), each its own key.
+async fn insert_jobs(
+    env: &TestEnv,
+    member: u64,
+    event: u64,
+    source: u64,
+    status: &str,
+    count: u32,
+) {
+    sqlx::query(
+        "INSERT INTO charge_event_job (source_charge_id, result_charge_id, member_id, \
+             charge_event_id, job_type, idempotency_key, additional_can, payment_gateway, \
+             container, method_snapshot, status, processed_at) \
+         WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
+         SELECT ?, IF(? = 'DONE', ?, NULL), ?, ?, 'ACTIVE_CHARGE_EVENT', \
+                CONCAT('history:', ?, ':', ?, ':', i), 10, 'PG', 'pg', 'history', ?, \
+                IF(? = 'DONE', NOW(6), NULL) \
+         FROM n",
+    )
+    .bind(count)
+    .bind(source)
+    .bind(status)
+    .bind(source)
+    .bind(member)
+    .bind(event)
+    .bind(member)
+    .bind(event)
+    .bind(status)
+    .bind(status)
+    .execute(&env.db)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_limit_reads_only_the_member_s_jobs_of_the_event_not_its_history_or_the_event_s() {
+    let (env, _services) = setup().await;
+    let event = testing::active_event(&env.db, "popular", 10, 5).await;
+    let member = testing::member(&env.db).await;
+    let source = testing::purchase(&env.db, member, PaymentGateway::Pg, 100)
+        .await
+        .id;
+    // The member's history: 1,000 bonuses granted in 40 events before this one.
+    let start = testing::db_now(&env.db).await - Duration::days(400);
+    for past in 0..40 {
+        let title = format!("past {past}");
+        let id = testing::event_in(&env.db, &title, 10, start, start + Duration::days(1), 25).await;
+        insert_jobs(&env, member, id, source, "DONE", 25).await;
+    }
+    // The event's other jobs: 3,000 of other members, none DONE (the status filter alone
+    // does not narrow them).
+    for _ in 0..10 {
+        let other = testing::member(&env.db).await;
+        let other_source = testing::purchase(&env.db, other, PaymentGateway::Pg, 100)
+            .await
+            .id;
+        insert_jobs(&env, other, event, other_source, "FAILED", 300).await;
+    }
+    // And two of the member's own in this event: the count must still find them.
+    insert_jobs(&env, member, event, source, "PENDING", 2).await;
+    sqlx::query("ANALYZE TABLE charge_event_job, charges, charge_events")
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    let mut conn = env.db.acquire().await.unwrap();
+    let before = rows_read(&mut conn).await;
+    let counting_itself = rows_read(&mut conn).await - before;
+    let before = rows_read(&mut conn).await;
+    let standing = event::applying_now(&mut conn, member)
+        .await
+        .unwrap()
+        .expect("the event applies now");
+    let read = rows_read(&mut conn).await - before - counting_itself;
+
+    assert_eq!((standing.event.id, standing.owed), (event, 2));
+    // The member's 2 jobs of this event, the event's row and index entries, and the granted
+    // count's range: a few dozen at most, where a read of the member's history is 1,000 and
+    // a read of the event's jobs 3,000.
+    assert!(
+        read < 100,
+        "the standing read {read} rows and index entries: not bounded by the member's jobs \
+         of this event"
+    );
+}
