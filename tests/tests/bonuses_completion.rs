@@ -589,3 +589,69 @@ async fn the_limit_reads_only_the_member_s_jobs_of_the_event_not_its_history_or_
          of this event"
     );
 }
+
+/// Rows and index entries a completion of `purchase` reads (its transaction rolled back).
+async fn rows_read_by_completion(
+    services: &Services,
+    rules: BonusRules,
+    purchase: &testing::Purchase,
+) -> i64 {
+    let mut uow = services.outbox.begin_read_committed().await.unwrap();
+    let before = rows_read(&mut uow).await;
+    let counting_itself = rows_read(&mut uow).await - before;
+    let before = rows_read(&mut uow).await;
+    let completion =
+        completion::complete_in(&mut uow, rules, &purchase.paid(), uuid::Uuid::now_v7())
+            .await
+            .unwrap();
+    let read = rows_read(&mut uow).await - before - counting_itself;
+    assert!(matches!(completion, Completion::Completed(_)));
+    uow.rollback().await.unwrap();
+    read
+}
+
+#[tokio::test]
+async fn a_completion_reads_no_more_for_a_member_with_a_long_history() {
+    let (env, services) = setup().await;
+    testing::active_event(&env.db, "twice per member", 10, 2).await;
+    let rules = BonusRules {
+        first_charge_percent: 100,
+    };
+    let newcomer = testing::member(&env.db).await;
+    for _ in 0..2 {
+        let purchase = testing::purchase(&env.db, newcomer, PaymentGateway::Pg, 100).await;
+        completion::complete(&services.outbox, rules, &purchase.paid())
+            .await
+            .unwrap();
+    }
+    // 500 purchases completed for the regular (the first two earned the event's bonus).
+    let regular = testing::member(&env.db).await;
+    for _ in 0..500 {
+        let purchase = testing::purchase(&env.db, regular, PaymentGateway::Pg, 100).await;
+        completion::complete(&services.outbox, rules, &purchase.paid())
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE charge_event_job SET status = 'DONE', result_charge_id = source_charge_id, processed_at = NOW(6)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE TABLE charge_event_job, charges")
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    let newcomer_s = testing::purchase(&env.db, newcomer, PaymentGateway::Pg, 100).await;
+    let regular_s = testing::purchase(&env.db, regular, PaymentGateway::Pg, 100).await;
+    let newcomer_read = rows_read_by_completion(&services, rules, &newcomer_s).await;
+    let regular_read = rows_read_by_completion(&services, rules, &regular_s).await;
+
+    // Both read the same rows and entries, give or take an index page's neighbour: the first
+    // charge question stops at a second purchase, and the limit reads the member's jobs of
+    // this event only (two each: the event's limit bounds them).
+    assert!(
+        regular_read <= newcomer_read + 10,
+        "a completion read {regular_read} rows for a member with 500 purchases against \
+         {newcomer_read} for one with 2: it grows with the member's history"
+    );
+}

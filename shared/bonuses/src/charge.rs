@@ -290,21 +290,22 @@ pub async fn completed_by(
         .await
 }
 
-/// How many purchases of the member are COMPLETE (this transaction's own included). Exact
-/// only under the member's lock at READ COMMITTED: every completion takes that lock first.
-pub async fn completed_purchases(
+/// Whether the member has exactly one COMPLETE purchase: the one this transaction just
+/// completed. Exact only under the member's lock at READ COMMITTED: every completion takes
+/// that lock first. It stops at a second COMPLETE purchase, where counting them all read a
+/// member's whole purchase history on every completion.
+pub async fn is_first_completed_purchase(
     conn: &mut MySqlConnection,
     member_id: u64,
-) -> Result<u64, sqlx::Error> {
-    crate::count(
-        conn,
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM charges \
-             WHERE member_id = ? AND status = 'CHARGE' AND payment_status = 'COMPLETE'",
-        )
-        .bind(member_id),
+) -> Result<bool, sqlx::Error> {
+    let first_two: Vec<u64> = sqlx::query_scalar(
+        "SELECT id FROM charges \
+         WHERE member_id = ? AND status = 'CHARGE' AND payment_status = 'COMPLETE' LIMIT 2",
     )
-    .await
+    .bind(member_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(first_two.len() == 1)
 }
 
 /// The EVENT charge a bonus job grants: its snapshot of the purchase.

@@ -378,7 +378,7 @@ async fn owed_bonuses(
     };
     let mut bonuses = Vec::new();
     if rules.first_charge_percent > 0
-        && charge::completed_purchases(conn, charge.member_id).await? == 1
+        && charge::is_first_completed_purchase(conn, charge.member_id).await?
         && let Some(cans) = bonus_cans(charge.cans, rules.first_charge_percent)
     {
         bonuses.push(owed(JobType::FirstCharge, None, cans, FIRST_CHARGE_METHOD));

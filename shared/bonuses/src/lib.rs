@@ -33,12 +33,3 @@ pub use messages::BonusJobCreated;
 
 #[cfg(feature = "test-harness")]
 pub mod testing;
-
-/// Runs a `SELECT COUNT(*)` on `conn`.
-async fn count(
-    conn: &mut sqlx::MySqlConnection,
-    query: sqlx::query::QueryScalar<'_, sqlx::MySql, i64, sqlx::mysql::MySqlArguments>,
-) -> Result<u64, sqlx::Error> {
-    let count = query.fetch_one(conn).await?;
-    Ok(u64::try_from(count).unwrap_or(0))
-}
