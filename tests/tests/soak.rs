@@ -76,6 +76,15 @@ fn a_minute_of_every_workflow_at_a_steady_rate_ends_exactly_once_with_every_figu
                 && disk["worst_flush_ms"].as_f64() >= disk["flush_ms"].as_f64(),
             "no disk figures in {window:#}"
         );
+        // MariaDB's redo log: writes leave dirty pages and a checkpoint age in every window.
+        let redo = &window["redo"];
+        let checkpoint = redo["max_checkpoint_percent"].as_f64().unwrap_or(0.0);
+        assert!(
+            checkpoint > 0.0
+                && checkpoint < 200.0
+                && redo["max_dirty_percent"].as_f64() > Some(0.0),
+            "no redo log figures in {window:#}"
+        );
     }
     // The windows measured what finished (a loaded CI machine may leave one workflow behind
     // until the run goes quiet: every item ending terminal is the checks' part, above).

@@ -10,6 +10,7 @@
 mod disk;
 pub(crate) mod figures;
 mod plot;
+mod redo;
 mod report;
 mod samples;
 

@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::MySqlPool;
 
-use super::{Workflow, disk::DiskWindow, samples::WindowEnd};
+use super::{Workflow, disk::DiskWindow, redo::RedoWindow, samples::WindowEnd};
 
 /// Each workflow's finished items, as (finished, microseconds since the window bound passed
 /// first, microseconds the item took), finished in `[from, to)`. `TIMESTAMPDIFF(MICROSECOND,
@@ -168,6 +168,9 @@ pub(crate) struct Window {
     pub(crate) auditor: AuditorPasses,
     /// The disk under MariaDB over the window (None where it could not be read).
     pub(crate) disk: Option<DiskWindow>,
+    /// MariaDB's redo log over the window: the checkpoint age at its highest (None where it
+    /// could not be read).
+    pub(crate) redo: Option<RedoWindow>,
 }
 
 /// Reads each window's figures; remembers where the last one ended.
@@ -203,6 +206,7 @@ impl Meter {
             sample,
             peak_queue_depth,
             disk,
+            redo,
         }: WindowEnd,
     ) -> anyhow::Result<Window> {
         let end = database_now(&self.pool).await?;
@@ -253,6 +257,7 @@ impl Meter {
                 total_ms: count(total_ms),
             },
             disk,
+            redo,
         };
         self.last_end = end;
         self.last_end_s = window.to_s;
@@ -351,6 +356,14 @@ impl fmt::Display for Window {
                 disk.worst_write_ms,
                 disk.worst_flush_ms,
                 disk.worst_flush_at_s
+            )?;
+        }
+        if let Some(redo) = &self.redo {
+            writeln!(
+                f,
+                "  redo log: the checkpoint age up to {:.0} % of the age at which writers wait (at \
+                 {:.0} s), dirty pages up to {:.0} % of the buffer pool",
+                redo.max_checkpoint_percent, redo.max_checkpoint_at_s, redo.max_dirty_percent
             )?;
         }
         writeln!(

@@ -108,6 +108,7 @@ mod tests {
                 queue_depth: (i % 4) * 7,
                 queues: BTreeMap::new(),
                 disk: None,
+                redo: None,
             })
             .collect();
         let series = Workflow::ALL
@@ -141,6 +142,7 @@ mod tests {
             queues: BTreeMap::new(),
             auditor: Default::default(),
             disk: None,
+            redo: None,
         };
         SoakReport {
             plan: SoakPlan {

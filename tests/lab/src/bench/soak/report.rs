@@ -484,6 +484,7 @@ mod tests {
             queues: BTreeMap::new(),
             auditor: AuditorPasses::default(),
             disk: None,
+            redo: None,
         }
     }
 

@@ -1,8 +1,8 @@
 //! Every process's resident memory (VmRSS in /proc/<pid>/status: each function is its own OS
 //! process, so the figure is its own), and the anonymous part of it (RssAnon: heap and stacks,
 //! what a leak grows; the rest is mapped files, mostly the binary's own pages, faulted in as
-//! code paths first run and bounded by its size), the messages in the queues and the disk
-//! under MariaDB (`disk`), sampled every few seconds for the plot and at every window's end
+//! code paths first run and bounded by its size), the messages in the queues, the disk
+//! under MariaDB (`disk`) and its redo log's checkpoint age (`redo`), sampled every few seconds for the plot and at every window's end
 //! for the window.
 
 use std::{
@@ -16,7 +16,10 @@ use paybus_platform::bus::Services;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::disk::{Device, DiskCounters, DiskWindow};
+use super::{
+    disk::{Device, DiskCounters, DiskWindow},
+    redo::{RedoPressure, RedoWindow},
+};
 use crate::chaos::{checks, fleet::Fleet};
 
 /// The harness's own process: the HTTP API, the load's clients and the duplicator.
@@ -36,14 +39,17 @@ pub(crate) struct Sample {
     pub(crate) queues: BTreeMap<String, u64>,
     /// The disk under MariaDB's data (None where `/proc/diskstats` does not name it).
     pub(crate) disk: Option<DiskCounters>,
+    /// MariaDB's checkpoint age and dirty pages (None where it did not report them).
+    pub(crate) redo: Option<RedoPressure>,
 }
 
 /// A window's end: a sample then, the most messages queued at once in the window, and the
-/// disk over it.
+/// disk and the redo log over it.
 pub(crate) struct WindowEnd {
     pub(crate) sample: Sample,
     pub(crate) peak_queue_depth: u64,
     pub(crate) disk: Option<DiskWindow>,
+    pub(crate) redo: Option<RedoWindow>,
 }
 
 struct Source {
@@ -87,6 +93,7 @@ impl Source {
             queue_depth: queues.values().sum(),
             queues,
             disk: self.disk.and_then(Device::counters),
+            redo: RedoPressure::read(&self.services.pool).await,
         }
     }
 }
@@ -183,11 +190,16 @@ impl Sampler {
             .iter()
             .filter_map(|s| Some((s.at_s, s.disk?)))
             .collect();
+        let redo: Vec<(f64, RedoPressure)> = samples[*windowed..]
+            .iter()
+            .filter_map(|s| Some((s.at_s, s.redo?)))
+            .collect();
         *windowed = samples.len();
         WindowEnd {
             sample: now,
             peak_queue_depth,
             disk: DiskWindow::of(&disk),
+            redo: RedoWindow::of(&redo),
         }
     }
 
