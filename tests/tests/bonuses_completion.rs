@@ -1,7 +1,8 @@
 //! W3's payment completion and bonus jobs against the real database (seed 003): a repeated
 //! completion returns the original result and creates nothing, one job per idempotency key,
 //! `getPaymentCount` counts only the event's bonuses inside its window, the per-member limit
-//! counts bonuses still owed, and every refusal writes nothing.
+//! counts bonuses still owed, every refusal writes nothing, and what a completion reads grows
+//! neither with the member's history nor with the event's other jobs.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
