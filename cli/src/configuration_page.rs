@@ -112,6 +112,13 @@ const LOCAL_SERVICES: SettingGroup = SettingGroup {
                     defaults (so they win), e.g. `--innodb-buffer-pool-size=1G`: a \
                     measurement's server settings",
         },
+        Setting {
+            name: "PAYBUS_RABBITMQ_WAL_MAX_BYTES",
+            default: "`67108864`",
+            about: "the local RabbitMQ's `raft.wal_max_size_bytes` (64 MiB): quorum queues hold \
+                    their write-ahead log's entries in memory until it reaches this size \
+                    (RabbitMQ's default, 512 MiB, let an 8-minute soak's broker grow to 644 MiB)",
+        },
     ],
 };
 
