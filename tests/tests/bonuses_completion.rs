@@ -505,6 +505,28 @@ async fn rows_read(conn: &mut sqlx::MySqlConnection) -> i64 {
         .sum()
 }
 
+/// What a session reads from the moment it starts counting, less what reading the counters
+/// itself reads.
+struct Reads {
+    before: i64,
+    counting_itself: i64,
+}
+
+impl Reads {
+    async fn start(conn: &mut sqlx::MySqlConnection) -> Self {
+        let first = rows_read(conn).await;
+        let counting_itself = rows_read(conn).await - first;
+        Self {
+            before: rows_read(conn).await,
+            counting_itself,
+        }
+    }
+
+    async fn since(&self, conn: &mut sqlx::MySqlConnection) -> i64 {
+        rows_read(conn).await - self.before - self.counting_itself
+    }
+}
+
 /// Inserts `count` jobs of `member` in `event` (status `status`), each its own key.
 async fn insert_jobs(
     env: &TestEnv,
@@ -571,14 +593,12 @@ async fn the_limit_reads_only_the_member_s_jobs_of_the_event_not_its_history_or_
         .unwrap();
 
     let mut conn = env.db.acquire().await.unwrap();
-    let before = rows_read(&mut conn).await;
-    let counting_itself = rows_read(&mut conn).await - before;
-    let before = rows_read(&mut conn).await;
+    let reads = Reads::start(&mut conn).await;
     let standing = event::applying_now(&mut conn, member)
         .await
         .unwrap()
         .expect("the event applies now");
-    let read = rows_read(&mut conn).await - before - counting_itself;
+    let read = reads.since(&mut conn).await;
 
     assert_eq!((standing.event.id, standing.owed), (event, 2));
     // The member's 2 jobs of this event, the event's row and index entries, and the granted
@@ -598,14 +618,12 @@ async fn rows_read_by_completion(
     purchase: &testing::Purchase,
 ) -> i64 {
     let mut uow = services.outbox.begin_read_committed().await.unwrap();
-    let before = rows_read(&mut uow).await;
-    let counting_itself = rows_read(&mut uow).await - before;
-    let before = rows_read(&mut uow).await;
+    let reads = Reads::start(&mut uow).await;
     let completion =
         completion::complete_in(&mut uow, rules, &purchase.paid(), uuid::Uuid::now_v7())
             .await
             .unwrap();
-    let read = rows_read(&mut uow).await - before - counting_itself;
+    let read = reads.since(&mut uow).await;
     assert!(matches!(completion, Completion::Completed(_)));
     uow.rollback().await.unwrap();
     read

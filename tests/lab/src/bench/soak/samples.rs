@@ -2,8 +2,8 @@
 //! process, so the figure is its own), and the anonymous part of it (RssAnon: heap and stacks,
 //! what a leak grows; the rest is mapped files, mostly the binary's own pages, faulted in as
 //! code paths first run and bounded by its size), the messages in the queues, the disk
-//! under MariaDB (`disk`) and its redo log's checkpoint age (`redo`), sampled every few seconds for the plot and at every window's end
-//! for the window.
+//! under MariaDB (`disk`) and its redo log's checkpoint age (`redo`), sampled every few
+//! seconds for the plot and at every window's end for the window.
 
 use std::{
     collections::BTreeMap,
@@ -172,7 +172,8 @@ impl Sampler {
     }
 
     /// A sample now (kept with the others), the most messages queued at once since the last
-    /// window's end, and the disk since then (from that window's last sample).
+    /// window's end, the disk since then (from that window's last sample: its figures are
+    /// differences) and the redo log's highest reading since then.
     pub(crate) async fn window_end(&self) -> WindowEnd {
         let now = self.source.sample().await;
         let mut samples = lock(&self.samples);
