@@ -10,6 +10,7 @@
 //! | the message ([`GrantBonus`], up to 16 at once): the seed's immediate grant | one transaction locks the jobs still PENDING and due and grants them ([`attempt`]) | PENDING, `next_retry_at` + 5 min, `retry_count` unchanged (`Outcome::Retry`) |
 //! | the worker ([`worker::BonusWorker`], every 5 min, 30 due jobs) | the retries | `retry_count` 1 (+ 10 min), 2 (+ 15 min), 3: FAILED + dead letter |
 //! | the reaper ([`reaper::BonusReaper`], every minute) | PROCESSING older than the timeout -> PENDING, due now | — |
+//! | the checkpointer ([`checkpointer::MemberCanCheckpointer`], every auditor pass) | the sums of members' settled charges, for the auditor's balance check | the check reads more until the next run |
 //! | ops' retry (admin API, `paybus jobs retry`) | FAILED -> PENDING, due now, a message at once | one more attempt; FAILED again (and a dead letter) if it fails |
 //!
 //! | delivery | outcome |
@@ -23,6 +24,7 @@
 //! | the database is unreachable while granting or settling | error: requeued (nothing was committed: the job is still PENDING and due) |
 
 pub mod attempt;
+pub mod checkpointer;
 pub mod config;
 pub mod reaper;
 mod triage;
@@ -32,6 +34,7 @@ use std::sync::Arc;
 
 use paybus_bonuses::BonusJobCreated;
 use paybus_platform::{
+    auditor::AuditorConfig,
     bus::{
         Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services, sweeper::Job,
     },
@@ -40,6 +43,7 @@ use paybus_platform::{
 };
 
 pub use attempt::{Attempted, MessageResult};
+pub use checkpointer::MemberCanCheckpointer;
 pub use config::GrantConfig;
 pub use reaper::BonusReaper;
 pub use worker::{BonusWorker, WorkerReport};
@@ -177,7 +181,7 @@ impl Function for GrantBonus {
         Ok(GrantBonus::default())
     }
 
-    /// The worker (the retry path) and the reaper.
+    /// The worker (the retry path), the reaper and the checkpointer.
     fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
         let config = GrantConfig::from_env()?;
         Ok(vec![
@@ -189,6 +193,10 @@ impl Function for GrantBonus {
             Arc::new(BonusReaper::new(
                 services.pool.clone(),
                 config.processing_timeout,
+            )),
+            Arc::new(MemberCanCheckpointer::new(
+                services.pool.clone(),
+                &AuditorConfig::from_env()?,
             )),
         ])
     }

@@ -13,12 +13,15 @@
 //! - [`grant`]: the one transaction that pays a job (the message's or the worker's).
 //! - [`messages`]: the `charge.bonus_job.created` message.
 //! - [`audit`]: W3's invariants.
+//! - [`checkpoint`]: the sums of each member's settled charges, which let the continuous auditor's
+//!   balance check read a member's recent charges instead of its whole history.
 //!
 //! The attempts themselves (the immediate one on the message, the worker's retries, the
 //! reaper) are the grant-bonus function's (`functions/grant-bonus`).
 
 pub mod audit;
 pub mod charge;
+pub mod checkpoint;
 pub mod completion;
 mod error;
 pub mod event;

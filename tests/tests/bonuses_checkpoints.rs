@@ -1,0 +1,335 @@
+//! Member can checkpoints (`paybus_bonuses::checkpoint`) against the real database: a
+//! checkpoint covers a member's COMPLETE charges stamped long enough ago and stops at an
+//! unpaid or a recent one; checkpointers racing add each charge once; with checkpoints the
+//! continuous auditor's balance check finds what the full one finds, and reads a member's
+//! recent charges rather than its history; the full audit verifies the checkpoints.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use paybus_bonuses::{audit, checkpoint, testing::assert_audit_clean};
+use paybus_platform::{
+    audit::{Check, Window},
+    testing::TestEnv,
+};
+use sqlx::MySqlPool;
+use tokio::{sync::Barrier, task::JoinSet};
+
+/// The auditor's defaults: a checkpointer reads members credited in the last 15 + 4 minutes
+/// and checkpoints charges stamped more than 4 minutes ago (twice the 2-minute overlap).
+const TOUCHED_WITHIN: Duration = Duration::from_secs(19 * 60);
+const SETTLED_AFTER: Duration = Duration::from_secs(4 * 60);
+
+/// An hour ago: settled.
+const OLD: u32 = 3_600;
+/// Just now: not settled.
+const NEW: u32 = 0;
+
+async fn member(pool: &MySqlPool) -> u64 {
+    paybus_bonuses::testing::member(pool).await
+}
+
+/// `count` pg charges of `member` of `cans` each, stamped `age` seconds ago, COMPLETE (the
+/// member credited) or REQUEST; the first id.
+async fn charges(
+    pool: &MySqlPool,
+    member: u64,
+    count: u32,
+    cans: i32,
+    age: u32,
+    paid: bool,
+) -> u64 {
+    let status = if paid { "COMPLETE" } else { "REQUEST" };
+    let first = sqlx::query(
+        "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, \
+             method, payment_status, completed_at, created_at, updated_at) \
+         WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
+         SELECT ?, 'CHARGE', ?, ? * 100, 'PG', 'pg', CONCAT('card ', i), ?, \
+                IF(? = 'COMPLETE', NOW(6) - INTERVAL ? SECOND, NULL), \
+                NOW(6) - INTERVAL ? SECOND, NOW(6) - INTERVAL ? SECOND \
+         FROM n",
+    )
+    .bind(count)
+    .bind(member)
+    .bind(cans)
+    .bind(cans)
+    .bind(status)
+    .bind(status)
+    .bind(age)
+    .bind(age)
+    .bind(age)
+    .execute(pool)
+    .await
+    .unwrap()
+    .last_insert_id();
+    if paid {
+        credit(pool, member, i64::from(count) * i64::from(cans)).await;
+    }
+    first
+}
+
+async fn credit(pool: &MySqlPool, member: u64, cans: i64) {
+    sqlx::query("UPDATE members SET pg_can = pg_can + ? WHERE id = ?")
+        .bind(cans)
+        .bind(member)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The gateway's word on an unpaid charge, as the completion writes it (the charge COMPLETE,
+/// the member credited).
+async fn pay(pool: &MySqlPool, charge: u64) {
+    let (member, cans): (u64, i32) = sqlx::query_as(
+        "SELECT member_id, cans FROM charges WHERE id = ? AND payment_status = 'REQUEST'",
+    )
+    .bind(charge)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE charges SET payment_status = 'COMPLETE', completed_at = NOW(6) WHERE id = ?",
+    )
+    .bind(charge)
+    .execute(pool)
+    .await
+    .unwrap();
+    credit(pool, member, i64::from(cans)).await;
+}
+
+/// The member's checkpoint: (through, pg cans), or `None`.
+async fn checkpoint_of(pool: &MySqlPool, member: u64) -> Option<(u64, i64)> {
+    sqlx::query_as(
+        "SELECT through_charge_id, pg_cans FROM member_can_checkpoints WHERE member_id = ?",
+    )
+    .bind(member)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+async fn advance(pool: &MySqlPool) -> checkpoint::Advanced {
+    checkpoint::advance(pool, TOUCHED_WITHIN, SETTLED_AFTER)
+        .await
+        .unwrap()
+}
+
+type Found = BTreeSet<(&'static str, String)>;
+
+const BALANCES: &[Check] = &[audit::CHECKS[0]];
+
+async fn full(pool: &MySqlPool) -> Found {
+    let mut conn = pool.acquire().await.unwrap();
+    paybus_platform::audit::run(&mut conn, BALANCES)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| (v.check, v.description))
+        .collect()
+}
+
+async fn last_hour(pool: &MySqlPool) -> Found {
+    let mut conn = pool.acquire().await.unwrap();
+    let since: DateTime<Utc> = sqlx::query_scalar("SELECT NOW(6) - INTERVAL 1 HOUR")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    paybus_platform::audit::run_recent(&mut conn, BALANCES, Window { since })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| (v.check, v.description))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_checkpoint_covers_settled_complete_charges_and_stops_at_an_unpaid_or_a_recent_one() {
+    let env = TestEnv::new().await;
+    let pool = &env.db;
+    assert_eq!(audit::CHECKS[0].name, "member_can_balances");
+    let buyer = member(pool).await;
+    let first = charges(pool, buyer, 3, 10, OLD, true).await;
+    let unpaid = charges(pool, buyer, 1, 7, OLD, false).await;
+    let later = charges(pool, buyer, 2, 5, OLD, true).await;
+    charges(pool, buyer, 1, 3, NEW, true).await;
+    let newcomer = member(pool).await;
+    charges(pool, newcomer, 2, 4, NEW, true).await;
+
+    let advanced = advance(pool).await;
+    assert_eq!(checkpoint_of(pool, buyer).await, Some((first + 2, 30)));
+    assert_eq!(checkpoint_of(pool, newcomer).await, None, "nothing settled");
+    assert_eq!(
+        (advanced.members, advanced.moved, advanced.charges),
+        (2, 1, 3)
+    );
+
+    pay(pool, unpaid).await;
+    let advanced = advance(pool).await;
+    assert_eq!(
+        checkpoint_of(pool, buyer).await,
+        Some((later + 1, 30 + 7 + 10)),
+        "on past the paid charge, to the last settled one"
+    );
+    assert_eq!((advanced.moved, advanced.charges), (1, 3));
+    assert_eq!(advance(pool).await.moved, 0, "nothing more is settled");
+
+    assert_audit_clean(pool).await;
+    assert_eq!(last_hour(pool).await, Found::new());
+}
+
+#[tokio::test]
+async fn with_checkpoints_the_windowed_balance_check_finds_what_the_full_one_finds() {
+    let env = TestEnv::new().await;
+    let pool = &env.db;
+    let buyer = member(pool).await;
+    let first = charges(pool, buyer, 4, 10, OLD, true).await;
+    charges(pool, buyer, 1, 3, NEW, true).await;
+    let bystander = member(pool).await;
+    charges(pool, bystander, 3, 2, OLD, true).await;
+    advance(pool).await;
+    assert_eq!(checkpoint_of(pool, buyer).await, Some((first + 3, 40)));
+    assert_eq!(last_hour(pool).await, Found::new());
+
+    // A credit no charge accounts for.
+    credit(pool, buyer, 1).await;
+    let found = full(pool).await;
+    assert_eq!(
+        found.iter().map(|(check, _)| *check).collect::<Vec<_>>(),
+        ["member_balance_mismatch"]
+    );
+    assert!(
+        found.iter().any(|(_, d)| d.contains("holds 44 pg cans")),
+        "{found:?}"
+    );
+    assert_eq!(
+        last_hour(pool).await,
+        found,
+        "the checkpoint plus the charges above it"
+    );
+    credit(pool, buyer, -1).await;
+
+    // A checkpointed charge changed afterwards (no path of paybus does): the windowed form
+    // trusts the checkpoint, the full audit sees both the balance and the checkpoint wrong.
+    sqlx::query("UPDATE charges SET cans = cans + 2 WHERE id = ?")
+        .bind(first)
+        .execute(pool)
+        .await
+        .unwrap();
+    let kinds: BTreeSet<&str> = full(pool).await.iter().map(|(check, _)| *check).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["member_balance_mismatch", "member_checkpoint_mismatch"])
+    );
+    assert_eq!(last_hour(pool).await, Found::new());
+}
+
+#[tokio::test]
+async fn checkpointers_racing_add_each_charge_once() {
+    let env = TestEnv::new().await;
+    let pool = &env.db;
+    let mut unpaid = Vec::new();
+    let mut members = Vec::new();
+    for m in 0..20 {
+        let id = member(pool).await;
+        charges(pool, id, 5 + m, 3, OLD, true).await;
+        unpaid.push(charges(pool, id, 1, 2, OLD, false).await);
+        charges(pool, id, 4, 1, OLD, true).await;
+        members.push(id);
+    }
+    const CHECKPOINTERS: usize = 8;
+    // Round 0 checkpoints every member up to its unpaid charge; round 1, once it is paid, the rest.
+    for round in 0..2 {
+        if round == 1 {
+            for charge in &unpaid {
+                pay(pool, *charge).await;
+            }
+        }
+        let barrier = Arc::new(Barrier::new(CHECKPOINTERS));
+        let mut racing = JoinSet::new();
+        for _ in 0..CHECKPOINTERS {
+            let (pool, barrier) = (pool.clone(), barrier.clone());
+            racing.spawn(async move {
+                barrier.wait().await;
+                advance(&pool).await
+            });
+        }
+        let moved: u64 = racing.join_all().await.iter().map(|a| a.moved).sum();
+        assert_eq!(
+            moved, 20,
+            "round {round}: each member's checkpoint moved by one checkpointer"
+        );
+    }
+    for member in members {
+        let (_, pg_cans) = checkpoint_of(pool, member).await.unwrap();
+        let balance: i64 = sqlx::query_scalar("SELECT pg_can FROM members WHERE id = ?")
+            .bind(member)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            pg_cans, balance,
+            "member {member}: every charge settled, once"
+        );
+    }
+    assert_audit_clean(pool).await;
+}
+
+/// Rows and index entries the session has read (`Handler_read_*`).
+async fn rows_read(conn: &mut sqlx::MySqlConnection) -> i64 {
+    let counters: Vec<(String, String)> =
+        sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler_read%'")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    counters
+        .iter()
+        .map(|(_, value)| value.parse::<i64>().unwrap())
+        .sum()
+}
+
+/// What the windowed balance check reads for one member with `history` settled charges and
+/// one new one, with and without its checkpoint.
+async fn windowed_reads(history: u32) -> (i64, i64) {
+    let env = TestEnv::new().await;
+    let pool = &env.db;
+    let buyer = member(pool).await;
+    charges(pool, buyer, history, 1, OLD, true).await;
+    charges(pool, buyer, 1, 1, NEW, true).await;
+    let mut reads = Vec::new();
+    for checkpointed in [false, true] {
+        if checkpointed {
+            advance(pool).await;
+        }
+        let mut conn = pool.acquire().await.unwrap();
+        let since: DateTime<Utc> = sqlx::query_scalar("SELECT NOW(6) - INTERVAL 1 HOUR")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let counting_itself = {
+            let first = rows_read(&mut conn).await;
+            rows_read(&mut conn).await - first
+        };
+        let before = rows_read(&mut conn).await;
+        let found = audit::recent_member_can_balances(&mut conn, Window { since })
+            .await
+            .unwrap();
+        reads.push(rows_read(&mut conn).await - before - counting_itself);
+        assert_eq!(found, Vec::new());
+    }
+    (reads[0], reads[1])
+}
+
+#[tokio::test]
+async fn with_its_checkpoint_the_balance_check_reads_a_member_s_new_charges_not_its_history() {
+    let (short_without, short_with) = windowed_reads(2).await;
+    let (long_without, long_with) = windowed_reads(500).await;
+    assert!(
+        long_without > short_without + 400,
+        "without a checkpoint the history is read: {long_without} vs {short_without}"
+    );
+    assert!(
+        long_with <= short_with + 20,
+        "with it, the new charge: {long_with} vs {short_with} (without: {long_without})"
+    );
+}
