@@ -288,15 +288,22 @@ async fn rows_read(conn: &mut sqlx::MySqlConnection) -> i64 {
         .sum()
 }
 
-/// What the windowed balance check reads for one member with `history` settled charges and
-/// one new one, with and without its checkpoint.
-async fn windowed_reads(history: u32) -> (i64, i64) {
+/// One member with `history` checkpointed charges and one new charge: what the windowed
+/// balance check reads without and with the checkpoint, and what the checkpointer reads to
+/// move the checkpoint over the new charge once it has settled.
+async fn reads_with_history(history: u32) -> Reads {
     let env = TestEnv::new().await;
+    // One connection, so its session counters are everything the checkpointer reads.
+    let single = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(env.settings.database.url.as_str())
+        .await
+        .unwrap();
     let pool = &env.db;
     let buyer = member(pool).await;
     charges(pool, buyer, history, 1, OLD, true).await;
-    charges(pool, buyer, 1, 1, NEW, true).await;
-    let mut reads = Vec::new();
+    let newest = charges(pool, buyer, 1, 1, NEW, true).await;
+    let mut check = Vec::new();
     for checkpointed in [false, true] {
         if checkpointed {
             advance(pool).await;
@@ -306,30 +313,73 @@ async fn windowed_reads(history: u32) -> (i64, i64) {
             .fetch_one(&mut *conn)
             .await
             .unwrap();
-        let counting_itself = {
-            let first = rows_read(&mut conn).await;
-            rows_read(&mut conn).await - first
-        };
-        let before = rows_read(&mut conn).await;
+        let counter = Counter::start(&mut conn).await;
         let found = audit::recent_member_can_balances(&mut conn, Window { since })
             .await
             .unwrap();
-        reads.push(rows_read(&mut conn).await - before - counting_itself);
+        check.push(counter.since(&mut conn).await);
         assert_eq!(found, Vec::new());
     }
-    (reads[0], reads[1])
+    // The new charge settles.
+    sqlx::query("UPDATE charges SET created_at = created_at - INTERVAL 1 HOUR WHERE id = ?")
+        .bind(newest)
+        .execute(pool)
+        .await
+        .unwrap();
+    let counter = Counter::start(&mut *single.acquire().await.unwrap()).await;
+    let moved = advance(&single).await;
+    let checkpointer = counter.since(&mut *single.acquire().await.unwrap()).await;
+    assert_eq!((moved.moved, moved.charges), (1, 1));
+    Reads {
+        check_without: check[0],
+        check_with: check[1],
+        checkpointer,
+    }
+}
+
+#[derive(Debug)]
+struct Reads {
+    check_without: i64,
+    check_with: i64,
+    checkpointer: i64,
+}
+
+/// A session's reads from the moment it starts counting, less what reading them reads.
+struct Counter {
+    before: i64,
+    counting_itself: i64,
+}
+
+impl Counter {
+    async fn start(conn: &mut sqlx::MySqlConnection) -> Self {
+        let first = rows_read(conn).await;
+        let counting_itself = rows_read(conn).await - first;
+        Self {
+            before: rows_read(conn).await,
+            counting_itself,
+        }
+    }
+
+    async fn since(&self, conn: &mut sqlx::MySqlConnection) -> i64 {
+        rows_read(conn).await - self.before - self.counting_itself
+    }
 }
 
 #[tokio::test]
-async fn with_its_checkpoint_the_balance_check_reads_a_member_s_new_charges_not_its_history() {
-    let (short_without, short_with) = windowed_reads(2).await;
-    let (long_without, long_with) = windowed_reads(500).await;
+async fn with_its_checkpoint_a_member_s_history_is_read_neither_by_the_check_nor_by_the_checkpointer()
+ {
+    let short = reads_with_history(2).await;
+    let long = reads_with_history(500).await;
     assert!(
-        long_without > short_without + 400,
-        "without a checkpoint the history is read: {long_without} vs {short_without}"
+        long.check_without > short.check_without + 400,
+        "without a checkpoint the check reads the history: {long:?} vs {short:?}"
     );
     assert!(
-        long_with <= short_with + 20,
-        "with it, the new charge: {long_with} vs {short_with} (without: {long_without})"
+        long.check_with <= short.check_with + 20,
+        "with it, the new charge: {long:?} vs {short:?}"
+    );
+    assert!(
+        long.checkpointer <= short.checkpointer + 20,
+        "the checkpointer reads the charge it moves over: {long:?} vs {short:?}"
     );
 }

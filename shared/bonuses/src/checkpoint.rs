@@ -29,7 +29,7 @@
 //! checkpoints; the full audit verifies every checkpoint against the charges below it
 //! (`audit::member_can_balances`).
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use paybus_platform::{db, retry::clock::micros};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
@@ -49,7 +49,7 @@ pub struct Advanced {
 }
 
 /// A member's next settled stretch, as read.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct Stretch {
     member_id: u64,
     /// The checkpoint's end when read; 0: no checkpoint yet.
@@ -80,7 +80,12 @@ pub async fn advance(
     .await?;
     let mut advanced = Advanced::default();
     for members in touched.chunks(CHUNK) {
-        let stretches = settled_stretches(pool, members, settled_after).await?;
+        let ends = checkpoint_ends(pool, members).await?;
+        let mut stretches = Vec::new();
+        for member_id in members {
+            let from = ends.get(member_id).copied().unwrap_or(0);
+            stretches.extend(settled_stretch(pool, *member_id, from, settled_after).await?);
+        }
         let mut tx = db::begin_read_committed(pool).await?;
         for stretch in &stretches {
             if extend(&mut tx, stretch).await? {
@@ -94,57 +99,71 @@ pub async fn advance(
     Ok(advanced)
 }
 
-/// Each member's charges above its checkpoint up to (not including) its first charge that is
-/// not COMPLETE or not settled; members with no such stretch are left out. The charges above
-/// a checkpoint are found on `index_charges_payment_count` (member_id first, and the id last
-/// in every InnoDB index), so the member's older charges cost an index entry each, not a row.
-///
-/// The first open charge is a grouped derived table, not a correlated subquery: MariaDB 10.11
-/// re-executing a prepared statement whose derived table held the correlated `MIN` returned a
-/// stretch that ran past it, a recent charge included, in about one run in two
-/// (`tests/tests/bonuses_checkpoints.rs`; never on the first execution).
-async fn settled_stretches(
+/// Where each of `members`' checkpoints ends (members without one are left out).
+async fn checkpoint_ends(
     pool: &MySqlPool,
     members: &[u64],
-    settled_after: Duration,
-) -> Result<Vec<Stretch>, sqlx::Error> {
+) -> Result<HashMap<u64, u64>, sqlx::Error> {
     let sql = format!(
-        "SELECT c.member_id, CAST(COALESCE(s.through_charge_id, 0) AS UNSIGNED) \
-                    AS checkpoint_through, \
-                MAX(c.id) AS through, COUNT(*) AS charges, \
-                CAST(COALESCE(SUM(CASE WHEN c.container = 'pg' THEN c.cans END), 0) AS SIGNED) \
-                    AS pg, \
-                CAST(COALESCE(SUM(CASE WHEN c.container = 'aos' THEN c.cans END), 0) AS SIGNED) \
-                    AS aos, \
-                CAST(COALESCE(SUM(CASE WHEN c.container = 'ios' THEN c.cans END), 0) AS SIGNED) \
-                    AS ios \
-         FROM charges c \
-         LEFT JOIN member_can_checkpoints s ON s.member_id = c.member_id \
-         LEFT JOIN (SELECT o.member_id, MIN(o.id) AS open_from \
-                    FROM charges o \
-                    LEFT JOIN member_can_checkpoints os ON os.member_id = o.member_id \
-                    WHERE o.member_id IN ({members}) \
-                      AND o.id > COALESCE(os.through_charge_id, 0) \
-                      AND (o.payment_status <> 'COMPLETE' \
-                           OR o.created_at >= NOW(6) - INTERVAL ? MICROSECOND) \
-                    GROUP BY o.member_id) first_open ON first_open.member_id = c.member_id \
-         WHERE c.member_id IN ({members}) AND c.id > COALESCE(s.through_charge_id, 0) \
-           AND (first_open.open_from IS NULL OR c.id < first_open.open_from) \
-         GROUP BY c.member_id, s.through_charge_id \
-         ORDER BY c.member_id",
-        members = db::placeholders(members.len())
+        "SELECT member_id, through_charge_id FROM member_can_checkpoints \
+         WHERE member_id IN ({})",
+        db::placeholders(members.len())
     );
-    let query = members
+    let ends: Vec<(u64, u64)> = members
         .iter()
         .fold(sqlx::query_as(AssertSqlSafe(sql)), |query, member| {
             query.bind(*member)
         })
-        .bind(micros(settled_after));
-    members
-        .iter()
-        .fold(query, |query, member| query.bind(*member))
         .fetch_all(pool)
-        .await
+        .await?;
+    Ok(ends.into_iter().collect())
+}
+
+/// The member's charges above `from` up to (not including) its first charge above `from`
+/// that is not COMPLETE or not settled; `None` when there is none.
+///
+/// One statement per member, with its bounds as constants: on `index_charges_payment_count`
+/// (member_id first, and the id last in every InnoDB index) MariaDB then tests `id > ?` on the
+/// index entries and reads only the rows above it. Joined with the checkpoints instead, the
+/// bound came from another table, and MariaDB read every charge of the member and filtered
+/// after: what the check had cost, moved into the checkpointer. And a correlated `MIN` in a
+/// derived table, re-executed as a prepared statement, returned a stretch past a recent charge
+/// in about one run in two on MariaDB 10.11 (`tests/tests/bonuses_checkpoints.rs`).
+async fn settled_stretch(
+    pool: &MySqlPool,
+    member_id: u64,
+    from: u64,
+    settled_after: Duration,
+) -> Result<Option<Stretch>, sqlx::Error> {
+    let (through, charges, pg, aos, ios): (Option<u64>, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT MAX(id), COUNT(*), \
+                CAST(COALESCE(SUM(CASE WHEN container = 'pg' THEN cans END), 0) AS SIGNED), \
+                CAST(COALESCE(SUM(CASE WHEN container = 'aos' THEN cans END), 0) AS SIGNED), \
+                CAST(COALESCE(SUM(CASE WHEN container = 'ios' THEN cans END), 0) AS SIGNED) \
+         FROM charges \
+         WHERE member_id = ? AND id > ? \
+           AND id < COALESCE((SELECT MIN(o.id) FROM charges o \
+                              WHERE o.member_id = ? AND o.id > ? \
+                                AND (o.payment_status <> 'COMPLETE' \
+                                     OR o.created_at >= NOW(6) - INTERVAL ? MICROSECOND)), \
+                             18446744073709551615)",
+    )
+    .bind(member_id)
+    .bind(from)
+    .bind(member_id)
+    .bind(from)
+    .bind(micros(settled_after))
+    .fetch_one(pool)
+    .await?;
+    Ok(through.map(|through| Stretch {
+        member_id,
+        checkpoint_through: from,
+        through,
+        charges,
+        pg,
+        aos,
+        ios,
+    }))
 }
 
 /// Adds `stretch` to its member's checkpoint if the checkpoint still ends where it was read;
