@@ -326,9 +326,9 @@ async fn reads_with_history(history: u32) -> Reads {
         .execute(pool)
         .await
         .unwrap();
-    let counter = Counter::start(&mut *single.acquire().await.unwrap()).await;
+    let counter = Counter::start(&mut single.acquire().await.unwrap()).await;
     let moved = advance(&single).await;
-    let checkpointer = counter.since(&mut *single.acquire().await.unwrap()).await;
+    let checkpointer = counter.since(&mut single.acquire().await.unwrap()).await;
     assert_eq!((moved.moved, moved.charges), (1, 1));
     Reads {
         check_without: check[0],
