@@ -1,6 +1,7 @@
 //! Member can checkpoints (`paybus_bonuses::checkpoint`) against the real database: a
-//! checkpoint covers a member's COMPLETE charges stamped long enough ago and stops at an
-//! unpaid or a recent one; checkpointers racing add each charge once; with checkpoints the
+//! checkpoint covers a member's charges stamped long enough ago, lists the unpaid ones and
+//! folds them in once paid, and stops at a recent one; checkpointers racing add each charge
+//! once; with checkpoints the
 //! continuous auditor's balance check finds what the full one finds, and reads a member's
 //! recent charges rather than its history; the full audit verifies the checkpoints.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
@@ -143,13 +144,23 @@ async fn last_hour(pool: &MySqlPool) -> Found {
         .collect()
 }
 
+async fn listed_unpaid(pool: &MySqlPool, member: u64) -> Vec<u64> {
+    sqlx::query_scalar(
+        "SELECT charge_id FROM member_can_checkpoint_unpaid WHERE member_id = ? ORDER BY charge_id",
+    )
+    .bind(member)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
-async fn a_checkpoint_covers_settled_complete_charges_and_stops_at_an_unpaid_or_a_recent_one() {
+async fn a_checkpoint_covers_settled_charges_lists_the_unpaid_ones_and_stops_at_a_recent_one() {
     let env = TestEnv::new().await;
     let pool = &env.db;
     assert_eq!(audit::CHECKS[0].name, "member_can_balances");
     let buyer = member(pool).await;
-    let first = charges(pool, buyer, 3, 10, OLD, true).await;
+    charges(pool, buyer, 3, 10, OLD, true).await;
     let unpaid = charges(pool, buyer, 1, 7, OLD, false).await;
     let later = charges(pool, buyer, 2, 5, OLD, true).await;
     charges(pool, buyer, 1, 3, NEW, true).await;
@@ -157,22 +168,44 @@ async fn a_checkpoint_covers_settled_complete_charges_and_stops_at_an_unpaid_or_
     charges(pool, newcomer, 2, 4, NEW, true).await;
 
     let advanced = advance(pool).await;
-    assert_eq!(checkpoint_of(pool, buyer).await, Some((first + 2, 30)));
-    assert_eq!(checkpoint_of(pool, newcomer).await, None, "nothing settled");
-    assert_eq!(
-        (advanced.members, advanced.moved, advanced.charges),
-        (2, 1, 3)
-    );
-
-    pay(pool, unpaid).await;
-    let advanced = advance(pool).await;
     assert_eq!(
         checkpoint_of(pool, buyer).await,
-        Some((later + 1, 30 + 7 + 10)),
-        "on past the paid charge, to the last settled one"
+        Some((later + 1, 30 + 10)),
+        "over the unpaid purchase, up to the recent charge"
     );
-    assert_eq!((advanced.moved, advanced.charges), (1, 3));
-    assert_eq!(advance(pool).await.moved, 0, "nothing more is settled");
+    assert_eq!(listed_unpaid(pool, buyer).await, [unpaid]);
+    assert_eq!(checkpoint_of(pool, newcomer).await, None, "nothing settled");
+    assert_eq!(
+        (
+            advanced.members,
+            advanced.moved,
+            advanced.charges,
+            advanced.folded
+        ),
+        (2, 1, 6, 0)
+    );
+    assert_audit_clean(pool).await;
+    assert_eq!(last_hour(pool).await, Found::new());
+
+    // Paid after it was listed: the windowed check counts it before the checkpointer has
+    // folded it, and after.
+    pay(pool, unpaid).await;
+    assert_audit_clean(pool).await;
+    assert_eq!(
+        last_hour(pool).await,
+        Found::new(),
+        "the listed charge, now paid"
+    );
+    let advanced = advance(pool).await;
+    assert_eq!((advanced.moved, advanced.folded), (0, 1));
+    assert_eq!(checkpoint_of(pool, buyer).await, Some((later + 1, 47)));
+    assert_eq!(listed_unpaid(pool, buyer).await, Vec::<u64>::new());
+    let again = advance(pool).await;
+    assert_eq!(
+        (again.moved, again.folded),
+        (0, 0),
+        "nothing more is settled"
+    );
 
     assert_audit_clean(pool).await;
     assert_eq!(last_hour(pool).await, Found::new());
@@ -186,7 +219,7 @@ async fn with_checkpoints_the_windowed_balance_check_finds_what_the_full_one_fin
     let first = charges(pool, buyer, 4, 10, OLD, true).await;
     charges(pool, buyer, 1, 3, NEW, true).await;
     let bystander = member(pool).await;
-    charges(pool, bystander, 3, 2, OLD, true).await;
+    let stranger = charges(pool, bystander, 3, 2, OLD, true).await;
     advance(pool).await;
     assert_eq!(checkpoint_of(pool, buyer).await, Some((first + 3, 40)));
     assert_eq!(last_hour(pool).await, Found::new());
@@ -222,6 +255,20 @@ async fn with_checkpoints_the_windowed_balance_check_finds_what_the_full_one_fin
         BTreeSet::from(["member_balance_mismatch", "member_checkpoint_mismatch"])
     );
     assert_eq!(last_hour(pool).await, Found::new());
+
+    // Another member's charge listed as this one's unpaid purchase.
+    sqlx::query("INSERT INTO member_can_checkpoint_unpaid (member_id, charge_id) VALUES (?, ?)")
+        .bind(buyer)
+        .bind(stranger)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert!(
+        full(pool)
+            .await
+            .iter()
+            .any(|(check, _)| *check == "member_checkpoint_listing_misplaced")
+    );
 }
 
 #[tokio::test]
@@ -238,7 +285,8 @@ async fn checkpointers_racing_add_each_charge_once() {
         members.push(id);
     }
     const CHECKPOINTERS: usize = 8;
-    // Round 0 checkpoints every member up to its unpaid charge; round 1, once it is paid, the rest.
+    // Round 0 checkpoints every member, its unpaid charge listed; round 1, once that charge is
+    // paid, folds it in.
     for round in 0..2 {
         if round == 1 {
             for charge in &unpaid {
@@ -254,10 +302,15 @@ async fn checkpointers_racing_add_each_charge_once() {
                 advance(&pool).await
             });
         }
-        let moved: u64 = racing.join_all().await.iter().map(|a| a.moved).sum();
+        let all = racing.join_all().await;
+        let moved: u64 = all.iter().map(|a| a.moved).sum();
+        let folded: u64 = all.iter().map(|a| a.folded).sum();
+        let expected = if round == 0 { (20, 0) } else { (0, 20) };
         assert_eq!(
-            moved, 20,
-            "round {round}: each member's checkpoint moved by one checkpointer"
+            (moved, folded),
+            expected,
+            "round {round}: each checkpoint moved, and each paid charge folded, by one \
+             checkpointer"
         );
     }
     for member in members {

@@ -2,7 +2,7 @@
 //!
 //! | check | invariant |
 //! | --- | --- |
-//! | `member_can_balances` | each member's balance in each container equals the cans of its COMPLETE charges there (purchases and granted bonuses): no credit lost, none doubled; and (full form) each member's checkpoint equals the sums of its charges below it, all COMPLETE |
+//! | `member_can_balances` | each member's balance in each container equals the cans of its COMPLETE charges there (purchases and granted bonuses): no credit lost, none doubled; and (full form) each member's checkpoint equals the sums of its COMPLETE charges below it, every other charge below it listed as unpaid |
 //! | `bonus_job_results` | every DONE job has its own EVENT charge (same member, container, cans and reason); no other job has a result; every EVENT charge is the result of exactly one job; every job comes from a COMPLETE purchase of its member |
 //!
 //! Each check has a `recent` form for the continuous auditor: the same SQL over the members,
@@ -52,8 +52,8 @@ pub enum Violation {
     EventChargeJobs { charge_id: u64, jobs: i64 },
     /// A job whose source is not a COMPLETE purchase of its member.
     JobWithoutCompletedPurchase { job_id: u64, source_charge_id: u64 },
-    /// A member's checkpoint that is not the sums of its charges up to `through_charge_id`, or
-    /// below which a charge is not COMPLETE: the windowed balance check, which trusts it, is
+    /// A member's checkpoint that is not the sums of its unlisted charges up to
+    /// `through_charge_id`, or below which a charge is neither COMPLETE nor listed as unpaid: the windowed balance check, which trusts it, is
     /// wrong for this member until it is fixed (delete the checkpoint: the checkpointer writes
     /// it again).
     CheckpointMismatch {
@@ -64,6 +64,9 @@ pub enum Violation {
         charged: [i64; 3],
         not_complete: i64,
     },
+    /// A charge listed as unpaid in a member's checkpoint that is not that member's charge
+    /// below the checkpoint: the windowed check would count it twice, or for someone else.
+    CheckpointListingMisplaced { member_id: u64, charge_id: u64 },
 }
 
 impl Finding for Violation {
@@ -75,6 +78,7 @@ impl Finding for Violation {
             Violation::EventChargeJobs { .. } => "event_charge_jobs",
             Violation::JobWithoutCompletedPurchase { .. } => "job_without_completed_purchase",
             Violation::CheckpointMismatch { .. } => "member_checkpoint_mismatch",
+            Violation::CheckpointListingMisplaced { .. } => "member_checkpoint_listing_misplaced",
         }
     }
 }
@@ -133,9 +137,17 @@ impl fmt::Display for Violation {
             } => write!(
                 f,
                 "member {member_id}'s checkpoint through charge {through_charge_id} holds \
-                 {pg}/{aos}/{ios} pg/aos/ios cans, but its COMPLETE charges up to there add up \
-                 to {pg_charged}/{aos_charged}/{ios_charged}, and {not_complete} of them are \
-                 not COMPLETE"
+                 {pg}/{aos}/{ios} pg/aos/ios cans, but its unlisted COMPLETE charges up to \
+                 there add up to {pg_charged}/{aos_charged}/{ios_charged}, and {not_complete} \
+                 of them are neither COMPLETE nor listed as unpaid"
+            ),
+            Violation::CheckpointListingMisplaced {
+                member_id,
+                charge_id,
+            } => write!(
+                f,
+                "charge {charge_id} is listed as unpaid in member {member_id}'s checkpoint, \
+                 but it is not that member's charge below the checkpoint"
             ),
         }
     }
@@ -201,7 +213,8 @@ const BALANCES_FROM_EVERY_CHARGE: &str = "SELECT m.id, CAST(m.pg_can AS SIGNED),
      ORDER BY m.id";
 
 /// A member's balances against its checkpoint plus its COMPLETE charges above the checkpoint
-/// (the windowed form: it reads the member's charges since the checkpoint, not its history).
+/// and its listed unpaid charges paid since (the windowed form: it reads the member's charges
+/// since the checkpoint, not its history).
 /// The charges above are a subquery per container, not a join: the subquery's bound on the
 /// id is a constant for each member, so it is checked on the index entries (index condition
 /// pushdown) and only the charges above are read. As a join MariaDB read every charge of the
@@ -211,15 +224,27 @@ const BALANCES_FROM_CHECKPOINTS: &str = "SELECT m.id, CAST(m.pg_can AS SIGNED) A
         CAST(m.aos_can AS SIGNED) AS aos, CAST(m.ios_can AS SIGNED) AS ios, \
         CAST(COALESCE(s.pg_cans, 0) + COALESCE((SELECT SUM(c.cans) FROM charges c \
             WHERE c.member_id = m.id AND c.id > COALESCE(s.through_charge_id, 0) \
-              AND c.payment_status = 'COMPLETE' AND c.container = 'pg'), 0) AS SIGNED) \
+              AND c.payment_status = 'COMPLETE' AND c.container = 'pg'), 0) \
+             + COALESCE((SELECT SUM(c.cans) FROM member_can_checkpoint_unpaid u \
+                 JOIN charges c ON c.id = u.charge_id \
+                 WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
+                   AND c.container = 'pg'), 0) AS SIGNED) \
             AS pg_charged, \
         CAST(COALESCE(s.aos_cans, 0) + COALESCE((SELECT SUM(c.cans) FROM charges c \
             WHERE c.member_id = m.id AND c.id > COALESCE(s.through_charge_id, 0) \
-              AND c.payment_status = 'COMPLETE' AND c.container = 'aos'), 0) AS SIGNED) \
+              AND c.payment_status = 'COMPLETE' AND c.container = 'aos'), 0) \
+             + COALESCE((SELECT SUM(c.cans) FROM member_can_checkpoint_unpaid u \
+                 JOIN charges c ON c.id = u.charge_id \
+                 WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
+                   AND c.container = 'aos'), 0) AS SIGNED) \
             AS aos_charged, \
         CAST(COALESCE(s.ios_cans, 0) + COALESCE((SELECT SUM(c.cans) FROM charges c \
             WHERE c.member_id = m.id AND c.id > COALESCE(s.through_charge_id, 0) \
-              AND c.payment_status = 'COMPLETE' AND c.container = 'ios'), 0) AS SIGNED) \
+              AND c.payment_status = 'COMPLETE' AND c.container = 'ios'), 0) \
+             + COALESCE((SELECT SUM(c.cans) FROM member_can_checkpoint_unpaid u \
+                 JOIN charges c ON c.id = u.charge_id \
+                 WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
+                   AND c.container = 'ios'), 0) AS SIGNED) \
             AS ios_charged \
      FROM members m {recent} \
      LEFT JOIN member_can_checkpoints s ON s.member_id = m.id \
@@ -277,31 +302,53 @@ struct CheckpointRow {
 async fn broken_checkpoints(conn: &mut MySqlConnection) -> Result<Vec<Violation>, sqlx::Error> {
     let rows: Vec<CheckpointRow> = sqlx::query_as(
         "SELECT s.member_id, s.through_charge_id, s.pg_cans, s.aos_cans, s.ios_cans, \
-            CAST(COALESCE(SUM(CASE WHEN c.payment_status = 'COMPLETE' AND c.container = 'pg' \
-                              THEN c.cans END), 0) AS SIGNED) AS pg_charged, \
-            CAST(COALESCE(SUM(CASE WHEN c.payment_status = 'COMPLETE' AND c.container = 'aos' \
-                              THEN c.cans END), 0) AS SIGNED) AS aos_charged, \
-            CAST(COALESCE(SUM(CASE WHEN c.payment_status = 'COMPLETE' AND c.container = 'ios' \
-                              THEN c.cans END), 0) AS SIGNED) AS ios_charged, \
-            CAST(COALESCE(SUM(c.payment_status <> 'COMPLETE'), 0) AS SIGNED) AS not_complete \
+            CAST(COALESCE(SUM(CASE WHEN c.payment_status = 'COMPLETE' AND u.charge_id IS NULL \
+                                   AND c.container = 'pg' THEN c.cans END), 0) AS SIGNED) \
+                AS pg_charged, \
+            CAST(COALESCE(SUM(CASE WHEN c.payment_status = 'COMPLETE' AND u.charge_id IS NULL \
+                                   AND c.container = 'aos' THEN c.cans END), 0) AS SIGNED) \
+                AS aos_charged, \
+            CAST(COALESCE(SUM(CASE WHEN c.payment_status = 'COMPLETE' AND u.charge_id IS NULL \
+                                   AND c.container = 'ios' THEN c.cans END), 0) AS SIGNED) \
+                AS ios_charged, \
+            CAST(COALESCE(SUM(c.payment_status <> 'COMPLETE' AND u.charge_id IS NULL), 0) \
+                 AS SIGNED) AS not_complete \
          FROM member_can_checkpoints s \
          LEFT JOIN charges c ON c.member_id = s.member_id AND c.id <= s.through_charge_id \
+         LEFT JOIN member_can_checkpoint_unpaid u \
+                ON u.member_id = s.member_id AND u.charge_id = c.id \
          GROUP BY s.member_id, s.through_charge_id, s.pg_cans, s.aos_cans, s.ios_cans \
          HAVING s.pg_cans <> pg_charged OR s.aos_cans <> aos_charged \
              OR s.ios_cans <> ios_charged OR not_complete > 0 \
          ORDER BY s.member_id",
     )
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(rows
+    let misplaced: Vec<(u64, u64)> = sqlx::query_as(
+        "SELECT u.member_id, u.charge_id FROM member_can_checkpoint_unpaid u \
+         LEFT JOIN member_can_checkpoints s ON s.member_id = u.member_id \
+         LEFT JOIN charges c ON c.id = u.charge_id \
+         WHERE s.member_id IS NULL OR c.id IS NULL OR c.member_id <> u.member_id \
+            OR u.charge_id > s.through_charge_id \
+         ORDER BY u.member_id, u.charge_id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(misplaced
         .into_iter()
-        .map(|row| Violation::CheckpointMismatch {
+        .map(
+            |(member_id, charge_id)| Violation::CheckpointListingMisplaced {
+                member_id,
+                charge_id,
+            },
+        )
+        .chain(rows.into_iter().map(|row| Violation::CheckpointMismatch {
             member_id: row.member_id,
             through_charge_id: row.through_charge_id,
             checkpoint: [row.pg_cans, row.aos_cans, row.ios_cans],
             charged: [row.pg_charged, row.aos_charged, row.ios_charged],
             not_complete: row.not_complete,
-        })
+        }))
         .collect())
 }
 

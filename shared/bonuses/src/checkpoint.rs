@@ -7,26 +7,28 @@
 //! confirmations' p99 inside a pass was 149 ms against 24 ms outside (docs/benchmarks.md).
 //!
 //! A checkpoint (`member_can_checkpoints`) holds, per container, the sum of the member's
-//! charges with `id <= through_charge_id`. It only ever covers a prefix of the member's
-//! charges in which every charge is
-//! - **COMPLETE**: a COMPLETE charge never changes again (no path writes one), so neither does
-//!   the prefix's sum; a REQUEST charge ends the prefix, whatever comes after it;
+//! COMPLETE charges with `id <= through_charge_id`. It only ever covers a prefix of the
+//! member's charges in which every charge is
 //! - **settled**: stamped (`created_at`) more than `settled_after` ago. A charge of the member
 //!   below the prefix's end that is not yet visible would be missed for ever. Ids are handed
 //!   out in order, so such a charge got its id before the prefix's last one, whose statement
 //!   began more than `settled_after` ago and waited at most `innodb_lock_wait_timeout` (50 s).
 //!   With `settled_after` at twice the auditor's overlap (4 minutes by default), that charge's
 //!   transaction would have been open for longer than the overlap after its stamp: the
-//!   windowed reads already assume no transaction does (docs/operations.md).
-//!
-//! A purchase left in REQUEST (abandoned at the gateway) therefore holds its member's
-//! checkpoint where it is until it is paid: the check reads that member's charges from there
-//! on, as it read all of them before checkpoints. Correct, and no faster for that member.
+//!   windowed reads already assume no transaction does (docs/operations.md);
+//! - **COMPLETE, or listed as unpaid**: a COMPLETE charge never changes again (no path writes
+//!   one), so neither does its part of the sums. A purchase still in REQUEST may be paid later
+//!   or never (abandoned at the gateway), so it is listed in `member_can_checkpoint_unpaid`
+//!   instead of summed: the windowed check adds a listed charge once it is COMPLETE, and the
+//!   checkpointer folds a paid one into the sums, deleting its listing in the same
+//!   transaction. An abandoned checkout costs its member one listed row, not a checkpoint
+//!   stuck behind it.
 //!
 //! The checkpointer ([`advance`]) reads each touched member's next settled stretch and adds it
 //! to the checkpoint, conditional on the checkpoint's `through_charge_id` still being the one
-//! it read: two checkpointers racing add a stretch once. The windowed check trusts the
-//! checkpoints; the full audit verifies every checkpoint against the charges below it
+//! it read, and folds listed charges conditional on deleting their listing: two checkpointers
+//! racing add a stretch, or a paid charge, once. The windowed check trusts the checkpoints;
+//! the full audit verifies every checkpoint against the charges below it
 //! (`audit::member_can_balances`).
 
 use std::{collections::HashMap, time::Duration};
@@ -44,8 +46,10 @@ pub struct Advanced {
     pub members: u64,
     /// Checkpoints created or moved forward.
     pub moved: u64,
-    /// Charges added to the checkpoints.
+    /// Charges added to the checkpoints (the listed unpaid ones included).
     pub charges: u64,
+    /// Listed unpaid charges found paid and folded into their checkpoints.
+    pub folded: u64,
 }
 
 /// A member's next settled stretch, as read.
@@ -56,6 +60,19 @@ struct Stretch {
     checkpoint_through: u64,
     through: u64,
     charges: i64,
+    /// The COMPLETE charges' cans per container.
+    pg: i64,
+    aos: i64,
+    ios: i64,
+    /// The stretch's charges still in REQUEST, listed instead of summed.
+    unpaid: Vec<u64>,
+}
+
+/// A listed unpaid charge that has been paid since.
+#[derive(Debug, sqlx::FromRow)]
+struct Paid {
+    member_id: u64,
+    charge_id: u64,
     pg: i64,
     aos: i64,
     ios: i64,
@@ -94,6 +111,16 @@ pub async fn advance(
             }
         }
         tx.commit().await?;
+        // Its own transaction, in member order as the one above: one transaction going over
+        // the members twice could wait on another in a cycle.
+        let paid = paid_since_listed(pool, members).await?;
+        let mut tx = db::begin_read_committed(pool).await?;
+        for charge in &paid {
+            if fold(&mut tx, charge).await? {
+                advanced.folded += 1;
+            }
+        }
+        tx.commit().await?;
         advanced.members += members.len() as u64;
     }
     Ok(advanced)
@@ -119,8 +146,8 @@ async fn checkpoint_ends(
     Ok(ends.into_iter().collect())
 }
 
-/// The member's charges above `from` up to (not including) its first charge above `from`
-/// that is not COMPLETE or not settled; `None` when there is none.
+/// The member's charges above `from` up to (not including) its first charge above `from` that
+/// is not settled; `None` when there is none.
 ///
 /// One statement per member, with its bounds as constants: on `index_charges_payment_count`
 /// (member_id first, and the id last in every InnoDB index) MariaDB then tests `id > ?` on the
@@ -135,27 +162,47 @@ async fn settled_stretch(
     from: u64,
     settled_after: Duration,
 ) -> Result<Option<Stretch>, sqlx::Error> {
-    let (through, charges, pg, aos, ios): (Option<u64>, i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT MAX(id), COUNT(*), \
-                CAST(COALESCE(SUM(CASE WHEN container = 'pg' THEN cans END), 0) AS SIGNED), \
-                CAST(COALESCE(SUM(CASE WHEN container = 'aos' THEN cans END), 0) AS SIGNED), \
-                CAST(COALESCE(SUM(CASE WHEN container = 'ios' THEN cans END), 0) AS SIGNED) \
-         FROM charges \
-         WHERE member_id = ? AND id > ? \
-           AND id < COALESCE((SELECT MIN(o.id) FROM charges o \
-                              WHERE o.member_id = ? AND o.id > ? \
-                                AND (o.payment_status <> 'COMPLETE' \
-                                     OR o.created_at >= NOW(6) - INTERVAL ? MICROSECOND)), \
-                             18446744073709551615)",
-    )
-    .bind(member_id)
-    .bind(from)
-    .bind(member_id)
-    .bind(from)
-    .bind(micros(settled_after))
-    .fetch_one(pool)
-    .await?;
-    Ok(through.map(|through| Stretch {
+    let (through, charges, unpaid, pg, aos, ios): (Option<u64>, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT MAX(id), COUNT(*), \
+                CAST(COALESCE(SUM(payment_status <> 'COMPLETE'), 0) AS SIGNED), \
+                CAST(COALESCE(SUM(CASE WHEN payment_status = 'COMPLETE' AND container = 'pg' \
+                                  THEN cans END), 0) AS SIGNED), \
+                CAST(COALESCE(SUM(CASE WHEN payment_status = 'COMPLETE' AND container = 'aos' \
+                                  THEN cans END), 0) AS SIGNED), \
+                CAST(COALESCE(SUM(CASE WHEN payment_status = 'COMPLETE' AND container = 'ios' \
+                                  THEN cans END), 0) AS SIGNED) \
+             FROM charges \
+             WHERE member_id = ? AND id > ? \
+               AND id < COALESCE((SELECT MIN(o.id) FROM charges o \
+                                  WHERE o.member_id = ? AND o.id > ? \
+                                    AND o.created_at >= NOW(6) - INTERVAL ? MICROSECOND), \
+                                 18446744073709551615)",
+        )
+        .bind(member_id)
+        .bind(from)
+        .bind(member_id)
+        .bind(from)
+        .bind(micros(settled_after))
+        .fetch_one(pool)
+        .await?;
+    let Some(through) = through else {
+        return Ok(None);
+    };
+    let unpaid = if unpaid > 0 {
+        sqlx::query_scalar(
+            "SELECT id FROM charges WHERE member_id = ? AND id > ? AND id <= ? \
+                 AND payment_status <> 'COMPLETE' ORDER BY id",
+        )
+        .bind(member_id)
+        .bind(from)
+        .bind(through)
+        .fetch_all(pool)
+        .await?
+    } else {
+        Vec::new()
+    };
+    Ok(Some(Stretch {
         member_id,
         checkpoint_through: from,
         through,
@@ -163,14 +210,63 @@ async fn settled_stretch(
         pg,
         aos,
         ios,
+        unpaid,
     }))
+}
+
+/// The listed unpaid charges of `members` that are COMPLETE now, with their cans.
+async fn paid_since_listed(pool: &MySqlPool, members: &[u64]) -> Result<Vec<Paid>, sqlx::Error> {
+    let sql = format!(
+        "SELECT u.member_id, u.charge_id, \
+                CAST(CASE WHEN c.container = 'pg' THEN c.cans ELSE 0 END AS SIGNED) AS pg, \
+                CAST(CASE WHEN c.container = 'aos' THEN c.cans ELSE 0 END AS SIGNED) AS aos, \
+                CAST(CASE WHEN c.container = 'ios' THEN c.cans ELSE 0 END AS SIGNED) AS ios \
+         FROM member_can_checkpoint_unpaid u JOIN charges c ON c.id = u.charge_id \
+         WHERE u.member_id IN ({}) AND c.payment_status = 'COMPLETE' \
+         ORDER BY u.member_id, u.charge_id",
+        db::placeholders(members.len())
+    );
+    members
+        .iter()
+        .fold(sqlx::query_as(AssertSqlSafe(sql)), |query, member| {
+            query.bind(*member)
+        })
+        .fetch_all(pool)
+        .await
+}
+
+/// Moves a paid charge from its member's unpaid list into the checkpoint's sums, if this
+/// transaction is the one that deletes the listing; whether it did.
+async fn fold(conn: &mut MySqlConnection, paid: &Paid) -> Result<bool, sqlx::Error> {
+    let unlisted = sqlx::query(
+        "DELETE FROM member_can_checkpoint_unpaid WHERE member_id = ? AND charge_id = ?",
+    )
+    .bind(paid.member_id)
+    .bind(paid.charge_id)
+    .execute(&mut *conn)
+    .await?;
+    if unlisted.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE member_can_checkpoints SET pg_cans = pg_cans + ?, aos_cans = aos_cans + ?, \
+             ios_cans = ios_cans + ? \
+         WHERE member_id = ?",
+    )
+    .bind(paid.pg)
+    .bind(paid.aos)
+    .bind(paid.ios)
+    .bind(paid.member_id)
+    .execute(conn)
+    .await?;
+    Ok(true)
 }
 
 /// Adds `stretch` to its member's checkpoint if the checkpoint still ends where it was read;
 /// whether it did (another checkpointer got there first otherwise: its stretch covers the
 /// same charges).
 async fn extend(conn: &mut MySqlConnection, stretch: &Stretch) -> Result<bool, sqlx::Error> {
-    if stretch.checkpoint_through == 0 {
+    let written = if stretch.checkpoint_through == 0 {
         let inserted = sqlx::query(
             "INSERT INTO member_can_checkpoints \
                  (member_id, through_charge_id, pg_cans, aos_cans, ios_cans) \
@@ -181,27 +277,44 @@ async fn extend(conn: &mut MySqlConnection, stretch: &Stretch) -> Result<bool, s
         .bind(stretch.pg)
         .bind(stretch.aos)
         .bind(stretch.ios)
-        .execute(conn)
+        .execute(&mut *conn)
         .await;
-        return match inserted {
-            Ok(_) => Ok(true),
+        match inserted {
+            Ok(_) => true,
             // Another checkpointer created it meanwhile; only this statement is undone.
-            Err(error) if db::is_duplicate_on(&error, "PRIMARY") => Ok(false),
-            Err(error) => Err(error),
-        };
+            Err(error) if db::is_duplicate_on(&error, "PRIMARY") => false,
+            Err(error) => return Err(error),
+        }
+    } else {
+        sqlx::query(
+            "UPDATE member_can_checkpoints SET through_charge_id = ?, pg_cans = pg_cans + ?, \
+                 aos_cans = aos_cans + ?, ios_cans = ios_cans + ? \
+             WHERE member_id = ? AND through_charge_id = ?",
+        )
+        .bind(stretch.through)
+        .bind(stretch.pg)
+        .bind(stretch.aos)
+        .bind(stretch.ios)
+        .bind(stretch.member_id)
+        .bind(stretch.checkpoint_through)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1
+    };
+    if written && !stretch.unpaid.is_empty() {
+        let sql = format!(
+            "INSERT INTO member_can_checkpoint_unpaid (member_id, charge_id) VALUES {}",
+            vec!["(?, ?)"; stretch.unpaid.len()].join(", ")
+        );
+        stretch
+            .unpaid
+            .iter()
+            .fold(sqlx::query(AssertSqlSafe(sql)), |query, charge| {
+                query.bind(stretch.member_id).bind(*charge)
+            })
+            .execute(conn)
+            .await?;
     }
-    let moved = sqlx::query(
-        "UPDATE member_can_checkpoints SET through_charge_id = ?, pg_cans = pg_cans + ?, \
-             aos_cans = aos_cans + ?, ios_cans = ios_cans + ? \
-         WHERE member_id = ? AND through_charge_id = ?",
-    )
-    .bind(stretch.through)
-    .bind(stretch.pg)
-    .bind(stretch.aos)
-    .bind(stretch.ios)
-    .bind(stretch.member_id)
-    .bind(stretch.checkpoint_through)
-    .execute(conn)
-    .await?;
-    Ok(moved.rows_affected() == 1)
+    Ok(written)
 }
