@@ -18,7 +18,7 @@ use paybus_bonuses::{
 use paybus_money::dec;
 use paybus_platform::{
     bus::Services,
-    testing::{TestEnv, scalar},
+    testing::{HandlerReads, TestEnv, scalar},
 };
 use tokio::{sync::Barrier, task::JoinSet};
 
@@ -492,41 +492,6 @@ async fn the_audit_names_every_broken_bonus_invariant_it_finds() {
     );
 }
 
-/// Index entries and rows `conn`'s session has read so far (the `Handler_read_*` counters).
-async fn rows_read(conn: &mut sqlx::MySqlConnection) -> i64 {
-    let counters: Vec<(String, String)> =
-        sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler_read%'")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-    counters
-        .iter()
-        .map(|(_, value)| value.parse::<i64>().unwrap())
-        .sum()
-}
-
-/// What a session reads from the moment it starts counting, less what reading the counters
-/// itself reads.
-struct Reads {
-    before: i64,
-    counting_itself: i64,
-}
-
-impl Reads {
-    async fn start(conn: &mut sqlx::MySqlConnection) -> Self {
-        let first = rows_read(conn).await;
-        let counting_itself = rows_read(conn).await - first;
-        Self {
-            before: rows_read(conn).await,
-            counting_itself,
-        }
-    }
-
-    async fn since(&self, conn: &mut sqlx::MySqlConnection) -> i64 {
-        rows_read(conn).await - self.before - self.counting_itself
-    }
-}
-
 /// Inserts `count` jobs of `member` in `event` (status `status`), each its own key.
 async fn insert_jobs(
     env: &TestEnv,
@@ -593,7 +558,7 @@ async fn the_limit_reads_only_the_member_s_jobs_of_the_event_not_its_history_or_
         .unwrap();
 
     let mut conn = env.db.acquire().await.unwrap();
-    let reads = Reads::start(&mut conn).await;
+    let reads = HandlerReads::start(&mut conn).await;
     let standing = event::applying_now(&mut conn, member)
         .await
         .unwrap()
@@ -618,7 +583,7 @@ async fn rows_read_by_completion(
     purchase: &testing::Purchase,
 ) -> i64 {
     let mut uow = services.outbox.begin_read_committed().await.unwrap();
-    let reads = Reads::start(&mut uow).await;
+    let reads = HandlerReads::start(&mut uow).await;
     let completion =
         completion::complete_in(&mut uow, rules, &purchase.paid(), uuid::Uuid::now_v7())
             .await

@@ -125,6 +125,46 @@ pub async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// What a session reads (the `Handler_read_*` counters: index entries and rows) from the
+/// moment it starts counting, less what reading the counters itself reads. A count, not a
+/// time: a plan that reads a whole history shows in it on any machine.
+pub struct HandlerReads {
+    before: i64,
+    counting_itself: i64,
+}
+
+impl HandlerReads {
+    pub async fn start(conn: &mut MySqlConnection) -> Self {
+        let first = handler_reads(conn).await;
+        let counting_itself = handler_reads(conn).await - first;
+        Self {
+            before: handler_reads(conn).await,
+            counting_itself,
+        }
+    }
+
+    /// What the session has read since [`HandlerReads::start`].
+    pub async fn since(&self, conn: &mut MySqlConnection) -> i64 {
+        handler_reads(conn).await - self.before - self.counting_itself
+    }
+}
+
+async fn handler_reads(conn: &mut MySqlConnection) -> i64 {
+    let counters: Vec<(String, String)> =
+        sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler_read%'")
+            .fetch_all(&mut *conn)
+            .await
+            .expect("the session's Handler_read counters");
+    counters
+        .iter()
+        .map(|(name, value)| {
+            value
+                .parse::<i64>()
+                .unwrap_or_else(|e| panic!("{name} = {value:?}: {e}"))
+        })
+        .sum()
+}
+
 /// Runs `checks` (a domain's `CHECKS`, or several) and fails the test on any violation.
 pub async fn assert_audit_clean(pool: &MySqlPool, checks: &[&[audit::Check]]) {
     let checks: Vec<audit::Check> = checks.iter().flat_map(|c| c.iter().copied()).collect();
