@@ -29,7 +29,7 @@ pub async fn run() -> Result<(), FunctionError> {
     if function::in_lambda() {
         return answer_api_gateway(Services::start(settings).await?, config).await;
     }
-    let services = Services::connect(settings).await?;
+    let services = Services::connect_waiting(settings).await?;
     serve_until_stopped(&services, config, shutdown_on_signal()).await
 }
 

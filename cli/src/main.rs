@@ -363,7 +363,7 @@ fn template(settings: &Settings) -> anyhow::Result<ExitCode> {
 
 async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let api_config = ApiConfig::from_env()?;
-    let services = Services::connect(settings)
+    let services = Services::connect_waiting(settings)
         .await
         .context("while connecting to the database and the broker")?;
     let mut runner = Runner::new(services.clone());
@@ -397,7 +397,7 @@ fn print_openapi() -> anyhow::Result<ExitCode> {
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     let api_config = ApiConfig::from_env()?;
-    let services = Services::connect(settings)
+    let services = Services::connect_waiting(settings)
         .await
         .context("while connecting to the database and the broker")?;
     paybus_api::process::serve_until_stopped(&services, api_config, shutdown_on_signal())

@@ -174,3 +174,157 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
     );
     assert!(status.expect("paybus run exits after SIGTERM").success());
 }
+
+/// Polls `child` without blocking the runtime (the relays of these tests run on it).
+async fn exited_within(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("poll child") {
+            return Some(status);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// `paybus run` started before its database and broker listen (a compose file or an init
+/// system starting everything at once) waits for both, then serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_a_database_and_a_broker_that_come_up_after_it() {
+    use paybus_platform::testing::outage::Relay;
+    let env = TestEnv::new().await;
+    let database = Relay::to(&env.settings.database.url).await;
+    let broker = Relay::to(&env.settings.broker.url).await;
+    database.cut();
+    broker.cut();
+    let mut run = paybus(&env)
+        .arg("run")
+        .env(
+            "PAYBUS_DATABASE_URL",
+            database.url(&env.settings.database.url).as_str(),
+        )
+        .env(
+            "PAYBUS_AMQP_URL",
+            broker.url(&env.settings.broker.url).as_str(),
+        )
+        // The pool's own retries of a refused connect last this long: one try, not all four
+        // seconds, so the process's wait is what holds it.
+        .env("PAYBUS_DB_ACQUIRE_TIMEOUT_MS", "1000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start paybus run");
+    let log = drain_stderr(&mut run);
+
+    // Longer than a first try and its 2-s pause: the process has been refused, and stays.
+    let exited_while_away = exited_within(&mut run, Duration::from_secs(4)).await;
+    database.restore().await;
+    broker.restore().await;
+    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
+    let consuming = paybus_platform::testing::eventually(Duration::from_secs(90), || async {
+        paybus_platform::testing::queue_state(&services, "paybus.canary")
+            .await
+            .is_some_and(|(_, consumers)| consumers >= 1)
+    })
+    .await;
+    let ping = paybus(&env)
+        .args(["ping", "--timeout", "60"])
+        .output()
+        .expect("run paybus ping");
+    let kill = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .expect("send SIGTERM");
+    assert!(kill.success());
+    let status = exited_within(&mut run, Duration::from_secs(20)).await;
+    if status.is_none() {
+        let _ = run.kill();
+    }
+    let log = log.join().unwrap_or_default();
+
+    assert!(
+        exited_while_away.is_none(),
+        "paybus run exited while its services were away ({exited_while_away:?}):\n{log}"
+    );
+    assert!(
+        log.contains("the database is not up yet; waiting for it"),
+        "{log}"
+    );
+    assert!(
+        log.contains("the broker is not up yet; waiting for it"),
+        "{log}"
+    );
+    assert!(
+        consuming,
+        "nobody consumed paybus.canary within 90 s:\n{log}"
+    );
+    assert!(
+        String::from_utf8_lossy(&ping.stdout).contains("pong"),
+        "{ping:?}\npaybus run's log:\n{log}"
+    );
+    let status = status.expect("paybus run exits after SIGTERM");
+    assert!(status.success(), "exit status {status:?}:\n{log}");
+}
+
+/// The wait has an end, and a refusal that waiting cannot cure does not wait at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_gives_up_on_a_broker_still_away_after_the_wait_and_at_once_on_a_refused_login() {
+    use paybus_platform::testing::outage::Relay;
+    let env = TestEnv::new().await;
+    let broker = Relay::to(&env.settings.broker.url).await;
+    broker.cut();
+    let started = Instant::now();
+    let mut away = paybus(&env)
+        .arg("run")
+        .env(
+            "PAYBUS_AMQP_URL",
+            broker.url(&env.settings.broker.url).as_str(),
+        )
+        .env("PAYBUS_STARTUP_WAIT_SECONDS", "3")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start paybus run");
+    let away_log = drain_stderr(&mut away);
+    let away_status = exited_within(&mut away, Duration::from_secs(60)).await;
+    let waited = started.elapsed();
+    if away_status.is_none() {
+        let _ = away.kill();
+    }
+    let away_log = away_log.join().unwrap_or_default();
+    let status = away_status.expect("paybus run gives up once the wait is over");
+    assert!(!status.success(), "{away_log}");
+    assert!(
+        waited >= Duration::from_secs(3),
+        "gave up after {waited:?}:\n{away_log}"
+    );
+    assert!(
+        away_log.contains("the broker is not up yet; waiting for it"),
+        "{away_log}"
+    );
+    assert!(away_log.contains("cannot reach the broker"), "{away_log}");
+
+    let mut wrong_password = env.settings.broker.url.clone();
+    wrong_password
+        .set_password(Some("not-the-password"))
+        .unwrap();
+    let mut refused = paybus(&env)
+        .arg("run")
+        .env("PAYBUS_AMQP_URL", wrong_password.as_str())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start paybus run");
+    let refused_log = drain_stderr(&mut refused);
+    // The default wait is 60 s: exiting well inside it is the claim.
+    let refused_status = exited_within(&mut refused, Duration::from_secs(30)).await;
+    if refused_status.is_none() {
+        let _ = refused.kill();
+    }
+    let refused_log = refused_log.join().unwrap_or_default();
+    let status = refused_status.expect("a refused login exits without waiting");
+    assert!(!status.success(), "{refused_log}");
+    assert!(refused_log.contains("ACCESS_REFUSED"), "{refused_log}");
+    assert!(!refused_log.contains("not up yet"), "{refused_log}");
+    assert!(!refused_log.contains("not-the-password"), "{refused_log}");
+}

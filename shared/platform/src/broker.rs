@@ -23,6 +23,26 @@ pub struct BrokerUnreachable {
     pub source: lapin::Error,
 }
 
+impl BrokerUnreachable {
+    /// Whether the broker may take the connection later: nothing listening, a reset or a
+    /// timeout (a node still starting or restarting), or a node that closed the connection
+    /// because it is shutting down. A refusal of the credentials or the vhost is permanent.
+    pub fn is_transient(&self) -> bool {
+        use lapin::{
+            ErrorKind,
+            protocol::{AMQPErrorKind, AMQPHardError},
+        };
+        match self.source.kind() {
+            ErrorKind::IOError(_) | ErrorKind::MissingHeartbeatError => true,
+            ErrorKind::ProtocolError(error) => matches!(
+                error.kind(),
+                AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// Opens one connection to one node.
 pub async fn connect_node(url: &Url) -> Result<Connection, BrokerUnreachable> {
     let attempt = Connection::connect(url.as_str(), ConnectionProperties::default());

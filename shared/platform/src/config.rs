@@ -60,6 +60,16 @@ pub const VAR_LOG_FORMAT: Setting = Setting {
             coloured only on a terminal",
 };
 
+pub const VAR_STARTUP_WAIT_SECONDS: Setting = Setting {
+    name: "PAYBUS_STARTUP_WAIT_SECONDS",
+    default: "`60`",
+    about: "long-running processes (`paybus run` and `serve`, a function's or the API's local \
+            process) wait up to this long at start-up for a database or broker that is not up \
+            yet (connection refused, timed out), trying again every 2 to 10 s with a warning \
+            each time, then exit with the last reason; `0`: exit at once. A wrong password, \
+            database or vhost exits at once; Lambda and one-shot commands never wait",
+};
+
 /// What every process reads through [`Settings`], in the order the page lists them.
 pub const SETTINGS: &[Setting] = &[
     VAR_DATABASE_URL,
@@ -69,6 +79,7 @@ pub const SETTINGS: &[Setting] = &[
     VAR_PREFETCH,
     VAR_LAMBDA_CONCURRENCY,
     topology::VAR_SHARDS,
+    VAR_STARTUP_WAIT_SECONDS,
     VAR_LOG_FORMAT,
 ];
 
@@ -198,6 +209,9 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub broker: BrokerSettings,
     pub log_format: LogFormat,
+    /// How long a long-running process waits at start-up for a database or broker that is not
+    /// up yet (`Services::connect_waiting`); zero: not at all.
+    pub startup_wait: Duration,
 }
 
 /// A secret value: usable, never printed.
@@ -276,6 +290,12 @@ impl Settings {
                         .map_err(|_| env.error(topology::VAR_SHARDS, raw, Shards::EXPECTED))?,
                 },
             },
+            startup_wait: Duration::from_secs(env.parse(
+                VAR_STARTUP_WAIT_SECONDS,
+                60,
+                "a whole number of seconds from 0 to 86400 (0: do not wait)",
+                |seconds: &u64| *seconds <= 86_400,
+            )?),
             log_format: match env.get(VAR_LOG_FORMAT) {
                 None => LogFormat::Text,
                 Some(v) if v.eq_ignore_ascii_case("text") => LogFormat::Text,
@@ -535,6 +555,20 @@ mod tests {
             let error = read(&[("PAYBUS_SOME_MS", bad)]).unwrap_err();
             assert_eq!(error.variable, "PAYBUS_SOME_MS");
             assert!(error.to_string().contains("milliseconds"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_startup_wait_is_a_minute_by_default_zero_or_at_most_a_day() {
+        let read = |pairs: &[(&str, &str)]| Settings::from_vars(vars(pairs));
+        assert_eq!(read(&[]).unwrap().startup_wait, Duration::from_secs(60));
+        let none = read(&[("PAYBUS_STARTUP_WAIT_SECONDS", "0")]).unwrap();
+        assert_eq!(none.startup_wait, Duration::ZERO);
+        // An Instant plus a larger one could overflow, and nobody means a wait of years.
+        for bad in ["86401", "-1", "1m"] {
+            let error = read(&[("PAYBUS_STARTUP_WAIT_SECONDS", bad)]).unwrap_err();
+            assert_eq!(error.variable, "PAYBUS_STARTUP_WAIT_SECONDS");
+            assert!(error.to_string().contains("0 to 86400"), "{error}");
         }
     }
 

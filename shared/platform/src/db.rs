@@ -73,6 +73,18 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<MySqlPool, DbError> 
     Ok(pool)
 }
 
+impl DbError {
+    /// Whether connecting again later may succeed: the server refused or dropped the
+    /// connection, or is busy or shutting down ([`is_unavailable`]). A wrong URL, password or
+    /// database is permanent.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DbError::Unreachable { source, .. } => is_unavailable(source),
+            _ => false,
+        }
+    }
+}
+
 /// Applies every pending migration, then the data fix-ups SQL cannot express; applied ones
 /// are skipped, so this is safe to repeat.
 pub async fn migrate(pool: &MySqlPool) -> Result<(), DbError> {

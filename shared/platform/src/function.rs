@@ -16,7 +16,8 @@
 //! connects to the database before the first event: a wrong setting or an unreachable
 //! database is an init error Lambda reports. The broker connection, most of a cold start, is
 //! opened in the background in a Lambda (the first invocation awaits it before any message is
-//! handled, see [`Services::start`]) and before anything else in a local process.
+//! handled, see [`Services::start`]) and before anything else in a local process, which waits
+//! for a database or broker not up yet ([`Services::connect_waiting`]).
 
 use std::{process::ExitCode, sync::Arc};
 
@@ -275,7 +276,7 @@ pub async fn settings() -> Result<Settings, FunctionError> {
 }
 
 async fn start() -> Result<Services, FunctionError> {
-    Ok(Services::connect(settings().await?).await?)
+    Ok(Services::connect_waiting(settings().await?).await?)
 }
 
 /// Runs `work` on a fresh multi-threaded runtime and turns its error into an exit code (the
@@ -450,7 +451,7 @@ pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), 
         .await
         .map_err(FunctionError::Lambda);
     }
-    let mut runner = Runner::new(Services::connect(settings).await?);
+    let mut runner = Runner::new(Services::connect_waiting(settings).await?);
     for queue in queues() {
         runner.add_dead_letter_recorder(queue);
     }

@@ -11,7 +11,7 @@
 
 use std::{
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use lapin::Connection;
@@ -24,6 +24,7 @@ use crate::{
     Settings,
     broker::BrokerUnreachable,
     db::{self, DbError},
+    retry::Backoff,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,48 @@ pub enum StartupError {
         doing: &'static str,
         source: lapin::Error,
     },
+}
+
+/// The pause between start-up tries (2 s doubling, at most 10 s: the link's reconnection
+/// pace).
+const STARTUP_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_secs(2), Duration::from_secs(10));
+
+/// `connect()` until it succeeds, fails for good (`transient` says no), or fails once `wait`
+/// has passed (the last try starts at the latest when it ends).
+async fn until_up<T, E: std::fmt::Display>(
+    service: &'static str,
+    wait: Duration,
+    transient: fn(&E) -> bool,
+    mut connect: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        match connect().await {
+            Ok(connected) => {
+                if failures > 0 {
+                    tracing::info!(service, waited = ?started.elapsed(), "{service} is up");
+                }
+                return Ok(connected);
+            }
+            Err(error) => {
+                failures += 1;
+                let waited = started.elapsed();
+                if !transient(&error) || waited >= wait {
+                    return Err(error);
+                }
+                let pause = STARTUP_BACKOFF.delay(failures).min(wait - waited);
+                tracing::warn!(
+                    %error,
+                    retry_in = ?pause,
+                    gives_up_in = ?wait.saturating_sub(waited),
+                    "{service} is not up yet; waiting for it"
+                );
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -54,6 +97,35 @@ impl Services {
         let (pool, link) = tokio::try_join!(
             async { Ok::<_, StartupError>(db::connect(&settings.database).await?) },
             async { Ok(BrokerLink::connect(&settings.broker).await?) },
+        )?;
+        Ok(Self::assemble(settings, pool, link))
+    }
+
+    /// [`connect`](Self::connect) for a long-running process (`paybus run` and `serve`, a
+    /// function's or the API's local process): a database or broker that is not up yet is
+    /// waited for, each on its own, for up to `settings.startup_wait`, with a warning per try.
+    ///
+    /// Why: a compose file or an init system that starts paybus beside RabbitMQ and MariaDB
+    /// made it exit before they listened, though the same process rides out a broker that
+    /// goes away later (the link reconnects). A refusal that waiting cannot cure (a password,
+    /// a database, a vhost) still fails at once.
+    pub async fn connect_waiting(settings: Settings) -> Result<Self, StartupError> {
+        let wait = settings.startup_wait;
+        let (pool, link) = tokio::try_join!(
+            async {
+                let pool = until_up("the database", wait, DbError::is_transient, || {
+                    db::connect(&settings.database)
+                })
+                .await?;
+                Ok::<_, StartupError>(pool)
+            },
+            async {
+                let link = until_up("the broker", wait, BrokerUnreachable::is_transient, || {
+                    BrokerLink::connect(&settings.broker)
+                })
+                .await?;
+                Ok(link)
+            },
         )?;
         Ok(Self::assemble(settings, pool, link))
     }
