@@ -420,3 +420,76 @@ async fn with_its_checkpoint_a_member_s_history_is_read_neither_by_the_check_nor
         "the checkpointer reads the charge it moves over: {long:?} vs {short:?}"
     );
 }
+
+/// Statements the session has executed (sqlx prepares every one).
+async fn statements_run(conn: &mut sqlx::MySqlConnection) -> i64 {
+    let (_, executed): (String, String) =
+        sqlx::query_as("SHOW SESSION STATUS LIKE 'Com_stmt_execute'")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    executed.parse().unwrap()
+}
+
+/// The checkpointer reads the members it considers a chunk at a time: a statement per member
+/// made its run a round trip for each member credited within the lookback (1.9 s for 5,000
+/// members with nothing to move, docs/benchmarks.md).
+#[tokio::test]
+async fn the_checkpointer_reads_its_members_a_chunk_at_a_time_not_one_by_one() {
+    let env = TestEnv::new().await;
+    let members: u32 = 1_200;
+    // Two statements: a recursive CTE stops at 1,000 rows by default (`max_recursive_iterations`).
+    for _ in 0..2 {
+        sqlx::query(
+            "INSERT INTO members (nickname, pg_can) \
+             WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
+             SELECT CONCAT('member ', i), 1 FROM n",
+        )
+        .bind(members / 2)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO charges (member_id, status, cans, price, payment_gateway, container, \
+             method, payment_status, completed_at, created_at, updated_at) \
+         SELECT id, 'CHARGE', 1, 100, 'PG', 'pg', 'card', 'COMPLETE', \
+                NOW(6) - INTERVAL 1 HOUR, NOW(6) - INTERVAL 1 HOUR, NOW(6) - INTERVAL 1 HOUR \
+         FROM members",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+    // One connection, so its session counters are everything the checkpointer runs.
+    let single = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(env.settings.database.url.as_str())
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let before = statements_run(&mut single.acquire().await.unwrap()).await;
+        let advanced = advance(&single).await;
+        let after = statements_run(&mut single.acquire().await.unwrap()).await;
+        // Less the read of the counters itself.
+        runs.push((advanced, after - before - 1));
+    }
+    let (first, first_statements) = runs[0];
+    let (second, second_statements) = runs[1];
+    assert_eq!(
+        (first.members, first.moved, first.charges),
+        (1_200, 1_200, 1_200)
+    );
+    assert_eq!((second.members, second.moved), (1_200, 0));
+    // The members' list, then per chunk of 500: the checkpoints' ends, the charges above
+    // them, the listed charges paid since (the first run also writes 1,200 checkpoints).
+    assert!(
+        second_statements <= 1 + 3 * 3,
+        "{second_statements} statements for 1,200 members with nothing to move"
+    );
+    assert!(
+        first_statements <= 1 + 3 * 3 + i64::from(members) + 3 * 2,
+        "{first_statements} statements for 1,200 members' first checkpoints"
+    );
+    assert_audit_clean(&env.db).await;
+}
