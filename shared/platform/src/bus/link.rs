@@ -36,7 +36,7 @@ use crate::{
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The pause between reconnection attempts while the broker is away (2 s doubling, at most
 /// 10 s).
-const RECONNECT_BACKOFF: Backoff =
+pub(crate) const RECONNECT_BACKOFF: Backoff =
     Backoff::exponential(Duration::from_secs(2), Duration::from_secs(10));
 
 /// One live connection and its confirm-mode publishing channel.

@@ -19,12 +19,16 @@ use sqlx::MySqlPool;
 use tokio::{sync::OnceCell, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use super::{link::BrokerLink, outbox::Outbox, publisher::Publisher, topology};
+use super::{
+    link::{BrokerLink, RECONNECT_BACKOFF},
+    outbox::Outbox,
+    publisher::Publisher,
+    topology,
+};
 use crate::{
     Settings,
     broker::BrokerUnreachable,
     db::{self, DbError},
-    retry::Backoff,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -39,11 +43,6 @@ pub enum StartupError {
         source: lapin::Error,
     },
 }
-
-/// The pause between start-up tries (2 s doubling, at most 10 s: the link's reconnection
-/// pace).
-const STARTUP_BACKOFF: Backoff =
-    Backoff::exponential(Duration::from_secs(2), Duration::from_secs(10));
 
 /// `connect()` until it succeeds, fails for good (`transient` says no), or fails once `wait`
 /// has passed (the last try starts at the latest when it ends).
@@ -69,7 +68,8 @@ async fn until_up<T, E: std::fmt::Display>(
                 if !transient(&error) || waited >= wait {
                     return Err(error);
                 }
-                let pause = STARTUP_BACKOFF.delay(failures).min(wait - waited);
+                // The link's pace after a drop: 2 s doubling, at most 10 s.
+                let pause = RECONNECT_BACKOFF.delay(failures).min(wait - waited);
                 tracing::warn!(
                     %error,
                     retry_in = ?pause,
