@@ -164,52 +164,68 @@ struct ChargeAbove {
     ios: i64,
 }
 
+/// Members whose charges above their checkpoints one statement reads.
+const READS_PER_STATEMENT: usize = 50;
+
+/// One member's charges above its checkpoint (binds: the settling time, the member, where its
+/// checkpoint ends).
+const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
+        created_at < NOW(6) - INTERVAL ? MICROSECOND AS settled, \
+        payment_status = 'COMPLETE' AS complete, \
+        CAST(CASE WHEN container = 'pg' THEN cans ELSE 0 END AS SIGNED) AS pg, \
+        CAST(CASE WHEN container = 'aos' THEN cans ELSE 0 END AS SIGNED) AS aos, \
+        CAST(CASE WHEN container = 'ios' THEN cans ELSE 0 END AS SIGNED) AS ios \
+     FROM charges FORCE INDEX (index_charges_payment_count) \
+     WHERE member_id = ? AND id > ?)";
+
 /// The next settled stretch of each of `starts` (a member and where its checkpoint ends, 0
-/// for none; at most [`CHUNK`] of them), leaving out members with none: their charges above
-/// the checkpoints, read in one statement with the bounds as constants, and the stretches
-/// decided here ([`stretch`]).
+/// for none), leaving out members with none: their charges above the checkpoints, read
+/// [`READS_PER_STATEMENT`] members to a statement, and the stretches decided here
+/// ([`stretch`]).
 ///
-/// - **One statement, not one per member**: that was a round trip for every member credited
-///   within the lookback, ~380 µs each: 1.9 s for 5,000 members with nothing to move, so a run
-///   would have outlasted its minute at ~150,000 members. A `UNION ALL` of 50 members' reads
-///   still cost ~100 µs a member; this costs ~65 (docs/benchmarks.md).
-/// - **Constants and the forced index**: on `index_charges_payment_count` (member_id first, and
-///   the id last in every InnoDB index) MariaDB tests `id > ?` on the index entries (index
-///   condition pushdown) and reads only the rows above. Left to choose, it took the primary
-///   key's range from the smallest bound — every charge from the first member without a
-///   checkpoint on — and read 501 rows for 5 in a test. Joined with the checkpoints instead,
-///   the bound came from another table, and MariaDB read every charge of the member.
+/// - **Several members to a statement, each its own `SELECT`** (`UNION ALL`): a statement per
+///   member made the checkpointer's run a round trip for every member credited within the
+///   lookback, ~230 µs each in a release build: 1.1 s for 5,000 members with nothing to
+///   move, so a run would have outlasted its minute at ~250,000 members. One `SELECT` for
+///   many members (`(member_id = ? AND id > ?) OR ...`) had MariaDB test the whole `OR` on
+///   every index entry of every member: 210 µs a member with 175 charges each, against 40 µs
+///   a member as `UNION ALL` (docs/benchmarks.md, 2026-12-05 (late night)).
+/// - **Bounds as constants, on the member's index**: on `index_charges_payment_count`
+///   (member_id first, and the id last in every InnoDB index) MariaDB tests `id > ?` on the
+///   index entries (index condition pushdown) and reads only the rows above. Joined with the
+///   checkpoints instead, the bound came from another table, and MariaDB read every charge of
+///   the member; left to choose, it can take the primary key's range, every charge of every
+///   member from the bound on.
 /// - **The stretch's end decided in Rust, not in SQL**: a correlated `MIN` in a derived table,
 ///   re-executed as a prepared statement, returned a stretch past a recent charge in about one
 ///   run in two on MariaDB 10.11 (`tests/tests/bonuses_checkpoints.rs`).
-/// - The last chunk is padded with member 0 (no member is), so the text, prepared once, is
-///   always the same. A member's first checkpoint reads its whole history, once.
+/// - The last statement is padded with member 0 (no member is), so the text, prepared once,
+///   is always the same. A member's first checkpoint reads its whole history, once.
 async fn settled_stretches(
     pool: &MySqlPool,
     starts: &[(u64, u64)],
     settled_after: Duration,
 ) -> Result<Vec<Stretch>, sqlx::Error> {
-    let sql = format!(
-        "SELECT member_id, id, created_at < NOW(6) - INTERVAL ? MICROSECOND AS settled, \
-                payment_status = 'COMPLETE' AS complete, \
-                CAST(CASE WHEN container = 'pg' THEN cans ELSE 0 END AS SIGNED) AS pg, \
-                CAST(CASE WHEN container = 'aos' THEN cans ELSE 0 END AS SIGNED) AS aos, \
-                CAST(CASE WHEN container = 'ios' THEN cans ELSE 0 END AS SIGNED) AS ios \
-         FROM charges FORCE INDEX (index_charges_payment_count) \
-         WHERE {} ORDER BY member_id, id",
-        vec!["(member_id = ? AND id > ?)"; CHUNK].join(" OR ")
-    );
-    let padding = std::iter::repeat_n((0, 0), CHUNK.saturating_sub(starts.len()));
-    let above: Vec<ChargeAbove> = starts
-        .iter()
-        .copied()
-        .chain(padding)
-        .fold(
-            sqlx::query_as(AssertSqlSafe(sql)).bind(micros(settled_after)),
-            |query, (member_id, from)| query.bind(member_id).bind(from),
-        )
-        .fetch_all(pool)
-        .await?;
+    let sql = vec![CHARGES_ABOVE; READS_PER_STATEMENT].join(" UNION ALL ");
+    let mut above: Vec<ChargeAbove> = Vec::new();
+    for batch in starts.chunks(READS_PER_STATEMENT) {
+        let padding = std::iter::repeat_n((0, 0), READS_PER_STATEMENT - batch.len());
+        let read: Vec<ChargeAbove> = batch
+            .iter()
+            .copied()
+            .chain(padding)
+            .fold(
+                sqlx::query_as(AssertSqlSafe(sql.as_str())),
+                |query, (member_id, from)| {
+                    query.bind(micros(settled_after)).bind(member_id).bind(from)
+                },
+            )
+            .fetch_all(pool)
+            .await?;
+        above.extend(read);
+    }
+    // `UNION ALL` promises no order.
+    above.sort_unstable_by_key(|charge| (charge.member_id, charge.id));
     let from_of: HashMap<u64, u64> = starts.iter().copied().collect();
     Ok(above
         .chunk_by(|a, b| a.member_id == b.member_id)

@@ -49,3 +49,27 @@ fn a_bench_of_no_items_is_refused_before_it_starts() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_small_checkpointer_bench_writes_a_checkpoint_per_member_with_a_clean_audit() {
+    let output = bench(&["checkpointer", "--items", "20"]);
+
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for phase in [
+        "windowed balance check, no checkpoints",
+        "checkpointer, first run",
+        "checkpointer, nothing to move",
+        "windowed balance check, with checkpoints",
+    ] {
+        assert!(stdout.contains(phase), "no {phase:?} phase:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("audit clean: 20 checkpoints, each its member's charges"),
+        "{stdout}"
+    );
+}

@@ -135,7 +135,7 @@ async fn by_check(
 /// Inserts `count` rows numbered `first..first + count` (`k` in `values`, SQL over the row's
 /// number; `{at}` is replaced by the rows' time, `age` ago) with `insert` (`INSERT INTO t
 /// (columns)`), 100,000 a statement.
-async fn generate(
+pub(super) async fn generate(
     pool: &MySqlPool,
     insert: &str,
     values: &str,

@@ -33,6 +33,7 @@ use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
 mod auditor;
+mod checkpointer;
 mod confirm_deposit;
 mod confirm_withdrawal;
 mod cpu;
@@ -67,6 +68,10 @@ pub enum Workflow {
     /// Ops: one continuous-auditor pass over a ledger of `--items` entries against the full
     /// audit of the same rows (try `--items 1000000`).
     Auditor,
+    /// Ops: grant-bonus's checkpointer over `--items` members credited just now, each with
+    /// 200 settled purchases: its first run and an idle one, against the windowed balance
+    /// check without and with the checkpoints (try `--items 5000`).
+    Checkpointer,
     /// Ops: every console page and ops list, group and count route over HTTP with `--rows`
     /// dead letters, bonus jobs and cancel tasks each, and the EXPLAIN of every query.
     OpsQueries,
@@ -140,6 +145,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Workflow::Match => matching::run(&args).await,
         Workflow::LambdaBatch => lambda_batch::run(&args).await,
         Workflow::Auditor => auditor::run(&args).await,
+        Workflow::Checkpointer => checkpointer::run(&args).await,
         Workflow::OpsQueries => ops_queries::run(&args).await,
         Workflow::DeadLetterStorm => dead_letter_storm::run(&args).await,
         Workflow::Soak => return soak::run(&args.soak, args.concurrency).await,
