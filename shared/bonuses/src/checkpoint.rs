@@ -179,7 +179,8 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
      WHERE member_id = ? AND id > ?)";
 
 /// The next settled stretch of each of `starts` (a member and where its checkpoint ends, 0
-/// for none), leaving out members with none: their charges above the checkpoints, read
+/// for none), leaving out members with none, in member order (the order [`advance`]'s
+/// transactions lock them in): their charges above the checkpoints, read
 /// [`READS_PER_STATEMENT`] members to a statement, and the stretches decided here
 /// ([`stretch`]).
 ///
@@ -224,7 +225,8 @@ async fn settled_stretches(
             .await?;
         above.extend(read);
     }
-    // `UNION ALL` promises no order.
+    // `UNION ALL` promises no order; the stretches need each member's charges in id order,
+    // and the writers the members in id order.
     above.sort_unstable_by_key(|charge| (charge.member_id, charge.id));
     let from_of: HashMap<u64, u64> = starts.iter().copied().collect();
     Ok(above
