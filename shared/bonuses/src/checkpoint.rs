@@ -201,17 +201,20 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
 ///   re-executed as a prepared statement, returned a stretch past a recent charge in about one
 ///   run in two on MariaDB 10.11 (`tests/tests/bonuses_checkpoints.rs`).
 /// - The last statement is padded with member 0 (no member is), so the text, prepared once,
-///   is always the same. A member's first checkpoint reads its whole history, once.
+///   is always the same. A member's first checkpoint reads its whole history, once (summed
+///   in SQL until 2026-12-05; now 50 members' histories are in memory at a time).
 async fn settled_stretches(
     pool: &MySqlPool,
     starts: &[(u64, u64)],
     settled_after: Duration,
 ) -> Result<Vec<Stretch>, sqlx::Error> {
     let sql = vec![CHARGES_ABOVE; READS_PER_STATEMENT].join(" UNION ALL ");
-    let mut above: Vec<ChargeAbove> = Vec::new();
+    let mut stretches = Vec::new();
+    // A statement's rows at a time: a member's first checkpoint reads its whole history, and
+    // 500 long histories at once would be a spike in grant-bonus's memory.
     for batch in starts.chunks(READS_PER_STATEMENT) {
         let padding = std::iter::repeat_n((0, 0), READS_PER_STATEMENT - batch.len());
-        let read: Vec<ChargeAbove> = batch
+        let mut above: Vec<ChargeAbove> = batch
             .iter()
             .copied()
             .chain(padding)
@@ -223,19 +226,20 @@ async fn settled_stretches(
             )
             .fetch_all(pool)
             .await?;
-        above.extend(read);
+        // `UNION ALL` promises no order; a stretch needs its member's charges in id order, and
+        // the writers the members in id order (`starts`, and so each batch, is in that order).
+        above.sort_unstable_by_key(|charge| (charge.member_id, charge.id));
+        let from_of: HashMap<u64, u64> = batch.iter().copied().collect();
+        stretches.extend(
+            above
+                .chunk_by(|a, b| a.member_id == b.member_id)
+                .filter_map(|charges| {
+                    let from = *from_of.get(&charges[0].member_id)?;
+                    stretch(from, charges)
+                }),
+        );
     }
-    // `UNION ALL` promises no order; the stretches need each member's charges in id order,
-    // and the writers the members in id order.
-    above.sort_unstable_by_key(|charge| (charge.member_id, charge.id));
-    let from_of: HashMap<u64, u64> = starts.iter().copied().collect();
-    Ok(above
-        .chunk_by(|a, b| a.member_id == b.member_id)
-        .filter_map(|charges| {
-            let from = *from_of.get(&charges[0].member_id)?;
-            stretch(from, charges)
-        })
-        .collect())
+    Ok(stretches)
 }
 
 /// The stretch of one member's `charges` above its checkpoint's end `from` (in id order): up
