@@ -21,13 +21,16 @@ pub fn lab() -> PathBuf {
 
 /// Runs a lab command that prints a JSON report (`--json`) with `RUST_LOG=error`: its exit
 /// code (-1 if killed by a signal) and the report; a run that printed none fails the test
-/// with its output.
+/// with its exit status and output.
 pub fn run_for_report(command: &mut Command) -> (i32, Value) {
     let output = command.env("RUST_LOG", "error").output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        // The status says a signal apart from an exit: a run once ended after its first line
+        // with no error printed.
         panic!(
-            "no JSON report ({e}):\n{stdout}\n{}",
+            "no JSON report ({e}; {}):\n{stdout}\n{}",
+            output.status,
             String::from_utf8_lossy(&output.stderr)
         )
     });
