@@ -14,15 +14,41 @@ fn paybus(env: &TestEnv) -> Command {
     command
 }
 
-fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+/// Polls `child` until it exits or `timeout` passes, without blocking the runtime (the
+/// relays of the start-up tests run on it).
+async fn exited_within(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait().expect("poll child") {
             return Some(status);
         }
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     None
+}
+
+/// `paybus run` with `vars` on top of the test's, until it exits or `within` passes (then it
+/// is killed): its exit status (`None`: it was still running), how long it ran, its log.
+async fn run_until_exit(
+    env: &TestEnv,
+    vars: &[(&str, &str)],
+    within: Duration,
+) -> (Option<std::process::ExitStatus>, Duration, String) {
+    let started = Instant::now();
+    let mut run = paybus(env)
+        .arg("run")
+        .envs(vars.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start paybus run");
+    let log = drain_stderr(&mut run);
+    let status = exited_within(&mut run, within).await;
+    let ran = started.elapsed();
+    if status.is_none() {
+        let _ = run.kill();
+    }
+    (status, ran, log.join().unwrap_or_default())
 }
 
 /// Drains a child's stderr on a thread (a pipe nobody reads blocks the child once it is full)
@@ -71,7 +97,7 @@ async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
         .status()
         .expect("send SIGTERM");
     assert!(kill.success());
-    let status = wait_exit(&mut run, Duration::from_secs(20));
+    let status = exited_within(&mut run, Duration::from_secs(20)).await;
     if status.is_none() {
         let _ = run.kill();
     }
@@ -153,7 +179,7 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
     let _ = Command::new("kill")
         .args(["-TERM", &run.id().to_string()])
         .status();
-    let status = wait_exit(&mut run, Duration::from_secs(20));
+    let status = exited_within(&mut run, Duration::from_secs(20)).await;
     if status.is_none() {
         let _ = run.kill();
     }
@@ -173,18 +199,6 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
         "the unsharded queue is not part of the layout"
     );
     assert!(status.expect("paybus run exits after SIGTERM").success());
-}
-
-/// Polls `child` without blocking the runtime (the relays of these tests run on it).
-async fn exited_within(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().expect("poll child") {
-            return Some(status);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
 }
 
 /// `paybus run` started before its database and broker listen (a compose file or an init
@@ -273,25 +287,16 @@ async fn run_gives_up_on_a_broker_still_away_after_the_wait_and_at_once_on_a_ref
     let env = TestEnv::new().await;
     let broker = Relay::to(&env.settings.broker.url).await;
     broker.cut();
-    let started = Instant::now();
-    let mut away = paybus(&env)
-        .arg("run")
-        .env(
-            "PAYBUS_AMQP_URL",
-            broker.url(&env.settings.broker.url).as_str(),
-        )
-        .env("PAYBUS_STARTUP_WAIT_SECONDS", "3")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start paybus run");
-    let away_log = drain_stderr(&mut away);
-    let away_status = exited_within(&mut away, Duration::from_secs(60)).await;
-    let waited = started.elapsed();
-    if away_status.is_none() {
-        let _ = away.kill();
-    }
-    let away_log = away_log.join().unwrap_or_default();
+    let relayed = broker.url(&env.settings.broker.url);
+    let (away_status, waited, away_log) = run_until_exit(
+        &env,
+        &[
+            ("PAYBUS_AMQP_URL", relayed.as_str()),
+            ("PAYBUS_STARTUP_WAIT_SECONDS", "3"),
+        ],
+        Duration::from_secs(60),
+    )
+    .await;
     let status = away_status.expect("paybus run gives up once the wait is over");
     assert!(!status.success(), "{away_log}");
     assert!(
@@ -308,20 +313,13 @@ async fn run_gives_up_on_a_broker_still_away_after_the_wait_and_at_once_on_a_ref
     wrong_password
         .set_password(Some("not-the-password"))
         .unwrap();
-    let mut refused = paybus(&env)
-        .arg("run")
-        .env("PAYBUS_AMQP_URL", wrong_password.as_str())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start paybus run");
-    let refused_log = drain_stderr(&mut refused);
     // The default wait is 60 s: exiting well inside it is the claim.
-    let refused_status = exited_within(&mut refused, Duration::from_secs(30)).await;
-    if refused_status.is_none() {
-        let _ = refused.kill();
-    }
-    let refused_log = refused_log.join().unwrap_or_default();
+    let (refused_status, _, refused_log) = run_until_exit(
+        &env,
+        &[("PAYBUS_AMQP_URL", wrong_password.as_str())],
+        Duration::from_secs(30),
+    )
+    .await;
     let status = refused_status.expect("a refused login exits without waiting");
     assert!(!status.success(), "{refused_log}");
     assert!(refused_log.contains("ACCESS_REFUSED"), "{refused_log}");
