@@ -15,23 +15,31 @@ fn bench(args: &[&str]) -> Output {
         .unwrap()
 }
 
-#[test]
-fn a_small_confirm_withdrawal_bench_debits_every_withdrawal_once_with_a_clean_audit() {
-    let output = bench(&["confirm-withdrawal", "--items", "20", "--concurrency", "4"]);
-
-    let stdout = String::from_utf8_lossy(&output.stdout);
+/// Runs the bench, asserts it succeeded and printed each of `phases`; its output.
+fn succeeded_with_phases(args: &[&str], phases: &[&str]) -> String {
+    let output = bench(args);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    for phase in [
-        "direct on the database (with duplicates)",
-        "through the broker (with duplicates)",
-        "database ceiling (oltp_write_only shape)",
-    ] {
+    for phase in phases {
         assert!(stdout.contains(phase), "no {phase:?} phase:\n{stdout}");
     }
+    stdout
+}
+
+#[test]
+fn a_small_confirm_withdrawal_bench_debits_every_withdrawal_once_with_a_clean_audit() {
+    let stdout = succeeded_with_phases(
+        &["confirm-withdrawal", "--items", "20", "--concurrency", "4"],
+        &[
+            "direct on the database (with duplicates)",
+            "through the broker (with duplicates)",
+            "database ceiling (oltp_write_only shape)",
+        ],
+    );
     assert!(
         stdout.contains("exactly once: 40 debits for 40 withdrawals, audit clean"),
         "{stdout}"
@@ -52,22 +60,15 @@ fn a_bench_of_no_items_is_refused_before_it_starts() {
 
 #[test]
 fn a_small_checkpointer_bench_writes_a_checkpoint_per_member_with_a_clean_audit() {
-    let output = bench(&["checkpointer", "--items", "20"]);
-
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = succeeded_with_phases(
+        &["checkpointer", "--items", "20"],
+        &[
+            "windowed balance check, no checkpoints",
+            "checkpointer, first run",
+            "checkpointer, nothing to move",
+            "windowed balance check, with checkpoints",
+        ],
     );
-    for phase in [
-        "windowed balance check, no checkpoints",
-        "checkpointer, first run",
-        "checkpointer, nothing to move",
-        "windowed balance check, with checkpoints",
-    ] {
-        assert!(stdout.contains(phase), "no {phase:?} phase:\n{stdout}");
-    }
     assert!(
         stdout.contains("audit clean: 20 checkpoints, each its member's charges"),
         "{stdout}"
