@@ -94,11 +94,7 @@ impl Services {
     /// Connects to the database and the broker (at the same time) and returns once both are
     /// ready.
     pub async fn connect(settings: Settings) -> Result<Self, StartupError> {
-        let (pool, link) = tokio::try_join!(
-            async { Ok::<_, StartupError>(db::connect(&settings.database).await?) },
-            async { Ok(BrokerLink::connect(&settings.broker).await?) },
-        )?;
-        Ok(Self::assemble(settings, pool, link))
+        Self::connect_within(settings, Duration::ZERO).await
     }
 
     /// [`connect`](Self::connect) for a long-running process (`paybus run` and `serve`, a
@@ -111,6 +107,11 @@ impl Services {
     /// a database, a vhost) still fails at once.
     pub async fn connect_waiting(settings: Settings) -> Result<Self, StartupError> {
         let wait = settings.startup_wait;
+        Self::connect_within(settings, wait).await
+    }
+
+    /// Both at the same time, each tried until it is up or `wait` has passed (zero: once).
+    async fn connect_within(settings: Settings, wait: Duration) -> Result<Self, StartupError> {
         let (pool, link) = tokio::try_join!(
             async {
                 let pool = until_up("the database", wait, DbError::is_transient, || {
