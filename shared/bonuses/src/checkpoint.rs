@@ -175,7 +175,7 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
         CAST(CASE WHEN container = 'pg' THEN cans ELSE 0 END AS SIGNED) AS pg, \
         CAST(CASE WHEN container = 'aos' THEN cans ELSE 0 END AS SIGNED) AS aos, \
         CAST(CASE WHEN container = 'ios' THEN cans ELSE 0 END AS SIGNED) AS ios \
-     FROM charges FORCE INDEX (index_charges_payment_count) \
+     FROM charges FORCE INDEX (index_charges_above_checkpoint) \
      WHERE member_id = ? AND id > ?)";
 
 /// The next settled stretch of each of `starts` (a member and where its checkpoint ends, 0
@@ -191,12 +191,14 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
 ///   many members (`(member_id = ? AND id > ?) OR ...`) had MariaDB test the whole `OR` on
 ///   every index entry of every member: 210 µs a member with 175 charges each, against 40 µs
 ///   a member as `UNION ALL` (docs/benchmarks.md, 2026-12-05 (late night)).
-/// - **Bounds as constants, on the member's index**: on `index_charges_payment_count`
-///   (member_id first, and the id last in every InnoDB index) MariaDB tests `id > ?` on the
-///   index entries (index condition pushdown) and reads only the rows above. Joined with the
-///   checkpoints instead, the bound came from another table, and MariaDB read every charge of
-///   the member; left to choose, it can take the primary key's range, every charge of every
-///   member from the bound on.
+/// - **Bounds as constants, on `index_charges_above_checkpoint` (member_id, id)**: a range,
+///   so only the entries above the checkpoint are read. On `index_charges_payment_count`
+///   (until 2026-12-05) MariaDB walked every entry of the member and tested `id > ?` on each
+///   (index condition pushdown): the rows below were not fetched, but the history was still
+///   walked on every run. Joined with the checkpoints instead, the bound comes from another
+///   table and is no range on any index: MariaDB reads every charge of the member. Left to
+///   choose, it can take the primary key's range, every charge of every member from the
+///   bound on.
 /// - **The stretch's end decided in Rust, not in SQL**: a correlated `MIN` in a derived table,
 ///   re-executed as a prepared statement, returned a stretch past a recent charge in about one
 ///   run in two on MariaDB 10.11 (`tests/tests/bonuses_checkpoints.rs`).

@@ -131,30 +131,47 @@ pub async fn scalar(pool: &MySqlPool, sql: &'static str) -> i64 {
 pub struct HandlerReads {
     before: i64,
     counting_itself: i64,
+    counters: &'static str,
 }
 
 impl HandlerReads {
     pub async fn start(conn: &mut MySqlConnection) -> Self {
-        let first = handler_reads(conn).await;
-        let counting_itself = handler_reads(conn).await - first;
+        Self::counting(conn, READS).await
+    }
+
+    /// Also the index entries tested by a pushed-down condition and passed over
+    /// (`Handler_icp_attempts`, MariaDB's): a plan that walks a whole history to keep a few
+    /// entries of it reads few rows, but not few entries.
+    pub async fn start_with_pushdown(conn: &mut MySqlConnection) -> Self {
+        Self::counting(conn, READS_AND_PUSHDOWN).await
+    }
+
+    async fn counting(conn: &mut MySqlConnection, counters: &'static str) -> Self {
+        let first = handler_reads(conn, counters).await;
+        let counting_itself = handler_reads(conn, counters).await - first;
         Self {
-            before: handler_reads(conn).await,
+            before: handler_reads(conn, counters).await,
             counting_itself,
+            counters,
         }
     }
 
     /// What the session has read since [`HandlerReads::start`].
     pub async fn since(&self, conn: &mut MySqlConnection) -> i64 {
-        handler_reads(conn).await - self.before - self.counting_itself
+        handler_reads(conn, self.counters).await - self.before - self.counting_itself
     }
 }
 
-async fn handler_reads(conn: &mut MySqlConnection) -> i64 {
-    let counters: Vec<(String, String)> =
-        sqlx::query_as("SHOW SESSION STATUS LIKE 'Handler_read%'")
-            .fetch_all(&mut *conn)
-            .await
-            .expect("the session's Handler_read counters");
+const READS: &str = "SHOW SESSION STATUS LIKE 'Handler_read%'";
+
+const READS_AND_PUSHDOWN: &str = "SHOW SESSION STATUS \
+     WHERE Variable_name LIKE 'Handler_read%' OR Variable_name = 'Handler_icp_attempts'";
+
+async fn handler_reads(conn: &mut MySqlConnection, counters: &'static str) -> i64 {
+    let counters: Vec<(String, String)> = sqlx::query_as(counters)
+        .fetch_all(&mut *conn)
+        .await
+        .expect("the session's Handler counters");
     counters
         .iter()
         .map(|(name, value)| {

@@ -1,0 +1,11 @@
+-- A member's charges above its checkpoint (`member_id = ? AND id > ?`): the checkpointer's
+-- read and the windowed balance check's. On index_charges_payment_count (member_id, status,
+-- method, created_at) the id is the last column, so MariaDB walked every index entry of the
+-- member and tested `id > ?` on each (index condition pushdown): a member's whole history on
+-- every pass, ~115 µs a member with 200 charges, however recent its checkpoint
+-- (docs/benchmarks.md, 2026-12-05, night). On (member_id, id) the bound is a range: only the
+-- entries above it are read.
+--
+-- One more index entry per charge insert (purchases and EVENT charges); the id and the member
+-- never change, so no update touches it.
+CREATE INDEX index_charges_above_checkpoint ON charges (member_id, id);
