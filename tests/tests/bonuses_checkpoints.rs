@@ -12,9 +12,10 @@ use chrono::{DateTime, Utc};
 use paybus_bonuses::{audit, checkpoint, testing::assert_audit_clean};
 use paybus_platform::{
     audit::{Check, Window},
+    db,
     testing::{HandlerReads, TestEnv},
 };
-use sqlx::MySqlPool;
+use sqlx::{Connection, MySqlPool};
 use tokio::{sync::Barrier, task::JoinSet};
 
 /// The auditor's defaults: a checkpointer reads members credited in the last 15 + 4 minutes
@@ -292,6 +293,88 @@ async fn with_checkpoints_the_windowed_balance_check_finds_what_the_full_one_fin
     );
 }
 
+/// Pays `charge` as a completion does: COMPLETE and the member credited in one statement, so
+/// no reader sees one without the other.
+async fn pay_at_once(pool: &MySqlPool, charge: u64) {
+    let matched = sqlx::query(
+        "UPDATE charges c JOIN members m ON m.id = c.member_id \
+         SET c.payment_status = 'COMPLETE', c.completed_at = NOW(6), m.pg_can = m.pg_can + c.cans \
+         WHERE c.id = ? AND c.payment_status = 'REQUEST'",
+    )
+    .bind(charge)
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(matched, 2, "charge {charge} and its member");
+}
+
+/// The windowed check reads the balances, then the charges above the checkpoints: a payment
+/// committed between the two must not look like a credit without its charge. Its reader's
+/// session is READ COMMITTED (a server configured so), where each statement alone would
+/// see its own snapshot; more members than one statement sums, so every batch is read while
+/// payments commit.
+#[tokio::test]
+async fn the_windowed_check_reads_one_snapshot_while_payments_commit() {
+    let env = TestEnv::new().await;
+    let pool = &env.db;
+    let mut unpaid = Vec::new();
+    for _ in 0..120 {
+        let buyer = member(pool).await;
+        charges(pool, buyer, 3, 10, OLD, true).await;
+        let first = charges(pool, buyer, 8, 1, NEW, false).await;
+        unpaid.push((first..first + 8).collect::<Vec<u64>>());
+    }
+    advance(pool).await;
+    assert_eq!(last_hour(pool).await, Found::new());
+
+    // Each member's first unpaid purchase, then each one's second, ...: every batch changes.
+    let payments: Vec<u64> = (0..8)
+        .flat_map(|nth| unpaid.iter().map(move |member| member[nth]))
+        .collect();
+    let paying = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            for charge in payments {
+                pay_at_once(&pool, charge).await;
+            }
+        }
+    });
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let window = last_hour_window(&mut conn).await;
+    let mut checks = 0;
+    while !paying.is_finished() {
+        let alone = audit::recent_member_can_balances(&mut conn, window)
+            .await
+            .unwrap();
+        assert_eq!(
+            alone,
+            Vec::new(),
+            "check {checks}, in a snapshot of its own"
+        );
+        checks += 1;
+        // As the auditor's pass runs it.
+        let mut pass = conn.begin_with(db::SNAPSHOT_BEGIN).await.unwrap();
+        let in_pass = audit::recent_member_can_balances(&mut pass, window)
+            .await
+            .unwrap();
+        pass.rollback().await.unwrap();
+        assert_eq!(in_pass, Vec::new(), "check {checks}, in a pass's snapshot");
+        checks += 1;
+    }
+    paying.await.unwrap();
+    assert!(
+        checks >= 10,
+        "only {checks} checks ran while the payments committed"
+    );
+    assert_eq!(last_hour(pool).await, Found::new());
+    assert_eq!(full(pool).await, Found::new());
+}
+
 #[tokio::test]
 async fn checkpointers_racing_add_each_charge_once() {
     let env = TestEnv::new().await;
@@ -351,7 +434,8 @@ async fn checkpointers_racing_add_each_charge_once() {
 
 /// One member with `history` checkpointed charges and one new charge: what the windowed
 /// balance check reads without and with the checkpoint, and what the checkpointer reads to
-/// move the checkpoint over the new charge once it has settled.
+/// move the checkpoint over the new charge once it has settled — index entries walked and
+/// passed over included, not only the rows kept.
 async fn reads_with_history(history: u32) -> Reads {
     let env = TestEnv::new().await;
     // One connection, so its session counters are everything the checkpointer reads.
@@ -371,7 +455,7 @@ async fn reads_with_history(history: u32) -> Reads {
         }
         let mut conn = pool.acquire().await.unwrap();
         let window = last_hour_window(&mut conn).await;
-        let counter = HandlerReads::start(&mut conn).await;
+        let counter = HandlerReads::start_with_pushdown(&mut conn).await;
         let found = audit::recent_member_can_balances(&mut conn, window)
             .await
             .unwrap();
@@ -384,7 +468,7 @@ async fn reads_with_history(history: u32) -> Reads {
         .execute(pool)
         .await
         .unwrap();
-    let counter = HandlerReads::start(&mut single.acquire().await.unwrap()).await;
+    let counter = HandlerReads::start_with_pushdown(&mut single.acquire().await.unwrap()).await;
     let moved = advance(&single).await;
     let checkpointer = counter.since(&mut single.acquire().await.unwrap()).await;
     assert_eq!((moved.moved, moved.charges), (1, 1));

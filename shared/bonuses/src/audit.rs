@@ -1,4 +1,5 @@
-//! W3's invariants (docs/workflows/bonuses.md, seed 003): plain SQL, one statement per question.
+//! W3's invariants (docs/workflows/bonuses.md, seed 003): plain SQL, one statement per question
+//! (the windowed balance check: two reads in one snapshot, [`recent_member_can_balances`]).
 //!
 //! | check | invariant |
 //! | --- | --- |
@@ -14,11 +15,14 @@
 //! and reads the charges above it; the full form reads every charge and verifies the
 //! checkpoints.
 
-use std::fmt;
+use std::{collections::HashMap, fmt};
 
-use paybus_platform::audit::{Check, Finding, Scope, Window};
+use paybus_platform::{
+    audit::{Check, Finding, Scope, Window},
+    db,
+};
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
 /// W3's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
@@ -182,19 +186,57 @@ const TOUCHED_CHARGES: &str = " JOIN ( \
               WHERE updated_at >= ? AND result_charge_id IS NOT NULL) touched \
      ON touched.id = c.id";
 
-/// Every member's three balances against its COMPLETE charges.
+/// Every member's three balances against its COMPLETE charges, and every checkpoint against
+/// the charges below it.
 pub async fn member_can_balances(
     conn: &mut MySqlConnection,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    member_can_balances_in(conn, Scope::All).await
+    let rows: Vec<(u64, i64, i64, i64, i64, i64, i64)> = Scope::All
+        .fetch(&mut *conn, BALANCES_FROM_EVERY_CHARGE, TOUCHED_MEMBERS)
+        .await?;
+    let mut violations: Vec<Violation> = rows
+        .into_iter()
+        .flat_map(
+            |(member_id, pg, aos, ios, pg_charged, aos_charged, ios_charged)| {
+                mismatches(
+                    member_id,
+                    [pg, aos, ios],
+                    [pg_charged, aos_charged, ios_charged],
+                )
+            },
+        )
+        .collect();
+    violations.extend(broken_checkpoints(conn).await?);
+    Ok(violations)
 }
 
-/// [`member_can_balances`] for the members `window` touched.
+/// [`member_can_balances`] for the members `window` touched, from their checkpoints: each
+/// member's balances and checkpoint first ([`BALANCES_AND_CHECKPOINTS`]), then the COMPLETE
+/// charges above each checkpoint ([`CHARGES_ABOVE_CHECKPOINT`], [`MEMBERS_PER_STATEMENT`]
+/// members to a statement), added up here.
+///
+/// Two reads, so they must see one snapshot, or a completion committed between them would
+/// look like a lost credit: in the caller's transaction when there is one (the auditor's
+/// pass, a consistent snapshot: [`paybus_platform::db::SNAPSHOT_BEGIN`]), else in one of its
+/// own.
+///
+/// Until 2026-12-05 this was one statement with a subquery per container bounded by the
+/// member's checkpoint. That bound came from the joined checkpoint row, so it was no range on
+/// any index: MariaDB walked every index entry of the member and tested it, the member's
+/// whole history on every pass (~115 µs a member with 200 charges; docs/benchmarks.md,
+/// 2026-12-05, night). Read as constants, the bounds are ranges on
+/// `index_charges_above_checkpoint`, and only the charges above them are read.
 pub async fn recent_member_can_balances(
     conn: &mut MySqlConnection,
     window: Window,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    member_can_balances_in(conn, Scope::Recent(window)).await
+    if conn.is_in_transaction() {
+        return balances_from_checkpoints(conn, window).await;
+    }
+    let mut snapshot = conn.begin_with(db::SNAPSHOT_BEGIN).await?;
+    let found = balances_from_checkpoints(&mut snapshot, window).await;
+    snapshot.rollback().await?;
+    found
 }
 
 /// A member's balances against the sums of all its COMPLETE charges (the full form).
@@ -212,76 +254,114 @@ const BALANCES_FROM_EVERY_CHARGE: &str = "SELECT m.id, CAST(m.pg_can AS SIGNED),
      HAVING m.pg_can <> pg_charged OR m.aos_can <> aos_charged OR m.ios_can <> ios_charged \
      ORDER BY m.id";
 
-/// A member's balances against its checkpoint plus its COMPLETE charges above the checkpoint
-/// and its listed unpaid charges paid since (the windowed form: it reads the member's charges
-/// since the checkpoint, not its history).
-/// The charges above are a subquery per container, not a join: the subquery's bound on the
-/// id is a constant for each member, so it is checked on the index entries (index condition
-/// pushdown) and only the charges above are read. As a join MariaDB read every charge of the
-/// member and filtered after: 160 ms against 80 ms on the evening soak's database, 250
-/// members with ~430 charges each and checkpoints 90 s behind (docs/benchmarks.md).
-const BALANCES_FROM_CHECKPOINTS: &str = "SELECT m.id, CAST(m.pg_can AS SIGNED) AS pg, \
-        CAST(m.aos_can AS SIGNED) AS aos, CAST(m.ios_can AS SIGNED) AS ios, \
-        CAST(COALESCE(s.pg_cans, 0) + COALESCE((SELECT SUM(c.cans) FROM charges c \
-            WHERE c.member_id = m.id AND c.id > COALESCE(s.through_charge_id, 0) \
-              AND c.payment_status = 'COMPLETE' AND c.container = 'pg'), 0) \
-             + COALESCE((SELECT SUM(c.cans) FROM member_can_checkpoint_unpaid u \
-                 JOIN charges c ON c.id = u.charge_id \
-                 WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
-                   AND c.container = 'pg'), 0) AS SIGNED) \
-            AS pg_charged, \
-        CAST(COALESCE(s.aos_cans, 0) + COALESCE((SELECT SUM(c.cans) FROM charges c \
-            WHERE c.member_id = m.id AND c.id > COALESCE(s.through_charge_id, 0) \
-              AND c.payment_status = 'COMPLETE' AND c.container = 'aos'), 0) \
-             + COALESCE((SELECT SUM(c.cans) FROM member_can_checkpoint_unpaid u \
-                 JOIN charges c ON c.id = u.charge_id \
-                 WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
-                   AND c.container = 'aos'), 0) AS SIGNED) \
-            AS aos_charged, \
-        CAST(COALESCE(s.ios_cans, 0) + COALESCE((SELECT SUM(c.cans) FROM charges c \
-            WHERE c.member_id = m.id AND c.id > COALESCE(s.through_charge_id, 0) \
-              AND c.payment_status = 'COMPLETE' AND c.container = 'ios'), 0) \
-             + COALESCE((SELECT SUM(c.cans) FROM member_can_checkpoint_unpaid u \
-                 JOIN charges c ON c.id = u.charge_id \
-                 WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
-                   AND c.container = 'ios'), 0) AS SIGNED) \
-            AS ios_charged \
+/// Each touched member's balances, where its checkpoint ends (0: none), and what is charged
+/// up to there: the checkpoint's sums plus its listed unpaid charges paid since.
+const BALANCES_AND_CHECKPOINTS: &str = "SELECT m.id AS member_id, \
+        CAST(m.pg_can AS SIGNED) AS pg, CAST(m.aos_can AS SIGNED) AS aos, \
+        CAST(m.ios_can AS SIGNED) AS ios, \
+        CAST(COALESCE(s.through_charge_id, 0) AS UNSIGNED) AS through_charge_id, \
+        CAST(COALESCE(s.pg_cans, 0) + COALESCE((SELECT SUM(c.cans) \
+            FROM member_can_checkpoint_unpaid u JOIN charges c ON c.id = u.charge_id \
+            WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
+              AND c.container = 'pg'), 0) AS SIGNED) AS pg_below, \
+        CAST(COALESCE(s.aos_cans, 0) + COALESCE((SELECT SUM(c.cans) \
+            FROM member_can_checkpoint_unpaid u JOIN charges c ON c.id = u.charge_id \
+            WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
+              AND c.container = 'aos'), 0) AS SIGNED) AS aos_below, \
+        CAST(COALESCE(s.ios_cans, 0) + COALESCE((SELECT SUM(c.cans) \
+            FROM member_can_checkpoint_unpaid u JOIN charges c ON c.id = u.charge_id \
+            WHERE u.member_id = m.id AND c.payment_status = 'COMPLETE' \
+              AND c.container = 'ios'), 0) AS SIGNED) AS ios_below \
      FROM members m {recent} \
      LEFT JOIN member_can_checkpoints s ON s.member_id = m.id \
-     HAVING pg <> pg_charged OR aos <> aos_charged OR ios <> ios_charged \
      ORDER BY m.id";
 
-async fn member_can_balances_in(
+/// A touched member as [`BALANCES_AND_CHECKPOINTS`] reads it.
+#[derive(sqlx::FromRow)]
+struct MemberBelow {
+    member_id: u64,
+    pg: i64,
+    aos: i64,
+    ios: i64,
+    through_charge_id: u64,
+    pg_below: i64,
+    aos_below: i64,
+    ios_below: i64,
+}
+
+/// Members whose charges above their checkpoints one statement sums.
+const MEMBERS_PER_STATEMENT: usize = 50;
+
+/// One member's COMPLETE charges above its checkpoint, per container (binds: the member twice,
+/// where its checkpoint ends). An aggregate without `GROUP BY`: one row, zeros for none.
+const CHARGES_ABOVE_CHECKPOINT: &str = "(SELECT CAST(? AS UNSIGNED), \
+        CAST(COALESCE(SUM(CASE WHEN container = 'pg' THEN cans END), 0) AS SIGNED), \
+        CAST(COALESCE(SUM(CASE WHEN container = 'aos' THEN cans END), 0) AS SIGNED), \
+        CAST(COALESCE(SUM(CASE WHEN container = 'ios' THEN cans END), 0) AS SIGNED) \
+     FROM charges FORCE INDEX (index_charges_above_checkpoint) \
+     WHERE member_id = ? AND id > ? AND payment_status = 'COMPLETE')";
+
+/// [`recent_member_can_balances`]'s reads, in the caller's snapshot. The statements are
+/// padded with member 0 (no member is), so the text, prepared once, is always the same.
+async fn balances_from_checkpoints(
     conn: &mut MySqlConnection,
-    scope: Scope,
+    window: Window,
 ) -> Result<Vec<Violation>, sqlx::Error> {
-    let sql = match scope {
-        Scope::All => BALANCES_FROM_EVERY_CHARGE,
-        Scope::Recent(_) => BALANCES_FROM_CHECKPOINTS,
-    };
-    let rows: Vec<(u64, i64, i64, i64, i64, i64, i64)> =
-        scope.fetch(&mut *conn, sql, TOUCHED_MEMBERS).await?;
+    let members: Vec<MemberBelow> = Scope::Recent(window)
+        .fetch(&mut *conn, BALANCES_AND_CHECKPOINTS, TOUCHED_MEMBERS)
+        .await?;
+    let sql = vec![CHARGES_ABOVE_CHECKPOINT; MEMBERS_PER_STATEMENT].join(" UNION ALL ");
     let mut violations = Vec::new();
-    for (member_id, pg, aos, ios, pg_charged, aos_charged, ios_charged) in rows {
-        for (container, balance, charged) in [
-            ("pg", pg, pg_charged),
-            ("aos", aos, aos_charged),
-            ("ios", ios, ios_charged),
-        ] {
-            if balance != charged {
-                violations.push(Violation::MemberBalanceMismatch {
-                    member_id,
-                    container: container.to_owned(),
-                    balance,
-                    charged,
-                });
-            }
+    for batch in members.chunks(MEMBERS_PER_STATEMENT) {
+        let padding = std::iter::repeat_n((0, 0), MEMBERS_PER_STATEMENT - batch.len());
+        let above: HashMap<u64, [i64; 3]> = batch
+            .iter()
+            .map(|member| (member.member_id, member.through_charge_id))
+            .chain(padding)
+            .fold(
+                sqlx::query_as(AssertSqlSafe(sql.as_str())),
+                |query, (member_id, through)| query.bind(member_id).bind(member_id).bind(through),
+            )
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|(member_id, pg, aos, ios): (u64, i64, i64, i64)| (member_id, [pg, aos, ios]))
+            .collect();
+        for member in batch {
+            let [pg_above, aos_above, ios_above] =
+                above.get(&member.member_id).copied().unwrap_or_default();
+            violations.extend(mismatches(
+                member.member_id,
+                [member.pg, member.aos, member.ios],
+                [
+                    member.pg_below + pg_above,
+                    member.aos_below + aos_above,
+                    member.ios_below + ios_above,
+                ],
+            ));
         }
     }
-    if let Scope::All = scope {
-        violations.extend(broken_checkpoints(conn).await?);
-    }
     Ok(violations)
+}
+
+/// A violation for each container whose balance is not what is charged there (pg, aos, ios).
+fn mismatches(
+    member_id: u64,
+    balances: [i64; 3],
+    charged: [i64; 3],
+) -> impl Iterator<Item = Violation> {
+    ["pg", "aos", "ios"]
+        .into_iter()
+        .zip(balances.into_iter().zip(charged))
+        .filter(|(_, (balance, charged))| balance != charged)
+        .map(
+            move |(container, (balance, charged))| Violation::MemberBalanceMismatch {
+                member_id,
+                container: container.to_owned(),
+                balance,
+                charged,
+            },
+        )
 }
 
 /// A checkpoint that [`broken_checkpoints`] found wrong, with what its charges add up to.

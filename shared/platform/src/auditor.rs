@@ -35,6 +35,7 @@ use crate::{
         sweeper::{Job, JobFuture, JobReport},
     },
     config::Vars,
+    db,
     setting::Setting,
 };
 
@@ -208,7 +209,8 @@ impl Auditor {
     #[tracing::instrument(skip_all, fields(checks = self.checks.len(), external = self.external.len()))]
     pub async fn pass(&self) -> Result<Pass, sqlx::Error> {
         let started = std::time::Instant::now();
-        let mut tx = self.pool.begin().await?;
+        // One snapshot for every check: some compare rows two statements read.
+        let mut tx = db::begin_snapshot(&self.pool).await?;
         // The snapshot's instant and the previous pass's (any process's): the first
         // statement of the transaction, so both are read in the snapshot the checks use.
         let (started_at, previous): (DateTime<Utc>, Option<DateTime<Utc>>) =

@@ -172,6 +172,22 @@ pub async fn begin_read_committed(
 /// [`begin_read_committed`]'s BEGIN.
 const READ_COMMITTED_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN";
 
+/// A transaction whose reads all see one snapshot, taken at its start: for checks that
+/// compare what several statements read (the auditor's pass). Named, not the server's
+/// default: under `transaction_isolation = READ-COMMITTED`, a setting operators choose, each
+/// statement would see its own, and a payment committed between two reads would look like
+/// a lost credit.
+pub async fn begin_snapshot(
+    pool: &MySqlPool,
+) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
+    pool.begin_with(SNAPSHOT_BEGIN).await
+}
+
+/// [`begin_snapshot`]'s BEGIN, for a connection already checked out
+/// (`Connection::begin_with`).
+pub const SNAPSHOT_BEGIN: &str =
+    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION WITH CONSISTENT SNAPSHOT";
+
 /// MySQL / MariaDB error numbers that no retry can fix: the statement itself is refused for
 /// what it writes (a constraint, a value that does not fit) or is malformed.
 const PERMANENT_ERRORS: &[u16] = &[
