@@ -24,6 +24,8 @@ use paybus_platform::{
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
+use crate::checkpoint::{self, MEMBERS_PER_STATEMENT};
+
 /// W3's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
     paybus_platform::audit_check!("member_can_balances", member_can_balances, recent: recent_member_can_balances),
@@ -289,9 +291,6 @@ struct MemberBelow {
     ios_below: i64,
 }
 
-/// Members whose charges above their checkpoints one statement sums.
-const MEMBERS_PER_STATEMENT: usize = 50;
-
 /// One member's COMPLETE charges above its checkpoint, per container (binds: the member twice,
 /// where its checkpoint ends). An aggregate without `GROUP BY`: one row, zeros for none.
 const CHARGES_ABOVE_CHECKPOINT: &str = "(SELECT CAST(? AS UNSIGNED), \
@@ -301,8 +300,7 @@ const CHARGES_ABOVE_CHECKPOINT: &str = "(SELECT CAST(? AS UNSIGNED), \
      FROM charges FORCE INDEX (index_charges_above_checkpoint) \
      WHERE member_id = ? AND id > ? AND payment_status = 'COMPLETE')";
 
-/// [`recent_member_can_balances`]'s reads, in the caller's snapshot. The statements are
-/// padded with member 0 (no member is), so the text, prepared once, is always the same.
+/// [`recent_member_can_balances`]'s reads, in the caller's snapshot.
 async fn balances_from_checkpoints(
     conn: &mut MySqlConnection,
     window: Window,
@@ -310,14 +308,13 @@ async fn balances_from_checkpoints(
     let members: Vec<MemberBelow> = Scope::Recent(window)
         .fetch(&mut *conn, BALANCES_AND_CHECKPOINTS, TOUCHED_MEMBERS)
         .await?;
-    let sql = vec![CHARGES_ABOVE_CHECKPOINT; MEMBERS_PER_STATEMENT].join(" UNION ALL ");
+    let sql = checkpoint::per_member_statement(CHARGES_ABOVE_CHECKPOINT);
     let mut violations = Vec::new();
     for batch in members.chunks(MEMBERS_PER_STATEMENT) {
-        let padding = std::iter::repeat_n((0, 0), MEMBERS_PER_STATEMENT - batch.len());
-        let above: HashMap<u64, [i64; 3]> = batch
+        let pairs = batch
             .iter()
-            .map(|member| (member.member_id, member.through_charge_id))
-            .chain(padding)
+            .map(|member| (member.member_id, member.through_charge_id));
+        let above: HashMap<u64, [i64; 3]> = checkpoint::padded(pairs)
             .fold(
                 sqlx::query_as(AssertSqlSafe(sql.as_str())),
                 |query, (member_id, through)| query.bind(member_id).bind(member_id).bind(through),

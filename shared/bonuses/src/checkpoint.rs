@@ -164,8 +164,25 @@ struct ChargeAbove {
     ios: i64,
 }
 
-/// Members whose charges above their checkpoints one statement reads.
-const READS_PER_STATEMENT: usize = 50;
+/// Members whose charges above their checkpoints one statement reads (the checkpointer's and
+/// the windowed balance check's reads).
+pub(crate) const MEMBERS_PER_STATEMENT: usize = 50;
+
+/// One statement for [`MEMBERS_PER_STATEMENT`] members: `select`, one member's read in
+/// parentheses, that many times, joined by `UNION ALL`.
+pub(crate) fn per_member_statement(select: &str) -> String {
+    vec![select; MEMBERS_PER_STATEMENT].join(" UNION ALL ")
+}
+
+/// `batch`, at most [`MEMBERS_PER_STATEMENT`] (member, where its checkpoint ends) pairs,
+/// padded with member 0 (no member is) to a whole statement: its text, prepared once, is
+/// always the same.
+pub(crate) fn padded(
+    batch: impl ExactSizeIterator<Item = (u64, u64)>,
+) -> impl Iterator<Item = (u64, u64)> {
+    let padding = MEMBERS_PER_STATEMENT.saturating_sub(batch.len());
+    batch.chain(std::iter::repeat_n((0, 0), padding))
+}
 
 /// One member's charges above its checkpoint (binds: the settling time, the member, where its
 /// checkpoint ends).
@@ -181,7 +198,7 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
 /// The next settled stretch of each of `starts` (a member and where its checkpoint ends, 0
 /// for none), leaving out members with none, in member order (the order [`advance`]'s
 /// transactions lock them in): their charges above the checkpoints, read
-/// [`READS_PER_STATEMENT`] members to a statement, and the stretches decided here
+/// [`MEMBERS_PER_STATEMENT`] members to a statement, and the stretches decided here
 /// ([`stretch`]).
 ///
 /// - **Several members to a statement, each its own `SELECT`** (`UNION ALL`): a statement per
@@ -202,24 +219,19 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
 /// - **The stretch's end decided in Rust, not in SQL**: a correlated `MIN` in a derived table,
 ///   re-executed as a prepared statement, returned a stretch past a recent charge in about one
 ///   run in two on MariaDB 10.11 (`tests/tests/bonuses_checkpoints.rs`).
-/// - The last statement is padded with member 0 (no member is), so the text, prepared once,
-///   is always the same. A member's first checkpoint reads its whole history, once (summed
+/// - The last statement is [`padded`]. A member's first checkpoint reads its whole history, once (summed
 ///   in SQL until 2026-12-05; now 50 members' histories are in memory at a time).
 async fn settled_stretches(
     pool: &MySqlPool,
     starts: &[(u64, u64)],
     settled_after: Duration,
 ) -> Result<Vec<Stretch>, sqlx::Error> {
-    let sql = vec![CHARGES_ABOVE; READS_PER_STATEMENT].join(" UNION ALL ");
+    let sql = per_member_statement(CHARGES_ABOVE);
     let mut stretches = Vec::new();
     // A statement's rows at a time: a member's first checkpoint reads its whole history, and
     // 500 long histories at once would be a spike in grant-bonus's memory.
-    for batch in starts.chunks(READS_PER_STATEMENT) {
-        let padding = std::iter::repeat_n((0, 0), READS_PER_STATEMENT - batch.len());
-        let mut above: Vec<ChargeAbove> = batch
-            .iter()
-            .copied()
-            .chain(padding)
+    for batch in starts.chunks(MEMBERS_PER_STATEMENT) {
+        let mut above: Vec<ChargeAbove> = padded(batch.iter().copied())
             .fold(
                 sqlx::query_as(AssertSqlSafe(sql.as_str())),
                 |query, (member_id, from)| {
