@@ -59,7 +59,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use paybus_bonuses::BonusRules;
+use paybus_bonuses::Completions;
 use paybus_dead_letter_ops::Triager;
 use paybus_p2p::Matcher;
 use paybus_platform::{
@@ -94,8 +94,8 @@ pub struct AppState {
     pub admin_jwt_secret: Option<Secret>,
     /// `PAYBUS_PAYMENTS_SECRET`. None: the payment completion routes answer 503.
     pub payments_secret: Option<Secret>,
-    /// W3's bonus rules for completions.
-    pub bonus_rules: BonusRules,
+    /// W3's payment completions (with its bonus rules), concurrent ones committed together.
+    pub completions: Completions,
     /// How far a signature's timestamp may be from now (default 300 s).
     pub signature_tolerance: Duration,
     /// The invariants `GET /v1/admin/audit` checks (every workflow's: the catalog's list).
@@ -138,7 +138,7 @@ impl AppState {
             chain_monitor_secret: config.chain_monitor_secret.clone(),
             admin_jwt_secret: config.admin_jwt_secret.clone(),
             payments_secret: config.payments_secret.clone(),
-            bonus_rules: config.bonus_rules,
+            completions: Completions::new(services.outbox.clone(), config.bonus_rules),
             signature_tolerance: signature::DEFAULT_TOLERANCE,
             audit: audit.into(),
             async_matching_enabled: config.async_matching_enabled,

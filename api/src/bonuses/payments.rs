@@ -27,7 +27,7 @@ use axum::{
     http::HeaderMap,
 };
 use paybus_bonuses::{
-    CompleteError, Completion, PaymentCompletion, charge::PaymentGateway, completion,
+    CompleteError, Completion, PaymentCompletion, charge::PaymentGateway,
     completion::CompletedCharge,
 };
 use serde::{Deserialize, Serialize};
@@ -148,7 +148,9 @@ async fn complete(
         amount: request.amount.value(),
     };
     tracing::Span::current().record("charge_id", completion.charge_id);
-    let done = completion::complete(&state.outbox, state.bonus_rules, &completion)
+    let done = state
+        .completions
+        .complete(completion)
         .await
         .map_err(refused)?;
     Ok(Json(match done {

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::{Deserialize, Serialize};
-use sqlx::{MySqlConnection, Row};
+use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use crate::{BonusError, error::parse_column};
 
@@ -228,6 +228,15 @@ async fn by_id(
     row.map(ChargeRow::into_charge).transpose()
 }
 
+/// A gateway's word that a charge is paid, as the transition reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Payment<'a> {
+    pub charge_id: u64,
+    pub gateway: PaymentGateway,
+    pub gateway_tx_id: &'a str,
+    pub amount: Amount,
+}
+
 /// The conditional transition REQUEST -> COMPLETE (principle 1) and the credit of the charge's
 /// cans to its member's balance of its container, in one statement: true when this call made
 /// the transition. Only a purchase through `gateway` for exactly `amount` completes; the
@@ -243,38 +252,60 @@ async fn by_id(
 /// one static statement serves the three containers.
 pub async fn complete_and_credit(
     conn: &mut MySqlConnection,
-    id: u64,
-    gateway: PaymentGateway,
-    gateway_tx_id: &str,
-    amount: Amount,
+    payment: Payment<'_>,
 ) -> Result<bool, BonusError> {
-    let matched = sqlx::query(
-        "UPDATE charges c JOIN members m FORCE INDEX (PRIMARY) ON m.id = c.member_id \
-         SET c.payment_status = 'COMPLETE', c.gateway_tx_id = ?, c.completed_at = NOW(6), \
-             m.pg_can = m.pg_can + IF(c.container = 'pg', c.cans, 0), \
-             m.aos_can = m.aos_can + IF(c.container = 'aos', c.cans, 0), \
-             m.ios_can = m.ios_can + IF(c.container = 'ios', c.cans, 0) \
-         WHERE c.id = ? AND c.status = 'CHARGE' AND c.payment_status = 'REQUEST' \
-           AND c.payment_gateway = ? AND c.price = ?",
-    )
-    .bind(gateway_tx_id)
-    .bind(id)
-    .bind(gateway.as_str())
-    .bind(amount)
-    .execute(conn)
-    .await?
-    .rows_affected();
     // sqlx counts matched rows (CLIENT_FOUND_ROWS), of both tables: 2 is the transition and
     // its credit, 0 no transition (the status is in the WHERE clause). A charge without its
     // member (the foreign key forbids it) would match nothing either, and be reported by the
     // locking read that explains a 0.
-    match matched {
+    match complete_and_credit_all(conn, &[payment]).await? {
         0 => Ok(false),
         2 => Ok(true),
         other => Err(BonusError::Inconsistent(format!(
-            "completing charge {id} matched {other} rows of charges and members, not 2"
+            "completing charge {} matched {other} rows of charges and members, not 2",
+            payment.charge_id
         ))),
     }
+}
+
+/// [`complete_and_credit`] of several payments (distinct charges) in one statement: the rows
+/// of charges and members it matched. All of them made their transition exactly when that is
+/// twice their number *and* their members are distinct: a multi-table UPDATE changes a row
+/// once however often the join meets it, so two charges of one member match 3 rows and credit
+/// the member once — the caller must then roll back (`completion::batch` does, and completes
+/// each on its own).
+pub async fn complete_and_credit_all(
+    conn: &mut MySqlConnection,
+    payments: &[Payment<'_>],
+) -> Result<u64, BonusError> {
+    let each = |text: &str| text.repeat(payments.len());
+    let sql = format!(
+        "UPDATE charges c JOIN members m FORCE INDEX (PRIMARY) ON m.id = c.member_id \
+         SET c.payment_status = 'COMPLETE', c.gateway_tx_id = CASE c.id {}END, \
+             c.completed_at = NOW(6), \
+             m.pg_can = m.pg_can + IF(c.container = 'pg', c.cans, 0), \
+             m.aos_can = m.aos_can + IF(c.container = 'aos', c.cans, 0), \
+             m.ios_can = m.ios_can + IF(c.container = 'ios', c.cans, 0) \
+         WHERE c.id IN ({}) AND c.status = 'CHARGE' AND c.payment_status = 'REQUEST' \
+           AND CASE c.id {}END",
+        each("WHEN ? THEN ? "),
+        vec!["?"; payments.len()].join(", "),
+        each("WHEN ? THEN c.payment_gateway = ? AND c.price = ? "),
+    );
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for payment in payments {
+        query = query.bind(payment.charge_id).bind(payment.gateway_tx_id);
+    }
+    for payment in payments {
+        query = query.bind(payment.charge_id);
+    }
+    for payment in payments {
+        query = query
+            .bind(payment.charge_id)
+            .bind(payment.gateway.as_str())
+            .bind(payment.amount);
+    }
+    Ok(query.execute(conn).await?.rows_affected())
 }
 
 /// The charge a gateway payment completed, if any.

@@ -49,6 +49,9 @@ use crate::{
     job::{self, BonusJob, JobStatus, JobType, NewJob},
 };
 
+/// InnoDB's "deadlock found; try restarting transaction".
+const DEADLOCK: u16 = 1213;
+
 /// The reason recorded on a first-charge bonus (its EVENT charge's method).
 pub const FIRST_CHARGE_METHOD: &str = "first charge bonus";
 
@@ -93,6 +96,17 @@ pub struct PaymentCompletion {
     pub gateway_tx_id: String,
     /// What the gateway says was paid; must equal the charge's price.
     pub amount: Amount,
+}
+
+impl PaymentCompletion {
+    pub(crate) fn payment(&self) -> charge::Payment<'_> {
+        charge::Payment {
+            charge_id: self.charge_id,
+            gateway: self.gateway,
+            gateway_tx_id: &self.gateway_tx_id,
+            amount: self.amount,
+        }
+    }
 }
 
 /// A completed charge as the completion reports it, the first time and on every repeat.
@@ -204,6 +218,17 @@ impl CompleteError {
     pub fn is_refusal(&self) -> bool {
         !matches!(self, CompleteError::Bonus(_))
     }
+
+    /// InnoDB chose the completion's transaction as a deadlock's victim and rolled it back
+    /// whole: nothing of it stands, so it may simply run again.
+    pub fn is_deadlock(&self) -> bool {
+        let database = match self {
+            CompleteError::Bonus(BonusError::Database(e))
+            | CompleteError::Bonus(BonusError::Outbox(OutboxError::Database(e))) => e,
+            _ => return false,
+        };
+        db::error_number(database) == Some(DEADLOCK)
+    }
 }
 
 /// Completes the payment in a transaction of its own and commits it; see the module docs.
@@ -238,14 +263,7 @@ pub async fn complete_in(
     correlation_id: Uuid,
 ) -> Result<Completion, CompleteError> {
     let id = request.charge_id;
-    let transitioned = charge::complete_and_credit(
-        uow,
-        id,
-        request.gateway,
-        &request.gateway_tx_id,
-        request.amount,
-    )
-    .await;
+    let transitioned = charge::complete_and_credit(uow, request.payment()).await;
     match transitioned {
         Ok(true) => {}
         Ok(false) => return not_completed(uow, request).await,
@@ -270,6 +288,20 @@ pub async fn complete_in(
                 entity: "charge",
                 id,
             })?;
+    let completed = write_owed_bonuses(uow, rules, charge, standing, correlation_id).await?;
+    Ok(Completion::Completed(completed))
+}
+
+/// A just-completed charge's bonus jobs (decided under its member's lock: `standing` read
+/// after the credit) and their messages, in the completion's transaction; what the completion
+/// reports.
+pub(crate) async fn write_owed_bonuses(
+    uow: &mut UnitOfWork<'_>,
+    rules: BonusRules,
+    charge: Charge,
+    standing: Option<event::Standing>,
+    correlation_id: Uuid,
+) -> Result<CompletedCharge, CompleteError> {
     let mut bonus_jobs = Vec::new();
     for new in owed_bonuses(uow, rules, &charge, standing).await? {
         if let Some(job_id) = job::enqueue(uow, &new, correlation_id).await? {
@@ -282,9 +314,9 @@ pub async fn complete_in(
             });
         }
     }
-    tracing::info!(charge_id = id, member_id = charge.member_id, cans = charge.cans,
+    tracing::info!(charge_id = charge.id, member_id = charge.member_id, cans = charge.cans,
         container = %charge.container, bonus_jobs = bonus_jobs.len(), "payment completed");
-    Ok(Completion::Completed(completed(charge, bonus_jobs)))
+    Ok(completed(charge, bonus_jobs))
 }
 
 fn completed(charge: Charge, bonus_jobs: Vec<OwedBonus>) -> CompletedCharge {

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use crate::{
     BonusError,
@@ -105,14 +105,21 @@ pub struct Standing {
 /// A member's standing in event `e` (`granted`, `owed`: see [`Standing`]), for the member named
 /// by `$member` (a placeholder or a column of the enclosing query). One text for
 /// [`applying_now`] and [`charge_and_standing`], so the two never count differently.
+///
+/// Both counts name their index. Reading several charges at once
+/// ([`charges_and_standings`]), the optimizer chose `idx_charge_event_job_charge_event_id` for
+/// the owed count: every job of the event read for each charge, a cost that grows with the
+/// event (W3's benchmark: the database's CPU per grant doubled).
 macro_rules! standing_counts {
     ($member:literal) => {
         concat!(
-            "(SELECT COUNT(*) FROM charges g WHERE g.member_id = ",
+            "(SELECT COUNT(*) FROM charges g FORCE INDEX (index_charges_payment_count) ",
+            "WHERE g.member_id = ",
             $member,
             " AND g.status = 'EVENT' AND g.method = e.title ",
             "AND g.created_at BETWEEN e.start_at AND e.end_at) AS granted, ",
-            "(SELECT COUNT(*) FROM charge_event_job j WHERE j.member_id = ",
+            "(SELECT COUNT(*) FROM charge_event_job j ",
+            "FORCE INDEX (idx_charge_event_job_member_event) WHERE j.member_id = ",
             $member,
             " AND j.charge_event_id = e.id AND j.status <> 'DONE') AS owed"
         )
@@ -171,79 +178,102 @@ pub async fn charge_and_standing(
     conn: &mut MySqlConnection,
     charge_id: u64,
 ) -> Result<Option<(Charge, Option<Standing>)>, BonusError> {
-    /// The event's columns come through a LEFT JOIN (NULL when none applies), renamed where a
-    /// charge's have the same name.
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        #[sqlx(flatten)]
-        charge: ChargeRow,
-        event_id: Option<u64>,
-        title: Option<String>,
-        add_percent: Option<i32>,
-        start_at: Option<DateTime<Utc>>,
-        end_at: Option<DateTime<Utc>>,
-        is_active: Option<bool>,
-        available_count: Option<i32>,
-        event_created_at: Option<DateTime<Utc>>,
-        event_updated_at: Option<DateTime<Utc>>,
-        granted: i64,
-        owed: i64,
+    Ok(charges_and_standings(conn, &[charge_id]).await?.pop())
+}
+
+/// [`charge_and_standing`] of several charges in one statement, in id order (those that
+/// exist). Each member's standing is its own only when the charges' members are distinct.
+pub async fn charges_and_standings(
+    conn: &mut MySqlConnection,
+    charge_ids: &[u64],
+) -> Result<Vec<(Charge, Option<Standing>)>, BonusError> {
+    let sql = format!(
+        "{} WHERE c.id IN ({}) ORDER BY c.id",
+        concat!(
+            "SELECT c.id, c.member_id, c.status, c.cans, c.price, c.payment_gateway, ",
+            "c.container, c.method, c.payment_status, c.gateway_tx_id, c.completed_at, ",
+            "c.created_at, c.updated_at, e.id AS event_id, e.title, e.add_percent, e.start_at, ",
+            "e.end_at, e.is_active, e.available_count, e.created_at AS event_created_at, ",
+            "e.updated_at AS event_updated_at, ",
+            standing_counts!("c.member_id"),
+            " FROM charges c LEFT JOIN charge_events e ON e.id = (SELECT a.id ",
+            applying_events!("a"),
+            ")"
+        ),
+        vec!["?"; charge_ids.len()].join(", ")
+    );
+    let rows: Vec<ChargeStandingRow> = charge_ids
+        .iter()
+        .fold(sqlx::query_as(AssertSqlSafe(sql)), |query, id| {
+            query.bind(id)
+        })
+        .fetch_all(conn)
+        .await?;
+    rows.into_iter()
+        .map(ChargeStandingRow::into_charge_and_standing)
+        .collect()
+}
+
+/// The event's columns come through a LEFT JOIN (NULL when none applies), renamed where a
+/// charge's have the same name.
+#[derive(sqlx::FromRow)]
+struct ChargeStandingRow {
+    #[sqlx(flatten)]
+    charge: ChargeRow,
+    event_id: Option<u64>,
+    title: Option<String>,
+    add_percent: Option<i32>,
+    start_at: Option<DateTime<Utc>>,
+    end_at: Option<DateTime<Utc>>,
+    is_active: Option<bool>,
+    available_count: Option<i32>,
+    event_created_at: Option<DateTime<Utc>>,
+    event_updated_at: Option<DateTime<Utc>>,
+    granted: i64,
+    owed: i64,
+}
+
+impl ChargeStandingRow {
+    fn into_charge_and_standing(self) -> Result<(Charge, Option<Standing>), BonusError> {
+        let event = match (
+            self.event_id,
+            self.title,
+            self.add_percent,
+            self.start_at,
+            self.end_at,
+            self.is_active,
+            self.available_count,
+            self.event_created_at,
+            self.event_updated_at,
+        ) {
+            (
+                Some(id),
+                Some(title),
+                Some(add_percent),
+                Some(start_at),
+                Some(end_at),
+                Some(is_active),
+                Some(available_count),
+                Some(created_at),
+                Some(updated_at),
+            ) => Some(ChargeEvent {
+                id,
+                title,
+                add_percent,
+                start_at,
+                end_at,
+                is_active,
+                available_count,
+                created_at,
+                updated_at,
+            }),
+            _ => None,
+        };
+        let standing = event.map(|event| Standing {
+            event,
+            granted: self.granted,
+            owed: self.owed,
+        });
+        Ok((self.charge.into_charge()?, standing))
     }
-    let row: Option<Row> = sqlx::query_as(concat!(
-        "SELECT c.id, c.member_id, c.status, c.cans, c.price, c.payment_gateway, c.container, ",
-        "c.method, c.payment_status, c.gateway_tx_id, c.completed_at, c.created_at, ",
-        "c.updated_at, e.id AS event_id, e.title, e.add_percent, e.start_at, e.end_at, ",
-        "e.is_active, e.available_count, e.created_at AS event_created_at, ",
-        "e.updated_at AS event_updated_at, ",
-        standing_counts!("c.member_id"),
-        " FROM charges c LEFT JOIN charge_events e ON e.id = (SELECT a.id ",
-        applying_events!("a"),
-        ") WHERE c.id = ?"
-    ))
-    .bind(charge_id)
-    .fetch_optional(conn)
-    .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let event = match (
-        row.event_id,
-        row.title,
-        row.add_percent,
-        row.start_at,
-        row.end_at,
-        row.is_active,
-        row.available_count,
-        row.event_created_at,
-        row.event_updated_at,
-    ) {
-        (
-            Some(id),
-            Some(title),
-            Some(add_percent),
-            Some(start_at),
-            Some(end_at),
-            Some(is_active),
-            Some(available_count),
-            Some(created_at),
-            Some(updated_at),
-        ) => Some(ChargeEvent {
-            id,
-            title,
-            add_percent,
-            start_at,
-            end_at,
-            is_active,
-            available_count,
-            created_at,
-            updated_at,
-        }),
-        _ => None,
-    };
-    let standing = event.map(|event| Standing {
-        event,
-        granted: row.granted,
-        owed: row.owed,
-    });
-    Ok(Some((row.charge.into_charge()?, standing)))
 }

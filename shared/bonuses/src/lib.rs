@@ -23,6 +23,7 @@ pub mod audit;
 pub mod charge;
 pub mod checkpoint;
 pub mod completion;
+pub mod completions;
 mod error;
 pub mod event;
 pub mod grant;
@@ -31,6 +32,7 @@ pub mod member;
 pub mod messages;
 
 pub use completion::{BonusRules, CompleteError, Completion, PaymentCompletion};
+pub use completions::Completions;
 pub use error::BonusError;
 pub use messages::BonusJobCreated;
 

@@ -25,12 +25,12 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use paybus_bonuses::BonusJobCreated;
 use paybus_bonuses::{
-    BonusRules, Completion, PaymentCompletion, charge::PaymentGateway, completion,
+    BonusRules, Completion, Completions, PaymentCompletion, charge::PaymentGateway,
 };
 use paybus_grant_bonus::{Attempted, GrantBonus, MessageResult, attempt};
 use paybus_money::Amount;
 use paybus_platform::{
-    bus::{Handler, Runner, Services, metrics},
+    bus::{Handler, Runner, metrics},
     retry::Clock,
     testing::TestEnv,
 };
@@ -91,8 +91,11 @@ fn price() -> Amount {
     Amount::whole(i64::from(CANS) * 100)
 }
 
-async fn complete(services: &Services, paid: &PaymentCompletion) -> anyhow::Result<u64> {
-    match completion::complete(&services.outbox, BonusRules::default(), paid)
+/// A completion as the gateway routes make it: through [`Completions`], which commits
+/// concurrent ones together.
+async fn complete(completions: &Completions, paid: &PaymentCompletion) -> anyhow::Result<u64> {
+    match completions
+        .complete(paid.clone())
         .await
         .context("completing a payment")?
     {
@@ -125,12 +128,13 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let (created, jobs) = tokio::sync::mpsc::unbounded_channel::<u64>();
     let jobs = std::sync::Arc::new(tokio::sync::Mutex::new(jobs));
     let counters = Counters::read(&services.pool).await?;
+    let completions = Completions::new(services.outbox.clone(), BonusRules::default());
     let completing = drive(paid.len(), args.concurrency, {
-        let (paid, services) = (paid.clone(), services.clone());
+        let (paid, completions) = (paid.clone(), completions.clone());
         move |i| {
-            let (paid, services, created) = (paid.clone(), services.clone(), created.clone());
+            let (paid, completions, created) = (paid.clone(), completions.clone(), created.clone());
             async move {
-                let job_id = complete(&services, &paid[i]).await?;
+                let job_id = complete(&completions, &paid[i]).await?;
                 created.send(job_id).context("the granting tasks stopped")?;
                 Ok(())
             }
@@ -171,6 +175,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         elapsed,
         statements: Some(counters.since(&services.pool).await?),
     };
+    let direct_batches = completions.counts();
 
     // The direct phase's completions published their messages too; they are not this phase's.
     purge(&services, GRANT_BONUS_QUEUE).await?;
@@ -185,12 +190,14 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let before = processed_by(GrantBonus::FUNCTION);
     let counters = Counters::read(&services.pool).await?;
     let started = Instant::now();
+    let completions = Completions::new(services.outbox.clone(), BonusRules::default());
     drive(paid.len(), args.concurrency, {
-        let (paid, services) = (paid.clone(), services.clone());
+        let (paid, services, completions) = (paid.clone(), services.clone(), completions.clone());
         move |i| {
-            let (paid, services) = (paid.clone(), services.clone());
+            let (paid, services, completions) =
+                (paid.clone(), services.clone(), completions.clone());
             async move {
-                let job_id = complete(&services, &paid[i]).await?;
+                let job_id = complete(&completions, &paid[i]).await?;
                 publish_copy(&services, BonusJobCreated { job_id }).await
             }
         }
@@ -225,8 +232,18 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
 
-    for phase in [&direct, &end_to_end, &ceiling] {
+    for (phase, batches) in [
+        (&direct, Some(direct_batches)),
+        (&end_to_end, Some(completions.counts())),
+        (&ceiling, None),
+    ] {
         phase.print();
+        if let Some(batches) = batches {
+            println!(
+                "    completions committed together: {} in {} transactions; {} apart",
+                batches.completed_together, batches.batches, batches.completed_apart
+            );
+        }
     }
     let ratio = end_to_end.rate() / direct.rate();
     let of_ceiling = end_to_end.rate() / ceiling.rate();

@@ -1,0 +1,366 @@
+//! Payment completions that arrive together, committed together (group commit): what the
+//! gateway routes call instead of [`completion::complete`] directly.
+//!
+//! Why: a completion alone is six round trips and a commit (BEGIN, the transition and credit,
+//! the standing read, the job, its message, COMMIT). Under a burst of webhooks most of the
+//! database's time went to those round trips and commits rather than to the rows (W3's
+//! benchmark, docs/benchmarks.md 2026-12-06: the database's CPU per grant 1,510–1,732 µs
+//! with each completion on its own, 620–842 µs committed together, about 13 to a
+//! transaction; grants end to end 0.19 → 0.30–0.37 of the write ceiling). Here, while [`BATCHES_IN_FLIGHT`]
+//! transactions are running, new completions wait in a queue, and the next free one takes up to
+//! [`MAX_BATCH`] of them into one transaction: one UPDATE transitions and credits them all, one
+//! read gives each its standing, then each one's jobs and messages, one COMMIT. A lone
+//! completion goes straight through [`completion::complete`], as before.
+//!
+//! Nothing is decided differently from a completion on its own. The batch commits only when
+//! every one of its charges made its transition (the UPDATE matched two rows for each: the
+//! charge and its member) and their members are distinct — a multi-table UPDATE changes a row
+//! once however often the join meets it, so two charges of one member would be credited once,
+//! and one standing read would count neither's job for the other. Anything else (a repeat, a
+//! refusal, a receipt presented twice, two charges of one member, a deadlock, any error) rolls
+//! the batch back and completes each of its requests on its own, with its own answer. A batch
+//! whose COMMIT's outcome is unknown is resolved the same way: each completion, made again,
+//! finds its charge COMPLETE by its own payment and answers the original result.
+//!
+//! Locks: a batch holds several members' rows, taken in its charges' order. A grant of several
+//! jobs takes its members in id order, so the two can deadlock; InnoDB then rolls one back,
+//! and either side redoes its work one at a time (this batch here, the grant in
+//! grant-bonus's `grant_due`).
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use paybus_platform::bus::Outbox;
+use tokio::sync::oneshot;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::{
+    BonusError,
+    charge::{self, Payment},
+    completion::{self, BonusRules, CompleteError, Completion, PaymentCompletion},
+    event,
+};
+
+/// Completions in one transaction at most: keeps the statements' `IN` lists short and a
+/// batch's member locks few.
+pub const MAX_BATCH: usize = 16;
+
+/// Transactions of completions running at once. Fewer would queue completions behind one slow
+/// member lock; more would leave nothing to batch (each would start on its own).
+pub const BATCHES_IN_FLIGHT: usize = 4;
+
+/// What the batches have done since start-up (for tests and the benchmark).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    /// Transactions committed with more than one completion.
+    pub batches: u64,
+    /// Completions committed in them.
+    pub completed_together: u64,
+    /// Completions made on their own after their batch could not commit together.
+    pub completed_apart: u64,
+}
+
+/// Completes payments, committing concurrent ones together; clones share the queue.
+#[derive(Clone)]
+pub struct Completions {
+    outbox: Outbox,
+    rules: BonusRules,
+    queue: Arc<Mutex<Queue>>,
+    counts: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Waiting>,
+    /// Runner tasks alive, at most [`BATCHES_IN_FLIGHT`].
+    runners: usize,
+}
+
+/// A completion waiting for its batch, with the span of the request that asked for it (so its
+/// logs and its messages' trace context are the request's).
+struct Waiting {
+    request: PaymentCompletion,
+    span: tracing::Span,
+    answer: oneshot::Sender<Result<Completion, CompleteError>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    completed_together: AtomicU64,
+    completed_apart: AtomicU64,
+}
+
+impl Completions {
+    pub fn new(outbox: Outbox, rules: BonusRules) -> Self {
+        Self {
+            outbox,
+            rules,
+            queue: Arc::default(),
+            counts: Arc::default(),
+        }
+    }
+
+    pub fn rules(&self) -> BonusRules {
+        self.rules
+    }
+
+    pub fn counts(&self) -> BatchCounts {
+        BatchCounts {
+            batches: self.counts.batches.load(Ordering::Relaxed),
+            completed_together: self.counts.completed_together.load(Ordering::Relaxed),
+            completed_apart: self.counts.completed_apart.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Completes the payment (see [`completion`]), in a transaction of its own or with the
+    /// completions that arrive meanwhile; the same answers either way.
+    pub async fn complete(&self, request: PaymentCompletion) -> Result<Completion, CompleteError> {
+        let (answer, answered) = oneshot::channel();
+        let start_runner = {
+            let mut queue = self.lock();
+            queue.waiting.push_back(Waiting {
+                request,
+                span: tracing::Span::current(),
+                answer,
+            });
+            let start = queue.runners < BATCHES_IN_FLIGHT;
+            if start {
+                queue.runners += 1;
+            }
+            start
+        };
+        if start_runner {
+            tokio::spawn(self.clone().run());
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(BonusError::Inconsistent(
+                "the completion's batch ended without an answer (its task panicked)".to_owned(),
+            )
+            .into())
+        })
+    }
+
+    /// Takes batches off the queue until it is empty. The emptiness check and the runner count
+    /// change under one lock, so a completion queued at any moment is either taken by a
+    /// running runner or starts one.
+    async fn run(self) {
+        let mut runner = Runner {
+            queue: self.queue.clone(),
+            done: false,
+        };
+        loop {
+            let batch: Vec<Waiting> = {
+                let mut queue = self.lock();
+                if queue.waiting.is_empty() {
+                    queue.runners -= 1;
+                    runner.done = true;
+                    return;
+                }
+                let take = queue.waiting.len().min(MAX_BATCH);
+                queue.waiting.drain(..take).collect()
+            };
+            self.complete_batch(batch).await;
+        }
+    }
+
+    async fn complete_batch(&self, mut batch: Vec<Waiting>) {
+        if batch.len() == 1 {
+            let Some(one) = batch.pop() else { return };
+            let answer = complete_alone(&self.outbox, self.rules, &one.request)
+                .instrument(one.span)
+                .await;
+            let _ = one.answer.send(answer);
+            return;
+        }
+        let span = tracing::info_span!("completion batch", size = batch.len());
+        match complete_together(&self.outbox, self.rules, &batch)
+            .instrument(span)
+            .await
+        {
+            Ok(completions) => {
+                self.counts.batches.fetch_add(1, Ordering::Relaxed);
+                self.counts
+                    .completed_together
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                for (waiting, completion) in batch.into_iter().zip(completions) {
+                    let _ = waiting.answer.send(Ok(completion));
+                }
+            }
+            Err(why) => {
+                tracing::info!(size = batch.len(), %why,
+                    "completions not committed together; completing each on its own");
+                self.counts
+                    .completed_apart
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                let mut apart = tokio::task::JoinSet::new();
+                for waiting in batch {
+                    let (outbox, rules) = (self.outbox.clone(), self.rules);
+                    apart.spawn(async move {
+                        let answer = complete_alone(&outbox, rules, &waiting.request)
+                            .instrument(waiting.span)
+                            .await;
+                        let _ = waiting.answer.send(answer);
+                    });
+                }
+                while apart.join_next().await.is_some() {}
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Deadlocks a completion on its own is tried again after.
+const DEADLOCK_TRIES: u32 = 5;
+
+/// [`completion::complete`], tried again when InnoDB made it a deadlock's victim (rolled back
+/// whole, so nothing of it stands). A batch holds several members' rows and the unique
+/// index's entries of several gateway payments, so a completion alone beside it can close a
+/// cycle that two completions alone never could (seen in this module's tests: one member's
+/// concurrent completions beside batches that held that member).
+async fn complete_alone(
+    outbox: &Outbox,
+    rules: BonusRules,
+    request: &PaymentCompletion,
+) -> Result<Completion, CompleteError> {
+    let mut pause = std::time::Duration::from_millis(2);
+    let mut tries = 1;
+    loop {
+        match completion::complete(outbox, rules, request).await {
+            Err(error) if error.is_deadlock() && tries < DEADLOCK_TRIES => {
+                tracing::debug!(
+                    charge_id = request.charge_id,
+                    tries,
+                    "completion deadlocked; trying again"
+                );
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                tries += 1;
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// A runner's place in [`Queue::runners`], given back if its task ends without emptying the
+/// queue (a panic): later completions can then start runners again.
+struct Runner {
+    queue: Arc<Mutex<Queue>>,
+    done: bool,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.runners -= 1;
+        }
+    }
+}
+
+/// Why a batch was rolled back rather than committed together.
+#[derive(Debug, thiserror::Error)]
+enum Apart {
+    #[error("{matched} rows of charges and members matched, not {expected}")]
+    NotEveryTransition { matched: u64, expected: usize },
+    #[error("two of the charges belong to one member")]
+    SharedMember,
+    #[error("{read} of {expected} charges read back")]
+    Missing { read: usize, expected: usize },
+    #[error(transparent)]
+    Failed(#[from] CompleteError),
+}
+
+impl From<sqlx::Error> for Apart {
+    fn from(error: sqlx::Error) -> Self {
+        Apart::Failed(error.into())
+    }
+}
+
+impl From<BonusError> for Apart {
+    fn from(error: BonusError) -> Self {
+        Apart::Failed(error.into())
+    }
+}
+
+/// The batch in one transaction, committed; the answers in the batch's order. On `Err` it was
+/// rolled back and nothing of it was written.
+async fn complete_together(
+    outbox: &Outbox,
+    rules: BonusRules,
+    batch: &[Waiting],
+) -> Result<Vec<Completion>, Apart> {
+    let mut uow = outbox.begin_read_committed().await?;
+    let written = async {
+        let payments: Vec<Payment<'_>> = batch
+            .iter()
+            .map(|waiting| waiting.request.payment())
+            .collect();
+        let matched = charge::complete_and_credit_all(&mut uow, &payments).await?;
+        if matched != 2 * batch.len() as u64 {
+            return Err(Apart::NotEveryTransition {
+                matched,
+                expected: 2 * batch.len(),
+            });
+        }
+        let ids: Vec<u64> = batch
+            .iter()
+            .map(|waiting| waiting.request.charge_id)
+            .collect();
+        let mut read = event::charges_and_standings(&mut uow, &ids).await?;
+        if read.len() != batch.len() {
+            return Err(Apart::Missing {
+                read: read.len(),
+                expected: batch.len(),
+            });
+        }
+        let mut members = HashSet::new();
+        if !read
+            .iter()
+            .all(|(charge, _)| members.insert(charge.member_id))
+        {
+            return Err(Apart::SharedMember);
+        }
+        let mut completions = Vec::with_capacity(batch.len());
+        for waiting in batch {
+            let Some(at) = read
+                .iter()
+                .position(|(charge, _)| charge.id == waiting.request.charge_id)
+            else {
+                return Err(Apart::Missing {
+                    read: completions.len(),
+                    expected: batch.len(),
+                });
+            };
+            let (charge, standing) = read.swap_remove(at);
+            let completed =
+                completion::write_owed_bonuses(&mut uow, rules, charge, standing, Uuid::now_v7())
+                    .instrument(waiting.span.clone())
+                    .await?;
+            completions.push(Completion::Completed(completed));
+        }
+        Ok(completions)
+    }
+    .await;
+    match written {
+        Ok(completions) => {
+            uow.commit().await?;
+            Ok(completions)
+        }
+        Err(why) => {
+            if let Err(rollback) = uow.rollback().await {
+                tracing::warn!(%rollback, "rolling back a completion batch failed");
+            }
+            Err(why)
+        }
+    }
+}
