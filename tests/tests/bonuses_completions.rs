@@ -3,7 +3,8 @@
 //! answers as it would alone; one member's concurrent completions never share one (a
 //! multi-table UPDATE would credit the member once for two); a batch holding a repeat, a
 //! refusal, an unknown charge or a receipt used twice is rolled back and every request in it
-//! gets the answer it gets alone, with nothing half-written.
+//! gets the answer it gets alone, with nothing half-written; batches stalled on held member
+//! rows do not hold up the completions queued behind them.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{sync::Arc, time::Duration};
@@ -328,5 +329,55 @@ async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answ
         scalar(&env.db, "SELECT COUNT(*) FROM charge_event_job").await,
         i64::try_from(BATCHES_IN_FLIGHT + 1 + fresh.len()).unwrap()
     );
+    assert_audit_clean(&env.db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn completions_queued_behind_batches_stalled_on_held_members_go_ahead_of_them() {
+    let env = TestEnv::new().await;
+    let services = services_for(&env, 32).await;
+    let completions = Completions::new(services.outbox.clone(), BonusRules::default());
+    let mut blockers = Vec::new();
+    for _ in 0..BATCHES_IN_FLIGHT {
+        let member = testing::member(&env.db).await;
+        blockers.push(testing::purchase(&env.db, member, PaymentGateway::Pg, 70).await);
+    }
+    // Every runner waits on a member row another transaction holds (up to
+    // innodb_lock_wait_timeout, 50 s by default).
+    let release = hold_members(&env.db, blockers.iter().map(|p| p.member_id).collect()).await;
+    let mut blocked = JoinSet::new();
+    for purchase in &blockers {
+        let (completions, request) = (completions.clone(), purchase.paid());
+        blocked.spawn(async move { completions.complete(request).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let member = testing::member(&env.db).await;
+    let behind = testing::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
+
+    let answer =
+        tokio::time::timeout(Duration::from_secs(5), completions.complete(behind.paid())).await;
+
+    assert!(
+        matches!(answer, Ok(Ok(Completion::Completed(_)))),
+        "a completion of another member must not wait for the stalled batches: {answer:?}"
+    );
+    assert!(
+        blocked.try_join_next().is_none(),
+        "the stalled batches are still waiting on the held members"
+    );
+    release.send(()).unwrap();
+    let blocked = blocked.join_all().await;
+    assert!(
+        blocked
+            .iter()
+            .all(|a| matches!(a, Ok(Completion::Completed(_)))),
+        "{blocked:?}"
+    );
+    for purchase in blockers.iter().chain([&behind]) {
+        assert_eq!(
+            testing::cans(&env.db, purchase.member_id, Container::Pg).await,
+            purchase.cans
+        );
+    }
     assert_audit_clean(&env.db).await;
 }

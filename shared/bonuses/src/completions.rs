@@ -3,14 +3,17 @@
 //!
 //! Why: a completion alone is six round trips and a commit (BEGIN, the transition and credit,
 //! the standing read, the job, its message, COMMIT). Under a burst of webhooks most of the
-//! database's time went to those round trips and commits rather than to the rows (W3's
-//! benchmark, docs/benchmarks.md 2026-12-06: the database's CPU per grant 1,510–1,732 µs
+//! database's time went to those round trips and commits rather than to the rows. W3's
+//! benchmark (docs/benchmarks.md, 2026-12-06): the database's CPU per grant 1,510–1,732 µs
 //! with each completion on its own, 620–842 µs committed together, about 13 to a
-//! transaction; grants end to end 0.19 → 0.30–0.37 of the write ceiling). Here, while [`BATCHES_IN_FLIGHT`]
-//! transactions are running, new completions wait in a queue, and the next free one takes up to
-//! [`MAX_BATCH`] of them into one transaction: one UPDATE transitions and credits them all, one
-//! read gives each its standing, then each one's jobs and messages, one COMMIT. A lone
-//! completion goes straight through [`completion::complete`], as before.
+//! transaction; grants end to end 0.19 → 0.30–0.37 of the write ceiling.
+//!
+//! Here, while [`BATCHES_IN_FLIGHT`] transactions are running, new completions wait in a
+//! queue, and the next free one takes up to [`MAX_BATCH`] of them into one transaction: one
+//! UPDATE transitions and credits them all, one read gives each its standing, then each one's
+//! jobs and messages, one COMMIT. A lone completion goes straight through
+//! [`completion::complete`], as before. Batches that wait too long on a lock do not hold the
+//! queue ([`STALLED_AFTER`]).
 //!
 //! Nothing is decided differently from a completion on its own. The batch commits only when
 //! every one of its charges made its transition (the UPDATE matched two rows for each: the
@@ -22,17 +25,20 @@
 //! whose COMMIT's outcome is unknown is resolved the same way: each completion, made again,
 //! finds its charge COMPLETE by its own payment and answers the original result.
 //!
-//! Locks: a batch holds several members' rows, taken in its charges' order. A grant of several
-//! jobs takes its members in id order, so the two can deadlock; InnoDB then rolls one back,
-//! and either side redoes its work one at a time (this batch here, the grant in
-//! grant-bonus's `grant_due`).
+//! Locks: a batch holds several members' rows, taken in its charges' order, and the unique
+//! index entries of several gateway payments. A grant of several jobs takes its members in id
+//! order, so the two can deadlock, and so can a batch and a completion alone; InnoDB then
+//! rolls one back whole, and it is redone (a batch's completions one at a time, a completion
+//! alone up to [`DEADLOCK_TRIES`] times, a grant batch one job at a time in grant-bonus's
+//! `grant_due`).
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use paybus_platform::bus::Outbox;
@@ -51,9 +57,16 @@ use crate::{
 /// batch's member locks few.
 pub const MAX_BATCH: usize = 16;
 
-/// Transactions of completions running at once. Fewer would queue completions behind one slow
-/// member lock; more would leave nothing to batch (each would start on its own).
+/// Transactions of completions running at once. More would leave nothing to batch (each
+/// completion would start one of its own).
 pub const BATCHES_IN_FLIGHT: usize = 4;
+
+/// A batch running this long is waiting on something (a member row another transaction holds,
+/// up to `innodb_lock_wait_timeout`): when every running batch is, the completions queued
+/// behind them get a runner of their own instead of waiting for one to finish, so one slow
+/// member never holds up everyone's payments (as it could not when each completion had a
+/// transaction of its own).
+pub const STALLED_AFTER: Duration = Duration::from_millis(200);
 
 /// What the batches have done since start-up (for tests and the benchmark).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -78,8 +91,32 @@ pub struct Completions {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiting>,
-    /// Runner tasks alive, at most [`BATCHES_IN_FLIGHT`].
+    /// Runner tasks alive: [`BATCHES_IN_FLIGHT`], and one more for each time every one of
+    /// them was [stalled](STALLED_AFTER) with completions waiting.
     runners: usize,
+    /// When each runner busy with a batch took it, by runner.
+    busy_since: HashMap<u64, Instant>,
+    next_runner: u64,
+}
+
+impl Queue {
+    /// Counts a new runner in; its id.
+    fn add_runner(&mut self) -> u64 {
+        self.runners += 1;
+        self.next_runner += 1;
+        self.next_runner
+    }
+
+    /// Whether completions wait while every runner has been busy with one batch for
+    /// [`STALLED_AFTER`] or more.
+    fn stalled(&self, now: Instant) -> bool {
+        !self.waiting.is_empty()
+            && self.busy_since.len() == self.runners
+            && self
+                .busy_since
+                .values()
+                .all(|since| now.duration_since(*since) >= STALLED_AFTER)
+    }
 }
 
 /// A completion waiting for its batch, with the span of the request that asked for it (so its
@@ -122,48 +159,71 @@ impl Completions {
     /// Completes the payment (see [`completion`]), in a transaction of its own or with the
     /// completions that arrive meanwhile; the same answers either way.
     pub async fn complete(&self, request: PaymentCompletion) -> Result<Completion, CompleteError> {
-        let (answer, answered) = oneshot::channel();
-        let start_runner = {
+        let (answer, mut answered) = oneshot::channel();
+        let runner = {
             let mut queue = self.lock();
             queue.waiting.push_back(Waiting {
                 request,
                 span: tracing::Span::current(),
                 answer,
             });
-            let start = queue.runners < BATCHES_IN_FLIGHT;
-            if start {
-                queue.runners += 1;
-            }
-            start
+            (queue.runners < BATCHES_IN_FLIGHT).then(|| queue.add_runner())
         };
-        if start_runner {
-            tokio::spawn(self.clone().run());
+        if let Some(runner) = runner {
+            tokio::spawn(self.clone().run(runner));
         }
-        answered.await.unwrap_or_else(|_| {
-            Err(BonusError::Inconsistent(
-                "the completion's batch ended without an answer (its task panicked)".to_owned(),
-            )
-            .into())
-        })
+        loop {
+            match tokio::time::timeout(STALLED_AFTER, &mut answered).await {
+                Ok(answer) => {
+                    return answer.unwrap_or_else(|_| {
+                        Err(BonusError::Inconsistent(
+                            "the completion's batch ended without an answer (its task panicked)"
+                                .to_owned(),
+                        )
+                        .into())
+                    });
+                }
+                Err(_) => self.run_beside_stalled_batches(),
+            }
+        }
+    }
+
+    /// Starts one more runner when every running batch is [stalled](STALLED_AFTER) with
+    /// completions waiting behind them.
+    fn run_beside_stalled_batches(&self) {
+        let runner = {
+            let mut queue = self.lock();
+            queue.stalled(Instant::now()).then(|| queue.add_runner())
+        };
+        if let Some(runner) = runner {
+            tracing::warn!(
+                "every completion batch has been running for {STALLED_AFTER:?} or more; \
+                 starting another beside them"
+            );
+            tokio::spawn(self.clone().run(runner));
+        }
     }
 
     /// Takes batches off the queue until it is empty. The emptiness check and the runner count
     /// change under one lock, so a completion queued at any moment is either taken by a
     /// running runner or starts one.
-    async fn run(self) {
+    async fn run(self, id: u64) {
         let mut runner = Runner {
             queue: self.queue.clone(),
+            id,
             done: false,
         };
         loop {
             let batch: Vec<Waiting> = {
                 let mut queue = self.lock();
+                queue.busy_since.remove(&id);
                 if queue.waiting.is_empty() {
                     queue.runners -= 1;
                     runner.done = true;
                     return;
                 }
                 let take = queue.waiting.len().min(MAX_BATCH);
+                queue.busy_since.insert(id, Instant::now());
                 queue.waiting.drain(..take).collect()
             };
             self.complete_batch(batch).await;
@@ -219,8 +279,8 @@ impl Completions {
     }
 }
 
-/// Deadlocks a completion on its own is tried again after.
-const DEADLOCK_TRIES: u32 = 5;
+/// Tries of a completion on its own that InnoDB keeps choosing as a deadlock's victim.
+pub const DEADLOCK_TRIES: u32 = 5;
 
 /// [`completion::complete`], tried again when InnoDB made it a deadlock's victim (rolled back
 /// whole, so nothing of it stands). A batch holds several members' rows and the unique
@@ -255,6 +315,7 @@ async fn complete_alone(
 /// queue (a panic): later completions can then start runners again.
 struct Runner {
     queue: Arc<Mutex<Queue>>,
+    id: u64,
     done: bool,
 }
 
@@ -263,6 +324,7 @@ impl Drop for Runner {
         if !self.done {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
             queue.runners -= 1;
+            queue.busy_since.remove(&self.id);
         }
     }
 }
