@@ -213,8 +213,8 @@ pub async fn member_can_balances(
 }
 
 /// [`member_can_balances`] for the members `window` touched, from their checkpoints: each
-/// member's balances and checkpoint first ([`BALANCES_AND_CHECKPOINTS`]), then the COMPLETE
-/// charges above each checkpoint ([`CHARGES_ABOVE_CHECKPOINT`], [`MEMBERS_PER_STATEMENT`]
+/// member's balances and checkpoint first (`BALANCES_AND_CHECKPOINTS`), then the COMPLETE
+/// charges above each checkpoint (`CHARGES_ABOVE_CHECKPOINT`, `MEMBERS_PER_STATEMENT`
 /// members to a statement), added up here.
 ///
 /// Two reads, so they must see one snapshot, or a completion committed between them would

@@ -249,7 +249,7 @@ pub struct Payment<'a> {
 /// join reads the charge first (a constant: its primary key), so the locks are taken in the
 /// completion's order, the charge then the member; the credit reads the cans and the container
 /// from the charge row itself, and every container's column is assigned (the others + 0), so
-/// one static statement serves the three containers.
+/// one statement text serves the three containers.
 pub async fn complete_and_credit(
     conn: &mut MySqlConnection,
     payment: Payment<'_>,
@@ -272,8 +272,8 @@ pub async fn complete_and_credit(
 /// of charges and members it matched. All of them made their transition exactly when that is
 /// twice their number *and* their members are distinct: a multi-table UPDATE changes a row
 /// once however often the join meets it, so two charges of one member match 3 rows and credit
-/// the member once — the caller must then roll back (`completion::batch` does, and completes
-/// each on its own).
+/// the member once — the caller must then roll back ([`crate::completions`] does, and
+/// completes each on its own).
 pub async fn complete_and_credit_all(
     conn: &mut MySqlConnection,
     payments: &[Payment<'_>],

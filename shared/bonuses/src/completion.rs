@@ -26,9 +26,14 @@
 //!    `charge.bonus_job.created` message, through the outbox: grant-bonus makes the immediate
 //!    attempt once this commits.
 //!
+//! The gateway routes do not call [`complete`] directly: [`crate::completions`] runs
+//! completions that arrive together in one such transaction (the same statements, each for
+//! several charges), and each alone when they cannot be.
+//!
 //! Lock order: the charge row, then the member row (then the event row, shared, by the job's
 //! foreign key). Grants lock their job rows, then the member; a completion locks no existing
-//! job row, so the two never wait on each other in a cycle.
+//! job row, so the two never wait on each other in a cycle (a batch of completions, holding
+//! several members, can: [`crate::completions`] says how that is resolved).
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
