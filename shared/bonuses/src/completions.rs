@@ -177,7 +177,8 @@ impl Completions {
                 Ok(answer) => {
                     return answer.unwrap_or_else(|_| {
                         Err(BonusError::Inconsistent(
-                            "the completion's batch ended without an answer (its task panicked)"
+                            "the completion's batch ended without an answer (its task panicked, or the \
+                             runtime is shutting down)"
                                 .to_owned(),
                         )
                         .into())
