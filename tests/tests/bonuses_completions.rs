@@ -190,16 +190,17 @@ async fn hold_members(
     release
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answers_as_alone() {
-    let env = TestEnv::new().await;
-    let services = services_for(&env, 32).await;
-    testing::active_event(&env.db, "launch week", 10, 5).await;
-    let rules = BonusRules::default();
-    let completions = Completions::new(services.outbox.clone(), rules);
-
-    // Every runner busy with a completion waiting on a member lock the test holds, so what
-    // comes next queues and is taken in batches.
+/// Every runner of `completions` busy: one completion each (of 70 cans, a member of its own)
+/// waiting on its member's row, which the test holds until the returned sender fires. What
+/// comes next queues behind them.
+async fn occupy_every_runner(
+    env: &TestEnv,
+    completions: &Completions,
+) -> (
+    Vec<Purchase>,
+    JoinSet<Result<Completion, CompleteError>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let mut blockers = Vec::new();
     for _ in 0..BATCHES_IN_FLIGHT {
         let member = testing::member(&env.db).await;
@@ -213,6 +214,19 @@ async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answ
         // Each runner takes the one completion queued when it starts.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (blockers, blocked, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answers_as_alone() {
+    let env = TestEnv::new().await;
+    let services = services_for(&env, 32).await;
+    testing::active_event(&env.db, "launch week", 10, 5).await;
+    let rules = BonusRules::default();
+    let completions = Completions::new(services.outbox.clone(), rules);
+
+    // What comes next queues behind the occupied runners and is taken in batches.
+    let (_, blocked, release) = occupy_every_runner(&env, &completions).await;
 
     let mut fresh = Vec::new();
     for _ in 0..12 {
@@ -337,20 +351,9 @@ async fn completions_queued_behind_batches_stalled_on_held_members_go_ahead_of_t
     let env = TestEnv::new().await;
     let services = services_for(&env, 32).await;
     let completions = Completions::new(services.outbox.clone(), BonusRules::default());
-    let mut blockers = Vec::new();
-    for _ in 0..BATCHES_IN_FLIGHT {
-        let member = testing::member(&env.db).await;
-        blockers.push(testing::purchase(&env.db, member, PaymentGateway::Pg, 70).await);
-    }
     // Every runner waits on a member row another transaction holds (up to
     // innodb_lock_wait_timeout, 50 s by default).
-    let release = hold_members(&env.db, blockers.iter().map(|p| p.member_id).collect()).await;
-    let mut blocked = JoinSet::new();
-    for purchase in &blockers {
-        let (completions, request) = (completions.clone(), purchase.paid());
-        blocked.spawn(async move { completions.complete(request).await });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (blockers, mut blocked, release) = occupy_every_runner(&env, &completions).await;
     let member = testing::member(&env.db).await;
     let behind = testing::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
 

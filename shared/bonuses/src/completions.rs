@@ -127,6 +127,17 @@ struct Waiting {
     answer: oneshot::Sender<Result<Completion, CompleteError>>,
 }
 
+impl Waiting {
+    /// Completes it on its own ([`complete_alone`]) and answers; an answer nobody waits for
+    /// any more (the request went away) is dropped.
+    async fn answer_alone(self, outbox: &Outbox, rules: BonusRules) {
+        let answer = complete_alone(outbox, rules, &self.request)
+            .instrument(self.span)
+            .await;
+        let _ = self.answer.send(answer);
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     batches: AtomicU64,
@@ -234,10 +245,7 @@ impl Completions {
     async fn complete_batch(&self, mut batch: Vec<Waiting>) {
         if batch.len() == 1 {
             let Some(one) = batch.pop() else { return };
-            let answer = complete_alone(&self.outbox, self.rules, &one.request)
-                .instrument(one.span)
-                .await;
-            let _ = one.answer.send(answer);
+            one.answer_alone(&self.outbox, self.rules).await;
             return;
         }
         let span = tracing::info_span!("completion batch", size = batch.len());
@@ -263,12 +271,7 @@ impl Completions {
                 let mut apart = tokio::task::JoinSet::new();
                 for waiting in batch {
                     let (outbox, rules) = (self.outbox.clone(), self.rules);
-                    apart.spawn(async move {
-                        let answer = complete_alone(&outbox, rules, &waiting.request)
-                            .instrument(waiting.span)
-                            .await;
-                        let _ = waiting.answer.send(answer);
-                    });
+                    apart.spawn(async move { waiting.answer_alone(&outbox, rules).await });
                 }
                 while apart.join_next().await.is_some() {}
             }
@@ -293,7 +296,7 @@ async fn complete_alone(
     rules: BonusRules,
     request: &PaymentCompletion,
 ) -> Result<Completion, CompleteError> {
-    let mut pause = std::time::Duration::from_millis(2);
+    let mut pause = Duration::from_millis(2);
     let mut tries = 1;
     loop {
         match completion::complete(outbox, rules, request).await {
