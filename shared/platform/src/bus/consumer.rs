@@ -7,14 +7,14 @@
 //! ones finish, then returns. A paused function (`bus/pauses.rs`) stops taking deliveries the
 //! same way and subscribes again on resume.
 
-use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{collections::VecDeque, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use futures_util::{FutureExt, StreamExt, future::join_all};
 use lapin::{
     Acker, Connection,
     message::Delivery,
     options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
-    types::FieldTable,
+    types::{AMQPValue, FieldTable},
 };
 use tokio::sync::{Semaphore, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -26,6 +26,7 @@ use super::{
     link::BrokerLink,
     pauses::PauseWatch,
     publisher::Publisher,
+    topology::SHARD_KEY_HEADER,
 };
 
 /// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
@@ -145,6 +146,7 @@ async fn consume_on<P: Processor>(
         .await?;
     let batches = Arc::new(Semaphore::new(batches_in_flight(prefetch, max_batch)));
     let acks = ChannelAcks::new(window);
+    let mut held = VecDeque::new();
     tracing::info!(function = processor.function(), queue = %processor.queue(), prefetch, max_batch, "consuming");
     let ended = loop {
         let slot = tokio::select! {
@@ -154,36 +156,47 @@ async fn consume_on<P: Processor>(
                 Err(_closed) => break Ended::Shutdown,
             },
         };
-        tokio::select! {
-            ended = ending.next() => break ended,
-            next = deliveries.next() => match next {
-                Some(Ok(delivery)) => {
-                    let batch = take_buffered(&mut deliveries, delivery, max_batch);
-                    let processor = processor.clone();
-                    let publisher = publisher.clone();
-                    let acks = acks.clone();
-                    in_flight.spawn(async move {
-                        settle(&*processor, &publisher, &acks, batch).await;
-                        drop(slot);
-                    });
+        let first = match held.pop_front() {
+            Some(delivery) => delivery,
+            None => tokio::select! {
+                ended = ending.next() => break ended,
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => delivery,
+                    Some(Err(error)) => {
+                        // A connection drop surfaces here; lapin usually recovers the channel
+                        // and the consumer on this stream, else the link replaces the
+                        // connection.
+                        tracing::warn!(function = processor.function(), %error, "consumer interrupted; waiting for recovery");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    // The consumer is gone for good (cancelled by the broker, channel closed).
+                    None => break ending.next().await,
                 }
-                Some(Err(error)) => {
-                    // A connection drop surfaces here; lapin usually recovers the channel and
-                    // the consumer on this stream, else the link replaces the connection.
-                    tracing::warn!(function = processor.function(), %error, "consumer interrupted; waiting for recovery");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                // The consumer is gone for good (cancelled by the broker, channel closed).
-                None => break ending.next().await,
-            }
-        }
+            },
+        };
+        let batch = take_batch(
+            || buffered(&mut deliveries),
+            &mut held,
+            first,
+            max_batch,
+            entity_of,
+        );
+        let processor = processor.clone();
+        let publisher = publisher.clone();
+        let acks = acks.clone();
+        in_flight.spawn(async move {
+            settle(&*processor, &publisher, &acks, batch).await;
+            drop(slot);
+        });
     };
     if matches!(ended, Ended::Shutdown | Ended::Paused) {
         let _ = channel
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
             .await;
         // Let in-flight deliveries settle on this channel before it closes; prefetched
-        // ones never started go back to the queue with the channel.
+        // ones never started (the held ones among them) go back to the queue with the
+        // channel.
         in_flight.close();
         in_flight.wait().await;
         let _ = channel.close(200, "stopped consuming".into()).await;
@@ -214,22 +227,81 @@ fn channel_prefetch(prefetch: u16, max_batch: usize) -> u16 {
     }
 }
 
-/// `first`, and the deliveries the broker has already handed over behind it, up to `max`: a
-/// batch never waits for more to arrive. A stream error or end met here is left for the main
-/// loop's next poll, which sees it again.
-fn take_buffered(deliveries: &mut lapin::Consumer, first: Delivery, max: usize) -> Vec<Delivery> {
+/// `first`, then the `held` deliveries and those `next` has at hand (the broker has already
+/// handed them over), up to `max`: a batch never waits for more to arrive.
+///
+/// A full batch does not end inside a run of deliveries about one entity (`entity`, the
+/// envelope's shard key): the run is held back, with the delivery that continues it, to
+/// start the next batch. Why: two batches in flight that hold one withdrawal each lock it,
+/// and the later one waits for the earlier one's commit. With every confirmation sent twice
+/// (the W2 benchmark, docs/benchmarks.md), nearly every batch waited for the one before it:
+/// 0.8 row-lock waits per transaction through the broker, none direct, where the batches
+/// never split a pair. A delivery taken to look at it and not used is held, never lost.
+fn take_batch<D>(
+    mut next: impl FnMut() -> Option<D>,
+    held: &mut VecDeque<D>,
+    first: D,
+    max: usize,
+    entity: impl Fn(&D) -> Option<&[u8]>,
+) -> Vec<D> {
+    let mut next = || held.pop_front().or_else(&mut next);
     let mut batch = vec![first];
     while batch.len() < max {
-        match deliveries.next().now_or_never() {
-            Some(Some(Ok(delivery))) => batch.push(delivery),
-            Some(Some(Err(error))) => {
-                tracing::warn!(%error, "consumer interrupted while taking a batch");
-                break;
-            }
-            Some(None) | None => break,
+        match next() {
+            Some(delivery) => batch.push(delivery),
+            None => return batch,
+        }
+    }
+    if max <= 1 {
+        return batch;
+    }
+    let Some(after) = next() else {
+        return batch;
+    };
+    let run = match entity(&after) {
+        Some(key) => batch
+            .iter()
+            .rev()
+            .take_while(|delivery| entity(delivery) == Some(key))
+            .count(),
+        None => 0,
+    };
+    held.push_front(after);
+    // A run longer than a batch is split where it must be.
+    if run < batch.len() {
+        for delivery in batch.drain(batch.len() - run..).rev() {
+            held.push_front(delivery);
         }
     }
     batch
+}
+
+/// The next delivery the consumer already has, if any. A stream error or end met here is
+/// left for the main loop's next poll, which sees it again.
+fn buffered(deliveries: &mut lapin::Consumer) -> Option<Delivery> {
+    match deliveries.next().now_or_never()? {
+        Some(Ok(delivery)) => Some(delivery),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "consumer interrupted while taking a batch");
+            None
+        }
+        None => None,
+    }
+}
+
+/// The entity a delivery is about: its `x-paybus-shard-key` header, which the publisher sets
+/// on every event (the envelope's shard key, else the message id).
+fn entity_of(delivery: &Delivery) -> Option<&[u8]> {
+    match delivery
+        .properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(SHARD_KEY_HEADER)?
+    {
+        AMQPValue::LongString(key) => Some(key.as_bytes()),
+        _ => None,
+    }
 }
 
 /// Processes the deliveries (as a batch when there are several) and settles each: the
@@ -342,7 +414,62 @@ async fn settle_alone<P: Processor>(
 
 #[cfg(test)]
 mod tests {
-    use super::{batches_in_flight, channel_prefetch};
+    use std::collections::VecDeque;
+
+    use super::{batches_in_flight, channel_prefetch, take_batch};
+
+    /// Deliveries as (tag, entity); `taken` is what a batch took, `held` what waits.
+    fn batch_of(
+        buffered: &[(u64, &'static str)],
+        held: &mut VecDeque<(u64, &'static str)>,
+        max: usize,
+    ) -> Vec<u64> {
+        let mut rest = buffered.iter().copied();
+        let first = held
+            .pop_front()
+            .or_else(|| rest.next())
+            .expect("a first delivery");
+        let batch = take_batch(|| rest.next(), held, first, max, |d| Some(d.1.as_bytes()));
+        assert_eq!(
+            rest.next(),
+            None,
+            "test input longer than one batch's look-ahead"
+        );
+        batch.into_iter().map(|(tag, _)| tag).collect()
+    }
+
+    #[test]
+    fn a_full_batch_holds_back_the_run_of_the_entity_that_continues_after_it() {
+        let pairs = [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "c")];
+        let mut held = VecDeque::new();
+        assert_eq!(batch_of(&pairs, &mut held, 4), vec![1, 2, 3, 4]);
+        assert_eq!(held, [(5, "c")], "the look-ahead is held, not lost");
+
+        let split = [(1, "a"), (2, "a"), (3, "b"), (4, "c"), (5, "c")];
+        let mut held = VecDeque::new();
+        assert_eq!(batch_of(&split, &mut held, 4), vec![1, 2, 3]);
+        assert_eq!(held, [(4, "c"), (5, "c")], "c's pair starts the next batch");
+        assert_eq!(batch_of(&[], &mut held, 4), vec![4, 5]);
+        assert!(held.is_empty());
+    }
+
+    #[test]
+    fn a_batch_that_is_not_full_or_is_all_one_entity_is_taken_as_it_is() {
+        let mut held = VecDeque::new();
+        assert_eq!(batch_of(&[(1, "a"), (2, "a")], &mut held, 4), vec![1, 2]);
+        assert!(held.is_empty());
+
+        let one_entity = [(1, "a"), (2, "a"), (3, "a"), (4, "a")];
+        assert_eq!(batch_of(&one_entity, &mut held, 3), vec![1, 2, 3]);
+        assert_eq!(held, [(4, "a")]);
+    }
+
+    #[test]
+    fn one_at_a_time_handlers_take_one_delivery_and_look_no_further() {
+        let mut held = VecDeque::new();
+        assert_eq!(batch_of(&[(1, "a")], &mut held, 1), vec![1]);
+        assert!(held.is_empty());
+    }
 
     #[test]
     fn a_one_at_a_time_handler_gets_a_slot_per_prefetched_delivery() {

@@ -188,7 +188,7 @@ impl Phase {
 }
 
 /// The server's statement counters (`SHOW GLOBAL STATUS`) we report, in print order.
-const COUNTERS: [(&str, &str); 12] = [
+const COUNTERS: [(&str, &str); 13] = [
     ("Questions", "statements"),
     ("Com_select", "select"),
     ("Com_insert", "insert"),
@@ -205,6 +205,8 @@ const COUNTERS: [(&str, &str); 12] = [
     // Statements prepared (a round trip each, not in `Questions`): a statement shape a
     // connection's statement cache had not seen, or had evicted.
     ("Com_stmt_prepare", "prepare"),
+    // A transaction that waited for another's row lock: concurrent batches of one entity.
+    ("Innodb_row_lock_waits", "lock_waits"),
 ];
 
 /// Statements the server executed between two readings of its counters, and the CPU time
