@@ -157,17 +157,19 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     ] {
         phase.print();
     }
+    let (batched_direct, batched_through_broker) = (
+        batched.rate() / single.rate(),
+        through_broker.rate() / through_broker_single.rate(),
+    );
     print_confirmation_ratios(
-        &batched,
-        &through_broker,
+        &[(batched, through_broker)],
         &ceiling,
         args.items,
         args.pin_broker,
     );
     println!(
-        "batched / one message per transaction:      direct {:.2}, through the broker {:.2}",
-        batched.rate() / single.rate(),
-        through_broker.rate() / through_broker_single.rate()
+        "batched / one message per transaction:      direct {batched_direct:.2}, through the \
+         broker {batched_through_broker:.2}"
     );
     println!(
         "exactly once: {credits} credits and {fees} fees for {expected} deposits, audit clean"

@@ -68,12 +68,68 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.items, args.partners, args.concurrency
     );
 
-    // Direct: what the handler does with the messages, in its batches, with as many messages
-    // in flight as the broker phase's prefetch.
+    // Rounds of the two phases, alternating which goes first, so that neither always meets
+    // the other's leftovers (its purge, its flushed pages).
+    let mut rounds = Vec::with_capacity(usize::from(args.rounds));
+    for round in 0..args.rounds {
+        let (direct, through_broker) = if round % 2 == 0 {
+            let direct = direct_phase(&services, &partners, args).await?;
+            (
+                direct,
+                broker_phase(&services, &partners, args.items).await?,
+            )
+        } else {
+            let through_broker = broker_phase(&services, &partners, args.items).await?;
+            (
+                direct_phase(&services, &partners, args).await?,
+                through_broker,
+            )
+        };
+        rounds.push((direct, through_broker));
+    }
+
+    let ceiling = database_ceiling(&services.pool, 2 * args.items, args.concurrency).await?;
+
+    let debits: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM ledger_entries WHERE entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL'",
+    )
+    .fetch_one(&services.pool)
+    .await?;
+    let mut conn = services.pool.acquire().await?;
+    let violations =
+        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    let withdrawals = 2 * args.items * rounds.len();
+    if debits != i64::try_from(withdrawals)? || !violations.is_empty() {
+        bail!(
+            "exactly-once broken: {debits} debits for {withdrawals} withdrawals, audit: {violations:?}"
+        );
+    }
+
+    for (round, (direct, through_broker)) in rounds.iter().enumerate() {
+        if rounds.len() > 1 {
+            println!("round {}:", round + 1);
+        }
+        direct.print();
+        through_broker.print();
+    }
+    ceiling.print();
+    print_confirmation_ratios(&rounds, &ceiling, args.items, args.pin_broker);
+    println!("exactly once: {debits} debits for {withdrawals} withdrawals, audit clean");
+    Ok(())
+}
+
+/// Direct: what the handler does with the messages, in its batches, with as many messages in
+/// flight as the broker phase's prefetch.
+async fn direct_phase(
+    services: &Services,
+    partners: &[u64],
+    args: &BenchArgs,
+) -> anyhow::Result<Phase> {
+    purge(services, WEBHOOK_QUEUE).await?;
     let work =
-        doubled(&insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?);
-    let direct = direct(
-        &services,
+        doubled(&insert_broadcasting_withdrawals(&services.pool, partners, args.items).await?);
+    direct(
+        services,
         work,
         ConfirmWithdrawal::MAX_BATCH,
         args.concurrency,
@@ -84,52 +140,25 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         },
         |outbox, confirmations| async move { confirm_all(&outbox, &confirmations).await },
     )
-    .await?;
+    .await
+}
 
-    // Through the broker: the same number of messages, consumed by the real runtime. It starts
-    // with the webhook queue as empty as the direct phase found it: nothing consumes it here,
-    // and a quorum queue's cost per message grows with what it holds.
-    purge(&services, WEBHOOK_QUEUE).await?;
-    let ids = insert_broadcasting_withdrawals(&services.pool, &partners, args.items).await?;
-    let through_broker = through_the_broker(
-        &services,
+/// Through the broker: the same number of messages, consumed by the real runtime. It starts
+/// with the webhook queue as empty as the direct phase found it: nothing consumes it here,
+/// and a quorum queue's cost per message grows with what it holds.
+async fn broker_phase(
+    services: &Services,
+    partners: &[u64],
+    items: usize,
+) -> anyhow::Result<Phase> {
+    purge(services, WEBHOOK_QUEUE).await?;
+    let ids = insert_broadcasting_withdrawals(&services.pool, partners, items).await?;
+    through_the_broker(
+        services,
         &doubled(&ids),
         "through the broker (with duplicates)",
     )
-    .await?;
-
-    let ceiling = database_ceiling(&services.pool, direct.count, args.concurrency).await?;
-
-    let debits: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM ledger_entries WHERE entry_type = 'DEBIT' AND reference_type = 'WITHDRAWAL'",
-    )
-    .fetch_one(&services.pool)
-    .await?;
-    let mut conn = services.pool.acquire().await?;
-    let violations =
-        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
-    if debits != i64::try_from(2 * args.items)? || !violations.is_empty() {
-        bail!(
-            "exactly-once broken: {debits} debits for {} withdrawals, audit: {violations:?}",
-            2 * args.items
-        );
-    }
-
-    for phase in [&direct, &through_broker, &ceiling] {
-        phase.print();
-    }
-    print_confirmation_ratios(
-        &direct,
-        &through_broker,
-        &ceiling,
-        args.items,
-        args.pin_broker,
-    );
-    println!(
-        "exactly once: {debits} debits for {} withdrawals, audit clean",
-        2 * args.items
-    );
-    Ok(())
+    .await
 }
 
 /// One confirmation message for each of `withdrawals`.

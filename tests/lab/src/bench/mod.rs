@@ -110,6 +110,12 @@ pub struct BenchArgs {
     /// the end).
     #[arg(long)]
     pub pin_broker: bool,
+    /// (confirm-withdrawal) Rounds of the direct and the through-the-broker phases, which one
+    /// goes first alternating; the ratios are the rounds' medians. Why: on these shared
+    /// virtual cores one round's broker / direct swings by ±0.1 from run to run
+    /// (docs/benchmarks.md, 2026-12-06), so one round's figure cannot say met or not.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
+    pub rounds: u16,
     /// (suspend) Open orders of the markets whose suspend request is timed.
     #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000")]
     pub open_orders: Vec<u64>,
@@ -493,15 +499,31 @@ pub(crate) fn doubled(ids: &[u64]) -> Vec<u64> {
 /// core of its own (`--pin-broker`, the production topology: Amazon MQ on hosts of its own),
 /// and transitions end to end ≥ 0.5× the write ceiling with every process on both cores.
 /// The other topology's figure is printed as information.
+/// With several rounds (`(direct, through the broker)` each), each ratio is the rounds' median.
 pub(crate) fn print_confirmation_ratios(
-    direct: &Phase,
-    through_broker: &Phase,
+    rounds: &[(Phase, Phase)],
     ceiling: &Phase,
     items: usize,
     pinned: bool,
 ) {
-    let ratio = through_broker.rate() / direct.rate();
-    let transitions = items as f64 / through_broker.elapsed.as_secs_f64();
+    let ratios: Vec<f64> = rounds
+        .iter()
+        .map(|(direct, through_broker)| through_broker.rate() / direct.rate())
+        .collect();
+    if rounds.len() > 1 {
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "through the broker / direct, each round:    {} (the median below)",
+            each.join(", ")
+        );
+    }
+    let ratio = median(ratios);
+    let transitions = median(
+        rounds
+            .iter()
+            .map(|(_, through_broker)| items as f64 / through_broker.elapsed.as_secs_f64())
+            .collect(),
+    );
     let of_ceiling = transitions / ceiling.rate();
     let verdict = |target_here: bool, value: f64, target: f64| {
         if target_here {
@@ -535,6 +557,17 @@ pub(crate) async fn publish_copy<M: Message>(services: &Services, data: M) -> an
         .await
         .context("publishing a duplicate")?;
     Ok(())
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 pub(crate) fn met(yes: bool) -> &'static str {
