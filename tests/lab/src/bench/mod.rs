@@ -499,6 +499,7 @@ pub(crate) fn doubled(ids: &[u64]) -> Vec<u64> {
 /// core of its own (`--pin-broker`, the production topology: Amazon MQ on hosts of its own),
 /// and transitions end to end ≥ 0.5× the write ceiling with every process on both cores.
 /// The other topology's figure is printed as information.
+///
 /// With several rounds (`(direct, through the broker)` each), each ratio is the rounds' median.
 pub(crate) fn print_confirmation_ratios(
     rounds: &[(Phase, Phase)],
@@ -517,13 +518,14 @@ pub(crate) fn print_confirmation_ratios(
             each.join(", ")
         );
     }
-    let ratio = median(ratios);
+    let ratio = median(ratios).unwrap_or(f64::NAN);
     let transitions = median(
         rounds
             .iter()
             .map(|(_, through_broker)| items as f64 / through_broker.elapsed.as_secs_f64())
             .collect(),
-    );
+    )
+    .unwrap_or(f64::NAN);
     let of_ceiling = transitions / ceiling.rate();
     let verdict = |target_here: bool, value: f64, target: f64| {
         if target_here {
@@ -559,14 +561,14 @@ pub(crate) async fn publish_copy<M: Message>(services: &Services, data: M) -> an
     Ok(())
 }
 
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(mut values: Vec<f64>) -> f64 {
+/// The middle value (the mean of the two middle ones for an even count); None for none.
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(values[mid]),
+        _ => Some((values[mid - 1] + values[mid]) / 2.0),
     }
 }
 

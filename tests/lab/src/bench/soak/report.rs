@@ -13,6 +13,7 @@ use super::{
     figures::{Throughput, Window},
     samples::{HARNESS, Sample},
 };
+use crate::bench::median;
 use crate::chaos::{
     checks::{DeadLetters, Violation},
     load::Load,
@@ -101,16 +102,6 @@ pub(crate) struct P99Trend {
     pub(crate) per_window_ms: f64,
     /// The line's rise from the first window after the warm-up to the last, against the median.
     pub(crate) drift: f64,
-}
-
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    match values.len() {
-        0 => None,
-        n if n % 2 == 1 => Some(values[mid]),
-        _ => Some((values[mid - 1] + values[mid]) / 2.0),
-    }
 }
 
 /// The trend of `points` (window number, p99 ms); None for fewer than two.
