@@ -190,17 +190,31 @@ async fn hold_members(
     release
 }
 
+/// Every runner of a `Completions` busy on a member row the test holds.
+struct Occupied {
+    blockers: Vec<Purchase>,
+    blocked: JoinSet<Result<Completion, CompleteError>>,
+    release: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Occupied {
+    /// Lets the held members go; every blocked completion then completes.
+    async fn release(self) {
+        self.release.send(()).unwrap();
+        let blocked = self.blocked.join_all().await;
+        assert!(
+            blocked
+                .iter()
+                .all(|a| matches!(a, Ok(Completion::Completed(_)))),
+            "{blocked:?}"
+        );
+    }
+}
+
 /// Every runner of `completions` busy: one completion each (of 70 cans, a member of its own)
-/// waiting on its member's row, which the test holds until the returned sender fires. What
-/// comes next queues behind them.
-async fn occupy_every_runner(
-    env: &TestEnv,
-    completions: &Completions,
-) -> (
-    Vec<Purchase>,
-    JoinSet<Result<Completion, CompleteError>>,
-    tokio::sync::oneshot::Sender<()>,
-) {
+/// waiting on its member's row, which the test holds until [`Occupied::release`]. What comes
+/// next queues behind them.
+async fn occupy_every_runner(env: &TestEnv, completions: &Completions) -> Occupied {
     let mut blockers = Vec::new();
     for _ in 0..BATCHES_IN_FLIGHT {
         let member = testing::member(&env.db).await;
@@ -214,7 +228,11 @@ async fn occupy_every_runner(
         // Each runner takes the one completion queued when it starts.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (blockers, blocked, release)
+    Occupied {
+        blockers,
+        blocked,
+        release,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -226,7 +244,7 @@ async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answ
     let completions = Completions::new(services.outbox.clone(), rules);
 
     // What comes next queues behind the occupied runners and is taken in batches.
-    let (_, blocked, release) = occupy_every_runner(&env, &completions).await;
+    let occupied = occupy_every_runner(&env, &completions).await;
 
     let mut fresh = Vec::new();
     for _ in 0..12 {
@@ -268,15 +286,8 @@ async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answ
         queued.spawn(async move { (at, completions.complete(request).await) });
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    release.send(()).unwrap();
+    occupied.release().await;
 
-    let blocked = blocked.join_all().await;
-    assert!(
-        blocked
-            .iter()
-            .all(|a| matches!(a, Ok(Completion::Completed(_)))),
-        "{blocked:?}"
-    );
     let mut answers = queued.join_all().await;
     answers.sort_by_key(|(at, _)| *at);
     let answers: Vec<_> = answers.into_iter().map(|(_, answer)| answer).collect();
@@ -353,7 +364,7 @@ async fn completions_queued_behind_batches_stalled_on_held_members_go_ahead_of_t
     let completions = Completions::new(services.outbox.clone(), BonusRules::default());
     // Every runner waits on a member row another transaction holds (up to
     // innodb_lock_wait_timeout, 50 s by default).
-    let (blockers, mut blocked, release) = occupy_every_runner(&env, &completions).await;
+    let mut occupied = occupy_every_runner(&env, &completions).await;
     let member = testing::member(&env.db).await;
     let behind = testing::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
 
@@ -365,17 +376,11 @@ async fn completions_queued_behind_batches_stalled_on_held_members_go_ahead_of_t
         "a completion of another member must not wait for the stalled batches: {answer:?}"
     );
     assert!(
-        blocked.try_join_next().is_none(),
+        occupied.blocked.try_join_next().is_none(),
         "the stalled batches are still waiting on the held members"
     );
-    release.send(()).unwrap();
-    let blocked = blocked.join_all().await;
-    assert!(
-        blocked
-            .iter()
-            .all(|a| matches!(a, Ok(Completion::Completed(_)))),
-        "{blocked:?}"
-    );
+    let blockers = occupied.blockers.clone();
+    occupied.release().await;
     for purchase in blockers.iter().chain([&behind]) {
         assert_eq!(
             testing::cans(&env.db, purchase.member_id, Container::Pg).await,
