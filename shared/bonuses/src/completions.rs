@@ -41,7 +41,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::bus::Outbox;
+use paybus_platform::{bus::Outbox, retry::Backoff};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -286,6 +286,10 @@ impl Completions {
 /// Tries of a completion on its own that InnoDB keeps choosing as a deadlock's victim.
 pub const DEADLOCK_TRIES: u32 = 5;
 
+/// The pause before each try after a deadlock: 2, 4, 8, 16 ms.
+const DEADLOCK_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_millis(2), Duration::from_millis(16));
+
 /// [`completion::complete`], tried again when InnoDB made it a deadlock's victim (rolled back
 /// whole, so nothing of it stands). A batch holds several members' rows and the unique
 /// index's entries of several gateway payments, so a completion alone beside it can close a
@@ -296,7 +300,6 @@ async fn complete_alone(
     rules: BonusRules,
     request: &PaymentCompletion,
 ) -> Result<Completion, CompleteError> {
-    let mut pause = Duration::from_millis(2);
     let mut tries = 1;
     loop {
         match completion::complete(outbox, rules, request).await {
@@ -306,8 +309,7 @@ async fn complete_alone(
                     tries,
                     "completion deadlocked; trying again"
                 );
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+                tokio::time::sleep(DEADLOCK_BACKOFF.delay(tries)).await;
                 tries += 1;
             }
             answer => return answer,
