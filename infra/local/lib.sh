@@ -508,9 +508,12 @@ stop_rabbitmq() {
   fi
   if [[ -n $pid ]] || PAYBUS_RABBITMQ_NODENAME=$own rabbitmq_answers; then
     paybus_info "RabbitMQ: stopping node $own"
-    # `stop` with the pid file waits until the OS process has exited.
-    PAYBUS_RABBITMQ_NODENAME=$own paybus_rabbitmqctl -q stop "$PAYBUS_RABBITMQ_PIDFILE" >/dev/null 2>&1 ||
-      PAYBUS_RABBITMQ_NODENAME=$own paybus_rabbitmqctl -q stop >/dev/null 2>&1 || true
+    # `stop` with the pid file waits until the OS process has exited, for as long as that
+    # takes: bounded here, then the node is killed below. Unbounded, a node whose shutdown
+    # hangs would hold its caller (stop.sh, a fault test's broker restart) for good.
+    timeout "$PAYBUS_STOP_TIMEOUT" env "${PAYBUS_RABBITMQ_ENV[@]}" \
+      rabbitmqctl -n "$own" -q stop "$PAYBUS_RABBITMQ_PIDFILE" >/dev/null 2>&1 ||
+      timeout 20 env "${PAYBUS_RABBITMQ_ENV[@]}" rabbitmqctl -n "$own" -q stop >/dev/null 2>&1 || true
     if [[ -n $pid ]] && ! paybus_wait_exit "$pid" "$PAYBUS_STOP_TIMEOUT"; then
       paybus_kill_wait "$pid" "RabbitMQ node"
     fi

@@ -43,20 +43,37 @@ impl BrokerUnreachable {
     }
 }
 
-/// Opens one connection to one node.
-pub async fn connect_node(url: &Url) -> Result<Connection, BrokerUnreachable> {
-    let attempt = Connection::connect(url.as_str(), ConnectionProperties::default());
-    let result = match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+/// How long the broker may take to answer one request on a connection the process cannot do
+/// without (a channel opened, the topology declared by the link's watchdog, a consumer cancelled
+/// at shutdown). lapin waits for a reply for as long as the connection lives; a node that
+/// accepted the request and went silent would hold that task for good.
+pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `request`, or a timed-out I/O error after `limit` (a transient failure to the callers that
+/// retry).
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    request: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, lapin::Error> {
+    match tokio::time::timeout(limit, request).await {
         Ok(result) => result,
         Err(_elapsed) => Err(lapin::Error::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("no connection within {CONNECT_TIMEOUT:?}"),
+            format!("no {what} within {limit:?}"),
         ))),
-    };
-    result.map_err(|source| BrokerUnreachable {
-        url: crate::redact::url(url),
-        source,
-    })
+    }
+}
+
+/// Opens one connection to one node.
+pub async fn connect_node(url: &Url) -> Result<Connection, BrokerUnreachable> {
+    let attempt = Connection::connect(url.as_str(), ConnectionProperties::default());
+    within(CONNECT_TIMEOUT, "connection", attempt)
+        .await
+        .map_err(|source| BrokerUnreachable {
+            url: crate::redact::url(url),
+            source,
+        })
 }
 
 /// Opens one connection, trying the nodes in turn from node `first` of

@@ -28,6 +28,7 @@ use super::{
     publisher::Publisher,
     topology::SHARD_KEY_HEADER,
 };
+use crate::broker::{REPLY_TIMEOUT, within};
 
 /// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
 /// Follows the link: when it replaces the connection, consuming resumes on the new one. While
@@ -191,15 +192,23 @@ async fn consume_on<P: Processor>(
         });
     };
     if matches!(ended, Ended::Shutdown | Ended::Paused) {
-        let _ = channel
-            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-            .await;
+        let _ = within(
+            REPLY_TIMEOUT,
+            "consumer cancelled",
+            channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()),
+        )
+        .await;
         // Let in-flight deliveries settle on this channel before it closes; prefetched
         // ones never started (the held ones among them) go back to the queue with the
         // channel.
         in_flight.close();
         in_flight.wait().await;
-        let _ = channel.close(200, "stopped consuming".into()).await;
+        let _ = within(
+            REPLY_TIMEOUT,
+            "channel closed",
+            channel.close(200, "stopped consuming".into()),
+        )
+        .await;
     }
     Ok(ended)
 }

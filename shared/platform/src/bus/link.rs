@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use super::topology::{self, FunctionQueue};
 use crate::{
-    broker::{self, BrokerUnreachable},
+    broker::{self, BrokerUnreachable, REPLY_TIMEOUT, within},
     config::BrokerSettings,
     retry::Backoff,
 };
@@ -78,11 +78,14 @@ async fn open(settings: &BrokerSettings, first: usize) -> Result<(Live, usize), 
 }
 
 async fn open_publish_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
-    let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    Ok(channel)
+    within(REPLY_TIMEOUT, "publishing channel", async {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(channel)
+    })
+    .await
 }
 
 impl BrokerLink {
@@ -292,7 +295,13 @@ async fn watchdog(inner: Weak<Inner>) {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        if let Err(error) = declare_on(&fresh.connection, &topology).await {
+        let declared = within(
+            REPLY_TIMEOUT,
+            "topology declared",
+            declare_on(&fresh.connection, &topology),
+        )
+        .await;
+        if let Err(error) = declared {
             tracing::warn!(%url, %error, "new broker connection could not declare the topology; retrying");
             unusable = Some(node);
             failures = failures.saturating_add(1);
