@@ -32,6 +32,19 @@ impl CpuTimes {
         if let Ok(stat) = std::fs::read_to_string("/proc/stat")
             && let Some(line) = stat.lines().next()
         {
+            // The machine's cores, not this process's: `--pin-broker` confines the bench to
+            // some of them, and `available_parallelism` follows the affinity (pinned runs
+            // printed "of 1 cores" for the whole machine's busy share).
+            let cpus = stat
+                .lines()
+                .filter(|line| {
+                    line.strip_prefix("cpu")
+                        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+                })
+                .count();
+            if cpus > 0 {
+                times.cores = cpus as u64;
+            }
             let fields: Vec<u64> = line
                 .split_whitespace()
                 .skip(1)
