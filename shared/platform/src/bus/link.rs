@@ -222,7 +222,24 @@ pub struct QueueDepth {
     pub consumers: u32,
 }
 
+/// How long declaring the whole topology may take: a request at a time, a quorum queue's
+/// declare waiting for its replicas. Unbounded, a node that went silent mid-declare held the
+/// watchdog (and with it every reconnection) or a process's start for good.
+const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(120);
+
 async fn declare_on(
+    connection: &Connection,
+    functions: &[FunctionQueue],
+) -> Result<(), lapin::Error> {
+    within(
+        TOPOLOGY_TIMEOUT,
+        "topology declared",
+        declare_all_on(connection, functions),
+    )
+    .await
+}
+
+async fn declare_all_on(
     connection: &Connection,
     functions: &[FunctionQueue],
 ) -> Result<(), lapin::Error> {
@@ -295,13 +312,7 @@ async fn watchdog(inner: Weak<Inner>) {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        let declared = within(
-            REPLY_TIMEOUT,
-            "topology declared",
-            declare_on(&fresh.connection, &topology),
-        )
-        .await;
-        if let Err(error) = declared {
+        if let Err(error) = declare_on(&fresh.connection, &topology).await {
             tracing::warn!(%url, %error, "new broker connection could not declare the topology; retrying");
             unusable = Some(node);
             failures = failures.saturating_add(1);
