@@ -33,9 +33,33 @@ enum Command {
     Chaos(chaos::ChaosArgs),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before the runtime, so that it sizes its workers to the CPUs left (`bench::pin`).
+    let pinned = match &cli.command {
+        Command::Bench(args) => bench::pin(args),
+        Command::Chaos(_) => Ok(None),
+    };
+    let _pinned = match pinned {
+        Ok(pinned) => pinned,
+        Err(e) => {
+            eprintln!("paybus-lab: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(e) => {
+            eprintln!("paybus-lab: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
     // Read as `paybus` reads them, so a malformed variable stops the lab the same way (exit 2)
     // and the log format is the one the environment asks for.
     let settings = match Settings::from_env() {

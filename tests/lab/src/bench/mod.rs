@@ -42,7 +42,7 @@ mod grant_bonus;
 mod lambda_batch;
 mod matching;
 mod ops_queries;
-mod pinning;
+pub(crate) mod pinning;
 pub(crate) mod soak;
 mod suspend;
 
@@ -132,17 +132,23 @@ pub struct BenchArgs {
     pub soak: soak::SoakArgs,
 }
 
+/// `--pin-broker`'s CPUs, set before the async runtime starts (`main`): its worker threads are
+/// as many as the CPUs this process keeps, one on two cores, as a function's runtime on a
+/// one-CPU host has. Pinned after the runtime started, two workers shared the one CPU left to
+/// the bench and the database, and switching between them cost the broker phase most: in four
+/// interleaved sets of five pinned rounds (docs/benchmarks.md, 2026-12-06 (05:30)), medians
+/// 0.84, 0.88, 0.77, 0.85 with two workers against 0.85, 0.90, 0.88, 0.89 with one. Undone
+/// when the guard drops.
+pub(crate) fn pin(args: &BenchArgs) -> anyhow::Result<Option<pinning::Pinned>> {
+    args.pin_broker.then(pinning::pin_broker).transpose()
+}
+
 /// Every bench but the soak fails only on an error; the soak also fails (exit 1) when its
-/// exactly-once checks find a violation.
+/// exactly-once checks find a violation. `--pin-broker` was applied by [`pin`].
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.items == 0 || args.concurrency == 0 || args.partners == 0 {
         bail!("--items, --concurrency and --partners must be at least 1");
     }
-    let _pinned = if args.pin_broker {
-        Some(pinning::pin_broker()?)
-    } else {
-        None
-    };
     let ran = match args.workflow {
         Workflow::ConfirmWithdrawal => confirm_withdrawal::run(&args).await,
         Workflow::ConfirmDeposit => confirm_deposit::run(&args).await,
