@@ -43,10 +43,11 @@ impl BrokerUnreachable {
     }
 }
 
-/// How long the broker may take to answer one request on a connection the process cannot do
-/// without (a channel opened, the topology declared by the link's watchdog, a consumer cancelled
-/// at shutdown). lapin waits for a reply for as long as the connection lives; a node that
-/// accepted the request and went silent would hold that task for good.
+/// How long the broker may take to answer one request the process waits on (the link's
+/// publishing channel opened, a consumer cancelled or its channel closed at shutdown; the
+/// whole topology has a bound of its own, `bus/link.rs`). lapin waits for a reply for as long
+/// as the connection lives; a node that accepted the request and went silent would hold that
+/// task for good.
 pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `request`, or a timed-out I/O error after `limit` (a transient failure to the callers that
@@ -124,4 +125,43 @@ pub async fn probe(settings: &BrokerSettings) -> Result<(), BrokerUnreachable> {
             url: crate::redact::url(settings.node(index)),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{BrokerUnreachable, within};
+
+    #[tokio::test]
+    async fn a_request_that_gets_no_reply_fails_as_a_transient_timeout() {
+        let silent = std::future::pending::<Result<(), lapin::Error>>();
+        let error = within(Duration::from_millis(20), "consumer cancelled", silent)
+            .await
+            .expect_err("a request with no reply ends at its bound");
+        assert!(
+            error
+                .to_string()
+                .contains("no consumer cancelled within 20ms"),
+            "{error}"
+        );
+        // The link's watchdog retries what is transient: a silent node must be retried, not
+        // taken for a refusal of the credentials.
+        let unreachable = BrokerUnreachable {
+            url: "amqp://broker".to_owned(),
+            source: error,
+        };
+        assert!(unreachable.is_transient());
+    }
+
+    #[tokio::test]
+    async fn a_request_answered_in_time_is_passed_through() {
+        let answered = async { Ok::<_, lapin::Error>(7) };
+        assert_eq!(
+            within(Duration::from_secs(5), "reply", answered)
+                .await
+                .expect("answered"),
+            7
+        );
+    }
 }
