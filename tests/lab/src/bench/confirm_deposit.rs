@@ -1,7 +1,8 @@
 //! `paybus-lab bench confirm-deposit`: W2's deposit confirmation through the broker, each
 //! message sent twice, next to the same transactions driven directly and the database's write
-//! ceiling (the figures confirm-withdrawal's bench prints); and each of the first two also one
-//! message per transaction, the shape confirm-deposit had before its batches.
+//! ceiling (the figures confirm-withdrawal's bench prints, `--rounds` as it takes them); and each
+//! of the first two also one message per transaction, the shape confirm-deposit had before its
+//! batches, once.
 
 use anyhow::bail;
 use paybus_confirm_deposit::{ConfirmDeposit, DepositTxConfirmed, confirm, confirm_all};
@@ -85,38 +86,54 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let message = |deposit_id| DepositTxConfirmed { deposit_id };
 
-    // Direct: what the handler does with the messages, in its batches (and one by one), with
-    // as many messages in flight as the broker phase's prefetch.
-    let batched = direct(
-        &services,
-        fresh().await?,
-        ConfirmDeposit::MAX_BATCH,
-        args.concurrency,
-        "direct on the database (with duplicates)",
-        message,
-        |outbox, confirmations| async move { confirm_all(&outbox, &confirmations).await },
-    )
-    .await?;
+    // Direct: what the handler does with the messages, in its batches, with as many messages in
+    // flight as the broker phase's prefetch. Through the broker: the same number of messages,
+    // consumed by the real runtime; each such phase starts with the webhook queue as empty as
+    // the direct phase found it (nothing consumes it here, and a quorum queue's cost per
+    // message grows with what it holds). Rounds alternate which goes first, as
+    // confirm-withdrawal's do.
+    let batched_direct = async || {
+        direct(
+            &services,
+            fresh().await?,
+            ConfirmDeposit::MAX_BATCH,
+            args.concurrency,
+            "direct on the database (with duplicates)",
+            message,
+            |outbox, confirmations| async move { confirm_all(&outbox, &confirmations).await },
+        )
+        .await
+    };
+    let batched_through_broker = async || {
+        purge(&services, WEBHOOK_QUEUE).await?;
+        through_the_broker(
+            &services,
+            ConfirmDeposit,
+            &messages(&fresh().await?)?,
+            "through the broker (with duplicates)",
+        )
+        .await
+    };
+    let mut rounds = Vec::with_capacity(usize::from(args.rounds));
+    for round in 0..args.rounds {
+        rounds.push(if round % 2 == 0 {
+            let batched = batched_direct().await?;
+            (batched, batched_through_broker().await?)
+        } else {
+            let through_broker = batched_through_broker().await?;
+            (batched_direct().await?, through_broker)
+        });
+    }
+
+    // Once: each of the two one message per transaction, the shape before the batches.
     let single = direct(
         &services,
         fresh().await?,
         1,
         args.concurrency,
-        "  the same, one message per transaction",
+        "direct, one per transaction",
         message,
         |outbox, confirmations| async move { confirm_all(&outbox, &confirmations).await },
-    )
-    .await?;
-
-    // Through the broker: the same number of messages, consumed by the real runtime. Each
-    // phase starts with the webhook queue as empty as the direct phase found it: nothing
-    // consumes it here, and a quorum queue's cost per message grows with what it holds.
-    purge(&services, WEBHOOK_QUEUE).await?;
-    let through_broker = through_the_broker(
-        &services,
-        ConfirmDeposit,
-        &messages(&fresh().await?)?,
-        "through the broker (with duplicates)",
     )
     .await?;
     purge(&services, WEBHOOK_QUEUE).await?;
@@ -124,14 +141,15 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         &services,
         OneAtATime,
         &messages(&fresh().await?)?,
-        "  the same, one message per transaction",
+        "through the broker, one per transaction",
     )
     .await?;
 
-    let ceiling = database_ceiling(&services.pool, batched.count, args.concurrency).await?;
+    let ceiling = database_ceiling(&services.pool, 2 * args.items, args.concurrency).await?;
 
-    // Four phases of `items` deposits, each credited once and charged its fee once.
-    let expected = i64::try_from(4 * args.items)?;
+    // Two phases of `items` deposits a round and the two single ones, each deposit credited
+    // once and charged its fee once.
+    let expected = i64::try_from((2 * rounds.len() + 2) * args.items)?;
     let (credits, fees): (i64, i64) = sqlx::query_as(
         "SELECT CAST(SUM(entry_type = 'CREDIT') AS SIGNED), CAST(SUM(entry_type = 'FEE') AS SIGNED) \
          FROM ledger_entries WHERE reference_type = 'DEPOSIT'",
@@ -148,25 +166,25 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
 
-    for phase in [
-        &batched,
-        &single,
-        &through_broker,
-        &through_broker_single,
-        &ceiling,
-    ] {
-        phase.print();
+    for (round, (batched, through_broker)) in rounds.iter().enumerate() {
+        if rounds.len() > 1 {
+            println!("round {}:", round + 1);
+        }
+        batched.print();
+        through_broker.print();
     }
+    single.print();
+    through_broker_single.print();
+    ceiling.print();
+    // Against the last round's batched phases, which ran just before the single ones.
+    let Some((batched, through_broker)) = rounds.last() else {
+        bail!("--rounds must be at least 1");
+    };
     let (batched_direct, batched_through_broker) = (
         batched.rate() / single.rate(),
         through_broker.rate() / through_broker_single.rate(),
     );
-    print_confirmation_ratios(
-        &[(batched, through_broker)],
-        &ceiling,
-        args.items,
-        args.pin_broker,
-    );
+    print_confirmation_ratios(&rounds, &ceiling, args.items, args.pin_broker);
     println!(
         "batched / one message per transaction:      direct {batched_direct:.2}, through the \
          broker {batched_through_broker:.2}"

@@ -110,7 +110,8 @@ pub struct BenchArgs {
     /// the end).
     #[arg(long)]
     pub pin_broker: bool,
-    /// (confirm-withdrawal) Rounds of the direct and the through-the-broker phases, which one
+    /// (confirm-withdrawal, confirm-deposit) Rounds of the direct and the through-the-broker
+    /// phases (confirm-deposit's batched ones; its one-at-a-time pair runs once), which one
     /// goes first alternating; the ratios are the rounds' medians. Why: on these shared
     /// virtual cores one round's broker / direct swings by ±0.1 from run to run
     /// (docs/benchmarks.md, 2026-12-06), so one round's figure cannot say met or not.
