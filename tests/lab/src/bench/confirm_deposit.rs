@@ -13,9 +13,9 @@ use paybus_platform::{
 use sqlx::MySqlPool;
 
 use super::{
-    BenchArgs, bench_services, confirm_withdrawal::WEBHOOK_QUEUE,
+    BenchArgs, alternating_rounds, bench_services, confirm_withdrawal::WEBHOOK_QUEUE,
     confirm_withdrawal::insert_partners, database_ceiling, direct, doubled,
-    print_confirmation_ratios, purge, through_the_broker,
+    print_confirmation_ratios, print_rounds, purge, through_the_broker,
 };
 
 /// `count` DETECTED deposits of 1 USDT with a fee of 0.01 (so each confirmation posts a CREDIT
@@ -90,8 +90,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // flight as the broker phase's prefetch. Through the broker: the same number of messages,
     // consumed by the real runtime; each such phase starts with the webhook queue as empty as
     // the direct phase found it (nothing consumes it here, and a quorum queue's cost per
-    // message grows with what it holds). Rounds alternate which goes first, as
-    // confirm-withdrawal's do.
+    // message grows with what it holds).
     let batched_direct = async || {
         direct(
             &services,
@@ -114,16 +113,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         )
         .await
     };
-    let mut rounds = Vec::with_capacity(usize::from(args.rounds));
-    for round in 0..args.rounds {
-        rounds.push(if round % 2 == 0 {
-            let batched = batched_direct().await?;
-            (batched, batched_through_broker().await?)
-        } else {
-            let through_broker = batched_through_broker().await?;
-            (batched_direct().await?, through_broker)
-        });
-    }
+    let rounds = alternating_rounds(args.rounds, batched_direct, batched_through_broker).await?;
 
     // Once: each of the two one message per transaction, the shape before the batches.
     let single = direct(
@@ -166,13 +156,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
 
-    for (round, (batched, through_broker)) in rounds.iter().enumerate() {
-        if rounds.len() > 1 {
-            println!("round {}:", round + 1);
-        }
-        batched.print();
-        through_broker.print();
-    }
+    print_rounds(&rounds);
     single.print();
     through_broker_single.print();
     ceiling.print();

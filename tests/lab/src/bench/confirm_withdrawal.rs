@@ -10,8 +10,8 @@ use paybus_platform::{
 use sqlx::MySqlPool;
 
 use super::{
-    BenchArgs, Phase, bench_services, database_ceiling, direct, doubled, print_confirmation_ratios,
-    purge,
+    BenchArgs, Phase, alternating_rounds, bench_services, database_ceiling, direct, doubled,
+    print_confirmation_ratios, print_rounds, purge,
 };
 
 pub(super) async fn insert_partners(pool: &MySqlPool, count: u16) -> anyhow::Result<Vec<u64>> {
@@ -68,25 +68,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.items, args.partners, args.concurrency
     );
 
-    // Rounds of the two phases, alternating which goes first, so that neither always meets
-    // the other's leftovers (its purge, its flushed pages).
-    let mut rounds = Vec::with_capacity(usize::from(args.rounds));
-    for round in 0..args.rounds {
-        let (direct, through_broker) = if round % 2 == 0 {
-            let direct = direct_phase(&services, &partners, args).await?;
-            (
-                direct,
-                broker_phase(&services, &partners, args.items).await?,
-            )
-        } else {
-            let through_broker = broker_phase(&services, &partners, args.items).await?;
-            (
-                direct_phase(&services, &partners, args).await?,
-                through_broker,
-            )
-        };
-        rounds.push((direct, through_broker));
-    }
+    let rounds = alternating_rounds(
+        args.rounds,
+        async || direct_phase(&services, &partners, args).await,
+        async || broker_phase(&services, &partners, args.items).await,
+    )
+    .await?;
 
     let ceiling = database_ceiling(&services.pool, 2 * args.items, args.concurrency).await?;
 
@@ -105,13 +92,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
 
-    for (round, (direct, through_broker)) in rounds.iter().enumerate() {
-        if rounds.len() > 1 {
-            println!("round {}:", round + 1);
-        }
-        direct.print();
-        through_broker.print();
-    }
+    print_rounds(&rounds);
     ceiling.print();
     print_confirmation_ratios(&rounds, &ceiling, args.items, args.pin_broker);
     println!("exactly once: {debits} debits for {withdrawals} withdrawals, audit clean");

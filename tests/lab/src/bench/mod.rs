@@ -499,6 +499,38 @@ pub(crate) fn doubled(ids: &[u64]) -> Vec<u64> {
     ids.iter().flat_map(|&id| [id, id]).collect()
 }
 
+/// `rounds` rounds of a (direct, through the broker) pair of phases, which one goes first
+/// alternating, so that neither always meets the other's leftovers (its purge, its flushed
+/// pages).
+pub(crate) async fn alternating_rounds(
+    rounds: u16,
+    mut direct: impl AsyncFnMut() -> anyhow::Result<Phase>,
+    mut through_broker: impl AsyncFnMut() -> anyhow::Result<Phase>,
+) -> anyhow::Result<Vec<(Phase, Phase)>> {
+    let mut pairs = Vec::with_capacity(usize::from(rounds));
+    for round in 0..rounds {
+        pairs.push(if round % 2 == 0 {
+            let direct = direct().await?;
+            (direct, through_broker().await?)
+        } else {
+            let through_broker = through_broker().await?;
+            (direct().await?, through_broker)
+        });
+    }
+    Ok(pairs)
+}
+
+/// Each round's two phases, under "round N:" when there are several.
+pub(crate) fn print_rounds(rounds: &[(Phase, Phase)]) {
+    for (round, (direct, through_broker)) in rounds.iter().enumerate() {
+        if rounds.len() > 1 {
+            println!("round {}:", round + 1);
+        }
+        direct.print();
+        through_broker.print();
+    }
+}
+
 /// A W2 bench's closing lines: through the broker against direct, and the useful transitions
 /// (`items`, one per entity; the rest of the messages are duplicates) end to end against the
 /// write ceiling.
