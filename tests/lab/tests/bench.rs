@@ -44,6 +44,17 @@ fn a_small_confirm_withdrawal_bench_debits_every_withdrawal_once_with_a_clean_au
         stdout.contains("exactly once: 40 debits for 40 withdrawals, audit clean"),
         "{stdout}"
     );
+    // The ceiling is the database's best: at the bench's own concurrency and at the levels
+    // where it peaks, whichever is faster.
+    let levels = stdout
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("the best of: "))
+        .unwrap_or_else(|| panic!("no ceiling levels:\n{stdout}"));
+    let connections: Vec<&str> = levels
+        .split(", ")
+        .filter_map(|level| level.split(" connections").next())
+        .collect();
+    assert_eq!(connections, ["4", "16", "32", "64"], "{stdout}");
 }
 
 #[test]
