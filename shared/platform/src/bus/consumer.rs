@@ -4,7 +4,7 @@
 //! committed, or after its dead letter was confirmed by the broker (the acks go out in runs:
 //! `bus/acks.rs`); prefetch bounds how many are in flight; an infrastructure error requeues it
 //! after a back-off pause. SIGTERM (the shutdown token) stops taking deliveries, lets in-flight
-//! ones finish, then returns. A paused function (`bus/pauses.rs`) stops taking deliveries the
+//! ones finish (a WARN every 10 s says how many it still waits for), then returns. A paused function (`bus/pauses.rs`) stops taking deliveries the
 //! same way and subscribes again on resume.
 
 use std::{collections::VecDeque, panic::AssertUnwindSafe, sync::Arc, time::Duration};
@@ -89,7 +89,7 @@ pub async fn consume<P: Processor>(
         first = false;
     }
     in_flight.close();
-    in_flight.wait().await;
+    settle_in_flight(&in_flight, processor.function()).await;
     tracing::info!(
         function = processor.function(),
         "consumer stopped; in-flight deliveries finished"
@@ -202,7 +202,7 @@ async fn consume_on<P: Processor>(
         // ones never started (the held ones among them) go back to the queue with the
         // channel.
         in_flight.close();
-        in_flight.wait().await;
+        settle_in_flight(in_flight, processor.function()).await;
         let _ = within(
             REPLY_TIMEOUT,
             "channel closed",
@@ -211,6 +211,50 @@ async fn consume_on<P: Processor>(
         .await;
     }
     Ok(ended)
+}
+
+/// How often a stopping consumer says what it still waits for.
+const SETTLE_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Waits for `in_flight` (closed by the caller) to finish, with a warning every
+/// [`SETTLE_REPORT_EVERY`] naming how many deliveries of `function` are still being handled.
+/// A stop or a pause waits on a handler stuck in a call (a database whose connection went
+/// silent has no timeout of its own) and, before, said nothing while it did. Handlers are not
+/// cut off: each call's own timeout ends them, and a process supervisor's kill is safe anyway
+/// (an uncommitted transaction rolls back, an unacked delivery comes again).
+async fn settle_in_flight(in_flight: &TaskTracker, function: &str) {
+    wait_reporting(in_flight, SETTLE_REPORT_EVERY, |still, waited| {
+        tracing::warn!(
+            function,
+            still_in_flight = still,
+            waited_seconds = waited.as_secs(),
+            "stopping: waiting for in-flight deliveries to finish"
+        );
+    })
+    .await;
+}
+
+/// Waits for `tracker`'s tasks, calling `report(tasks still running, time waited)` every
+/// `every` until they are done.
+async fn wait_reporting(
+    tracker: &TaskTracker,
+    every: Duration,
+    mut report: impl FnMut(usize, Duration),
+) {
+    let started = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval_at(started + every, every);
+    // A starved runtime catching up would otherwise fire a burst of identical warnings.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let done = tracker.wait();
+    tokio::pin!(done);
+    loop {
+        tokio::select! {
+            // Finished handlers win over a tick due at the same moment: no report of none.
+            biased;
+            () = &mut done => return,
+            _ = ticks.tick() => report(tracker.len(), started.elapsed()),
+        }
+    }
 }
 
 /// How many batches a consumer processes at once. A handler that takes one message at a time
@@ -425,7 +469,7 @@ async fn settle_alone<P: Processor>(
 mod tests {
     use std::collections::VecDeque;
 
-    use super::{batches_in_flight, channel_prefetch, take_batch};
+    use super::{batches_in_flight, channel_prefetch, take_batch, wait_reporting};
 
     /// Deliveries as (tag, entity); `taken` is what a batch took, `held` what waits.
     fn batch_of(
@@ -498,5 +542,57 @@ mod tests {
         assert_eq!(channel_prefetch(64, 16), 128);
         assert_eq!(channel_prefetch(64, 1), 64);
         assert_eq!(channel_prefetch(u16::MAX, 16), u16::MAX);
+    }
+
+    #[tokio::test]
+    async fn a_stop_waiting_on_a_stuck_handler_says_so_until_it_finishes() {
+        let tracker = tokio_util::task::TaskTracker::new();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        tracker.spawn(async move {
+            let _ = released.await;
+        });
+        tracker.spawn(async {});
+        tracker.close();
+        let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let waiting = tokio::spawn({
+            let (tracker, reports) = (tracker.clone(), reports.clone());
+            async move {
+                wait_reporting(
+                    &tracker,
+                    std::time::Duration::from_millis(20),
+                    |still, waited| {
+                        reports.lock().unwrap().push((still, waited));
+                    },
+                )
+                .await;
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        assert!(!waiting.is_finished(), "returned while a handler still ran");
+        release.send(()).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+            .await
+            .expect("still waiting after the last handler finished")
+            .unwrap();
+
+        let reports = reports.lock().unwrap().clone();
+        assert!(!reports.is_empty(), "no report while a handler was stuck");
+        assert!(reports.iter().all(|(still, _)| *still == 1), "{reports:?}");
+        assert!(
+            reports.windows(2).all(|pair| pair[0].1 < pair[1].1),
+            "the time waited does not grow: {reports:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stop_with_nothing_in_flight_returns_without_a_report() {
+        let tracker = tokio_util::task::TaskTracker::new();
+        tracker.close();
+        let mut reports = 0;
+        wait_reporting(&tracker, std::time::Duration::from_millis(1), |_, _| {
+            reports += 1
+        })
+        .await;
+        assert_eq!(reports, 0);
     }
 }
