@@ -53,8 +53,10 @@ impl Handler for ConfirmWithdrawal {
         confirm(ctx.outbox, &message.data, message.correlation_id).await
     }
 
-    /// Four concurrent batches fill the default prefetch of 64: enough transactions in flight
-    /// for two cores, each with a dozen statements for up to 16 confirmations.
+    /// A dozen statements for up to 16 confirmations; the prefetch sets how many batches run at
+    /// once (64: four). Half the size doubled the statements per message and was slower at the
+    /// same prefetch; more batches come from a larger `PAYBUS_PREFETCH` (128 confirmed 25 %
+    /// more on two cores shared with the broker, docs/benchmarks.md, 2026-12-06 07:00).
     const MAX_BATCH: usize = 16;
 
     async fn handle_batch(
