@@ -1,11 +1,12 @@
 //! `paybus-lab bench <workflow>`: throughput end to end through the broker next to two figures
-//! measured in the same run on the same database at the same concurrency:
+//! measured in the same run on the same database:
 //!
-//! - **direct**: the workflow's own SQL transactions driven straight on the database (what
-//!   the bus costs on top of them: the ratio should be close to 1);
+//! - **direct**: the workflow's own SQL transactions driven straight on the database at the
+//!   same concurrency (what the bus costs on top of them: the ratio should be close to 1);
 //! - **ceiling**: the database's own limit for a write transaction, sysbench
 //!   `oltp_write_only`'s shape (an indexed UPDATE, a non-indexed UPDATE, a DELETE and an
-//!   INSERT by primary key on a 100k-row table, in one transaction). The workflow's useful
+//!   INSERT by primary key on a 100k-row table, in one transaction), the best of 16, 32 and 64
+//!   connections and the bench's own concurrency ([`database_ceiling`]). The workflow's useful
 //!   transitions per second divided by it says how close to the database's limit it runs.
 //!
 //! A benchmark, not a test: it asserts nothing about time, only that the work came out
