@@ -68,9 +68,22 @@ fn start_runner(services: &Services) -> (CancellationToken, tokio::task::JoinHan
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
     runner.add_function(Canary);
+    show_warnings();
     let token = shutdown.clone();
     let handle = tokio::spawn(async move { runner.run(token).await.expect("runner") });
     (shutdown, handle)
+}
+
+/// WARN and above on stderr, which nextest shows when a test fails: a runner whose stop hangs
+/// names what it waits for every 10 s (its tasks, a consumer's deliveries in flight), and CI's
+/// output of a failure carries it (a failover test's stop once took over 60 s, 2026-12-06, and
+/// said nothing).
+fn show_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
 }
 
 /// Stops a runner from [`start_runner`]; a stop that hangs fails the test by name, rather than

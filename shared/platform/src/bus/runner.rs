@@ -1,7 +1,7 @@
 //! Runs functions as local consumers, with their dead-letter recorders and the sweeper, in
 //! one process: a single function binary uses it for one handler, `paybus run` for all.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
@@ -27,10 +27,14 @@ pub fn outbox_relay_job(services: &Services) -> Arc<dyn Job> {
 type Task = Pin<Box<dyn Future<Output = Result<(), lapin::Error>> + Send>>;
 type Starter = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 
+/// How often a stopping runner names what it still waits for.
+const STOP_REPORT_EVERY: Duration = Duration::from_secs(10);
+
 pub struct Runner {
     services: Services,
     queues: Vec<FunctionQueue>,
-    starters: Vec<Starter>,
+    /// Each consumer's start, named by its queue (what a slow stop names).
+    starters: Vec<(String, Starter)>,
     jobs: Vec<Arc<dyn Job>>,
     pauses: PauseReader,
 }
@@ -106,19 +110,23 @@ impl Runner {
 
     fn add_consumer<P: Processor>(&mut self, processor: Arc<P>, pauses: PauseWatch) {
         let services = self.services.clone();
-        self.starters.push(Box::new(move |shutdown| {
-            Box::pin(async move {
-                consume(
-                    &services.link,
-                    processor,
-                    services.publisher().clone(),
-                    services.settings.broker.prefetch,
-                    pauses,
-                    shutdown,
-                )
-                .await
-            })
-        }));
+        let name = format!("consumer of {}", processor.queue());
+        self.starters.push((
+            name,
+            Box::new(move |shutdown| {
+                Box::pin(async move {
+                    consume(
+                        &services.link,
+                        processor,
+                        services.publisher().clone(),
+                        services.settings.broker.prefetch,
+                        pauses,
+                        shutdown,
+                    )
+                    .await
+                })
+            }),
+        ));
     }
 
     pub fn add_job(&mut self, job: Arc<dyn Job>) -> &mut Self {
@@ -140,24 +148,58 @@ impl Runner {
             }
         }
         let mut tasks = tokio::task::JoinSet::new();
+        // The running tasks by name: a stop that takes long says which ones it waits for.
+        let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
         let pauses = self.pauses;
         let pauses_shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        let pauses_task = tasks.spawn(async move {
             pauses.run(pauses_shutdown).await;
             Ok(())
         });
-        for start in self.starters {
-            tasks.spawn(start(shutdown.clone()));
+        running.insert(pauses_task.id(), "the pauses' reader".to_owned());
+        for (name, start) in self.starters {
+            running.insert(tasks.spawn(start(shutdown.clone())).id(), name);
         }
         let jobs = self.jobs;
         let sweeper_shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        let sweeper_task = tasks.spawn(async move {
             sweeper::run(jobs, sweeper_shutdown).await;
             Ok(())
         });
+        running.insert(sweeper_task.id(), "the sweeper's jobs".to_owned());
         let mut first_error = None;
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
+        let mut stop_reports = tokio::time::interval(STOP_REPORT_EVERY);
+        stop_reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopping_since: Option<tokio::time::Instant> = None;
+        loop {
+            let joined = tokio::select! {
+                biased;
+                joined = tasks.join_next_with_id() => match joined {
+                    Some(joined) => joined,
+                    None => break,
+                },
+                () = shutdown.cancelled(), if stopping_since.is_none() => {
+                    stopping_since = Some(tokio::time::Instant::now());
+                    stop_reports.reset();
+                    continue;
+                }
+                _ = stop_reports.tick(), if stopping_since.is_some() => {
+                    let mut still: Vec<&str> = running.values().map(String::as_str).collect();
+                    still.sort_unstable();
+                    tracing::warn!(
+                        waited_seconds = stopping_since.map_or(0, |since| since.elapsed().as_secs()),
+                        still_running = %still.join(", "),
+                        "stopping: waiting for these to end"
+                    );
+                    continue;
+                }
+            };
+            let id = match &joined {
+                Ok((id, _)) => *id,
+                Err(join_error) => join_error.id(),
+            };
+            let name = running.remove(&id).unwrap_or_default();
+            match joined.map(|(_, result)| result) {
                 Ok(Ok(())) => {}
                 Ok(Err(source)) => {
                     // One consumer that cannot start (e.g. a queue declared with other
@@ -170,7 +212,7 @@ impl Runner {
                 }
                 Err(join_error) => {
                     shutdown.cancel();
-                    tracing::error!(%join_error, "a consumer task panicked");
+                    tracing::error!(%join_error, task = %name, "a runner's task panicked");
                 }
             }
         }
