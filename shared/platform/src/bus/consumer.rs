@@ -4,8 +4,9 @@
 //! committed, or after its dead letter was confirmed by the broker (the acks go out in runs:
 //! `bus/acks.rs`); prefetch bounds how many are in flight; an infrastructure error requeues it
 //! after a back-off pause. SIGTERM (the shutdown token) stops taking deliveries, lets in-flight
-//! ones finish (a WARN every 10 s says how many it still waits for), then returns. A paused function (`bus/pauses.rs`) stops taking deliveries the
-//! same way and subscribes again on resume.
+//! ones finish (a WARN every 10 s says how many it still waits for), then returns. A paused
+//! function (`bus/pauses.rs`) stops taking deliveries the same way and subscribes again on
+//! resume.
 
 use std::{collections::VecDeque, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
