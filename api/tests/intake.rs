@@ -303,6 +303,30 @@ async fn without_a_configured_secret_the_intake_is_disabled_with_503() {
 }
 
 #[tokio::test]
+async fn a_server_out_of_prepared_statements_answers_503_not_500() {
+    let api = Api::new().await;
+    // What a server at max_prepared_stmt_count answers a statement new to its connection.
+    sqlx::raw_sql(
+        "CREATE TRIGGER out_of_prepared_statements BEFORE INSERT ON outbox_messages \
+         FOR EACH ROW SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1461, \
+         MESSAGE_TEXT = 'Can''t create more than max_prepared_stmt_count statements'",
+    )
+    .execute(&api.state.pool)
+    .await
+    .expect("create the trigger");
+
+    let (status, answer) = api
+        .call(signed(DEPOSIT_CONFIRMATIONS, r#"{"deposit_id": 7}"#))
+        .await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"error": "the database is unavailable; retry later"})
+    );
+}
+
+#[tokio::test]
 async fn a_database_fault_answers_503_without_details() {
     let api = Api::new().await;
     api.state.pool.close().await;

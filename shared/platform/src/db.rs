@@ -253,8 +253,13 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
 const UNAVAILABLE_ERRORS: &[u16] = &[
     1040, // too many connections
     1053, // server shutdown in progress
+    1203, // the user's max_user_connections reached
     1205, // lock wait timeout
     1213, // deadlock
+    // max_prepared_stmt_count reached: the server's cap over every connection's statement
+    // cache (infra/aws/README.md budgets it). A statement new to its connection fails until
+    // other connections close theirs; the request was fine.
+    1461, 1927, // MariaDB: the connection was killed (a failover, an operator's KILL)
 ];
 
 /// Whether the database is unreachable or overloaded right now (a caller should come back
