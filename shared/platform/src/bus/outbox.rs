@@ -422,7 +422,6 @@ impl Relay {
         Ok(report)
     }
 
-    /// Deletes published rows older than the retention, in short batches.
     /// Deletes the records of skipped deliveries older than the retention (`super::skips`).
     pub async fn prune_skips(&self) -> Result<u64, sqlx::Error> {
         super::skips::prune(
@@ -433,6 +432,7 @@ impl Relay {
         .await
     }
 
+    /// Deletes published rows older than the retention, in short batches.
     pub async fn prune(&self) -> Result<u64, sqlx::Error> {
         let mut total = 0;
         loop {
