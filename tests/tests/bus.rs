@@ -14,10 +14,11 @@ use paybus_platform::{
         delivery::{Disposition, IncomingDelivery, Processor},
         metrics,
         outbox::{Relay, RelayConfig},
-        topology,
+        pauses, topology,
     },
     testing::{
-        self, TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, scalar, services_on,
+        self, TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar,
+        services_on,
     },
 };
 use tokio_util::sync::CancellationToken;
@@ -325,7 +326,7 @@ fn consume_in_background<P: Processor + 'static>(
                 processor,
                 publisher,
                 prefetch,
-                paybus_platform::bus::pauses::PauseWatch::never(),
+                pauses::PauseWatch::never(),
                 shutdown,
             )
             .await
@@ -771,7 +772,6 @@ async fn ponged(env: &TestEnv) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_resume() {
-    use paybus_platform::bus::pauses;
     // Longer than a pause takes to reach every consumer (one read a second).
     let settle = pauses::POLL_INTERVAL * 3;
     let env = TestEnv::new().await;
@@ -1261,6 +1261,76 @@ async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_aw
     assert_eq!(services.link.node(), 1, "the link moved to the second URL");
     stop_runner(stop, run).await;
     assert_eq!(sent, 300);
+}
+
+/// A broker that took the connection and went silent (a partition, a hung host: nothing is
+/// reset or closed, no reply comes) answers nothing, and lapin waits for a reply for as long as
+/// the connection lives: until its heartbeat fails. These stops must not wait for that.
+async fn relayed_services(env: &TestEnv) -> (Arc<TcpRelay>, Services) {
+    let node = TcpRelay::to(&env.settings.broker.url).await;
+    let mut settings = env.settings.clone();
+    settings.broker.url = node.url(&env.settings.broker.url);
+    let services = services_on(&settings, &[Canary::queue()]).await;
+    (node, services)
+}
+
+/// How long a stop may take on a silent node: each running consumer's cancel and close wait
+/// 5 s at most (they were 30 s each, and a subscription or the start-up's topology waited for
+/// good or for minutes).
+const STOP_ON_A_SILENT_NODE: Duration = Duration::from_secs(15);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_during_start_up_does_not_wait_on_a_silent_broker() {
+    let env = TestEnv::new().await;
+    let (node, services) = relayed_services(&env).await;
+    node.stall();
+    let (stop, run) = start_runner(&services);
+    // Time for the runner to send its topology, which the silent node never answers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    stop.cancel();
+    let stopped = tokio::time::timeout(STOP_ON_A_SILENT_NODE, run).await;
+
+    assert!(
+        stopped.is_ok(),
+        "the runner did not stop within {STOP_ON_A_SILENT_NODE:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
+    let env = TestEnv::new().await;
+    let (node, services) = relayed_services(&env).await;
+    let mut conn = env.db.acquire().await.unwrap();
+    pauses::pause(
+        &mut conn,
+        "canary",
+        "alice",
+        "the node is about to go silent",
+    )
+    .await
+    .unwrap();
+    let (stop, run) = start_runner(&services);
+    // Started: the canary's dead-letter recorder consumes, the canary itself waits paused.
+    let recorder_consuming = eventually(Duration::from_secs(10), || async {
+        queue_state(&services, &Canary::queue().dead_letter_queue())
+            .await
+            .is_some_and(|(_, consumers)| consumers == 1)
+    })
+    .await;
+    assert!(recorder_consuming, "the dead-letter recorder consumes");
+    node.stall();
+    pauses::resume(&mut conn, "canary", "alice").await.unwrap();
+    // The pauses are read every second; then the canary asks for its channel.
+    tokio::time::sleep(pauses::POLL_INTERVAL * 2).await;
+
+    stop.cancel();
+    let stopped = tokio::time::timeout(STOP_ON_A_SILENT_NODE, run).await;
+
+    assert!(
+        stopped.is_ok(),
+        "the runner did not stop within {STOP_ON_A_SILENT_NODE:?}"
+    );
 }
 
 /// The real thing: a RabbitMQ cluster of three nodes of the test's own, the canary's quorum

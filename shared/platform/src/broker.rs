@@ -44,10 +44,10 @@ impl BrokerUnreachable {
 }
 
 /// How long the broker may take to answer one request the process waits on (the link's
-/// publishing channel opened, a consumer cancelled or its channel closed at shutdown; the
-/// whole topology has a bound of its own, `bus/link.rs`). lapin waits for a reply for as long
-/// as the connection lives; a node that accepted the request and went silent would hold that
-/// task for good.
+/// publishing channel opened, a consumer's subscription, a paused consumer cancelled and its
+/// channel closed; a stop has a shorter bound, `bus/consumer.rs`, and the whole topology a
+/// longer one, `bus/link.rs`). lapin waits for a reply for as long as the connection lives; a
+/// node that accepted the request and went silent would hold that task for good.
 pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `request`, or a timed-out I/O error after `limit` (a transient failure to the callers that

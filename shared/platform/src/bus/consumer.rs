@@ -12,7 +12,7 @@ use std::{collections::VecDeque, panic::AssertUnwindSafe, sync::Arc, time::Durat
 
 use futures_util::{FutureExt, StreamExt, future::join_all};
 use lapin::{
-    Acker, Connection,
+    Acker, Channel, Connection, Consumer,
     message::Delivery,
     options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
     types::{AMQPValue, FieldTable},
@@ -121,6 +121,37 @@ impl Ending<'_> {
             () = self.pauses.until(self.function, true) => Ended::Paused,
         }
     }
+
+    /// What ends a subscription still being made: the process stopping, or the link replacing
+    /// the connection it is made on.
+    async fn interrupted(&mut self) -> Ended {
+        tokio::select! {
+            () = self.shutdown.cancelled() => Ended::Shutdown,
+            _ = self.generation.changed() => Ended::ConnectionReplaced,
+        }
+    }
+}
+
+/// A channel with its prefetch window, consuming `queue` as `tag`.
+async fn subscribe(
+    connection: &Connection,
+    queue: &str,
+    window: u16,
+    tag: &str,
+) -> Result<(Channel, Consumer), lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(window, BasicQosOptions::default())
+        .await?;
+    let deliveries = channel
+        .basic_consume(
+            queue.into(),
+            tag.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((channel, deliveries))
 }
 
 async fn consume_on<P: Processor>(
@@ -132,20 +163,22 @@ async fn consume_on<P: Processor>(
     in_flight: &TaskTracker,
 ) -> Result<Ended, lapin::Error> {
     let max_batch = processor.max_batch().max(1);
-    let channel = connection.create_channel().await?;
     let window = channel_prefetch(prefetch, max_batch);
-    channel
-        .basic_qos(window, BasicQosOptions::default())
-        .await?;
     let tag = format!("{}-{}", processor.function(), uuid::Uuid::new_v4().simple());
-    let mut deliveries = channel
-        .basic_consume(
-            processor.queue().as_str().into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    // lapin waits for the broker's replies for as long as the connection lives, and a node
+    // that went silent keeps it alive until its heartbeat fails: a stop, or the link's new
+    // connection, must not wait on that. A pause waits for the subscription, then ends it
+    // below with a cancel, so that no channel is left holding prefetched deliveries.
+    let queue = processor.queue();
+    let subscribing = within(
+        REPLY_TIMEOUT,
+        "subscription",
+        subscribe(connection, queue.as_str(), window, &tag),
+    );
+    let (channel, mut deliveries) = tokio::select! {
+        ended = ending.interrupted() => return Ok(ended),
+        subscribed = subscribing => subscribed?,
+    };
     let batches = Arc::new(Semaphore::new(batches_in_flight(prefetch, max_batch)));
     let acks = ChannelAcks::new(window);
     let mut held = VecDeque::new();
@@ -192,9 +225,9 @@ async fn consume_on<P: Processor>(
             drop(slot);
         });
     };
-    if matches!(ended, Ended::Shutdown | Ended::Paused) {
+    if let Some(reply_within) = ended.goodbye_within() {
         let _ = within(
-            REPLY_TIMEOUT,
+            reply_within,
             "consumer cancelled",
             channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()),
         )
@@ -205,13 +238,33 @@ async fn consume_on<P: Processor>(
         in_flight.close();
         settle_in_flight(in_flight, processor.function()).await;
         let _ = within(
-            REPLY_TIMEOUT,
+            reply_within,
             "channel closed",
             channel.close(200, "stopped consuming".into()),
         )
         .await;
     }
     Ok(ended)
+}
+
+/// How long a stopping process waits for each of the broker's replies to its cancel and its
+/// channel's close. Both are courtesy: the process's connection closes next, and the
+/// deliveries it still holds go back to the queue with it, as after a kill. A node gone silent
+/// costs a stop twice this, not twice [`REPLY_TIMEOUT`].
+const STOP_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Ended {
+    /// How long to wait for each reply when ending the subscription cleanly (cancel, then
+    /// close the channel); `None`: the connection is gone, nothing to end.
+    fn goodbye_within(&self) -> Option<Duration> {
+        match self {
+            Ended::Shutdown => Some(STOP_REPLY_TIMEOUT),
+            // The process goes on: the prefetched deliveries must go back to the queue now,
+            // not when the connection closes.
+            Ended::Paused => Some(REPLY_TIMEOUT),
+            Ended::ConnectionReplaced => None,
+        }
+    }
 }
 
 /// How often a stopping consumer says what it still waits for.

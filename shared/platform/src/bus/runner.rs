@@ -137,7 +137,12 @@ impl Runner {
     /// Declares the topology, starts everything and runs until `shutdown` is cancelled; then
     /// every consumer finishes its in-flight messages before this returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartupError> {
-        self.services.declare_topology(&self.queues).await?;
+        // Bounded (bus/link.rs), but by minutes: a stop must not wait for a broker that took
+        // the connection and went silent.
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            declared = self.services.declare_topology(&self.queues) => declared?,
+        }
         // A function paused before this process started must not take one delivery: the
         // consumers start after the pauses were read once.
         while let Err(error) = self.pauses.read().await {

@@ -6,6 +6,8 @@
 //! drops every connection it carried (the client reads a closed socket, its next connect is
 //! refused: what a stopped server looks like from the client's side), and
 //! [`Relay::restore`] listens on the same port again, as a restarted server would.
+//! [`Relay::stall`] is the other way a node goes away: every connection stays open and nothing
+//! more crosses it (a partition, a hung host), which a client notices only by its own timeouts.
 
 use std::{
     net::SocketAddr,
@@ -14,6 +16,7 @@ use std::{
 
 use tokio::{
     net::{TcpListener, TcpStream},
+    sync::watch,
     task::{JoinHandle, JoinSet},
 };
 use url::Url;
@@ -23,6 +26,7 @@ pub struct Relay {
     address: SocketAddr,
     target: SocketAddr,
     running: Mutex<Option<JoinHandle<()>>>,
+    stalled: watch::Sender<bool>,
 }
 
 impl Relay {
@@ -42,6 +46,7 @@ impl Relay {
             address: listener.local_addr().expect("the relay's address"),
             target,
             running: Mutex::new(None),
+            stalled: watch::channel(false).0,
         });
         relay.serve(listener);
         relay
@@ -68,9 +73,16 @@ impl Relay {
         }
     }
 
+    /// The service goes silent: every relayed connection, and every one accepted after, stays
+    /// open and carries nothing more in either direction (no reset, no close).
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
     /// The service is back, on the same port.
     pub async fn restore(&self) {
         self.cut();
+        self.stalled.send_replace(false);
         // The aborted task releases the port when it is dropped; retry briefly until then.
         let mut attempts = 0;
         let listener = loop {
@@ -89,12 +101,20 @@ impl Relay {
 
     fn serve(&self, listener: TcpListener) {
         let target = self.target;
+        let stalled = self.stalled.subscribe();
         let serving = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((mut client, _)) = listener.accept().await {
+                let mut stalled = stalled.clone();
                 connections.spawn(async move {
                     if let Ok(mut service) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut service).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut service) => {}
+                            // Both sockets stay open, held by this task until the relay is cut.
+                            () = async { drop(stalled.wait_for(|stalled| *stalled).await) } => {
+                                std::future::pending::<()>().await;
+                            }
+                        }
                     }
                 });
             }
