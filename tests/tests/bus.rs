@@ -1263,6 +1263,37 @@ async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_aw
     assert_eq!(sent, 300);
 }
 
+/// The node goes silent instead (a partition, a hung host: the connection stays open and
+/// nothing crosses it). Only the heartbeat tells, and the link asks for one of 10 s
+/// (`broker::DEFAULT_HEARTBEAT_SECONDS`): lapin gives up on the connection after two
+/// intervals, and the link moves on. With RabbitMQ's own 60 s that took two minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_and_publisher_leave_a_silent_node_within_two_heartbeats() {
+    let env = TestEnv::new().await;
+    let first = TcpRelay::to(&env.settings.broker.url).await;
+    let second = TcpRelay::to(&env.settings.broker.url).await;
+    let mut settings = env.settings.clone();
+    settings.broker.url = first.url(&env.settings.broker.url);
+    settings.broker.failover_urls = vec![second.url(&env.settings.broker.url)];
+    let services = services_on(&settings, &[Canary::queue()]).await;
+    let (stop, run) = start_runner(&services);
+
+    let stalled = first.clone();
+    let sent = ping_through_an_interruption(&services, move || {
+        tokio::spawn(async move { stalled.stall() })
+    })
+    .await;
+    let moved = eventually(Duration::from_secs(40), || async {
+        services.link.node() == 1
+    })
+    .await;
+
+    assert!(moved, "the link left the silent node within 40 s");
+    assert_every_ping_ponged_once(&env, sent).await;
+    stop_runner(stop, run).await;
+    assert_eq!(sent, 300);
+}
+
 /// A broker that took the connection and went silent (a partition, a hung host: nothing is
 /// reset or closed, no reply comes) answers nothing, and lapin waits for a reply for as long as
 /// the connection lives: until its heartbeat fails. These stops must not wait for that.

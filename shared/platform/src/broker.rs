@@ -66,9 +66,31 @@ pub(crate) async fn within<T>(
     }
 }
 
+/// The heartbeat a running process's connection asks for when its URL names none
+/// (`?heartbeat=N` in `PAYBUS_AMQP_URL` sets another; the broker may lower it). lapin closes a
+/// connection that heard nothing for two intervals, and only then does the link move to the
+/// next node: a node gone silent (a partition, a hung host) is left after 20 s, where
+/// RabbitMQ's default, 60 s, took two minutes. Not in Lambda: an environment frozen between
+/// invocations sends no heartbeat, and the broker drops a connection that missed two, so a
+/// function idle for 20 s would find its connection gone (its messages then wait for the
+/// relay); there the broker's own default stays.
+pub const DEFAULT_HEARTBEAT_SECONDS: u16 = 10;
+
+/// `url`, asking for [`DEFAULT_HEARTBEAT_SECONDS`] unless it names a heartbeat of its own or
+/// the process is a Lambda environment.
+fn with_default_heartbeat(url: &Url, in_lambda: bool) -> Url {
+    let mut url = url.clone();
+    if !in_lambda && !url.query_pairs().any(|(key, _)| key == "heartbeat") {
+        url.query_pairs_mut()
+            .append_pair("heartbeat", &DEFAULT_HEARTBEAT_SECONDS.to_string());
+    }
+    url
+}
+
 /// Opens one connection to one node.
 pub async fn connect_node(url: &Url) -> Result<Connection, BrokerUnreachable> {
-    let attempt = Connection::connect(url.as_str(), ConnectionProperties::default());
+    let asked = with_default_heartbeat(url, crate::function::in_lambda());
+    let attempt = Connection::connect(asked.as_str(), ConnectionProperties::default());
     within(CONNECT_TIMEOUT, "connection", attempt)
         .await
         .map_err(|source| BrokerUnreachable {
@@ -131,7 +153,31 @@ pub async fn probe(settings: &BrokerSettings) -> Result<(), BrokerUnreachable> {
 mod tests {
     use std::time::Duration;
 
-    use super::{BrokerUnreachable, within};
+    use url::Url;
+
+    use super::{BrokerUnreachable, with_default_heartbeat, within};
+
+    #[test]
+    fn a_url_without_a_heartbeat_asks_for_the_default_and_one_with_keeps_its_own() {
+        let bare = Url::parse("amqp://u:p@10.0.0.1:5672/%2f").unwrap();
+        assert_eq!(
+            with_default_heartbeat(&bare, false).as_str(),
+            "amqp://u:p@10.0.0.1:5672/%2f?heartbeat=10"
+        );
+        let tuned = Url::parse("amqp://u:p@10.0.0.1:5672/%2f?frame_max=8192&heartbeat=3").unwrap();
+        assert_eq!(with_default_heartbeat(&tuned, false), tuned);
+        let other = Url::parse("amqp://u:p@10.0.0.1:5672/%2f?frame_max=8192").unwrap();
+        assert_eq!(
+            with_default_heartbeat(&other, false).as_str(),
+            "amqp://u:p@10.0.0.1:5672/%2f?frame_max=8192&heartbeat=10"
+        );
+    }
+
+    #[test]
+    fn a_lambda_environment_keeps_the_broker_s_heartbeat() {
+        let bare = Url::parse("amqps://u:p@b-1.mq.eu-west-1.amazonaws.com:5671/%2f").unwrap();
+        assert_eq!(with_default_heartbeat(&bare, true), bare);
+    }
 
     #[tokio::test]
     async fn a_request_that_gets_no_reply_fails_as_a_transient_timeout() {

@@ -40,7 +40,10 @@ pub const VAR_AMQP_URL: Setting = Setting {
             separated by commas (`amqp://u:p@10.0.0.1:5672/%2f,amqp://u:p@10.0.0.2:5672/%2f`), \
             all on the same vhost: connections go to the first node that answers and move on to \
             the next when theirs drops (a comma inside a password is written `%2C`); an empty \
-            entry or another vhost is refused. Logged with passwords as `***`",
+            entry or another vhost is refused. A connection asks for a 10 s heartbeat unless the \
+            URL names one (`?heartbeat=N`), so a node gone silent is left after two; in Lambda \
+            the broker's default stays (a frozen environment sends none). Logged with passwords \
+            as `***`",
 };
 pub const VAR_PREFETCH: Setting = Setting {
     name: "PAYBUS_PREFETCH",
