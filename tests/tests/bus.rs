@@ -1239,18 +1239,26 @@ async fn a_broker_url_that_refuses_connections_is_skipped_for_the_next() {
     );
 }
 
-/// Two URLs in front of the shared test broker, each through a relay of its own: cutting the
-/// first relay is, from the client's side, its node going away (the socket closes, the port
-/// refuses). The fast proof of the failover path, next to the real node kill below.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_away() {
-    let env = TestEnv::new().await;
+/// The test broker as two nodes, each URL through a relay of its own, the first the one
+/// connected to.
+async fn two_relayed_nodes(env: &TestEnv) -> (Arc<TcpRelay>, Arc<TcpRelay>, Services) {
     let first = TcpRelay::to(&env.settings.broker.url).await;
     let second = TcpRelay::to(&env.settings.broker.url).await;
     let mut settings = env.settings.clone();
     settings.broker.url = first.url(&env.settings.broker.url);
     settings.broker.failover_urls = vec![second.url(&env.settings.broker.url)];
     let services = services_on(&settings, &[Canary::queue()]).await;
+    (first, second, services)
+}
+
+/// Two URLs in front of the shared test broker, each through a relay of its own: cutting the
+/// first relay is, from the client's side, its node going away (the socket closes, the port
+/// refuses). The fast proof of the failover path, next to the real node kill below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_away() {
+    let env = TestEnv::new().await;
+    // The second relay is kept: dropping it would cut it.
+    let (first, _second, services) = two_relayed_nodes(&env).await;
     assert_eq!(services.link.node(), 0);
     let (stop, run) = start_runner(&services);
 
@@ -1270,12 +1278,8 @@ async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_aw
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_consumer_and_publisher_leave_a_silent_node_within_two_heartbeats() {
     let env = TestEnv::new().await;
-    let first = TcpRelay::to(&env.settings.broker.url).await;
-    let second = TcpRelay::to(&env.settings.broker.url).await;
-    let mut settings = env.settings.clone();
-    settings.broker.url = first.url(&env.settings.broker.url);
-    settings.broker.failover_urls = vec![second.url(&env.settings.broker.url)];
-    let services = services_on(&settings, &[Canary::queue()]).await;
+    // The second relay is kept: dropping it would cut it.
+    let (first, _second, services) = two_relayed_nodes(&env).await;
     let (stop, run) = start_runner(&services);
 
     let stalled = first.clone();
@@ -1310,6 +1314,18 @@ async fn relayed_services(env: &TestEnv) -> (Arc<TcpRelay>, Services) {
 /// good or for minutes).
 const STOP_ON_A_SILENT_NODE: Duration = Duration::from_secs(15);
 
+async fn assert_stops_despite_the_silent_node(
+    stop: CancellationToken,
+    run: tokio::task::JoinHandle<()>,
+) {
+    stop.cancel();
+    let stopped = tokio::time::timeout(STOP_ON_A_SILENT_NODE, run).await;
+    assert!(
+        stopped.is_ok(),
+        "the runner did not stop within {STOP_ON_A_SILENT_NODE:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stop_during_start_up_does_not_wait_on_a_silent_broker() {
     let env = TestEnv::new().await;
@@ -1319,13 +1335,7 @@ async fn a_stop_during_start_up_does_not_wait_on_a_silent_broker() {
     // Time for the runner to send its topology, which the silent node never answers.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    stop.cancel();
-    let stopped = tokio::time::timeout(STOP_ON_A_SILENT_NODE, run).await;
-
-    assert!(
-        stopped.is_ok(),
-        "the runner did not stop within {STOP_ON_A_SILENT_NODE:?}"
-    );
+    assert_stops_despite_the_silent_node(stop, run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1355,13 +1365,7 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
     // The pauses are read every second; then the canary asks for its channel.
     tokio::time::sleep(pauses::POLL_INTERVAL * 2).await;
 
-    stop.cancel();
-    let stopped = tokio::time::timeout(STOP_ON_A_SILENT_NODE, run).await;
-
-    assert!(
-        stopped.is_ok(),
-        "the runner did not stop within {STOP_ON_A_SILENT_NODE:?}"
-    );
+    assert_stops_despite_the_silent_node(stop, run).await;
 }
 
 /// The real thing: a RabbitMQ cluster of three nodes of the test's own, the canary's quorum
