@@ -233,16 +233,14 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 
     for (phase, batches) in [
-        (&direct, Some(direct_batches)),
-        (&end_to_end, Some(completions.counts())),
+        (&direct, direct_batches),
+        (&end_to_end, completions.counts()),
     ] {
         phase.print();
-        if let Some(batches) = batches {
-            println!(
-                "    completions committed together: {} in {} transactions; {} apart",
-                batches.completed_together, batches.batches, batches.completed_apart
-            );
-        }
+        println!(
+            "    completions committed together: {} in {} transactions; {} apart",
+            batches.completed_together, batches.batches, batches.completed_apart
+        );
     }
     ceiling.print();
     let ratio = end_to_end.rate() / direct.rate();
