@@ -334,10 +334,10 @@ async fn guarded(
         let current = market::find(&mut conn, symbol)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("market {symbol} not found")))?;
-        if current.status == market::MarketStatus::Suspended {
-            if let Some(held) = approvals::held(state, claims, action, &subject).await? {
-                return Ok(held.into_response());
-            }
+        if current.status == market::MarketStatus::Suspended
+            && let Some(held) = approvals::held(state, claims, action, &subject).await?
+        {
+            return Ok(held.into_response());
         }
     }
     let done = approvals::run(&state.outbox, action, &subject, &claims.sub).await?;

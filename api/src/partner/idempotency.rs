@@ -346,7 +346,10 @@ fn replay(status: u16, body: String) -> Response {
 static NEW_KEYS: AtomicU32 = AtomicU32::new(0);
 
 async fn prune_now_and_then(conn: &mut sqlx::MySqlConnection) {
-    if NEW_KEYS.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY != 0 {
+    if !NEW_KEYS
+        .fetch_add(1, Ordering::Relaxed)
+        .is_multiple_of(PRUNE_EVERY)
+    {
         return;
     }
     let pruned = sqlx::query(sqlx::AssertSqlSafe(format!(

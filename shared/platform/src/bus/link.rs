@@ -299,7 +299,7 @@ async fn watchdog(inner: Weak<Inner>) {
             Ok(fresh) => fresh,
             Err(error) => {
                 // Once, then every ~30 s: an outage should be visible, not flood the log.
-                if failures % 5 == 0 {
+                if failures.is_multiple_of(5) {
                     tracing::warn!(%error, failures, "broker unreachable; reconnecting");
                 }
                 failures = failures.saturating_add(1);

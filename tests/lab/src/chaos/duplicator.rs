@@ -255,7 +255,7 @@ async fn consume(
         counters
             .copies
             .fetch_add(u64::from(copies - 1), Ordering::Relaxed);
-        if n % malformed_every == 0 {
+        if n.is_multiple_of(malformed_every) {
             let marker = n / malformed_every;
             let properties = BasicProperties::default()
                 .with_message_id(format!("chaos-malformed-{marker}").as_str().into())
