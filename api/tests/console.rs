@@ -473,21 +473,16 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
 #[tokio::test]
 async fn a_withdrawal_is_traced_by_the_api_and_the_console_and_nonsense_is_a_400_or_404() {
     let api = Api::new().await;
-    let db = &api.env.db;
-    let partner = sqlx::query("INSERT INTO partners (name, webhook_url) VALUES ('acme', NULL)")
-        .execute(db)
-        .await
-        .expect("insert")
-        .last_insert_id();
-    let withdrawal = sqlx::query(
-        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
-         VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42.5, 'T-address', '0xabc')",
-    )
-    .bind(partner)
-    .execute(db)
-    .await
-    .expect("insert")
-    .last_insert_id();
+    let partner = api.partner("acme").await;
+    let (status, created) = api
+        .call(support::admin_post(
+            "/v1/admin/withdrawals",
+            &serde_json::json!({"partner_id": partner, "status": "BROADCASTING",
+                "currency": "USDT", "amount": "42.5", "to_address": "T-address"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let withdrawal = created["id"].as_u64().expect("an id");
 
     let (status, trace) = api
         .call(support::with_roles(
@@ -499,6 +494,8 @@ async fn a_withdrawal_is_traced_by_the_api_and_the_console_and_nonsense_is_a_400
     assert_eq!(status, StatusCode::OK, "{trace}");
     assert_eq!(trace["row"]["amount"], "42.5");
     assert_eq!(trace["events"][0]["source"], "row");
+    assert_eq!(trace["events"][1]["what"], "entered as BROADCASTING");
+    assert_eq!(trace["unreadable"], serde_json::json!([]));
     for (path, expected) in [
         ("/v1/admin/trace/payout/1", StatusCode::BAD_REQUEST),
         ("/v1/admin/trace/withdrawal/x", StatusCode::BAD_REQUEST),
@@ -526,4 +523,59 @@ async fn a_withdrawal_is_traced_by_the_api_and_the_console_and_nonsense_is_a_400
         "{}",
         page.body
     );
+}
+
+#[tokio::test]
+async fn a_trace_that_cannot_read_one_part_answers_with_the_rest_and_names_it() {
+    let api = Api::new().await;
+    let partner = api.partner("acme").await;
+    let (status, created) = api
+        .call(support::admin_post(
+            "/v1/admin/withdrawals",
+            &serde_json::json!({"partner_id": partner, "status": "BROADCASTING",
+                "currency": "USDT", "amount": "7", "to_address": "T-address"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let withdrawal = created["id"].as_u64().expect("an id");
+    // A value this code cannot decode, as a later release's expanded schema could leave.
+    for sql in [
+        "ALTER TABLE withdrawal_status_history MODIFY to_status VARCHAR(16) NULL",
+        "UPDATE withdrawal_status_history SET to_status = NULL",
+    ] {
+        sqlx::query(sql).execute(&api.env.db).await.expect(sql);
+    }
+
+    let (status, trace) = api
+        .call(support::with_roles(
+            "GET",
+            &format!("/v1/admin/trace/withdrawal/{withdrawal}"),
+            &[Role::Ops],
+        ))
+        .await;
+    let page = send(
+        &api,
+        get_as(
+            &format!("/console/trace?kind=withdrawal&id={withdrawal}"),
+            &[Role::Ops],
+        ),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::OK, "{trace}");
+    assert_eq!(trace["row"]["amount"], "7");
+    assert_eq!(trace["events"][0]["what"], "created (now BROADCASTING)");
+    assert_eq!(trace["unreadable"][0]["part"], "status history", "{trace}");
+    assert_eq!(
+        trace["unreadable"][0]["problem"],
+        "a stored value could not be decoded (the server's log has the cause)"
+    );
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body
+            .contains("Could not read the status history: a stored value could not be decoded"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("created (now BROADCASTING)"));
 }

@@ -48,5 +48,8 @@ pub async fn run(settings: &Settings, args: TraceArgs) -> anyhow::Result<ExitCod
             event.what
         );
     }
+    for part in &trace.unreadable {
+        eprintln!("could not read the {}: {}", part.part, part.problem);
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -66,6 +66,9 @@ pub(crate) async fn page(
                     None => { p.flash.warn role="status" { "No " (kind) " " (id) "." } },
                     Some(trace) => {
                         h2 { (kind) " " (id) }
+                        @for part in &trace.unreadable {
+                            p.flash.warn.unreadable role="status" { "Could not read the " (part.part) ": " (part.problem) ". The rest of the timeline is below." }
+                        }
                         pre #row { (serde_json::to_string_pretty(&trace.row).unwrap_or_default()) }
                         table #timeline {
                             thead { tr { th { "When" } th { "Where" } th { "What" } th { "Detail" } } }
