@@ -405,7 +405,7 @@ async fn log_request(request: Request, next: Next) -> Response {
     let started = std::time::Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();
-    span.record("http.response.status_code", status);
+    span.record("http.response.status_code", i64::from(status));
     let _entered = span.enter();
     tracing::info!(
         status,

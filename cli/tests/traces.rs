@@ -166,7 +166,7 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
     for intake in &intakes {
         assert_eq!(intake.parent_span_id, MONITOR_SPAN);
         assert_eq!(intake.kind, 2, "a server span");
-        assert_eq!(intake.attribute("http.response.status_code"), Some("202"));
+        assert_eq!(intake.integer("http.response.status_code"), Some(202));
         assert_eq!(intake.service, "paybus-run");
     }
     // Three deliveries, each the child of the intake that sent its message: one transitioned,
@@ -188,7 +188,7 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
             spans.iter().find(|s| s.span_id == delivery.parent_span_id)
         );
         assert_eq!(delivery.attribute("messaging.system"), Some("rabbitmq"));
-        assert_eq!(delivery.attribute("attempt"), Some("1"));
+        assert_eq!(delivery.integer("attempt"), Some(1));
     }
     let transitioned = deliveries
         .iter()
@@ -217,7 +217,7 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
     let post = posts[0];
     assert_eq!(post.kind, 3, "a client span");
     assert!(descends(&spans, post, &webhook_deliveries[0].span_id));
-    assert_eq!(post.attribute("http.response.status_code"), Some("200"));
+    assert_eq!(post.integer("http.response.status_code"), Some(200));
     assert_eq!(
         post.attribute("server.address"),
         Some("127.0.0.1"),
@@ -289,5 +289,264 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
                 .any(|d| line["span_id"] == d.span_id.as_str()),
             "{line}"
         );
+    }
+}
+
+/// `(withdrawal id, traceparent)` of each webhook the partner received.
+type Received = Arc<Mutex<Vec<(u64, String)>>>;
+
+/// The partner's endpoint for many withdrawals: answers 200 and keeps, for each request, the
+/// withdrawal its body names and the `traceparent` it came with.
+async fn partner_endpoint_by_withdrawal() -> (String, Received) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let app = Router::new()
+        .route(
+            "/webhook",
+            post(
+                |State(seen): State<Received>, headers: HeaderMap, body: String| async move {
+                    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let withdrawal = body["data"]["withdrawal_id"]
+                        .as_u64()
+                        .or_else(|| body["withdrawal_id"].as_u64())
+                        .unwrap_or_else(|| panic!("no withdrawal id in {body}"));
+                    let traceparent = headers
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    seen.lock().unwrap().push((withdrawal, traceparent));
+                    "ok"
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/webhook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+const ADMIN_SECRET: &str = "traces-admin-jwt-secret-0123456789abcdef";
+
+/// The chain monitor's trace of withdrawal number `n` of the batch test.
+fn monitor_trace(n: u64) -> String {
+    format!("{:032x}", 0x5ca1_ab1e_0000 + n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_trace() {
+    const WITHDRAWALS: u64 = 24;
+    let receiver = OtlpReceiver::start().await;
+    let (webhook_url, partner_saw) = partner_endpoint_by_withdrawal().await;
+    let env = TestEnv::new().await;
+    let port = free_port();
+    let _run = Running(
+        Command::new(env!("CARGO_BIN_EXE_paybus"))
+            .arg("run")
+            .envs(env.env_vars())
+            .envs(receiver.env_vars("paybus-run"))
+            .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
+            .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
+            .env(
+                "PAYBUS_SECRETS_KEY",
+                "7472616365732074696d656c696e6573206b65792c206e6f742061207265616c",
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let issued = Command::new(env!("CARGO_BIN_EXE_paybus"))
+        .args([
+            "token",
+            "issue",
+            "--role",
+            "ADMIN",
+            "--subject",
+            "tracer",
+            "--ttl",
+            "1h",
+        ])
+        .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
+        .output()
+        .unwrap();
+    assert!(issued.status.success(), "{issued:?}");
+    let token = String::from_utf8(issued.stdout).unwrap().trim().to_owned();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let admin = |path: &str, body: serde_json::Value| {
+        let request = client
+            .post(format!("{base}{path}"))
+            .bearer_auth(&token)
+            .json(&body);
+        async move {
+            let answer = request.send().await.unwrap();
+            let status = answer.status();
+            let body: serde_json::Value = answer.json().await.unwrap();
+            assert!(status.is_success(), "{status} {body}");
+            body
+        }
+    };
+    let started = Instant::now();
+    while client.get(format!("{base}/health")).send().await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "paybus run did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let partner = admin(
+        "/v1/admin/partners",
+        serde_json::json!({"name": "batched", "webhook_url": webhook_url,
+            "webhook_secret": "traces-webhook-secret-0123"}),
+    )
+    .await["id"]
+        .as_u64()
+        .unwrap();
+    let mut withdrawals = Vec::new();
+    for n in 0..WITHDRAWALS {
+        let created = admin(
+            "/v1/admin/withdrawals",
+            serde_json::json!({"partner_id": partner, "status": "BROADCASTING",
+                "currency": "USDT", "amount": "10", "to_address": format!("T-{n}")}),
+        )
+        .await;
+        withdrawals.push(created["id"].as_u64().unwrap());
+    }
+
+    // The confirmations wait in the queue while confirm-withdrawal is paused, so that its
+    // consumer takes them in batches once resumed, as it does when a burst arrives.
+    admin(
+        "/v1/admin/functions/confirm-withdrawal/pause",
+        serde_json::json!({"reason": "let the confirmations queue up"}),
+    )
+    .await;
+    let services = env.services(&[]).await;
+    let queue = "paybus.confirm-withdrawal";
+    assert!(
+        paybus_platform::testing::eventually(Duration::from_secs(20), || async {
+            paybus_platform::testing::queue_state(&services, queue)
+                .await
+                .is_some_and(|(_, consumers)| consumers == 0)
+        })
+        .await,
+        "confirm-withdrawal kept consuming while paused"
+    );
+    let url = format!("{base}/v1/chain-monitor/withdrawal-confirmations");
+    let mut sends = tokio::task::JoinSet::new();
+    for (n, id) in withdrawals.iter().copied().enumerate() {
+        let (client, url) = (client.clone(), url.clone());
+        sends.spawn(async move {
+            let body = format!(r#"{{"withdrawal_id": {id}, "tx_hash": "0xbatched{n}"}}"#);
+            let now = chrono::Utc::now().timestamp();
+            client
+                .post(url)
+                .header("content-type", "application/json")
+                .header(
+                    "traceparent",
+                    format!("00-{}-{MONITOR_SPAN}-01", monitor_trace(n as u64)),
+                )
+                .header(
+                    signature::HEADER,
+                    signature::sign(SECRET.as_bytes(), now, body.as_bytes()),
+                )
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        });
+    }
+    let answers = sends.join_all().await;
+    assert!(answers.iter().all(|status| *status == 202), "{answers:?}");
+    assert!(
+        paybus_platform::testing::eventually(Duration::from_secs(20), || async {
+            paybus_platform::testing::queue_state(&services, queue)
+                .await
+                .is_some_and(|(ready, _)| u64::from(ready) == WITHDRAWALS)
+        })
+        .await,
+        "the confirmations did not all reach the queue"
+    );
+    admin(
+        "/v1/admin/functions/confirm-withdrawal/resume",
+        serde_json::json!({}),
+    )
+    .await;
+
+    receiver
+        .wait_for(Duration::from_secs(60), |spans| {
+            spans.iter().filter(|s| s.name == "POST webhook").count() as u64 == WITHDRAWALS
+        })
+        .await;
+    // Let the last spans of the deliveries arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let spans = receiver.spans();
+    let in_trace = |trace: &str, name: &str| -> Vec<ReceivedSpan> {
+        spans
+            .iter()
+            .filter(|s| s.trace_id == trace && s.name == name)
+            .cloned()
+            .collect()
+    };
+
+    // The confirmations were taken in batches, each batch span with every message's outcome
+    // on that message's own span.
+    let batches: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.name == "process confirm-withdrawal batch")
+        .collect();
+    assert!(
+        !batches.is_empty(),
+        "no batch formed: the test proves nothing"
+    );
+    let batched: i64 = batches
+        .iter()
+        .map(|b| b.integer("messaging.batch.message_count").unwrap())
+        .sum();
+    assert!(batched >= 2, "{batches:#?}");
+    let saw = partner_saw.lock().unwrap().clone();
+    for (n, withdrawal) in withdrawals.iter().enumerate() {
+        let trace = monitor_trace(n as u64);
+        let intakes = in_trace(&trace, "POST /v1/chain-monitor/withdrawal-confirmations");
+        assert_eq!(intakes.len(), 1, "withdrawal {withdrawal}: {intakes:#?}");
+        assert_eq!(intakes[0].parent_span_id, MONITOR_SPAN);
+        let deliveries = in_trace(&trace, "process confirm-withdrawal");
+        assert_eq!(
+            deliveries.len(),
+            1,
+            "withdrawal {withdrawal}: {deliveries:#?}"
+        );
+        let delivery = &deliveries[0];
+        assert!(descends(&spans, delivery, &intakes[0].span_id));
+        assert_eq!(delivery.attribute("outcome"), Some("done"), "{delivery:#?}");
+        assert_eq!(delivery.integer("attempt"), Some(1));
+        let webhook = in_trace(&trace, "process deliver-webhook");
+        assert_eq!(
+            webhook.len(),
+            1,
+            "withdrawal {withdrawal}'s webhook delivery"
+        );
+        assert!(descends(&spans, &webhook[0], &delivery.span_id));
+        let posts = in_trace(&trace, "POST webhook");
+        assert_eq!(posts.len(), 1, "withdrawal {withdrawal}'s webhook POST");
+        assert!(descends(&spans, &posts[0], &webhook[0].span_id));
+        assert_eq!(posts[0].integer("http.response.status_code"), Some(200));
+        let received: Vec<&String> = saw
+            .iter()
+            .filter(|(id, _)| id == withdrawal)
+            .map(|(_, traceparent)| traceparent)
+            .collect();
+        assert_eq!(
+            received,
+            [&format!("00-{trace}-{}-01", posts[0].span_id)],
+            "the traceparent withdrawal {withdrawal}'s partner received"
+        );
+    }
+    for batch in &batches {
+        let count = batch.integer("messaging.batch.message_count").unwrap();
+        assert_eq!(batch.links.len() as i64, count, "{batch:#?}");
     }
 }

@@ -157,7 +157,10 @@ pub async fn post(
         .instrument(span.clone())
         .await;
     if let Ok(response) = &sent {
-        span.record("http.response.status_code", response.status().as_u16());
+        span.record(
+            "http.response.status_code",
+            i64::from(response.status().as_u16()),
+        );
     }
     let response = match sent {
         Ok(response) => response,

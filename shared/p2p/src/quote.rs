@@ -376,7 +376,10 @@ impl QuoteClient {
             .instrument(span.clone())
             .await
             .map_err(|e| self.transport(call, e))?;
-        span.record("http.response.status_code", response.status().as_u16());
+        span.record(
+            "http.response.status_code",
+            i64::from(response.status().as_u16()),
+        );
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();

@@ -58,7 +58,8 @@ impl<T: Message> Envelope<T> {
     }
 
     /// The serialised form, ready for the outbox or the publisher, with the trace context of
-    /// the span that sends it.
+    /// the span that sends it (in a batch, of the delivery that caused it:
+    /// [`TraceHeaders::caused_by`]).
     pub fn to_outgoing(&self) -> Result<OutgoingMessage, serde_json::Error> {
         Ok(OutgoingMessage {
             id: self.id,
@@ -66,7 +67,7 @@ impl<T: Message> Envelope<T> {
             correlation_id: self.correlation_id,
             occurred_at: self.occurred_at,
             body: serde_json::to_vec(self)?,
-            trace: TraceHeaders::current(),
+            trace: TraceHeaders::caused_by(self.correlation_id),
         })
     }
 }

@@ -2,7 +2,7 @@
 //! that turns one delivery into a [`Disposition`] (ack, dead-letter or requeue), whichever way
 //! the delivery arrived (a local consumer or a Lambda event).
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -15,7 +15,10 @@ use super::{
     skips,
     topology::{DELIVERY_LIMIT, FunctionQueue},
 };
-use crate::db;
+use crate::{
+    db,
+    telemetry::{TraceHeaders, propagation},
+};
 
 /// What a handler made of a message. Every variant ends the delivery (it is acked); only an
 /// `Err(HandlerError)` puts it back on the queue.
@@ -215,7 +218,7 @@ pub async fn process<H: Handler>(
             return finish_undecodable::<H>(delivery, started, attempt, undecodable);
         }
     };
-    let span = delivery_span::<H>(&head, delivery, attempt, 1);
+    let span = delivery_span::<H>(&head, delivery, attempt);
     delivery_trace::follow(&span, delivery, attempt);
     let ctx = Context { outbox, attempt };
     let result = handler
@@ -240,14 +243,13 @@ pub async fn process<H: Handler>(
     })
 }
 
-/// The span of one delivery (or of a batch, `size` > 1, named after its first message), with
-/// the OpenTelemetry messaging conventions' names (`otel.*` fields are tracing-opentelemetry's
-/// span name and kind).
+/// The span of one delivery, with the OpenTelemetry messaging conventions' names (`otel.*`
+/// fields are tracing-opentelemetry's span name and kind). In a batch each delivery has its
+/// own, in its message's trace, beside the batch's span ([`batch_span`]).
 fn delivery_span<H: Handler>(
     head: &EnvelopeHead,
     delivery: &IncomingDelivery,
     attempt: u32,
-    size: usize,
 ) -> tracing::Span {
     tracing::info_span!(
         "message",
@@ -257,12 +259,28 @@ fn delivery_span<H: Handler>(
         messaging.operation.type = "process",
         messaging.destination.name = %delivery.routing_key,
         messaging.message.id = %head.id,
-        messaging.batch.message_count = size,
         function = H::FUNCTION,
         message_id = %head.id,
         correlation_id = %head.correlation_id,
-        attempt,
+        // Integers, as the conventions type them: tracing-opentelemetry exports an unsigned
+        // field as its text.
+        attempt = i64::from(attempt),
         outcome = tracing::field::Empty,
+    )
+}
+
+/// The span of a batch's handling: the one transaction and the statements its messages share.
+/// A trace of its own, linked to each message's producer, while each message's delivery span
+/// (linked to this one) stays in its message's trace with its own outcome.
+fn batch_span<H: Handler>(size: usize) -> tracing::Span {
+    tracing::info_span!(
+        "batch",
+        otel.name = format!("process {} batch", H::FUNCTION),
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "process",
+        messaging.batch.message_count = i64::try_from(size).unwrap_or(i64::MAX),
+        function = H::FUNCTION,
     )
 }
 
@@ -301,20 +319,24 @@ pub async fn process_batch<H: Handler>(
             .into_iter()
             .map(|(index, head, batched)| ((index, head, batched.attempt), batched))
             .unzip();
-        let (first, _, first_attempt) = &heads[0];
-        let span = delivery_span::<H>(
-            &heads[0].1,
-            &deliveries[*first],
-            *first_attempt,
-            heads.len(),
-        );
-        delivery_trace::follow(&span, &deliveries[*first], *first_attempt);
-        for (index, _, _) in &heads[1..] {
-            delivery_trace::link(&span, &deliveries[*index]);
-        }
-        let mut results = handler
-            .handle_batch(messages, outbox)
-            .instrument(span.clone())
+        let batch = batch_span::<H>(heads.len());
+        let mut causes = HashMap::with_capacity(heads.len());
+        let spans: Vec<tracing::Span> = heads
+            .iter()
+            .map(|(index, head, attempt)| {
+                let delivery = &deliveries[*index];
+                let span = delivery_span::<H>(head, delivery, *attempt);
+                delivery_trace::follow(&span, delivery, *attempt);
+                delivery_trace::link(&batch, delivery);
+                propagation::link_to_span(&span, &batch);
+                causes
+                    .entry(head.correlation_id)
+                    .or_insert_with(|| TraceHeaders::of_span(&span));
+                span
+            })
+            .collect();
+        let mut results = propagation::within_batch(causes, handler.handle_batch(messages, outbox))
+            .instrument(batch.clone())
             .await;
         if results.len() != heads.len() {
             // A handler bug; requeueing lets the messages go through again rather than guess.
@@ -331,10 +353,11 @@ pub async fn process_batch<H: Handler>(
                 .collect();
         }
         let mut skipped_here = Vec::new();
-        for ((index, head, attempt), result) in heads.into_iter().zip(results) {
+        for (((index, head, attempt), result), span) in heads.into_iter().zip(results).zip(spans) {
             let delivery = &deliveries[index];
             let (disposition, label, detail) = classify(result, attempt, delivery);
             skipped_here.extend(skipped(delivery, &head, label, detail.as_deref()));
+            span.record("outcome", label);
             dispositions[index] = Some(span.in_scope(|| {
                 finish::<H>(
                     delivery,
@@ -487,8 +510,8 @@ mod delivery_trace {
         }
     }
 
-    /// The other messages of a batch: one transaction, one span, linked to each (the
-    /// messaging conventions' batch receive).
+    /// A batch's span, linked to each of its messages' producers (the messaging conventions'
+    /// batch process).
     pub(super) fn link(span: &tracing::Span, delivery: &IncomingDelivery) {
         let sent = TraceHeaders::from_amqp(delivery.properties.headers().as_ref());
         propagation::link_to(span, &sent);

@@ -2,7 +2,7 @@
 //! requests in and out, the outbox row, the AMQP message headers (also what Amazon MQ hands a
 //! Lambda), and the link to an invocation's X-Ray trace (docs/observability.md).
 
-use std::collections::HashMap;
+use std::{collections::HashMap, future::Future};
 
 use lapin::types::FieldTable;
 use opentelemetry::{
@@ -12,6 +12,7 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use uuid::Uuid;
 
 use super::otlp::tracing_enabled;
 use crate::bus::headers::{header_text, text_header};
@@ -33,6 +34,21 @@ impl TraceHeaders {
             return Self::default();
         }
         Self::of(&tracing::Span::current().context())
+    }
+
+    /// The context a message carrying `correlation_id` continues: inside [`within_batch`], the
+    /// span of the delivery of the batch that carries the same correlation id (the message it
+    /// was caused by); elsewhere, or when no delivery of the batch carries it, the current
+    /// span's.
+    pub fn caused_by(correlation_id: Uuid) -> Self {
+        if !tracing_enabled() {
+            return Self::default();
+        }
+        BATCH_CAUSES
+            .try_with(|causes| causes.get(&correlation_id).cloned())
+            .ok()
+            .flatten()
+            .unwrap_or_else(Self::current)
     }
 
     /// The context of `span` (an outgoing call's client span, before it is entered).
@@ -130,6 +146,24 @@ impl TraceHeaders {
     }
 }
 
+tokio::task_local! {
+    /// The trace context of each delivery of the batch being handled, by correlation id.
+    static BATCH_CAUSES: HashMap<Uuid, TraceHeaders>;
+}
+
+/// Runs `handling` (a handler's batch) so that each message it sends continues the trace of
+/// the delivery that caused it ([`TraceHeaders::caused_by`]), not the trace of the span the
+/// batch runs in: one batch's transaction writes the notifications of up to sixteen
+/// withdrawals, and each belongs to its own withdrawal's trace. `causes` maps each delivery's
+/// correlation id to its span's context; the first of two deliveries that share one wins (a
+/// redelivered duplicate, the same flow).
+pub async fn within_batch<F: Future>(
+    causes: HashMap<Uuid, TraceHeaders>,
+    handling: F,
+) -> F::Output {
+    BATCH_CAUSES.scope(causes, handling).await
+}
+
 struct Pair<'a> {
     traceparent: &'a str,
     tracestate: Option<&'a str>,
@@ -151,7 +185,8 @@ impl Extractor for Pair<'_> {
 
 /// The client span of an outgoing HTTP call (`call` names it: `quote.create_trade`,
 /// `webhook`). Only the server's address is recorded, never the path or query: a partner's
-/// webhook URL may carry a token of theirs. Record `http.response.status_code` on it.
+/// webhook URL may carry a token of theirs. Record `http.response.status_code` on it as an
+/// `i64`: tracing-opentelemetry exports an unsigned integer as its text.
 pub fn http_client_span(call: &str, method: &str, url: &str) -> tracing::Span {
     let server = url::Url::parse(url)
         .ok()
@@ -186,6 +221,17 @@ pub fn link_to(span: &tracing::Span, remote: &TraceHeaders) {
         return;
     }
     if let Some(linked) = remote.remote() {
+        span.add_link(linked);
+    }
+}
+
+/// Links `span` to another span of this process (a batch's message spans and the batch's span).
+pub fn link_to_span(span: &tracing::Span, other: &tracing::Span) {
+    if !tracing_enabled() {
+        return;
+    }
+    let linked = other.context().span().span_context().clone();
+    if linked.is_valid() {
         span.add_link(linked);
     }
 }

@@ -33,7 +33,10 @@ pub struct ReceivedSpan {
     pub parent_span_id: String,
     /// OTLP's `SpanKind` (2 server, 3 client, 5 consumer).
     pub kind: i32,
+    /// Each attribute's value as text, whatever its type.
     pub attributes: HashMap<String, String>,
+    /// The attributes exported as integers (OTLP's `int_value`).
+    pub integers: HashMap<String, i64>,
     /// `(trace id, span id)` of each link.
     pub links: Vec<(String, String)>,
 }
@@ -41,6 +44,12 @@ pub struct ReceivedSpan {
 impl ReceivedSpan {
     pub fn attribute(&self, key: &str) -> Option<&str> {
         self.attributes.get(key).map(String::as_str)
+    }
+
+    /// The attribute `key` when it was exported as an integer; `None` when it is absent or of
+    /// another type (a number exported as text included).
+    pub fn integer(&self, key: &str) -> Option<i64> {
+        self.integers.get(key).copied()
     }
 }
 
@@ -150,6 +159,16 @@ async fn export(State(received): State<Received>, body: Bytes) -> (StatusCode, V
                     parent_span_id: hex::encode(&span.parent_span_id),
                     kind: span.kind,
                     attributes: attributes(&span.attributes),
+                    integers: span
+                        .attributes
+                        .iter()
+                        .filter_map(
+                            |kv| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                Some(Value::IntValue(n)) => Some((kv.key.clone(), *n)),
+                                _ => None,
+                            },
+                        )
+                        .collect(),
                     links: span
                         .links
                         .iter()
