@@ -58,6 +58,9 @@ pub enum ApiError {
     /// 503: the endpoint is switched off because its secret is not configured.
     #[error("{0}")]
     Disabled(&'static str),
+    /// 503 with `Retry-After`: the process is listening but not ready yet (what it waits for).
+    #[error("paybus is starting: {0}")]
+    Starting(String),
 
     #[error("database error")]
     Database(#[from] sqlx::Error),
@@ -96,7 +99,7 @@ impl ApiError {
             {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ApiError::Disabled(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Disabled(_) | ApiError::Starting(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Database(_)
             | ApiError::Internal(_)
             | ApiError::Outbox(_)
@@ -127,7 +130,7 @@ impl IntoResponse for ApiError {
             self.to_string()
         };
         let mut response = (status, Json(json!({ "error": message }))).into_response();
-        if unavailable {
+        if unavailable || matches!(self, ApiError::Starting(_)) {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),

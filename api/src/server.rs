@@ -11,9 +11,14 @@
 //!
 //! Shutdown stops accepting, lets requests in flight finish, then returns.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex, OnceLock},
+    time::Duration,
+};
 
 use axum::{
+    Router,
     extract::Request,
     middleware::Next,
     response::{IntoResponse, Response},
@@ -26,6 +31,7 @@ use hyper_util::{
 };
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tower::ServiceExt;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::{ApiError, AppState, router};
@@ -55,9 +61,83 @@ pub async fn serve_on(
     limits: Limits,
     shutdown: CancellationToken,
 ) -> Result<(), ApiError> {
+    serve_app_on(listener, router(state), limits, shutdown).await
+}
+
+/// The API of a process that listens before its services are up: until [`Starting::ready`]
+/// hands it the router, every request is answered 503 with `Retry-After` and what the process
+/// waits for. Why: a process that connected first refused connections meanwhile, and a load
+/// balancer marks such a target dead, where a 503 says "not yet".
+#[derive(Clone)]
+pub struct Starting {
+    ready: Arc<OnceLock<Router>>,
+    waiting_for: Arc<Mutex<String>>,
+}
+
+impl Default for Starting {
+    fn default() -> Self {
+        Self {
+            ready: Arc::default(),
+            waiting_for: Arc::new(Mutex::new(
+                "connecting to the database and the broker".into(),
+            )),
+        }
+    }
+}
+
+impl Starting {
+    /// The router to serve: answers 503 until ready, then as the ready router does.
+    pub fn app(&self) -> Router {
+        let starting = self.clone();
+        Router::new().fallback(move |request: Request| {
+            let starting = starting.clone();
+            async move {
+                match starting.ready.get() {
+                    Some(router) => match router.clone().oneshot(request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    },
+                    None => {
+                        let waiting = starting
+                            .waiting_for
+                            .lock()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                            .clone();
+                        ApiError::Starting(waiting).into_response()
+                    }
+                }
+            }
+        })
+    }
+
+    /// What the process waits for now (said in each 503).
+    pub fn waiting_for(&self, what: String) {
+        *self
+            .waiting_for
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = what;
+    }
+
+    /// From now on every request goes to `state`'s router.
+    pub fn ready(&self, state: AppState) {
+        crate::warn_about_closed_routes(&state);
+        if self.ready.set(router(state)).is_err() {
+            tracing::warn!("the API was made ready twice; the first router stays");
+        }
+        tracing::info!("HTTP API ready");
+    }
+}
+
+/// Serves `app` on `listener` with the server's limits until `shutdown` is cancelled.
+pub async fn serve_app_on(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> Result<(), ApiError> {
     let addr: SocketAddr = listener.local_addr().map_err(ApiError::Serve)?;
     let requests = TaskTracker::new();
-    let service = router(state)
+    let service = app
         .layer(axum::middleware::from_fn({
             let requests = requests.clone();
             move |request: Request, next: Next| run_to_completion(requests.clone(), request, next)

@@ -363,27 +363,27 @@ fn template(settings: &Settings) -> anyhow::Result<ExitCode> {
 
 async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let api_config = ApiConfig::from_env()?;
-    let services = Services::connect_waiting(settings)
+    let shutdown = shutdown_on_signal();
+    let api = paybus_api::process::Listening::bind(&api_config, &shutdown).await?;
+    let Some(services) = api
+        .connect(settings, &shutdown)
         .await
-        .context("while connecting to the database and the broker")?;
+        .context("while connecting to the database and the broker")?
+    else {
+        api.stopped().await?;
+        return Ok(ExitCode::SUCCESS);
+    };
     let mut runner = Runner::new(services.clone());
     paybus_catalog::register(&mut runner)?;
-    // Before the API takes its first webhook: a message published before its queue exists
-    // would be unroutable and wait for the relay.
-    services
-        .declare_topology(&paybus_catalog::queues_with(
-            &services.settings.broker.shards,
-        ))
-        .await?;
-    let shutdown = shutdown_on_signal();
+    api.declare_topology(&services).await?;
     let state = paybus_api::process::catalog_state(&services, &api_config)
         .context("while building the HTTP API")?;
-    let api = tokio::spawn(paybus_api::serve(api_config, state, shutdown.clone()));
+    api.ready(state);
     tracing::info!("paybus running; Ctrl-C or SIGTERM stops it after in-flight messages");
     let consumers = runner.run(shutdown.clone()).await;
     // Whichever stops first (a signal, or a part that could not start) stops the other.
     shutdown.cancel();
-    let api = api.await.context("the HTTP API task panicked")?;
+    let api = api.stopped().await;
     consumers?;
     api.context("the HTTP API stopped")?;
     Ok(ExitCode::SUCCESS)
@@ -397,10 +397,7 @@ fn print_openapi() -> anyhow::Result<ExitCode> {
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     let api_config = ApiConfig::from_env()?;
-    let services = Services::connect_waiting(settings)
-        .await
-        .context("while connecting to the database and the broker")?;
-    paybus_api::process::serve_until_stopped(&services, api_config, shutdown_on_signal())
+    paybus_api::process::serve_until_stopped(settings, api_config, shutdown_on_signal())
         .await
         .context("the HTTP API stopped")?;
     Ok(ExitCode::SUCCESS)

@@ -326,3 +326,94 @@ async fn run_gives_up_on_a_broker_still_away_after_the_wait_and_at_once_on_a_ref
     assert!(!refused_log.contains("not up yet"), "{refused_log}");
     assert!(!refused_log.contains("not-the-password"), "{refused_log}");
 }
+
+/// `paybus serve` listens before its broker answers: a load balancer sees 503 with
+/// `Retry-After` ("not yet"), never a refused connection ("dead"), and the same process
+/// serves once the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_503_at_once_while_the_broker_is_away_and_200_once_it_is_back() {
+    use paybus_platform::testing::{free_port, outage::Relay};
+    let env = TestEnv::new().await;
+    let broker = Relay::to(&env.settings.broker.url).await;
+    broker.cut();
+    let port = free_port();
+    let health = format!("http://127.0.0.1:{port}/health");
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut serve = paybus(&env)
+        .arg("serve")
+        .env(
+            "PAYBUS_AMQP_URL",
+            broker.url(&env.settings.broker.url).as_str(),
+        )
+        .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start paybus serve");
+    let log = drain_stderr(&mut serve);
+    let first = loop {
+        match client.get(&health).send().await {
+            Ok(answer) => break Some(answer),
+            Err(_) if started.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => break None,
+        }
+    };
+    let answered_after = started.elapsed();
+    let (status, retry_after, body) = match first {
+        Some(answer) => (
+            answer.status().as_u16(),
+            answer
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned()),
+            answer.text().await.unwrap(),
+        ),
+        None => (0, None, String::new()),
+    };
+    // Longer than a first try and its 2-s pause: still 503, still the same process.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = match client.get(&health).send().await {
+        Ok(answer) => (answer.status().as_u16(), answer.text().await.unwrap()),
+        Err(error) => (0, error.to_string()),
+    };
+    broker.restore().await;
+    let back = paybus_platform::testing::eventually(Duration::from_secs(30), || async {
+        client
+            .get(&health)
+            .send()
+            .await
+            .is_ok_and(|answer| answer.status() == 200)
+    })
+    .await;
+    let exited = serve.try_wait().expect("poll paybus serve");
+    let _ = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status();
+    let stopped = exited_within(&mut serve, Duration::from_secs(20)).await;
+    if stopped.is_none() {
+        let _ = serve.kill();
+    }
+    let log = log.join().unwrap_or_default();
+
+    assert_eq!(
+        status, 503,
+        "first answer {body:?} after {answered_after:?}:\n{log}"
+    );
+    assert!(
+        answered_after < Duration::from_secs(1),
+        "first answered after {answered_after:?}"
+    );
+    assert_eq!(retry_after.as_deref(), Some("5"));
+    assert!(body.contains("paybus is starting"), "{body}");
+    assert_eq!(still.0, 503, "{log}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&still.1).unwrap()["error"],
+        "paybus is starting: waiting for the broker"
+    );
+    assert!(back, "no 200 within 30 s of the broker's return:\n{log}");
+    assert!(exited.is_none(), "paybus serve exited: {exited:?}\n{log}");
+    assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}\n{log}");
+}

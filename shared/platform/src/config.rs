@@ -73,8 +73,10 @@ pub const VAR_STARTUP_WAIT_SECONDS: Setting = Setting {
     about: "long-running processes (`paybus run` and `serve`, a function's or the API's local \
             process) wait up to this long at start-up for a database or broker that is not up \
             yet (connection refused, timed out), trying again every 2 to 10 s with a warning \
-            each time, then exit with the last reason; `0`: exit at once. A wrong password, \
-            database or vhost exits at once; Lambda and one-shot commands never wait",
+            each time, then exit with the last reason; `0`: exit at once. A process that serves \
+            the HTTP API listens meanwhile and answers 503 with `Retry-After` until both are up \
+            and the topology is declared. A wrong password, database or vhost exits at once; \
+            Lambda and one-shot commands never wait",
 };
 
 /// What every process reads through [`Settings`], in the order the page lists them.

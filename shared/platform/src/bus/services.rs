@@ -45,11 +45,14 @@ pub enum StartupError {
 }
 
 /// `connect()` until it succeeds, fails for good (`transient` says no), or fails once `wait`
-/// has passed (the last try starts at the latest when it ends).
+/// has passed (the last try starts at the latest when it ends). `waiting` hears the service
+/// after each failed try (only its name: it may be shown to anyone who asks; the log has the
+/// error).
 async fn until_up<T, E: std::fmt::Display>(
     service: &'static str,
     wait: Duration,
     transient: fn(&E) -> bool,
+    waiting: &(dyn Fn(String) + Sync),
     mut connect: impl AsyncFnMut() -> Result<T, E>,
 ) -> Result<T, E> {
     let started = Instant::now();
@@ -70,6 +73,7 @@ async fn until_up<T, E: std::fmt::Display>(
                 }
                 // The link's pace after a drop: 2 s doubling, at most 10 s.
                 let pause = RECONNECT_BACKOFF.delay(failures).min(wait - waited);
+                waiting(format!("waiting for {service}"));
                 tracing::warn!(
                     %error,
                     retry_in = ?pause,
@@ -94,7 +98,7 @@ impl Services {
     /// Connects to the database and the broker (at the same time) and returns once both are
     /// ready.
     pub async fn connect(settings: Settings) -> Result<Self, StartupError> {
-        Self::connect_within(settings, Duration::ZERO).await
+        Self::connect_within(settings, Duration::ZERO, &|_| {}).await
     }
 
     /// [`connect`](Self::connect) for a long-running process (`paybus run` and `serve`, a
@@ -106,24 +110,41 @@ impl Services {
     /// goes away later (the link reconnects). A refusal that waiting cannot cure (a password,
     /// a database, a vhost) still fails at once.
     pub async fn connect_waiting(settings: Settings) -> Result<Self, StartupError> {
+        Self::connect_waiting_saying(settings, &|_| {}).await
+    }
+
+    /// [`connect_waiting`](Self::connect_waiting), telling `waiting` what it waits for after
+    /// each failed try (an HTTP API that listens meanwhile answers 503 with it).
+    pub async fn connect_waiting_saying(
+        settings: Settings,
+        waiting: &(dyn Fn(String) + Sync),
+    ) -> Result<Self, StartupError> {
         let wait = settings.startup_wait;
-        Self::connect_within(settings, wait).await
+        Self::connect_within(settings, wait, waiting).await
     }
 
     /// Both at the same time, each tried until it is up or `wait` has passed (zero: once).
-    async fn connect_within(settings: Settings, wait: Duration) -> Result<Self, StartupError> {
+    async fn connect_within(
+        settings: Settings,
+        wait: Duration,
+        waiting: &(dyn Fn(String) + Sync),
+    ) -> Result<Self, StartupError> {
         let (pool, link) = tokio::try_join!(
             async {
-                let pool = until_up("the database", wait, DbError::is_transient, || {
+                let pool = until_up("the database", wait, DbError::is_transient, waiting, || {
                     db::connect(&settings.database)
                 })
                 .await?;
                 Ok::<_, StartupError>(pool)
             },
             async {
-                let link = until_up("the broker", wait, BrokerUnreachable::is_transient, || {
-                    BrokerLink::connect(&settings.broker)
-                })
+                let link = until_up(
+                    "the broker",
+                    wait,
+                    BrokerUnreachable::is_transient,
+                    waiting,
+                    || BrokerLink::connect(&settings.broker),
+                )
                 .await?;
                 Ok(link)
             },
