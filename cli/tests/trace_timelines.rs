@@ -265,12 +265,13 @@ async fn start() -> (Paybus, QuoteStub) {
     assert!(issued.status.success(), "{issued:?}");
     paybus.token = String::from_utf8(issued.stdout).unwrap().trim().to_owned();
     let started = Instant::now();
-    while paybus
+    // A process that is starting answers 503 until its services are up.
+    while !paybus
         .client
         .get(format!("{}/health", paybus.base))
         .send()
         .await
-        .is_err()
+        .is_ok_and(|answer| answer.status().is_success())
     {
         assert!(
             started.elapsed() < Duration::from_secs(60),

@@ -79,6 +79,10 @@ async fn confirm(client: &reqwest::Client, url: &str) -> u16 {
             .send()
             .await;
         match sent {
+            // Not listening yet, or listening and starting (503 until its services are up).
+            Ok(answer) if answer.status() == 503 && started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             Ok(answer) => return answer.status().as_u16(),
             Err(_) if started.elapsed() < Duration::from_secs(30) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -389,7 +393,13 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
         }
     };
     let started = Instant::now();
-    while client.get(format!("{base}/health")).send().await.is_err() {
+    // A process that is starting answers 503 until its services are up.
+    while !client
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .is_ok_and(|answer| answer.status().is_success())
+    {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "paybus run did not come up"

@@ -69,7 +69,13 @@ async fn signed_duplicate_confirmations_are_accepted_and_debit_once() {
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     let started = Instant::now();
-    while client.get(format!("{base}/health")).send().await.is_err() {
+    // A process that is starting answers 503 until its services are up.
+    while !client
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .is_ok_and(|answer| answer.status().is_success())
+    {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "paybus run did not come up"
