@@ -21,17 +21,17 @@ pub const VAR_HTTP_ADDR: Setting = Setting {
 pub const VAR_HEADER_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_HTTP_HEADER_TIMEOUT_MS",
     default: "`10000`",
-    about: "request headers must arrive within it; also closes an idle keep-alive connection",
+    about: "request headers must arrive within it; also closes an idle keep-alive connection (milliseconds, at least 1)",
 };
 pub const VAR_BODY_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_HTTP_BODY_TIMEOUT_MS",
     default: "`10000`",
-    about: "a request body must arrive within it (else 408)",
+    about: "a request body must arrive within it (else 408) (milliseconds, at least 1)",
 };
 pub const VAR_MAX_CONNECTIONS: Setting = Setting {
     name: "PAYBUS_HTTP_MAX_CONNECTIONS",
     default: "`256`",
-    about: "connections served at once; more wait in the listen backlog",
+    about: "connections served at once; more wait in the listen backlog (at least 1)",
 };
 pub const VAR_CHAIN_MONITOR_SECRET: Setting = Setting {
     name: "PAYBUS_CHAIN_MONITOR_SECRET",

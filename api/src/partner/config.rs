@@ -17,13 +17,13 @@ pub const VAR_RATE_LIMIT_PER_SECOND: Setting = Setting {
     default: "`50`",
     about: "requests per second a partner may make to the partner API, per API process \
             (a partner's own `partners.rate_limit_per_second` overrides it); past it 429 with \
-            `Retry-After`",
+            `Retry-After` (at least 1)",
 };
 pub const VAR_RATE_LIMIT_BURST: Setting = Setting {
     name: "PAYBUS_PARTNER_RATE_LIMIT_BURST",
     default: "`100`",
     about: "requests a partner may make at once before the per-second rate applies \
-            (`partners.rate_limit_burst` overrides it)",
+            (`partners.rate_limit_burst` overrides it) (at least 1)",
 };
 
 pub const SETTINGS: &[Setting] = &[

@@ -26,7 +26,7 @@ pub const VAR_MAX_ATTEMPTS: Setting = Setting {
     name: "PAYBUS_CANCEL_MAX_ATTEMPTS",
     default: "`5`",
     about: "attempts of a task's cancel before FAILED + dead letter (waits 1 s, 5 s, 30 s, \
-            2 min)",
+            2 min) (at least 1)",
 };
 
 /// What [`CancelConfig::read`] reads.

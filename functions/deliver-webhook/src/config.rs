@@ -36,29 +36,29 @@ pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(50);
 pub const VAR_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_WEBHOOK_TIMEOUT_MS",
     default: "`10000`",
-    about: "one POST to a partner before it counts as failed",
+    about: "one POST to a partner before it counts as failed (milliseconds, at least 1)",
 };
 pub const VAR_MAX_ATTEMPTS: Setting = Setting {
     name: "PAYBUS_WEBHOOK_MAX_ATTEMPTS",
     default: "`8`",
     about: "attempts before FAILED + dead letter (waits 10 s, 30 s, 2 min, 10 min, 30 min, then \
-            hourly)",
+            hourly) (at least 1)",
 };
 pub const VAR_PARTNER_CONCURRENCY: Setting = Setting {
     name: "PAYBUS_WEBHOOK_PARTNER_CONCURRENCY",
     default: "`16`",
     about: "POSTs in flight to one partner per process; past it a delivery is deferred \
-            unattempted",
+            unattempted (at least 1)",
 };
 pub const VAR_BREAKER_FAILURES: Setting = Setting {
     name: "PAYBUS_WEBHOOK_BREAKER_FAILURES",
     default: "`5`",
-    about: "consecutive failures that open a partner's circuit breaker",
+    about: "consecutive failures that open a partner's circuit breaker (at least 1)",
 };
 pub const VAR_BREAKER_COOLDOWN_MS: Setting = Setting {
     name: "PAYBUS_WEBHOOK_BREAKER_COOLDOWN_MS",
     default: "`30000`",
-    about: "how long an open breaker parks a partner's deliveries before one probe",
+    about: "how long an open breaker parks a partner's deliveries before one probe (milliseconds, at least 1)",
 };
 
 /// What [`WebhookConfig::read`] reads, in the order the page lists them.

@@ -12,7 +12,7 @@ use paybus_platform::{
 pub const VAR_WORKER_INTERVAL_MS: Setting = Setting {
     name: "PAYBUS_BONUS_WORKER_INTERVAL_MS",
     default: "`300000`",
-    about: "pause between worker runs (the retry path; seed 003: 5 min)",
+    about: "pause between worker runs (the retry path; seed 003: 5 min) (milliseconds, at least 1)",
 };
 pub const VAR_WORKER_BATCH: Setting = Setting {
     name: "PAYBUS_BONUS_WORKER_BATCH",
@@ -23,7 +23,7 @@ pub const VAR_PROCESSING_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_BONUS_PROCESSING_TIMEOUT_MS",
     default: "`600000`",
     about: "a job PROCESSING longer than this is returned to PENDING by the reaper (its \
-            attempt's process died)",
+            attempt's process died) (milliseconds, at least 1)",
 };
 
 /// What [`GrantConfig::read`] reads, in the order the page lists them.

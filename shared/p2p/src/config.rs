@@ -25,12 +25,12 @@ pub const VAR_QUOTE_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_QUOTE_TIMEOUT_MS",
     default: "`3000`",
     about: "one quote service call, connect to last byte; a getQuote timeout is a failed \
-            attempt, a createTrade timeout leaves the fill in doubt (asked again under its key)",
+            attempt, a createTrade timeout leaves the fill in doubt (asked again under its key) (milliseconds, at least 1)",
 };
 pub const VAR_QUOTE_CONNECT_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_QUOTE_CONNECT_TIMEOUT_MS",
     default: "`1000`",
-    about: "connecting alone (capped by the call's timeout)",
+    about: "connecting alone (capped by the call's timeout) (milliseconds, at least 1)",
 };
 pub const VAR_FILL_POLICY: Setting = Setting {
     name: "PAYBUS_MATCH_FILL_POLICY",
@@ -42,41 +42,41 @@ pub const VAR_MAX_ATTEMPTS: Setting = Setting {
     name: "PAYBUS_MATCH_MAX_ATTEMPTS",
     default: "`5`",
     about: "attempts before CANCELLED MATCH_FAILED + dead letter (waits 5 s, 15 s, 30 s, 60 s \
-            between them)",
+            between them) (at least 1)",
 };
 pub const VAR_TRADE_CHECKS: Setting = Setting {
     name: "PAYBUS_MATCH_TRADE_CHECKS",
     default: "`10`",
     about: "createTrade calls under one fill's key whose outcome may stay unknown (waits 2 s, \
             5 s, 15 s, 30 s, 1 min, 2 min, then 5 min; ~19 min in all) before the order is \
-            IN_DOUBT with a dead letter; never counted as failed attempts",
+            IN_DOUBT with a dead letter; never counted as failed attempts (at least 1)",
 };
 pub const VAR_BATCH_SIZE: Setting = Setting {
     name: "PAYBUS_MATCH_BATCH_SIZE",
     default: "`10`",
-    about: "orders the due-orders job claims per batch",
+    about: "orders the due-orders job claims per batch (1 to 1000)",
 };
 pub const VAR_POLL_INTERVAL_MS: Setting = Setting {
     name: "PAYBUS_MATCH_POLL_INTERVAL_MS",
     default: "`1000`",
-    about: "pause between the due-orders job's passes",
+    about: "pause between the due-orders job's passes (milliseconds, at least 1)",
 };
 pub const VAR_ZOMBIE_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_MATCH_ZOMBIE_TIMEOUT_MS",
     default: "`300000`",
     about: "a MATCHING claim older than this is a dead attempt; the reaper (every fifth of it) \
             hands the order back; also the audit's limit for a RESERVED match. Must exceed \
-            2 × `PAYBUS_QUOTE_TIMEOUT_MS` + 10 s, so a live attempt never looks dead",
+            2 × `PAYBUS_QUOTE_TIMEOUT_MS` + 10 s, so a live attempt never looks dead (milliseconds, at least 1)",
 };
 pub const VAR_ORDER_TTL_MS: Setting = Setting {
     name: "PAYBUS_MATCH_ORDER_TTL_MS",
     default: "`1800000`",
-    about: "a deposit order's life (`expires_at`)",
+    about: "a deposit order's life (`expires_at`) (milliseconds, at least 1)",
 };
 pub const VAR_EXPIRY_INTERVAL_MS: Setting = Setting {
     name: "PAYBUS_MATCH_EXPIRY_INTERVAL_MS",
     default: "`30000`",
-    about: "pause between the expiry job's passes",
+    about: "pause between the expiry job's passes (milliseconds, at least 1)",
 };
 
 /// What [`MatchingConfig::read`] reads, in the order the page lists them.

@@ -77,7 +77,7 @@ pub const VAR_OPERATION_TTL_SECONDS: Setting = Setting {
     name: "PAYBUS_OPERATION_TTL_SECONDS",
     default: "`3600`",
     about: "a request for a guarded action (a dead-letter operation, an approval) expires after \
-            it: it can no longer be approved or started",
+            it: it can no longer be approved or started (seconds, 60 to 604800)",
 };
 
 /// What `paybus settings` lists for four-eyes.

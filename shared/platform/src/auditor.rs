@@ -42,24 +42,24 @@ use crate::{
 pub const VAR_INTERVAL_MS: Setting = Setting {
     name: "PAYBUS_AUDITOR_INTERVAL_MS",
     default: "`60000`",
-    about: "the continuous auditor: pause between passes",
+    about: "the continuous auditor: pause between passes (milliseconds, at least 1)",
 };
 pub const VAR_WINDOW_SECS: Setting = Setting {
     name: "PAYBUS_AUDITOR_WINDOW_SECS",
     default: "`900`",
     about: "the continuous auditor: the furthest back a pass reads (the first pass, and the \
-            first after an outage; older rows are the full `paybus audit`'s)",
+            first after an outage; older rows are the full `paybus audit`'s) (seconds, at least 1)",
 };
 pub const VAR_OVERLAP_SECS: Setting = Setting {
     name: "PAYBUS_AUDITOR_OVERLAP_SECS",
     default: "`120`",
     about: "the continuous auditor: a pass reads from the previous pass's start less this (longer \
-            than paybus's longest transaction, so a late commit is read by the next pass)",
+            than paybus's longest transaction, so a late commit is read by the next pass) (seconds, at least 1)",
 };
 pub const VAR_RETENTION_HOURS: Setting = Setting {
     name: "PAYBUS_AUDITOR_RETENTION_HOURS",
     default: "`168`",
-    about: "the continuous auditor: passes kept in `audit_passes`",
+    about: "the continuous auditor: passes kept in `audit_passes` (hours, at least 1)",
 };
 
 /// What [`AuditorConfig::read`] reads, in the order the page lists them.

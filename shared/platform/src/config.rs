@@ -26,12 +26,12 @@ pub const VAR_DATABASE_URL: Setting = Setting {
 pub const VAR_DB_MAX_CONNECTIONS: Setting = Setting {
     name: "PAYBUS_DB_MAX_CONNECTIONS",
     default: "`32`",
-    about: "pool size; size it for the consumers' prefetch",
+    about: "pool size; size it for the consumers' prefetch (at least 1)",
 };
 pub const VAR_DB_ACQUIRE_TIMEOUT_MS: Setting = Setting {
     name: "PAYBUS_DB_ACQUIRE_TIMEOUT_MS",
     default: "`5000`",
-    about: "wait for a pooled connection before failing",
+    about: "wait for a pooled connection before failing (milliseconds, at least 1)",
 };
 pub const VAR_AMQP_URL: Setting = Setting {
     name: "PAYBUS_AMQP_URL",
@@ -52,13 +52,13 @@ pub const VAR_PREFETCH: Setting = Setting {
             deliveries in batches of 16 (confirm-withdrawal, confirm-deposit, grant-bonus) runs \
             prefetch / 16 transactions at once: raise it when the database has CPU to spare \
             (on two cores shared with the broker, 128 confirmed withdrawals 25 % faster than 64; \
-            [benchmarks](benchmarks.md)), and the pool with it",
+            [benchmarks](benchmarks.md)), and the pool with it (1 to 65535)",
 };
 pub const VAR_LAMBDA_CONCURRENCY: Setting = Setting {
     name: "PAYBUS_LAMBDA_CONCURRENCY",
     default: "`64`",
     about: "Lambda only: messages of one Amazon MQ batch processed at once (a handler with \
-            `MAX_BATCH` > 1 gets them in chunks of that size)",
+            `MAX_BATCH` > 1 gets them in chunks of that size) (1 to 65535)",
 };
 pub const VAR_LOG_FORMAT: Setting = Setting {
     name: "PAYBUS_LOG_FORMAT",
@@ -76,7 +76,7 @@ pub const VAR_STARTUP_WAIT_SECONDS: Setting = Setting {
             each time, then exit with the last reason; `0`: exit at once. A process that serves \
             the HTTP API listens meanwhile and answers 503 with `Retry-After` until both are up \
             and the topology is declared. A wrong password, database or vhost exits at once; \
-            Lambda and one-shot commands never wait",
+            Lambda and one-shot commands never wait (seconds, 0 to 86400)",
 };
 
 /// What every process reads through [`Settings`], in the order the page lists them.
