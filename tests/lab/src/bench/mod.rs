@@ -40,6 +40,7 @@ mod confirm_withdrawal;
 mod cpu;
 mod dead_letter_storm;
 mod grant_bonus;
+mod idle;
 mod lambda_batch;
 mod matching;
 mod ops_queries;
@@ -80,6 +81,10 @@ pub enum Workflow {
     /// (function, reason) against spread over a group each: what the group's counts cost
     /// under a storm of one failure.
     DeadLetterStorm,
+    /// Memory: every function's process, the API's and `paybus run`'s left idle for
+    /// `--idle-seconds` on a fresh database: resident memory, its anonymous and file-backed
+    /// parts, threads and database connections, against a function's 30 MiB.
+    Idle,
     /// All four workflows at a steady rate for `--minutes`, every message delivered
     /// `--copies` times, each function its own process: throughput, p50/p99, RSS, table
     /// sizes, outbox backlog and dead letters per window, a plot, then chaos's exactly-once
@@ -130,6 +135,9 @@ pub struct BenchArgs {
     /// `PAYBUS_AUDITOR_WINDOW_SECS`) ending at its latest ledger entry. Read only.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// (idle) How long the processes are left alone before their memory is read.
+    #[arg(long, default_value_t = 30)]
+    pub idle_seconds: u64,
     #[command(flatten)]
     pub soak: soak::SoakArgs,
 }
@@ -162,6 +170,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Workflow::Checkpointer => checkpointer::run(&args).await,
         Workflow::OpsQueries => ops_queries::run(&args).await,
         Workflow::DeadLetterStorm => dead_letter_storm::run(&args).await,
+        Workflow::Idle => idle::run(&args).await,
         Workflow::Soak => return soak::run(&args.soak, args.concurrency).await,
     };
     ran.map(|()| ExitCode::SUCCESS)
