@@ -47,12 +47,15 @@ pub(crate) fn into_api(error: ApprovalError) -> ApiError {
         ApprovalError::Database(e) => ApiError::Database(e),
         ApprovalError::NotFound(_) => ApiError::NotFound(error.to_string()),
         ApprovalError::SelfApproval(_) => ApiError::NotYours(error.to_string()),
-        ApprovalError::State { .. } => ApiError::Conflict(error.to_string()),
+        ApprovalError::State { .. } | ApprovalError::Contended { .. } => {
+            ApiError::Conflict(error.to_string())
+        }
         other @ ApprovalError::Unknown { .. } => ApiError::Internal(Box::new(other)),
     }
 }
 
-/// The answer of a guarded route held for a second ADMIN: `202` with the approval.
+/// The answer of a guarded route held for a second ADMIN: `202` with the approval (awaiting
+/// approval, or already approved when it was asked for before).
 pub(crate) struct Held(pub Approval);
 
 impl IntoResponse for Held {
@@ -61,8 +64,8 @@ impl IntoResponse for Held {
     }
 }
 
-/// Under four-eyes for `action`, the approval request (new, or the one already waiting for
-/// the same action and subject); `None` when the action may run now.
+/// Under four-eyes for `action`, the approval request (new, or the open one for the same
+/// action and subject, awaiting approval or approved); `None` when the action may run now.
 pub(crate) async fn held(
     state: &AppState,
     claims: &Claims,

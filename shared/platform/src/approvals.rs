@@ -10,10 +10,23 @@
 //!
 //! [`ApprovalStatus`]: AWAITING_APPROVAL → APPROVED → EXECUTED. One not approved before its
 //! expiry can no longer be approved; one approved but not executed before it can no longer be
-//! executed. The guarded actions are conditional updates (a job is retried only while FAILED,
-//! a market resumed only while SUSPENDED), so an execution runs the action first and then
-//! marks the approval EXECUTED: a crash in between leaves it APPROVED, and executing it again
-//! finds the action done and changes nothing.
+//! executed.
+//!
+//! **One open request per action and subject.** An approval awaiting approval or approved, not
+//! executed and not expired, is *the open request* for its (action, subject): it holds the
+//! slot (`pending_slot`), a unique key over (action, subject, slot), so the database decides
+//! what concurrent requests cannot decide by reading first. [`request`] returns the open one —
+//! awaiting approval or already approved, so asking again never makes a second that could run
+//! again — or inserts a new one that takes the slot; an insert that hits the key lost to a
+//! concurrent request and returns the winner, read afresh. The slot is freed when the approval
+//! is executed, or by the next [`request`] that finds its holder expired (expiry is time-based:
+//! no column can follow it). Only the slot's holder can be approved or executed; an approval
+//! without it (a duplicate made before the slot existed) can be neither: ask again.
+//!
+//! The guarded actions are conditional updates (a job is retried only while FAILED, a market
+//! resumed only while SUSPENDED), so an execution runs the action first and then marks the
+//! approval EXECUTED (freeing its slot): a crash in between leaves it APPROVED, and executing
+//! it again finds the action done and changes nothing.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -25,6 +38,7 @@ use uuid::Uuid;
 use crate::{
     ConfigError,
     config::{Setting, Vars},
+    db,
 };
 
 crate::column_enum! {
@@ -164,6 +178,14 @@ crate::column_enum! {
     }
 }
 
+/// The unique key that makes one open request per (action, subject).
+const OPEN_REQUEST_KEY: &str = "uk_ops_approvals_pending_slot";
+
+/// Rounds of "read the open request, else insert one" a request makes. Each further round
+/// needs the open request to have been executed or expired since the last: never more than
+/// two in practice.
+const REQUEST_ROUNDS: u32 = 5;
+
 /// A request for a guarded action, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Approval {
@@ -177,6 +199,9 @@ pub struct Approval {
     pub expires_at: DateTime<Utc>,
     /// Past its expiry before it was executed: it can no longer be approved or executed.
     pub expired: bool,
+    /// The open request for its action and subject (see the module docs): only it can be
+    /// approved and executed.
+    pub open: bool,
     pub approved_by: Option<String>,
     pub approved_at: Option<DateTime<Utc>>,
     pub executed_by: Option<String>,
@@ -194,9 +219,13 @@ pub enum ApprovalError {
     NotFound(Uuid),
     #[error("approval {0} was requested by you: another ADMIN must approve it")]
     SelfApproval(Uuid),
-    /// Not in a state that allows the step (awaiting, expired, executed).
+    /// Not in a state that allows the step (awaiting, expired, executed, not the open
+    /// request).
     #[error("approval {id}: {problem}")]
     State { id: Uuid, problem: String },
+    /// Concurrent requests for the same action and subject kept opening and closing it.
+    #[error("{action} on {subject}: other requests kept changing it; ask again")]
+    Contended { action: Guarded, subject: String },
     #[error("approval {id} holds {value:?} in {column}, which this code does not know")]
     Unknown {
         id: String,
@@ -215,6 +244,7 @@ struct ApprovalRow {
     requested_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
     past_expiry: bool,
+    pending_slot: Option<u8>,
     approved_by: Option<String>,
     approved_at: Option<DateTime<Utc>>,
     executed_by: Option<String>,
@@ -223,8 +253,8 @@ struct ApprovalRow {
 }
 
 const COLUMNS: &str = "id, action, subject, status, requested_by, requested_at, expires_at, \
-     (expires_at < NOW(6)) AS past_expiry, approved_by, approved_at, executed_by, executed_at, \
-     result";
+     (expires_at < NOW(6)) AS past_expiry, pending_slot, approved_by, approved_at, executed_by, \
+     executed_at, result";
 
 impl ApprovalRow {
     fn into_approval(self) -> Result<Approval, ApprovalError> {
@@ -244,6 +274,7 @@ impl ApprovalRow {
                 .parse()
                 .map_err(|_| unknown("action", &self.action))?,
             expired: status != ApprovalStatus::Executed && self.past_expiry,
+            open: self.pending_slot.is_some(),
             status,
             subject: self.subject,
             requested_by: self.requested_by,
@@ -298,8 +329,9 @@ pub async fn list(
     rows.into_iter().map(ApprovalRow::into_approval).collect()
 }
 
-/// `actor`'s request for `action` on `subject`: the one already awaiting approval for the same
-/// action and subject (asking twice is one request), or a new one expiring after `ttl`.
+/// `actor`'s request for `action` on `subject`: the open request for the same action and
+/// subject, awaiting approval or approved (asking twice is one request, also at once), or a
+/// new one expiring after `ttl` (see the module docs).
 pub async fn request(
     conn: &mut MySqlConnection,
     action: Guarded,
@@ -307,50 +339,114 @@ pub async fn request(
     actor: &str,
     ttl: Duration,
 ) -> Result<Approval, ApprovalError> {
-    let mut tx = conn.begin().await?;
-    let action_name: &str = action.into();
-    let pending: Option<String> = sqlx::query_scalar(
-        "SELECT id FROM ops_approvals WHERE action = ? AND subject = ? \
-         AND status = 'AWAITING_APPROVAL' AND expires_at > NOW(6) ORDER BY requested_at LIMIT 1",
-    )
-    .bind(action_name)
-    .bind(subject)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let id = match pending.and_then(|id| Uuid::parse_str(&id).ok()) {
-        Some(id) => id,
-        None => {
-            let id = Uuid::now_v7();
-            sqlx::query(
-                "INSERT INTO ops_approvals (id, action, subject, status, requested_by, \
-                 requested_at, expires_at) \
-                 VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, NOW(6), NOW(6) + INTERVAL ? SECOND)",
-            )
-            .bind(id.to_string())
-            .bind(action_name)
-            .bind(subject.chars().take(200).collect::<String>())
-            .bind(actor.chars().take(100).collect::<String>())
-            .bind(ttl.as_secs())
-            .execute(&mut *tx)
-            .await?;
-            crate::ops_log::append(
-                &mut tx,
-                &crate::ops_log::Entry {
-                    actor,
-                    action: "approval.request",
-                    subject: &format!("approval:{id}"),
-                    detail: &serde_json::json!({"action": action, "subject": subject}),
-                },
-            )
-            .await?;
-            tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
-            id
+    let subject: String = subject.chars().take(200).collect();
+    for _ in 0..REQUEST_ROUNDS {
+        if let Some(open) = open_request(conn, action, &subject).await? {
+            return Ok(open);
         }
+        match insert_request(conn, action, &subject, actor, ttl).await {
+            Ok(requested) => return Ok(requested),
+            // A concurrent request took the slot first (principle 2: an expected outcome),
+            // or InnoDB chose this insert as a deadlock's victim and rolled it back whole:
+            // the next round reads the winner.
+            Err(ApprovalError::Database(lost))
+                if db::is_duplicate_on(&lost, OPEN_REQUEST_KEY)
+                    || db::error_number(&lost) == Some(DEADLOCK) =>
+            {
+                tracing::info!(%action, subject, actor, error = %lost,
+                    "four-eyes: a concurrent request for the same action and subject came first");
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Err(ApprovalError::Contended { action, subject })
+}
+
+/// MySQL's and MariaDB's "Deadlock found when trying to get lock".
+const DEADLOCK: u16 = 1213;
+
+/// The open request for `action` on `subject`, read afresh (a statement of its own, so it
+/// sees the latest commit); an expired holder's slot is freed instead, and `None` returned.
+async fn open_request(
+    conn: &mut MySqlConnection,
+    action: Guarded,
+    subject: &str,
+) -> Result<Option<Approval>, ApprovalError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM ops_approvals \
+         WHERE action = ? AND subject = ? AND pending_slot = 1"
+    );
+    let holder = sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql))
+        .bind(<&str>::from(action))
+        .bind(subject)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(ApprovalRow::into_approval)
+        .transpose()?;
+    let Some(holder) = holder else {
+        return Ok(None);
     };
+    if !holder.expired {
+        return Ok(Some(holder));
+    }
+    // By its primary key and guarded: a row lock only, no gap lock for concurrent inserts of
+    // the next request to deadlock on.
+    sqlx::query(
+        "UPDATE ops_approvals SET pending_slot = NULL \
+         WHERE id = ? AND pending_slot = 1 AND expires_at < NOW(6)",
+    )
+    .bind(holder.id.to_string())
+    .execute(&mut *conn)
+    .await?;
+    tracing::info!(approval = %holder.id, %action, subject,
+        "four-eyes: the open request expired; a new one may be asked");
+    Ok(None)
+}
+
+/// A new open request, with its ops log entry; a duplicate-key error when another holds the
+/// slot.
+async fn insert_request(
+    conn: &mut MySqlConnection,
+    action: Guarded,
+    subject: &str,
+    actor: &str,
+    ttl: Duration,
+) -> Result<Approval, ApprovalError> {
+    let mut tx = conn.begin().await?;
+    let id = Uuid::now_v7();
+    let inserted = sqlx::query(
+        "INSERT INTO ops_approvals (id, action, subject, status, requested_by, requested_at, \
+         expires_at, pending_slot) \
+         VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, NOW(6), NOW(6) + INTERVAL ? SECOND, 1)",
+    )
+    .bind(id.to_string())
+    .bind(<&str>::from(action))
+    .bind(subject)
+    .bind(actor.chars().take(100).collect::<String>())
+    .bind(ttl.as_secs())
+    .execute(&mut *tx)
+    .await;
+    if let Err(lost) = inserted {
+        // The duplicate check's shared lock on the winner's row goes now, not whenever this
+        // connection is next used.
+        tx.rollback().await?;
+        return Err(lost.into());
+    }
+    crate::ops_log::append(
+        &mut tx,
+        &crate::ops_log::Entry {
+            actor,
+            action: "approval.request",
+            subject: &format!("approval:{id}"),
+            detail: &serde_json::json!({"action": action, "subject": subject}),
+        },
+    )
+    .await?;
     let approval = find(&mut tx, id, "")
         .await?
         .ok_or(ApprovalError::NotFound(id))?;
     tx.commit().await?;
+    tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
     Ok(approval)
 }
 
@@ -417,14 +513,28 @@ async fn approvable(
             problem: format!("it expired at {}", approval.expires_at.to_rfc3339()),
         });
     }
+    if !approval.open {
+        return Err(not_open(&approval));
+    }
     if approval.requested_by == actor {
         return Err(ApprovalError::SelfApproval(id));
     }
     Ok(approval)
 }
 
-/// The approval `id` when it may be executed now (APPROVED, not expired; EXECUTED ones are
-/// returned as they are, nothing to do).
+fn not_open(approval: &Approval) -> ApprovalError {
+    ApprovalError::State {
+        id: approval.id,
+        problem: format!(
+            "it is not the open request for {} on {} (a duplicate of another request): ask \
+             again to get the open one",
+            approval.action, approval.subject
+        ),
+    }
+}
+
+/// The approval `id` when it may be executed now (APPROVED, open, not expired; EXECUTED ones
+/// are returned as they are, nothing to do).
 pub async fn executable(conn: &mut MySqlConnection, id: Uuid) -> Result<Approval, ApprovalError> {
     let approval = find(conn, id, "")
         .await?
@@ -441,12 +551,13 @@ pub async fn executable(conn: &mut MySqlConnection, id: Uuid) -> Result<Approval
                 approval.expires_at.to_rfc3339()
             ),
         }),
+        ApprovalStatus::Approved if !approval.open => Err(not_open(&approval)),
         ApprovalStatus::Approved | ApprovalStatus::Executed => Ok(approval),
     }
 }
 
 /// Records that `actor` executed approval `id` and what the action reported (after the
-/// action ran: see the module docs).
+/// action ran: see the module docs), and frees its slot.
 pub async fn executed(
     conn: &mut MySqlConnection,
     id: Uuid,
@@ -455,7 +566,7 @@ pub async fn executed(
 ) -> Result<Approval, ApprovalError> {
     sqlx::query(
         "UPDATE ops_approvals SET status = 'EXECUTED', executed_by = ?, executed_at = NOW(6), \
-         result = ? WHERE id = ? AND status = 'APPROVED'",
+         result = ?, pending_slot = NULL WHERE id = ? AND status = 'APPROVED'",
     )
     .bind(actor.chars().take(100).collect::<String>())
     .bind(result.chars().take(1000).collect::<String>())
