@@ -2,7 +2,8 @@
 //! a suspended market's resume are requested by one ADMIN, approved by another, then run once;
 //! self-approval is 403, an expired approval does nothing, OPS can neither ask nor approve.
 //! Against a served API, with real concurrent requests: asking at once is one request,
-//! approving at once approves once.
+//! approving at once approves once, executing at once runs the action once and every answer
+//! is the result it recorded.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod support;
@@ -100,7 +101,11 @@ async fn a_job_retry_is_asked_by_one_admin_approved_by_another_and_run_once() {
     assert_eq!(job_status(&api, job).await, "PENDING");
     let (status, twice) = api.call(as_admin("bob", "POST", &path("/execute"))).await;
     assert_eq!(status, StatusCode::OK, "{twice}");
-    assert_eq!(twice["result"], Value::Null, "executed twice, ran once");
+    assert_eq!(
+        (&twice["result"], &twice["ran_now"]),
+        (&executed["result"], &Value::Bool(false)),
+        "executed twice, ran once: the second answer is the recorded result"
+    );
     let retries: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM ops_log WHERE action = 'bonus_job.retry'")
             .fetch_one(&api.env.db)
@@ -189,6 +194,24 @@ async fn ops_log_count(api: &Api, action: &str) -> i64 {
         .unwrap()
 }
 
+/// grant-bonus consuming its queue, as `paybus run` runs it; stops when the token is
+/// cancelled.
+async fn grant_bonus_running(api: &Api) -> tokio_util::sync::CancellationToken {
+    let grant_bonus = paybus_catalog::FUNCTIONS
+        .iter()
+        .find(|function| function.name == "grant-bonus")
+        .unwrap();
+    api.services
+        .declare_topology(&[grant_bonus.queue])
+        .await
+        .unwrap();
+    let mut runner = paybus_platform::bus::Runner::new(api.services.clone());
+    grant_bonus.add_to(&mut runner).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(runner.run(stop.clone()));
+    stop
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_admins_asking_six_times_at_once_make_one_approval() {
     let api = Api::new().await;
@@ -221,6 +244,70 @@ async fn two_admins_asking_six_times_at_once_make_one_approval() {
     assert_eq!(api.scalar("SELECT COUNT(*) FROM ops_approvals").await, 1);
     assert_eq!(ops_log_count(&api, "approval.request").await, 1);
     assert_eq!(job_status(&api, job).await, "FAILED", "nothing ran yet");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn six_executes_at_once_run_the_retry_once_and_every_answer_is_what_it_recorded() {
+    let api = Api::new().await;
+    let job = failed_job(&api).await;
+    let id = approved_retry(&api, job).await;
+    let granting = grant_bonus_running(&api).await;
+    let served = Served::start(&api).await;
+    let execute = format!("/v1/admin/approvals/{id}/execute");
+
+    let answers = served
+        .post_all_at_once(
+            &["alice", "bob", "carol", "dave", "erin", "frank"]
+                .map(|admin| (admin, execute.clone())),
+            &json!({}),
+        )
+        .await;
+
+    let (_, shown) = api
+        .call(with_roles(
+            "GET",
+            &format!("/v1/admin/approvals/{id}"),
+            &[Role::Ops],
+        ))
+        .await;
+    assert_eq!(shown["status"], "EXECUTED", "{shown}");
+    let recorded: Value = serde_json::from_str(shown["result"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (recorded["id"].as_u64(), recorded["status"].as_str()),
+        (Some(job), Some("PENDING")),
+        "the approval records the retry, not a refusal: {recorded}"
+    );
+    for (status, answer) in &answers {
+        assert_eq!(*status, StatusCode::OK, "{answer}");
+        assert_eq!(
+            answer["result"], recorded,
+            "every answer is the recorded result"
+        );
+        assert_eq!(answer["approval"], shown);
+    }
+    let ran: Vec<&Value> = answers
+        .iter()
+        .map(|(_, answer)| &answer["ran_now"])
+        .collect();
+    assert_eq!(
+        ran.iter().filter(|ran| ***ran == Value::Bool(true)).count(),
+        1,
+        "one answer ran it, the others report it: {ran:?}"
+    );
+    assert_eq!(ops_log_count(&api, "bonus_job.retry").await, 1);
+    let granted =
+        paybus_platform::testing::eventually(std::time::Duration::from_secs(20), || async {
+            job_status(&api, job).await == "DONE"
+        })
+        .await;
+    granting.cancel();
+    assert!(granted, "grant-bonus granted the retried job");
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM charges WHERE status = 'EVENT'")
+            .await,
+        1,
+        "one EVENT charge"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -299,6 +386,72 @@ async fn asking_again_while_approved_gives_the_approved_one_and_after_its_expiry
     assert_eq!(status, StatusCode::CONFLICT, "{expired}");
     assert!(error_of(&expired).contains("expired"), "{expired}");
     assert_eq!(job_status(&api, job).await, "FAILED");
+}
+
+#[tokio::test]
+async fn executing_an_approval_that_expired_unapproved_says_it_expired() {
+    let api = Api::new().await;
+    let job = failed_job(&api).await;
+    let retry = format!("/v1/admin/charge-event-jobs/{job}/retry");
+    let (_, held) = api.call(as_admin("alice", "POST", &retry)).await;
+    let id = held["approval"]["id"].as_str().unwrap().to_owned();
+    sqlx::query("UPDATE ops_approvals SET expires_at = NOW(6) - INTERVAL 1 SECOND")
+        .execute(&api.env.db)
+        .await
+        .unwrap();
+
+    let (status, answer) = api
+        .call(as_admin(
+            "bob",
+            "POST",
+            &format!("/v1/admin/approvals/{id}/execute"),
+        ))
+        .await;
+
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        error_of(&answer).contains("expired") && !error_of(&answer).contains("awaits"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn an_execution_whose_claimer_died_is_taken_over_once_its_lease_passed() {
+    let api = Api::new().await;
+    let job = failed_job(&api).await;
+    let id = approved_retry(&api, job).await;
+    let execute = format!("/v1/admin/approvals/{id}/execute");
+    let claimed_ago = |seconds: u32| {
+        sqlx::query(
+            "UPDATE ops_approvals SET claim_token = 'a process that died', \
+             claimed_at = NOW(6) - INTERVAL ? SECOND",
+        )
+        .bind(seconds)
+        .execute(&api.env.db)
+    };
+
+    // Claimed just now, never recorded: the execute waits for a result, then says so.
+    claimed_ago(0).await.unwrap();
+    let (status, waited) = api.call(as_admin("carol", "POST", &execute)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{waited}");
+    assert!(error_of(&waited).contains("ask again"), "{waited}");
+    assert_eq!(
+        job_status(&api, job).await,
+        "FAILED",
+        "the claim's holder runs it, not carol"
+    );
+
+    // Its lease runs out while the next execute waits: that one takes it over and runs it.
+    let lease = paybus_platform::approvals::EXECUTION_LEASE.as_secs() as u32;
+    claimed_ago(lease - 1).await.unwrap();
+    let (status, executed) = api.call(as_admin("carol", "POST", &execute)).await;
+    assert_eq!(status, StatusCode::OK, "{executed}");
+    assert_eq!(
+        (&executed["ran_now"], &executed["result"]["status"]),
+        (&Value::Bool(true), &json!("PENDING"))
+    );
+    assert_eq!(executed["approval"]["executed_by"], "carol");
+    assert_eq!(job_status(&api, job).await, "PENDING");
 }
 
 /// Rows as the request before the open-request slot left them: several open duplicates for

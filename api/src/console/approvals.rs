@@ -9,7 +9,7 @@ use axum::{
 };
 use maud::html;
 use paybus_platform::approvals::{self, ApprovalStatus};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::{
     Session, actions,
@@ -78,6 +78,8 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                                     @if a.expired {
                                     } @else if !a.open && a.status != ApprovalStatus::Executed {
                                         span.hint { "a duplicate of the open request: neither approved nor executed" }
+                                    } @else if let Some(since) = a.executing_since {
+                                        span.hint { "being executed since " (since.format("%H:%M:%S UTC")) }
                                     } @else if a.status == ApprovalStatus::AwaitingApproval && a.requested_by != session.claims.sub {
                                         form method="post" action=(format!("/console/approvals/{}/approve", a.id)) { button type="submit" { "Approve" } }
                                     } @else if a.status == ApprovalStatus::AwaitingApproval {
@@ -132,14 +134,11 @@ async fn step(
             ))
         } else {
             let result = &answer.body["result"];
-            Flash::Done(format!(
-                "Executed: {}",
-                if result.is_null() {
-                    Value::from("it had run already")
-                } else {
-                    result.clone()
-                }
-            ))
+            if answer.body["ran_now"] == true {
+                Flash::Done(format!("Executed: {result}"))
+            } else {
+                Flash::Done(format!("Executed before, by another execution: {result}"))
+            }
         }
     });
     render(state, session, Some(flash)).await
