@@ -7,9 +7,11 @@
 //! - `GET /v1/admin/approvals[?awaiting=true][&limit=50]`: newest first.
 //! - `GET /v1/admin/approvals/{id}`.
 //! - `POST /v1/admin/approvals/{id}/approve`: `403` for the requester, `409` when it is not
-//!   awaiting approval or expired.
-//! - `POST /v1/admin/approvals/{id}/execute`: runs the action once approved; an executed one
-//!   answers what it did then; `409` while awaiting approval or once expired.
+//!   awaiting approval, expired, or not the open request for its action and subject.
+//! - `POST /v1/admin/approvals/{id}/execute`: runs the action once approved, however many
+//!   callers execute it at once; every answer carries the result recorded by the one that ran
+//!   it (`ran_now` says which); `409` while awaiting approval, once expired, or while another
+//!   execution has not recorded its result within `approvals::RESULT_WAIT`.
 
 use axum::{
     Extension, Json, Router,
@@ -21,7 +23,7 @@ use axum::{
 use paybus_bonuses::job::{self, OpsRetry};
 use paybus_markets::suspension::{self, Resumed};
 use paybus_platform::{
-    approvals::{self, Approval, ApprovalError, ApprovalStatus, Guarded},
+    approvals::{self, Approval, ApprovalError, Guarded, Turn},
     bus::Outbox,
 };
 use serde::{Deserialize, Serialize};
@@ -47,12 +49,15 @@ pub(crate) fn into_api(error: ApprovalError) -> ApiError {
         ApprovalError::Database(e) => ApiError::Database(e),
         ApprovalError::NotFound(_) => ApiError::NotFound(error.to_string()),
         ApprovalError::SelfApproval(_) => ApiError::NotYours(error.to_string()),
-        ApprovalError::State { .. } => ApiError::Conflict(error.to_string()),
+        ApprovalError::State { .. } | ApprovalError::Contended { .. } => {
+            ApiError::Conflict(error.to_string())
+        }
         other @ ApprovalError::Unknown { .. } => ApiError::Internal(Box::new(other)),
     }
 }
 
-/// The answer of a guarded route held for a second ADMIN: `202` with the approval.
+/// The answer of a guarded route held for a second ADMIN: `202` with the approval (awaiting
+/// approval, or already approved when it was asked for before).
 pub(crate) struct Held(pub Approval);
 
 impl IntoResponse for Held {
@@ -61,8 +66,8 @@ impl IntoResponse for Held {
     }
 }
 
-/// Under four-eyes for `action`, the approval request (new, or the one already waiting for
-/// the same action and subject); `None` when the action may run now.
+/// Under four-eyes for `action`, the approval request (new, or the open one for the same
+/// action and subject, awaiting approval or approved); `None` when the action may run now.
 pub(crate) async fn held(
     state: &AppState,
     claims: &Claims,
@@ -216,11 +221,27 @@ async fn approve(
     Ok(Json(approved))
 }
 
+/// The answer to an execute: the same recorded result for every caller, whoever ran it.
 #[derive(Debug, Serialize)]
-struct Executed {
-    approval: Approval,
-    /// What the action answered (`null` for one executed before).
-    result: Value,
+pub struct Executed {
+    pub approval: Approval,
+    /// What the execution recorded that the action did (the approval's `result`, as JSON).
+    pub result: Value,
+    /// Whether this call ran the action; the others waited for its result or came later.
+    pub ran_now: bool,
+}
+
+impl Executed {
+    fn recorded(approval: Approval, ran_now: bool) -> Self {
+        let result = approval.result.as_deref().map_or(Value::Null, |text| {
+            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+        });
+        Self {
+            approval,
+            result,
+            ran_now,
+        }
+    }
 }
 
 #[utoipa::path(
@@ -237,36 +258,54 @@ async fn execute(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Executed>, ApiError> {
     let id = approval_id(id)?;
-    let (approval, result) = execute_approval(&state.outbox, id, &claims.sub).await?;
-    Ok(Json(Executed { approval, result }))
+    Ok(Json(
+        execute_approval(&state.outbox, id, &claims.sub).await?,
+    ))
 }
 
 /// Executes approval `id` as `actor` (the API's route and `paybus approvals execute`): the
-/// action first, then the mark (see `paybus_platform::approvals`).
+/// claim, then the action and its record — or, for every caller that did not win the claim,
+/// the result recorded by the one that did (see `paybus_platform::approvals`).
 pub async fn execute_approval(
     outbox: &Outbox,
     id: Uuid,
     actor: &str,
-) -> Result<(Approval, Value), ApiError> {
-    let mut conn = outbox.pool().acquire().await?;
-    let approval = approvals::executable(&mut conn, id)
-        .await
-        .map_err(into_api)?;
-    if approval.status == ApprovalStatus::Executed {
-        return Ok((approval, Value::Null));
-    }
+) -> Result<Executed, ApiError> {
+    let claim = {
+        let mut conn = outbox.pool().acquire().await?;
+        match approvals::claim(&mut conn, id).await.map_err(into_api)? {
+            Turn::Ran(approval) => return Ok(Executed::recorded(approval, false)),
+            Turn::Run(claim) => claim,
+        }
+    };
+    let approval = &claim.approval;
     let result = match run(outbox, approval.action, &approval.subject, actor).await {
         Ok(result) => result,
         // The action refused (e.g. the job is no longer FAILED): that is what it did.
         Err(refused @ (ApiError::Conflict(_) | ApiError::NotFound(_))) => {
             json!({"refused": refused.to_string()})
         }
-        Err(other) => return Err(other),
+        Err(failed) => {
+            // Whether the action committed is unknown; it is conditional, so the next
+            // execution may simply run it again, without waiting for the lease.
+            let released = match outbox.pool().acquire().await {
+                Ok(mut conn) => approvals::release(&mut conn, &claim)
+                    .await
+                    .map_err(|error| error.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = released {
+                tracing::warn!(approval = %id, %error,
+                    "four-eyes: the claim stays until its lease passes");
+            }
+            return Err(failed);
+        }
     };
-    let executed = approvals::executed(&mut conn, id, actor, &summary(&result).to_string())
+    let mut conn = outbox.pool().acquire().await?;
+    let executed = approvals::executed(&mut conn, &claim, actor, &summary(&result).to_string())
         .await
         .map_err(into_api)?;
-    Ok((executed, result))
+    Ok(Executed::recorded(executed, true))
 }
 
 /// What an approval keeps of an action's answer: the fields that say what it did (a retried

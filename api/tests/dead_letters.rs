@@ -17,44 +17,50 @@ use support::*;
 
 /// An in-flight withdrawal and the dead letter of its confirmation; (withdrawal, letter) ids.
 async fn dead_lettered_confirmation(api: &Api) -> (u64, u64) {
+    dead_lettered_confirmations(api, 1).await[0]
+}
+
+/// `count` in-flight withdrawals of one partner, each with the dead letter of its confirmation
+/// (safe to replay); their (withdrawal, letter) ids.
+async fn dead_lettered_confirmations(api: &Api, count: usize) -> Vec<(u64, u64)> {
     let pool = &api.services.pool;
     let partner = sqlx::query("INSERT INTO partners (name, webhook_url) VALUES ('acme', NULL)")
         .execute(pool)
         .await
         .unwrap()
         .last_insert_id();
-    let withdrawal = sqlx::query(
-        "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
-         VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42, 'T-address', '0xabc')",
-    )
-    .bind(partner)
-    .execute(pool)
-    .await
-    .unwrap()
-    .last_insert_id();
-    let message = Envelope::new(WithdrawalTxConfirmed {
-        withdrawal_id: withdrawal,
-        tx_hash: "0xabc".to_owned(),
-    })
-    .to_outgoing()
-    .unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    record_given_up(
-        &mut conn,
-        "confirm-withdrawal",
-        "letter-1",
-        &message,
-        "boom",
-        4,
-    )
-    .await
-    .unwrap();
-    let letter =
-        sqlx::query_scalar("SELECT id FROM dead_letters WHERE dead_letter_id = 'letter-1'")
+    let mut made = Vec::with_capacity(count);
+    for n in 1..=count {
+        let tx_hash = format!("0xabc{n}");
+        let withdrawal = sqlx::query(
+            "INSERT INTO withdrawals (partner_id, kind, status, currency, amount, to_address, tx_hash) \
+             VALUES (?, 'NORMAL', 'BROADCASTING', 'USDT', 42, 'T-address', ?)",
+        )
+        .bind(partner)
+        .bind(&tx_hash)
+        .execute(pool)
+        .await
+        .unwrap()
+        .last_insert_id();
+        let message = Envelope::new(WithdrawalTxConfirmed {
+            withdrawal_id: withdrawal,
+            tx_hash,
+        })
+        .to_outgoing()
+        .unwrap();
+        let key = format!("letter-{n}");
+        let mut conn = pool.acquire().await.unwrap();
+        record_given_up(&mut conn, "confirm-withdrawal", &key, &message, "boom", 4)
+            .await
+            .unwrap();
+        let letter = sqlx::query_scalar("SELECT id FROM dead_letters WHERE dead_letter_id = ?")
+            .bind(&key)
             .fetch_one(pool)
             .await
             .unwrap();
-    (withdrawal, letter)
+        made.push((withdrawal, letter));
+    }
+    made
 }
 
 const REPLAY_BODY: &str = r#"{"ids": [1]}"#;
@@ -85,17 +91,6 @@ const CHANGES: &[&str] = &[
     "/v1/admin/dead-letters/operations/0190f0e0-0000-7000-8000-000000000000/approve",
     "/v1/admin/dead-letters/operations/0190f0e0-0000-7000-8000-000000000000/execute",
 ];
-
-/// An ADMIN token of `subject` (four-eyes needs two people).
-fn admin_of(subject: &str) -> String {
-    paybus_api::auth::issue(
-        ADMIN_JWT_SECRET,
-        subject,
-        &[Role::Admin],
-        std::time::Duration::from_secs(3600),
-    )
-    .unwrap()
-}
 
 fn post_as(token: &str, path: &str, body: &serde_json::Value) -> Request<Body> {
     Request::post(path)
@@ -491,4 +486,176 @@ async fn client_mistakes_on_operation_routes_are_400_404_or_409() {
         assert_eq!(got, status, "{uri}: {answer}");
         assert!(answer["error"].is_string(), "{answer}");
     }
+}
+
+/// alice asks for a replay of the failed confirmations' group, bob approves the hash he saw:
+/// the operation's id.
+async fn approved_group_replay(api: &Api) -> String {
+    let (status, operation) = api
+        .call(post_as(
+            &admin_of("alice"),
+            "/v1/admin/dead-letters/operations",
+            &json!({"action": "replay", "group": {"function": "confirm-withdrawal", "reason": "failed"}}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{operation}");
+    let id = operation["id"].as_str().unwrap().to_owned();
+    let (status, approved) = api
+        .call(post_as(
+            &admin_of("bob"),
+            &format!("/v1/admin/dead-letters/operations/{id}/approve"),
+            &json!({"hash": operation["content_hash"]}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admins_executing_one_operation_at_once_replay_each_letter_once_and_each_report_is_true() {
+    let api = Api::new().await;
+    let letters = dead_lettered_confirmations(&api, 12).await;
+    let id = approved_group_replay(&api).await;
+    let served = Served::start(&api).await;
+    let execute = format!("/v1/admin/dead-letters/operations/{id}/execute");
+
+    let reports = served
+        .post_all_at_once(
+            &["alice", "bob", "carol", "dave"].map(|admin| (admin, execute.clone())),
+            &json!({"per_second": 100}),
+        )
+        .await;
+
+    let mut replayed = 0;
+    for (status, report) in &reports {
+        assert_eq!(*status, StatusCode::OK, "{report}");
+        let count = |field: &str| report[field].as_u64().unwrap();
+        assert_eq!(
+            (
+                count("skipped"),
+                count("needs_human"),
+                count("already_applied")
+            ),
+            (0, 0, 0),
+            "no letter was skipped: those another execution took are counted as such: {report}"
+        );
+        assert_eq!(
+            report["results"].as_array().map(Vec::len),
+            Some(count("replayed") as usize),
+            "{report}"
+        );
+        assert_eq!(
+            (
+                report["operation"]["status"].as_str(),
+                report["operation"]["done"].as_u64(),
+                count("remaining")
+            ),
+            (Some("DONE"), Some(12), 0),
+            "{report}"
+        );
+        replayed += count("replayed");
+    }
+    assert_eq!(
+        replayed, 12,
+        "each letter replayed by one execution: {reports:?}"
+    );
+    let taken_by_another: u64 = reports
+        .iter()
+        .filter_map(|(_, report)| report["by_another_execution"].as_u64())
+        .sum();
+    assert!(
+        taken_by_another > 0,
+        "the executions ran at the same time (or this test proves nothing): {reports:?}"
+    );
+    let sent = "SELECT COUNT(*) FROM outbox_messages WHERE routing_key = 'withdrawal.tx_confirmed'";
+    assert_eq!(api.scalar(sent).await, 12);
+    for (_, letter) in letters {
+        let replays: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM dead_letter_actions WHERE dead_letter_id = ? AND result = 'REPLAYED'",
+        )
+        .bind(letter)
+        .fetch_one(&api.env.db)
+        .await
+        .unwrap();
+        assert_eq!(replays, 1, "letter {letter}");
+    }
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM ops_log WHERE action = 'dead_letter.replay'")
+            .await,
+        12
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admins_approving_one_operation_at_once_approve_it_once() {
+    let api = Api::new().await;
+    dead_lettered_confirmations(&api, 2).await;
+    let (_, operation) = api
+        .call(post_as(
+            &admin_of("alice"),
+            "/v1/admin/dead-letters/operations",
+            &json!({"action": "replay", "group": {"function": "confirm-withdrawal", "reason": "failed"}}),
+        ))
+        .await;
+    let approve = format!(
+        "/v1/admin/dead-letters/operations/{}/approve",
+        operation["id"].as_str().unwrap()
+    );
+    let served = Served::start(&api).await;
+
+    let answers = served
+        .post_all_at_once(
+            &["bob", "carol", "dave", "erin"].map(|admin| (admin, approve.clone())),
+            &json!({"hash": operation["content_hash"]}),
+        )
+        .await;
+
+    let approved = answers
+        .iter()
+        .filter(|(status, _)| *status == StatusCode::OK);
+    assert_eq!(approved.count(), 1, "{answers:?}");
+    let refused = answers
+        .iter()
+        .filter(|(status, _)| *status == StatusCode::CONFLICT);
+    assert_eq!(refused.count(), 3, "{answers:?}");
+    assert_eq!(
+        api.scalar("SELECT COUNT(*) FROM ops_log WHERE action = 'dead_letter_operation.approve'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn executing_an_operation_that_expired_unapproved_says_it_expired() {
+    let api = Api::new().await;
+    dead_lettered_confirmation(&api).await;
+    let (_, operation) = api
+        .call(post_as(
+            &admin_of("alice"),
+            "/v1/admin/dead-letters/operations",
+            &json!({"action": "replay", "ids": [1]}),
+        ))
+        .await;
+    assert_eq!(operation["status"], "AWAITING_APPROVAL", "{operation}");
+    sqlx::query("UPDATE dead_letter_operations SET expires_at = NOW(6) - INTERVAL 1 SECOND")
+        .execute(&api.env.db)
+        .await
+        .unwrap();
+
+    let (status, answer) = api
+        .call(post_as(
+            &admin_of("bob"),
+            &format!(
+                "/v1/admin/dead-letters/operations/{}/execute",
+                operation["id"].as_str().unwrap()
+            ),
+            &json!({}),
+        ))
+        .await;
+
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        error_of(&answer).contains("expired") && !error_of(&answer).contains("awaits"),
+        "{answer}"
+    );
 }

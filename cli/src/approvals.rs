@@ -2,7 +2,8 @@
 //!
 //! - `list [--awaiting] [--limit 50]`: newest first.
 //! - `approve <id> [--actor who]`: someone other than the requester approves it.
-//! - `execute <id> [--actor who]`: runs the approved action (the API's code path).
+//! - `execute <id> [--actor who]`: runs the approved action (the API's code path), or says
+//!   what it did when another execution ran it.
 
 use std::process::ExitCode;
 
@@ -72,20 +73,27 @@ pub async fn run(settings: &Settings, command: ApprovalsCommand) -> anyhow::Resu
         }
         ApprovalsCommand::Execute { id, actor } => {
             let services = Services::connect(settings.clone()).await?;
-            let (approval, result) =
-                paybus_api::approvals::execute_approval(&services.outbox, id, &actor)
-                    .await
-                    .context("while executing")?;
+            let executed = paybus_api::approvals::execute_approval(&services.outbox, id, &actor)
+                .await
+                .context("while executing")?;
+            let approval = &executed.approval;
             println!(
-                "approval {id} ({} on {}) is {}: {}",
+                "approval {id} ({} on {}) is {}{}: {}",
                 approval.action,
                 approval.subject,
                 approval.status,
-                if result.is_null() {
-                    "it had run already".to_owned()
+                if executed.ran_now {
+                    String::new()
                 } else {
-                    result.to_string()
-                }
+                    format!(
+                        " (run by {} before)",
+                        approval
+                            .executed_by
+                            .as_deref()
+                            .unwrap_or("another execution")
+                    )
+                },
+                executed.result
             );
             Ok(ExitCode::SUCCESS)
         }

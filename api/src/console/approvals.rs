@@ -9,7 +9,7 @@ use axum::{
 };
 use maud::html;
 use paybus_platform::approvals::{self, ApprovalStatus};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::{
     Session, actions,
@@ -18,14 +18,22 @@ use super::{
 use crate::{AppState, approvals::into_api};
 
 /// The flash of a guarded action the API held for a second ADMIN (`202 {approval}`), or
-/// `None` when it ran.
+/// `None` when it ran. Asking again while the open request is approved answers that one.
 pub(crate) fn held(answer: &actions::Answer, what: &str) -> Option<Flash> {
     (answer.status == StatusCode::ACCEPTED).then(|| {
-        Flash::Warn(format!(
-            "Four-eyes: {what} waits for a second ADMIN's approval (approval {}, on the \
-             Approvals page). Nothing changed yet.",
-            answer.body["approval"]["id"].as_str().unwrap_or("?")
-        ))
+        let approval = &answer.body["approval"];
+        let id = approval["id"].as_str().unwrap_or("?");
+        if approval["status"] == "APPROVED" {
+            Flash::Warn(format!(
+                "Four-eyes: {what} was asked for and approved already (approval {id}): execute \
+                 it on the Approvals page. Nothing changed yet."
+            ))
+        } else {
+            Flash::Warn(format!(
+                "Four-eyes: {what} waits for a second ADMIN's approval (approval {id}, on the \
+                 Approvals page). Nothing changed yet."
+            ))
+        }
     })
 }
 
@@ -68,6 +76,10 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                                 td { (a.result.as_deref().unwrap_or("—")) }
                                 td {
                                     @if a.expired {
+                                    } @else if !a.open && a.status != ApprovalStatus::Executed {
+                                        span.hint { "a duplicate of the open request: neither approved nor executed" }
+                                    } @else if let Some(since) = a.executing_since {
+                                        span.hint { "being executed since " (since.format("%H:%M:%S UTC")) }
                                     } @else if a.status == ApprovalStatus::AwaitingApproval && a.requested_by != session.claims.sub {
                                         form method="post" action=(format!("/console/approvals/{}/approve", a.id)) { button type="submit" { "Approve" } }
                                     } @else if a.status == ApprovalStatus::AwaitingApproval {
@@ -122,14 +134,11 @@ async fn step(
             ))
         } else {
             let result = &answer.body["result"];
-            Flash::Done(format!(
-                "Executed: {}",
-                if result.is_null() {
-                    Value::from("it had run already")
-                } else {
-                    result.clone()
-                }
-            ))
+            if answer.body["ran_now"] == true {
+                Flash::Done(format!("Executed: {result}"))
+            } else {
+                Flash::Done(format!("Executed before, by another execution: {result}"))
+            }
         }
     });
     render(state, session, Some(flash)).await

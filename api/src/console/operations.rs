@@ -222,12 +222,16 @@ pub(crate) async fn execute(
         .unwrap_or_default();
     let count = |field: &str| answer.body[field].as_u64().unwrap_or(0);
     let flash = Flash::Done(format!(
-        "Executed: replayed: {}, archived: {}, already_applied: {}, needs_human: {}, skipped: {}{}.",
+        "Executed: replayed: {}, archived: {}, already_applied: {}, needs_human: {}, skipped: {}{}{}.",
         count("replayed"),
         count("archived"),
         count("already_applied"),
         count("needs_human"),
         count("skipped"),
+        match count("by_another_execution") {
+            0 => String::new(),
+            by_another => format!(", acted on by another execution meanwhile: {by_another}"),
+        },
         match count("remaining") {
             0 => String::new(),
             left => format!("; {left} letter(s) left: execute again to go on"),

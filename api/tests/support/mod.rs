@@ -266,3 +266,86 @@ pub async fn tap_count(channel: &lapin::Channel, name: &str, expected: u32) -> u
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The API on a real socket, so concurrent requests are concurrent connections, handlers and
+/// transactions; stops when dropped.
+pub struct Served {
+    base: String,
+    client: reqwest::Client,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl Served {
+    pub async fn start(api: &Api) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let base = format!("http://{}", listener.local_addr().expect("its address"));
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(paybus_api::server::serve_on(
+            listener,
+            api.state.clone(),
+            paybus_api::server::Limits::default(),
+            shutdown.clone(),
+        ));
+        Self {
+            base,
+            client: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    /// Every `(admin, path)` POSTed with `body` at once, each by its own task on its own
+    /// connection; the answers in the same order.
+    pub async fn post_all_at_once(
+        &self,
+        requests: &[(&str, String)],
+        body: &Value,
+    ) -> Vec<(StatusCode, Value)> {
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(requests.len()));
+        let sent: Vec<_> = requests
+            .iter()
+            .map(|(admin, path)| {
+                let request = self
+                    .client
+                    .post(format!("{}{path}", self.base))
+                    .bearer_auth(admin_of(admin))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(body.to_string());
+                let start = start.clone();
+                tokio::spawn(async move {
+                    start.wait().await;
+                    let response = request.send().await.expect("an answer");
+                    let status =
+                        StatusCode::from_u16(response.status().as_u16()).expect("a status");
+                    (
+                        status,
+                        response.json::<Value>().await.expect("a JSON answer"),
+                    )
+                })
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(sent.len());
+        for answer in sent {
+            answers.push(answer.await.expect("the request task"));
+        }
+        answers
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// An ADMIN token of `subject`, valid for an hour (four-eyes needs two people).
+pub fn admin_of(subject: &str) -> String {
+    auth::issue(
+        ADMIN_JWT_SECRET,
+        subject,
+        &[Role::Admin],
+        std::time::Duration::from_secs(3600),
+    )
+    .expect("mint a test token")
+}

@@ -7,7 +7,9 @@
 //! that list ([`Operation::content_hash`]), an expiry. [`execute`] acts on those letters only:
 //! each in a transaction of its own that locks the letter's operation row first and writes its
 //! result there, so two executions at once, or one run twice, act on each letter once, and a
-//! process that dies mid-way leaves the letters without a result to the next execution.
+//! process that dies mid-way leaves the letters without a result to the next execution. Each
+//! call reports what it did itself and counts apart the letters another execution acted on
+//! meanwhile ([`ExecutionReport::by_another_execution`]).
 //!
 //! Four-eyes (`paybus_platform::approvals::FourEyes`): an action that moves or hides money — a replay, an archive of
 //! letters with money at stake — is requested by one person and runs only after another has
@@ -507,8 +509,11 @@ pub struct ExecutionReport {
     pub archived: u64,
     pub already_applied: u64,
     pub needs_human: u64,
-    /// Letters no longer NEW when their turn came, or done by another execution meanwhile.
+    /// Letters no longer NEW when their turn came.
     pub skipped: u64,
+    /// Letters another execution of this operation acted on while this one ran (their
+    /// results are the operation's, in `letter_results`), not counted above.
+    pub by_another_execution: u64,
     /// This call's results, letter by letter.
     pub results: Vec<ReplayResult>,
     /// Letters of the operation still without a result (call again to go on).
@@ -555,6 +560,7 @@ pub async fn execute(
         already_applied: 0,
         needs_human: 0,
         skipped: 0,
+        by_another_execution: 0,
         results: Vec::with_capacity(pending.len()),
         remaining: 0,
     };
@@ -563,7 +569,7 @@ pub async fn execute(
         pace.tick().await;
         let Some(result) = act_on(outbox, triager, &report.operation, letter_id, actor).await?
         else {
-            report.skipped += 1;
+            report.by_another_execution += 1;
             continue;
         };
         match (result.result, result.verdict) {
@@ -613,6 +619,15 @@ async fn start(
         .await?
         .ok_or(DeadLetterError::OperationNotFound(id))?;
     match operation.status {
+        OperationStatus::AwaitingApproval if operation.expired => {
+            Err(DeadLetterError::OperationState {
+                id,
+                problem: format!(
+                    "it expired at {} before a second ADMIN approved it: request it again",
+                    operation.expires_at.to_rfc3339()
+                ),
+            })
+        }
         OperationStatus::AwaitingApproval => Err(DeadLetterError::OperationState {
             id,
             problem: "it awaits the approval of a second ADMIN".to_owned(),

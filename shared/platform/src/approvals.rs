@@ -10,10 +10,29 @@
 //!
 //! [`ApprovalStatus`]: AWAITING_APPROVAL → APPROVED → EXECUTED. One not approved before its
 //! expiry can no longer be approved; one approved but not executed before it can no longer be
-//! executed. The guarded actions are conditional updates (a job is retried only while FAILED,
-//! a market resumed only while SUSPENDED), so an execution runs the action first and then
-//! marks the approval EXECUTED: a crash in between leaves it APPROVED, and executing it again
-//! finds the action done and changes nothing.
+//! executed.
+//!
+//! **One open request per action and subject.** An approval awaiting approval or approved, not
+//! executed and not expired, is *the open request* for its (action, subject): it holds the
+//! slot (`pending_slot`), a unique key over (action, subject, slot), so the database decides
+//! what concurrent requests cannot decide by reading first. [`request`] returns the open one —
+//! awaiting approval or already approved, so asking again never makes a second that could run
+//! again — or inserts a new one that takes the slot; an insert that hits the key lost to a
+//! concurrent request and returns the winner, read afresh. The slot is freed when the approval
+//! is executed, or by the next [`request`] that finds its holder expired (expiry is time-based:
+//! no column can follow it). Only the slot's holder can be approved or executed; an approval
+//! without it (a duplicate made before the slot existed) can be neither: ask again.
+//!
+//! **Executed once.** The guarded actions are conditional updates (a job is retried only while
+//! FAILED, a market resumed only while SUSPENDED) in transactions of their own, so an
+//! execution [`claim`]s the approval first: a conditional UPDATE on an APPROVED, unexpired,
+//! unclaimed row, which one caller wins. The winner runs the action, then records it
+//! ([`executed`]: EXECUTED with what the action reported); every other caller waits (at most
+//! [`RESULT_WAIT`]) and answers that recorded result. A claim not recorded within
+//! [`EXECUTION_LEASE`] belongs to a process that died between the action and the record: the
+//! next execution takes it over and runs the action again, which finds it done and changes
+//! nothing. A claimer whose action failed with an error (committed or not, it is conditional)
+//! [`release`]s its claim, so the next execution need not wait for the lease.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -25,6 +44,7 @@ use uuid::Uuid;
 use crate::{
     ConfigError,
     config::{Setting, Vars},
+    db,
 };
 
 crate::column_enum! {
@@ -164,6 +184,26 @@ crate::column_enum! {
     }
 }
 
+/// How long an execution's claim stands without a recorded result before another execution
+/// may take it over (its claimer died between the action and the record).
+pub const EXECUTION_LEASE: Duration = Duration::from_secs(60);
+
+/// How long an execution that lost the claim waits for the winner's recorded result. The
+/// actions are one short transaction each: a winner still running after this is stuck, and
+/// the caller is told so rather than held.
+pub const RESULT_WAIT: Duration = Duration::from_secs(5);
+
+/// How often a waiting execution looks for the recorded result.
+const RESULT_POLL: Duration = Duration::from_millis(25);
+
+/// The unique key that makes one open request per (action, subject).
+const OPEN_REQUEST_KEY: &str = "uk_ops_approvals_pending_slot";
+
+/// Rounds of "read the open request, else insert one" a request makes. Each further round
+/// needs the open request to have been executed or expired since the last: never more than
+/// two in practice.
+const REQUEST_ROUNDS: u32 = 5;
+
 /// A request for a guarded action, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Approval {
@@ -177,8 +217,14 @@ pub struct Approval {
     pub expires_at: DateTime<Utc>,
     /// Past its expiry before it was executed: it can no longer be approved or executed.
     pub expired: bool,
+    /// The open request for its action and subject (see the module docs): only it can be
+    /// approved and executed.
+    pub open: bool,
     pub approved_by: Option<String>,
     pub approved_at: Option<DateTime<Utc>>,
+    /// An execution claimed it then and is running the action (APPROVED, claim within its
+    /// lease).
+    pub executing_since: Option<DateTime<Utc>>,
     pub executed_by: Option<String>,
     pub executed_at: Option<DateTime<Utc>>,
     /// What the execution did, as the action reported it.
@@ -194,9 +240,13 @@ pub enum ApprovalError {
     NotFound(Uuid),
     #[error("approval {0} was requested by you: another ADMIN must approve it")]
     SelfApproval(Uuid),
-    /// Not in a state that allows the step (awaiting, expired, executed).
+    /// Not in a state that allows the step (awaiting, expired, executed, not the open
+    /// request, still being executed by another caller).
     #[error("approval {id}: {problem}")]
     State { id: Uuid, problem: String },
+    /// Concurrent requests for the same action and subject kept opening and closing it.
+    #[error("{action} on {subject}: other requests kept changing it; ask again")]
+    Contended { action: Guarded, subject: String },
     #[error("approval {id} holds {value:?} in {column}, which this code does not know")]
     Unknown {
         id: String,
@@ -215,16 +265,21 @@ struct ApprovalRow {
     requested_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
     past_expiry: bool,
+    pending_slot: Option<u8>,
     approved_by: Option<String>,
     approved_at: Option<DateTime<Utc>>,
+    claimed_at: Option<DateTime<Utc>>,
     executed_by: Option<String>,
     executed_at: Option<DateTime<Utc>>,
     result: Option<String>,
+    /// The database's clock when the row was read: a claim's lease is judged by it, as the
+    /// claim's UPDATE judges it.
+    read_at: DateTime<Utc>,
 }
 
 const COLUMNS: &str = "id, action, subject, status, requested_by, requested_at, expires_at, \
-     (expires_at < NOW(6)) AS past_expiry, approved_by, approved_at, executed_by, executed_at, \
-     result";
+     (expires_at < NOW(6)) AS past_expiry, pending_slot, approved_by, approved_at, claimed_at, \
+     executed_by, executed_at, result, NOW(6) AS read_at";
 
 impl ApprovalRow {
     fn into_approval(self) -> Result<Approval, ApprovalError> {
@@ -237,6 +292,14 @@ impl ApprovalRow {
             .status
             .parse()
             .map_err(|_| unknown("status", &self.status))?;
+        let lease = chrono::Duration::from_std(EXECUTION_LEASE).unwrap_or(chrono::Duration::MAX);
+        let executing_since = self.claimed_at.filter(|claimed_at| {
+            status == ApprovalStatus::Approved
+                && claimed_at
+                    .checked_add_signed(lease)
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC)
+                    > self.read_at
+        });
         Ok(Approval {
             id: Uuid::parse_str(&self.id).map_err(|_| unknown("id", &self.id))?,
             action: self
@@ -244,6 +307,7 @@ impl ApprovalRow {
                 .parse()
                 .map_err(|_| unknown("action", &self.action))?,
             expired: status != ApprovalStatus::Executed && self.past_expiry,
+            open: self.pending_slot.is_some(),
             status,
             subject: self.subject,
             requested_by: self.requested_by,
@@ -251,6 +315,7 @@ impl ApprovalRow {
             expires_at: self.expires_at,
             approved_by: self.approved_by,
             approved_at: self.approved_at,
+            executing_since,
             executed_by: self.executed_by,
             executed_at: self.executed_at,
             result: self.result,
@@ -298,8 +363,9 @@ pub async fn list(
     rows.into_iter().map(ApprovalRow::into_approval).collect()
 }
 
-/// `actor`'s request for `action` on `subject`: the one already awaiting approval for the same
-/// action and subject (asking twice is one request), or a new one expiring after `ttl`.
+/// `actor`'s request for `action` on `subject`: the open request for the same action and
+/// subject, awaiting approval or approved (asking twice is one request, also at once), or a
+/// new one expiring after `ttl` (see the module docs).
 pub async fn request(
     conn: &mut MySqlConnection,
     action: Guarded,
@@ -307,50 +373,114 @@ pub async fn request(
     actor: &str,
     ttl: Duration,
 ) -> Result<Approval, ApprovalError> {
-    let mut tx = conn.begin().await?;
-    let action_name: &str = action.into();
-    let pending: Option<String> = sqlx::query_scalar(
-        "SELECT id FROM ops_approvals WHERE action = ? AND subject = ? \
-         AND status = 'AWAITING_APPROVAL' AND expires_at > NOW(6) ORDER BY requested_at LIMIT 1",
-    )
-    .bind(action_name)
-    .bind(subject)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let id = match pending.and_then(|id| Uuid::parse_str(&id).ok()) {
-        Some(id) => id,
-        None => {
-            let id = Uuid::now_v7();
-            sqlx::query(
-                "INSERT INTO ops_approvals (id, action, subject, status, requested_by, \
-                 requested_at, expires_at) \
-                 VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, NOW(6), NOW(6) + INTERVAL ? SECOND)",
-            )
-            .bind(id.to_string())
-            .bind(action_name)
-            .bind(subject.chars().take(200).collect::<String>())
-            .bind(actor.chars().take(100).collect::<String>())
-            .bind(ttl.as_secs())
-            .execute(&mut *tx)
-            .await?;
-            crate::ops_log::append(
-                &mut tx,
-                &crate::ops_log::Entry {
-                    actor,
-                    action: "approval.request",
-                    subject: &format!("approval:{id}"),
-                    detail: &serde_json::json!({"action": action, "subject": subject}),
-                },
-            )
-            .await?;
-            tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
-            id
+    let subject: String = subject.chars().take(200).collect();
+    for _ in 0..REQUEST_ROUNDS {
+        if let Some(open) = open_request(conn, action, &subject).await? {
+            return Ok(open);
         }
+        match insert_request(conn, action, &subject, actor, ttl).await {
+            Ok(requested) => return Ok(requested),
+            // A concurrent request took the slot first (principle 2: an expected outcome),
+            // or InnoDB chose this insert as a deadlock's victim and rolled it back whole:
+            // the next round reads the winner.
+            Err(ApprovalError::Database(lost))
+                if db::is_duplicate_on(&lost, OPEN_REQUEST_KEY)
+                    || db::error_number(&lost) == Some(DEADLOCK) =>
+            {
+                tracing::info!(%action, subject, actor, error = %lost,
+                    "four-eyes: a concurrent request for the same action and subject came first");
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Err(ApprovalError::Contended { action, subject })
+}
+
+/// MySQL's and MariaDB's "Deadlock found when trying to get lock".
+const DEADLOCK: u16 = 1213;
+
+/// The open request for `action` on `subject`, read afresh (a statement of its own, so it
+/// sees the latest commit); an expired holder's slot is freed instead, and `None` returned.
+async fn open_request(
+    conn: &mut MySqlConnection,
+    action: Guarded,
+    subject: &str,
+) -> Result<Option<Approval>, ApprovalError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM ops_approvals \
+         WHERE action = ? AND subject = ? AND pending_slot = 1"
+    );
+    let holder = sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql))
+        .bind(<&str>::from(action))
+        .bind(subject)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(ApprovalRow::into_approval)
+        .transpose()?;
+    let Some(holder) = holder else {
+        return Ok(None);
     };
+    if !holder.expired {
+        return Ok(Some(holder));
+    }
+    // By its primary key and guarded: a row lock only, no gap lock for concurrent inserts of
+    // the next request to deadlock on.
+    sqlx::query(
+        "UPDATE ops_approvals SET pending_slot = NULL \
+         WHERE id = ? AND pending_slot = 1 AND expires_at < NOW(6)",
+    )
+    .bind(holder.id.to_string())
+    .execute(&mut *conn)
+    .await?;
+    tracing::info!(approval = %holder.id, %action, subject,
+        "four-eyes: the open request expired; a new one may be asked");
+    Ok(None)
+}
+
+/// A new open request, with its ops log entry; a duplicate-key error when another holds the
+/// slot.
+async fn insert_request(
+    conn: &mut MySqlConnection,
+    action: Guarded,
+    subject: &str,
+    actor: &str,
+    ttl: Duration,
+) -> Result<Approval, ApprovalError> {
+    let mut tx = conn.begin().await?;
+    let id = Uuid::now_v7();
+    let inserted = sqlx::query(
+        "INSERT INTO ops_approvals (id, action, subject, status, requested_by, requested_at, \
+         expires_at, pending_slot) \
+         VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, NOW(6), NOW(6) + INTERVAL ? SECOND, 1)",
+    )
+    .bind(id.to_string())
+    .bind(<&str>::from(action))
+    .bind(subject)
+    .bind(actor.chars().take(100).collect::<String>())
+    .bind(ttl.as_secs())
+    .execute(&mut *tx)
+    .await;
+    if let Err(lost) = inserted {
+        // The duplicate check's shared lock on the winner's row goes now, not whenever this
+        // connection is next used.
+        tx.rollback().await?;
+        return Err(lost.into());
+    }
+    crate::ops_log::append(
+        &mut tx,
+        &crate::ops_log::Entry {
+            actor,
+            action: "approval.request",
+            subject: &format!("approval:{id}"),
+            detail: &serde_json::json!({"action": action, "subject": subject}),
+        },
+    )
+    .await?;
     let approval = find(&mut tx, id, "")
         .await?
         .ok_or(ApprovalError::NotFound(id))?;
     tx.commit().await?;
+    tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
     Ok(approval)
 }
 
@@ -417,52 +547,171 @@ async fn approvable(
             problem: format!("it expired at {}", approval.expires_at.to_rfc3339()),
         });
     }
+    if !approval.open {
+        return Err(not_open(&approval));
+    }
     if approval.requested_by == actor {
         return Err(ApprovalError::SelfApproval(id));
     }
     Ok(approval)
 }
 
-/// The approval `id` when it may be executed now (APPROVED, not expired; EXECUTED ones are
-/// returned as they are, nothing to do).
-pub async fn executable(conn: &mut MySqlConnection, id: Uuid) -> Result<Approval, ApprovalError> {
-    let approval = find(conn, id, "")
-        .await?
-        .ok_or(ApprovalError::NotFound(id))?;
-    match approval.status {
-        ApprovalStatus::AwaitingApproval => Err(ApprovalError::State {
-            id,
-            problem: "it awaits the approval of a second ADMIN".to_owned(),
-        }),
-        ApprovalStatus::Approved if approval.expired => Err(ApprovalError::State {
-            id,
-            problem: format!(
-                "it expired at {} before it ran: request it again",
-                approval.expires_at.to_rfc3339()
-            ),
-        }),
-        ApprovalStatus::Approved | ApprovalStatus::Executed => Ok(approval),
+fn not_open(approval: &Approval) -> ApprovalError {
+    ApprovalError::State {
+        id: approval.id,
+        problem: format!(
+            "it is not the open request for {} on {} (a duplicate of another request): ask \
+             again to get the open one",
+            approval.action, approval.subject
+        ),
     }
 }
 
-/// Records that `actor` executed approval `id` and what the action reported (after the
-/// action ran: see the module docs).
+/// The right to run an approved action, won by one execution ([`claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The approval as the claim left it.
+    pub approval: Approval,
+    token: Uuid,
+}
+
+/// What an execution of an approval is to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    /// This execution won the claim: run the action, then [`executed`] (or [`release`] when
+    /// it could not run it).
+    Run(Claim),
+    /// It was executed: the approval with the result recorded then.
+    Ran(Approval),
+}
+
+/// Claims approval `id` for an execution, or waits (at most [`RESULT_WAIT`]) for the result
+/// of the execution that holds the claim (see the module docs). Refused while it awaits
+/// approval, once it expired unexecuted, when it is not the open request, and when the
+/// other execution has not recorded its result in time.
+pub async fn claim(conn: &mut MySqlConnection, id: Uuid) -> Result<Turn, ApprovalError> {
+    let deadline = tokio::time::Instant::now() + RESULT_WAIT;
+    loop {
+        let token = Uuid::now_v7();
+        let won = sqlx::query(
+            "UPDATE ops_approvals SET claim_token = ?, claimed_at = NOW(6) \
+             WHERE id = ? AND status = 'APPROVED' AND pending_slot = 1 \
+             AND expires_at >= NOW(6) \
+             AND (claimed_at IS NULL OR claimed_at < NOW(6) - INTERVAL ? SECOND)",
+        )
+        .bind(token.to_string())
+        .bind(id.to_string())
+        .bind(EXECUTION_LEASE.as_secs())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1;
+        let approval = find(conn, id, "")
+            .await?
+            .ok_or(ApprovalError::NotFound(id))?;
+        if won {
+            tracing::info!(approval = %id, "four-eyes: execution claimed");
+            return Ok(Turn::Run(Claim { approval, token }));
+        }
+        let refused = |problem: String| Err(ApprovalError::State { id, problem });
+        match approval.status {
+            ApprovalStatus::Executed => return Ok(Turn::Ran(approval)),
+            ApprovalStatus::AwaitingApproval if approval.expired => {
+                return refused(format!(
+                    "it expired at {} before a second ADMIN approved it: request it again",
+                    approval.expires_at.to_rfc3339()
+                ));
+            }
+            ApprovalStatus::AwaitingApproval => {
+                return refused("it awaits the approval of a second ADMIN".to_owned());
+            }
+            // A claim's holder is running the action: its result is the answer.
+            ApprovalStatus::Approved if approval.executing_since.is_some() => {}
+            ApprovalStatus::Approved if approval.expired => {
+                return refused(format!(
+                    "it expired at {} before it ran: request it again",
+                    approval.expires_at.to_rfc3339()
+                ));
+            }
+            ApprovalStatus::Approved if !approval.open => return Err(not_open(&approval)),
+            // Its claim went (released, lease passed) between the UPDATE and the read.
+            ApprovalStatus::Approved => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return refused(match approval.executing_since {
+                Some(since) => format!(
+                    "another execution has been running it since {}: ask again for its result",
+                    since.to_rfc3339()
+                ),
+                None => "other executions kept claiming it: ask again for its result".to_owned(),
+            });
+        }
+        tokio::time::sleep(RESULT_POLL).await;
+    }
+}
+
+/// Records that `actor` executed `claim`'s approval and what the action reported, and frees
+/// its slot. When the claim was taken over meanwhile (this execution outlived its lease), the
+/// result the other execution recorded stands: returned once recorded (waiting at most
+/// [`RESULT_WAIT`]).
 pub async fn executed(
     conn: &mut MySqlConnection,
-    id: Uuid,
+    claim: &Claim,
     actor: &str,
     result: &str,
 ) -> Result<Approval, ApprovalError> {
-    sqlx::query(
+    let id = claim.approval.id;
+    let recorded = sqlx::query(
         "UPDATE ops_approvals SET status = 'EXECUTED', executed_by = ?, executed_at = NOW(6), \
-         result = ? WHERE id = ? AND status = 'APPROVED'",
+         result = ?, pending_slot = NULL \
+         WHERE id = ? AND status = 'APPROVED' AND claim_token = ?",
     )
     .bind(actor.chars().take(100).collect::<String>())
     .bind(result.chars().take(1000).collect::<String>())
     .bind(id.to_string())
+    .bind(claim.token.to_string())
     .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1;
+    if recorded {
+        tracing::warn!(approval = %id, actor, "four-eyes: action executed");
+    } else {
+        tracing::warn!(approval = %id, actor,
+            "four-eyes: the claim was taken over before this execution recorded its result");
+    }
+    let deadline = tokio::time::Instant::now() + RESULT_WAIT;
+    loop {
+        let approval = find(conn, id, "")
+            .await?
+            .ok_or(ApprovalError::NotFound(id))?;
+        if approval.status == ApprovalStatus::Executed {
+            return Ok(approval);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApprovalError::State {
+                id,
+                problem: "another execution took it over and has not recorded its result yet: \
+                          ask again for it"
+                    .to_owned(),
+            });
+        }
+        tokio::time::sleep(RESULT_POLL).await;
+    }
+}
+
+/// Gives up `claim` without a result (the action failed with an error), so the next
+/// execution need not wait for the lease.
+pub async fn release(conn: &mut MySqlConnection, claim: &Claim) -> Result<(), ApprovalError> {
+    sqlx::query(
+        "UPDATE ops_approvals SET claim_token = NULL, claimed_at = NULL \
+         WHERE id = ? AND status = 'APPROVED' AND claim_token = ?",
+    )
+    .bind(claim.approval.id.to_string())
+    .bind(claim.token.to_string())
+    .execute(conn)
     .await?;
-    find(conn, id, "").await?.ok_or(ApprovalError::NotFound(id))
+    Ok(())
 }
 
 #[cfg(test)]
