@@ -2,7 +2,8 @@
 //! on-call person needs before anything else — per function, paused or consuming, its queues'
 //! depth and consumers, NEW dead letters and failures in the last hour; the outbox's lag; the
 //! work tables' due, stuck and held rows; partners whose webhook breaker is not closed; the
-//! continuous auditor's last pass.
+//! continuous auditor's last pass; whether the broker blocks this process's connection (a
+//! resource alarm: each process reports its own link, as its `paybus_broker_blocked` does).
 //!
 //! Messages processed per function are counters of each process (`paybus_messages_total` on
 //! `/metrics`): Prometheus sums them across processes and Lambdas; this page does not pretend
@@ -34,6 +35,10 @@ pub struct Overview {
     pub auditor: AuditorLine,
     /// The broker could not be asked for its queues (their depth shows as `null`).
     pub broker_unreachable: bool,
+    /// While the broker blocks this process's connection, its reason (`low on memory`, `low on
+    /// disk`): nothing is published until the alarm clears, and the queues' depth is not asked
+    /// (their depth shows as `null`).
+    pub broker_blocked: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -100,13 +105,16 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
         .collect();
     let link = state.outbox.publisher().link();
     let shards = &state.shards;
+    // lapin writes nothing on a blocked connection: a queue's passive declare would wait out
+    // its bound.
+    let broker_blocked = link.blocked();
     let mut broker_unreachable = false;
     let mut functions = Vec::with_capacity(state.functions.len());
     for function in state.functions {
         let mut queues = Vec::new();
         for queue in shards.queues(function.queue) {
             let name = queue.queue();
-            let depth = if broker_unreachable {
+            let depth = if broker_unreachable || broker_blocked.is_some() {
                 None
             } else {
                 link.queue_depth(&name).await.unwrap_or_else(|_| {
@@ -155,6 +163,7 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
             last_pass_violations: last_pass.map(|(_, violations)| violations),
         },
         broker_unreachable,
+        broker_blocked,
     })
 }
 
@@ -163,7 +172,7 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
     path = "/v1/admin/overview",
     tag = "functions",
     security(("admin_token" = [])),
-    responses((status = 200, description = "Per function: paused or consuming, queue depth and consumers, NEW dead letters, failures in the last hour; the outbox's lag; work tables' due, stuck and held rows; breakers not closed; the auditor's last pass", body = Object), crate::responses::AdminErrors)
+    responses((status = 200, description = "Per function: paused or consuming, queue depth and consumers, NEW dead letters, failures in the last hour; the outbox's lag; work tables' due, stuck and held rows; breakers not closed; the auditor's last pass; `broker_blocked`: the broker's reason while it blocks this process's connection (a resource alarm), else null", body = Object), crate::responses::AdminErrors)
 )]
 async fn overview(State(state): State<AppState>) -> Result<Json<Overview>, ApiError> {
     Ok(Json(read(&state).await?))

@@ -1,7 +1,9 @@
 //! `paybus doctor`: is everything this process needs reachable and ready?
 //!
 //! One line per check, `ok` or the reason; a non-zero exit when any check fails, so scripts
-//! (and `infra/run.sh`) can stop before starting functions against a dead dependency.
+//! (and `infra/run.sh`) can stop before starting functions against a dead dependency. A broker
+//! that answers but blocks publishers (a resource alarm: memory or disk) fails too: every
+//! process's messages would wait in the outbox.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -54,9 +56,15 @@ async fn check_database(settings: &Settings) -> Result<String, String> {
 
 async fn check_broker(settings: &Settings) -> Result<String, String> {
     let url = settings.broker.redacted();
-    tokio::time::timeout(CHECK_TIMEOUT, broker::probe(&settings.broker))
+    let publishing = tokio::time::timeout(CHECK_TIMEOUT, broker::probe(&settings.broker))
         .await
         .map_err(|_| format!("no answer from {url} within {CHECK_TIMEOUT:?}"))?
         .map_err(|e| telemetry::one_line(&e))?;
-    Ok(format!("at {url}"))
+    match publishing {
+        broker::Publishing::Open => Ok(format!("at {url}")),
+        broker::Publishing::Blocked { reason, node } => Err(format!(
+            "{node} blocks publishers: {reason} (a resource alarm: free memory or disk on the \
+             broker; `rabbitmq-diagnostics alarms` names the node)"
+        )),
+    }
 }

@@ -1,6 +1,7 @@
 //! The overview page, the console's first: `crate::overview` (what `GET /v1/admin/overview`
 //! answers) as one screen — per function paused or consuming, queue depth, NEW dead letters and
-//! the last hour's failures; the outbox's lag; stuck and held rows; breakers; the auditor.
+//! the last hour's failures; the outbox's lag; stuck and held rows; breakers; the auditor; and,
+//! first, a warning while the broker blocks this process's connection.
 
 use axum::{
     extract::{Path, State, rejection::PathRejection},
@@ -87,6 +88,13 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         Some(session),
         html! {
             @if let Some(flash) = &flash { (flash) }
+            @if let Some(reason) = &overview.broker_blocked {
+                p.flash.warn #broker-blocked role="alert" {
+                    "The broker blocks this process's connection: " strong { (reason) } ". "
+                    "A resource alarm (memory or disk) on the broker: nothing is published until it clears, and committed messages wait in the outbox. "
+                    "The runbook: " code { "docs/operations.md#the-broker-blocks-publishers" } "."
+                }
+            }
             @if overview.broker_unreachable {
                 p.flash.warn role="status" { "The broker could not be asked for its queues: their depth is unknown." }
             }

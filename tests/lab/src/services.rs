@@ -166,6 +166,29 @@ impl PrivateService {
         self.script(&script, if crash { &["--kill"] } else { &[] });
     }
 
+    /// `rabbitmqctl ARGS` on this RabbitMQ node, in the scripts' environment (`infra/local/lib.sh`:
+    /// its node name and the CLI's ports); panics with the output if it fails, else its output.
+    pub fn rabbitmqctl(&self, args: &[&str]) -> String {
+        let output = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(r#". "$0" && paybus_rabbitmqctl "$@""#)
+            .arg(local_script("lib.sh"))
+            .args(args)
+            .envs(self.vars.iter().cloned())
+            .output()
+            .expect("run rabbitmqctl");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "rabbitmqctl {args:?} failed:\n{said}"
+        );
+        said
+    }
+
     /// The state folder (data and logs).
     pub fn state_dir(&self) -> &std::path::Path {
         &self.state_dir

@@ -10,6 +10,15 @@
 //! live one within a second or two, and the quorum queues (replicated on every node) carry on
 //! there.
 //!
+//! A resource alarm (memory or disk) on the broker blocks every connection that publishes:
+//! RabbitMQ then reads nothing more from it, and lapin writes nothing more to it (not a publish,
+//! not an ack, not a channel open) until the alarm clears. The link listens for the broker's
+//! `connection.blocked` / `connection.unblocked` notices on the live connection, logs them, keeps
+//! the reason ([`BrokerLink::blocked`]: publishes fail at once, the overview says it) and counts
+//! it in `paybus_broker_blocked`. RabbitMQ tells a connection only once it publishes during the
+//! alarm (a fresh connection, and one idle since before the alarm, heard nothing here in 3 s):
+//! a process that publishes nothing shows no block, and suffers none.
+//!
 //! Why not lapin's auto-recovery: in our broker-restart tests (RabbitMQ 3.10, lapin 4.12.3)
 //! it sometimes gave up after a clean broker restart, leaving the process connected to
 //! nothing, and sometimes completed after a replacement, leaving a recovered consumer with
@@ -17,16 +26,20 @@
 
 use std::{
     sync::{
-        Arc, RwLock, Weak,
+        Arc, Mutex, RwLock, Weak,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use lapin::{Channel, Connection, options::ConfirmSelectOptions};
+use futures_util::{StreamExt, stream::BoxStream};
+use lapin::{Channel, Connection, Event, options::ConfirmSelectOptions};
 use tokio::sync::watch;
 
-use super::topology::{self, FunctionQueue};
+use super::{
+    metrics,
+    topology::{self, FunctionQueue},
+};
 use crate::{
     broker::{self, BrokerUnreachable, REPLY_TIMEOUT, within},
     config::BrokerSettings,
@@ -57,12 +70,31 @@ struct Inner {
     node: AtomicUsize,
     generation: watch::Sender<u64>,
     topology: RwLock<Vec<FunctionQueue>>,
+    blocking: Mutex<Blocking>,
 }
 
+/// What the broker last said about the live connection's publishing.
+struct Blocking {
+    /// The generation of the connection this is about: a notice that a replaced connection's
+    /// listener still receives changes nothing.
+    generation: u64,
+    /// The broker's reason (`low on memory`, `low on disk`, `low on disk & memory`) and since
+    /// when, while it blocks the connection.
+    blocked: Option<(String, Instant)>,
+}
+
+/// A connection's `connection.blocked` / `connection.unblocked` notices (lapin's events).
+type Notices = BoxStream<'static, Event>;
+
 /// A connection to the first node that takes it, from node `first` on, with its publishing
-/// channel; and that node's index.
-async fn open(settings: &BrokerSettings, first: usize) -> Result<(Live, usize), BrokerUnreachable> {
+/// channel; that node's index; and the connection's notices, listened to before it publishes
+/// anything (which is when the broker first tells it of an alarm).
+async fn open(
+    settings: &BrokerSettings,
+    first: usize,
+) -> Result<(Live, usize, Notices), BrokerUnreachable> {
     let (connection, node) = broker::connect_from(settings, first).await?;
+    let notices = connection.events_listener().boxed();
     let publish_channel =
         open_publish_channel(&connection)
             .await
@@ -74,7 +106,7 @@ async fn open(settings: &BrokerSettings, first: usize) -> Result<(Live, usize), 
         connection: Arc::new(connection),
         publish_channel,
     };
-    Ok((live, node))
+    Ok((live, node, notices))
 }
 
 async fn open_publish_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
@@ -91,7 +123,7 @@ async fn open_publish_channel(connection: &Connection) -> Result<Channel, lapin:
 impl BrokerLink {
     /// Connects and starts the watchdog (it stops when the last clone of the link is gone).
     pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerUnreachable> {
-        let (live, node) = open(settings, 0).await?;
+        let (live, node, notices) = open(settings, 0).await?;
         let link = Self {
             inner: Arc::new(Inner {
                 settings: settings.clone(),
@@ -99,10 +131,25 @@ impl BrokerLink {
                 node: AtomicUsize::new(node),
                 generation: watch::channel(0).0,
                 topology: RwLock::new(Vec::new()),
+                blocking: Mutex::new(Blocking {
+                    generation: 0,
+                    blocked: None,
+                }),
             }),
         };
+        tokio::spawn(listen_for_blocking(&link.inner, 0, notices));
         tokio::spawn(watchdog(Arc::downgrade(&link.inner)));
         Ok(link)
+    }
+
+    /// The broker's reason while it blocks the live connection (a resource alarm, as RabbitMQ
+    /// words it: `low on memory`, `low on disk`); `None` otherwise.
+    pub fn blocked(&self) -> Option<String> {
+        self.inner
+            .blocking()
+            .blocked
+            .as_ref()
+            .map(|(reason, _)| reason.clone())
     }
 
     pub fn current(&self) -> Arc<Live> {
@@ -121,29 +168,35 @@ impl BrokerLink {
 
     /// Messages ready in queue `name` and its consumers, `None` when it does not exist (probed
     /// on a channel of its own: a passive declare of a missing queue closes its channel).
+    /// Bounded: on a connection the broker blocks, lapin sends nothing, so the channel would
+    /// never open.
     pub async fn queue_depth(&self, name: &str) -> Result<Option<QueueDepth>, lapin::Error> {
         use lapin::{options::QueueDeclareOptions, types::FieldTable};
-        let channel = self.current().connection.create_channel().await?;
-        let declared = channel
-            .queue_declare(
-                name.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        Ok(match declared {
-            Ok(queue) => {
-                let _ = channel.close(200, "queue inspected".into()).await;
-                Some(QueueDepth {
-                    ready: queue.message_count(),
-                    consumers: queue.consumer_count(),
-                })
-            }
-            Err(_) => None,
+        let connection = self.current().connection.clone();
+        within(REPLY_TIMEOUT, "queue inspected", async {
+            let channel = connection.create_channel().await?;
+            let declared = channel
+                .queue_declare(
+                    name.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            Ok(match declared {
+                Ok(queue) => {
+                    let _ = channel.close(200, "queue inspected".into()).await;
+                    Some(QueueDepth {
+                        ready: queue.message_count(),
+                        consumers: queue.consumer_count(),
+                    })
+                }
+                Err(_) => None,
+            })
         })
+        .await
     }
 
     /// Changes whenever the link has replaced the connection.
@@ -295,7 +348,8 @@ async fn watchdog(inner: Weak<Inner>) {
         }
         // The node that dropped is tried last: the next one is likelier to be alive.
         let lost = inner.node.load(Ordering::SeqCst);
-        let (fresh, node) = match open(&inner.settings, unusable.unwrap_or(lost) + 1).await {
+        let (fresh, node, notices) = match open(&inner.settings, unusable.unwrap_or(lost) + 1).await
+        {
             Ok(fresh) => fresh,
             Err(error) => {
                 // Once, then every ~30 s: an outage should be visible, not flood the log.
@@ -318,12 +372,15 @@ async fn watchdog(inner: Weak<Inner>) {
             failures = failures.saturating_add(1);
             continue;
         }
+        let generation = *inner.generation.borrow() + 1;
+        inner.start_blocking_anew(generation);
         *inner
             .live
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(fresh);
         inner.node.store(node, Ordering::SeqCst);
-        inner.generation.send_modify(|g| *g += 1);
+        inner.generation.send_replace(generation);
+        tokio::spawn(listen_for_blocking(&inner, generation, notices));
         tracing::warn!(
             %url,
             node,
@@ -333,5 +390,103 @@ async fn watchdog(inner: Weak<Inner>) {
         );
         failures = 0;
         unusable = None;
+    }
+}
+
+impl Inner {
+    fn blocking(&self) -> std::sync::MutexGuard<'_, Blocking> {
+        self.blocking
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records what the broker said about connection `generation`: that it blocks it, and why,
+    /// or (`None`) that it no longer does.
+    fn note_blocking(&self, generation: u64, reason: Option<String>) {
+        let mut blocking = self.blocking();
+        if blocking.generation != generation {
+            return;
+        }
+        let node = self.node.load(Ordering::SeqCst);
+        blocking.blocked = match (blocking.blocked.take(), reason) {
+            (None, Some(reason)) => {
+                tracing::warn!(
+                    node,
+                    %reason,
+                    "the broker blocks this process's connection (a resource alarm): nothing is \
+                     published or acknowledged on it until the alarm clears"
+                );
+                metrics::broker_link_blocked(true);
+                Some((reason, Instant::now()))
+            }
+            (Some((_, since)), None) => {
+                tracing::info!(
+                    node,
+                    blocked_for = ?since.elapsed(),
+                    "the broker unblocked this process's connection: its resource alarm cleared"
+                );
+                metrics::broker_link_blocked(false);
+                None
+            }
+            // Another alarm joined the first (`low on disk & memory`).
+            (Some((_, since)), Some(reason)) => Some((reason, since)),
+            (None, None) => None,
+        };
+    }
+
+    /// Connection `generation` replaces the live one. The broker has told it nothing yet: if
+    /// the alarm still holds, it blocks the new connection at its first publish and says so.
+    fn start_blocking_anew(&self, generation: u64) {
+        let mut blocking = self.blocking();
+        if let Some((reason, since)) = blocking.blocked.take() {
+            tracing::info!(
+                %reason,
+                blocked_for = ?since.elapsed(),
+                "the connection the broker blocked was replaced; the broker blocks the new one \
+                 too if it publishes while the alarm holds"
+            );
+            metrics::broker_link_blocked(false);
+        }
+        blocking.generation = generation;
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let blocking = self
+            .blocking
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if blocking.blocked.is_some() {
+            metrics::broker_link_blocked(false);
+        }
+    }
+}
+
+/// Follows connection `generation`'s notices until the link replaces that connection or is
+/// gone.
+fn listen_for_blocking(
+    inner: &Arc<Inner>,
+    generation: u64,
+    mut notices: Notices,
+) -> impl Future<Output = ()> + use<> {
+    let mut replaced = inner.generation.subscribe();
+    let inner = Arc::downgrade(inner);
+    async move {
+        loop {
+            let notice = tokio::select! {
+                notice = notices.next() => notice,
+                _ = replaced.changed() => return,
+            };
+            let Some(inner) = inner.upgrade() else { return };
+            match notice {
+                Some(Event::ConnectionBlocked(reason)) => {
+                    inner.note_blocking(generation, Some(reason));
+                }
+                Some(Event::ConnectionUnblocked) => inner.note_blocking(generation, None),
+                Some(_) => {}
+                None => return,
+            }
+        }
     }
 }

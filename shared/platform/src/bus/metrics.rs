@@ -8,8 +8,9 @@
 //! and a function's own labels such as `deferred`), `paybus_handler_seconds{function}` (a
 //! histogram of handler latency), `paybus_audit_violations_total{check}` and the last audit
 //! pass, `paybus_external_calls_total{call,outcome}` (every call with a side effect elsewhere,
-//! by what it is known to have done: `done`, `not_done`, `unknown`); plus gauges the caller
-//! reads from the database at scrape time ([`Gauges`]).
+//! by what it is known to have done: `done`, `not_done`, `unknown`), `paybus_broker_blocked`
+//! (1 while the broker blocks this process's connection: a resource alarm); plus gauges the
+//! caller reads from the database at scrape time ([`Gauges`]).
 
 use std::{
     collections::BTreeMap,
@@ -119,6 +120,7 @@ struct Exported {
     audit_last_seconds: Gauge<f64, AtomicU64>,
     audit_passes: Counter,
     external_calls: Family<Labels, Counter>,
+    broker_blocked: Gauge,
 }
 
 fn exported() -> &'static Exported {
@@ -131,7 +133,20 @@ fn exported() -> &'static Exported {
         audit_last_seconds: Gauge::default(),
         audit_passes: Counter::default(),
         external_calls: Family::default(),
+        broker_blocked: Gauge::default(),
     })
+}
+
+/// The broker blocked (`true`) or unblocked one of this process's broker links
+/// (`bus::link`). A process has one link, so `paybus_broker_blocked` is 1 or 0; counted rather
+/// than set so that a harness running several links in one process keeps it right.
+pub fn broker_link_blocked(blocked: bool) {
+    let gauge = &exported().broker_blocked;
+    if blocked {
+        gauge.inc();
+    } else {
+        gauge.dec();
+    }
 }
 
 /// The continuous auditor's pass: its violations by check, and the pass's own figures.
@@ -251,6 +266,11 @@ pub fn encode(gauges: &Gauges) -> String {
         "external_calls",
         "Calls with a side effect elsewhere, by call and what they are known to have done",
         exported.external_calls.clone(),
+    );
+    registry.register(
+        "broker_blocked",
+        "1 while the broker blocks this process's connection (a resource alarm: memory or disk): nothing is published on it",
+        exported.broker_blocked.clone(),
     );
     let backlog: Gauge = Gauge::default();
     backlog.set(i64::try_from(gauges.outbox_backlog).unwrap_or(i64::MAX));

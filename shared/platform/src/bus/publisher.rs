@@ -1,5 +1,10 @@
 //! Publishing with publisher confirms: a message counts as sent only when the broker has
 //! confirmed it. A nack, or a mandatory message returned as unroutable, is an error.
+//!
+//! While the broker blocks the link (a resource alarm, `bus::link`), a publish fails at once
+//! naming the alarm: lapin writes nothing on a blocked connection, so the message would only
+//! wait in its buffer, and the caller's outbox row is published by the relay once the alarm
+//! clears. A publish that times out while the link is blocked says so too.
 
 use std::time::Duration;
 
@@ -30,6 +35,14 @@ pub enum PublishError {
     },
     #[error("the broker did not confirm within {0:?}")]
     Unconfirmed(Duration),
+    #[error(
+        "not sent: the broker blocks this connection ({reason}) until its resource alarm clears"
+    )]
+    Blocked { reason: String },
+    #[error(
+        "the broker did not confirm within {waited:?}: it blocks this connection ({reason}) until its resource alarm clears"
+    )]
+    UnconfirmedWhileBlocked { waited: Duration, reason: String },
 }
 
 /// A confirm that does not come is a failed publish: callers (the outbox fast path, the
@@ -39,17 +52,6 @@ pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + CONFIRM_TIMEOUT
-}
-
-/// Waits for one confirm until `deadline` (one deadline for a whole pipelined batch).
-async fn confirmation(
-    pending: PublisherConfirm,
-    deadline: tokio::time::Instant,
-) -> Result<Confirmation, PublishError> {
-    match tokio::time::timeout_at(deadline, pending).await {
-        Ok(confirmed) => Ok(confirmed?),
-        Err(_) => Err(PublishError::Unconfirmed(CONFIRM_TIMEOUT)),
-    }
 }
 
 /// Publishes on the link's confirm-mode channel (whichever connection is live). Cheap to
@@ -73,14 +75,56 @@ impl Publisher {
         &self.link
     }
 
+    /// Hands one message's frames to lapin, until `deadline`: lapin resolves a publish once its
+    /// frames are written, which on a connection the broker blocked since the last check is
+    /// never (until the alarm clears).
+    async fn send(
+        &self,
+        deadline: tokio::time::Instant,
+        publish: impl Future<Output = Result<PublisherConfirm, PublishError>>,
+    ) -> Result<PublisherConfirm, PublishError> {
+        if let Some(reason) = self.link.blocked() {
+            return Err(PublishError::Blocked { reason });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(self.timed_out());
+        }
+        tokio::time::timeout_at(deadline, publish)
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out()))
+    }
+
+    /// Waits for one confirm until `deadline` (one deadline for a whole pipelined batch).
+    async fn confirmation(
+        &self,
+        pending: PublisherConfirm,
+        deadline: tokio::time::Instant,
+    ) -> Result<Confirmation, PublishError> {
+        match tokio::time::timeout_at(deadline, pending).await {
+            Ok(confirmed) => Ok(confirmed?),
+            Err(_) => Err(self.timed_out()),
+        }
+    }
+
+    /// A publish that timed out, naming the broker's alarm when it blocks the link.
+    fn timed_out(&self) -> PublishError {
+        match self.link.blocked() {
+            Some(reason) => PublishError::UnconfirmedWhileBlocked {
+                waited: CONFIRM_TIMEOUT,
+                reason,
+            },
+            None => PublishError::Unconfirmed(CONFIRM_TIMEOUT),
+        }
+    }
+
     /// Publishes one event to `paybus.events` and waits for the broker's confirm.
     pub async fn publish_event(&self, message: &OutgoingMessage) -> Result<(), PublishError> {
         let channel = self.channel();
-        let pending = send_event(&channel, message).await?;
+        let pending = self.send(deadline(), send_event(&channel, message)).await?;
         let result = confirmed(
             EVENTS_EXCHANGE,
             message,
-            confirmation(pending, deadline()).await?,
+            self.confirmation(pending, deadline()).await?,
         );
         self.renew_if_nacked(&channel, [&result]).await;
         result
@@ -109,15 +153,16 @@ impl Publisher {
         messages: &[OutgoingMessage],
     ) -> Vec<Result<(), PublishError>> {
         let channel = self.channel();
+        let sending = deadline();
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {
-            pending.push(send_event(&channel, message).await);
+            pending.push(self.send(sending, send_event(&channel, message)).await);
         }
         let deadline = deadline();
         let mut results = Vec::with_capacity(messages.len());
         for (message, sent) in messages.iter().zip(pending) {
             results.push(match sent {
-                Ok(pending) => match confirmation(pending, deadline).await {
+                Ok(pending) => match self.confirmation(pending, deadline).await {
                     Ok(confirmation) => confirmed(EVENTS_EXCHANGE, message, confirmation),
                     Err(e) => Err(e),
                 },
@@ -142,23 +187,26 @@ impl Publisher {
             .map(|id| id.to_string())
             .unwrap_or_default();
         let channel = self.channel();
-        let pending = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                body,
-                properties,
-            )
-            .await?;
+        let publish = async {
+            Ok(channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    body,
+                    properties,
+                )
+                .await?)
+        };
+        let pending = self.send(deadline(), publish).await?;
         let result = check(
             exchange,
             routing_key,
             &message_id,
-            confirmation(pending, deadline()).await?,
+            self.confirmation(pending, deadline()).await?,
         );
         self.renew_if_nacked(&channel, [&result]).await;
         result
