@@ -59,6 +59,7 @@ echo "== prometheus (promtool)"
 eval "export $(infra/prometheus/install.sh)"
 export PAYBUS_REQUIRE_PROMTOOL=1
 export PAYBUS_REQUIRE_PYTHON_TESTS=1
+export PAYBUS_REQUIRE_OIDC_TESTS=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
