@@ -50,11 +50,16 @@ done
 # API and the console); their tests fail instead of skipping when these are missing.
 echo "== python test tools"
 eval "$(infra/browser/install.sh)"
+# panva's oidc-provider on the machine's Node, in .local/oidc (the OpenID provider of the
+# sign-in tests: paybus_platform::testing::oidc).
+echo "== OpenID provider (oidc-provider)"
+eval "$(infra/oidc/install.sh)"
 # Debian's prometheus for promtool (the alert rules' checks and unit tests).
 echo "== prometheus (promtool)"
 eval "export $(infra/prometheus/install.sh)"
 export PAYBUS_REQUIRE_PROMTOOL=1
 export PAYBUS_REQUIRE_PYTHON_TESTS=1
+export PAYBUS_REQUIRE_OIDC_TESTS=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -189,6 +189,23 @@ const TESTS: SettingGroup = SettingGroup {
                     tools are missing instead of skipping",
         },
         Setting {
+            name: "PAYBUS_REQUIRE_OIDC_TESTS",
+            default: "unset",
+            about: "set (as `infra/test.sh` does): the tests that sign in through the test OpenID \
+                    provider fail when Node or `oidc-provider` is missing instead of skipping",
+        },
+        Setting {
+            name: "PAYBUS_TEST_NODE",
+            default: "`node` on the `PATH`",
+            about: "the Node that runs the test OpenID provider",
+        },
+        Setting {
+            name: "PAYBUS_TEST_OIDC_PROVIDER",
+            default: "`.local/oidc/provider.mjs`",
+            about: "the test OpenID provider's script, with `oidc-provider` in the `node_modules` \
+                    beside it (`infra/oidc/install.sh` puts both there)",
+        },
+        Setting {
             name: "PAYBUS_TEST_PYTHON",
             default: "`.local/venv/bin/python`",
             about: "the Python that drives the console test's headless chromium (playwright)",

@@ -6,6 +6,7 @@
 //! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
 
 pub mod lambda;
+pub mod oidc;
 pub mod otlp;
 pub mod outage;
 
