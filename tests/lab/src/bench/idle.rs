@@ -133,7 +133,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let Some(pid) = process.child.id() else {
             anyhow::bail!("{} exited while idle", process.name);
         };
-        let memory = memory_of(pid).with_context(|| format!("reading {}'s memory", process.name))?;
+        let memory =
+            memory_of(pid).with_context(|| format!("reading {}'s memory", process.name))?;
         let ports = local_ports(pid);
         let held = connections
             .iter()
