@@ -281,7 +281,12 @@ const DEMOS: SettingGroup = SettingGroup {
 /// The page: the introduction, then every group's table.
 pub fn page() -> String {
     let mut groups: Vec<SettingGroup> = paybus_catalog::settings::GROUPS.to_vec();
-    groups.extend([API, PARTNER_API, OPERATIONS]);
+    groups.extend([
+        API,
+        PARTNER_API,
+        OPERATIONS,
+        crate::api_client::SETTINGS_GROUP,
+    ]);
     groups.extend([LOCAL_SERVICES, CLUSTER, TESTS, DEMOS]);
     format!("{INTRODUCTION}{}", setting::markdown(&groups))
 }

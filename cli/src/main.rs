@@ -1,11 +1,15 @@
 //! `paybus`: the operator's command line.
 
+mod api_client;
 mod approvals;
 mod configuration_page;
+mod credentials;
 mod dead_letters;
 mod doctor;
 mod functions;
 mod jobs;
+mod login;
+mod oidc;
 mod ops_log;
 mod p2p;
 mod secrets;
@@ -41,6 +45,18 @@ enum Command {
     /// Secrets sealed at rest: re-seal them under the current PAYBUS_SECRETS_KEY.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// Sign in for the commands that change something: a code to enter in a browser at the
+    /// API's OpenID provider (the device authorization grant); the tokens are kept in
+    /// $XDG_CONFIG_HOME/paybus/credentials.json (0600) and renewed as they expire.
+    Login {
+        #[command(flatten)]
+        api: api_client::ApiArgs,
+    },
+    /// Sign out: revoke the refresh token at the provider and delete the stored sign-in.
+    Logout,
+    /// Whom the token the commands send names, and until when (read from the token, not
+    /// verified: the API verifies it on every call).
+    Whoami,
     /// Check that the database and the broker answer; exits non-zero with one line per problem.
     Doctor,
     /// Declare the exchanges and every function's queues in the PAYBUS_SHARDS layout
@@ -206,6 +222,9 @@ async fn main() -> ExitCode {
         Command::Migrate => migrate(&settings).await,
         Command::Doctor => doctor::run(&settings).await,
         Command::Secrets(command) => secrets::run(&settings, command).await,
+        Command::Login { api } => login::login(&api).await,
+        Command::Logout => login::logout().await,
+        Command::Whoami => login::whoami().await,
         Command::Topology {
             definitions,
             vhost,
