@@ -1,19 +1,28 @@
-//! The admin API as the command line reaches it: which one (`--api URL`, else
-//! `PAYBUS_API_URL`, else `http://127.0.0.1:8080`, what `paybus run` serves locally), the HTTP
-//! client of every call (bounded, following no redirect), how a refusal (the API's `{"error"}`
-//! text and the status; a 401 says to run `paybus login`) or an unreachable API (naming the
-//! URL) is said, and the stored sign-in renewed with its refresh token when it has less than a
-//! minute left.
+//! The admin API as the command line calls it: every command that changes something is one of
+//! its routes, called as the person `paybus login` signed in (or with `PAYBUS_TOKEN`), so the
+//! console, the command line and scripts share one authenticated path and the API, not a
+//! command-line flag, says who acted.
+//!
+//! - The API: `--api URL`, else `PAYBUS_API_URL`, else `http://127.0.0.1:8080` (what
+//!   `paybus run` serves locally).
+//! - The token: `PAYBUS_TOKEN` (scripts, break-glass), else the sign-in `paybus login` stored
+//!   (`crate::credentials`), renewed with its refresh token when it has less than a minute
+//!   left. A stored sign-in is sent only to the API it was made for.
+//! - An answer other than 2xx is an error naming the API's `{"error"}` text and the status
+//!   (exit 1); a 401 says to run `paybus login`; a refused connection names the URL. Every call
+//!   has a timeout.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use chrono::Utc;
 use paybus_platform::{
+    Secret,
     config::Vars,
     setting::{Setting, SettingGroup},
 };
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::{
@@ -97,6 +106,94 @@ pub fn http_client() -> anyhow::Result<reqwest::Client> {
         .context("while building the HTTP client")
 }
 
+/// A 2xx answer: its status (200 and 202 mean different things on guarded routes) and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Answer {
+    /// The body as `T` (the fields the command prints).
+    pub fn parse<T: DeserializeOwned>(self) -> anyhow::Result<T> {
+        serde_json::from_value(self.body)
+            .context("the admin API's answer is not what this paybus expects (another version?)")
+    }
+}
+
+/// The admin API, called with one person's token.
+pub struct ApiClient {
+    http: reqwest::Client,
+    base: String,
+    token: Secret,
+}
+
+impl ApiClient {
+    /// The API of `args` with the token of `PAYBUS_TOKEN` or of the stored sign-in (renewed
+    /// first when it is about to expire).
+    pub async fn connect(args: &ApiArgs) -> anyhow::Result<Self> {
+        let vars = Vars::from_env();
+        let base = args.base_url(&vars)?;
+        let http = http_client()?;
+        let token = bearer(&http, &base, &vars).await?;
+        Ok(Self { http, base, token })
+    }
+
+    pub async fn post(&self, path: &str, body: Option<&Value>) -> anyhow::Result<Answer> {
+        self.send(Method::POST, path, body, CALL_TIMEOUT).await
+    }
+
+    /// A POST whose work takes a known while (an execution paced at N letters a second).
+    pub async fn post_taking(
+        &self,
+        path: &str,
+        body: Option<&Value>,
+        work: Duration,
+    ) -> anyhow::Result<Answer> {
+        self.send(Method::POST, path, body, work + CALL_TIMEOUT)
+            .await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> anyhow::Result<Answer> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self
+            .http
+            .request(method.clone(), &url)
+            .bearer_auth(self.token.expose())
+            .header(reqwest::header::ACCEPT, "application/json")
+            .timeout(timeout);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| unreachable_api(&self.base, &url, timeout, e))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| unreachable_api(&self.base, &url, timeout, e))?;
+        if status.is_success() {
+            let body = if text.trim().is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&text).with_context(|| {
+                    format!("{method} {url} answered {status} with a body that is not JSON")
+                })?
+            };
+            return Ok(Answer { status, body });
+        }
+        Err(refused(status, &text))
+    }
+}
+
 /// The error of a non-2xx answer: the API's `{"error"}` text and the status.
 pub(crate) fn refused(status: StatusCode, body: &str) -> anyhow::Error {
     let message = serde_json::from_str::<Value>(body)
@@ -142,6 +239,26 @@ pub(crate) fn unreachable_api(
     } else {
         anyhow::anyhow!("the call to {url} failed: {cause}")
     }
+}
+
+/// The token to send to `base`: `PAYBUS_TOKEN`, else the stored sign-in for `base`.
+async fn bearer(http: &reqwest::Client, base: &str, vars: &Vars) -> anyhow::Result<Secret> {
+    if let Some(token) = vars.get(VAR_TOKEN) {
+        return Ok(Secret::new(token));
+    }
+    let store = Store::locate(vars)?;
+    let Some(credentials) = store.load()? else {
+        anyhow::bail!("not signed in: run `paybus login --api {base}` (scripts: set PAYBUS_TOKEN)");
+    };
+    if credentials.api != base {
+        anyhow::bail!(
+            "signed in to {}, not {base}; a sign-in's tokens go only to the API they were made \
+             for: run `paybus login --api {base}`",
+            credentials.api
+        );
+    }
+    let credentials = fresh(http, &store, credentials).await?;
+    Ok(Secret::new(credentials.access_token))
 }
 
 /// `credentials`, renewed (and stored) first when the access token expires within the margin.

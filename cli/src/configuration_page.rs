@@ -44,8 +44,8 @@ const PARTNER_API: SettingGroup = SettingGroup {
 
 const OPERATIONS: SettingGroup = SettingGroup {
     title: "Dead-letter operations and four-eyes",
-    read_by: "Read by the API and the CLI's guarded commands \
-              (`paybus_platform::approvals::FourEyes`).",
+    read_by: "Read by the API (`paybus_platform::approvals::FourEyes`), which the CLI's \
+              guarded commands call.",
     settings: paybus_platform::approvals::SETTINGS,
 };
 
