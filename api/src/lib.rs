@@ -45,6 +45,7 @@ pub mod partner;
 mod partners;
 pub mod process;
 mod responses;
+mod secrets;
 pub mod server;
 mod signed;
 pub mod trace;
@@ -204,6 +205,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(functions::admin_routes())
         .merge(ops_log::admin_routes())
         .merge(approvals::admin_routes())
+        .merge(secrets::admin_routes())
         .merge(trace::route::admin_routes())
         .merge(overview::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.

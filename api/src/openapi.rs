@@ -38,6 +38,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::functions::Doc::openapi(),
         crate::ops_log::Doc::openapi(),
         crate::approvals::Doc::openapi(),
+        crate::secrets::Doc::openapi(),
         crate::trace::route::Doc::openapi(),
         crate::overview::Doc::openapi(),
     ] {

@@ -1,14 +1,18 @@
-//! `paybus approvals`: four-eyes for the single guarded actions (as `/v1/admin/approvals`).
+//! `paybus approvals`: four-eyes for the single guarded actions (`/v1/admin/approvals`).
 //!
-//! - `list [--awaiting] [--limit 50]`: newest first.
-//! - `approve <id> [--actor who]`: someone other than the requester approves it.
-//! - `execute <id> [--actor who]`: runs the approved action (the API's code path), or says
-//!   what it did when another execution ran it.
+//! - `list [--awaiting] [--limit 50]`: newest first (from the database).
+//! - `approve <id>`: someone other than the requester approves it (the API refuses the
+//!   requester).
+//! - `execute <id>`: the API runs the approved action, or says what it did when another
+//!   execution ran it.
 
 use std::process::ExitCode;
 
-use anyhow::Context;
-use paybus_platform::{Settings, approvals, bus::Services, db};
+use paybus_platform::{Settings, approvals, db};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api_client::{ApiArgs, ApiClient};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ApprovalsCommand {
@@ -23,15 +27,35 @@ pub enum ApprovalsCommand {
     /// Approve another person's request.
     Approve {
         id: uuid::Uuid,
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Run an approved action.
     Execute {
         id: uuid::Uuid,
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
+}
+
+/// An approval as the admin API answers it (the fields the command prints).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Approval {
+    pub id: uuid::Uuid,
+    pub action: String,
+    pub subject: String,
+    pub status: String,
+    pub approved_by: Option<String>,
+    pub executed_by: Option<String>,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// `POST /v1/admin/approvals/{id}/execute`'s answer.
+#[derive(Debug, Deserialize)]
+struct Executed {
+    approval: Approval,
+    result: Value,
+    ran_now: bool,
 }
 
 pub async fn run(settings: &Settings, command: ApprovalsCommand) -> anyhow::Result<ExitCode> {
@@ -59,23 +83,26 @@ pub async fn run(settings: &Settings, command: ApprovalsCommand) -> anyhow::Resu
             }
             Ok(ExitCode::SUCCESS)
         }
-        ApprovalsCommand::Approve { id, actor } => {
-            let pool = db::connect(&settings.database).await?;
-            let mut conn = pool.acquire().await?;
-            let approved = approvals::approve(&mut conn, id, &actor)
-                .await
-                .context("while approving")?;
+        ApprovalsCommand::Approve { id, api } => {
+            let client = ApiClient::connect(&api).await?;
+            let approved: Approval = client
+                .post(&format!("/v1/admin/approvals/{id}/approve"), None)
+                .await?
+                .parse()?;
             println!(
-                "approval {id} ({} on {}) approved by {actor}: run `paybus approvals execute {id}`",
-                approved.action, approved.subject
+                "approval {id} ({} on {}) approved by {}: run `paybus approvals execute {id}`",
+                approved.action,
+                approved.subject,
+                approved.approved_by.as_deref().unwrap_or("you")
             );
             Ok(ExitCode::SUCCESS)
         }
-        ApprovalsCommand::Execute { id, actor } => {
-            let services = Services::connect(settings.clone()).await?;
-            let executed = paybus_api::approvals::execute_approval(&services.outbox, id, &actor)
-                .await
-                .context("while executing")?;
+        ApprovalsCommand::Execute { id, api } => {
+            let client = ApiClient::connect(&api).await?;
+            let executed: Executed = client
+                .post(&format!("/v1/admin/approvals/{id}/execute"), None)
+                .await?
+                .parse()?;
             let approval = &executed.approval;
             println!(
                 "approval {id} ({} on {}) is {}{}: {}",

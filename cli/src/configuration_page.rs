@@ -44,8 +44,8 @@ const PARTNER_API: SettingGroup = SettingGroup {
 
 const OPERATIONS: SettingGroup = SettingGroup {
     title: "Dead-letter operations and four-eyes",
-    read_by: "Read by the API and the CLI's guarded commands \
-              (`paybus_platform::approvals::FourEyes`).",
+    read_by: "Read by the API (`paybus_platform::approvals::FourEyes`), which the CLI's \
+              guarded commands call.",
     settings: paybus_platform::approvals::SETTINGS,
 };
 
@@ -298,7 +298,12 @@ const DEMOS: SettingGroup = SettingGroup {
 /// The page: the introduction, then every group's table.
 pub fn page() -> String {
     let mut groups: Vec<SettingGroup> = paybus_catalog::settings::GROUPS.to_vec();
-    groups.extend([API, PARTNER_API, OPERATIONS]);
+    groups.extend([
+        API,
+        PARTNER_API,
+        OPERATIONS,
+        crate::api_client::SETTINGS_GROUP,
+    ]);
     groups.extend([LOCAL_SERVICES, CLUSTER, TESTS, DEMOS]);
     format!("{INTRODUCTION}{}", setting::markdown(&groups))
 }

@@ -1,5 +1,6 @@
-//! `paybus dead-letters`: the same operations as the admin API's `/v1/admin/dead-letters`,
-//! straight on the database (and the broker, for replays).
+//! `paybus dead-letters`: the admin API's `/v1/admin/dead-letters` for ops. What changes
+//! something (replay, archive, approve, execute) is a call to the API as the signed-in person
+//! (`crate::api_client`); the reads go straight to the database.
 //!
 //! - `groups`: NEW letters by function and reason, with the money at stake.
 //! - `list [--function F] [--reason R] [--status NEW|REPLAYED|ARCHIVED] [--before-id N] [--limit N]`
@@ -8,8 +9,8 @@
 //! - `replay (--id N ... | --function F --reason R) [--per-second 10] [--limit 500] [--yes]`:
 //!   freezes the dry run into an operation and prints it, asks before sending (`--yes` skips
 //!   the question; without a terminal it is required), then executes it with a progress bar.
-//!   Under four-eyes (`PAYBUS_FOUR_EYES`) it stops at the operation: another person approves
-//!   it (`approve <id> --hash H`) and anyone then runs `execute <id>`.
+//!   Under four-eyes (the API's `PAYBUS_FOUR_EYES`) it stops at the operation: another person
+//!   approves it (`approve <id> --hash H`) and anyone then runs `execute <id>`.
 //! - `archive (--id N ... | --function F --reason R)`: the same, for an archive (four-eyes only
 //!   when a letter has money at stake).
 //! - `operations`, `operation <id>`, `approve <id> --hash H`, `execute <id>`: the operations,
@@ -19,20 +20,18 @@
 //!
 //! Exit 1 when a replay left letters that need a human or are already applied.
 
-use std::{io::IsTerminal, process::ExitCode};
+use std::{io::IsTerminal, process::ExitCode, time::Duration};
 
-use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use paybus_dead_letter_ops::{
-    ExecuteOptions, ListFilter, OperationAction, OperationDetail, OperationStatus, Selection,
-    Triager, groups, letter, operation, replay,
+    ListFilter, OperationAction, OperationStatus, Selection, Triager, groups, letter, operation,
+    replay,
 };
-use paybus_platform::{
-    Settings,
-    bus::{Services, dead_letter::group_counts},
-    db,
-    triage::Verdict,
-};
+use paybus_platform::{Settings, bus::dead_letter::group_counts, db};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api_client::{ApiArgs, ApiClient};
 
 #[derive(Debug, clap::Args)]
 #[group(required = true, multiple = true)]
@@ -53,6 +52,16 @@ impl Select {
         match (self.function, self.reason) {
             (Some(function), Some(reason)) => Selection::Group { function, reason },
             _ => Selection::Ids(self.ids),
+        }
+    }
+
+    /// The selection as the operations route takes it: `ids` or `group`.
+    fn request_fields(self) -> (&'static str, Value) {
+        match self.selection() {
+            Selection::Group { function, reason } => {
+                ("group", json!({ "function": function, "reason": reason }))
+            }
+            Selection::Ids(ids) => ("ids", json!(ids)),
         }
     }
 }
@@ -97,9 +106,8 @@ pub enum DeadLettersCommand {
         /// Do not ask before replaying.
         #[arg(long)]
         yes: bool,
-        /// Who is replaying (recorded with each letter).
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Archive the selected NEW letters.
     Archive {
@@ -107,8 +115,8 @@ pub enum DeadLettersCommand {
         select: Select,
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=500))]
         limit: u32,
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Recent operations (frozen dry runs), newest first.
     Operations {
@@ -122,16 +130,16 @@ pub enum DeadLettersCommand {
         id: uuid::Uuid,
         #[arg(long)]
         hash: String,
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Execute (or resume) an operation until every letter has its result.
     Execute {
         id: uuid::Uuid,
         #[arg(long, default_value_t = 10.0)]
         per_second: f64,
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Set the groups' counts to what the NEW letters are, while writers keep writing (when
     /// the audit found them drifted: SQL by hand, an older paybus during a deploy).
@@ -147,15 +155,11 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
             per_second,
             limit,
             yes,
-            actor,
+            api,
         } => {
-            let options = ExecuteOptions {
-                per_second: checked_rate(per_second)?,
-                limit,
-            };
-            let services = connect(settings).await?;
-            let requested =
-                request(&services, OperationAction::Replay, select, limit, &actor).await?;
+            let pace = Pace::new(per_second)?;
+            let client = ApiClient::connect(&api).await?;
+            let requested = request(&client, OperationAction::Replay, select, limit).await?;
             print_operation(&requested);
             if requested.safe == 0 {
                 println!("nothing is safe to replay");
@@ -164,7 +168,7 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
                 )));
             }
             if requested.operation.status == OperationStatus::AwaitingApproval {
-                return Ok(awaiting_approval(&requested));
+                return Ok(awaiting_approval(&requested.operation));
             }
             if !yes && !confirm(requested.safe)? {
                 println!(
@@ -173,35 +177,30 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
                 );
                 return Ok(ExitCode::FAILURE);
             }
-            execute(&services, requested.operation.id, options, &actor).await
+            execute(&client, requested.operation.id, pace).await
         }
-        DeadLettersCommand::Archive {
-            select,
-            limit,
-            actor,
-        } => {
-            let services = connect(settings).await?;
-            let requested =
-                request(&services, OperationAction::Archive, select, limit, &actor).await?;
+        DeadLettersCommand::Archive { select, limit, api } => {
+            let client = ApiClient::connect(&api).await?;
+            let requested = request(&client, OperationAction::Archive, select, limit).await?;
             if requested.operation.status == OperationStatus::AwaitingApproval {
                 print_operation(&requested);
-                return Ok(awaiting_approval(&requested));
+                return Ok(awaiting_approval(&requested.operation));
             }
-            let options = ExecuteOptions {
-                per_second: 1_000.0,
-                limit,
-            };
-            execute(&services, requested.operation.id, options, &actor).await
+            execute(&client, requested.operation.id, Pace::ARCHIVE).await
         }
-        DeadLettersCommand::Approve { id, hash, actor } => {
-            let pool = db::connect(&settings.database).await?;
-            let mut conn = pool.acquire().await?;
-            let approved = operation::approve(&mut conn, id, &actor, &hash)
-                .await
-                .context("while approving")?;
+        DeadLettersCommand::Approve { id, hash, api } => {
+            let client = ApiClient::connect(&api).await?;
+            let approved: Operation = client
+                .post(
+                    &format!("/v1/admin/dead-letters/operations/{id}/approve"),
+                    Some(&json!({ "hash": hash })),
+                )
+                .await?
+                .parse()?;
             println!(
-                "operation {id} approved by {actor} (requested by {}): run `paybus dead-letters \
+                "operation {id} approved by {} (requested by {}): run `paybus dead-letters \
                  execute {id}`",
+                approved.approved_by.as_deref().unwrap_or("you"),
                 approved.requested_by
             );
             Ok(ExitCode::SUCCESS)
@@ -209,14 +208,11 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
         DeadLettersCommand::Execute {
             id,
             per_second,
-            actor,
+            api,
         } => {
-            let options = ExecuteOptions {
-                per_second: checked_rate(per_second)?,
-                limit: letter::MAX_PAGE,
-            };
-            let services = connect(settings).await?;
-            execute(&services, id, options, &actor).await
+            let pace = Pace::new(per_second)?;
+            let client = ApiClient::connect(&api).await?;
+            execute(&client, id, pace).await
         }
         read_only => {
             let pool = db::connect(&settings.database).await?;
@@ -225,45 +221,112 @@ pub async fn run(settings: &Settings, command: DeadLettersCommand) -> anyhow::Re
     }
 }
 
-fn checked_rate(per_second: f64) -> anyhow::Result<f64> {
-    if !(per_second.is_finite() && per_second > 0.0) {
-        anyhow::bail!("--per-second must be above 0");
-    }
-    Ok(per_second)
+/// How an execution is paced: the API takes `per_second` letters a second, `page` letters a
+/// call, so each call answers within seconds and the progress bar moves between calls.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    per_second: f64,
+    page: u32,
 }
 
-async fn connect(settings: &Settings) -> anyhow::Result<Services> {
-    Services::connect(settings.clone())
-        .await
-        .context("while connecting to the database and the broker")
+impl Pace {
+    /// Archiving sends nothing: as fast as the API paces anything (100 a second), two
+    /// seconds a call.
+    const ARCHIVE: Pace = Pace {
+        per_second: 100.0,
+        page: 200,
+    };
+
+    /// About two seconds of letters a call, 1 to 100.
+    fn new(per_second: f64) -> anyhow::Result<Self> {
+        if !(per_second.is_finite() && per_second > 0.0) {
+            anyhow::bail!("--per-second must be above 0");
+        }
+        let page = (per_second * 2.0).ceil().clamp(1.0, 100.0) as u32;
+        Ok(Self { per_second, page })
+    }
+
+    /// How long the API takes for one call's letters.
+    fn call_work(self) -> Duration {
+        Duration::from_secs_f64(f64::from(self.page) / self.per_second)
+    }
+}
+
+/// An operation as the admin API answers it (the fields the command prints).
+#[derive(Debug, Deserialize)]
+struct Operation {
+    id: uuid::Uuid,
+    action: OperationAction,
+    status: OperationStatus,
+    letters: u32,
+    letters_with_money: u32,
+    content_hash: String,
+    requested_by: String,
+    approved_by: Option<String>,
+    expires_at: chrono::DateTime<chrono::Utc>,
+    done: u32,
+}
+
+/// `POST /v1/admin/dead-letters/operations`' answer: the operation's fields and its dry run's.
+#[derive(Debug, Deserialize)]
+struct Requested {
+    #[serde(flatten)]
+    operation: Operation,
+    safe: u64,
+    already_applied: u64,
+    needs_human: u64,
+    not_included: u64,
+    letter_results: Vec<LetterVerdict>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LetterVerdict {
+    dead_letter_id: u64,
+    verdict: String,
+    reason: String,
+}
+
+/// `POST .../operations/{id}/execute`'s answer: what this call did.
+#[derive(Debug, Deserialize)]
+struct Executed {
+    operation: Operation,
+    replayed: u64,
+    archived: u64,
+    already_applied: u64,
+    needs_human: u64,
+    results: Vec<LetterResult>,
+    remaining: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct LetterResult {
+    id: u64,
+    /// `None`: the letter was no longer NEW when its turn came.
+    verdict: Option<String>,
+    result: String,
+    detail: String,
 }
 
 async fn request(
-    services: &Services,
+    client: &ApiClient,
     action: OperationAction,
     select: Select,
     limit: u32,
-    actor: &str,
-) -> anyhow::Result<OperationDetail> {
-    let four_eyes = paybus_platform::approvals::FourEyes::from_env()?;
-    Ok(operation::request(
-        &services.pool,
-        &TRIAGER,
-        action,
-        &select.selection(),
-        actor,
-        limit,
-        &four_eyes,
-    )
-    .await?)
+) -> anyhow::Result<Requested> {
+    let (field, selection) = select.request_fields();
+    let mut body = json!({ "action": action.to_string().to_ascii_lowercase(), "limit": limit });
+    body[field] = selection;
+    client
+        .post("/v1/admin/dead-letters/operations", Some(&body))
+        .await?
+        .parse()
 }
 
-fn awaiting_approval(requested: &OperationDetail) -> ExitCode {
-    let operation = &requested.operation;
+fn awaiting_approval(operation: &Operation) -> ExitCode {
     println!(
-        "four-eyes: operation {} awaits a second person's approval (until {}):\n  paybus \
-         dead-letters approve {} --hash {} --actor <someone else>\nthen:\n  paybus \
-         dead-letters execute {}",
+        "four-eyes: operation {} awaits a second person's approval (until {}); someone else \
+         runs:\n  paybus dead-letters approve {} --hash {}\nthen:\n  paybus dead-letters \
+         execute {}",
         operation.id,
         operation.expires_at.to_rfc3339(),
         operation.id,
@@ -439,7 +502,7 @@ fn print_dry_run(run: &paybus_dead_letter_ops::DryRun) {
     );
 }
 
-fn print_operation(detail: &OperationDetail) {
+fn print_operation(detail: &Requested) {
     for letter in &detail.letter_results {
         println!(
             "{:>8}  {:<15}  {}",
@@ -471,37 +534,30 @@ fn print_operation(detail: &OperationDetail) {
 }
 
 /// Executes operation `id` call after call until every letter has its result, with a progress
-/// bar (a call cut short is resumed by running this again).
-async fn execute(
-    services: &Services,
-    id: uuid::Uuid,
-    options: ExecuteOptions,
-    actor: &str,
-) -> anyhow::Result<ExitCode> {
-    let total = {
-        let mut conn = services.pool.acquire().await?;
-        operation::show(&mut conn, id)
-            .await?
-            .with_context(|| format!("operation {id} does not exist"))?
-    };
-    let bar = ProgressBar::new(u64::from(total.operation.letters)).with_style(
+/// bar (a run cut short is resumed by running this again).
+async fn execute(client: &ApiClient, id: uuid::Uuid, pace: Pace) -> anyhow::Result<ExitCode> {
+    let path = format!("/v1/admin/dead-letters/operations/{id}/execute");
+    let body = json!({ "per_second": pace.per_second, "limit": pace.page });
+    let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} letters, {per_sec} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_position(u64::from(total.operation.done));
     let (mut done, mut unresolved) = (0_u64, 0_u64);
     loop {
-        let report = operation::execute(&services.outbox, &TRIAGER, id, actor, options, |result| {
-            bar.inc(1);
-            if result.verdict.is_some_and(|v| v != Verdict::Safe) {
+        let report: Executed = client
+            .post_taking(&path, Some(&body), pace.call_work())
+            .await?
+            .parse()?;
+        bar.set_length(u64::from(report.operation.letters));
+        bar.set_position(u64::from(report.operation.done));
+        for result in &report.results {
+            if result.verdict.as_deref().is_some_and(|v| v != "safe") {
                 bar.println(format!(
                     "{:>8}  not sent ({}): {}",
                     result.id, result.result, result.detail
                 ));
             }
-        })
-        .await
-        .context("while executing the operation")?;
+        }
         done += report.replayed + report.archived;
         unresolved += report.already_applied + report.needs_human;
         if report.remaining == 0 || report.results.is_empty() {

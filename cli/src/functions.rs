@@ -1,15 +1,19 @@
-//! `paybus functions`: ops' switch for a function's consumption, the same as the admin API's
-//! `/v1/admin/functions` (`paybus_platform::bus::pauses`), straight on the database.
+//! `paybus functions`: ops' switch for a function's consumption (`paybus_platform::bus::pauses`).
 //!
-//! - `paybus functions list`: every catalog function, paused or consuming.
-//! - `paybus functions pause <name> --reason "…" [--actor NAME]`: every process's consumers of
-//!   it stop taking deliveries within a couple of seconds; its messages wait in its queue.
-//! - `paybus functions resume <name> [--actor NAME]`: they take them again.
+//! - `paybus functions list`: every catalog function, paused or consuming (from the database).
+//! - `paybus functions pause <name> --reason "…"`: every process's consumers of it stop taking
+//!   deliveries within a couple of seconds; its messages wait in its queue
+//!   (`POST /v1/admin/functions/{name}/pause`, as the signed-in person).
+//! - `paybus functions resume <name>`: they take them again (`.../resume`).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use paybus_platform::{Settings, bus::pauses, db};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api_client::{ApiArgs, ApiClient};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum FunctionsCommand {
@@ -22,79 +26,101 @@ pub enum FunctionsCommand {
         /// Why (kept with the pause, shown to whoever finds it).
         #[arg(long)]
         reason: String,
-        /// Who pauses it (kept with the pause).
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Consume the function's queue again.
     Resume {
         name: String,
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
+/// The pause and resume routes' answer.
+#[derive(Debug, Deserialize)]
+struct Switched {
+    function: String,
+    paused_now: Option<bool>,
+    resumed_now: Option<bool>,
+}
+
 pub async fn run(settings: &Settings, command: FunctionsCommand) -> anyhow::Result<ExitCode> {
-    let pool = db::connect(&settings.database).await?;
-    let mut conn = pool.acquire().await?;
     match command {
-        FunctionsCommand::List => {
-            let paused = pauses::list(&mut conn)
-                .await
-                .context("while reading the paused functions")?;
-            for function in paybus_catalog::FUNCTIONS {
-                match paused.iter().find(|p| p.function_name == function.name) {
-                    Some(pause) => println!(
-                        "{:<20} PAUSED since {} by {}: {}",
-                        function.name,
-                        pause.paused_at.to_rfc3339(),
-                        pause.paused_by,
-                        pause.reason
-                    ),
-                    None => println!("{:<20} consuming", function.name),
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        FunctionsCommand::Pause {
-            name,
-            reason,
-            actor,
-        } => {
-            let name = catalog_name(&name)?;
-            if reason.trim().is_empty() {
-                anyhow::bail!(
-                    "say why {name} is paused (--reason): whoever finds it paused reads it"
-                );
-            }
-            if pauses::pause(&mut conn, name, &actor, reason.trim()).await? {
+        FunctionsCommand::List => list(settings).await,
+        FunctionsCommand::Pause { name, reason, api } => {
+            let client = ApiClient::connect(&api).await?;
+            let paused: Switched = client
+                .post(
+                    &format!("/v1/admin/functions/{}/pause", path_segment(&name)?),
+                    Some(&json!({ "reason": reason })),
+                )
+                .await?
+                .parse()?;
+            if paused.paused_now == Some(true) {
                 println!(
-                    "{name} paused: every process stops taking its deliveries within a couple of seconds"
+                    "{} paused: every process stops taking its deliveries within a couple of \
+                     seconds",
+                    paused.function
                 );
             } else {
-                println!("{name} was paused already (paybus functions list says by whom)");
+                println!(
+                    "{} was paused already (paybus functions list says by whom)",
+                    paused.function
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
-        FunctionsCommand::Resume { name, actor } => {
-            let name = catalog_name(&name)?;
-            if pauses::resume(&mut conn, name, &actor).await? {
-                println!("{name} resumed: its queue is drained again");
+        FunctionsCommand::Resume { name, api } => {
+            let client = ApiClient::connect(&api).await?;
+            let resumed: Switched = client
+                .post(
+                    &format!("/v1/admin/functions/{}/resume", path_segment(&name)?),
+                    None,
+                )
+                .await?
+                .parse()?;
+            if resumed.resumed_now == Some(true) {
+                println!("{} resumed: its queue is drained again", resumed.function);
             } else {
-                println!("{name} was not paused");
+                println!("{} was not paused", resumed.function);
             }
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-fn catalog_name(name: &str) -> anyhow::Result<&'static str> {
-    paybus_catalog::FUNCTIONS
-        .iter()
-        .find(|function| function.name == name)
-        .map(|function| function.name)
-        .with_context(|| {
-            let known: Vec<&str> = paybus_catalog::FUNCTIONS.iter().map(|f| f.name).collect();
-            format!("no function {name:?} in the catalog ({})", known.join(", "))
-        })
+async fn list(settings: &Settings) -> anyhow::Result<ExitCode> {
+    let pool = db::connect(&settings.database).await?;
+    let mut conn = pool.acquire().await?;
+    let paused = pauses::list(&mut conn)
+        .await
+        .context("while reading the paused functions")?;
+    for function in paybus_catalog::FUNCTIONS {
+        match paused.iter().find(|p| p.function_name == function.name) {
+            Some(pause) => println!(
+                "{:<20} PAUSED since {} by {}: {}",
+                function.name,
+                pause.paused_at.to_rfc3339(),
+                pause.paused_by,
+                pause.reason
+            ),
+            None => println!("{:<20} consuming", function.name),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `name` as the one path segment it must be: catalog names are letters, digits and `-`, and
+/// anything else (a `/`, a `..`) could name another route.
+fn path_segment(name: &str) -> anyhow::Result<&str> {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Ok(name);
+    }
+    let known: Vec<&str> = paybus_catalog::FUNCTIONS.iter().map(|f| f.name).collect();
+    anyhow::bail!("no function {name:?} in the catalog ({})", known.join(", "))
 }

@@ -1,21 +1,25 @@
 //! `paybus jobs`: the charge-event bonus jobs ops look at (W3, seed 003) — the same views as
-//! the admin API's `/v1/admin/charge-event-jobs`, straight on the database.
+//! the admin API's `/v1/admin/charge-event-jobs`, read straight from the database; the retry
+//! is the API's, called as the signed-in person.
 //!
 //! - `paybus jobs list [--status PENDING|FAILED] [--after-id N] [--limit N]`: jobs waiting for
 //!   a retry or for ops (never DONE or PROCESSING), by id, one line each.
 //! - `paybus jobs show <id>`: one job, any state, as JSON.
 //! - `paybus jobs retry <id>`: a FAILED job back to PENDING, due now, its message published at
-//!   once; exit 1 (nothing changed) when it is not FAILED.
+//!   once; exit 1 (nothing changed) when it is not FAILED. Under four-eyes (the API's
+//!   `PAYBUS_FOUR_EYES`) the API holds it for a second person: `paybus approvals`.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
-use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus, OpsRetry};
-use paybus_platform::{
-    Settings,
-    approvals::{self, FourEyes, Guarded},
-    bus::Services,
-    db,
+use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus};
+use paybus_platform::{Settings, db};
+use reqwest::StatusCode;
+use serde::Deserialize;
+
+use crate::{
+    api_client::{ApiArgs, ApiClient},
+    approvals::Approval,
 };
 
 #[derive(Debug, clap::Subcommand)]
@@ -37,9 +41,8 @@ pub enum JobsCommand {
     /// Put a FAILED job back to PENDING, due now, and publish its message (one more attempt).
     Retry {
         id: u64,
-        /// Who retries it (kept in the ops log).
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
@@ -59,7 +62,7 @@ pub async fn run(settings: &Settings, command: JobsCommand) -> anyhow::Result<Ex
             limit,
         } => list(settings, status, after_id, limit).await,
         JobsCommand::Show { id } => show(settings, id).await,
-        JobsCommand::Retry { id, actor } => retry(settings, id, &actor).await,
+        JobsCommand::Retry { id, api } => retry(id, &api).await,
     }
 }
 
@@ -143,62 +146,40 @@ async fn show(settings: &Settings, id: u64) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn retry(settings: &Settings, id: u64, actor: &str) -> anyhow::Result<ExitCode> {
-    // The broker too: the message goes out at once (the outbox relay sends it otherwise).
-    let services = Services::connect(settings.clone()).await?;
-    let four_eyes = FourEyes::from_env()?;
-    if four_eyes.requires(Guarded::JobRetry) {
-        let mut conn = services.pool.acquire().await?;
-        let Some(job) = job::find(&mut conn, id).await? else {
-            eprintln!("bonus job {id} not found");
-            return Ok(ExitCode::FAILURE);
-        };
-        if job.status != JobStatus::Failed {
-            eprintln!(
-                "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing \
-                 changed",
-                job.status
-            );
-            return Ok(ExitCode::FAILURE);
-        }
-        let approval = approvals::request(
-            &mut conn,
-            Guarded::JobRetry,
-            &format!("charge_event_job:{id}"),
-            actor,
-            four_eyes.ttl,
-        )
+/// A guarded route's `202` answer: the approval a second person gives.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Held {
+    pub approval: Approval,
+}
+
+/// The retried job, as the API answers it (what the command prints of it).
+#[derive(Debug, Deserialize)]
+struct Retried {
+    retry_count: u32,
+}
+
+async fn retry(id: u64, api: &ApiArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::connect(api).await?;
+    let answer = client
+        .post(&format!("/v1/admin/charge-event-jobs/{id}/retry"), None)
         .await?;
+    if answer.status == StatusCode::ACCEPTED {
+        let Held { approval } = answer.parse()?;
         println!(
             "four-eyes: the retry of bonus job {id} waits for a second person's approval \
-             (until {}):\n  paybus approvals approve {} --actor <someone else>\nthen:\n  \
-             paybus approvals execute {}",
+             (until {}); someone else runs:\n  paybus approvals approve {}\nthen:\n  paybus \
+             approvals execute {}",
             approval.expires_at.to_rfc3339(),
             approval.id,
             approval.id
         );
         return Ok(ExitCode::SUCCESS);
     }
-    match job::retry_by_ops(&services.outbox, id, actor).await? {
-        OpsRetry::Retried(job) => {
-            println!(
-                "bonus job {id} is PENDING again (retry_count {}), due now; grant-bonus attempts \
-                 it at once",
-                job.retry_count
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        OpsRetry::NotFailed(job) => {
-            eprintln!(
-                "bonus job {id} is {}, not FAILED: only a FAILED job can be retried; nothing \
-                 changed",
-                job.status
-            );
-            Ok(ExitCode::FAILURE)
-        }
-        OpsRetry::Missing => {
-            eprintln!("bonus job {id} not found");
-            Ok(ExitCode::FAILURE)
-        }
-    }
+    let job: Retried = answer.parse()?;
+    println!(
+        "bonus job {id} is PENDING again (retry_count {}), due now; grant-bonus attempts it at \
+         once",
+        job.retry_count
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,11 +1,15 @@
 //! `paybus`: the operator's command line.
 
+mod api_client;
 mod approvals;
 mod configuration_page;
+mod credentials;
 mod dead_letters;
 mod doctor;
 mod functions;
 mod jobs;
+mod login;
+mod oidc;
 mod ops_log;
 mod p2p;
 mod secrets;
@@ -23,6 +27,9 @@ use paybus_platform::{
     db, telemetry,
 };
 
+/// Every command that changes something calls the admin API as the person `paybus login`
+/// signed in (`api_client`); what needs the database itself and moves no money (migrate,
+/// doctor, topology, audit) and the reads go to the database directly.
 #[derive(Parser)]
 #[command(
     name = "paybus",
@@ -38,9 +45,21 @@ struct Cli {
 enum Command {
     /// Apply every pending database migration (safe to repeat).
     Migrate,
-    /// Secrets sealed at rest: re-seal them under the current PAYBUS_SECRETS_KEY.
+    /// Secrets sealed at rest: have the API re-seal them under its current PAYBUS_SECRETS_KEY.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// Sign in for the commands that change something: a code to enter in a browser at the
+    /// API's OpenID provider (the device authorization grant); the tokens are kept in
+    /// $XDG_CONFIG_HOME/paybus/credentials.json (0600) and renewed as they expire.
+    Login {
+        #[command(flatten)]
+        api: api_client::ApiArgs,
+    },
+    /// Sign out: revoke the refresh token at the provider and delete the stored sign-in.
+    Logout,
+    /// Whom the token the commands send names, and until when (read from the token, not
+    /// verified: the API verifies it on every call).
+    Whoami,
     /// Check that the database and the broker answer; exits non-zero with one line per problem.
     Doctor,
     /// Declare the exchanges and every function's queues in the PAYBUS_SHARDS layout
@@ -205,7 +224,10 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Migrate => migrate(&settings).await,
         Command::Doctor => doctor::run(&settings).await,
-        Command::Secrets(command) => secrets::run(&settings, command).await,
+        Command::Secrets(command) => secrets::run(command).await,
+        Command::Login { api } => login::login(&api).await,
+        Command::Logout => login::logout().await,
+        Command::Whoami => login::whoami().await,
         Command::Topology {
             definitions,
             vhost,
@@ -225,7 +247,7 @@ async fn main() -> ExitCode {
         Command::Serve => serve(settings).await,
         Command::Openapi => print_openapi(),
         Command::Audit { since } => run_audit(&settings, since).await,
-        Command::P2p(command) => p2p::run(&settings, command).await,
+        Command::P2p(command) => p2p::run(command).await,
         Command::Reconcile(command) => p2p::reconcile(&settings, command).await,
         Command::Catalog => {
             print!("{}", paybus_catalog::markdown_table());
@@ -493,4 +515,88 @@ pub(crate) async fn looking_back(
         .fetch_one(conn)
         .await?;
     Ok((from, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every subcommand, however deep, with its path (`paybus dead-letters approve`).
+    fn every_command() -> Vec<(String, clap::Command)> {
+        fn walk(path: String, command: &clap::Command, into: &mut Vec<(String, clap::Command)>) {
+            for sub in command.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                into.push((sub_path.clone(), sub.clone()));
+                walk(sub_path, sub, into);
+            }
+        }
+        let mut commands = Vec::new();
+        let mut root = Cli::command();
+        root.build();
+        walk("paybus".to_owned(), &root, &mut commands);
+        commands
+    }
+
+    /// The commands that change something: each is a call to the admin API.
+    const CHANGING: &[&str] = &[
+        "paybus dead-letters replay",
+        "paybus dead-letters archive",
+        "paybus dead-letters approve",
+        "paybus dead-letters execute",
+        "paybus approvals approve",
+        "paybus approvals execute",
+        "paybus jobs retry",
+        "paybus functions pause",
+        "paybus functions resume",
+        "paybus p2p recheck",
+        "paybus secrets rotate-key",
+    ];
+
+    #[test]
+    fn no_command_takes_an_actor_and_no_help_mentions_one() {
+        let commands = every_command();
+        assert!(
+            commands.len() > 40,
+            "the walk found too little: {}",
+            commands.len()
+        );
+        for (path, mut command) in commands {
+            let actor_args: Vec<_> = command
+                .get_arguments()
+                .filter(|arg| {
+                    arg.get_id() == "actor"
+                        || arg.get_long() == Some("actor")
+                        || arg.get_env().is_some_and(|env| env == "USER")
+                })
+                .map(|arg| arg.get_id().to_string())
+                .collect();
+            assert!(actor_args.is_empty(), "{path} takes {actor_args:?}");
+            let help = command.render_long_help().to_string();
+            assert!(!help.contains("--actor"), "{path} --help:\n{help}");
+        }
+    }
+
+    #[test]
+    fn every_changing_command_calls_the_api_and_says_which() {
+        let commands = every_command();
+        for changing in CHANGING {
+            let (_, command) = commands
+                .iter()
+                .find(|(path, _)| path == changing)
+                .unwrap_or_else(|| panic!("{changing} is not a command"));
+            assert!(
+                command
+                    .get_arguments()
+                    .any(|arg| arg.get_long() == Some("api")),
+                "{changing} has no --api"
+            );
+            let help = command.clone().render_long_help().to_string();
+            assert!(
+                help.contains("PAYBUS_API_URL"),
+                "{changing} --help:\n{help}"
+            );
+        }
+    }
 }

@@ -3,7 +3,9 @@
 //! - `paybus p2p recheck <id>`: an IN_DOUBT deposit order (createTrade's outcome stayed
 //!   unknown after every check) back to PENDING, due now, so match-deposit asks the quote
 //!   service once more under the same key: the trade is settled if it exists, the liquidity
-//!   released if the service says it does not. Exit 1 when the order is not IN_DOUBT.
+//!   released if the service says it does not (`POST
+//!   /v1/admin/p2p/deposit-orders/{id}/recheck`, as the signed-in person). Exit 1 when the
+//!   order is not IN_DOUBT.
 //! - `paybus reconcile quotes [--since 24h]`: the quote service's trades against paybus's
 //!   settled fills (orphan trades, missing trades, mismatches) and the fills in doubt; exit 1
 //!   on any discrepancy.
@@ -11,17 +13,18 @@
 use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
-use paybus_p2p::{MatchingConfig, deposit_order, quote::QuoteClient, reconcile};
+use paybus_p2p::{MatchingConfig, quote::QuoteClient, reconcile};
 use paybus_platform::{Settings, db};
+
+use crate::api_client::{ApiArgs, ApiClient};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum P2pCommand {
     /// Ask the quote service again about an IN_DOUBT order's fill (same key): PENDING, due now.
     Recheck {
         id: u64,
-        /// Who asks (kept in the ops log).
-        #[arg(long, env = "USER", default_value = "cli")]
-        actor: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
@@ -35,25 +38,17 @@ pub enum ReconcileCommand {
     },
 }
 
-pub async fn run(settings: &Settings, command: P2pCommand) -> anyhow::Result<ExitCode> {
-    let P2pCommand::Recheck { id, actor } = command;
-    let pool = db::connect(&settings.database).await?;
-    if deposit_order::recheck(&pool, id, &actor).await? {
-        println!(
-            "deposit order {id}: PENDING, due now; match-deposit asks the quote service again \
-             under the same key"
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut conn = pool.acquire().await?;
-    match deposit_order::find(&mut conn, id).await? {
-        Some(order) => eprintln!(
-            "deposit order {id} is {}, not IN_DOUBT: nothing changed",
-            order.status
-        ),
-        None => eprintln!("deposit order {id} does not exist"),
-    }
-    Ok(ExitCode::FAILURE)
+pub async fn run(command: P2pCommand) -> anyhow::Result<ExitCode> {
+    let P2pCommand::Recheck { id, api } = command;
+    let client = ApiClient::connect(&api).await?;
+    client
+        .post(&format!("/v1/admin/p2p/deposit-orders/{id}/recheck"), None)
+        .await?;
+    println!(
+        "deposit order {id}: PENDING, due now; match-deposit asks the quote service again under \
+         the same key"
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn reconcile(settings: &Settings, command: ReconcileCommand) -> anyhow::Result<ExitCode> {

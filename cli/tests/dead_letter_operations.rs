@@ -1,24 +1,22 @@
-//! `paybus dead-letters` operations as a real process: one SIGKILLed mid-operation is resumed
-//! by `execute` and every letter is acted on once; under four-eyes the CLI stops at the
-//! operation until someone else approves it.
+//! `paybus dead-letters` operations as real processes, the command line calling a real `paybus
+//! serve` as people: one killed mid-operation is resumed by `execute` and every letter is acted
+//! on once; under four-eyes the command line stops at the operation, the requester's own
+//! approval is refused (403), and someone else's lets it run.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
+
+mod api_process;
 
 use std::{
     process::{Command, Output, Stdio},
     time::Duration,
 };
 
+use api_process::ApiProcess;
 use paybus_platform::{
     bus::{Envelope, OutgoingMessage, dead_letter::record_given_up},
     testing::{TestEnv, eventually},
 };
 use sqlx::MySqlPool;
-
-fn paybus(env: &TestEnv) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
-    command.envs(env.env_vars());
-    command
-}
 
 fn run(command: &mut Command) -> Output {
     command.output().expect("run paybus")
@@ -73,12 +71,13 @@ async fn an_operation_killed_mid_way_is_resumed_by_execute_and_acts_on_each_lett
     let env = TestEnv::new().await;
     let _services = env.services(&paybus_catalog::queues()).await;
     safe_letters(&env.db, 6).await;
+    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await;
 
-    // Two letters a second: the kill lands between letters.
-    let mut replaying = paybus(&env)
+    // Two letters a second, two a call: the kill lands between letters.
+    let mut replaying = api
+        .cli_as(&env, "alice")
         .args(["dead-letters", "replay", "--yes", "--per-second", "2"])
         .args(GROUP)
-        .env("PAYBUS_FOUR_EYES", "off")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -109,9 +108,17 @@ async fn an_operation_killed_mid_way_is_resumed_by_execute_and_acts_on_each_lett
         .await
         .unwrap();
 
-    let resumed = run(paybus(&env).args(["dead-letters", "execute", &id, "--per-second", "100"]));
+    let resumed = run(api.cli_as(&env, "alice").args([
+        "dead-letters",
+        "execute",
+        &id,
+        "--per-second",
+        "100",
+    ]));
     assert!(resumed.status.success(), "{resumed:?}");
-    let again = run(paybus(&env).args(["dead-letters", "execute", &id]));
+    let again = run(api
+        .cli_as(&env, "alice")
+        .args(["dead-letters", "execute", &id]));
     assert!(again.status.success(), "{again:?}");
 
     assert_eq!(scalar(&env.db, SENT).await, 6, "each letter re-sent once");
@@ -136,11 +143,13 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
     let env = TestEnv::new().await;
     let _services = env.services(&paybus_catalog::queues()).await;
     safe_letters(&env.db, 2).await;
+    // Four-eyes as deployed: the API's default guards replays.
+    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", None)]).await;
 
-    let requested = run(paybus(&env)
-        .args(["dead-letters", "replay", "--yes", "--actor", "alice"])
-        .args(GROUP)
-        .env_remove("PAYBUS_FOUR_EYES"));
+    let requested = run(api
+        .cli_as(&env, "alice")
+        .args(["dead-letters", "replay", "--yes"])
+        .args(GROUP));
     let stdout = String::from_utf8_lossy(&requested.stdout);
     assert!(requested.status.success(), "{requested:?}");
     assert!(
@@ -152,36 +161,87 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
         0,
         "nothing sent before the approval"
     );
-    let (id, hash): (String, String) =
-        sqlx::query_as("SELECT id, content_hash FROM dead_letter_operations")
+    let (id, hash, requested_by): (String, String, String) =
+        sqlx::query_as("SELECT id, content_hash, requested_by FROM dead_letter_operations")
             .fetch_one(&env.db)
             .await
             .unwrap();
+    assert_eq!(requested_by, "alice", "the API's person, not a flag");
+    assert!(
+        stdout.contains(&format!("paybus dead-letters approve {id} --hash {hash}\n")),
+        "the line for someone else, with nothing to fill in: {stdout}"
+    );
 
-    let early = run(paybus(&env).args(["dead-letters", "execute", &id]));
-    assert!(!early.status.success(), "not approved yet: {early:?}");
-    let own = run(paybus(&env).args([
-        "dead-letters",
-        "approve",
-        &id,
-        "--hash",
-        &hash,
-        "--actor",
-        "alice",
-    ]));
-    assert!(!own.status.success(), "self-approval: {own:?}");
-    assert!(String::from_utf8_lossy(&own.stderr).contains("another ADMIN must approve it"));
-    let approved = run(paybus(&env).args([
-        "dead-letters",
-        "approve",
-        &id,
-        "--hash",
-        &hash,
-        "--actor",
-        "bob",
-    ]));
+    let early = run(api
+        .cli_as(&env, "alice")
+        .args(["dead-letters", "execute", &id]));
+    assert_eq!(early.status.code(), Some(1), "not approved yet: {early:?}");
+    let own =
+        run(api
+            .cli_as(&env, "alice")
+            .args(["dead-letters", "approve", &id, "--hash", &hash]));
+    let refusal = String::from_utf8_lossy(&own.stderr);
+    assert_eq!(own.status.code(), Some(1), "self-approval: {own:?}");
+    assert!(
+        refusal.contains("another ADMIN must approve it") && refusal.contains("403 Forbidden"),
+        "{refusal}"
+    );
+    let approved =
+        run(api
+            .cli_as(&env, "bob")
+            .args(["dead-letters", "approve", &id, "--hash", &hash]));
     assert!(approved.status.success(), "{approved:?}");
-    let executed = run(paybus(&env).args(["dead-letters", "execute", &id, "--actor", "alice"]));
+    assert!(
+        String::from_utf8_lossy(&approved.stdout).contains("approved by bob (requested by alice)"),
+        "{approved:?}"
+    );
+    let executed = run(api
+        .cli_as(&env, "alice")
+        .args(["dead-letters", "execute", &id]));
     assert!(executed.status.success(), "{executed:?}");
     assert_eq!(scalar(&env.db, SENT).await, 2);
+    let (approved_by, executed_by): (String, String) =
+        sqlx::query_as("SELECT approved_by, executed_by FROM dead_letter_operations")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        (approved_by.as_str(), executed_by.as_str()),
+        ("bob", "alice")
+    );
+}
+
+#[tokio::test]
+async fn an_archive_is_the_apis_and_puts_every_selected_letter_aside_as_the_person() {
+    let env = TestEnv::new().await;
+    let _services = env.services(&paybus_catalog::queues()).await;
+    safe_letters(&env.db, 3).await;
+    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await;
+
+    let archived = run(api
+        .cli_as(&env, "alice")
+        .args(["dead-letters", "archive"])
+        .args(GROUP));
+
+    assert!(archived.status.success(), "{archived:?}");
+    assert!(
+        String::from_utf8_lossy(&archived.stdout).contains("3 letter(s) acted on"),
+        "{archived:?}"
+    );
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM dead_letters WHERE status = 'ARCHIVED'"
+        )
+        .await,
+        3
+    );
+    assert_eq!(scalar(&env.db, SENT).await, 0, "an archive sends nothing");
+    let archivers: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT actor FROM ops_log WHERE action = 'dead_letter.archive'",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(archivers, ["alice"]);
 }

@@ -1,23 +1,24 @@
 //! `paybus jobs` as operators run it: the list of jobs waiting for a retry or for ops, one job
-//! as JSON, and the retry of a FAILED job (exit 1, nothing changed, for any other state).
+//! as JSON (from the database), and the retry of a FAILED job through a real `paybus serve` as
+//! the person whose token the command line holds (exit 1, nothing changed, for any other
+//! state); under four-eyes, the retry waits for someone else's `paybus approvals approve`.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
+use std::process::Command;
+
+use api_process::ApiProcess;
 use paybus_bonuses::{
     BonusRules,
     charge::PaymentGateway,
     completion,
     testing::{self},
 };
-use paybus_platform::testing::TestEnv;
+use paybus_platform::{bus::Services, testing::TestEnv};
 
-fn paybus(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
-        .args(args)
-        .envs(env.env_vars())
-        // One operator acts alone here; four-eyes has its own test (approvals.rs).
-        .env("PAYBUS_FOUR_EYES", "off")
-        .output()
-        .expect("run paybus");
+fn run(command: &mut Command, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = command.args(args).output().expect("run paybus");
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -25,10 +26,9 @@ fn paybus(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-#[tokio::test]
-async fn ops_list_show_and_retry_bonus_jobs() {
-    let env = TestEnv::new().await;
-    let services = env.services(&[]).await;
+/// Three completed purchases' bonus jobs: one PENDING, one FAILED (3 retries, "gateway down"),
+/// one gone (as a DONE one would be from the list).
+async fn jobs(env: &TestEnv, services: &Services) -> (u64, u64) {
     testing::active_event(&env.db, "cli 10%", 10, 9).await;
     let mut jobs = Vec::new();
     for _ in 0..3 {
@@ -55,18 +55,27 @@ async fn ops_list_show_and_retry_bonus_jobs() {
         .execute(&env.db)
         .await
         .unwrap();
+    (pending, failed)
+}
 
-    let (listed, all, _) = paybus(&env, &["jobs", "list"]);
-    let (_, only_failed, _) = paybus(&env, &["jobs", "list", "--status", "FAILED"]);
-    let (_, paged, _) = paybus(&env, &["jobs", "list", "--limit", "1"]);
-    let (shown, json, _) = paybus(&env, &["jobs", "show", &failed.to_string()]);
-    let (retried, said, _) = paybus(
-        &env,
-        &["jobs", "retry", &failed.to_string(), "--actor", "carol"],
-    );
-    let (again, _, refused) = paybus(&env, &["jobs", "retry", &failed.to_string()]);
-    let (logged, log, _) = paybus(&env, &["ops-log"]);
-    let (bad_status, _, _) = paybus(&env, &["jobs", "list", "--status", "DONE"]);
+#[tokio::test]
+async fn ops_list_show_and_retry_bonus_jobs() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[]).await;
+    let (pending, failed) = jobs(&env, &services).await;
+    // One operator acts alone here; four-eyes has its own test below.
+    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await;
+    let paybus = |args: &[&str]| run(&mut api.cli(&env), args);
+    let carol = |args: &[&str]| run(&mut api.cli_as(&env, "carol"), args);
+
+    let (listed, all, _) = paybus(&["jobs", "list"]);
+    let (_, only_failed, _) = paybus(&["jobs", "list", "--status", "FAILED"]);
+    let (_, paged, _) = paybus(&["jobs", "list", "--limit", "1"]);
+    let (shown, json, _) = paybus(&["jobs", "show", &failed.to_string()]);
+    let (retried, said, _) = carol(&["jobs", "retry", &failed.to_string()]);
+    let (again, _, refused) = carol(&["jobs", "retry", &failed.to_string()]);
+    let (logged, log, _) = paybus(&["ops-log"]);
+    let (bad_status, _, _) = paybus(&["jobs", "list", "--status", "DONE"]);
 
     assert_eq!(listed, Some(0));
     let ids: Vec<u64> = all
@@ -93,8 +102,11 @@ async fn ops_list_show_and_retry_bonus_jobs() {
     assert_eq!(retried, Some(0), "{said}");
     assert!(said.contains("PENDING again"), "{said}");
     assert_eq!(again, Some(1));
-    assert!(refused.contains("is PENDING, not FAILED"), "{refused}");
-    // The retry is in the ops log under --actor; the refused one is not.
+    assert!(
+        refused.contains("is PENDING, not FAILED") && refused.contains("409 Conflict"),
+        "{refused}"
+    );
+    // The retry is in the ops log under the token's person; the refused one is not.
     assert_eq!(logged, Some(0));
     let entries: Vec<Vec<&str>> = log
         .lines()
@@ -116,5 +128,66 @@ async fn ops_list_show_and_retry_bonus_jobs() {
         bad_status,
         Some(2),
         "clap refuses a status the list never holds"
+    );
+}
+
+#[tokio::test]
+async fn under_four_eyes_a_retry_waits_for_someone_elses_approval_through_the_cli() {
+    let env = TestEnv::new().await;
+    let services = env.services(&[]).await;
+    let (_, failed) = jobs(&env, &services).await;
+    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", Some("job-retry"))]).await;
+    let alice = |args: &[&str]| run(&mut api.cli_as(&env, "alice"), args);
+    let bob = |args: &[&str]| run(&mut api.cli_as(&env, "bob"), args);
+
+    let (asked, said, _) = alice(&["jobs", "retry", &failed.to_string()]);
+    assert_eq!(asked, Some(0), "{said}");
+    let approval: String = sqlx::query_scalar("SELECT id FROM ops_approvals")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert!(
+        said.contains(&format!("paybus approvals approve {approval}\n")),
+        "{said}"
+    );
+    let status = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM charge_event_job WHERE id = ?")
+            .bind(failed)
+            .fetch_one(&env.db)
+            .await
+            .unwrap()
+    };
+    assert_eq!(status().await, "FAILED", "held, not run");
+
+    let (own, _, refusal) = alice(&["approvals", "approve", &approval]);
+    assert_eq!(own, Some(1));
+    assert!(
+        refusal.contains("another ADMIN must approve it") && refusal.contains("403 Forbidden"),
+        "{refusal}"
+    );
+    let (approved, said, _) = bob(&["approvals", "approve", &approval]);
+    assert_eq!(approved, Some(0), "{said}");
+    assert!(said.contains("approved by bob"), "{said}");
+    let (executed, said, _) = alice(&["approvals", "execute", &approval]);
+    assert_eq!(executed, Some(0), "{said}");
+    assert!(said.contains("is EXECUTED"), "{said}");
+    assert_eq!(status().await, "PENDING");
+
+    let actions: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, action FROM ops_log ORDER BY seq")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+    let actions: Vec<(&str, &str)> = actions
+        .iter()
+        .map(|(actor, action)| (actor.as_str(), action.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("alice", "approval.request"),
+            ("bob", "approval.approve"),
+            ("alice", "bonus_job.retry"),
+        ]
     );
 }

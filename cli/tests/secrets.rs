@@ -1,8 +1,12 @@
 //! The secrets at rest as operators handle them: `paybus migrate` seals plaintext partner
 //! webhook secrets (and refuses without a key while any is left), `paybus secrets rotate-key`
-//! re-seals the rows under an old key with the new one.
+//! has a real `paybus serve`, configured with the new key and the old one, re-seal the rows
+//! under the old key with the new one.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
+use api_process::ApiProcess;
 use paybus_platform::testing::{SECRETS_KEY, TestEnv};
 
 const NEW_KEY: &str = "6e6577206b6579206f66207468652074657374732c2033322062797465732121";
@@ -71,17 +75,38 @@ async fn migrate_seals_plaintext_secrets_only_with_a_key_and_rotate_key_moves_th
     let old_ids = key_ids(&env).await;
     assert_eq!(old_ids.len(), 2);
 
-    let rotate = [
-        ("PAYBUS_SECRETS_KEY", NEW_KEY),
-        ("PAYBUS_SECRETS_OLD_KEYS", SECRETS_KEY),
-    ];
-    let first = paybus(&env, &["secrets", "rotate-key"], &rotate);
-    let second = paybus(&env, &["secrets", "rotate-key"], &rotate);
-    let new_only = paybus(
+    let rotating = ApiProcess::start_with(
         &env,
-        &["secrets", "rotate-key"],
-        &[("PAYBUS_SECRETS_KEY", SECRETS_KEY)],
-    );
+        &[
+            ("PAYBUS_SECRETS_KEY", Some(NEW_KEY)),
+            ("PAYBUS_SECRETS_OLD_KEYS", Some(SECRETS_KEY)),
+        ],
+    )
+    .await;
+    let rotate = || {
+        rotating
+            .cli_as(&env, "alice")
+            .args(["secrets", "rotate-key"])
+            .output()
+            .unwrap()
+    };
+    let first = rotate();
+    let second = rotate();
+    drop(rotating);
+    // An API given the old key alone, after the rows moved to the new one.
+    let old_key_only = ApiProcess::start_with(
+        &env,
+        &[
+            ("PAYBUS_SECRETS_KEY", Some(SECRETS_KEY)),
+            ("PAYBUS_SECRETS_OLD_KEYS", None),
+        ],
+    )
+    .await;
+    let new_only = old_key_only
+        .cli_as(&env, "alice")
+        .args(["secrets", "rotate-key"])
+        .output()
+        .unwrap();
 
     assert!(first.status.success(), "{}", text(&first));
     assert!(
@@ -90,6 +115,19 @@ async fn migrate_seals_plaintext_secrets_only_with_a_key_and_rotate_key_moves_th
         text(&first)
     );
     assert!(text(&second).contains(": 0 row(s)"), "{}", text(&second));
+    let logged: Vec<(String, String)> = sqlx::query_as(
+        "SELECT actor, subject FROM ops_log WHERE action = 'secrets.rotate_key' ORDER BY seq",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(logged.len(), 2, "one row a run: {logged:?}");
+    assert!(
+        logged
+            .iter()
+            .all(|(actor, subject)| actor == "alice" && subject.starts_with("secrets_key:")),
+        "{logged:?}"
+    );
     let new_ids = key_ids(&env).await;
     assert!(
         new_ids
@@ -97,7 +135,12 @@ async fn migrate_seals_plaintext_secrets_only_with_a_key_and_rotate_key_moves_th
             .all(|id| id == &new_ids[0] && !old_ids.contains(id))
     );
     // Without the key that sealed them, the rows cannot be re-sealed: a clear failure.
-    assert!(!new_only.status.success());
+    assert_eq!(new_only.status.code(), Some(1));
+    assert!(
+        text(&new_only).contains("409 Conflict"),
+        "{}",
+        text(&new_only)
+    );
     assert!(
         text(&new_only).contains("neither PAYBUS_SECRETS_KEY nor one of PAYBUS_SECRETS_OLD_KEYS"),
         "{}",

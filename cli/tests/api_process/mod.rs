@@ -1,6 +1,7 @@
 //! The real `paybus serve` binary on a free loopback port, against a test's own database and
-//! vhost, with every secret set; and the Python tools of the black-box tests (schemathesis,
-//! playwright), which `infra/browser/install.sh` installs into `.local/venv`.
+//! vhost, with every secret set; the `paybus` command line pointed at it as one person; and the
+//! Python tools of the black-box tests (schemathesis, playwright), which
+//! `infra/browser/install.sh` installs into `.local/venv`.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::{
@@ -13,6 +14,10 @@ use paybus_platform::testing::{TestEnv, free_port};
 
 pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-black-box-tests";
 
+/// The switch that lets the API take tokens signed with `PAYBUS_ADMIN_JWT_SECRET` (break-glass;
+/// how these tests mint a person's token): set for every process the tests start.
+const BREAK_GLASS: (&str, &str) = ("PAYBUS_BREAK_GLASS", "on");
+
 /// `paybus serve`, killed when dropped.
 pub struct ApiProcess {
     pub base_url: String,
@@ -22,11 +27,19 @@ pub struct ApiProcess {
 impl ApiProcess {
     /// Starts the binary and waits until `/health` answers (at most 30 s).
     pub async fn start(env: &TestEnv) -> Self {
+        Self::start_with(env, &[]).await
+    }
+
+    /// [`start`](Self::start) with `vars` changed in its environment: set to `Some`, removed
+    /// for `None` (four-eyes off, other secrets keys, ...).
+    pub async fn start_with(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Self {
         let port = free_port();
         let log = std::env::var("TEST_LOG").map_or_else(|_| Stdio::null(), |_| Stdio::inherit());
-        let child = Command::new(env!("CARGO_BIN_EXE_paybus"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        command
             .arg("serve")
             .envs(env.env_vars())
+            .env(BREAK_GLASS.0, BREAK_GLASS.1)
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
             .env(
@@ -44,7 +57,14 @@ impl ApiProcess {
             // Deposit orders go to match-deposit through the broker, as deployed. With inline
             // matching and no quote service, creating one answers the documented 503, which
             // the fuzzer rightly counts as a server error.
-            .env("PAYBUS_ASYNC_MATCHING_ENABLED", "true")
+            .env("PAYBUS_ASYNC_MATCHING_ENABLED", "true");
+        for (name, value) in vars {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -77,7 +97,8 @@ impl ApiProcess {
         let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
         command
             .args(["token", "issue", "--subject", subject, "--ttl", "1h"])
-            .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET);
+            .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
+            .env(BREAK_GLASS.0, BREAK_GLASS.1);
         for role in roles {
             command.args(["--role", role]);
         }
@@ -87,6 +108,30 @@ impl ApiProcess {
             .expect("utf-8")
             .trim()
             .to_owned()
+    }
+
+    /// `paybus` as `subject`, an ADMIN (a token of theirs in `PAYBUS_TOKEN`), calling this API;
+    /// the reads it makes go to `env`'s database.
+    pub fn cli_as(&self, env: &TestEnv, subject: &str) -> Command {
+        let mut command = self.cli(env);
+        command.env("PAYBUS_TOKEN", self.token_of(subject, &["ADMIN"]));
+        command
+    }
+
+    /// `paybus` calling this API with no token of its own: no `PAYBUS_TOKEN`, and a config
+    /// folder that holds no sign-in unless the test puts one there.
+    pub fn cli(&self, env: &TestEnv) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        command
+            .envs(env.env_vars())
+            .env(BREAK_GLASS.0, BREAK_GLASS.1)
+            .env("PAYBUS_API_URL", &self.base_url)
+            .env_remove("PAYBUS_TOKEN")
+            .env(
+                "XDG_CONFIG_HOME",
+                std::env::temp_dir().join("paybus-tests-no-sign-in"),
+            );
+        command
     }
 }
 
