@@ -7,8 +7,9 @@
 # Local mode: when PAYBUS_ADMIN_JWT_SECRET, PAYBUS_CHAIN_MONITOR_SECRET or PAYBUS_SECRETS_KEY
 # (the key partner webhook secrets are sealed with) is unset, development secrets are
 # generated once into the git-ignored state folder
-# (.local/dev-secrets.env) and used, so the admin API and the intake answer from the first
-# request; an ADMIN token and an example session are printed. Production never runs this
+# (.local/dev-secrets.env) and used, break-glass tokens are switched on (no identity provider
+# runs locally), so the admin API and the intake answer from the first request; a break-glass
+# ADMIN token and an example session are printed. Production never runs this
 # script: there an unset secret keeps its route closed (503).
 set -euo pipefail
 
@@ -42,8 +43,11 @@ if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} || 
   while IFS='=' read -r name value; do
     [[ -n ${!name:-} ]] || export "$name=$value"
   done <"$secrets"
-  # One developer is both people of a four-eyes approval here: off unless asked for.
+  # One developer is both people of a four-eyes approval here: off unless asked for. No
+  # identity provider runs locally: the printed token is a break-glass one, and every action
+  # taken with it is marked so (PAYBUS_OIDC_ISSUER signs people in instead).
   export PAYBUS_FOUR_EYES="${PAYBUS_FOUR_EYES:-off}"
+  export PAYBUS_BREAK_GLASS="${PAYBUS_BREAK_GLASS:-true}"
   token=$("$paybus" token issue --role ADMIN --subject dev --ttl 12h)
   api="http://${PAYBUS_HTTP_ADDR:-127.0.0.1:8080}"
   cat <<EXAMPLE
@@ -53,7 +57,8 @@ if [[ -z ${PAYBUS_ADMIN_JWT_SECRET:-} || -z ${PAYBUS_CHAIN_MONITOR_SECRET:-} || 
    PAYBUS_CHAIN_MONITOR_SECRET=$PAYBUS_CHAIN_MONITOR_SECRET
    PAYBUS_SECRETS_KEY=$PAYBUS_SECRETS_KEY
    PAYBUS_PARTNER_KEY_HASH_KEY=$PAYBUS_PARTNER_KEY_HASH_KEY
-   an ADMIN token for 12 h (more: $paybus token issue --role ADMIN|OPS):
+   a break-glass ADMIN token for 12 h (more: $paybus token issue --role ADMIN|OPS; the CLI
+   takes it as PAYBUS_TOKEN):
    $token
 
 == Try W2 from another shell once "paybus running" shows below (paste as is):

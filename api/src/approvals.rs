@@ -23,6 +23,7 @@ use axum::{
 use paybus_bonuses::job::{self, OpsRetry};
 use paybus_markets::suspension::{self, Resumed};
 use paybus_platform::{
+    actor::Actor,
     approvals::{self, Approval, ApprovalError, Guarded, Turn},
     bus::Outbox,
 };
@@ -30,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::{ApiError, AppState, auth::Claims};
+use crate::{ApiError, AppState, auth::Caller};
 
 #[derive(utoipa::OpenApi)]
 #[openapi(paths(list, show, approve, execute))]
@@ -48,7 +49,9 @@ pub(crate) fn into_api(error: ApprovalError) -> ApiError {
     match error {
         ApprovalError::Database(e) => ApiError::Database(e),
         ApprovalError::NotFound(_) => ApiError::NotFound(error.to_string()),
-        ApprovalError::SelfApproval(_) => ApiError::NotYours(error.to_string()),
+        ApprovalError::SelfApproval(_) | ApprovalError::NotAPerson(_) => {
+            ApiError::NotYours(error.to_string())
+        }
         ApprovalError::State { .. } | ApprovalError::Contended { .. } => {
             ApiError::Conflict(error.to_string())
         }
@@ -70,7 +73,7 @@ impl IntoResponse for Held {
 /// action and subject, awaiting approval or approved); `None` when the action may run now.
 pub(crate) async fn held(
     state: &AppState,
-    claims: &Claims,
+    caller: &Caller,
     action: Guarded,
     subject: &str,
 ) -> Result<Option<Held>, ApiError> {
@@ -78,9 +81,15 @@ pub(crate) async fn held(
         return Ok(None);
     }
     let mut conn = state.pool.acquire().await?;
-    let approval = approvals::request(&mut conn, action, subject, &claims.sub, state.four_eyes.ttl)
-        .await
-        .map_err(into_api)?;
+    let approval = approvals::request(
+        &mut conn,
+        action,
+        subject,
+        &caller.actor,
+        state.four_eyes.ttl,
+    )
+    .await
+    .map_err(into_api)?;
     Ok(Some(Held(approval)))
 }
 
@@ -91,7 +100,7 @@ pub async fn run(
     outbox: &Outbox,
     action: Guarded,
     subject: &str,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Value, ApiError> {
     let bad_subject = || ApiError::BadRequest(format!("{action} cannot act on {subject:?}"));
     match action {
@@ -210,12 +219,12 @@ async fn show(
 )]
 async fn approve(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Approval>, ApiError> {
     let id = approval_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let approved = approvals::approve(&mut conn, id, &claims.sub)
+    let approved = approvals::approve(&mut conn, id, &caller.actor)
         .await
         .map_err(into_api)?;
     Ok(Json(approved))
@@ -254,12 +263,12 @@ impl Executed {
 )]
 async fn execute(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Executed>, ApiError> {
     let id = approval_id(id)?;
     Ok(Json(
-        execute_approval(&state.outbox, id, &claims.sub).await?,
+        execute_approval(&state.outbox, id, &caller.actor).await?,
     ))
 }
 
@@ -269,7 +278,7 @@ async fn execute(
 pub async fn execute_approval(
     outbox: &Outbox,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Executed, ApiError> {
     let claim = {
         let mut conn = outbox.pool().acquire().await?;

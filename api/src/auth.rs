@@ -1,10 +1,21 @@
-//! Who may call the admin API: bearer tokens that carry roles and expire (docs/operations.md).
+//! Who may call the admin API, and as whom (docs/api.md, "Who may call").
 //!
-//! A token is an HS256 JWT signed with `PAYBUS_ADMIN_JWT_SECRET`, with claims `sub` (who),
-//! `roles` (`OPS` reads, `ADMIN` changes and reads) and `exp`. `paybus token issue` mints
-//! one. Reads (GET, HEAD) need OPS or ADMIN, anything else ADMIN. A missing, malformed,
-//! tampered or expired token is 401; a valid token without the role is 403; no secret
-//! configured closes the admin API (503). Only HS256 is accepted (never `alg: none`).
+//! A caller presents a bearer token; who they are is what the token's issuer vouches for:
+//!
+//! - **A person**: an access token of the company's OpenID Connect provider
+//!   (`PAYBUS_OIDC_ISSUER`), verified by [`crate::oidc::Verifier`] (asymmetric signature with a
+//!   key of the provider's JWKS, `iss`, `aud`, `exp`, `nbf`); their roles come from a claim the
+//!   configuration maps. They act as (issuer, subject).
+//! - **Break-glass**: an HS256 token signed with the shared `PAYBUS_ADMIN_JWT_SECRET` (`paybus
+//!   token issue`), accepted only while `PAYBUS_BREAK_GLASS` is on. Whoever holds the secret can
+//!   mint any name with any role, so such a caller is marked wherever it acts (the ops log's
+//!   `auth_method`, `paybus_break_glass_requests_total`, the overview, a WARN per request) and is
+//!   never one of four eyes.
+//!
+//! Reads (GET, HEAD) need OPS or ADMIN, anything else ADMIN. A missing, malformed, forged,
+//! expired or foreign token is 401; a valid one without the role 403; neither a provider nor
+//! break-glass configured closes the admin API (503), as does a provider that cannot be
+//! reached for its keys.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,12 +26,13 @@ use axum::{
     response::Response,
 };
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, errors::ErrorKind};
+use paybus_platform::actor::Actor;
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, oidc::Refused};
 
 paybus_platform::column_enum! {
-    /// What a token lets its bearer do.
+    /// What a caller may do.
     pub enum Role {
         /// Reads: the views of every workflow, dead letters, the audit.
         Ops,
@@ -29,10 +41,25 @@ paybus_platform::column_enum! {
     }
 }
 
-/// A token's claims.
+/// Who is calling, and what they may do: what every admin handler acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub actor: Actor,
+    pub roles: Vec<Role>,
+    /// When the credential it presented expires, unix seconds.
+    pub expires_at: u64,
+}
+
+impl Caller {
+    pub fn allows(&self, needed: Role) -> bool {
+        self.roles.contains(&Role::Admin) || self.roles.contains(&needed)
+    }
+}
+
+/// A break-glass token's claims (`paybus token issue`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
-    /// Who holds it (for the log).
+    /// The name its holder gave (nobody vouches for it).
     pub sub: String,
     pub roles: Vec<Role>,
     /// Expiry, unix seconds.
@@ -40,13 +67,7 @@ pub struct Claims {
     pub iat: u64,
 }
 
-impl Claims {
-    fn allows(&self, needed: Role) -> bool {
-        self.roles.contains(&Role::Admin) || self.roles.contains(&needed)
-    }
-}
-
-/// Mints a token for `subject` with `roles`, valid for `ttl`.
+/// Mints a break-glass token for `subject` with `roles`, valid for `ttl`.
 pub fn issue(
     secret: &str,
     subject: &str,
@@ -75,7 +96,8 @@ pub fn sign(secret: &str, claims: &Claims) -> Result<String, jsonwebtoken::error
     )
 }
 
-/// Checks `token`: signature, algorithm and expiry (no leeway: an expired token is refused).
+/// Checks a break-glass `token`: signature, algorithm and expiry (no leeway: an expired token
+/// is refused).
 pub fn verify(secret: &str, token: &str) -> Result<Claims, ApiError> {
     let mut validation = Validation::new(Algorithm::HS256);
     validation.leeway = 0;
@@ -98,51 +120,133 @@ pub(crate) async fn require_role(
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    // The console's own calls come with the session's caller already (`console::actions`):
+    // only its role is checked. Nothing from outside can put one there.
+    if let Some(caller) = request.extensions().get::<Caller>() {
+        let needed = needed_role(request.method());
+        if !caller.allows(needed) {
+            return Err(ApiError::Forbidden(needed));
+        }
+        return Ok(next.run(request).await);
+    }
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    let claims = authorize(&state, presented, request.method(), request.uri().path())?;
-    // Handlers that record who acted (dead-letter replays) read the claims.
-    request.extensions_mut().insert(claims);
+        .map(|(_, token)| token.trim().to_owned());
+    let caller = authorize(
+        &state,
+        presented.as_deref(),
+        request.method(),
+        request.uri().path(),
+    )
+    .await?;
+    request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
 }
 
+fn needed_role(method: &Method) -> Role {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        Role::Ops
+    } else {
+        Role::Admin
+    }
+}
+
+/// Who `token` names, whatever it may do.
+pub(crate) async fn identify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+    let algorithm = jsonwebtoken::decode_header(token)
+        .map_err(|_| ApiError::BadToken("invalid token"))?
+        .alg;
+    if algorithm == Algorithm::HS256 {
+        return break_glass(state, token);
+    }
+    let Some(verifier) = state.oidc.as_ref() else {
+        return Err(ApiError::BadToken(
+            "invalid token: no identity provider is configured (PAYBUS_OIDC_ISSUER)",
+        ));
+    };
+    let vouched = verifier
+        .verify(token)
+        .await
+        .map_err(|refused| match refused {
+            Refused::ProviderUnavailable => {
+                ApiError::Disabled("the identity provider cannot be reached; retry later")
+            }
+            Refused::Expired => ApiError::BadToken("expired token"),
+            Refused::NotYetValid => ApiError::BadToken("invalid token: not valid yet"),
+            Refused::Algorithm => {
+                ApiError::BadToken("invalid token: its algorithm is not accepted")
+            }
+            Refused::UnknownKey => {
+                ApiError::BadToken("invalid token: its key is not the provider's")
+            }
+            Refused::NotForUs => ApiError::BadToken(
+                "invalid token: issued by another issuer or for another audience",
+            ),
+            Refused::Invalid => ApiError::BadToken("invalid token"),
+        })?;
+    Ok(Caller {
+        actor: Actor::person(&vouched.issuer, &vouched.subject, &vouched.name),
+        roles: vouched.roles,
+        expires_at: vouched.expires_at,
+    })
+}
+
+/// A break-glass token's holder, while break-glass is on.
+fn break_glass(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+    let Some(secret) = state
+        .admin_jwt_secret
+        .as_ref()
+        .filter(|_| state.break_glass)
+    else {
+        return Err(ApiError::BadToken(
+            "break-glass tokens are not accepted here (PAYBUS_BREAK_GLASS is off): sign in \
+             with the identity provider",
+        ));
+    };
+    let claims = verify(secret.expose(), token)?;
+    paybus_platform::bus::metrics::record_break_glass();
+    tracing::warn!(sub = %claims.sub, "break-glass token used");
+    Ok(Caller {
+        actor: Actor::break_glass(&claims.sub),
+        roles: claims.roles,
+        expires_at: claims.exp,
+    })
+}
+
 /// May the bearer of `token` send `method` to `path`? The one rule, for the admin API and
-/// the console: no secret configured 503, no or a bad token 401, a missing role 403.
-pub(crate) fn authorize(
+/// the console: no way to authenticate configured 503, no or a bad token 401, a missing role
+/// 403.
+pub(crate) async fn authorize(
     state: &AppState,
     token: Option<&str>,
     method: &Method,
     path: &str,
-) -> Result<Claims, ApiError> {
-    let Some(secret) = state.admin_jwt_secret.as_ref() else {
+) -> Result<Caller, ApiError> {
+    if state.oidc.is_none() && !(state.break_glass && state.admin_jwt_secret.is_some()) {
         return Err(ApiError::Disabled(
-            "admin API disabled: PAYBUS_ADMIN_JWT_SECRET is not set",
+            "admin API disabled: configure the identity provider (PAYBUS_OIDC_ISSUER), or \
+             break-glass tokens (PAYBUS_BREAK_GLASS with PAYBUS_ADMIN_JWT_SECRET)",
         ));
-    };
+    }
     let Some(token) = token else {
         return Err(ApiError::BadToken(
             "missing admin token: send Authorization: Bearer <token>",
         ));
     };
-    let claims = verify(secret.expose(), token).inspect_err(|_| {
-        tracing::warn!(%path, "admin request with a bad token");
+    let caller = identify(state, token).await.inspect_err(|error| {
+        tracing::warn!(%path, %error, "admin request refused");
     })?;
-    let needed = if matches!(*method, Method::GET | Method::HEAD) {
-        Role::Ops
-    } else {
-        Role::Admin
-    };
-    if !claims.allows(needed) {
-        tracing::warn!(sub = %claims.sub, %path, %needed, "admin request without the role");
+    let needed = needed_role(method);
+    if !caller.allows(needed) {
+        tracing::warn!(actor = %caller.actor.name, %path, %needed, "admin request without the role");
         return Err(ApiError::Forbidden(needed));
     }
-    tracing::debug!(sub = %claims.sub, "admin request");
-    Ok(claims)
+    tracing::debug!(actor = %caller.actor.name, "admin request");
+    Ok(caller)
 }
 
 #[cfg(test)]
@@ -210,15 +314,14 @@ mod tests {
 
     #[test]
     fn admin_implies_ops() {
-        let claims = |roles: Vec<Role>| Claims {
-            sub: "x".into(),
+        let caller = |roles: Vec<Role>| Caller {
+            actor: Actor::person("https://idp.example", "x", "x"),
             roles,
-            exp: 0,
-            iat: 0,
+            expires_at: 0,
         };
-        assert!(claims(vec![Role::Admin]).allows(Role::Ops));
-        assert!(claims(vec![Role::Ops]).allows(Role::Ops));
-        assert!(!claims(vec![Role::Ops]).allows(Role::Admin));
-        assert!(!claims(vec![]).allows(Role::Ops));
+        assert!(caller(vec![Role::Admin]).allows(Role::Ops));
+        assert!(caller(vec![Role::Ops]).allows(Role::Ops));
+        assert!(!caller(vec![Role::Ops]).allows(Role::Admin));
+        assert!(!caller(vec![]).allows(Role::Ops));
     }
 }

@@ -42,9 +42,19 @@ pub const VAR_CHAIN_MONITOR_SECRET: Setting = Setting {
 pub const VAR_ADMIN_JWT_SECRET: Setting = Setting {
     name: "PAYBUS_ADMIN_JWT_SECRET",
     default: "unset",
-    about: "key of the admin API's role tokens (HS256, ≥ 32 chars); unset: admin API answers \
-            503 (`infra/run.sh` generates a development one). Tokens: `paybus token issue \
-            --role OPS\\|ADMIN --ttl 8h`",
+    about: "key of break-glass tokens (HS256, ≥ 32 chars), taken only while \
+            `PAYBUS_BREAK_GLASS` is on (`infra/run.sh` generates a development one). Tokens: \
+            `paybus token issue --role OPS\\|ADMIN --ttl 8h`",
+};
+pub const VAR_BREAK_GLASS: Setting = Setting {
+    name: "PAYBUS_BREAK_GLASS",
+    default: "`false`",
+    about: "`true`: the admin API also takes tokens signed with `PAYBUS_ADMIN_JWT_SECRET` \
+            (`paybus token issue`), for when no identity provider can be used (local mode, a \
+            first deployment, a provider outage). Whoever holds the secret can mint any name, \
+            so every such action is marked break-glass (the ops log, \
+            `paybus_break_glass_requests_total`, the overview) and none can request or approve \
+            a four-eyes action. `infra/run.sh`'s local mode sets it",
 };
 pub const VAR_PAYMENTS_SECRET: Setting = Setting {
     name: "PAYBUS_PAYMENTS_SECRET",
@@ -68,6 +78,7 @@ pub const SETTINGS: &[Setting] = &[
     VAR_MAX_CONNECTIONS,
     VAR_CHAIN_MONITOR_SECRET,
     VAR_ADMIN_JWT_SECRET,
+    VAR_BREAK_GLASS,
     VAR_PAYMENTS_SECRET,
     VAR_ASYNC_MATCHING_ENABLED,
 ];
@@ -82,6 +93,10 @@ pub struct ApiConfig {
     /// The key admin role tokens are signed with (HS256, at least 32 bytes). Unset: the admin
     /// API is closed.
     pub admin_jwt_secret: Option<Secret>,
+    /// Whether tokens signed with `admin_jwt_secret` are accepted (`PAYBUS_BREAK_GLASS`).
+    pub break_glass: bool,
+    /// The identity provider people sign in with (`PAYBUS_OIDC_*`). None: only break-glass.
+    pub oidc: Option<crate::oidc::OidcConfig>,
     /// Shared secret the payment service signs gateway completions with (webhooks and verify
     /// calls, W3). Unset: the payment routes refuse everything (503).
     pub payments_secret: Option<Secret>,
@@ -110,6 +125,8 @@ impl Default for ApiConfig {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             chain_monitor_secret: None,
             admin_jwt_secret: None,
+            break_glass: false,
+            oidc: None,
             payments_secret: None,
             bonus_rules: BonusRules::default(),
             async_matching_enabled: false,
@@ -138,6 +155,8 @@ impl ApiConfig {
             )?,
             chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
             admin_jwt_secret: env.secret(VAR_ADMIN_JWT_SECRET, 32)?,
+            break_glass: env.switch(VAR_BREAK_GLASS)?,
+            oidc: crate::oidc::OidcConfig::read(env)?,
             payments_secret: env.secret(VAR_PAYMENTS_SECRET, 16)?,
             bonus_rules: BonusRules::read(env)?,
             async_matching_enabled: env.switch(VAR_ASYNC_MATCHING_ENABLED)?,

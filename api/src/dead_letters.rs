@@ -35,7 +35,7 @@ use paybus_dead_letter_ops::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
+use crate::{ApiError, AppState, admin::path_id, auth::Caller, body::JsonBody};
 
 pub(crate) const MAX_LIMIT: u32 = letter::MAX_PAGE;
 /// A replay answers within the request: 100 letters at 10 a second is ten seconds.
@@ -67,7 +67,9 @@ pub(crate) fn into_api(error: DeadLetterError) -> ApiError {
             ApiError::NotFound(format!("dead letter {id} does not exist"))
         }
         DeadLetterError::OperationNotFound(_) => ApiError::NotFound(error.to_string()),
-        DeadLetterError::SelfApproval(_) => ApiError::NotYours(error.to_string()),
+        DeadLetterError::SelfApproval(_) | DeadLetterError::NotAPerson(_) => {
+            ApiError::NotYours(error.to_string())
+        }
         DeadLetterError::OperationState { .. }
         | DeadLetterError::OperationTampered(_)
         | DeadLetterError::NothingSelected => ApiError::Conflict(error.to_string()),
@@ -306,7 +308,7 @@ pub(crate) fn per_second(per_second: Option<f64>) -> Result<f64, ApiError> {
 /// letters of the selection beyond `limit`, for another call.
 async fn request_and_execute(
     state: &AppState,
-    claims: &Claims,
+    caller: &Caller,
     action: OperationAction,
     selection: &Selection,
     options: ExecuteOptions,
@@ -317,7 +319,7 @@ async fn request_and_execute(
             &state.dead_letters,
             action,
             selection,
-            &claims.sub,
+            &caller.actor,
             options.limit,
             &state.four_eyes,
         )
@@ -331,7 +333,7 @@ async fn request_and_execute(
         &state.outbox,
         &state.dead_letters,
         requested.operation.id,
-        &claims.sub,
+        &caller.actor,
         options,
         |_| {},
     )
@@ -355,7 +357,7 @@ async fn request_and_execute(
 )]
 async fn replay(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     JsonBody(request): JsonBody<ReplayRequest>,
 ) -> Result<ActionAnswer, ApiError> {
     let selection = selection(request.ids, request.group)?;
@@ -372,7 +374,7 @@ async fn replay(
     };
     request_and_execute(
         &state,
-        &claims,
+        &caller,
         OperationAction::Replay,
         &selection,
         options,
@@ -402,7 +404,7 @@ struct ArchiveRequest {
 )]
 async fn archive(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     JsonBody(request): JsonBody<ArchiveRequest>,
 ) -> Result<ActionAnswer, ApiError> {
     let selection = selection(request.ids, request.group)?;
@@ -413,7 +415,7 @@ async fn archive(
     };
     request_and_execute(
         &state,
-        &claims,
+        &caller,
         OperationAction::Archive,
         &selection,
         options,

@@ -17,7 +17,7 @@ use paybus_platform::bus::pauses::{self, Pause};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{ApiError, AppState, auth::Claims, body::JsonBody};
+use crate::{ApiError, AppState, auth::Caller, body::JsonBody};
 
 /// The functions' part of the OpenAPI document (see `crate::openapi`).
 #[derive(utoipa::OpenApi)]
@@ -96,7 +96,7 @@ fn catalog_name(
 )]
 async fn pause(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     name: Result<Path<String>, PathRejection>,
     JsonBody(request): JsonBody<PauseRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -108,7 +108,7 @@ async fn pause(
         ));
     }
     let mut conn = state.pool.acquire().await?;
-    let paused_now = pauses::pause(&mut conn, name, &claims.sub, reason).await?;
+    let paused_now = pauses::pause(&mut conn, name, &caller.actor, reason).await?;
     Ok(Json(
         json!({ "function": name, "paused": true, "paused_now": paused_now }),
     ))
@@ -124,12 +124,12 @@ async fn pause(
 )]
 async fn resume(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let name = catalog_name(&state, name)?;
     let mut conn = state.pool.acquire().await?;
-    let resumed_now = pauses::resume(&mut conn, name, &claims.sub).await?;
+    let resumed_now = pauses::resume(&mut conn, name, &caller.actor).await?;
     Ok(Json(
         json!({ "function": name, "paused": false, "resumed_now": resumed_now }),
     ))

@@ -37,6 +37,7 @@ mod dead_letters;
 pub mod error;
 mod functions;
 mod markets;
+pub mod oidc;
 pub mod openapi;
 mod ops_log;
 mod overview;
@@ -90,9 +91,13 @@ pub struct AppState {
     pub outbox: Outbox,
     /// `PAYBUS_CHAIN_MONITOR_SECRET`. None: the intake answers 503 to everything.
     pub chain_monitor_secret: Option<Secret>,
-    /// `PAYBUS_ADMIN_JWT_SECRET`, the key of the admin role tokens. None: the admin API
-    /// answers 503 to everything.
+    /// `PAYBUS_ADMIN_JWT_SECRET`, the key of break-glass tokens (taken only with
+    /// `break_glass`).
     pub admin_jwt_secret: Option<Secret>,
+    /// `PAYBUS_BREAK_GLASS`: break-glass tokens are accepted.
+    pub break_glass: bool,
+    /// Verifies the identity provider's tokens (`PAYBUS_OIDC_*`); None: no provider.
+    pub oidc: Option<oidc::Verifier>,
     /// `PAYBUS_PAYMENTS_SECRET`. None: the payment completion routes answer 503.
     pub payments_secret: Option<Secret>,
     /// W3's payment completions (with its bonus rules), concurrent ones committed together.
@@ -138,6 +143,8 @@ impl AppState {
             outbox: services.outbox.clone(),
             chain_monitor_secret: config.chain_monitor_secret.clone(),
             admin_jwt_secret: config.admin_jwt_secret.clone(),
+            break_glass: config.break_glass,
+            oidc: config.oidc.clone().map(oidc::Verifier::new),
             payments_secret: config.payments_secret.clone(),
             completions: Completions::new(services.outbox.clone(), config.bonus_rules),
             signature_tolerance: signature::DEFAULT_TOLERANCE,
@@ -178,6 +185,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(openapi::routes())
+        .merge(oidc::route::routes())
         .merge(confirmations::intake_routes())
         .merge(bonuses::payment_routes())
         .merge(admin_routes(&state))
@@ -243,8 +251,19 @@ pub fn warn_about_closed_routes(state: &AppState) {
             "PAYBUS_PAYMENTS_SECRET is not set: the payment completion routes answer 503"
         );
     }
-    if state.admin_jwt_secret.is_none() {
-        tracing::warn!("PAYBUS_ADMIN_JWT_SECRET is not set: the admin API answers 503");
+    match (
+        &state.oidc,
+        state.break_glass && state.admin_jwt_secret.is_some(),
+    ) {
+        (None, false) => tracing::warn!(
+            "no identity provider (PAYBUS_OIDC_ISSUER) and no break-glass tokens \
+             (PAYBUS_BREAK_GLASS with PAYBUS_ADMIN_JWT_SECRET): the admin API answers 503"
+        ),
+        (_, true) => tracing::warn!(
+            "break-glass tokens are accepted (PAYBUS_BREAK_GLASS): whoever holds \
+             PAYBUS_ADMIN_JWT_SECRET can act under any name; every such action is marked"
+        ),
+        (Some(_), false) => {}
     }
     if state.partner_api.key_hash_key.is_none() {
         tracing::warn!("PAYBUS_PARTNER_KEY_HASH_KEY is not set: the partner API answers 503");

@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::{
-    ApiError, AppState, admin::path_id, amount::Amount, approvals, auth::Claims, body,
+    ApiError, AppState, admin::path_id, amount::Amount, approvals, auth::Caller, body,
     body::JsonBody, chain,
 };
 
@@ -267,7 +267,7 @@ struct SuspendRequest {
 #[tracing::instrument(skip_all, fields(symbol))]
 async fn suspend(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     symbol: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -283,7 +283,7 @@ async fn suspend(
         &symbol,
         request.note.as_deref(),
         &Plan::default(),
-        &claims.sub,
+        &caller.actor,
     )
     .await?;
     let status = if suspension.suspended_now {
@@ -312,11 +312,11 @@ async fn suspend(
 )]
 async fn resume(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     symbol: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let symbol = path_symbol(symbol)?;
-    guarded(&state, &claims, Guarded::MarketResume, &symbol).await
+    guarded(&state, &caller, Guarded::MarketResume, &symbol).await
 }
 
 /// A guarded market action (`Guarded::MarketResume`, `Guarded::SuspensionRetry`): held for a
@@ -324,7 +324,7 @@ async fn resume(
 /// it changes nothing, so it runs and says so), else run now.
 async fn guarded(
     state: &AppState,
-    claims: &Claims,
+    caller: &Caller,
     action: Guarded,
     symbol: &str,
 ) -> Result<Response, ApiError> {
@@ -335,12 +335,12 @@ async fn guarded(
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("market {symbol} not found")))?;
         if current.status == market::MarketStatus::Suspended
-            && let Some(held) = approvals::held(state, claims, action, &subject).await?
+            && let Some(held) = approvals::held(state, caller, action, &subject).await?
         {
             return Ok(held.into_response());
         }
     }
-    let done = approvals::run(&state.outbox, action, &subject, &claims.sub).await?;
+    let done = approvals::run(&state.outbox, action, &subject, &caller.actor).await?;
     Ok(Json(done).into_response())
 }
 
@@ -374,9 +374,9 @@ async fn show_progress(
 )]
 async fn retry_failed(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     symbol: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let symbol = path_symbol(symbol)?;
-    guarded(&state, &claims, Guarded::SuspensionRetry, &symbol).await
+    guarded(&state, &caller, Guarded::SuspensionRetry, &symbol).await
 }

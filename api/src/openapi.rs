@@ -16,7 +16,10 @@
 use axum::{Json, Router, routing::get};
 use utoipa::{
     Modify, OpenApi,
-    openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme},
+    openapi::security::{
+        ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, OpenIdConnect, SecurityRequirement,
+        SecurityScheme,
+    },
 };
 
 use crate::AppState;
@@ -41,8 +44,32 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::secrets::Doc::openapi(),
         crate::trace::route::Doc::openapi(),
         crate::overview::Doc::openapi(),
+        crate::oidc::route::Doc::openapi(),
     ] {
         document.merge(part);
+    }
+    let break_glass = SecurityRequirement::new("admin_token", Vec::<String>::new());
+    let person = SecurityRequirement::new("oidc", Vec::<String>::new());
+    // Every admin route takes a person's token as well as break-glass: declared once here
+    // rather than on each route's annotation.
+    for item in document.paths.paths.values_mut() {
+        for operation in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(security) = operation.security.as_mut()
+                && security.contains(&break_glass)
+                && !security.contains(&person)
+            {
+                security.insert(0, person.clone());
+            }
+        }
     }
     document
 }
@@ -58,8 +85,9 @@ pub(crate) fn routes() -> Router<AppState> {
     info(
         title = "paybus",
         description = "The paybus HTTP API: signed intake from the chain monitor and the payment \
-            service, the partner API (each partner's own API key), and the admin API (role \
-            tokens: OPS reads, ADMIN changes). Every error \
+            service, the partner API (each partner's own API key), and the admin API (a \
+            person's token from the identity provider, or a marked break-glass token; OPS \
+            reads, ADMIN changes). Every error \
             answer is JSON `{\"error\": \"...\"}`; amounts are decimal strings.",
         license(name = "MIT", identifier = "MIT")
     ),
@@ -84,6 +112,11 @@ pub(crate) fn routes() -> Router<AppState> {
 )]
 struct ApiDoc;
 
+/// The `oidc` scheme's discovery URL in the shipped document; the served one names the
+/// configured provider's.
+const OIDC_DISCOVERY_PLACEHOLDER: &str =
+    "https://identity-provider.example/.well-known/openid-configuration";
+
 /// `GET /openapi.json`.
 #[utoipa::path(
     get,
@@ -91,8 +124,21 @@ struct ApiDoc;
     tag = "service",
     responses((status = 200, description = "This document", body = Object))
 )]
-async fn serve() -> Json<utoipa::openapi::OpenApi> {
-    Json(document())
+async fn serve(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Json<utoipa::openapi::OpenApi> {
+    let mut document = document();
+    if let Some(provider) = state.oidc.as_ref()
+        && let Some(components) = document.components.as_mut()
+        && let Some(SecurityScheme::OpenIdConnect(scheme)) =
+            components.security_schemes.get_mut("oidc")
+    {
+        scheme.open_id_connect_url = format!(
+            "{}/.well-known/openid-configuration",
+            provider.config().issuer
+        );
+    }
+    Json(document)
 }
 
 /// The ways a caller proves who it is.
@@ -102,14 +148,26 @@ impl Modify for SecuritySchemes {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
+            "oidc",
+            SecurityScheme::OpenIdConnect(OpenIdConnect::with_description(
+                OIDC_DISCOVERY_PLACEHOLDER,
+                "A person's access token from the company's identity provider \
+                 (`PAYBUS_OIDC_ISSUER`; `paybus login`, or the console's sign-in), as a bearer \
+                 token; roles from the claim `PAYBUS_OIDC_ROLES_CLAIM` names: GET needs OPS or \
+                 ADMIN, anything else ADMIN. The served document names the configured \
+                 provider's discovery document",
+            )),
+        );
+        components.add_security_scheme(
             "admin_token",
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format("JWT")
                     .description(Some(
-                        "A role token from `paybus token issue` (HS256, signed with \
-                         PAYBUS_ADMIN_JWT_SECRET): GET needs OPS or ADMIN, anything else ADMIN",
+                        "Break-glass: a token from `paybus token issue` (HS256, signed with \
+                         PAYBUS_ADMIN_JWT_SECRET), taken only while PAYBUS_BREAK_GLASS is on; \
+                         every action with one is marked, and none is one of four eyes",
                     ))
                     .build(),
             ),

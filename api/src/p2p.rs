@@ -20,7 +20,7 @@ use paybus_p2p::{
 };
 use serde::Serialize;
 
-use crate::{ApiError, AppState, admin::path_id, amount::Amount, auth::Claims};
+use crate::{ApiError, AppState, admin::path_id, amount::Amount, auth::Caller};
 
 /// W1's part of the OpenAPI document (see `crate::openapi`).
 #[derive(utoipa::OpenApi)]
@@ -97,12 +97,12 @@ async fn show_deposit_order(
 #[tracing::instrument(skip_all, fields(deposit_order_id))]
 async fn recheck_deposit_order(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Json<DepositOrderView>, ApiError> {
     let id = path_id(id)?;
     tracing::Span::current().record("deposit_order_id", id);
-    if deposit_order::recheck(&state.pool, id, &claims.sub).await? {
+    if deposit_order::recheck(&state.pool, id, &caller.actor).await? {
         tracing::info!(
             deposit_order_id = id,
             "IN_DOUBT order re-armed: its trade is asked about again"

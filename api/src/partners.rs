@@ -10,7 +10,7 @@ use axum::{
 use paybus_partners::{NewPartner, Partner, partner, webhook_secrets::WebhookSecretError};
 use serde::Deserialize;
 
-use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
+use crate::{ApiError, AppState, admin::path_id, auth::Caller, body::JsonBody};
 
 /// This module's part of the OpenAPI document (see `crate::openapi`).
 #[derive(utoipa::OpenApi)]
@@ -55,7 +55,7 @@ struct CreatedPartner {
 #[tracing::instrument(skip_all, fields(partner_id))]
 async fn create(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     JsonBody(request): JsonBody<NewPartnerRequest>,
 ) -> Result<(StatusCode, Json<CreatedPartner>), ApiError> {
     let sealer = state.sealer.as_ref().ok_or(ApiError::Disabled(
@@ -68,7 +68,7 @@ async fn create(
     )
     .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut conn = state.pool.acquire().await?;
-    let created = partner::create(&mut conn, sealer, &new, &claims.sub)
+    let created = partner::create(&mut conn, sealer, &new, &caller.actor)
         .await
         .map_err(|e| match e {
             WebhookSecretError::Database(e) => ApiError::Database(e),

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::MySqlConnection;
 
-use crate::{ApiError, AppState, auth::Claims};
+use crate::{ApiError, AppState, auth::Caller};
 
 #[derive(utoipa::OpenApi)]
 #[openapi(paths(rotate_key))]
@@ -66,7 +66,7 @@ struct Rotation {
 #[tracing::instrument(skip_all)]
 async fn rotate_key(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
 ) -> Result<Json<Rotation>, ApiError> {
     let sealer = state.sealer.as_ref().ok_or(ApiError::Disabled(
         "PAYBUS_SECRETS_KEY is not set: there is no current key to re-seal with",
@@ -85,7 +85,7 @@ async fn rotate_key(
     ops_log::append(
         &mut conn,
         &ops_log::Entry {
-            actor: &claims.sub,
+            actor: &caller.actor,
             action: "secrets.rotate_key",
             subject: &format!("secrets_key:{}", sealer.current_key_id()),
             detail: &json!({

@@ -220,7 +220,7 @@ async fn creating_a_partner_is_logged_with_who_and_never_its_secret() {
     assert_eq!(
         api.ops_actions().await,
         [logged(
-            "tests",
+            "tests (break-glass)",
             "partner.create",
             &format!("partner:{partner_id}")
         )],

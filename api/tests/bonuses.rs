@@ -435,7 +435,7 @@ async fn retrying_a_failed_job_makes_it_due_now_and_publishes_its_message_at_onc
     assert_eq!(
         api.ops_actions().await,
         [logged(
-            "tests",
+            "tests (break-glass)",
             "bonus_job.retry",
             &format!("charge_event_job:{failed}")
         )]

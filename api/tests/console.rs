@@ -191,7 +191,7 @@ async fn a_retry_from_the_console_is_logged_under_the_session_s_subject() {
     assert_eq!(
         api.ops_actions().await,
         [logged(
-            "carol",
+            "carol (break-glass)",
             "bonus_job.retry",
             &format!("charge_event_job:{job}")
         )]

@@ -42,7 +42,7 @@ async fn admin_pauses_and_resumes_a_function_with_a_reason_and_ops_only_reads() 
     let (_, again) = api.call(admin_post(pause, &body)).await;
     assert_eq!(again["paused_now"], false);
     assert_eq!(
-        api.scalar("SELECT COUNT(*) FROM function_pauses WHERE function_name = 'confirm-withdrawal' AND paused_by = 'tests' AND reason = 'partner ledger migration'")
+        api.scalar("SELECT COUNT(*) FROM function_pauses WHERE function_name = 'confirm-withdrawal' AND paused_by = 'tests (break-glass)' AND reason = 'partner ledger migration'")
             .await,
         1
     );
@@ -86,8 +86,16 @@ async fn a_pause_and_a_resume_are_logged_once_each_with_who_and_why() {
     assert_eq!(
         api.ops_actions().await,
         [
-            logged("tests", "function.resume", "function:grant-bonus"),
-            logged("tests", "function.pause", "function:grant-bonus"),
+            logged(
+                "tests (break-glass)",
+                "function.resume",
+                "function:grant-bonus"
+            ),
+            logged(
+                "tests (break-glass)",
+                "function.pause",
+                "function:grant-bonus"
+            ),
         ]
     );
     let entries = api.ops_log().await;
@@ -95,6 +103,6 @@ async fn a_pause_and_a_resume_are_logged_once_each_with_who_and_why() {
         entries[1]["detail"],
         json!({"reason": "partner ledger migration"})
     );
-    assert_eq!(entries[0]["detail"]["paused_by"], "tests");
+    assert_eq!(entries[0]["detail"]["paused_by"], "tests (break-glass)");
     assert_eq!(entries[0]["prev_hash"], entries[1]["row_hash"]);
 }

@@ -87,9 +87,14 @@ async fn metrics_expose_paused_functions_and_the_age_of_the_auditors_last_pass()
     assert!(!text.contains("paybus_function_paused{"), "{text}");
 
     let mut conn = api.services.pool.acquire().await.unwrap();
-    paybus_platform::bus::pauses::pause(&mut conn, "grant-bonus", "alice", "maintenance")
-        .await
-        .unwrap();
+    paybus_platform::bus::pauses::pause(
+        &mut conn,
+        "grant-bonus",
+        &paybus_platform::testing::person("alice"),
+        "maintenance",
+    )
+    .await
+    .unwrap();
     Auditor::new(
         api.services.pool.clone(),
         paybus_catalog::audit_checks(),

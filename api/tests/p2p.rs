@@ -354,7 +354,7 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
     assert_eq!(
         actions[0],
         logged(
-            "tests",
+            "tests (break-glass)",
             "p2p_deposit_order.recheck",
             &format!("p2p_deposit_order:{id}")
         )
@@ -362,7 +362,11 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
     assert_eq!(actions[1].1, "partner_api_key.create");
     assert_eq!(
         actions[2],
-        logged("tests", "partner.create", &format!("partner:{partner}"))
+        logged(
+            "tests (break-glass)",
+            "partner.create",
+            &format!("partner:{partner}")
+        )
     );
     assert_eq!(actions.len(), 3, "{actions:?}");
 }

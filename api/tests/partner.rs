@@ -128,7 +128,7 @@ async fn a_key_is_shown_once_stored_hashed_and_refused_when_wrong() {
     assert_eq!(
         api.ops_actions().await[0],
         logged(
-            "tests",
+            "tests (break-glass)",
             "partner_api_key.create",
             &format!("partner_api_key:{key_id}")
         )

@@ -85,7 +85,7 @@ async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_fir
         paybus_platform::ops_log::append(
             &mut tx,
             &paybus_platform::ops_log::Entry {
-                actor: "alice",
+                actor: &paybus_platform::testing::person("alice"),
                 action: "function.pause",
                 subject: &format!("function:{function}"),
                 detail: &serde_json::json!({"reason": "maintenance"}),

@@ -165,6 +165,7 @@ async fn a_broker_alarm_shows_in_doctor_metrics_overview_and_log_until_it_clears
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET)
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
+            .env("PAYBUS_BREAK_GLASS", "true")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

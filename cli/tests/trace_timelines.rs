@@ -47,6 +47,7 @@ impl Paybus {
             .args(args)
             .envs(self.env.env_vars())
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
+            .env("PAYBUS_BREAK_GLASS", "true")
             .env("RUST_LOG", "warn");
         command
     }
@@ -226,6 +227,7 @@ async fn start() -> (Paybus, QuoteStub) {
             .envs(env.env_vars())
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
+            .env("PAYBUS_BREAK_GLASS", "true")
             .env("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_SECRET)
             .env("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET)
             .env(

@@ -352,6 +352,7 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
+            .env("PAYBUS_BREAK_GLASS", "true")
             .env(
                 "PAYBUS_SECRETS_KEY",
                 "7472616365732074696d656c696e6573206b65792c206e6f742061207265616c",
@@ -373,6 +374,7 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
             "1h",
         ])
         .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
+        .env("PAYBUS_BREAK_GLASS", "true")
         .output()
         .unwrap();
     assert!(issued.status.success(), "{issued:?}");

@@ -38,6 +38,8 @@ demo_database="${PAYBUS_DATABASE_URL##*/}"
 demo_database="${demo_database%%\?*}"
 
 export PAYBUS_ADMIN_JWT_SECRET="demo-admin-jwt-secret-0123456789abcdef"
+# The demos act with a break-glass token: no identity provider runs beside them.
+export PAYBUS_BREAK_GLASS=true
 export PAYBUS_CHAIN_MONITOR_SECRET="demo-chain-monitor-secret-0123"
 export PAYBUS_PAYMENTS_SECRET="demo-payments-secret-01234567"
 export PAYBUS_PARTNER_KEY_HASH_KEY="demo-partner-key-hash-key-0123456789abcdef"

@@ -684,7 +684,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &triager,
             OperationAction::Archive,
             &Selection::Ids(vec![letter]),
-            "alice",
+            &paybus_platform::testing::person("alice"),
             10,
             &paybus_platform::approvals::FourEyes::off(),
         )
@@ -694,7 +694,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &services.outbox,
             &triager,
             requested.operation.id,
-            "alice",
+            &paybus_platform::testing::person("alice"),
             paybus_dead_letter_ops::ExecuteOptions::default(),
             |_| {},
         )
@@ -781,9 +781,14 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
 
     // Paused before the process starts: not one delivery is taken.
     assert!(
-        pauses::pause(&mut conn, "canary", "alice", "maintenance")
-            .await
-            .unwrap()
+        pauses::pause(
+            &mut conn,
+            "canary",
+            &paybus_platform::testing::person("alice"),
+            "maintenance"
+        )
+        .await
+        .unwrap()
     );
     let (stop, run) = start_runner(&services);
     let before = insert_pings(&env, 20).await;
@@ -792,7 +797,15 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert_eq!(ponged(&env).await, 0);
     assert_eq!(queue_depth(&channel, "paybus.canary").await, 20);
 
-    assert!(pauses::resume(&mut conn, "canary", "alice").await.unwrap());
+    assert!(
+        pauses::resume(
+            &mut conn,
+            "canary",
+            &paybus_platform::testing::person("alice")
+        )
+        .await
+        .unwrap()
+    );
     let drained = eventually(Duration::from_secs(30), || async {
         ponged(&env).await == 20
     })
@@ -800,9 +813,14 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert!(drained);
 
     // Paused while consuming: it stops within the settle time and keeps what arrives.
-    pauses::pause(&mut conn, "canary", "alice", "again")
-        .await
-        .unwrap();
+    pauses::pause(
+        &mut conn,
+        "canary",
+        &paybus_platform::testing::person("alice"),
+        "again",
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(settle).await;
     let during = insert_pings(&env, 30).await;
     publish_pings(&services, &during).await;
@@ -811,12 +829,23 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert_eq!(queue_depth(&channel, "paybus.canary").await, 30);
     // A pause already there is not a second one.
     assert!(
-        !pauses::pause(&mut conn, "canary", "bob", "too")
-            .await
-            .unwrap()
+        !pauses::pause(
+            &mut conn,
+            "canary",
+            &paybus_platform::testing::person("bob"),
+            "too"
+        )
+        .await
+        .unwrap()
     );
 
-    pauses::resume(&mut conn, "canary", "alice").await.unwrap();
+    pauses::resume(
+        &mut conn,
+        "canary",
+        &paybus_platform::testing::person("alice"),
+    )
+    .await
+    .unwrap();
     let drained = eventually(Duration::from_secs(30), || async {
         ponged(&env).await == 50
     })
@@ -1346,7 +1375,7 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
     pauses::pause(
         &mut conn,
         "canary",
-        "alice",
+        &paybus_platform::testing::person("alice"),
         "the node is about to go silent",
     )
     .await
@@ -1361,7 +1390,13 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
     .await;
     assert!(recorder_consuming, "the dead-letter recorder consumes");
     node.stall();
-    pauses::resume(&mut conn, "canary", "alice").await.unwrap();
+    pauses::resume(
+        &mut conn,
+        "canary",
+        &paybus_platform::testing::person("alice"),
+    )
+    .await
+    .unwrap();
     // The pauses are read every second; then the canary asks for its channel.
     tokio::time::sleep(pauses::POLL_INTERVAL * 2).await;
 

@@ -117,7 +117,7 @@ async fn act_now(
         &TRIAGER,
         action,
         selection,
-        actor,
+        &paybus_platform::testing::person(actor),
         500,
         &Policy::off(),
     )
@@ -128,7 +128,7 @@ async fn act_now(
         &services.outbox,
         &TRIAGER,
         requested.operation.id,
-        actor,
+        &paybus_platform::testing::person(actor),
         fast(),
         |_| {},
     )
@@ -616,7 +616,7 @@ async fn requested(
         &TRIAGER,
         action,
         &group(),
-        actor,
+        &paybus_platform::testing::person(actor),
         500,
         policy,
     )
@@ -629,7 +629,15 @@ async fn execute_as(
     id: uuid::Uuid,
     actor: &str,
 ) -> Result<ExecutionReport, DeadLetterError> {
-    operation::execute(&services.outbox, &TRIAGER, id, actor, fast(), |_| {}).await
+    operation::execute(
+        &services.outbox,
+        &TRIAGER,
+        id,
+        &paybus_platform::testing::person(actor),
+        fast(),
+        |_| {},
+    )
+    .await
 }
 
 /// A confirmation of an in-flight withdrawal of `partner`, as it would be dead-lettered again
@@ -861,7 +869,7 @@ async fn a_groups_counts_stay_exact_under_concurrent_recordings_replays_and_arch
             &TRIAGER,
             action,
             &Selection::Ids(ids.to_vec()),
-            "alice",
+            &paybus_platform::testing::person("alice"),
             500,
             &Policy::off(),
         )
@@ -1016,7 +1024,7 @@ async fn a_recount_while_letters_are_recorded_and_archived_leaves_the_counts_exa
         &TRIAGER,
         OperationAction::Archive,
         &Selection::Ids(letters),
-        "alice",
+        &paybus_platform::testing::person("alice"),
         500,
         &Policy::off(),
     )
@@ -1154,12 +1162,24 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
         "{not_yet:?}"
     );
     let mut conn = pool.acquire().await.unwrap();
-    let own = operation::approve(&mut conn, operation.id, "alice", &operation.content_hash).await;
+    let own = operation::approve(
+        &mut conn,
+        operation.id,
+        &paybus_platform::testing::person("alice"),
+        &operation.content_hash,
+    )
+    .await;
     assert!(
         matches!(own, Err(DeadLetterError::SelfApproval(_))),
         "{own:?}"
     );
-    let wrong = operation::approve(&mut conn, operation.id, "bob", &"0".repeat(64)).await;
+    let wrong = operation::approve(
+        &mut conn,
+        operation.id,
+        &paybus_platform::testing::person("bob"),
+        &"0".repeat(64),
+    )
+    .await;
     assert!(
         matches!(wrong, Err(DeadLetterError::OperationState { .. })),
         "{wrong:?}"
@@ -1170,14 +1190,25 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
         "nothing ran before the approval"
     );
 
-    let approved = operation::approve(&mut conn, operation.id, "bob", &operation.content_hash)
-        .await
-        .unwrap();
+    let approved = operation::approve(
+        &mut conn,
+        operation.id,
+        &paybus_platform::testing::person("bob"),
+        &operation.content_hash,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (approved.status, approved.approved_by.as_deref()),
         (OperationStatus::Ready, Some("bob"))
     );
-    let twice = operation::approve(&mut conn, operation.id, "carol", &operation.content_hash).await;
+    let twice = operation::approve(
+        &mut conn,
+        operation.id,
+        &paybus_platform::testing::person("carol"),
+        &operation.content_hash,
+    )
+    .await;
     assert!(
         matches!(twice, Err(DeadLetterError::OperationState { .. })),
         "{twice:?}"
@@ -1252,7 +1283,13 @@ async fn an_expired_operation_can_be_neither_approved_nor_started() {
         .unwrap();
 
     let mut conn = pool.acquire().await.unwrap();
-    let approval = operation::approve(&mut conn, awaiting.id, "bob", &awaiting.content_hash).await;
+    let approval = operation::approve(
+        &mut conn,
+        awaiting.id,
+        &paybus_platform::testing::person("bob"),
+        &awaiting.content_hash,
+    )
+    .await;
     assert!(
         matches!(&approval, Err(DeadLetterError::OperationState { problem, .. }) if problem.contains("expired")),
         "{approval:?}"
@@ -1282,9 +1319,14 @@ async fn an_operation_whose_letters_were_changed_after_the_approval_does_not_run
     .await
     .operation;
     let mut conn = pool.acquire().await.unwrap();
-    operation::approve(&mut conn, operation.id, "bob", &operation.content_hash)
-        .await
-        .unwrap();
+    operation::approve(
+        &mut conn,
+        operation.id,
+        &paybus_platform::testing::person("bob"),
+        &operation.content_hash,
+    )
+    .await
+    .unwrap();
     // Someone with database access turns the letter that needs a human into a "safe" one.
     let changed = sqlx::query(
         "UPDATE dead_letter_operation_letters SET verdict = 'safe' \

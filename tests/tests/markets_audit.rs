@@ -33,10 +33,16 @@ fn reported(violations: Vec<Violation>) -> Vec<audit::Violation> {
 async fn suspended(env: &TestEnv, services: &Services, count: usize) -> (u64, u64, Vec<u64>) {
     let market_id = market(&env.db, "BTC").await;
     let orders = open_orders(&env.db, market_id, count).await;
-    let batch = suspension::suspend(&services.outbox, "BTC", None, &Plan::default(), "tests")
-        .await
-        .unwrap()
-        .batch_id;
+    let batch = suspension::suspend(
+        &services.outbox,
+        "BTC",
+        None,
+        &Plan::default(),
+        &paybus_platform::testing::person("tests"),
+    )
+    .await
+    .unwrap()
+    .batch_id;
     (market_id, batch, orders)
 }
 
@@ -79,10 +85,16 @@ async fn an_open_order_of_the_set_without_a_task_is_reported() {
         .execute(&env.db)
         .await
         .unwrap();
-    let batch_id = suspension::suspend(&services.outbox, "BTC", None, &Plan::default(), "tests")
-        .await
-        .unwrap()
-        .batch_id;
+    let batch_id = suspension::suspend(
+        &services.outbox,
+        "BTC",
+        None,
+        &Plan::default(),
+        &paybus_platform::testing::person("tests"),
+    )
+    .await
+    .unwrap()
+    .batch_id;
     sqlx::query(
         "INSERT INTO orders (id, market_id, account_id, side, price, quantity) \
          VALUES (?, ?, 1, 'BUY', 1, 1)",

@@ -47,6 +47,7 @@ impl Api {
         // One ADMIN drives the suspension tests: four-eyes has its own (api/tests/approvals.rs).
         let config = ApiConfig {
             admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
+            break_glass: true,
             four_eyes: paybus_platform::approvals::FourEyes::off(),
             ..ApiConfig::default()
         };

@@ -24,7 +24,11 @@ async fn append(pool: &MySqlPool, count: u64) {
         ops_log::append(
             &mut tx,
             &Entry {
-                actor: "alice",
+                actor: &paybus_platform::actor::Actor::person(
+                    "https://idp.example",
+                    "alice",
+                    "alice",
+                ),
                 action: "bonus_job.retry",
                 subject: &format!("charge_event_job:{n}"),
                 detail: &json!({ "n": n, "last_error": "quote service down" }),
@@ -122,6 +126,7 @@ async fn a_row_rewritten_with_a_recomputed_hash_breaks_the_next_link() {
         subject: &row.subject,
         detail: forged,
         prev_hash: &row.prev_hash,
+        identity: row.identity(),
     });
 
     sqlx::query("UPDATE ops_log SET detail = ?, row_hash = ? WHERE seq = 3")
@@ -245,10 +250,12 @@ async fn the_windowed_walk_checks_the_window_s_rows_and_leaves_older_ones_to_the
             subject: &row.subject,
             detail: &detail,
             prev_hash: &prev_hash,
+            identity: row.identity(),
         });
         sqlx::query(
             "INSERT INTO ops_log (seq, created_at, actor, action, subject, detail, prev_hash, \
-             row_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+             row_hash, actor_issuer, actor_subject, auth_method) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(row.seq)
         .bind(created_at)
@@ -258,6 +265,9 @@ async fn the_windowed_walk_checks_the_window_s_rows_and_leaves_older_ones_to_the
         .bind(&detail)
         .bind(&prev_hash)
         .bind(&hash)
+        .bind(&row.actor_issuer)
+        .bind(&row.actor_subject)
+        .bind(&row.auth_method)
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -329,7 +339,11 @@ async fn concurrent_appends_from_real_transactions_make_one_contiguous_chain() {
             let seq = ops_log::append(
                 &mut tx,
                 &Entry {
-                    actor: &format!("writer-{writer}"),
+                    actor: &paybus_platform::actor::Actor::person(
+                        "https://idp.example",
+                        &format!("writer-{writer}"),
+                        &format!("writer-{writer}"),
+                    ),
                     action: "function.pause",
                     subject: "function:canary",
                     detail: &json!({ "writer": writer }),
@@ -364,9 +378,14 @@ async fn an_action_rolled_back_leaves_no_row_and_one_committed_leaves_its_row() 
 
     let mut tx = env.db.begin().await.unwrap();
     assert!(
-        pauses::pause(&mut tx, "canary", "alice", "maintenance")
-            .await
-            .unwrap()
+        pauses::pause(
+            &mut tx,
+            "canary",
+            &paybus_platform::testing::person("alice"),
+            "maintenance"
+        )
+        .await
+        .unwrap()
     );
     tx.rollback().await.unwrap();
     assert_eq!(
@@ -381,12 +400,33 @@ async fn an_action_rolled_back_leaves_no_row_and_one_committed_leaves_its_row() 
 
     let mut conn = env.db.acquire().await.unwrap();
     assert!(
-        pauses::pause(&mut conn, "canary", "alice", "maintenance")
-            .await
-            .unwrap()
+        pauses::pause(
+            &mut conn,
+            "canary",
+            &paybus_platform::testing::person("alice"),
+            "maintenance"
+        )
+        .await
+        .unwrap()
     );
-    assert!(pauses::resume(&mut conn, "canary", "bob").await.unwrap());
-    assert!(!pauses::resume(&mut conn, "canary", "bob").await.unwrap());
+    assert!(
+        pauses::resume(
+            &mut conn,
+            "canary",
+            &paybus_platform::testing::person("bob")
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        !pauses::resume(
+            &mut conn,
+            "canary",
+            &paybus_platform::testing::person("bob")
+        )
+        .await
+        .unwrap()
+    );
 
     let logged: Vec<(String, String, String)> = ops_log::list(&mut conn, None, 10)
         .await

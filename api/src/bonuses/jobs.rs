@@ -20,7 +20,7 @@ use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus};
 use paybus_platform::approvals::Guarded;
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, AppState, admin::path_id, approvals, auth::Claims};
+use crate::{ApiError, AppState, admin::path_id, approvals, auth::Caller};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
@@ -126,7 +126,7 @@ pub(super) async fn show(
 #[tracing::instrument(skip_all, fields(job_id))]
 pub(super) async fn retry(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = path_id(id)?;
@@ -147,9 +147,9 @@ pub(super) async fn retry(
             )));
         }
     }
-    if let Some(held) = approvals::held(&state, &claims, Guarded::JobRetry, &subject).await? {
+    if let Some(held) = approvals::held(&state, &caller, Guarded::JobRetry, &subject).await? {
         return Ok(held.into_response());
     }
-    let retried = approvals::run(&state.outbox, Guarded::JobRetry, &subject, &claims.sub).await?;
+    let retried = approvals::run(&state.outbox, Guarded::JobRetry, &subject, &caller.actor).await?;
     Ok(Json(retried).into_response())
 }

@@ -80,7 +80,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                                         span.hint { "a duplicate of the open request: neither approved nor executed" }
                                     } @else if let Some(since) = a.executing_since {
                                         span.hint { "being executed since " (since.format("%H:%M:%S UTC")) }
-                                    } @else if a.status == ApprovalStatus::AwaitingApproval && a.requested_by != session.claims.sub {
+                                    } @else if a.status == ApprovalStatus::AwaitingApproval && !requested_by(&session.caller.actor, a.requested_by_issuer.as_deref(), a.requested_by_subject.as_deref()) {
                                         form method="post" action=(format!("/console/approvals/{}/approve", a.id)) { button type="submit" { "Approve" } }
                                     } @else if a.status == ApprovalStatus::AwaitingApproval {
                                         span.hint { "yours: another ADMIN approves it" }
@@ -130,7 +130,7 @@ async fn step(
         if step == "approve" {
             Flash::Done(format!(
                 "Approved by {}: it may be executed now.",
-                session.claims.sub
+                session.caller.actor.name
             ))
         } else {
             let result = &answer.body["result"];
@@ -142,4 +142,13 @@ async fn step(
         }
     });
     render(state, session, Some(flash)).await
+}
+
+/// Whether `actor` is the person recorded as a request's requester.
+pub(super) fn requested_by(
+    actor: &paybus_platform::actor::Actor,
+    issuer: Option<&str>,
+    subject: Option<&str>,
+) -> bool {
+    matches!((issuer, subject), (Some(issuer), Some(subject)) if actor.is(issuer, subject))
 }

@@ -69,8 +69,8 @@ pub(crate) fn page_with_head(
                             a href=(href) class=[(name == title).then_some("here")] { (name) }
                         }
                         span.who {
-                            (session.claims.sub) " ("
-                            @for (i, role) in session.claims.roles.iter().enumerate() {
+                            (session.caller.actor.name) " ("
+                            @for (i, role) in session.caller.roles.iter().enumerate() {
                                 @if i > 0 { ", " } (role)
                             }
                             ") "

@@ -143,7 +143,7 @@ fn buttons(detail: &OperationDetail, session: &Session) -> Markup {
             p.flash.warn { "This operation expired before it started: run the dry run again." }
         } @else if op.status == OperationStatus::AwaitingApproval {
             p.hint #awaiting { "Four-eyes: this " (op.action) " waits for a second ADMIN to approve exactly what is shown here." }
-            @if session.claims.sub == op.requested_by {
+            @if super::approvals::requested_by(&session.caller.actor, op.requested_by_issuer.as_deref(), op.requested_by_subject.as_deref()) {
                 p.hint { "You requested it: another ADMIN approves it from this page." }
             } @else {
                 form method="post" action=(format!("{}/approve", href(op.id))) {
@@ -186,7 +186,7 @@ pub(crate) async fn approve(
     let flash = answer.failure(&Method::POST, &path).unwrap_or_else(|| {
         Flash::Done(format!(
             "Approved by {}: it may run now.",
-            session.claims.sub
+            session.caller.actor.name
         ))
     });
     render(&state, &session, id, Some(flash), &[]).await

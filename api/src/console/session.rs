@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::{FormFields, layout};
 use crate::{
     ApiError, AppState,
-    auth::{self, Claims},
+    auth::{self, Caller},
 };
 
 /// The cookie that holds the token.
@@ -21,7 +21,7 @@ const COOKIE: &str = "paybus_console";
 /// A request whose token allows it: reads need OPS, actions ADMIN.
 pub(crate) struct Session {
     pub(crate) token: String,
-    pub(crate) claims: Claims,
+    pub(crate) caller: Caller,
 }
 
 impl FromRequestParts<AppState> for Session {
@@ -38,10 +38,10 @@ impl FromRequestParts<AppState> for Session {
             ));
         }
         let token = cookie(&parts.headers);
-        match auth::authorize(state, token.as_deref(), &parts.method, parts.uri.path()) {
-            Ok(claims) => Ok(Session {
+        match auth::authorize(state, token.as_deref(), &parts.method, parts.uri.path()).await {
+            Ok(caller) => Ok(Session {
                 token: token.unwrap_or_default(),
-                claims,
+                caller,
             }),
             Err(ApiError::BadToken(reason)) => {
                 let to = if token.is_some() {
@@ -138,11 +138,11 @@ pub(crate) async fn login(
         );
     }
     let token = form.get("token").unwrap_or_default().trim().to_owned();
-    match auth::authorize(&state, Some(&token), &Method::GET, "/console/login") {
-        Ok(claims) => {
+    match auth::authorize(&state, Some(&token), &Method::GET, "/console/login").await {
+        Ok(caller) => {
             let now = chrono::Utc::now().timestamp().max(0) as u64;
-            let max_age = claims.exp.saturating_sub(now);
-            tracing::info!(sub = %claims.sub, "console login");
+            let max_age = caller.expires_at.saturating_sub(now);
+            tracing::info!(actor = %caller.actor.name, "console login");
             let mut response = Redirect::to("/console").into_response();
             set_cookie(&mut response, &token, max_age);
             response

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{DEFAULT_REPLAY_LIMIT, GroupName, MAX_LIMIT, into_api, limit, per_second, selection};
-use crate::{ApiError, AppState, auth::Claims, body::JsonBody};
+use crate::{ApiError, AppState, auth::Caller, body::JsonBody};
 
 #[derive(utoipa::OpenApi)]
 #[openapi(paths(request, list, show, approve, execute))]
@@ -74,7 +74,7 @@ struct OperationRequest {
 )]
 async fn request(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<OperationRequest>,
 ) -> Result<(StatusCode, Json<OperationDetail>), ApiError> {
     let action: OperationAction = body
@@ -88,7 +88,7 @@ async fn request(
         &state.dead_letters,
         action,
         &selection,
-        &claims.sub,
+        &caller.actor,
         limit,
         &state.four_eyes,
     )
@@ -167,13 +167,13 @@ struct ApproveRequest {
 )]
 async fn approve(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
     JsonBody(body): JsonBody<ApproveRequest>,
 ) -> Result<Json<Operation>, ApiError> {
     let id = operation_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let approved = operation::approve(&mut conn, id, &claims.sub, &body.hash)
+    let approved = operation::approve(&mut conn, id, &caller.actor, &body.hash)
         .await
         .map_err(into_api)?;
     Ok(Json(approved))
@@ -197,7 +197,7 @@ struct ExecuteRequest {
 )]
 async fn execute(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
     JsonBody(body): JsonBody<ExecuteRequest>,
 ) -> Result<Json<ExecutionReport>, ApiError> {
@@ -210,7 +210,7 @@ async fn execute(
         &state.outbox,
         &state.dead_letters,
         id,
-        &claims.sub,
+        &caller.actor,
         options,
         |_| {},
     )

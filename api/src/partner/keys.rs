@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use paybus_platform::{
     Secret,
+    actor::Actor,
     ops_log::{self, Entry},
 };
 use serde::{Deserialize, Serialize};
@@ -32,7 +33,7 @@ use serde_json::json;
 use sha2::Sha256;
 use sqlx::{Connection, MySqlConnection};
 
-use crate::{ApiError, AppState, admin::path_id, auth::Claims, body::JsonBody};
+use crate::{ApiError, AppState, admin::path_id, auth::Caller, body::JsonBody};
 
 /// Every key starts with it, so a leaked key is recognisable (secret scanners, logs).
 pub const PREFIX: &str = "pbk_";
@@ -107,7 +108,7 @@ async fn insert(
     hash_key: &Secret,
     partner_id: u64,
     label: Option<&str>,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Option<Issued>, ApiError> {
     let exists: Option<u64> = sqlx::query_scalar("SELECT id FROM partners WHERE id = ?")
         .bind(partner_id)
@@ -125,7 +126,7 @@ async fn insert(
     .bind(partner_id)
     .bind(digest.to_vec())
     .bind(label)
-    .bind(actor)
+    .bind(actor.name.chars().take(100).collect::<String>())
     .execute(&mut *conn)
     .await?
     .last_insert_id();
@@ -215,7 +216,7 @@ fn label(raw: Option<&str>) -> Result<Option<String>, ApiError> {
 )]
 async fn create(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<u64>, PathRejection>,
     JsonBody(request): JsonBody<NewKeyRequest>,
 ) -> Result<(StatusCode, Json<Issued>), ApiError> {
@@ -224,10 +225,22 @@ async fn create(
     let label = label(request.label.as_deref())?;
     let mut conn = state.pool.acquire().await?;
     let mut tx = conn.begin().await?;
-    let issued = insert(&mut tx, hash_key, partner_id, label.as_deref(), &claims.sub)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} not found")))?;
-    log(&mut tx, &claims.sub, "partner_api_key.create", &issued.view).await?;
+    let issued = insert(
+        &mut tx,
+        hash_key,
+        partner_id,
+        label.as_deref(),
+        &caller.actor,
+    )
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} not found")))?;
+    log(
+        &mut tx,
+        &caller.actor,
+        "partner_api_key.create",
+        &issued.view,
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(
         partner_id,
@@ -239,7 +252,7 @@ async fn create(
 
 async fn log(
     conn: &mut MySqlConnection,
-    actor: &str,
+    actor: &Actor,
     action: &str,
     key: &KeyView,
 ) -> Result<(), sqlx::Error> {
@@ -312,7 +325,7 @@ fn key_path(path: Result<Path<(u64, u64)>, PathRejection>) -> Result<(u64, u64),
 )]
 async fn revoke(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(u64, u64)>, PathRejection>,
 ) -> Result<Json<KeyView>, ApiError> {
     let (partner_id, key_id) = key_path(path)?;
@@ -331,7 +344,7 @@ async fn revoke(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} has no key {key_id}")))?;
     if revoked == 1 {
-        log(&mut tx, &claims.sub, "partner_api_key.revoke", &key).await?;
+        log(&mut tx, &caller.actor, "partner_api_key.revoke", &key).await?;
         tracing::info!(partner_id, key_id, "partner API key revoked");
     }
     tx.commit().await?;
@@ -366,7 +379,7 @@ struct RotateRequest {
 )]
 async fn rotate(
     State(state): State<AppState>,
-    Extension(claims): Extension<Claims>,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(u64, u64)>, PathRejection>,
     JsonBody(request): JsonBody<RotateRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
@@ -406,11 +419,23 @@ async fn rotate(
         )));
     }
     let label = label(request.label.as_deref().or(old.label.as_deref()))?;
-    let issued = insert(&mut tx, hash_key, partner_id, label.as_deref(), &claims.sub)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} not found")))?;
-    log(&mut tx, &claims.sub, "partner_api_key.rotate_out", &old).await?;
-    log(&mut tx, &claims.sub, "partner_api_key.create", &issued.view).await?;
+    let issued = insert(
+        &mut tx,
+        hash_key,
+        partner_id,
+        label.as_deref(),
+        &caller.actor,
+    )
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} not found")))?;
+    log(&mut tx, &caller.actor, "partner_api_key.rotate_out", &old).await?;
+    log(
+        &mut tx,
+        &caller.actor,
+        "partner_api_key.create",
+        &issued.view,
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(
         partner_id,

@@ -17,7 +17,11 @@ use paybus_platform::{
     Secret,
     bus::Services,
     signature,
-    testing::{TestEnv, queue_depth},
+    testing::{
+        TestEnv,
+        oidc::{self, OidcProvider, OidcSetup},
+        queue_depth,
+    },
 };
 use serde_json::Value;
 use tower::ServiceExt;
@@ -55,6 +59,8 @@ pub struct Api {
     pub state: AppState,
     pub services: Services,
     pub env: TestEnv,
+    /// The identity provider people sign in with (`with_provider`), when the test has one.
+    pub provider: Option<std::sync::Arc<OidcProvider>>,
 }
 
 impl Api {
@@ -69,12 +75,56 @@ impl Api {
         Self::with(|config| config.four_eyes = paybus_platform::approvals::FourEyes::off()).await
     }
 
+    /// [`new`](Self::new) with a real identity provider (`testing::oidc`): people — alice and
+    /// bob (ADMIN), dave (OPS), carol (no role) — call with [`person`](Self::person)'s tokens.
+    /// `None` when the provider's tools are missing (the test is skipped; see `OidcProvider`).
+    pub async fn with_provider(configure: impl FnOnce(&mut ApiConfig)) -> Option<Self> {
+        let provider = OidcProvider::start(OidcSetup::default()).await?;
+        let mut api = Self::with(|config| {
+            config.oidc = Some(paybus_api::oidc::OidcConfig {
+                issuer: provider.issuer(),
+                audience: provider.audience().to_owned(),
+                roles_claim: "groups".to_owned(),
+                admin_values: vec![oidc::ADMINS_GROUP.to_owned()],
+                ops_values: vec![oidc::OPS_GROUP.to_owned()],
+                cli_client_id: oidc::CLI_CLIENT_ID.to_owned(),
+            });
+            configure(config);
+        })
+        .await;
+        api.provider = Some(std::sync::Arc::new(provider));
+        Some(api)
+    }
+
+    /// An access token of `user` (see [`with_provider`](Self::with_provider)), signed with the
+    /// provider's key as its own tokens are.
+    pub fn person(&self, user: &str) -> String {
+        let provider = self.provider.as_ref().expect("an API made with_provider");
+        provider.sign(provider.claims_for(user))
+    }
+
+    /// An ADMIN's token for `subject`: a person the provider vouches for, in the ADMIN group,
+    /// when the API has one (`with_provider`); else a break-glass token (four-eyes refuses
+    /// those).
+    pub fn admin(&self, subject: &str) -> String {
+        admin_token_of(self.provider.as_deref(), subject)
+    }
+
+    /// The issuer and subject `user`'s token names.
+    pub fn identity_of(&self, user: &str) -> (String, String) {
+        let provider = self.provider.as_ref().expect("an API made with_provider");
+        (provider.issuer(), user.to_owned())
+    }
+
     /// Secrets set, then `configure` may change the API's settings (e.g. unset one).
     pub async fn with(configure: impl FnOnce(&mut ApiConfig)) -> Self {
         let env = TestEnv::new().await;
         let mut config = ApiConfig {
             chain_monitor_secret: Some(Secret::new(MONITOR_SECRET)),
             admin_jwt_secret: Some(Secret::new(ADMIN_JWT_SECRET)),
+            // The tests' tokens are break-glass ones (`token`); four-eyes, which needs people
+            // the provider vouches for, runs with `with_provider`'s.
+            break_glass: true,
             payments_secret: Some(Secret::new(PAYMENTS_SECRET)),
             partner_api: paybus_api::partner::PartnerApiConfig {
                 key_hash_key: Some(Secret::new(PARTNER_KEY_HASH_KEY)),
@@ -92,6 +142,7 @@ impl Api {
             config,
             services,
             env,
+            provider: None,
         }
     }
 
@@ -273,6 +324,7 @@ pub struct Served {
     base: String,
     client: reqwest::Client,
     shutdown: tokio_util::sync::CancellationToken,
+    provider: Option<std::sync::Arc<OidcProvider>>,
 }
 
 impl Served {
@@ -292,6 +344,7 @@ impl Served {
             base,
             client: reqwest::Client::new(),
             shutdown,
+            provider: api.provider.clone(),
         }
     }
 
@@ -309,7 +362,7 @@ impl Served {
                 let request = self
                     .client
                     .post(format!("{}{path}", self.base))
-                    .bearer_auth(admin_of(admin))
+                    .bearer_auth(admin_token_of(self.provider.as_deref(), admin))
                     .header(header::CONTENT_TYPE, "application/json")
                     .body(body.to_string());
                 let start = start.clone();
@@ -339,13 +392,21 @@ impl Drop for Served {
     }
 }
 
-/// An ADMIN token of `subject`, valid for an hour (four-eyes needs two people).
-pub fn admin_of(subject: &str) -> String {
-    auth::issue(
-        ADMIN_JWT_SECRET,
-        subject,
-        &[Role::Admin],
-        std::time::Duration::from_secs(3600),
-    )
-    .expect("mint a test token")
+/// An ADMIN token of `subject`, valid for an hour: signed by `provider` (a person in the ADMIN
+/// group), or a break-glass one without a provider.
+fn admin_token_of(provider: Option<&OidcProvider>, subject: &str) -> String {
+    match provider {
+        Some(provider) => {
+            let mut claims = provider.claims_for(subject);
+            claims["groups"] = serde_json::json!([oidc::ADMINS_GROUP]);
+            provider.sign(claims)
+        }
+        None => auth::issue(
+            ADMIN_JWT_SECRET,
+            subject,
+            &[Role::Admin],
+            std::time::Duration::from_secs(3600),
+        )
+        .expect("mint a test token"),
+    }
 }

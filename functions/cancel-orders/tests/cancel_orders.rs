@@ -48,9 +48,15 @@ async fn suspended_market(
 ) -> (u64, u64, Vec<u64>) {
     let market_id = market(&env.db, symbol).await;
     let orders = open_orders(&env.db, market_id, count).await;
-    let suspended = suspension::suspend(&services.outbox, symbol, None, &Plan::default(), "tests")
-        .await
-        .unwrap();
+    let suspended = suspension::suspend(
+        &services.outbox,
+        symbol,
+        None,
+        &Plan::default(),
+        &paybus_platform::testing::person("tests"),
+    )
+    .await
+    .unwrap();
     (market_id, suspended.batch_id, orders)
 }
 
@@ -375,9 +381,15 @@ async fn materialisation_resumes_from_its_cursor_and_creates_each_task_once() {
         tasks_per_message: 16,
     };
 
-    let suspended = suspension::suspend(&services.outbox, "ETH", None, &plan, "tests")
-        .await
-        .unwrap();
+    let suspended = suspension::suspend(
+        &services.outbox,
+        "ETH",
+        None,
+        &plan,
+        &paybus_platform::testing::person("tests"),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (suspended.tasks_created_now, suspended.materialised),
         (100, false)
@@ -509,9 +521,15 @@ async fn a_consumer_killed_mid_run_resumes_when_restarted_and_cancels_nothing_tw
         },
     )));
     let running_jobs = tokio::spawn(jobs.run(shutdown.clone()));
-    let suspended = suspension::suspend(&services.outbox, "BTC", None, &Plan::default(), "tests")
-        .await
-        .unwrap();
+    let suspended = suspension::suspend(
+        &services.outbox,
+        "BTC",
+        None,
+        &Plan::default(),
+        &paybus_platform::testing::person("tests"),
+    )
+    .await
+    .unwrap();
     let batch_id = suspended.batch_id;
 
     let mut consumer = spawn_binary(&env);

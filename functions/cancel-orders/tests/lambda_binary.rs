@@ -27,9 +27,15 @@ async fn suspended(
 ) -> (u64, Envelope<CancelTasksCreated>) {
     let market_id = market(&env.db, symbol).await;
     open_orders(&env.db, market_id, 3).await;
-    let suspended = suspension::suspend(outbox, symbol, None, &Plan::default(), "tests")
-        .await
-        .unwrap();
+    let suspended = suspension::suspend(
+        outbox,
+        symbol,
+        None,
+        &Plan::default(),
+        &paybus_platform::testing::person("tests"),
+    )
+    .await
+    .unwrap();
     let task_ids: Vec<u64> =
         sqlx::query_scalar("SELECT id FROM tasks WHERE batch_id = ? ORDER BY id")
             .bind(suspended.batch_id)

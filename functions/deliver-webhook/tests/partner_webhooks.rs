@@ -175,7 +175,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
         &sealer(),
         partner_id,
         Duration::from_secs(3600),
-        "ops",
+        &paybus_platform::testing::person("ops"),
     )
     .await
     .unwrap();
@@ -208,8 +208,14 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
     assert!(!standard_signed_with(&requests[1], &old_key));
     assert!(standard_signed_with(&requests[1], &new_key));
     assert!(format!("{revealed:?}").contains("***"));
-    let unrelated =
-        webhook_secrets::rotate(&mut conn, &sealer(), 999_999, Duration::from_secs(1), "ops").await;
+    let unrelated = webhook_secrets::rotate(
+        &mut conn,
+        &sealer(),
+        999_999,
+        Duration::from_secs(1),
+        &paybus_platform::testing::person("ops"),
+    )
+    .await;
     assert!(matches!(
         unrelated,
         Err(webhook_secrets::WebhookSecretError::PartnerNotFound(
@@ -274,13 +280,29 @@ async fn a_410_disables_the_endpoint_parks_without_losing_the_notification_until
         "a parked delivery made no POST"
     );
 
-    let existed = partner::set_webhook_url(&mut conn, partner_id, Some(&healthy.uri()), "ops")
-        .await
-        .unwrap();
-    let missing = partner::set_webhook_url(&mut conn, 999_999, None, "ops")
-        .await
-        .unwrap();
-    let invalid = partner::set_webhook_url(&mut conn, partner_id, Some("ftp://x"), "ops").await;
+    let existed = partner::set_webhook_url(
+        &mut conn,
+        partner_id,
+        Some(&healthy.uri()),
+        &paybus_platform::testing::person("ops"),
+    )
+    .await
+    .unwrap();
+    let missing = partner::set_webhook_url(
+        &mut conn,
+        999_999,
+        None,
+        &paybus_platform::testing::person("ops"),
+    )
+    .await
+    .unwrap();
+    let invalid = partner::set_webhook_url(
+        &mut conn,
+        partner_id,
+        Some("ftp://x"),
+        &paybus_platform::testing::person("ops"),
+    )
+    .await;
     assert!(existed && !missing && invalid.is_err());
     let re_enabled = partner::find(&mut conn, partner_id).await.unwrap().unwrap();
     assert_eq!(re_enabled.webhook_disabled, None);

@@ -108,7 +108,7 @@ async fn the_reference_libraries_verify_deliveries_with_the_old_and_the_new_secr
         &sealer(),
         partner_id,
         Duration::from_secs(24 * 3600),
-        "ops",
+        &paybus_platform::testing::person("ops"),
     )
     .await
     .unwrap();

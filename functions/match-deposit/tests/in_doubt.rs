@@ -338,12 +338,12 @@ async fn a_service_that_always_answers_late_parks_the_order_in_doubt_with_a_lett
     // Ops looked at the quote service; a recheck asks once more under the same key.
     world.stub.set_trade_delay(Duration::ZERO);
     assert!(
-        deposit_order::recheck(world.pool(), id, "tests")
+        deposit_order::recheck(world.pool(), id, &paybus_platform::testing::person("tests"))
             .await
             .unwrap()
     );
     assert!(
-        !deposit_order::recheck(world.pool(), id, "tests")
+        !deposit_order::recheck(world.pool(), id, &paybus_platform::testing::person("tests"))
             .await
             .unwrap()
     );

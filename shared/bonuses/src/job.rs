@@ -25,6 +25,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use paybus_platform::actor::Actor;
 use paybus_platform::{
     bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
     db,
@@ -441,7 +442,7 @@ pub enum OpsRetry {
 /// Ops' retry (admin API, `paybus jobs retry`) in a transaction of its own: [`retry_failed`],
 /// logged in the ops log (`bonus_job.retry`, by `actor`), committed and published at once; or
 /// the job as it stands when it is not FAILED (nothing written, nothing logged).
-pub async fn retry_by_ops(outbox: &Outbox, id: u64, actor: &str) -> Result<OpsRetry, BonusError> {
+pub async fn retry_by_ops(outbox: &Outbox, id: u64, actor: &Actor) -> Result<OpsRetry, BonusError> {
     let mut uow = outbox.begin().await?;
     let correlation_id = Uuid::now_v7();
     if retry_failed(&mut uow, id, correlation_id).await? {

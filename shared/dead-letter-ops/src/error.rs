@@ -24,6 +24,10 @@ pub enum DeadLetterError {
     /// Four-eyes: the requester cannot approve their own operation.
     #[error("operation {0} was requested by you: another ADMIN must approve it")]
     SelfApproval(uuid::Uuid),
+    /// Four-eyes needs two people the identity provider vouches for: a break-glass token's
+    /// holder (or an operation requested without an identity) cannot be one of them.
+    #[error("{0}")]
+    NotAPerson(String),
     /// The operation cannot do what was asked in the state it is in (awaiting approval,
     /// expired, done, a hash that is not its own).
     #[error("operation {id}: {problem}")]

@@ -20,6 +20,7 @@
 //! started before its expiry never starts; one that started may always be finished.
 
 use chrono::{DateTime, Utc};
+use paybus_platform::actor::Actor;
 use paybus_platform::{
     approvals::{FourEyes, Guarded},
     bus::Outbox,
@@ -88,7 +89,11 @@ pub struct Operation {
     pub content_hash: String,
     pub status: OperationStatus,
     pub approval_required: bool,
+    /// Who asked, as people read it; the issuer and subject say who that is (`null` on an
+    /// operation requested before identities were recorded: it can no longer be approved).
     pub requested_by: String,
+    pub requested_by_issuer: Option<String>,
+    pub requested_by_subject: Option<String>,
     pub requested_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     /// Not started and past `expires_at`: it can no longer be approved or started.
@@ -113,6 +118,8 @@ struct OperationRow {
     status: String,
     approval_required: bool,
     requested_by: String,
+    requested_by_issuer: Option<String>,
+    requested_by_subject: Option<String>,
     requested_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
     past_expiry: bool,
@@ -125,8 +132,8 @@ struct OperationRow {
 }
 
 const OPERATION_COLUMNS: &str = "id, action, selection, letters, letters_with_money, content_hash, status, \
-     approval_required, requested_by, requested_at, expires_at, \
-     (expires_at < NOW(6)) AS past_expiry, approved_by, approved_at, executed_by, started_at, \
+     approval_required, requested_by, requested_by_issuer, requested_by_subject, requested_at, \
+     expires_at, (expires_at < NOW(6)) AS past_expiry, approved_by, approved_at, executed_by, started_at, \
      finished_at, done";
 
 impl OperationRow {
@@ -159,6 +166,8 @@ impl OperationRow {
             status,
             approval_required: self.approval_required,
             requested_by: self.requested_by,
+            requested_by_issuer: self.requested_by_issuer,
+            requested_by_subject: self.requested_by_subject,
             requested_at: self.requested_at,
             expires_at: self.expires_at,
             expired: not_started && self.past_expiry,
@@ -217,7 +226,7 @@ pub async fn request(
     triager: &Triager,
     action: OperationAction,
     selection: &Selection,
-    actor: &str,
+    actor: &Actor,
     limit: u32,
     four_eyes: &FourEyes,
 ) -> Result<OperationDetail, DeadLetterError> {
@@ -241,6 +250,14 @@ pub async fn request(
     let nothing_to_send = action == OperationAction::Replay && run.safe == 0;
     let approval_required =
         needs_approval(four_eyes, action, with_money_at_stake > 0) && !nothing_to_send;
+    if approval_required && !actor.is_person() {
+        return Err(DeadLetterError::NotAPerson(format!(
+            "{} cannot request a four-eyes operation: it needs two people the identity \
+             provider vouches for (sign in with the provider, or switch four-eyes off with \
+             PAYBUS_FOUR_EYES)",
+            actor.name
+        )));
+    }
     let status = if approval_required {
         OperationStatus::AwaitingApproval
     } else {
@@ -253,8 +270,9 @@ pub async fn request(
     sqlx::query(
         "INSERT INTO dead_letter_operations \
          (id, action, selection, letters, letters_with_money, content_hash, status, \
-          approval_required, requested_by, requested_at, expires_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NOW(6), NOW(6) + INTERVAL ? SECOND)",
+          approval_required, requested_by, requested_by_issuer, requested_by_subject, \
+          requested_at, expires_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NOW(6), NOW(6) + INTERVAL ? SECOND)",
     )
     .bind(id.to_string())
     .bind(<&str>::from(action))
@@ -264,7 +282,9 @@ pub async fn request(
     .bind(&hash)
     .bind(<&str>::from(status))
     .bind(approval_required)
-    .bind(actor.chars().take(100).collect::<String>())
+    .bind(actor.name.chars().take(100).collect::<String>())
+    .bind(&actor.issuer)
+    .bind(&actor.subject)
     .bind(four_eyes.ttl.as_secs())
     .execute(&mut *tx)
     .await?;
@@ -303,7 +323,7 @@ pub async fn request(
     )
     .await?;
     tx.commit().await?;
-    tracing::info!(operation = %id, %action, actor, letters = frozen.len(), approval_required,
+    tracing::info!(operation = %id, %action, actor = actor.name, letters = frozen.len(), approval_required,
         "dead-letter operation requested");
     let mut detail = show(&mut *pool.acquire().await?, id)
         .await?
@@ -405,7 +425,7 @@ async fn check_integrity(
 pub async fn approve(
     conn: &mut MySqlConnection,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
     hash: &str,
 ) -> Result<Operation, DeadLetterError> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
@@ -420,9 +440,12 @@ pub async fn approve(
     };
     sqlx::query(
         "UPDATE dead_letter_operations \
-         SET status = 'READY', approved_by = ?, approved_at = NOW(6) WHERE id = ?",
+         SET status = 'READY', approved_by = ?, approved_by_issuer = ?, \
+         approved_by_subject = ?, approved_at = NOW(6) WHERE id = ?",
     )
-    .bind(actor.chars().take(100).collect::<String>())
+    .bind(actor.name.chars().take(100).collect::<String>())
+    .bind(&actor.issuer)
+    .bind(&actor.subject)
     .bind(id.to_string())
     .execute(&mut *tx)
     .await?;
@@ -440,7 +463,7 @@ pub async fn approve(
     )
     .await?;
     tx.commit().await?;
-    tracing::warn!(operation = %id, actor, requested_by = operation.requested_by,
+    tracing::warn!(operation = %id, actor = actor.name, requested_by = operation.requested_by,
         "dead-letter operation approved");
     find(conn, id, "")
         .await?
@@ -451,7 +474,7 @@ pub async fn approve(
 async fn approvable(
     conn: &mut MySqlConnection,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
     hash: &str,
 ) -> Result<Operation, DeadLetterError> {
     let operation = find(conn, id, " FOR UPDATE")
@@ -469,7 +492,23 @@ async fn approvable(
             problem: format!("it expired at {}", operation.expires_at.to_rfc3339()),
         });
     }
-    if operation.requested_by == actor {
+    if !actor.is_person() {
+        return Err(DeadLetterError::NotAPerson(format!(
+            "{} cannot approve a four-eyes operation: it needs two people the identity \
+             provider vouches for",
+            actor.name
+        )));
+    }
+    let (Some(issuer), Some(subject)) = (
+        operation.requested_by_issuer.as_deref(),
+        operation.requested_by_subject.as_deref(),
+    ) else {
+        return Err(DeadLetterError::NotAPerson(format!(
+            "operation {id} was requested before requesters were identified by the identity \
+             provider: request it again"
+        )));
+    };
+    if actor.is(issuer, subject) {
         return Err(DeadLetterError::SelfApproval(id));
     }
     if !hash.eq_ignore_ascii_case(&operation.content_hash) {
@@ -527,7 +566,7 @@ pub async fn execute(
     outbox: &Outbox,
     triager: &Triager,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
     options: ExecuteOptions,
     mut progress: impl FnMut(&ReplayResult) + Send,
 ) -> Result<ExecutionReport, DeadLetterError> {
@@ -603,7 +642,7 @@ pub async fn execute(
     report.operation = find(&mut conn, id, "")
         .await?
         .ok_or(DeadLetterError::OperationNotFound(id))?;
-    tracing::info!(operation = %id, actor, replayed = report.replayed,
+    tracing::info!(operation = %id, actor = actor.name, replayed = report.replayed,
         archived = report.archived, remaining = report.remaining, "dead-letter operation executed");
     Ok(report)
 }
@@ -613,7 +652,7 @@ pub async fn execute(
 async fn start(
     conn: &mut MySqlConnection,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Operation, DeadLetterError> {
     let operation = find(conn, id, " FOR UPDATE")
         .await?
@@ -645,7 +684,7 @@ async fn start(
                 "UPDATE dead_letter_operations SET status = 'RUNNING', \
                  executed_by = ?, started_at = NOW(6) WHERE id = ?",
             )
-            .bind(actor.chars().take(100).collect::<String>())
+            .bind(actor.name.chars().take(100).collect::<String>())
             .bind(id.to_string())
             .execute(conn)
             .await?;
@@ -666,7 +705,7 @@ async fn act_on(
     triager: &Triager,
     operation: &Operation,
     letter_id: u64,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Option<ReplayResult>, DeadLetterError> {
     let mut uow = outbox.begin().await?;
     match act_in(&mut uow, triager, operation, letter_id, actor).await {
@@ -691,7 +730,7 @@ async fn act_in(
     triager: &Triager,
     operation: &Operation,
     letter_id: u64,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Option<ReplayResult>, DeadLetterError> {
     // The operation's row for this letter is the claim: locked first, so a concurrent
     // execution waits here and then finds the result written.
@@ -711,13 +750,13 @@ async fn act_in(
         .map_err(|_| DeadLetterError::OperationTampered(operation.id))?;
     let result = match operation.action {
         OperationAction::Replay if frozen == Verdict::Safe => {
-            replay::replay_locked(uow, triager, letter_id, actor, Some(operation.id)).await?
+            replay::replay_locked(uow, triager, letter_id, &actor.name, Some(operation.id)).await?
         }
         OperationAction::Replay => {
-            replay::not_previewed_safe(uow, letter_id, frozen, actor, operation.id).await?
+            replay::not_previewed_safe(uow, letter_id, frozen, &actor.name, operation.id).await?
         }
         OperationAction::Archive => {
-            replay::archive_locked(uow, letter_id, actor, Some(operation.id)).await?
+            replay::archive_locked(uow, letter_id, &actor.name, Some(operation.id)).await?
         }
     };
     let result_name: &str = result.result.into();

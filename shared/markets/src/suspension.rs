@@ -17,6 +17,7 @@
 //! with id ≤ `max_target_id` — can only shrink (fills, cancels); nothing joins it.
 
 use chrono::{DateTime, Utc};
+use paybus_platform::actor::Actor;
 use paybus_platform::{
     bus::Outbox,
     ops_log::{self, Entry},
@@ -64,7 +65,7 @@ pub async fn suspend(
     symbol: &str,
     note: Option<&str>,
     plan: &Plan,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Suspension, MarketError> {
     let symbol = market::symbol(symbol)?;
     if note.is_some_and(|n| n.chars().count() > NOTE_MAX) {
@@ -207,7 +208,7 @@ pub enum Resumed {
 /// (`market.resume`, by `actor`) in its transaction; an ACTIVE market's or a refused one
 /// writes nothing.
 #[tracing::instrument(skip_all, fields(symbol))]
-pub async fn resume(pool: &MySqlPool, symbol: &str, actor: &str) -> Result<Resumed, MarketError> {
+pub async fn resume(pool: &MySqlPool, symbol: &str, actor: &Actor) -> Result<Resumed, MarketError> {
     let symbol = market::symbol(symbol)?;
     let mut tx = pool.begin().await?;
     let Some(current) = market::locked(&mut tx, &symbol).await? else {
@@ -261,7 +262,11 @@ pub async fn resume(pool: &MySqlPool, symbol: &str, actor: &str) -> Result<Resum
 /// (`market.retry_failed_tasks`, by `actor`) in its transaction; one that found none writes
 /// nothing.
 #[tracing::instrument(skip_all, fields(symbol))]
-pub async fn retry_failed(pool: &MySqlPool, symbol: &str, actor: &str) -> Result<u64, MarketError> {
+pub async fn retry_failed(
+    pool: &MySqlPool,
+    symbol: &str,
+    actor: &Actor,
+) -> Result<u64, MarketError> {
     let symbol = market::symbol(symbol)?;
     let mut tx = pool.begin().await?;
     let Some(current) = market::locked(&mut tx, &symbol).await? else {

@@ -25,6 +25,7 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use paybus_partners::NewNotification;
+use paybus_platform::actor::Actor;
 use paybus_platform::{
     bus::UnitOfWork,
     db,
@@ -327,7 +328,7 @@ pub(crate) async fn hold_in_doubt(
 /// check count back to 0, so the next attempt asks the quote service again under the same
 /// key. False when the order is not IN_DOUBT (nothing written). A recheck is logged
 /// (`p2p_deposit_order.recheck`, by `actor`) in its transaction.
-pub async fn recheck(pool: &sqlx::MySqlPool, id: u64, actor: &str) -> Result<bool, MatchError> {
+pub async fn recheck(pool: &sqlx::MySqlPool, id: u64, actor: &Actor) -> Result<bool, MatchError> {
     let mut tx = db::begin_read_committed(pool).await?;
     let moved = sqlx::query(
         "UPDATE p2p_deposit_orders SET status = 'PENDING', next_attempt_at = NULL \

@@ -187,7 +187,7 @@ pub async fn redeliver(
     ops_log::append(
         uow,
         &Entry {
-            actor: &format!("partner:{partner_id}"),
+            actor: &paybus_platform::actor::Actor::partner(&format!("partner:{partner_id}")),
             action: "partner_notification.redeliver",
             subject: &format!("partner_notification:{id}"),
             detail: &serde_json::json!({ "partner_id": partner_id }),

@@ -1,6 +1,7 @@
 //! The `partners` row: who a partner is and where its webhooks go.
 
 use chrono::{DateTime, Utc};
+use paybus_platform::actor::Actor;
 use paybus_platform::sealed::Sealer;
 use paybus_platform::{
     ops_log::{self, Entry},
@@ -160,7 +161,7 @@ pub async fn create(
     conn: &mut MySqlConnection,
     sealer: &Sealer,
     new: &NewPartner,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Created, WebhookSecretError> {
     let (key, revealed) = match &new.webhook_secret {
         Some(key) => (key.clone(), None),
@@ -206,7 +207,7 @@ pub async fn set_webhook_url(
     conn: &mut MySqlConnection,
     partner_id: u64,
     url: Option<&str>,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<bool, SetWebhookUrlError> {
     let url = url.map(parse_webhook_url).transpose()?;
     let mut tx = conn.begin().await?;

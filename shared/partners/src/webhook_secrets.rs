@@ -9,6 +9,7 @@
 use std::{fmt, time::Duration};
 
 use base64::Engine;
+use paybus_platform::actor::Actor;
 use paybus_platform::{
     ops_log::{self, Entry},
     retry::clock::micros,
@@ -123,7 +124,7 @@ pub async fn rotate(
     sealer: &Sealer,
     partner_id: u64,
     overlap: Duration,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<RevealedSecret, WebhookSecretError> {
     let mut tx = conn.begin().await?;
     let exists: Option<(u64,)> = sqlx::query_as("SELECT id FROM partners WHERE id = ? FOR UPDATE")

@@ -43,6 +43,7 @@ use uuid::Uuid;
 
 use crate::{
     ConfigError,
+    actor::Actor,
     config::{Setting, Vars},
     db,
 };
@@ -212,7 +213,12 @@ pub struct Approval {
     /// What it acts on, `kind:id` (`charge_event_job:42`, `market:BTC-USDT`).
     pub subject: String,
     pub status: ApprovalStatus,
+    /// Who asked, as people read it; `requested_by_issuer` and `requested_by_subject` say who
+    /// that is (`null` on a request written before identities were recorded: it can no longer
+    /// be approved).
     pub requested_by: String,
+    pub requested_by_issuer: Option<String>,
+    pub requested_by_subject: Option<String>,
     pub requested_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     /// Past its expiry before it was executed: it can no longer be approved or executed.
@@ -240,6 +246,10 @@ pub enum ApprovalError {
     NotFound(Uuid),
     #[error("approval {0} was requested by you: another ADMIN must approve it")]
     SelfApproval(Uuid),
+    /// A break-glass token's holder (or a request recorded without an identity) cannot be one
+    /// of four eyes.
+    #[error("{0}")]
+    NotAPerson(String),
     /// Not in a state that allows the step (awaiting, expired, executed, not the open
     /// request, still being executed by another caller).
     #[error("approval {id}: {problem}")]
@@ -262,6 +272,8 @@ struct ApprovalRow {
     subject: String,
     status: String,
     requested_by: String,
+    requested_by_issuer: Option<String>,
+    requested_by_subject: Option<String>,
     requested_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
     past_expiry: bool,
@@ -277,7 +289,8 @@ struct ApprovalRow {
     read_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, action, subject, status, requested_by, requested_at, expires_at, \
+const COLUMNS: &str = "id, action, subject, status, requested_by, requested_by_issuer, \
+     requested_by_subject, requested_at, expires_at, \
      (expires_at < NOW(6)) AS past_expiry, pending_slot, approved_by, approved_at, claimed_at, \
      executed_by, executed_at, result, NOW(6) AS read_at";
 
@@ -311,6 +324,8 @@ impl ApprovalRow {
             status,
             subject: self.subject,
             requested_by: self.requested_by,
+            requested_by_issuer: self.requested_by_issuer,
+            requested_by_subject: self.requested_by_subject,
             requested_at: self.requested_at,
             expires_at: self.expires_at,
             approved_by: self.approved_by,
@@ -370,9 +385,10 @@ pub async fn request(
     conn: &mut MySqlConnection,
     action: Guarded,
     subject: &str,
-    actor: &str,
+    actor: &Actor,
     ttl: Duration,
 ) -> Result<Approval, ApprovalError> {
+    refuse_break_glass(actor, "request")?;
     let subject: String = subject.chars().take(200).collect();
     for _ in 0..REQUEST_ROUNDS {
         if let Some(open) = open_request(conn, action, &subject).await? {
@@ -387,7 +403,7 @@ pub async fn request(
                 if db::is_duplicate_on(&lost, OPEN_REQUEST_KEY)
                     || db::error_number(&lost) == Some(DEADLOCK) =>
             {
-                tracing::info!(%action, subject, actor, error = %lost,
+                tracing::info!(%action, subject, actor = actor.name, error = %lost,
                     "four-eyes: a concurrent request for the same action and subject came first");
             }
             Err(other) => return Err(other),
@@ -443,20 +459,22 @@ async fn insert_request(
     conn: &mut MySqlConnection,
     action: Guarded,
     subject: &str,
-    actor: &str,
+    actor: &Actor,
     ttl: Duration,
 ) -> Result<Approval, ApprovalError> {
     let mut tx = conn.begin().await?;
     let id = Uuid::now_v7();
     let inserted = sqlx::query(
-        "INSERT INTO ops_approvals (id, action, subject, status, requested_by, requested_at, \
-         expires_at, pending_slot) \
-         VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, NOW(6), NOW(6) + INTERVAL ? SECOND, 1)",
+        "INSERT INTO ops_approvals (id, action, subject, status, requested_by, \
+         requested_by_issuer, requested_by_subject, requested_at, expires_at, pending_slot) \
+         VALUES (?, ?, ?, 'AWAITING_APPROVAL', ?, ?, ?, NOW(6), NOW(6) + INTERVAL ? SECOND, 1)",
     )
     .bind(id.to_string())
     .bind(<&str>::from(action))
     .bind(subject)
-    .bind(actor.chars().take(100).collect::<String>())
+    .bind(actor.name.chars().take(100).collect::<String>())
+    .bind(&actor.issuer)
+    .bind(&actor.subject)
     .bind(ttl.as_secs())
     .execute(&mut *tx)
     .await;
@@ -480,7 +498,7 @@ async fn insert_request(
         .await?
         .ok_or(ApprovalError::NotFound(id))?;
     tx.commit().await?;
-    tracing::warn!(approval = %id, %action, subject, actor, "four-eyes: action requested");
+    tracing::warn!(approval = %id, %action, subject, actor = actor.name, "four-eyes: action requested");
     Ok(approval)
 }
 
@@ -488,8 +506,9 @@ async fn insert_request(
 pub async fn approve(
     conn: &mut MySqlConnection,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Approval, ApprovalError> {
+    refuse_break_glass(actor, "approve")?;
     let mut tx = conn.begin().await?;
     let checked = approvable(&mut tx, id, actor).await;
     if let Err(refused) = checked {
@@ -498,10 +517,12 @@ pub async fn approve(
         return Err(refused);
     }
     sqlx::query(
-        "UPDATE ops_approvals SET status = 'APPROVED', approved_by = ?, approved_at = NOW(6) \
-         WHERE id = ?",
+        "UPDATE ops_approvals SET status = 'APPROVED', approved_by = ?, approved_by_issuer = ?, \
+         approved_by_subject = ?, approved_at = NOW(6) WHERE id = ?",
     )
-    .bind(actor.chars().take(100).collect::<String>())
+    .bind(actor.name.chars().take(100).collect::<String>())
+    .bind(&actor.issuer)
+    .bind(&actor.subject)
     .bind(id.to_string())
     .execute(&mut *tx)
     .await?;
@@ -523,14 +544,14 @@ pub async fn approve(
     )
     .await?;
     tx.commit().await?;
-    tracing::warn!(approval = %id, actor, "four-eyes: action approved");
+    tracing::warn!(approval = %id, actor = actor.name, "four-eyes: action approved");
     Ok(approved)
 }
 
 async fn approvable(
     conn: &mut MySqlConnection,
     id: Uuid,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<Approval, ApprovalError> {
     let approval = find(conn, id, " FOR UPDATE")
         .await?
@@ -550,10 +571,32 @@ async fn approvable(
     if !approval.open {
         return Err(not_open(&approval));
     }
-    if approval.requested_by == actor {
+    let (Some(issuer), Some(subject)) = (
+        approval.requested_by_issuer.as_deref(),
+        approval.requested_by_subject.as_deref(),
+    ) else {
+        return Err(ApprovalError::NotAPerson(format!(
+            "approval {id} was requested before requesters were identified by the identity \
+             provider: request it again"
+        )));
+    };
+    if actor.is(issuer, subject) {
         return Err(ApprovalError::SelfApproval(id));
     }
     Ok(approval)
+}
+
+/// Four-eyes needs two people the identity provider vouches for: a break-glass token's holder
+/// (anyone with the secret, under any name) can neither ask nor approve.
+fn refuse_break_glass(actor: &Actor, step: &str) -> Result<(), ApprovalError> {
+    if actor.is_person() {
+        return Ok(());
+    }
+    Err(ApprovalError::NotAPerson(format!(
+        "{} cannot {step} a four-eyes action: it needs two people the identity provider \
+         vouches for (sign in with the provider, or switch four-eyes off with PAYBUS_FOUR_EYES)",
+        actor.name
+    )))
 }
 
 fn not_open(approval: &Approval) -> ApprovalError {
@@ -657,7 +700,7 @@ pub async fn claim(conn: &mut MySqlConnection, id: Uuid) -> Result<Turn, Approva
 pub async fn executed(
     conn: &mut MySqlConnection,
     claim: &Claim,
-    actor: &str,
+    actor: &Actor,
     result: &str,
 ) -> Result<Approval, ApprovalError> {
     let id = claim.approval.id;
@@ -666,7 +709,7 @@ pub async fn executed(
          result = ?, pending_slot = NULL \
          WHERE id = ? AND status = 'APPROVED' AND claim_token = ?",
     )
-    .bind(actor.chars().take(100).collect::<String>())
+    .bind(actor.name.chars().take(100).collect::<String>())
     .bind(result.chars().take(1000).collect::<String>())
     .bind(id.to_string())
     .bind(claim.token.to_string())
@@ -675,9 +718,9 @@ pub async fn executed(
     .rows_affected()
         == 1;
     if recorded {
-        tracing::warn!(approval = %id, actor, "four-eyes: action executed");
+        tracing::warn!(approval = %id, actor = actor.name, "four-eyes: action executed");
     } else {
-        tracing::warn!(approval = %id, actor,
+        tracing::warn!(approval = %id, actor = actor.name,
             "four-eyes: the claim was taken over before this execution recorded its result");
     }
     let deadline = tokio::time::Instant::now() + RESULT_WAIT;

@@ -6,6 +6,7 @@
 // `column_enum!` names this crate by its path, as every crate using it does.
 extern crate self as paybus_platform;
 
+pub mod actor;
 pub mod approvals;
 pub mod audit;
 pub mod auditor;

@@ -7,7 +7,9 @@
 //!   serialised and `seq` runs 1, 2, 3, ... without gaps.
 //! - Each row carries `prev_hash` (the previous row's `row_hash`; [`GENESIS`] for row 1) and
 //!   `row_hash`: SHA-256 over an unambiguous encoding of its seq, created_at (microseconds),
-//!   actor, action, subject, detail (the stored JSON text) and prev_hash ([`row_hash`]).
+//!   actor, action, subject, detail (the stored JSON text), prev_hash and who the actor is
+//!   (issuer, subject, how they authenticated: [`Actor`]) ([`row_hash`]). Rows written before
+//!   identities were recorded have none and keep their first form of hash.
 //! - [`verify`] walks the chain in seq order, [`BATCH`] rows a read, and reports the first
 //!   broken link: a row whose content no longer matches its hash, a missing seq, a row that does
 //!   not link to the one before it, or a head that disagrees with where the log ends.
@@ -25,7 +27,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, MySqlConnection};
 
-use crate::audit::{Check, Finding, Window};
+use crate::{
+    actor::Actor,
+    audit::{Check, Finding, Window},
+};
 
 /// `prev_hash` of row 1, and the head's hash while the log is empty (the migration seeds it).
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -37,6 +42,7 @@ pub const BATCH: u32 = 1_000;
 /// stored row is exactly what was hashed (a server that truncated them instead would break the
 /// row's own hash).
 pub const ACTOR_MAX: usize = 100;
+pub const IDENTITY_MAX: usize = 255;
 pub const ACTION_MAX: usize = 64;
 pub const SUBJECT_MAX: usize = 200;
 
@@ -50,8 +56,8 @@ pub const CHECKS: &[Check] = &[crate::audit_check!(
 /// One ops action, as its caller describes it.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {
-    /// Who acted: the API token's or console session's subject, the CLI's `--actor`.
-    pub actor: &'a str,
+    /// Who acted.
+    pub actor: &'a Actor,
     /// `noun.verb`: `function.pause`, `bonus_job.retry`, `market.suspend`, ...
     pub action: &'a str,
     /// What it acted on, `kind:id`: `function:confirm-withdrawal`, `charge_event_job:42`.
@@ -65,7 +71,14 @@ pub struct Entry<'a> {
 pub struct Row {
     pub seq: u64,
     pub created_at: DateTime<Utc>,
+    /// Who acted, as people read it.
     pub actor: String,
+    /// Who that was: the identity provider's issuer and subject, and how they authenticated
+    /// (`OIDC`, `BREAK_GLASS`, `PARTNER_KEY`); `null` on rows written before identities were
+    /// recorded.
+    pub actor_issuer: Option<String>,
+    pub actor_subject: Option<String>,
+    pub auth_method: Option<String>,
     pub action: String,
     pub subject: String,
     /// The stored JSON; a text that is not JSON (only a hand edit writes one) is shown as a
@@ -81,6 +94,9 @@ struct StoredRow {
     seq: u64,
     created_at: DateTime<Utc>,
     actor: String,
+    actor_issuer: Option<String>,
+    actor_subject: Option<String>,
+    auth_method: Option<String>,
     action: String,
     subject: String,
     detail: String,
@@ -98,7 +114,37 @@ impl StoredRow {
             subject: &self.subject,
             detail: &self.detail,
             prev_hash: &self.prev_hash,
+            identity: identity(
+                self.actor_issuer.as_deref(),
+                self.actor_subject.as_deref(),
+                self.auth_method.as_deref(),
+            ),
         })
+    }
+}
+
+/// The identity a stored row's hash covers: all three columns, or none (a row written before
+/// identities were recorded; any other mix is hashed as none, and so fails its hash).
+fn identity<'a>(
+    issuer: Option<&'a str>,
+    subject: Option<&'a str>,
+    method: Option<&'a str>,
+) -> Option<Identity<'a>> {
+    Some(Identity {
+        issuer: issuer?,
+        subject: subject?,
+        method: method?,
+    })
+}
+
+impl Row {
+    /// Who acted, as the row's hash covers it.
+    pub fn identity(&self) -> Option<Identity<'_>> {
+        identity(
+            self.actor_issuer.as_deref(),
+            self.actor_subject.as_deref(),
+            self.auth_method.as_deref(),
+        )
     }
 }
 
@@ -110,6 +156,9 @@ impl From<StoredRow> for Row {
             seq: row.seq,
             created_at: row.created_at,
             actor: row.actor,
+            actor_issuer: row.actor_issuer,
+            actor_subject: row.actor_subject,
+            auth_method: row.auth_method,
             action: row.action,
             subject: row.subject,
             detail,
@@ -130,15 +179,33 @@ pub struct Hashed<'a> {
     /// The JSON text as stored.
     pub detail: &'a str,
     pub prev_hash: &'a str,
+    /// Who the actor is; `None` for a row written before identities were recorded.
+    pub identity: Option<Identity<'a>>,
+}
+
+/// Who acted, as a row's hash covers it.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity<'a> {
+    pub issuer: &'a str,
+    pub subject: &'a str,
+    /// `OIDC`, `BREAK_GLASS`, `PARTNER_KEY` ([`crate::actor::AuthMethod`]).
+    pub method: &'a str,
 }
 
 /// SHA-256, lowercase hex, over a versioned tag, seq (8 bytes big-endian), created_at in
 /// microseconds since the epoch (8 bytes big-endian), then each text field as its byte length
 /// (8 bytes big-endian) followed by its UTF-8 bytes. The length prefixes make the boundaries
 /// unambiguous: no two different rows encode to the same bytes ("ab" + "c" is not "a" + "bc").
+/// A row with an identity is tagged `v2` and its issuer, subject and method follow; one
+/// without keeps `v1`, the form rows had before identities were recorded.
 pub fn row_hash(row: &Hashed<'_>) -> String {
     let mut hasher = Sha256::new();
-    length_prefixed(&mut hasher, "paybus.ops_log.v1");
+    let tag = if row.identity.is_some() {
+        "paybus.ops_log.v2"
+    } else {
+        "paybus.ops_log.v1"
+    };
+    length_prefixed(&mut hasher, tag);
     hasher.update(row.seq.to_be_bytes());
     hasher.update(row.created_at.timestamp_micros().to_be_bytes());
     for field in [
@@ -149,6 +216,11 @@ pub fn row_hash(row: &Hashed<'_>) -> String {
         row.prev_hash,
     ] {
         length_prefixed(&mut hasher, field);
+    }
+    if let Some(identity) = row.identity {
+        for field in [identity.issuer, identity.subject, identity.method] {
+            length_prefixed(&mut hasher, field);
+        }
     }
     hex::encode(hasher.finalize())
 }
@@ -188,7 +260,10 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
     .fetch_one(&mut *tx)
     .await?;
     let seq = head_seq + 1;
-    let actor = clip(entry.actor, ACTOR_MAX);
+    let actor = clip(&entry.actor.name, ACTOR_MAX);
+    let issuer = clip(&entry.actor.issuer, IDENTITY_MAX);
+    let actor_subject = clip(&entry.actor.subject, IDENTITY_MAX);
+    let method: &'static str = entry.actor.via.into();
     let action = clip(entry.action, ACTION_MAX);
     let subject = clip(entry.subject, SUBJECT_MAX);
     let detail = entry.detail.to_string();
@@ -200,11 +275,17 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
         subject: &subject,
         detail: &detail,
         prev_hash: &prev_hash,
+        identity: Some(Identity {
+            issuer: &issuer,
+            subject: &actor_subject,
+            method,
+        }),
     });
     sqlx::query(
         "INSERT INTO ops_log \
-         (seq, created_at, actor, action, subject, detail, prev_hash, row_hash) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+         (seq, created_at, actor, action, subject, detail, prev_hash, row_hash, actor_issuer, \
+          actor_subject, auth_method) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(seq)
     .bind(created_at)
@@ -214,6 +295,9 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
     .bind(&detail)
     .bind(&prev_hash)
     .bind(&hash)
+    .bind(&issuer)
+    .bind(&actor_subject)
+    .bind(method)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE ops_log_head SET seq = ?, row_hash = ? WHERE id = 1")
@@ -223,15 +307,24 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
         .await?;
     tx.commit().await?;
     tracing::Span::current().record("seq", seq);
-    tracing::info!(seq, actor, action, subject, "ops action logged");
+    tracing::info!(
+        seq,
+        actor,
+        issuer,
+        actor_subject,
+        method,
+        action,
+        subject,
+        "ops action logged"
+    );
     Ok(seq)
 }
 
 macro_rules! select_rows {
     ($rest:literal) => {
         concat!(
-            "SELECT seq, created_at, actor, action, subject, detail, prev_hash, row_hash \
-             FROM ops_log ",
+            "SELECT seq, created_at, actor, actor_issuer, actor_subject, auth_method, action, \
+             subject, detail, prev_hash, row_hash FROM ops_log ",
             $rest
         )
     };
@@ -454,6 +547,11 @@ mod tests {
             subject: "function:canary",
             detail: "{}",
             prev_hash: GENESIS,
+            identity: Some(Identity {
+                issuer: "https://idp.example",
+                subject: "u-1",
+                method: "OIDC",
+            }),
         }
     }
 
@@ -491,6 +589,34 @@ mod tests {
             },
             Hashed {
                 prev_hash: "1",
+                ..base
+            },
+            Hashed {
+                identity: Some(Identity {
+                    issuer: "https://other.example",
+                    subject: "u-1",
+                    method: "OIDC",
+                }),
+                ..base
+            },
+            Hashed {
+                identity: Some(Identity {
+                    issuer: "https://idp.example",
+                    subject: "u-2",
+                    method: "OIDC",
+                }),
+                ..base
+            },
+            Hashed {
+                identity: Some(Identity {
+                    issuer: "https://idp.example",
+                    subject: "u-1",
+                    method: "BREAK_GLASS",
+                }),
+                ..base
+            },
+            Hashed {
+                identity: None,
                 ..base
             },
         ] {

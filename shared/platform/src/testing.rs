@@ -22,6 +22,15 @@ use crate::{
     db,
 };
 
+/// The issuer of the people tests act as.
+pub const TEST_ISSUER: &str = "https://identity.test";
+
+/// A person the (test) identity provider vouches for, named `name` (also their subject): who
+/// tests act as when they call the domain directly.
+pub fn person(name: &str) -> crate::actor::Actor {
+    crate::actor::Actor::person(TEST_ISSUER, name, name)
+}
+
 /// Polls `check` every 100 ms until it returns true or `timeout` passes; false on timeout.
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where

@@ -121,6 +121,7 @@ struct Exported {
     audit_passes: Counter,
     external_calls: Family<Labels, Counter>,
     broker_blocked: Gauge,
+    break_glass_requests: Counter,
 }
 
 fn exported() -> &'static Exported {
@@ -134,7 +135,14 @@ fn exported() -> &'static Exported {
         audit_passes: Counter::default(),
         external_calls: Family::default(),
         broker_blocked: Gauge::default(),
+        break_glass_requests: Counter::default(),
     })
+}
+
+/// A request authenticated with a break-glass token (the shared secret, not the identity
+/// provider): counted, so that its use is seen where the alerts look.
+pub fn record_break_glass() {
+    exported().break_glass_requests.inc();
 }
 
 /// The broker blocked (`true`) or unblocked one of this process's broker links
@@ -271,6 +279,12 @@ pub fn encode(gauges: &Gauges) -> String {
         "broker_blocked",
         "1 while the broker blocks this process's connection (a resource alarm: memory or disk): nothing is published on it",
         exported.broker_blocked.clone(),
+    );
+    registry.register(
+        "break_glass_requests",
+        "Admin requests this process took with a break-glass token (PAYBUS_BREAK_GLASS), not \
+         a person the identity provider vouches for",
+        exported.break_glass_requests.clone(),
     );
     let backlog: Gauge = Gauge::default();
     backlog.set(i64::try_from(gauges.outbox_backlog).unwrap_or(i64::MAX));

@@ -23,7 +23,10 @@ use sqlx::{Connection, MySqlConnection, MySqlPool};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::ops_log::{self, Entry};
+use crate::{
+    actor::Actor,
+    ops_log::{self, Entry},
+};
 
 /// How often each process reads the paused functions.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -43,17 +46,17 @@ pub struct Pause {
 pub async fn pause(
     conn: &mut MySqlConnection,
     function: &str,
-    actor: &str,
+    actor: &Actor,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
-    let actor = actor.chars().take(100).collect::<String>();
+    let paused_by = actor.name.chars().take(100).collect::<String>();
     let reason = reason.chars().take(1000).collect::<String>();
     let mut tx = conn.begin().await?;
     let paused = sqlx::query(
         "INSERT IGNORE INTO function_pauses (function_name, paused_by, reason) VALUES (?, ?, ?)",
     )
     .bind(function)
-    .bind(&actor)
+    .bind(&paused_by)
     .bind(&reason)
     .execute(&mut *tx)
     .await?
@@ -63,7 +66,7 @@ pub async fn pause(
         ops_log::append(
             &mut tx,
             &Entry {
-                actor: &actor,
+                actor,
                 action: "function.pause",
                 subject: &format!("function:{function}"),
                 detail: &json!({ "reason": reason }),
@@ -73,7 +76,12 @@ pub async fn pause(
     }
     tx.commit().await?;
     if paused {
-        tracing::warn!(function, actor, reason, "function paused by ops");
+        tracing::warn!(
+            function,
+            actor = paused_by,
+            reason,
+            "function paused by ops"
+        );
     }
     Ok(paused)
 }
@@ -83,7 +91,7 @@ pub async fn pause(
 pub async fn resume(
     conn: &mut MySqlConnection,
     function: &str,
-    actor: &str,
+    actor: &Actor,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = conn.begin().await?;
     // Locked, so the pause the log names is the one this DELETE removes.
@@ -117,7 +125,7 @@ pub async fn resume(
     )
     .await?;
     tx.commit().await?;
-    tracing::warn!(function, actor, "function resumed by ops");
+    tracing::warn!(function, actor = actor.name, "function resumed by ops");
     Ok(true)
 }
 

@@ -331,6 +331,7 @@ impl BenchApi {
     pub(crate) async fn start(services: &Services) -> anyhow::Result<Self> {
         let config = paybus_api::ApiConfig {
             admin_jwt_secret: Some(paybus_platform::Secret::new(Self::ADMIN_SECRET)),
+            break_glass: true,
             ..paybus_api::ApiConfig::default()
         };
         let state = paybus_api::AppState::new(services, &config, paybus_catalog::audit_checks())?

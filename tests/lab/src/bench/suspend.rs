@@ -192,7 +192,14 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         // transactions driven by `concurrency` tasks, one call per message's group.
         let symbol = format!("DIRECT{tasks_per_message}");
         market_with_open_orders(&services.pool, &symbol, items).await?;
-        let suspended = suspension::suspend(&services.outbox, &symbol, None, &plan, "lab").await?;
+        let suspended = suspension::suspend(
+            &services.outbox,
+            &symbol,
+            None,
+            &plan,
+            &paybus_platform::testing::person("lab"),
+        )
+        .await?;
         let materialiser = Materialiser::new(
             services.outbox.clone(),
             MaterialiserConfig {
@@ -257,7 +264,14 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await; // consumers subscribed
         let counters = Counters::read(&services.pool).await?;
         let started = Instant::now();
-        let suspended = suspension::suspend(&services.outbox, &symbol, None, &plan, "lab").await?;
+        let suspended = suspension::suspend(
+            &services.outbox,
+            &symbol,
+            None,
+            &plan,
+            &paybus_platform::testing::person("lab"),
+        )
+        .await?;
         let deadline = started + Duration::from_secs(1_800);
         while !batch_finished(&services.pool, suspended.batch_id).await? {
             if Instant::now() > deadline {

@@ -204,6 +204,7 @@ impl Api {
             ("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET),
             ("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET),
             ("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET),
+            ("PAYBUS_BREAK_GLASS", "true"),
             ("PAYBUS_PARTNER_KEY_HASH_KEY", PARTNER_KEY_HASH_KEY),
             // Partner create seals the webhook secret.
             ("PAYBUS_SECRETS_KEY", paybus_platform::testing::SECRETS_KEY),
