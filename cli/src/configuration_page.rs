@@ -42,6 +42,13 @@ const PARTNER_API: SettingGroup = SettingGroup {
     settings: paybus_api::partner::SETTINGS,
 };
 
+const IDENTITY: SettingGroup = SettingGroup {
+    title: "Identity provider",
+    read_by: "Read by the API (`paybus_api::oidc::OidcConfig`): who may act through the admin \
+              API, the console and the CLI (see docs/api.md, \"Who may call\").",
+    settings: paybus_api::oidc::SETTINGS,
+};
+
 const OPERATIONS: SettingGroup = SettingGroup {
     title: "Dead-letter operations and four-eyes",
     read_by: "Read by the API (`paybus_platform::approvals::FourEyes`), which the CLI's \
@@ -301,6 +308,7 @@ pub fn page() -> String {
     groups.extend([
         API,
         PARTNER_API,
+        IDENTITY,
         OPERATIONS,
         crate::api_client::SETTINGS_GROUP,
     ]);

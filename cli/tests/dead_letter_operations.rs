@@ -71,7 +71,10 @@ async fn an_operation_killed_mid_way_is_resumed_by_execute_and_acts_on_each_lett
     let env = TestEnv::new().await;
     let _services = env.services(&paybus_catalog::queues()).await;
     safe_letters(&env.db, 6).await;
-    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await;
+    let Some(api) = ApiProcess::with_provider(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await
+    else {
+        return;
+    };
 
     // Two letters a second, two a call: the kill lands between letters.
     let mut replaying = api
@@ -144,7 +147,9 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
     let _services = env.services(&paybus_catalog::queues()).await;
     safe_letters(&env.db, 2).await;
     // Four-eyes as deployed: the API's default guards replays.
-    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", None)]).await;
+    let Some(api) = ApiProcess::with_provider(&env, &[("PAYBUS_FOUR_EYES", None)]).await else {
+        return;
+    };
 
     let requested = run(api
         .cli_as(&env, "alice")
@@ -166,7 +171,10 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
             .fetch_one(&env.db)
             .await
             .unwrap();
-    assert_eq!(requested_by, "alice", "the API's person, not a flag");
+    assert_eq!(
+        requested_by, "alice@example.com",
+        "the provider's person, not a flag"
+    );
     assert!(
         stdout.contains(&format!("paybus dead-letters approve {id} --hash {hash}\n")),
         "the line for someone else, with nothing to fill in: {stdout}"
@@ -192,7 +200,8 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
             .args(["dead-letters", "approve", &id, "--hash", &hash]));
     assert!(approved.status.success(), "{approved:?}");
     assert!(
-        String::from_utf8_lossy(&approved.stdout).contains("approved by bob (requested by alice)"),
+        String::from_utf8_lossy(&approved.stdout)
+            .contains("approved by bob@example.com (requested by alice@example.com)"),
         "{approved:?}"
     );
     let executed = run(api
@@ -207,7 +216,7 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
             .unwrap();
     assert_eq!(
         (approved_by.as_str(), executed_by.as_str()),
-        ("bob", "alice")
+        ("bob@example.com", "alice@example.com")
     );
 }
 
@@ -216,7 +225,10 @@ async fn an_archive_is_the_apis_and_puts_every_selected_letter_aside_as_the_pers
     let env = TestEnv::new().await;
     let _services = env.services(&paybus_catalog::queues()).await;
     safe_letters(&env.db, 3).await;
-    let api = ApiProcess::start_with(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await;
+    let Some(api) = ApiProcess::with_provider(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await
+    else {
+        return;
+    };
 
     let archived = run(api
         .cli_as(&env, "alice")
@@ -243,5 +255,5 @@ async fn an_archive_is_the_apis_and_puts_every_selected_letter_aside_as_the_pers
     .fetch_all(&env.db)
     .await
     .unwrap();
-    assert_eq!(archivers, ["alice"]);
+    assert_eq!(archivers, ["alice@example.com"]);
 }

@@ -558,8 +558,8 @@ async fn vanished_and_unfailing_cancels_end_failed_with_dead_letters_and_ops_can
         )
         .await;
     assert_eq!(status, 201, "trading again");
-    // Suspend, retry and resume are in the ops log under the token's subject; the refused
-    // resume is not.
+    // Suspend, retry and resume are in the ops log under the token's subject, marked as the
+    // break-glass token it is; the refused resume is not.
     let (_, log) = api.get("/v1/admin/ops-log").await;
     let logged: Vec<(&str, &str, &str)> = log["entries"]
         .as_array()
@@ -576,9 +576,9 @@ async fn vanished_and_unfailing_cancels_end_failed_with_dead_letters_and_ops_can
     assert_eq!(
         logged,
         [
-            ("w4-tests", "market.resume", "market:BTC"),
-            ("w4-tests", "market.retry_failed_tasks", "market:BTC"),
-            ("w4-tests", "market.suspend", "market:BTC"),
+            ("w4-tests (break-glass)", "market.resume", "market:BTC"),
+            ("w4-tests (break-glass)", "market.retry_failed_tasks", "market:BTC"),
+            ("w4-tests (break-glass)", "market.suspend", "market:BTC"),
         ]
     );
     assert_eq!(log["entries"][1]["detail"]["retried"], 2);

@@ -10,7 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::testing::{TestEnv, free_port};
+use paybus_platform::testing::{
+    TestEnv, free_port,
+    oidc::{self, OidcProvider, OidcSetup},
+};
 
 pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-black-box-tests";
 
@@ -22,12 +25,32 @@ const BREAK_GLASS: (&str, &str) = ("PAYBUS_BREAK_GLASS", "on");
 pub struct ApiProcess {
     pub base_url: String,
     child: Child,
+    /// The identity provider people sign in with, when started [`with_provider`](Self::with_provider).
+    pub provider: Option<OidcProvider>,
 }
 
 impl ApiProcess {
     /// Starts the binary and waits until `/health` answers (at most 30 s).
     pub async fn start(env: &TestEnv) -> Self {
         Self::start_with(env, &[]).await
+    }
+
+    /// [`start_with`](Self::start_with) behind a real identity provider (`testing::oidc`): the
+    /// people of [`token_of`](Self::token_of) and [`cli_as`](Self::cli_as) are the provider's,
+    /// as four-eyes needs. `None` when the provider's tools are missing (the test is skipped;
+    /// see `OidcProvider::start`).
+    pub async fn with_provider(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Option<Self> {
+        let provider = OidcProvider::start(OidcSetup::default()).await?;
+        let issuer = provider.issuer();
+        let audience = provider.audience().to_owned();
+        let mut all = vec![
+            ("PAYBUS_OIDC_ISSUER", Some(issuer.as_str())),
+            ("PAYBUS_OIDC_AUDIENCE", Some(audience.as_str())),
+        ];
+        all.extend_from_slice(vars);
+        let mut process = Self::start_with(env, &all).await;
+        process.provider = Some(provider);
+        Some(process)
     }
 
     /// [`start`](Self::start) with `vars` changed in its environment: set to `Some`, removed
@@ -72,6 +95,7 @@ impl ApiProcess {
         let process = Self {
             base_url: format!("http://127.0.0.1:{port}"),
             child,
+            provider: None,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         let health = format!("{}/health", process.base_url);
@@ -92,8 +116,23 @@ impl ApiProcess {
         self.token_of("black-box-tests", roles)
     }
 
-    /// [`token`](Self::token) of another person (four-eyes needs two).
+    /// [`token`](Self::token) of another person (four-eyes needs two): an access token the
+    /// provider signs, when there is one, of `subject` in the groups of `roles`; else a
+    /// break-glass token minted by `paybus token issue`, which four-eyes refuses.
     pub fn token_of(&self, subject: &str, roles: &[&str]) -> String {
+        if let Some(provider) = &self.provider {
+            let groups: Vec<&str> = roles
+                .iter()
+                .map(|role| match *role {
+                    "ADMIN" => oidc::ADMINS_GROUP,
+                    "OPS" => oidc::OPS_GROUP,
+                    other => other,
+                })
+                .collect();
+            let mut claims = provider.claims_for(subject);
+            claims["groups"] = serde_json::json!(groups);
+            return provider.sign(claims);
+        }
         let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
         command
             .args(["token", "issue", "--subject", subject, "--ttl", "1h"])
