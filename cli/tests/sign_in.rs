@@ -1,124 +1,25 @@
-//! A person's sign-in as the command line keeps it: an access token that expired is renewed
-//! with the refresh token before the call (the new tokens stored 0600 in a 0700 folder, the
-//! call made as the person), `whoami` reads whom the token names, `logout` revokes the refresh
-//! token at the provider and deletes the file; a sign-in is never sent to another API; and
-//! `login` against an API that names no provider says so.
-//!
-//! The provider here is a small real HTTP server (discovery, token and revocation endpoints)
-//! that issues the API's break-glass tokens: the API accepts no provider's token yet. The
-//! device flow's polling is tested against a real local server in `cli/src/oidc.rs`.
+//! A person's sign-in as the command line keeps it, against the real identity provider
+//! (`testing::oidc`): `paybus login` runs the device flow (the link it prints opened and
+//! approved on the provider's own pages), the tokens are stored 0600 in a 0700 folder, a
+//! changing command acts as that person (the ops log names the provider's issuer and subject),
+//! an access token about to expire is renewed with the refresh token before the call, `whoami`
+//! reads whom the token names, `logout` revokes the refresh token at the provider (a renewal
+//! with it is then refused: sign in again) and deletes the file; a sign-in is never sent to
+//! another API; and `login` against an API that names no provider says so.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 mod api_process;
 
 use std::{
+    io::{BufRead, BufReader},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::Output,
-    sync::{Arc, Mutex},
+    process::{Output, Stdio},
 };
 
 use api_process::ApiProcess;
-use axum::{
-    Json, Router,
-    extract::State,
-    http::StatusCode,
-    routing::{get, post},
-};
 use paybus_platform::testing::TestEnv;
 use serde_json::{Value, json};
-
-const CLIENT_ID: &str = "paybus-cli";
-const AUDIENCE: &str = "urn:paybus:admin-api";
-const FIRST_REFRESH_TOKEN: &str = "refresh-token-1";
-const SECOND_REFRESH_TOKEN: &str = "refresh-token-2";
-
-/// A form as the provider received it, field by field.
-type Form = Vec<(String, String)>;
-
-/// The provider's side: it renews `refresh-token-1` once, for the API's audience, with
-/// `access_token`, and records every form it is sent.
-#[derive(Clone)]
-struct Provider {
-    issuer: String,
-    access_token: String,
-    token_requests: Arc<Mutex<Vec<Form>>>,
-    revocations: Arc<Mutex<Vec<Form>>>,
-}
-
-fn form(body: &str) -> Form {
-    url::form_urlencoded::parse(body.as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect()
-}
-
-fn field<'a>(form: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    form.iter()
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.as_str())
-}
-
-async fn discovery(State(provider): State<Provider>) -> Json<Value> {
-    let issuer = &provider.issuer;
-    Json(json!({
-        "issuer": issuer,
-        "token_endpoint": format!("{issuer}/token"),
-        "device_authorization_endpoint": format!("{issuer}/device/auth"),
-        "revocation_endpoint": format!("{issuer}/token/revocation"),
-    }))
-}
-
-async fn token(State(provider): State<Provider>, body: String) -> (StatusCode, Json<Value>) {
-    let request = form(&body);
-    provider
-        .token_requests
-        .lock()
-        .unwrap()
-        .push(request.clone());
-    let renews = field(&request, "grant_type") == Some("refresh_token")
-        && field(&request, "refresh_token") == Some(FIRST_REFRESH_TOKEN)
-        && field(&request, "client_id") == Some(CLIENT_ID)
-        && field(&request, "resource") == Some(AUDIENCE);
-    if !renews {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": "invalid_grant"})),
-        );
-    }
-    (
-        StatusCode::OK,
-        Json(json!({
-            "access_token": provider.access_token,
-            "refresh_token": SECOND_REFRESH_TOKEN,
-            "token_type": "Bearer",
-            "expires_in": 600,
-        })),
-    )
-}
-
-async fn revocation(State(provider): State<Provider>, body: String) -> StatusCode {
-    provider.revocations.lock().unwrap().push(form(&body));
-    StatusCode::OK
-}
-
-impl Provider {
-    async fn start(access_token: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let provider = Provider {
-            issuer: format!("http://{}", listener.local_addr().unwrap()),
-            access_token,
-            token_requests: Arc::default(),
-            revocations: Arc::default(),
-        };
-        let app = Router::new()
-            .route("/.well-known/openid-configuration", get(discovery))
-            .route("/token", post(token))
-            .route("/token/revocation", post(revocation))
-            .with_state(provider.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        provider
-    }
-}
 
 /// A config folder of the test's own (`XDG_CONFIG_HOME`), removed when dropped.
 struct ConfigHome(PathBuf);
@@ -135,24 +36,13 @@ impl ConfigHome {
         self.0.join("paybus/credentials.json")
     }
 
-    /// A sign-in as `paybus login` leaves it, but world-readable in a world-readable folder
-    /// (as a hand copy might leave it), and its access token expired a minute ago.
-    fn plant_expired_sign_in(&self, api: &str, issuer: &str) {
-        let folder = self.0.join("paybus");
-        std::fs::create_dir_all(&folder).unwrap();
-        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let credentials = json!({
-            "api": api,
-            "issuer": issuer,
-            "client_id": CLIENT_ID,
-            "audience": AUDIENCE,
-            "access_token": "an-access-token-that-expired",
-            "refresh_token": FIRST_REFRESH_TOKEN,
-            "expires_at": (chrono::Utc::now() - chrono::TimeDelta::minutes(1)).to_rfc3339(),
-        });
-        std::fs::write(self.credentials(), credentials.to_string()).unwrap();
-        std::fs::set_permissions(self.credentials(), std::fs::Permissions::from_mode(0o644))
-            .unwrap();
+    /// The stored sign-in as if its access token had expired a minute ago (what an hour's wait
+    /// does), the rest as `paybus login` left it.
+    fn age_the_sign_in(&self) {
+        let mut stored = self.stored();
+        stored["expires_at"] =
+            json!((chrono::Utc::now() - chrono::TimeDelta::minutes(1)).to_rfc3339());
+        std::fs::write(self.credentials(), stored.to_string()).unwrap();
     }
 
     fn stored(&self) -> Value {
@@ -178,21 +68,93 @@ fn text(output: &Output) -> String {
     )
 }
 
-// The provider answers on the runtime while the test waits for `paybus` in a blocking call.
+/// `paybus login` as a person runs it: the link it prints is opened and approved as `user` on
+/// the provider's own pages while the command waits.
+async fn login(api: &ApiProcess, env: &TestEnv, home: &ConfigHome, user: &str) -> Output {
+    let mut child = api
+        .cli(env)
+        .env("XDG_CONFIG_HOME", &home.0)
+        .args(["login", "--api", &api.base_url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut printed = String::new();
+    let link = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "login ended before it printed a link: {printed}"
+        );
+        printed.push_str(&line);
+        if let Some(rest) = line.strip_prefix("Then open ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let provider = api.provider.as_ref().unwrap();
+    provider.approve_device_code(&link, user).await.unwrap();
+    let mut output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    printed.push_str(&rest);
+    output.stderr = printed.into_bytes();
+    output
+}
+
+/// The refresh token the provider answers `refresh_token` with: tokens, or its error.
+async fn renew_at_provider(api: &ApiProcess, refresh_token: &str) -> Value {
+    let provider = api.provider.as_ref().unwrap();
+    let endpoint = provider.discovery().await["token_endpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    reqwest::Client::new()
+        .post(endpoint)
+        .form(&[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", refresh_token),
+            ("client_id", paybus_platform::testing::oidc::CLI_CLIENT_ID),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+// The provider's pages are read on the runtime while `paybus login` waits in a blocking call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_sign_in_is_renewed_with_its_refresh_token_stored_privately_and_revoked_at_logout()
- {
+async fn a_person_logs_in_through_the_provider_acts_as_themselves_is_renewed_and_logs_out() {
     let env = TestEnv::new().await;
-    let api = ApiProcess::start(&env).await;
-    let renewed_token = api.token_of("alice", &["ADMIN"]);
-    let provider = Provider::start(renewed_token.clone()).await;
+    let Some(api) = ApiProcess::with_provider(&env, &[]).await else {
+        return;
+    };
+    let issuer = api.provider.as_ref().unwrap().issuer();
     let home = ConfigHome::new();
-    home.plant_expired_sign_in(&api.base_url, &provider.issuer);
     let as_signed_in = || {
         let mut command = api.cli(&env);
         command.env("XDG_CONFIG_HOME", &home.0);
         command
     };
+
+    let signed_in = login(&api, &env, &home, "alice").await;
+
+    assert!(signed_in.status.success(), "{}", text(&signed_in));
+    assert!(
+        text(&signed_in).contains(&format!("Signed in to {} as alice", api.base_url)),
+        "{}",
+        text(&signed_in)
+    );
+    assert_eq!(mode(&home.0.join("paybus")), 0o700);
+    assert_eq!(mode(&home.credentials()), 0o600);
+    let first = home.stored();
+    assert_eq!(first["issuer"], issuer.as_str());
+    let first_refresh = first["refresh_token"].as_str().unwrap().to_owned();
 
     let paused = as_signed_in()
         .args([
@@ -200,77 +162,110 @@ async fn an_expired_sign_in_is_renewed_with_its_refresh_token_stored_privately_a
             "pause",
             "grant-bonus",
             "--reason",
-            "renewal test",
+            "sign-in test",
         ])
         .output()
         .unwrap();
-
     assert!(paused.status.success(), "{}", text(&paused));
-    let requests = provider.token_requests.lock().unwrap().clone();
-    assert_eq!(requests.len(), 1, "one renewal: {requests:?}");
-    let paused_by: String =
-        sqlx::query_scalar("SELECT paused_by FROM function_pauses WHERE function_name = ?")
-            .bind("grant-bonus")
-            .fetch_one(&env.db)
-            .await
-            .unwrap();
-    assert!(paused_by.contains("alice"), "{paused_by}");
-    let stored = home.stored();
-    assert_eq!(stored["access_token"], renewed_token.as_str());
-    assert_eq!(stored["refresh_token"], SECOND_REFRESH_TOKEN);
-    let expires_at: chrono::DateTime<chrono::Utc> =
-        serde_json::from_value(stored["expires_at"].clone()).unwrap();
-    assert!(expires_at > chrono::Utc::now() + chrono::TimeDelta::minutes(9));
-    assert_eq!(mode(&home.0.join("paybus")), 0o700);
-    assert_eq!(mode(&home.credentials()), 0o600);
+    let logged: (String, String, String, String) = sqlx::query_as(
+        "SELECT actor, actor_issuer, actor_subject, auth_method FROM ops_log \
+         WHERE action = 'function.pause'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        logged,
+        (
+            "alice@example.com".to_owned(),
+            issuer.clone(),
+            "alice".to_owned(),
+            "OIDC".to_owned()
+        )
+    );
 
-    // Renewed once: the next call sends the stored token as it is.
+    // An hour later: the call renews the token at the provider first, and keeps the new one.
+    home.age_the_sign_in();
     let resumed = as_signed_in()
         .args(["functions", "resume", "grant-bonus"])
         .output()
         .unwrap();
     assert!(resumed.status.success(), "{}", text(&resumed));
-    assert_eq!(provider.token_requests.lock().unwrap().len(), 1);
+    let renewed = home.stored();
+    assert_ne!(renewed["access_token"], first["access_token"]);
+    let expires_at: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(renewed["expires_at"].clone()).unwrap();
+    assert!(expires_at > chrono::Utc::now() + chrono::TimeDelta::minutes(5));
+    assert_eq!(mode(&home.credentials()), 0o600);
+    let resumed_by: String =
+        sqlx::query_scalar("SELECT actor_subject FROM ops_log WHERE action = 'function.resume'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(resumed_by, "alice");
 
     let whoami = as_signed_in().arg("whoami").output().unwrap();
     let said = text(&whoami);
     assert!(whoami.status.success(), "{said}");
-    assert!(said.contains("subject: alice"), "{said}");
-    assert!(said.contains("without verifying it"), "{said}");
-    for output in [&paused, &resumed, &whoami] {
+    assert!(
+        said.contains("subject: alice") && said.contains(&issuer),
+        "{said}"
+    );
+    let tokens = [
+        first["access_token"].as_str().unwrap(),
+        renewed["access_token"].as_str().unwrap(),
+        renewed["refresh_token"].as_str().unwrap(),
+        &first_refresh,
+    ];
+    for output in [&signed_in, &paused, &resumed, &whoami] {
         let printed = text(output);
         assert!(
-            !printed.contains(&renewed_token) && !printed.contains(SECOND_REFRESH_TOKEN),
+            tokens.iter().all(|token| !printed.contains(token)),
             "a token was printed: {printed}"
         );
     }
 
+    let kept = home.stored();
     let logout = as_signed_in().arg("logout").output().unwrap();
     assert!(logout.status.success(), "{}", text(&logout));
-    let revocations = provider.revocations.lock().unwrap().clone();
-    assert_eq!(revocations.len(), 1);
-    assert_eq!(
-        field(&revocations[0], "token"),
-        Some(SECOND_REFRESH_TOKEN),
-        "{revocations:?}"
-    );
-    assert_eq!(field(&revocations[0], "client_id"), Some(CLIENT_ID));
     assert!(!home.credentials().exists());
+    let revoked = renew_at_provider(&api, kept["refresh_token"].as_str().unwrap()).await;
+    assert_eq!(revoked["error"], "invalid_grant", "{revoked}");
     let after = as_signed_in()
         .args(["functions", "pause", "grant-bonus", "--reason", "x"])
         .output()
         .unwrap();
     assert_eq!(after.status.code(), Some(1));
     assert!(text(&after).contains("not signed in"), "{}", text(&after));
+
+    // The revoked sign-in put back by hand: the renewal is refused, and the command says to
+    // sign in again.
+    std::fs::create_dir_all(home.0.join("paybus")).unwrap();
+    std::fs::write(home.credentials(), kept.to_string()).unwrap();
+    home.age_the_sign_in();
+    let refused = as_signed_in()
+        .args(["functions", "pause", "grant-bonus", "--reason", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused).contains("invalid_grant") && text(&refused).contains("paybus login"),
+        "{}",
+        text(&refused)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sign_in_is_sent_to_no_other_api_and_a_refused_renewal_asks_to_sign_in_again() {
+async fn a_sign_in_is_sent_to_no_other_api() {
     let env = TestEnv::new().await;
-    let api = ApiProcess::start(&env).await;
-    let provider = Provider::start(api.token_of("alice", &["ADMIN"])).await;
+    let Some(api) = ApiProcess::with_provider(&env, &[]).await else {
+        return;
+    };
     let home = ConfigHome::new();
-    home.plant_expired_sign_in("https://paybus.example.com", &provider.issuer);
+    assert!(login(&api, &env, &home, "alice").await.status.success());
+    let mut stored = home.stored();
+    stored["api"] = json!("https://paybus.example.com");
+    std::fs::write(home.credentials(), stored.to_string()).unwrap();
 
     let elsewhere = api
         .cli(&env)
@@ -284,24 +279,6 @@ async fn a_sign_in_is_sent_to_no_other_api_and_a_refused_renewal_asks_to_sign_in
         text(&elsewhere).contains("signed in to https://paybus.example.com, not http://127.0.0.1:"),
         "{}",
         text(&elsewhere)
-    );
-    assert!(provider.token_requests.lock().unwrap().is_empty());
-
-    home.plant_expired_sign_in(&api.base_url, &provider.issuer);
-    let mut stored = home.stored();
-    stored["refresh_token"] = json!("a-refresh-token-the-provider-forgot");
-    std::fs::write(home.credentials(), stored.to_string()).unwrap();
-    let refused = api
-        .cli(&env)
-        .env("XDG_CONFIG_HOME", &home.0)
-        .args(["functions", "resume", "grant-bonus"])
-        .output()
-        .unwrap();
-    assert_eq!(refused.status.code(), Some(1));
-    assert!(
-        text(&refused).contains("invalid_grant") && text(&refused).contains("paybus login"),
-        "{}",
-        text(&refused)
     );
 }
 

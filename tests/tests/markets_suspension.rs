@@ -577,7 +577,11 @@ async fn vanished_and_unfailing_cancels_end_failed_with_dead_letters_and_ops_can
         logged,
         [
             ("w4-tests (break-glass)", "market.resume", "market:BTC"),
-            ("w4-tests (break-glass)", "market.retry_failed_tasks", "market:BTC"),
+            (
+                "w4-tests (break-glass)",
+                "market.retry_failed_tasks",
+                "market:BTC"
+            ),
             ("w4-tests (break-glass)", "market.suspend", "market:BTC"),
         ]
     );
