@@ -3,7 +3,8 @@
 //! depth and consumers, NEW dead letters and failures in the last hour; the outbox's lag; the
 //! work tables' due, stuck and held rows; partners whose webhook breaker is not closed; the
 //! continuous auditor's last pass; whether the broker blocks this process's connection (a
-//! resource alarm: each process reports its own link, as its `paybus_broker_blocked` does).
+//! resource alarm: each process reports its own link, as its `paybus_broker_blocked` does);
+//! whether break-glass tokens are taken here and what was changed with them in the last day.
 //!
 //! Messages processed per function are counters of each process (`paybus_messages_total` on
 //! `/metrics`): Prometheus sums them across processes and Lambdas; this page does not pretend
@@ -39,6 +40,21 @@ pub struct Overview {
     /// disk`): nothing is published until the alarm clears, and the queues' depth is not asked
     /// (their depth shows as `null`).
     pub broker_blocked: Option<String>,
+    pub break_glass: BreakGlassLine,
+}
+
+/// Break-glass in use: whoever holds the shared secret can mint any name, so every change made
+/// with one is shown here until a day has passed.
+#[derive(Debug, Clone, Serialize)]
+pub struct BreakGlassLine {
+    /// This API takes break-glass tokens (`PAYBUS_BREAK_GLASS`).
+    pub enabled: bool,
+    /// Changes in the ops log made with a break-glass token in the last 24 hours.
+    pub changes_last_day: u64,
+    /// The latest of them.
+    pub last_change_at: Option<DateTime<Utc>>,
+    /// The names their tokens gave (at most ten).
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -92,6 +108,7 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
         sqlx::query_as("SELECT finished_at, violations FROM audit_passes ORDER BY id DESC LIMIT 1")
             .fetch_optional(&mut *conn)
             .await?;
+    let break_glass = break_glass_line(&mut conn, state.break_glass).await?;
     drop(conn);
 
     let count = |list: &[(String, u64)], name: &str| {
@@ -164,6 +181,32 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
         },
         broker_unreachable,
         broker_blocked,
+        break_glass,
+    })
+}
+
+/// The ops log's day of break-glass changes (its `created_at` index bounds the read to a day
+/// of ops actions).
+async fn break_glass_line(
+    conn: &mut sqlx::MySqlConnection,
+    enabled: bool,
+) -> Result<BreakGlassLine, ApiError> {
+    let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT actor, COUNT(*), MAX(created_at) FROM ops_log \
+         WHERE created_at > NOW(6) - INTERVAL 1 DAY AND auth_method = ? \
+         GROUP BY actor ORDER BY MAX(created_at) DESC",
+    )
+    .bind(paybus_platform::actor::AuthMethod::BreakGlass.to_string())
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(BreakGlassLine {
+        enabled,
+        changes_last_day: rows
+            .iter()
+            .map(|(_, n, _)| u64::try_from(*n).unwrap_or(0))
+            .sum(),
+        last_change_at: rows.first().map(|(_, _, at)| *at),
+        names: rows.into_iter().take(10).map(|(name, _, _)| name).collect(),
     })
 }
 
@@ -172,7 +215,7 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
     path = "/v1/admin/overview",
     tag = "functions",
     security(("admin_token" = [])),
-    responses((status = 200, description = "Per function: paused or consuming, queue depth and consumers, NEW dead letters, failures in the last hour; the outbox's lag; work tables' due, stuck and held rows; breakers not closed; the auditor's last pass; `broker_blocked`: the broker's reason while it blocks this process's connection (a resource alarm), else null", body = Object), crate::responses::AdminErrors)
+    responses((status = 200, description = "Per function: paused or consuming, queue depth and consumers, NEW dead letters, failures in the last hour; the outbox's lag; work tables' due, stuck and held rows; breakers not closed; the auditor's last pass; `broker_blocked`: the broker's reason while it blocks this process's connection (a resource alarm), else null; `break_glass`: whether this API takes break-glass tokens, and the changes made with them in the last 24 hours (count, latest, names)", body = Object), crate::responses::AdminErrors)
 )]
 async fn overview(State(state): State<AppState>) -> Result<Json<Overview>, ApiError> {
     Ok(Json(read(&state).await?))

@@ -212,6 +212,36 @@ async fn break_glass_works_only_where_enabled_is_marked_and_is_never_one_of_four
             .any(|l| l.starts_with("paybus_break_glass_requests_total ") && !l.ends_with(" 0")),
         "{metrics}"
     );
+    // The overview shows it to everyone who looks, and a person's change is not counted.
+    let (resumed, _) = on
+        .call(bearer(
+            Method::POST,
+            &CHANGE.replace("/pause", "/resume"),
+            &on.person("alice"),
+        ))
+        .await;
+    assert_eq!(resumed, StatusCode::OK);
+    let (_, overview) = on
+        .call(bearer(
+            Method::GET,
+            "/v1/admin/overview",
+            &on.person("dave"),
+        ))
+        .await;
+    let shown = &overview["break_glass"];
+    assert_eq!(shown["enabled"], true, "{overview}");
+    assert_eq!(shown["changes_last_day"], 1, "{overview}");
+    assert_eq!(shown["names"], serde_json::json!(["tests (break-glass)"]));
+    assert!(shown["last_change_at"].is_string(), "{overview}");
+    let (_, quiet) = off
+        .call(bearer(
+            Method::GET,
+            "/v1/admin/overview",
+            &off.person("dave"),
+        ))
+        .await;
+    assert_eq!(quiet["break_glass"]["enabled"], false, "{quiet}");
+    assert_eq!(quiet["break_glass"]["changes_last_day"], 0, "{quiet}");
 
     // Four-eyes: a job retry asked by a person, then "approved" with the break-glass token.
     let job = failed_job(&on).await;
