@@ -189,8 +189,79 @@ pub const ASYNC_MATCHING_ENABLED: PlainSetting = PlainSetting {
     allowed: &["false", "true"],
 };
 
+pub const OIDC_ISSUER: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_ISSUER",
+    parameter: "OidcIssuer",
+    description: "PAYBUS_OIDC_ISSUER: the identity provider people sign in with, its issuer URL (Amazon Cognito: https://cognito-idp.<region>.amazonaws.com/<user pool id>). Empty: nobody can sign in and only break-glass tokens reach the admin API (BreakGlass)",
+    default: "",
+    allowed: &[],
+};
+pub const OIDC_AUDIENCE: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_AUDIENCE",
+    parameter: "OidcAudience",
+    description: "PAYBUS_OIDC_AUDIENCE: what the provider's access tokens for paybus name in aud (Amazon Cognito: the app client id, which its access tokens carry in client_id); required with OidcIssuer",
+    default: "",
+    allowed: &[],
+};
+pub const OIDC_ROLES_CLAIM: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_ROLES_CLAIM",
+    parameter: "OidcRolesClaim",
+    description: "PAYBUS_OIDC_ROLES_CLAIM: the token claim that lists a person's groups (Amazon Cognito: cognito:groups)",
+    default: "cognito:groups",
+    allowed: &[],
+};
+pub const OIDC_ADMIN_GROUPS: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_ADMIN_GROUPS",
+    parameter: "OidcAdminGroups",
+    description: "PAYBUS_OIDC_ADMIN_GROUPS: the groups whose people are ADMIN (comma-separated)",
+    default: "paybus-admins",
+    allowed: &[],
+};
+pub const OIDC_OPS_GROUPS: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_OPS_GROUPS",
+    parameter: "OidcOpsGroups",
+    description: "PAYBUS_OIDC_OPS_GROUPS: the groups whose people are OPS (comma-separated); anyone else is refused",
+    default: "paybus-ops",
+    allowed: &[],
+};
+pub const OIDC_CLI_CLIENT_ID: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_CLI_CLIENT_ID",
+    parameter: "OidcCliClientId",
+    description: "PAYBUS_OIDC_CLI_CLIENT_ID: the provider's public client paybus login uses (the device authorization grant)",
+    default: "paybus-cli",
+    allowed: &[],
+};
+pub const BREAK_GLASS: PlainSetting = PlainSetting {
+    variable: "PAYBUS_BREAK_GLASS",
+    parameter: "BreakGlass",
+    description: "PAYBUS_BREAK_GLASS: true lets the admin API also take tokens signed with the admin JWT key (paybus token issue), each marked break-glass and alarmed on; for a first deployment before the provider is set up, or a provider outage",
+    default: "false",
+    allowed: &["false", "true"],
+};
+
+/// The identity provider's settings, which only the API reads.
+pub const IDENTITY_SETTINGS: &[PlainSetting] = &[
+    OIDC_ISSUER,
+    OIDC_AUDIENCE,
+    OIDC_ROLES_CLAIM,
+    OIDC_ADMIN_GROUPS,
+    OIDC_OPS_GROUPS,
+    OIDC_CLI_CLIENT_ID,
+    BREAK_GLASS,
+];
+
 /// Every plain setting parameter of the template, in its order.
-pub const PLAIN_SETTINGS: &[PlainSetting] = &[QUOTE_URL, ASYNC_MATCHING_ENABLED];
+pub const PLAIN_SETTINGS: &[PlainSetting] = &[
+    QUOTE_URL,
+    ASYNC_MATCHING_ENABLED,
+    OIDC_ISSUER,
+    OIDC_AUDIENCE,
+    OIDC_ROLES_CLAIM,
+    OIDC_ADMIN_GROUPS,
+    OIDC_OPS_GROUPS,
+    OIDC_CLI_CLIENT_ID,
+    BREAK_GLASS,
+];
 
 /// What one Lambda reads beyond the globals every function gets (the database URL's
 /// reference, the pool size, the batch concurrency, the log settings).
@@ -244,7 +315,7 @@ pub fn needs(binary: &str) -> Needs {
                     // The partner API checks partners' keys.
                     PARTNER_KEY_HASH_KEY,
                 ],
-                settings: vec![ASYNC_MATCHING_ENABLED],
+                settings: [&[ASYNC_MATCHING_ENABLED], IDENTITY_SETTINGS].concat(),
             };
             // The create route matches inline with the same quote service as match-deposit.
             api.add(function_needs("match-deposit"));

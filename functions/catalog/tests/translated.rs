@@ -751,3 +751,49 @@ fn a_four_shard_function_translates_into_four_mappings_whose_role_may_use_them()
         ["Variables"];
     assert_eq!(environment["PAYBUS_SHARDS"], "confirm-withdrawal=4");
 }
+
+#[test]
+fn a_cognito_user_pool_reaches_the_api_and_no_other_function() {
+    let translated = shipped();
+    let issuer = format!("https://cognito-idp.{REGION}.amazonaws.com/{REGION}_AbCdEfGhI");
+    let cognito: Vec<(String, String)> = [
+        ("OidcIssuer", issuer.as_str()),
+        ("OidcAudience", "4e9abcdefgh1234567ijklmnop"),
+        ("OidcAdminGroups", "payments-admins"),
+    ]
+    .iter()
+    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+    .collect();
+    let stack = deploy(&translated, &cognito);
+    let environment = |function: &str| {
+        stack
+            .resolve(&translated["Resources"][function]["Properties"]["Environment"]["Variables"])
+            .unwrap()
+    };
+
+    let api = environment("ApiFunction");
+    assert_eq!(api["PAYBUS_OIDC_ISSUER"], issuer.as_str());
+    assert_eq!(api["PAYBUS_OIDC_AUDIENCE"], "4e9abcdefgh1234567ijklmnop");
+    assert_eq!(
+        api["PAYBUS_OIDC_ROLES_CLAIM"], "cognito:groups",
+        "Cognito's claim by default"
+    );
+    assert_eq!(api["PAYBUS_OIDC_ADMIN_GROUPS"], "payments-admins");
+    assert_eq!(api["PAYBUS_OIDC_OPS_GROUPS"], "paybus-ops");
+    assert_eq!(api["PAYBUS_BREAK_GLASS"], "false", "off unless asked for");
+    for lambda in sam::deployables() {
+        let function = format!("{}Function", lambda.logical_id);
+        if function == "ApiFunction" {
+            continue;
+        }
+        let variables = environment(&function);
+        assert!(
+            variables
+                .as_object()
+                .unwrap()
+                .keys()
+                .all(|name| !name.starts_with("PAYBUS_OIDC_") && name != "PAYBUS_BREAK_GLASS"),
+            "{function}: {variables}"
+        );
+    }
+}
