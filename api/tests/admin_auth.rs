@@ -127,3 +127,51 @@ async fn an_expired_token_says_it_expired() {
         (StatusCode::UNAUTHORIZED, "expired token")
     );
 }
+
+/// The same walk with the identity provider's people: carol (no paybus group) on reads and
+/// dave (OPS) on changes are refused 403; the provider's token expired, one for another
+/// audience, and a break-glass token while break-glass is off are 401. Nothing reaches a
+/// handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_operation_refuses_the_providers_people_without_the_role() {
+    let Some(api) = Api::with_provider(|config| config.break_glass = false).await else {
+        return;
+    };
+    let provider = api.provider.clone().expect("a provider");
+    let document = serde_json::to_value(paybus_api::openapi::document()).expect("serialise");
+    let operations = admin_operations(&document);
+    let mut expired = provider.claims_for("alice");
+    expired["exp"] = serde_json::json!(now() as u64 - 120);
+    let expired = format!("Bearer {}", provider.sign(expired));
+    let mut elsewhere = provider.claims_for("alice");
+    elsewhere["aud"] = serde_json::json!("urn:another:api");
+    let elsewhere = format!("Bearer {}", provider.sign(elsewhere));
+    let glass = format!("Bearer {}", token(&[Role::Admin]));
+    let carol = format!("Bearer {}", api.person("carol"));
+    let dave = format!("Bearer {}", api.person("dave"));
+
+    for (method, path) in &operations {
+        let underprivileged = if method == Method::GET { &carol } else { &dave };
+        for (case, authorization, expected) in [
+            ("an expired token", &expired, StatusCode::UNAUTHORIZED),
+            ("another API's token", &elsewhere, StatusCode::UNAUTHORIZED),
+            ("break-glass while off", &glass, StatusCode::UNAUTHORIZED),
+            (
+                "a person without the role",
+                underprivileged,
+                StatusCode::FORBIDDEN,
+            ),
+        ] {
+            let (status, body) = api
+                .call(request(method, path, Some(authorization.as_str())))
+                .await;
+            assert_eq!(
+                status, expected,
+                "{method} {path} with {case}: {status} {body}"
+            );
+            assert!(!error_of(&body).is_empty());
+        }
+    }
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM partners").await, 0);
+    assert_eq!(api.scalar("SELECT COUNT(*) FROM ops_log").await, 0);
+}
