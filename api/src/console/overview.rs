@@ -95,6 +95,20 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                     "The runbook: " code { "docs/operations.md#the-broker-blocks-publishers" } "."
                 }
             }
+            @if overview.break_glass.changes_last_day > 0 {
+                p.flash.warn #break-glass role="alert" {
+                    "Break-glass tokens changed things here in the last 24 hours: "
+                    strong { (overview.break_glass.changes_last_day) " change(s)" }
+                    " by " (overview.break_glass.names.join(", "))
+                    @if let Some(at) = overview.break_glass.last_change_at { ", the latest at " (at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                    ". Whoever holds the shared secret can mint any name: the ops log marks each one. The runbook: "
+                    code { "docs/operations.md#break-glass" } "."
+                }
+            } @else if overview.break_glass.enabled {
+                p.flash.warn #break-glass role="status" {
+                    "Break-glass is on (PAYBUS_BREAK_GLASS): this API also takes tokens signed with the shared secret, each marked break-glass. None changed anything in the last 24 hours."
+                }
+            }
             @if overview.broker_unreachable {
                 p.flash.warn role="status" { "The broker could not be asked for its queues: their depth is unknown." }
             }
