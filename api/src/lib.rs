@@ -22,6 +22,7 @@
 //! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
 //! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
 
+pub mod activity;
 mod admin;
 mod amount;
 pub mod approvals;
@@ -216,6 +217,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(secrets::admin_routes())
         .merge(trace::route::admin_routes())
         .merge(overview::admin_routes())
+        .merge(activity::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -44,6 +44,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::secrets::Doc::openapi(),
         crate::trace::route::Doc::openapi(),
         crate::overview::Doc::openapi(),
+        crate::activity::Doc::openapi(),
         crate::oidc::route::Doc::openapi(),
     ] {
         document.merge(part);

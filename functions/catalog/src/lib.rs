@@ -24,6 +24,7 @@ use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
     bus::{
         Runner, Services,
+        samples::BusSampler,
         sweeper::Job,
         topology::{self, FunctionQueue, Shards},
     },
@@ -98,8 +99,8 @@ pub fn register(runner: &mut Runner) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// Every function's maintenance jobs (the sweeper's, besides the outbox relay), and the
-/// continuous auditor over [`AUDIT`].
+/// Every function's maintenance jobs (the sweeper's, besides the outbox relay), the
+/// continuous auditor over [`AUDIT`], and the bus's sampler for the console's charts.
 pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
     let mut jobs: Vec<Arc<dyn Job>> = vec![Arc::new(
         Auditor::new(
@@ -112,6 +113,11 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
     for function in FUNCTIONS {
         jobs.extend(function.jobs(services)?);
     }
+    jobs.push(Arc::new(BusSampler::new(
+        services.pool.clone(),
+        services.link.clone(),
+        queues().iter().map(FunctionQueue::queue).collect(),
+    )));
     Ok(jobs)
 }
 

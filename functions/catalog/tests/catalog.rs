@@ -112,10 +112,11 @@ async fn paybus_run_starts_every_catalog_function_and_its_jobs() {
 
     assert_eq!(runner.queues(), paybus_catalog::queues().as_slice());
     let jobs = paybus_catalog::jobs(&services).unwrap();
-    let mut expected: Vec<&str> = vec!["outbox-relay"];
+    let mut expected: Vec<&str> = vec!["outbox-relay", "activity-flush"];
     expected.extend(jobs.iter().map(|job| job.name()));
     assert_eq!(runner.job_names(), expected);
     assert!(expected.contains(&"due-notifications"), "{expected:?}");
+    assert!(expected.contains(&"bus-sampler"), "{expected:?}");
 }
 
 // A function defined here, as a new crate would define it: the one `FunctionEntry::of` line is

@@ -54,6 +54,18 @@ async fn a_batch_with_a_duplicate_and_a_malformed_message_credits_each_deposit_o
             "deposit {id}"
         );
     }
+    // What the console charts: each invocation's tally is written before it answers (the
+    // environment may be frozen after): two batches of two credits, one duplicate, one
+    // unreadable message each.
+    let (done, skipped, failed): (u64, u64, u64) = sqlx::query_as(
+        "SELECT CAST(SUM(done) AS UNSIGNED), CAST(SUM(skipped) AS UNSIGNED), \
+                CAST(SUM(failed) AS UNSIGNED) \
+         FROM function_activity WHERE function_name = 'confirm-deposit'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!((done, skipped, failed), (2, 4, 2));
     assert_audit_clean(&env.db).await;
 }
 

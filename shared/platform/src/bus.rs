@@ -3,6 +3,7 @@
 //! Lambda adapter, the sweeper and the all-in-one runner.
 
 mod acks;
+pub mod activity;
 pub mod consumer;
 pub mod dead_letter;
 pub mod delivery;
@@ -17,6 +18,7 @@ pub mod pauses;
 mod published_marks;
 pub mod publisher;
 pub mod runner;
+pub mod samples;
 pub mod services;
 pub mod skips;
 pub mod sweeper;

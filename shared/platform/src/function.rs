@@ -385,7 +385,12 @@ pub async fn run<F: Function>() -> Result<(), FunctionError> {
 /// invocation if one failed; locally each job runs on its own timer until SIGTERM.
 pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
     let all_jobs = |services: &Services| -> Result<Vec<Arc<dyn Job>>, BuildError> {
-        let mut all = vec![outbox_relay_job(services)];
+        let mut all: Vec<Arc<dyn Job>> = vec![
+            outbox_relay_job(services),
+            Arc::new(crate::bus::activity::ActivityFlush::new(
+                services.pool.clone(),
+            )),
+        ];
         all.extend(jobs(services)?);
         Ok(all)
     };

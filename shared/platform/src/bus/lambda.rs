@@ -134,7 +134,11 @@ where
                 event.context.xray_trace_id.as_deref(),
             )
             .await;
-            // The environment may be frozen the moment the answer is sent: export now.
+            // The environment may be frozen the moment the answer is sent: record and export
+            // now.
+            if let Err(error) = super::activity::flush(&services.pool).await {
+                tracing::warn!(%error, "could not record this batch's activity counts");
+            }
             if crate::telemetry::tracing_enabled() {
                 let _ = tokio::task::spawn_blocking(crate::telemetry::flush).await;
             }

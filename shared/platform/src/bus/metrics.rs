@@ -41,6 +41,7 @@ fn registry() -> &'static Mutex<BTreeMap<Key, Stat>> {
 }
 
 pub fn record(function: &str, outcome: &'static str, elapsed: Duration) {
+    super::activity::count(function, outcome);
     let exported = exported();
     exported
         .messages
@@ -384,13 +385,8 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// How long a row may sit due (or claimed) before it counts as stuck.
 pub const STUCK_AFTER: Duration = Duration::from_secs(15 * 60);
 
-/// Reads the scrape-time [`Gauges`]: the outbox backlog, NEW dead letters per function, and
-/// each of `work_tables`' due and stuck rows (every statement on an index named for it).
-pub async fn read_gauges(
-    pool: &sqlx::MySqlPool,
-    work_tables: &[&crate::retry::WorkTable],
-) -> Result<Gauges, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
+/// Outbox rows not yet published, and the age of the oldest in seconds (0 with none).
+pub async fn outbox_lag(conn: &mut sqlx::MySqlConnection) -> Result<(u64, f64), sqlx::Error> {
     let (backlog, oldest): (i64, Option<f64>) = sqlx::query_as(
         "SELECT COUNT(*), \
                 CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6 AS DOUBLE) \
@@ -398,6 +394,17 @@ pub async fn read_gauges(
     )
     .fetch_one(&mut *conn)
     .await?;
+    Ok((u64::try_from(backlog).unwrap_or(0), oldest.unwrap_or(0.0)))
+}
+
+/// Reads the scrape-time [`Gauges`]: the outbox backlog, NEW dead letters per function, and
+/// each of `work_tables`' due and stuck rows (every statement on an index named for it).
+pub async fn read_gauges(
+    pool: &sqlx::MySqlPool,
+    work_tables: &[&crate::retry::WorkTable],
+) -> Result<Gauges, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let (outbox_backlog, outbox_oldest_seconds) = outbox_lag(&mut conn).await?;
     // From the counts every dead-letter write keeps: exact, and a read of a few rows. Counting
     // the NEW letters read every one of them (0.13-0.16 s at 500,000 on every scrape and
     // every overview, `paybus-lab bench ops-queries`).
@@ -421,8 +428,8 @@ pub async fn read_gauges(
     let mut gauges = Gauges {
         audit_last_pass_age_seconds,
         paused_functions,
-        outbox_backlog: u64::try_from(backlog).unwrap_or(0),
-        outbox_oldest_seconds: oldest.unwrap_or(0.0),
+        outbox_backlog,
+        outbox_oldest_seconds,
         dead_letters: dead_letters.into_iter().collect(),
         ..Gauges::default()
     };

@@ -6,6 +6,7 @@ use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Durat
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    activity::ActivityFlush,
     consumer::consume,
     dead_letter::{DeadLetterRecorder, UnroutedRecorder},
     delivery::Processor,
@@ -44,7 +45,10 @@ impl Runner {
     /// registered.
     pub fn new(services: Services) -> Self {
         let mut runner = Self {
-            jobs: vec![outbox_relay_job(&services)],
+            jobs: vec![
+                outbox_relay_job(&services),
+                Arc::new(ActivityFlush::new(services.pool.clone())),
+            ],
             queues: Vec::new(),
             starters: Vec::new(),
             pauses: PauseReader::new(services.pool.clone()),
@@ -220,6 +224,10 @@ impl Runner {
                     tracing::error!(%join_error, task = %name, "a runner's task panicked");
                 }
             }
+        }
+        // What the last messages counted before the stop (the flush job's timer is gone).
+        if let Err(error) = super::activity::flush(&self.services.pool).await {
+            tracing::warn!(%error, "could not record the last activity counts");
         }
         first_error.map_or(Ok(()), Err)
     }

@@ -84,7 +84,9 @@ impl OutboxRelayJob {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("{failed} outbox message(s) could not be published: the broker is unreachable or blocks publishers (each row's last_error says which)")]
+#[error(
+    "{failed} outbox message(s) could not be published: the broker is unreachable or blocks publishers (each row's last_error says which)"
+)]
 pub struct RelayStalled {
     pub failed: u64,
 }
