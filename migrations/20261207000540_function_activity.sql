@@ -9,8 +9,8 @@ CREATE TABLE function_activity (
     skipped BIGINT UNSIGNED NOT NULL DEFAULT 0,
     retried BIGINT UNSIGNED NOT NULL DEFAULT 0,
     failed BIGINT UNSIGNED NOT NULL DEFAULT 0,
-    PRIMARY KEY (function_name, minute_at),
-    KEY index_function_activity_minute (minute_at)
+    -- Clustered by time: the charts read a range of minutes, every function's at once.
+    PRIMARY KEY (minute_at, function_name)
 ) ENGINE = InnoDB;
 
 -- The bus sampled once a minute by the sweeper's sampler: each function queue's ready

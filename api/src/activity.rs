@@ -16,7 +16,7 @@ use axum::{
     extract::{Query, State, rejection::QueryRejection},
     routing::get,
 };
-use chrono::{DateTime, DurationRound, NaiveDateTime, TimeDelta, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState};
@@ -41,6 +41,14 @@ pub enum Window {
 }
 
 impl Window {
+    /// `TIMESTAMPDIFF`'s unit of a bucket.
+    fn unit(self) -> &'static str {
+        match self {
+            Self::Hour => "MINUTE",
+            Self::Day => "HOUR",
+        }
+    }
+
     fn bucket(self) -> TimeDelta {
         match self {
             Self::Hour => TimeDelta::minutes(1),
@@ -124,8 +132,9 @@ fn index_of(starts: &[DateTime<Utc>], step: TimeDelta, at: DateTime<Utc>) -> Opt
     (index < starts.len()).then_some(index)
 }
 
-fn utc(at: NaiveDateTime) -> DateTime<Utc> {
-    at.and_utc()
+/// A bucket number the server computed, if it is one of the window's `len`.
+fn bucket_index(bucket: i64, len: usize) -> Option<usize> {
+    usize::try_from(bucket).ok().filter(|&i| i < len)
 }
 
 /// Reads the figures of `window` (four indexed range reads).
@@ -136,13 +145,19 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
     let from = starts.first().copied().unwrap_or(now).naive_utc();
     let mut conn = state.pool.acquire().await?;
 
-    let rows: Vec<(String, NaiveDateTime, u64, u64, u64, u64)> = sqlx::query_as(
-        "SELECT function_name, minute_at, done, skipped, retried, failed \
-         FROM function_activity WHERE minute_at >= ?",
-    )
-    .bind(from)
-    .fetch_all(&mut *conn)
-    .await?;
+    // Bucketed by the server: a day is every function's 1,440 rows, a chart 24 values.
+    let unit = window.unit();
+    let rows: Vec<(String, i64, u64, u64, u64, u64)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT function_name, TIMESTAMPDIFF({unit}, ?, minute_at) AS bucket, \
+                CAST(SUM(done) AS UNSIGNED), CAST(SUM(skipped) AS UNSIGNED), \
+                CAST(SUM(retried) AS UNSIGNED), CAST(SUM(failed) AS UNSIGNED) \
+         FROM function_activity WHERE minute_at >= ? GROUP BY function_name, bucket"
+        )))
+        .bind(from)
+        .bind(from)
+        .fetch_all(&mut *conn)
+        .await?;
     let zeros = vec![0; starts.len()];
     let mut functions: Vec<FunctionActivity> = state
         .functions
@@ -155,8 +170,8 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
             failed: zeros.clone(),
         })
         .collect();
-    for (name, minute, done, skipped, retried, failed) in rows {
-        let Some(i) = index_of(&starts, step, utc(minute)) else {
+    for (name, bucket, done, skipped, retried, failed) in rows {
+        let Some(i) = bucket_index(bucket, starts.len()) else {
             continue;
         };
         // A function no longer in the catalog keeps its rows until they are pruned.
@@ -169,10 +184,12 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
         function.failed[i] += failed;
     }
 
-    let samples: Vec<(String, NaiveDateTime, Option<u64>)> = sqlx::query_as(
-        "SELECT queue_name, minute_at, ready FROM queue_samples WHERE minute_at >= ? \
-         ORDER BY queue_name",
-    )
+    let samples: Vec<(String, i64, Option<u64>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT queue_name, TIMESTAMPDIFF({unit}, ?, minute_at) AS bucket, \
+                CAST(MAX(ready) AS UNSIGNED) \
+         FROM queue_samples WHERE minute_at >= ? GROUP BY queue_name, bucket"
+    )))
+    .bind(from)
     .bind(from)
     .fetch_all(&mut *conn)
     .await?;
@@ -182,8 +199,8 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
         .flat_map(|f| state.shards.queues(f.queue))
         .map(|queue| (queue.queue(), vec![None; starts.len()]))
         .collect();
-    for (queue, minute, ready) in samples {
-        let Some(i) = index_of(&starts, step, utc(minute)) else {
+    for (queue, bucket, ready) in samples {
+        let Some(i) = bucket_index(bucket, starts.len()) else {
             continue;
         };
         let Some(series) = queues.get_mut(&queue) else {
@@ -192,20 +209,23 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
         series[i] = series[i].max(ready);
     }
 
-    let outbox: Vec<(NaiveDateTime, u64, f64)> = sqlx::query_as(
-        "SELECT minute_at, backlog, oldest_seconds FROM outbox_samples WHERE minute_at >= ?",
-    )
+    let outbox: Vec<(i64, u64, f64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT TIMESTAMPDIFF({unit}, ?, minute_at) AS bucket, CAST(MAX(backlog) AS UNSIGNED), \
+                MAX(oldest_seconds) \
+         FROM outbox_samples WHERE minute_at >= ? GROUP BY bucket"
+    )))
+    .bind(from)
     .bind(from)
     .fetch_all(&mut *conn)
     .await?;
     let mut outbox_backlog = vec![None; starts.len()];
     let mut outbox_oldest_seconds: Vec<Option<f64>> = vec![None; starts.len()];
-    for (minute, backlog, oldest) in outbox {
-        let Some(i) = index_of(&starts, step, utc(minute)) else {
+    for (bucket, backlog, oldest) in outbox {
+        let Some(i) = bucket_index(bucket, starts.len()) else {
             continue;
         };
-        outbox_backlog[i] = outbox_backlog[i].max(Some(backlog));
-        outbox_oldest_seconds[i] = Some(outbox_oldest_seconds[i].map_or(oldest, |o| o.max(oldest)));
+        outbox_backlog[i] = Some(backlog);
+        outbox_oldest_seconds[i] = Some(oldest);
     }
 
     let hours = buckets(Window::Day, now);

@@ -1,6 +1,7 @@
 //! `paybus-lab bench ops-queries`: every console page and every ops list, group and count
 //! route, timed over HTTP against tables the size of a long-lived deployment's: `--rows`
-//! dead letters, `--rows` bonus jobs and `--rows` cancel tasks (5,000,000 each by default).
+//! dead letters (each with its failure), `--rows` bonus jobs and `--rows` cancel tasks
+//! (5,000,000 each by default), and the charts' eight days of activity and samples.
 //!
 //! The rows are loaded set-based (`INSERT … SELECT` over a digits table) in the shapes a real
 //! deployment accumulates: most letters archived or replayed and one in ten still NEW (real
@@ -74,6 +75,13 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
         grouped(rows),
         started.elapsed()
     );
+    let started = Instant::now();
+    load_failures(pool).await?;
+    load_activity(pool).await?;
+    println!(
+        "loaded a failure for each letter and 8 days of activity in {:.1?}",
+        started.elapsed()
+    );
     // Loaded around the recorder: their groups are counted as a deploy's recount would.
     let started = Instant::now();
     group_counts::recount(pool).await?;
@@ -92,9 +100,12 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
         grouped(rows),
         started.elapsed()
     );
-    sqlx::query("ANALYZE TABLE dead_letters, charge_event_job, tasks, task_batches")
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "ANALYZE TABLE dead_letters, dead_letter_failures, charge_event_job, tasks, \
+         task_batches, function_activity, queue_samples, outbox_samples",
+    )
+    .execute(pool)
+    .await?;
 
     let api = BenchApi::start(&services).await?;
     let (base, token) = (&api.base, &api.token);
@@ -253,6 +264,8 @@ fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str) -> Vec<Route> {
     };
     vec![
         api("/v1/admin/overview".into()),
+        api("/v1/admin/activity".into()),
+        api("/v1/admin/activity?window=day".into()),
         api("/v1/admin/dead-letters".into()),
         api("/v1/admin/dead-letters?status=NEW&function=confirm-withdrawal&reason=rejected".into()),
         api("/v1/admin/dead-letters/groups".into()),
@@ -536,6 +549,83 @@ async fn load_dead_letters(
             routing_key = message.routing_key,
             template = template.replace('\'', "''"),
         ),
+    )
+    .await
+}
+
+/// A failure for each letter, when it failed (what the recorder writes beside a letter).
+async fn load_failures(pool: &MySqlPool) -> anyhow::Result<()> {
+    let (first, last): (Option<u64>, Option<u64>) =
+        sqlx::query_as("SELECT MIN(id), MAX(id) FROM dead_letters")
+            .fetch_one(pool)
+            .await?;
+    let (Some(mut from), Some(last)) = (first, last) else {
+        return Ok(());
+    };
+    while from <= last {
+        sqlx::query(
+            "INSERT INTO dead_letter_failures (failure_id, dead_letter_id, failed_at) \
+             SELECT CONCAT('bench-f-', id), dead_letter_id, failed_at FROM dead_letters \
+             WHERE id >= ? AND id < ?",
+        )
+        .bind(from)
+        .bind(from + LOAD_STEP)
+        .execute(pool)
+        .await
+        .with_context(|| format!("loading dead-letter failures from letter {from}"))?;
+        from += LOAD_STEP;
+    }
+    Ok(())
+}
+
+/// Eight days (the retention) of every function's minutes and the sampler's rows: what the
+/// charts read from.
+async fn load_activity(pool: &MySqlPool) -> anyhow::Result<()> {
+    const MINUTES: u64 = 8 * 1_440;
+    for function in paybus_catalog::FUNCTIONS {
+        load(
+            pool,
+            "function activity",
+            MINUTES,
+            &format!(
+                "INSERT INTO function_activity (function_name, minute_at, done, skipped, \
+                 retried, failed) \
+                 SELECT '{name}', TIMESTAMPADD(MINUTE, -CAST({{n}} AS SIGNED), \
+                        DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%d %H:%i:00')), \
+                        600 + {{n}} % 120, {{n}} % 7, {{n}} % 3, {{n}} % 11 DIV 10 \
+                 FROM {{numbers}} WHERE n >= ? AND n < ?",
+                name = function.name
+            ),
+        )
+        .await?;
+        for queue in paybus_catalog::queues()
+            .iter()
+            .filter(|q| q.function == function.name)
+        {
+            load(
+                pool,
+                "queue samples",
+                MINUTES,
+                &format!(
+                    "INSERT INTO queue_samples (minute_at, queue_name, ready, consumers) \
+                     SELECT TIMESTAMPADD(MINUTE, -CAST({{n}} AS SIGNED), \
+                            DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%d %H:%i:00')), \
+                            '{queue}', {{n}} % 50, 1 \
+                     FROM {{numbers}} WHERE n >= ? AND n < ?",
+                    queue = queue.queue()
+                ),
+            )
+            .await?;
+        }
+    }
+    load(
+        pool,
+        "outbox samples",
+        MINUTES,
+        "INSERT INTO outbox_samples (minute_at, backlog, oldest_seconds) \
+         SELECT TIMESTAMPADD(MINUTE, -CAST({n} AS SIGNED), \
+                DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%d %H:%i:00')), {n} % 40, {n} % 5 \
+         FROM {numbers} WHERE n >= ? AND n < ?",
     )
     .await
 }
