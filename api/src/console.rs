@@ -22,6 +22,7 @@
 mod actions;
 mod approvals;
 mod audit;
+mod charts;
 mod dead_letters;
 mod jobs;
 mod layout;
