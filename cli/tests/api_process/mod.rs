@@ -33,7 +33,12 @@ impl ApiProcess {
     /// [`start`](Self::start) with `vars` changed in its environment: set to `Some`, removed
     /// for `None` (four-eyes off, other secrets keys, ...).
     pub async fn start_with(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Self {
-        let port = free_port();
+        Self::start_on(env, free_port(), vars).await
+    }
+
+    /// [`start_with`](Self::start_with) on `port`, for a test that must name the address
+    /// before the process starts (an identity provider's redirect URIs).
+    pub async fn start_on(env: &TestEnv, port: u16, vars: &[(&str, Option<&str>)]) -> Self {
         let log = std::env::var("TEST_LOG").map_or_else(|_| Stdio::null(), |_| Stdio::inherit());
         let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
         command
