@@ -177,3 +177,31 @@ pub fn output_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("create the test output directory");
     dir
 }
+
+/// A console session for `token`'s holder, opened at `base_url` with the login page's
+/// break-glass form (the process must have break-glass on): the `paybus_console` cookie's
+/// value. The console keeps sessions, not tokens, in its cookie.
+pub async fn console_session(base_url: &str, token: &str) -> String {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    // A JWT is base64url and dots: nothing to escape in a form.
+    let answer = client
+        .post(format!("{base_url}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}"))
+        .send()
+        .await
+        .expect("the console's login");
+    assert_eq!(answer.status(), 303, "the break-glass session opens");
+    answer
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .find_map(|cookie| cookie.strip_prefix("paybus_console=")?.split(';').next())
+        .filter(|secret| !secret.is_empty())
+        .expect("a session cookie")
+        .to_owned()
+}
