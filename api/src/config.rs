@@ -1,7 +1,7 @@
 //! The API's own settings, read once at start-up (the platform's `Settings` carry only what
 //! every process shares: database, broker, logs).
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use paybus_bonuses::BonusRules;
 use paybus_p2p::MatchingConfig;
@@ -62,6 +62,36 @@ pub const VAR_PAYMENTS_SECRET: Setting = Setting {
     about: "HMAC secret the payment service signs gateway completions with (≥ 16 chars); \
             unset: `/v1/payments/*` answer 503",
 };
+pub const VAR_OIDC_CONSOLE_CLIENT_ID: Setting = Setting {
+    name: "PAYBUS_OIDC_CONSOLE_CLIENT_ID",
+    default: "`paybus-console`",
+    about: "the provider's confidential client the web console signs people in with (the \
+            authorization code flow with PKCE); its redirect URI is \
+            `{PAYBUS_CONSOLE_URL}/console/callback`, its post-logout redirect URI \
+            `{PAYBUS_CONSOLE_URL}/console/login`",
+};
+pub const VAR_OIDC_CONSOLE_CLIENT_SECRET: Setting = Setting {
+    name: "PAYBUS_OIDC_CONSOLE_CLIENT_SECRET",
+    default: "unset",
+    about: "that client's secret (≥ 16 chars; sent to the token endpoint with HTTP Basic); \
+            unset: the console offers no provider sign-in",
+};
+pub const VAR_CONSOLE_URL: Setting = Setting {
+    name: "PAYBUS_CONSOLE_URL",
+    default: "`http://` + `PAYBUS_HTTP_ADDR`",
+    about: "the console's public base URL as browsers reach it (scheme, host, port; no path), \
+            e.g. `https://ops.example.com`; `https` makes the session cookie `Secure`",
+};
+pub const VAR_CONSOLE_SESSION_HOURS: Setting = Setting {
+    name: "PAYBUS_CONSOLE_SESSION_HOURS",
+    default: "`12`",
+    about: "a console session ends this long after sign-in, however active (hours, 1 to 168)",
+};
+pub const VAR_CONSOLE_IDLE_MINUTES: Setting = Setting {
+    name: "PAYBUS_CONSOLE_IDLE_MINUTES",
+    default: "`30`",
+    about: "a console session ends after this long without a request (minutes, 1 to 1440)",
+};
 pub const VAR_ASYNC_MATCHING_ENABLED: Setting = Setting {
     name: "PAYBUS_ASYNC_MATCHING_ENABLED",
     default: "`false`",
@@ -81,7 +111,108 @@ pub const SETTINGS: &[Setting] = &[
     VAR_BREAK_GLASS,
     VAR_PAYMENTS_SECRET,
     VAR_ASYNC_MATCHING_ENABLED,
+    VAR_OIDC_CONSOLE_CLIENT_ID,
+    VAR_OIDC_CONSOLE_CLIENT_SECRET,
+    VAR_CONSOLE_URL,
+    VAR_CONSOLE_SESSION_HOURS,
+    VAR_CONSOLE_IDLE_MINUTES,
 ];
+
+/// How the web console signs people in and how long their sessions last
+/// (`PAYBUS_OIDC_CONSOLE_*`, `PAYBUS_CONSOLE_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleConfig {
+    /// The provider's client the console signs in with.
+    pub client_id: String,
+    /// Its secret. None: no provider sign-in (break-glass's token form only, where on).
+    pub client_secret: Option<Secret>,
+    /// Where browsers reach the console, without a trailing `/` (`https://ops.example.com`):
+    /// the redirect URIs are made from it, and `https` makes the cookies `Secure`.
+    pub url: String,
+    /// A session ends this long after sign-in.
+    pub session_lifetime: Duration,
+    /// A session ends after this long without a request.
+    pub idle_timeout: Duration,
+}
+
+impl ConsoleConfig {
+    const DEFAULT_SESSION_HOURS: u64 = 12;
+    const DEFAULT_IDLE_MINUTES: u64 = 30;
+
+    /// The defaults for a console served at `http_addr`.
+    pub fn at(http_addr: SocketAddr) -> Self {
+        Self {
+            client_id: "paybus-console".to_owned(),
+            client_secret: None,
+            url: console_url_of(http_addr),
+            session_lifetime: Duration::from_secs(Self::DEFAULT_SESSION_HOURS * 3_600),
+            idle_timeout: Duration::from_secs(Self::DEFAULT_IDLE_MINUTES * 60),
+        }
+    }
+
+    fn read(env: &Vars, http_addr: SocketAddr) -> Result<Self, ConfigError> {
+        let url = match env.get(VAR_CONSOLE_URL) {
+            None => console_url_of(http_addr),
+            Some(raw) => url::Url::parse(raw)
+                .ok()
+                .filter(|url| {
+                    matches!(url.scheme(), "http" | "https")
+                        && url.host().is_some()
+                        && url.path() == "/"
+                        && url.query().is_none()
+                        && url.fragment().is_none()
+                        && url.username().is_empty()
+                        && url.password().is_none()
+                })
+                .map(|url| url.as_str().trim_end_matches('/').to_owned())
+                .ok_or_else(|| {
+                    env.error(
+                        VAR_CONSOLE_URL,
+                        &paybus_platform::redact::text(raw),
+                        "an http(s) URL with a host and no path, like https://ops.example.com",
+                    )
+                })?,
+        };
+        let hours = env.parse(
+            VAR_CONSOLE_SESSION_HOURS,
+            Self::DEFAULT_SESSION_HOURS,
+            "hours, from 1 to 168",
+            |h: &u64| (1..=168).contains(h),
+        )?;
+        let minutes = env.parse(
+            VAR_CONSOLE_IDLE_MINUTES,
+            Self::DEFAULT_IDLE_MINUTES,
+            "minutes, from 1 to 1440",
+            |m: &u64| (1..=1_440).contains(m),
+        )?;
+        Ok(Self {
+            client_id: env
+                .get(VAR_OIDC_CONSOLE_CLIENT_ID)
+                .unwrap_or("paybus-console")
+                .to_owned(),
+            client_secret: env.secret(VAR_OIDC_CONSOLE_CLIENT_SECRET, 16)?,
+            url,
+            session_lifetime: Duration::from_secs(hours * 3_600),
+            idle_timeout: Duration::from_secs(minutes * 60),
+        })
+    }
+
+    /// The cookies are `Secure` when browsers reach the console over HTTPS.
+    pub fn secure(&self) -> bool {
+        self.url.starts_with("https://")
+    }
+
+    /// `{url}{path}`, e.g. the redirect URI `{url}/console/callback`.
+    pub fn link(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+}
+
+/// `http://` + the address the API listens on: right on a developer's machine, where the
+/// browser reaches the process directly.
+fn console_url_of(http_addr: SocketAddr) -> String {
+    format!("http://{http_addr}")
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiConfig {
@@ -113,6 +244,8 @@ pub struct ApiConfig {
     /// Which ops actions need a second ADMIN, and how long a request lasts
     /// (`PAYBUS_FOUR_EYES`, `PAYBUS_OPERATION_TTL_SECONDS`).
     pub four_eyes: paybus_platform::approvals::FourEyes,
+    /// How the web console signs people in and how long their sessions last.
+    pub console: ConsoleConfig,
     /// The partner API's settings (`PAYBUS_PARTNER_*`).
     pub partner_api: crate::partner::PartnerApiConfig,
     /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
@@ -121,8 +254,9 @@ pub struct ApiConfig {
 
 impl Default for ApiConfig {
     fn default() -> Self {
+        let http_addr = SocketAddr::from(([127, 0, 0, 1], 8080));
         Self {
-            http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            http_addr,
             chain_monitor_secret: None,
             admin_jwt_secret: None,
             break_glass: false,
@@ -133,6 +267,7 @@ impl Default for ApiConfig {
             matching: MatchingConfig::default(),
             limits: Limits::default(),
             four_eyes: paybus_platform::approvals::FourEyes::default(),
+            console: ConsoleConfig::at(http_addr),
             partner_api: crate::partner::PartnerApiConfig::default(),
             sealer: None,
         }
@@ -146,13 +281,14 @@ impl ApiConfig {
 
     pub fn read(env: &Vars) -> Result<Self, ConfigError> {
         let defaults = Limits::default();
+        let http_addr = env.parse(
+            VAR_HTTP_ADDR,
+            Self::default().http_addr,
+            "a socket address like 127.0.0.1:8080",
+            |_| true,
+        )?;
         Ok(Self {
-            http_addr: env.parse(
-                VAR_HTTP_ADDR,
-                Self::default().http_addr,
-                "a socket address like 127.0.0.1:8080",
-                |_| true,
-            )?,
+            http_addr,
             chain_monitor_secret: env.secret(VAR_CHAIN_MONITOR_SECRET, 16)?,
             admin_jwt_secret: env.secret(VAR_ADMIN_JWT_SECRET, 32)?,
             break_glass: env.switch(VAR_BREAK_GLASS)?,
@@ -172,6 +308,7 @@ impl ApiConfig {
                 )?,
             },
             four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
+            console: ConsoleConfig::read(env, http_addr)?,
             partner_api: crate::partner::PartnerApiConfig::read(env)?,
             sealer: paybus_platform::sealed::Sealer::read(
                 env.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
@@ -255,6 +392,76 @@ mod tests {
             read(&[(VAR_HTTP_ADDR, "0.0.0.0:9000")]).unwrap().http_addr,
             SocketAddr::from(([0, 0, 0, 0], 9000))
         );
+    }
+}
+
+#[cfg(test)]
+mod console_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn read(pairs: &[(Setting, &str)]) -> Result<ApiConfig, ConfigError> {
+        ApiConfig::read(&Vars::new(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.name.to_owned(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+        ))
+    }
+
+    #[test]
+    fn the_console_url_defaults_to_the_listening_address_and_https_makes_cookies_secure() {
+        let config = read(&[(VAR_HTTP_ADDR, "127.0.0.1:9000")]).unwrap().console;
+        assert_eq!(config.url, "http://127.0.0.1:9000");
+        assert!(!config.secure());
+        let config = read(&[(VAR_CONSOLE_URL, "https://ops.example.com/")])
+            .unwrap()
+            .console;
+        assert_eq!(
+            config.link("/console/callback"),
+            "https://ops.example.com/console/callback"
+        );
+        assert!(config.secure());
+        for bad in [
+            "ops.example.com",
+            "ftp://ops.example.com",
+            "https://ops.example.com/paybus",
+            "https://user:pw@ops.example.com",
+        ] {
+            let error = read(&[(VAR_CONSOLE_URL, bad)]).unwrap_err();
+            assert_eq!(error.variable, VAR_CONSOLE_URL.name, "{bad}");
+            assert!(!error.to_string().contains("pw"), "{error}");
+        }
+    }
+
+    #[test]
+    fn session_lengths_are_bounded_and_the_client_secret_is_a_secret() {
+        let config = read(&[
+            (VAR_CONSOLE_SESSION_HOURS, "8"),
+            (VAR_CONSOLE_IDLE_MINUTES, "15"),
+            (VAR_OIDC_CONSOLE_CLIENT_SECRET, "a-console-client-secret"),
+        ])
+        .unwrap()
+        .console;
+        assert_eq!(config.session_lifetime, Duration::from_secs(8 * 3_600));
+        assert_eq!(config.idle_timeout, Duration::from_secs(15 * 60));
+        assert!(!format!("{config:?}").contains("a-console-client-secret"));
+        for (setting, value) in [
+            (VAR_CONSOLE_SESSION_HOURS, "0"),
+            (VAR_CONSOLE_SESSION_HOURS, "169"),
+            (VAR_CONSOLE_IDLE_MINUTES, "0"),
+            (VAR_CONSOLE_IDLE_MINUTES, "1441"),
+            (VAR_OIDC_CONSOLE_CLIENT_SECRET, "short"),
+        ] {
+            assert_eq!(
+                read(&[(setting, value)]).unwrap_err().variable,
+                setting.name,
+                "{value}"
+            );
+        }
     }
 }
 

@@ -7,17 +7,20 @@
 //! | `/console/jobs` | W3 bonus jobs PENDING or FAILED | retry a FAILED job |
 //! | `/console/suspensions` | W4 suspensions, newest first, with their progress (the page refreshes itself every 2 s while one is moving) | retry a suspension's FAILED tasks |
 //! | `/console/audit` | the continuous auditor's latest pass and its findings (recorded by the sweeper; the page runs no check) | — |
+//! | `/console/sessions` | ADMIN: the console's active sessions | end one |
 //!
-//! **Who may do what** is the admin API's rule (`auth::authorize`): the token is kept in an
-//! `HttpOnly`, `SameSite=Strict` cookie scoped to `/console`, so pages can be rendered on the
-//! server (no JavaScript needed to send it) and no script on the page can read it;
-//! `SameSite=Strict` plus an `Origin` check on every POST keeps other sites from submitting
-//! forms with it. Reads need OPS, actions ADMIN.
+//! **Who is signed in**: people sign in through the company's identity provider (`sign_in`:
+//! the authorization code flow with PKCE) and hold a server-side session (`session`: a random
+//! secret in an HttpOnly cookie scoped to `/console`, a row of `console_sessions` with an
+//! expiry and an idle timeout). No token reaches the browser. A person whose claims map to no
+//! role is refused at sign-in. While break-glass is on, a break-glass token pasted into the
+//! login page opens a session too, marked as such. Reads need OPS, actions ADMIN.
 //!
-//! **Every action is an admin API call**: the console sends it through the same router, with
-//! the same token, so it passes the same checks and logs as `curl` would, and a route that
+//! **Every action is an admin API call**: the console sends it through the same router as the
+//! session's caller, so it passes the same checks and logs as `curl` would, and a route that
 //! this build lacks (404 from the router's fallback) is shown as "not available on this
-//! server" instead of failing.
+//! server" instead of failing. An `Origin` check on every POST keeps other sites from
+//! submitting forms.
 
 mod actions;
 mod approvals;
@@ -29,6 +32,8 @@ mod layout;
 mod operations;
 mod overview;
 mod session;
+mod sessions;
+mod sign_in;
 mod suspensions;
 mod trace;
 
@@ -41,9 +46,31 @@ use axum::{
     routing::{get, post},
 };
 
-use crate::AppState;
+use crate::{AppState, config::ConsoleConfig};
 
 pub(crate) use session::Session;
+
+/// How the console signs people in, and the client it calls the provider's token endpoint
+/// with; built once at start-up.
+#[derive(Clone)]
+pub struct Console {
+    pub config: ConsoleConfig,
+    http: reqwest::Client,
+}
+
+impl Console {
+    /// Every call to the provider's token endpoint gives up after this.
+    const PROVIDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+    pub fn new(config: ConsoleConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Self::PROVIDER_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Self { config, http }
+    }
+}
 
 /// Where the console lives.
 pub const ROOT: &str = "/console";
@@ -58,7 +85,11 @@ pub(crate) fn routes() -> Router<AppState> {
             "/console/login",
             get(session::login_page).post(session::login),
         )
+        .route("/console/sign-in", get(sign_in::start))
+        .route("/console/callback", get(sign_in::callback))
         .route("/console/logout", post(session::logout))
+        .route("/console/sessions", get(sessions::page))
+        .route("/console/sessions/{id}/end", post(sessions::end))
         .route("/console/overview", get(overview::page))
         .route("/console/functions/{name}/pause", post(overview::pause))
         .route("/console/functions/{name}/resume", post(overview::resume))

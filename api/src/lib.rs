@@ -34,6 +34,7 @@ mod chain;
 pub mod config;
 pub mod confirmations;
 pub mod console;
+mod console_sessions;
 mod dead_letters;
 pub mod error;
 mod functions;
@@ -127,6 +128,8 @@ pub struct AppState {
     pub partner_rate_limits: partner::rate_limit::RateLimits,
     /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
     pub sealer: Option<paybus_platform::sealed::Sealer>,
+    /// How the web console signs people in and how long their sessions last.
+    pub console: console::Console,
 }
 
 impl AppState {
@@ -159,6 +162,7 @@ impl AppState {
             partner_api: config.partner_api.clone(),
             partner_rate_limits: partner::rate_limit::RateLimits::default(),
             sealer: config.sealer.clone(),
+            console: console::Console::new(config.console.clone()),
         })
     }
 
@@ -218,6 +222,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(trace::route::admin_routes())
         .merge(overview::admin_routes())
         .merge(activity::admin_routes())
+        .merge(console_sessions::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

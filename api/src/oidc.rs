@@ -457,6 +457,71 @@ fn names_audience(claims: &Value, audience: &str) -> bool {
     }
 }
 
+/// What a verified ID token says of the person who just signed in (OpenID Connect Core
+/// §3.1.3.7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdToken {
+    pub subject: String,
+    /// `exp`, unix seconds.
+    pub expires_at: u64,
+}
+
+impl Verifier {
+    /// The ID token of an authorization code sign-in: signed by a key of the provider's JWKS
+    /// with an asymmetric algorithm, `iss` the provider, `aud` naming `client_id` (and `azp`
+    /// it when `aud` names others too), `exp` not passed, and `nonce` the one the sign-in
+    /// sent, so a token minted for another sign-in cannot be slipped into this one.
+    pub async fn verify_id_token(
+        &self,
+        token: &str,
+        client_id: &str,
+        nonce: &str,
+    ) -> Result<IdToken, Refused> {
+        let header = decode_header(token).map_err(|_| Refused::Invalid)?;
+        if !is_asymmetric(header.alg) {
+            return Err(Refused::Algorithm);
+        }
+        let kid = header.kid.ok_or(Refused::UnknownKey)?;
+        let jwk = self.key(&kid).await?;
+        if let Some(published) = jwk.common.key_algorithm
+            && Algorithm::from_str(&published.to_string()).ok() != Some(header.alg)
+        {
+            return Err(Refused::Algorithm);
+        }
+        let key = DecodingKey::from_jwk(&jwk).map_err(|_| Refused::UnknownKey)?;
+        let mut validation = Validation::new(header.alg);
+        validation.leeway = LEEWAY.as_secs();
+        validation.set_issuer(&[&self.inner.config.issuer]);
+        validation.set_audience(&[client_id]);
+        validation.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
+        let claims = decode::<Value>(token, &key, &validation)
+            .map_err(|error| match error.kind() {
+                ErrorKind::ExpiredSignature => Refused::Expired,
+                ErrorKind::InvalidIssuer | ErrorKind::InvalidAudience => Refused::NotForUs,
+                _ => Refused::Invalid,
+            })?
+            .claims;
+        let several_audiences = claims
+            .get("aud")
+            .and_then(Value::as_array)
+            .is_some_and(|audiences| audiences.len() > 1);
+        if several_audiences && claims.get("azp").and_then(Value::as_str) != Some(client_id) {
+            return Err(Refused::NotForUs);
+        }
+        if claims.get("nonce").and_then(Value::as_str) != Some(nonce) {
+            return Err(Refused::Invalid);
+        }
+        Ok(IdToken {
+            subject: claims
+                .get("sub")
+                .and_then(Value::as_str)
+                .ok_or(Refused::Invalid)?
+                .to_owned(),
+            expires_at: claims.get("exp").and_then(Value::as_u64).unwrap_or(0),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;

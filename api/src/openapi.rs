@@ -46,6 +46,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::overview::Doc::openapi(),
         crate::activity::Doc::openapi(),
         crate::oidc::route::Doc::openapi(),
+        crate::console_sessions::Doc::openapi(),
     ] {
         document.merge(part);
     }
@@ -109,6 +110,7 @@ pub(crate) fn routes() -> Router<AppState> {
         (name = "functions", description = "Ops: pause and resume a function's consumption"),
         (name = "approvals", description = "Ops: four-eyes — a guarded action requested by one ADMIN, approved by another, then executed"),
         (name = "ops-log", description = "Ops: every ops action, who did it, hash-chained (the audit verifies the chain)"),
+        (name = "console-sessions", description = "ADMIN: the web console's active sessions (who is signed in), and ending one"),
     )
 )]
 struct ApiDoc;

@@ -1,8 +1,9 @@
-//! The console's rules, through the router: strangers go to the login page, the token lives
-//! in an HttpOnly SameSite=Strict cookie, OPS reads but cannot act, forms from other sites are
-//! refused, an action is logged under the session's subject, and the dead-letter page groups
-//! what the recorders wrote. (The whole console in a
-//! real browser: `cli/tests/console_browser.rs`.)
+//! The console's rules, through the router: strangers go to the login page, a break-glass
+//! token opens a marked session (the cookie holds a session secret, never the token), OPS
+//! reads but cannot act, forms from other sites are refused, an action is logged under the
+//! session's subject, and the dead-letter page groups what the recorders wrote. (Signing in
+//! through the identity provider: `console_sign_in.rs`; the whole console in a real browser:
+//! `cli/tests/console_browser.rs`.)
 
 mod support;
 
@@ -48,23 +49,55 @@ async fn send(api: &Api, request: Request<Body>) -> Page {
     }
 }
 
-fn get_as(path: &str, roles: &[Role]) -> Request<Body> {
+/// The session cookie's value of a break-glass session with `roles`, opened with the login
+/// page's token form.
+async fn session_of(api: &Api, roles: &[Role]) -> String {
+    let opened = send(api, break_glass_login(&format!("token={}", token(roles)))).await;
+    assert_eq!(opened.status, StatusCode::SEE_OTHER, "{}", opened.body);
+    session_cookie(&opened).expect("a session cookie")
+}
+
+fn break_glass_login(form: &str) -> Request<Body> {
+    Request::post("/console/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(form.to_owned()))
+        .expect("request")
+}
+
+/// The session secret the answer's cookie carries.
+fn session_cookie(page: &Page) -> Option<String> {
+    page.cookie
+        .as_deref()?
+        .strip_prefix("paybus_console=")?
+        .split(';')
+        .next()
+        .filter(|value| !value.is_empty())
+        .map(str::to_owned)
+}
+
+async fn get_as(api: &Api, path: &str, roles: &[Role]) -> Request<Body> {
     Request::get(path)
-        .header(header::COOKIE, format!("paybus_console={}", token(roles)))
+        .header(
+            header::COOKIE,
+            format!("paybus_console={}", session_of(api, roles).await),
+        )
         .body(Body::empty())
         .expect("request")
 }
 
-fn post_as(path: &str, roles: &[Role], form: &str) -> Request<Body> {
+async fn post_as(api: &Api, path: &str, roles: &[Role], form: &str) -> Request<Body> {
     Request::post(path)
-        .header(header::COOKIE, format!("paybus_console={}", token(roles)))
+        .header(
+            header::COOKIE,
+            format!("paybus_console={}", session_of(api, roles).await),
+        )
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from(form.to_owned()))
         .expect("request")
 }
 
 #[tokio::test]
-async fn strangers_and_bad_tokens_are_sent_to_the_login_page() {
+async fn strangers_and_unknown_sessions_are_sent_to_the_login_page() {
     let api = Api::new().await;
     let stranger = send(
         &api,
@@ -73,10 +106,10 @@ async fn strangers_and_bad_tokens_are_sent_to_the_login_page() {
             .expect("request"),
     )
     .await;
-    let forged = send(
+    let unknown = send(
         &api,
         Request::get("/console/jobs")
-            .header(header::COOKIE, "paybus_console=not.a.jwt")
+            .header(header::COOKIE, "paybus_console=not-a-session")
             .body(Body::empty())
             .expect("request"),
     )
@@ -84,36 +117,59 @@ async fn strangers_and_bad_tokens_are_sent_to_the_login_page() {
 
     assert_eq!(stranger.status, StatusCode::SEE_OTHER);
     assert_eq!(stranger.location.as_deref(), Some("/console/login"));
-    assert_eq!(forged.status, StatusCode::SEE_OTHER);
+    assert_eq!(unknown.status, StatusCode::SEE_OTHER);
     assert_eq!(
-        forged.location.as_deref(),
-        Some("/console/login?refused=invalid%20token")
+        unknown.location.as_deref(),
+        Some("/console/login?session=over")
     );
+    let cleared = unknown.cookie.expect("the stale cookie cleared");
+    assert!(cleared.starts_with("paybus_console=;"), "{cleared}");
+    assert!(cleared.contains("Max-Age=0"), "{cleared}");
 }
 
 #[tokio::test]
-async fn logging_in_keeps_the_token_in_an_httponly_same_site_cookie() {
+async fn a_break_glass_token_opens_a_marked_session_and_the_cookie_holds_no_token() {
     let api = Api::new().await;
     let ops = token(&[Role::Ops]);
-    let login = |form: String| {
-        Request::post("/console/login")
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::from(form))
-            .expect("request")
-    };
 
-    let accepted = send(&api, login(format!("token={ops}"))).await;
-    let refused = send(&api, login("token=garbage".to_owned())).await;
+    let accepted = send(&api, break_glass_login(&format!("token={ops}"))).await;
+    let refused = send(&api, break_glass_login("token=garbage")).await;
 
-    assert_eq!(accepted.status, StatusCode::SEE_OTHER);
-    let cookie = accepted.cookie.expect("a cookie");
+    assert_eq!(accepted.status, StatusCode::SEE_OTHER, "{}", accepted.body);
+    let cookie = accepted.cookie.clone().expect("a cookie");
+    let secret = session_cookie(&accepted).expect("a session secret");
     assert!(
-        cookie.starts_with(&format!("paybus_console={ops};")),
-        "{cookie}"
+        !cookie.contains(&ops),
+        "the token stays out of the cookie: {cookie}"
     );
-    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age=3"] {
+    assert_eq!(secret.len(), 43, "32 random bytes, base64url: {secret}");
+    // The token expires in an hour: so does the session (under the 12-hour lifetime).
+    for attribute in ["HttpOnly", "SameSite=Lax", "Path=/console", "Max-Age=3"] {
         assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
     }
+    assert!(
+        !cookie.contains("Secure"),
+        "the console is served over http: {cookie}"
+    );
+    let (method, issuer, subject): (String, String, String) =
+        sqlx::query_as("SELECT auth_method, issuer, subject FROM console_sessions")
+            .fetch_one(&api.env.db)
+            .await
+            .expect("the session row");
+    assert_eq!(
+        (method.as_str(), issuer.as_str(), subject.as_str()),
+        ("BREAK_GLASS", "paybus:break-glass", "tests")
+    );
+    let page = send(
+        &api,
+        Request::get("/console/overview")
+            .header(header::COOKIE, format!("paybus_console={secret}"))
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("tests (break-glass)"), "{}", page.body);
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
     assert!(refused.cookie.is_none());
     assert!(
@@ -121,6 +177,63 @@ async fn logging_in_keeps_the_token_in_an_httponly_same_site_cookie() {
             .body
             .contains("Your token was refused: invalid token")
     );
+}
+
+#[tokio::test]
+async fn without_break_glass_the_token_form_is_gone_and_its_sessions_are_over() {
+    let on = Api::new().await;
+    let secret = session_of(&on, &[Role::Admin]).await;
+    // The same database, served by a process with break-glass off.
+    let off = paybus_api::AppState {
+        break_glass: false,
+        ..on.state.clone()
+    };
+    let off_router = paybus_api::router(off);
+    let answer = |request: Request<Body>| {
+        let router = off_router.clone();
+        async move {
+            let response = router.oneshot(request).await.expect("infallible");
+            let status = response.status();
+            let location = response
+                .headers()
+                .get(header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("body");
+            (
+                status,
+                location,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )
+        }
+    };
+
+    let (status, _, login_page) = answer(
+        Request::get("/console/login")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    let (form_status, _, _) = answer(break_glass_login(&format!(
+        "token={}",
+        token(&[Role::Admin])
+    )))
+    .await;
+    let (page_status, location, _) = answer(
+        Request::get("/console/overview")
+            .header(header::COOKIE, format!("paybus_console={secret}"))
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert!(!login_page.contains("Break-glass token"), "{login_page}");
+    assert_eq!(form_status, StatusCode::FORBIDDEN);
+    assert_eq!(page_status, StatusCode::SEE_OTHER);
+    assert_eq!(location.as_deref(), Some("/console/login?session=over"));
 }
 
 #[tokio::test]
@@ -132,12 +245,16 @@ async fn an_ops_token_reads_the_pages_but_cannot_act() {
         "/console/suspensions",
         "/console/audit",
     ] {
-        let read = send(&api, get_as(page, &[Role::Ops])).await;
+        let read = send(&api, get_as(&api, page, &[Role::Ops]).await).await;
         assert_eq!(read.status, StatusCode::OK, "{page}: {}", read.body);
         assert!(read.body.starts_with("<!DOCTYPE html>"), "{page}");
     }
 
-    let retry = send(&api, post_as("/console/jobs/1/retry", &[Role::Ops], "")).await;
+    let retry = send(
+        &api,
+        post_as(&api, "/console/jobs/1/retry", &[Role::Ops], "").await,
+    )
+    .await;
 
     assert_eq!(retry.status, StatusCode::FORBIDDEN);
     assert!(
@@ -169,13 +286,15 @@ async fn a_retry_from_the_console_is_logged_under_the_session_s_subject() {
     .execute(&api.env.db)
     .await
     .expect("fail the job");
-    let session = auth::issue(
+    let carol = auth::issue(
         ADMIN_JWT_SECRET,
         "carol",
         &[Role::Admin],
         std::time::Duration::from_secs(3600),
     )
-    .expect("a session token");
+    .expect("a break-glass token");
+    let opened = send(&api, break_glass_login(&format!("token={carol}"))).await;
+    let session = session_cookie(&opened).expect("a session");
 
     let page = send(
         &api,
@@ -201,7 +320,7 @@ async fn a_retry_from_the_console_is_logged_under_the_session_s_subject() {
 #[tokio::test]
 async fn a_form_posted_from_another_site_is_refused() {
     let api = Api::new().await;
-    let mut request = post_as("/console/jobs/1/retry", &[Role::Admin], "");
+    let mut request = post_as(&api, "/console/jobs/1/retry", &[Role::Admin], "").await;
     request.headers_mut().insert(
         header::ORIGIN,
         "https://evil.example".parse().expect("header"),
@@ -240,7 +359,11 @@ async fn dead_letters_are_grouped_by_function_and_reason_largest_first() {
     // Written around the recorder: their groups counted as `paybus dead-letters recount` does.
     group_counts::recount(&api.env.db).await.expect("recount");
 
-    let page = send(&api, get_as("/console/dead-letters", &[Role::Ops])).await;
+    let page = send(
+        &api,
+        get_as(&api, "/console/dead-letters", &[Role::Ops]).await,
+    )
+    .await;
 
     assert_eq!(page.status, StatusCode::OK);
     let deposit = page
@@ -274,10 +397,12 @@ async fn a_dead_letter_dry_run_from_the_console_shows_each_letters_verdict() {
     let page = send(
         &api,
         post_as(
+            &api,
             "/console/dead-letters/replay",
             &[Role::Admin],
             "function=grant-bonus&reason=rejected&mode=dry-run",
-        ),
+        )
+        .await,
     )
     .await;
 
@@ -313,7 +438,7 @@ async fn a_dead_letter_dry_run_from_the_console_shows_each_letters_verdict() {
 #[tokio::test]
 async fn the_audit_page_shows_the_auditors_latest_pass_and_runs_no_check_itself() {
     let api = Api::new().await;
-    let before = send(&api, get_as("/console/audit", &[Role::Ops])).await;
+    let before = send(&api, get_as(&api, "/console/audit", &[Role::Ops]).await).await;
     assert!(
         before.body.contains("data-clean=\"unknown\""),
         "no pass yet: {}",
@@ -341,7 +466,7 @@ async fn the_audit_page_shows_the_auditors_latest_pass_and_runs_no_check_itself(
         .await
         .expect("update");
 
-    let page = send(&api, get_as("/console/audit", &[Role::Ops])).await;
+    let page = send(&api, get_as(&api, "/console/audit", &[Role::Ops]).await).await;
 
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.body.contains("data-clean=\"false\""), "{}", page.body);
@@ -403,10 +528,12 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
     let paused = send(
         &api,
         post_as(
+            &api,
             "/console/functions/grant-bonus/pause",
             &[Role::Admin],
             "reason=incident+42",
-        ),
+        )
+        .await,
     )
     .await;
     assert_eq!(paused.status, StatusCode::OK);
@@ -442,7 +569,7 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
     assert_eq!(overview["outbox"]["backlog"], 1);
     assert!(overview["outbox"]["oldest_seconds"].as_f64().unwrap() >= 29.0);
 
-    let page = send(&api, get_as("/console/overview", &[Role::Ops])).await;
+    let page = send(&api, get_as(&api, "/console/overview", &[Role::Ops]).await).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(
         page.body
@@ -453,7 +580,13 @@ async fn the_overview_shows_paused_functions_failures_of_the_hour_breakers_and_t
     assert!(page.body.contains("incident 42"), "{}", page.body);
     let resumed = send(
         &api,
-        post_as("/console/functions/grant-bonus/resume", &[Role::Admin], ""),
+        post_as(
+            &api,
+            "/console/functions/grant-bonus/resume",
+            &[Role::Admin],
+            "",
+        )
+        .await,
     )
     .await;
     assert!(
@@ -511,9 +644,11 @@ async fn a_withdrawal_is_traced_by_the_api_and_the_console_and_nonsense_is_a_400
     let page = send(
         &api,
         get_as(
+            &api,
             &format!("/console/trace?kind=withdrawal&id={withdrawal}"),
             &[Role::Ops],
-        ),
+        )
+        .await,
     )
     .await;
     assert_eq!(page.status, StatusCode::OK);
@@ -556,9 +691,11 @@ async fn a_trace_that_cannot_read_one_part_answers_with_the_rest_and_names_it() 
     let page = send(
         &api,
         get_as(
+            &api,
             &format!("/console/trace?kind=withdrawal&id={withdrawal}"),
             &[Role::Ops],
-        ),
+        )
+        .await,
     )
     .await;
 

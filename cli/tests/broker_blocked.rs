@@ -5,6 +5,8 @@
 //! once the alarm clears, everything committed meanwhile is published.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
 use std::{
     collections::HashMap,
     path::Path,
@@ -130,7 +132,13 @@ async fn console_overview(client: &reqwest::Client, base: &str) -> String {
         Duration::from_secs(10),
         client
             .get(format!("{base}/console/overview"))
-            .header("cookie", format!("paybus_console={token}"))
+            .header(
+                "cookie",
+                format!(
+                    "paybus_console={}",
+                    api_process::console_session(base, &token).await
+                ),
+            )
             .send(),
     )
     .await

@@ -1,10 +1,12 @@
 """Drives the paybus console in Debian's chromium (playwright, system browser).
 
-Usage: console_browser.py BASE_URL ADMIN_TOKEN SCREENSHOT_DIR CHROMIUM_PATH SAFE_LETTER_ID
-                          SECOND_ADMIN_TOKEN
-Called by console_browser.rs, which seeds the rows (three letters in the confirm-withdrawal
-group, one of them safe to replay) and checks the database afterwards. Four-eyes is on: the
-replay is requested by the first ADMIN and approved and run by the second.
+Usage: console_browser.py BASE_URL SCREENSHOT_DIR CHROMIUM_PATH SAFE_LETTER_ID
+Called by console_browser.rs, which starts the OpenID provider and `paybus serve`, seeds the
+rows (three letters in the confirm-withdrawal group, one of them safe to replay) and checks the
+database afterwards. People sign in on the provider's own pages: carol (no paybus role) is
+refused; alice and bob are ADMINs, each in a browser context of their own. Four-eyes is on: the
+replay is requested by alice and approved and run by bob; bob's retry of a bonus job is
+approved and executed by alice.
 """
 
 import re
@@ -12,30 +14,56 @@ import sys
 
 from playwright.sync_api import expect, sync_playwright
 
-base, token, shots, chromium, safe, second_token = sys.argv[1:7]
+base, shots, chromium, safe = sys.argv[1:5]
 
 
 def shot(page, name):
     page.screenshot(path=f"{shots}/{name}.png", full_page=True)
 
 
-with sync_playwright() as playwright:
-    browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
+def new_page(browser):
+    """A browser context of its own (its own cookies: a person at their own machine)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
     page.set_default_timeout(10_000)
+    return context, page
 
-    # Not logged in: the console sends us to the login page.
+
+def sign_in(page, user, screenshot=None):
+    """From the console's login page, on the provider's own login and consent pages."""
     page.goto(f"{base}/console")
     expect(page).to_have_url(re.compile(r"/console/login$"))
-    page.fill("#token", token)
-    shot(page, "01-login")
-    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("button", name=re.compile("^Sign in with ")).click()
+    # The provider's page, not ours: a login and a password field (any password).
+    expect(page).not_to_have_url(re.compile(f"^{re.escape(base)}"))
+    page.fill("input[name=login]", user)
+    page.fill("input[name=password]", "any")
+    if screenshot:
+        shot(page, screenshot)
+    page.get_by_role("button", name="Sign-in").click()
+    page.get_by_role("button", name="Continue").click()
 
-    def log_in_as(another_token):
-        page.get_by_role("button", name="Log out").click()
-        page.goto(f"{base}/console/login")
-        page.fill("#token", another_token)
-        page.get_by_role("button", name="Log in").click()
+
+with sync_playwright() as playwright:
+    browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+
+    # Carol signs in at the provider, but none of her groups is a paybus role: refused.
+    carol_context, page = new_page(browser)
+    sign_in(page, "carol")
+    expect(page.locator("p.flash.error")).to_contain_text("your account has no paybus role")
+    shot(page, "00-refused")
+    page.goto(f"{base}/console/overview")
+    expect(page).to_have_url(re.compile(r"/console/login$"))
+    carol_context.close()
+
+    # Alice: the login page offers the provider (break-glass is off: no token form).
+    alice_context, page = new_page(browser)
+    page.goto(f"{base}/console")
+    expect(page).to_have_url(re.compile(r"/console/login$"))
+    expect(page.locator("#token")).to_have_count(0)
+    shot(page, "01-login")
+    sign_in(page, "alice", screenshot="01-provider-login")
+    expect(page.locator("header .who")).to_contain_text("alice@example.com (ADMIN)")
 
     # The overview first: every function consuming, the dead letters waiting, the auditor.
     expect(page).to_have_url(re.compile(r"/console/overview$"))
@@ -97,12 +125,17 @@ with sync_playwright() as playwright:
     operation_url = base + page.locator("#permalink").get_attribute("href")
     shot(page, "03-dry-run")
 
-    # A second ADMIN opens the operation, approves what it shows, and runs it: only the safe
-    # letter is re-sent; each letter's result is shown.
-    log_in_as(second_token)
+    # Bob, in a browser of his own, signs in, opens the operation, approves what it shows, and
+    # runs it: only the safe letter is re-sent; each letter's result is shown.
+    alice_page = page
+    bob_context, page = new_page(browser)
+    sign_in(page, "bob")
+    expect(page.locator("header .who")).to_contain_text("bob@example.com (ADMIN)")
     page.goto(operation_url)
+    flash = page.locator("p.flash[role=status]")
+    operation = page.locator("#operation")
     page.get_by_role("button", name="Approve").click()
-    expect(flash).to_contain_text("Approved by second-admin")
+    expect(flash).to_contain_text("Approved by bob@example.com")
     expect(operation).to_have_attribute("data-status", "READY")
     shot(page, "04-approved")
     page.get_by_role("button", name="Replay the 1 safe letter(s)").click()
@@ -116,7 +149,7 @@ with sync_playwright() as playwright:
     # The letter's own page: replayed, the row it refers to, its trail naming the operation.
     replayed.get_by_role("link", name=safe).click()
     expect(page.locator("#letter")).to_have_attribute("data-status", "REPLAYED")
-    expect(page.locator("#trail")).to_contain_text("second-admin")
+    expect(page.locator("#trail")).to_contain_text("bob@example.com")
     expect(page.locator("#trail a")).to_have_count(1)
     shot(page, "06-letter")
 
@@ -146,18 +179,18 @@ with sync_playwright() as playwright:
     expect(failed).to_have_count(1)
     expect(failed).to_contain_text("injected")
     shot(page, "09-jobs")
-    # Four-eyes: the retry (asked by the second ADMIN, still logged in) waits; the first one
+    # Four-eyes: the retry (asked by bob) waits; alice, still signed in in her browser,
     # approves it on the Approvals page and executes it.
     failed.get_by_role("button", name="Retry").click()
     expect(page.locator(".flash")).to_contain_text("waits for a second ADMIN's approval")
     expect(page.locator("tr.job[data-status='FAILED']")).to_have_count(1)
-    log_in_as(token)
+    page = alice_page
     page.get_by_role("link", name="Approvals").click()
     waiting = page.locator("tr.approval[data-status='AWAITING_APPROVAL']")
     expect(waiting).to_have_count(1)
-    expect(waiting).to_contain_text("second-admin")
+    expect(waiting).to_contain_text("bob@example.com")
     waiting.get_by_role("button", name="Approve").click()
-    expect(page.locator(".flash")).to_contain_text("Approved by black-box-tests")
+    expect(page.locator(".flash")).to_contain_text("Approved by alice@example.com")
     page.locator("tr.approval[data-status='APPROVED']").get_by_role("button", name="Execute").click()
     expect(page.locator(".flash")).to_contain_text("Executed")
     expect(page.locator("tr.approval[data-status='EXECUTED']")).to_have_count(1)
@@ -181,6 +214,33 @@ with sync_playwright() as playwright:
     expect(page.locator("#last-pass")).to_contain_text("checks")
     print("audit:", status.inner_text())
     shot(page, "12-audit")
+
+    # Who is signed in: alice and bob, by issuer and subject; alice's own session marked.
+    page.get_by_role("link", name="Sessions").click()
+    rows = page.locator("#sessions tr.session")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#sessions tr.session[data-subject='alice']")).to_contain_text(
+        "this session"
+    )
+    expect(page.locator("#sessions tr.session[data-subject='bob']")).to_contain_text(
+        "bob@example.com"
+    )
+    shot(page, "13-sessions")
+
+    # Alice signs out, here and at the provider (its own confirmation page), and lands on the
+    # login page. Her old cookie, put back into a fresh browser, opens nothing.
+    old_cookies = [c for c in alice_context.cookies() if c["name"] == "paybus_console"]
+    assert len(old_cookies) == 1, old_cookies
+    page.get_by_role("button", name="Sign out").click()
+    page.get_by_role("button", name="Yes, sign me out").click()
+    expect(page).to_have_url(re.compile(r"/console/login$"))
+    shot(page, "14-signed-out")
+    thief_context, page = new_page(browser)
+    thief_context.add_cookies(old_cookies)
+    page.goto(f"{base}/console/overview")
+    expect(page).to_have_url(re.compile(r"/console/login\?session=over$"))
+    expect(page.locator("p.flash.warn[role=status]").first).to_contain_text("Your session is over")
+    shot(page, "15-old-cookie")
 
     browser.close()
 print("console walk-through passed")

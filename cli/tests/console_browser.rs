@@ -1,13 +1,17 @@
 //! The console in a real browser: Debian's chromium driven by playwright (PyPI), against the
-//! real `paybus serve` binary and its own test database. The script
-//! (`tests/console_browser.py`) logs in with a token from `paybus token issue`, sees the
-//! dead-letter groups with the money at stake, dry-runs a group and sees each letter's verdict
-//! (one safe, two needing a human), replays it and sees each letter's result (the safe one
-//! re-sent, the others not), replays it again (nothing sent), opens the bonus jobs and retries
-//! the FAILED one, sees a suspension's progress and the auditor's latest pass. A real
-//! confirm-withdrawal consumer runs beside it, and the test then checks the database: the
-//! replayed confirmation debited its withdrawal exactly once, and every click left its trail.
-//! Screenshots land in `.local/test-output/console/`.
+//! real `paybus serve` binary and its own test database, people signing in through a real
+//! OpenID Connect provider (`testing::oidc`) with break-glass off. The script
+//! (`tests/console_browser.py`) is refused as carol (no paybus role), signs in as alice on the
+//! provider's own login and consent pages, sees the dead-letter groups with the money at
+//! stake, dry-runs a group and sees each letter's verdict (one safe, two needing a human); bob,
+//! in a second browser context, signs in, approves and runs the replay and sees each letter's
+//! result (the safe one re-sent, the others not), replays it again (nothing sent), asks for
+//! the retry of a FAILED bonus job, which alice approves and executes; alice sees a
+//! suspension's progress, the auditor's latest pass and both sessions, then signs out, and
+//! her old cookie, put back into a fresh browser, opens nothing. A real confirm-withdrawal
+//! consumer runs beside it, and the test then checks the database: the replayed confirmation
+//! debited its withdrawal exactly once, every click left its trail, and the ops log names
+//! alice and bob by issuer and subject. Screenshots land in `.local/test-output/console/`.
 
 mod api_process;
 
@@ -19,12 +23,24 @@ use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
     bus::{Envelope, Runner, dead_letter::group_counts},
     signature,
-    testing::{TestEnv, eventually, scalar},
+    testing::{
+        TestEnv, eventually, free_port,
+        oidc::{self, OidcProvider, OidcSetup},
+        scalar,
+    },
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 const PAYMENTS_SECRET: &str = "payments-secret-for-black-box-tests";
+
+/// An ADMIN's access token for `subject`, signed with the provider's key as its own tokens
+/// are: what the test's own API calls (the rows the walk starts from) are made with.
+fn admin_token(provider: &OidcProvider, subject: &str) -> String {
+    let mut claims = provider.claims_for(subject);
+    claims["groups"] = json!([oidc::ADMINS_GROUP]);
+    provider.sign(claims)
+}
 
 /// Calls the admin API as ops would; the JSON answer (asserting it succeeded).
 async fn admin(api: &ApiProcess, token: &str, path: &str, body: Value) -> Value {
@@ -219,16 +235,46 @@ async fn suspension(api: &ApiProcess, token: &str) {
 }
 
 #[tokio::test]
-async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_real_browser() {
+async fn people_sign_in_at_the_provider_replay_dead_letters_under_four_eyes_and_sign_out_in_a_real_browser()
+ {
     let Some(python) = python_tool("PAYBUS_TEST_PYTHON", "python") else {
         return;
     };
     let chromium =
         std::env::var("PAYBUS_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let port = free_port();
+    let console = format!("http://127.0.0.1:{port}");
+    let Some(provider) = OidcProvider::start(OidcSetup::default().console_redirect(
+        &format!("{console}/console/callback"),
+        &format!("{console}/console/login"),
+    ))
+    .await
+    else {
+        return;
+    };
+    let issuer = provider.issuer();
     let env = TestEnv::new().await;
     let services = env.services(&paybus_catalog::queues()).await;
-    let api = ApiProcess::start(&env).await;
-    let token = api.token(&["ADMIN"]);
+    let api = ApiProcess::start_on(
+        &env,
+        port,
+        &[
+            ("PAYBUS_BREAK_GLASS", Some("false")),
+            ("PAYBUS_OIDC_ISSUER", Some(&issuer)),
+            ("PAYBUS_OIDC_AUDIENCE", Some(provider.audience())),
+            (
+                "PAYBUS_OIDC_CONSOLE_CLIENT_ID",
+                Some(oidc::CONSOLE_CLIENT_ID),
+            ),
+            (
+                "PAYBUS_OIDC_CONSOLE_CLIENT_SECRET",
+                Some(oidc::CONSOLE_CLIENT_SECRET),
+            ),
+            ("PAYBUS_CONSOLE_URL", Some(&console)),
+        ],
+    )
+    .await;
+    let token = admin_token(&provider, "seed");
     dead_letters(&env).await;
     let (withdrawal, safe) = safe_letter(&env).await;
     let job = failed_bonus_job(&env, &api, &token).await;
@@ -253,11 +299,10 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
     // Each step of the script waits at most 10 s, so it cannot hang.
     let output = Command::new(python)
         .arg(script)
-        .args([&api.base_url, &token])
+        .arg(&api.base_url)
         .arg(&screenshots)
         .arg(&chromium)
         .arg(safe.to_string())
-        .arg(api.token_of("second-admin", &["ADMIN"]))
         .output()
         .expect("run the browser script");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -306,9 +351,9 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         sent, 1,
         "one confirmation re-sent, by the first replay only"
     );
-    // Every replay is on the letters' trail, under the token's subject: the operation the
-    // second ADMIN approved and ran replayed the safe letter once and refused the others; the
-    // second dry run of the group found nothing to confirm and ran nothing.
+    // Every replay is on the letters' trail, under the person who ran it: the operation bob
+    // approved and ran replayed the safe letter once and refused the others; the second dry
+    // run of the group found nothing to confirm and ran nothing.
     let trail: Vec<(String, String, String, i64)> = sqlx::query_as(
         "SELECT l.dead_letter_id, a.result, a.actor, COUNT(*) FROM dead_letter_actions a \
          JOIN dead_letters l ON l.id = a.dead_letter_id WHERE a.action = 'REPLAY' \
@@ -317,7 +362,7 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
     .fetch_all(&env.db)
     .await
     .expect("read the trail");
-    let second = "second-admin".to_owned();
+    let second = "bob@example.com".to_owned();
     assert_eq!(
         trail,
         [
@@ -336,10 +381,63 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
     assert_eq!(
         approved,
         (
-            "black-box-tests".to_owned(),
-            "second-admin".to_owned(),
+            "alice@example.com".to_owned(),
+            "bob@example.com".to_owned(),
             "DONE".to_owned()
         )
+    );
+    // The ops log names both by the provider's issuer and their subjects.
+    let log: Value = reqwest::Client::new()
+        .get(format!("{}/v1/admin/ops-log?limit=500", api.base_url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("the ops log")
+        .json()
+        .await
+        .expect("JSON");
+    let who_did = |action: &str| -> Vec<(String, String, String, String)> {
+        log["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|entry| entry["action"] == action)
+            .map(|entry| {
+                let text = |field: &str| entry[field].as_str().unwrap_or_default().to_owned();
+                (
+                    text("actor"),
+                    text("actor_issuer"),
+                    text("actor_subject"),
+                    text("auth_method"),
+                )
+            })
+            .collect()
+    };
+    let person = |name: &str, subject: &str| {
+        (
+            name.to_owned(),
+            issuer.clone(),
+            subject.to_owned(),
+            "OIDC".to_owned(),
+        )
+    };
+    let alice = || person("alice@example.com", "alice");
+    let bob = || person("bob@example.com", "bob");
+    // Newest first: bob's second replay of the group (nothing safe), alice's dry run.
+    assert_eq!(who_did("dead_letter_operation.request"), [bob(), alice()]);
+    assert_eq!(who_did("dead_letter_operation.approve"), [bob()]);
+    assert_eq!(who_did("approval.request"), [bob()]);
+    assert_eq!(who_did("approval.approve"), [alice()]);
+    assert_eq!(who_did("function.pause"), [alice()]);
+    // Carol's refused sign-in made no session; alice's is over, bob's is not.
+    let sessions: Vec<(String, bool)> =
+        sqlx::query_as("SELECT subject, ended_at IS NOT NULL FROM console_sessions ORDER BY id")
+            .fetch_all(&env.db)
+            .await
+            .expect("the sessions");
+    assert_eq!(
+        sessions,
+        [("alice".to_owned(), true), ("bob".to_owned(), false)]
     );
 
     // The retry clicked in the browser reached the database.
@@ -350,7 +448,9 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         .expect("read the job");
     assert_eq!(status, "PENDING");
     for shot in [
+        "00-refused",
         "01-login",
+        "01-provider-login",
         "02-overview-paused",
         "02-dead-letters",
         "03-dry-run",
@@ -363,6 +463,9 @@ async fn ops_log_in_replay_dead_letters_retry_a_job_and_watch_a_suspension_in_a_
         "10-job-approved",
         "11-suspensions",
         "12-audit",
+        "13-sessions",
+        "14-signed-out",
+        "15-old-cookie",
     ] {
         let path = screenshots.join(format!("{shot}.png"));
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

@@ -5,6 +5,8 @@
 //! /v1/admin/trace/{kind}/{id}` and the console's page — and must show the whole timeline.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
 use std::{
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -154,7 +156,13 @@ impl Paybus {
         let page = self
             .client
             .get(format!("{}/console/trace?kind={kind}&id={id}", self.base))
-            .header("cookie", format!("paybus_console={}", self.token))
+            .header(
+                "cookie",
+                format!(
+                    "paybus_console={}",
+                    api_process::console_session(&self.base, &self.token).await
+                ),
+            )
             .send()
             .await
             .unwrap();

@@ -1,6 +1,7 @@
-//! Console actions are admin API calls: sent through the admin router with the session's
-//! token, so they pass exactly the checks (role, validation, state guards) and leave exactly
-//! the log lines of any other client's call.
+//! Console actions are admin API calls: sent through the admin router as the session's caller
+//! (in the request's extensions, which `auth::require_role` takes instead of a bearer token:
+//! the console holds no token), so they pass exactly the checks (role, validation, state
+//! guards) and leave exactly the log lines of any other client's call.
 
 use axum::{
     body::Body,
@@ -56,7 +57,7 @@ pub(crate) async fn call(
     let request = Request::builder()
         .method(method)
         .uri(path)
-        .header(header::AUTHORIZATION, format!("Bearer {}", session.token))
+        .extension(session.caller.clone())
         .header(header::CONTENT_TYPE, "application/json")
         .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())));
     let request = match request {

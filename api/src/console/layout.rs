@@ -8,6 +8,7 @@ use axum::{
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::Session;
+use crate::auth::Role;
 
 const STYLE: &str = "
 body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1d232a;background:#f6f7f9}
@@ -39,6 +40,9 @@ const PAGES: [(&str, &str); 7] = [
     ("/console/trace", "Trace"),
 ];
 
+/// ADMINs' own page: who is signed in to the console.
+pub(crate) const SESSIONS: (&str, &str) = ("/console/sessions", "Sessions");
+
 /// A whole page. `session` is None on the login page.
 pub(crate) fn page(title: &str, session: Option<&Session>, body: Markup) -> Markup {
     page_with_head(title, session, html! {}, body)
@@ -68,13 +72,16 @@ pub(crate) fn page_with_head(
                         @for (href, name) in PAGES {
                             a href=(href) class=[(name == title).then_some("here")] { (name) }
                         }
+                        @if session.caller.allows(Role::Admin) {
+                            a href=(SESSIONS.0) class=[(SESSIONS.1 == title).then_some("here")] { (SESSIONS.1) }
+                        }
                         span.who {
                             (session.caller.actor.name) " ("
                             @for (i, role) in session.caller.roles.iter().enumerate() {
                                 @if i > 0 { ", " } (role)
                             }
                             ") "
-                            form method="post" action="/console/logout" { button type="submit" { "Log out" } }
+                            form method="post" action="/console/logout" { button type="submit" { "Sign out" } }
                         }
                     }
                 }
@@ -124,7 +131,7 @@ pub(crate) fn error_page(status: StatusCode, message: &str) -> Response {
         None,
         html! {
             p.flash.error role="alert" { (message) }
-            p { a href="/console/login" { "Log in with another token" } }
+            p { a href="/console/login" { "Sign in again" } }
         },
     );
     (status, body).into_response()

@@ -79,7 +79,16 @@ impl Api {
     /// bob (ADMIN), dave (OPS), carol (no role) — call with [`person`](Self::person)'s tokens.
     /// `None` when the provider's tools are missing (the test is skipped; see `OidcProvider`).
     pub async fn with_provider(configure: impl FnOnce(&mut ApiConfig)) -> Option<Self> {
-        let provider = OidcProvider::start(OidcSetup::default()).await?;
+        Self::with_provider_setup(OidcSetup::default(), configure).await
+    }
+
+    /// [`with_provider`](Self::with_provider) with the provider started on `setup` (e.g. the
+    /// console's client registered: `OidcSetup::console_redirect`).
+    pub async fn with_provider_setup(
+        setup: OidcSetup,
+        configure: impl FnOnce(&mut ApiConfig),
+    ) -> Option<Self> {
+        let provider = OidcProvider::start(setup).await?;
         let mut api = Self::with(|config| {
             config.oidc = Some(paybus_api::oidc::OidcConfig {
                 issuer: provider.issuer(),

@@ -56,7 +56,12 @@ impl ApiProcess {
     /// [`start`](Self::start) with `vars` changed in its environment: set to `Some`, removed
     /// for `None` (four-eyes off, other secrets keys, ...).
     pub async fn start_with(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Self {
-        let port = free_port();
+        Self::start_on(env, free_port(), vars).await
+    }
+
+    /// [`start_with`](Self::start_with) on `port`, for a test that must name the address
+    /// before the process starts (an identity provider's redirect URIs).
+    pub async fn start_on(env: &TestEnv, port: u16, vars: &[(&str, Option<&str>)]) -> Self {
         let log = std::env::var("TEST_LOG").map_or_else(|_| Stdio::null(), |_| Stdio::inherit());
         let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
         command
@@ -210,4 +215,32 @@ pub fn output_dir(name: &str) -> PathBuf {
         .join(name);
     std::fs::create_dir_all(&dir).expect("create the test output directory");
     dir
+}
+
+/// A console session for `token`'s holder, opened at `base_url` with the login page's
+/// break-glass form (the process must have break-glass on): the `paybus_console` cookie's
+/// value. The console keeps sessions, not tokens, in its cookie.
+pub async fn console_session(base_url: &str, token: &str) -> String {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    // A JWT is base64url and dots: nothing to escape in a form.
+    let answer = client
+        .post(format!("{base_url}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}"))
+        .send()
+        .await
+        .expect("the console's login");
+    assert_eq!(answer.status(), 303, "the break-glass session opens");
+    answer
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .find_map(|cookie| cookie.strip_prefix("paybus_console=")?.split(';').next())
+        .filter(|secret| !secret.is_empty())
+        .expect("a session cookie")
+        .to_owned()
 }

@@ -5,7 +5,9 @@
 //! The keys are generated here, so a test can also make the tokens the provider never would:
 //! expired, for another audience or issuer, signed by a key rotated out or never published,
 //! HS256 keyed with the public key, unsigned. People sign in on the provider's own pages:
-//! [`OidcProvider::approve_device_code`] reads and submits them as a person's browser would.
+//! [`OidcProvider::approve_device_code`] (the CLI's device flow) and
+//! [`OidcProvider::authorize_code`] (the console's authorization code flow) read and submit
+//! them as a person's browser would.
 //!
 //! ```ignore
 //! let Some(oidc) = OidcProvider::start(OidcSetup::default()).await else { return }; // skipped
@@ -719,6 +721,75 @@ impl OidcProvider {
                 return Ok(());
             };
             let Some(fields) = form.filled_in_as(user) else {
+                return Err(refused());
+            };
+            let action = url
+                .join(&form.action)
+                .unwrap_or_else(|e| panic!("the form's action {:?}: {e}", form.action));
+            let request = if form.method.eq_ignore_ascii_case("get") {
+                browser.get(action).query(&fields)
+            } else {
+                browser.post(action).form(&fields)
+            };
+            response = request.send().await.expect("submit the provider's form");
+        }
+        panic!("the sign-in did not end within {MAX_PAGES} pages")
+    }
+
+    /// What a person's browser does once a client (the console's `GET /console/sign-in`)
+    /// sends it to `authorization_url`: signs in as `user` and consents on the provider's own
+    /// pages, submitting each page's form as [`approve_device_code`](Self::approve_device_code)
+    /// does, until the provider sends it away to the client's redirect URI. That URL (with
+    /// `code` and `state`, or `error`) is returned, not followed: the test delivers it to the
+    /// client itself. A page that neither goes on nor sends the browser back is the refusal.
+    pub async fn authorize_code(
+        &self,
+        authorization_url: &str,
+        user: &str,
+    ) -> Result<reqwest::Url, SignInRefused> {
+        let provider = reqwest::Url::parse(&self.issuer()).expect("the issuer is a URL");
+        let stays = provider.origin();
+        let browser = reqwest::Client::builder()
+            .cookie_store(true)
+            .timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.url().origin() == stays {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            }))
+            .build()
+            .expect("build the browser's HTTP client");
+        let mut response = browser
+            .get(authorization_url)
+            .send()
+            .await
+            .expect("open the authorization URL");
+        for _ in 0..MAX_PAGES {
+            let status = response.status();
+            let url = response.url().clone();
+            if status.is_redirection() {
+                let location = response
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|value| value.to_str().ok())
+                    .expect("a redirect has a Location");
+                return Ok(url.join(location).expect("the Location is a URL"));
+            }
+            let html = response.text().await.expect("read the provider's page");
+            let page = Page::parse(&html);
+            let refused = || SignInRefused {
+                status: status.as_u16(),
+                url: url.to_string(),
+                text: page.text.clone(),
+            };
+            let submission = page
+                .forms
+                .first()
+                .filter(|_| status.is_success())
+                .and_then(|form| Some((form, form.filled_in_as(user)?)));
+            let Some((form, fields)) = submission else {
                 return Err(refused());
             };
             let action = url

@@ -110,6 +110,11 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
     let api = BenchApi::start(&services).await?;
     let (base, token) = (&api.base, &api.token);
     let http = reqwest::Client::new();
+    let session = console_session(base, token).await?;
+    let auth = Auth {
+        token,
+        console_session: &session,
+    };
 
     let letter: u64 = sqlx::query_scalar("SELECT MAX(id) FROM dead_letters WHERE status = 'NEW'")
         .fetch_one(pool)
@@ -124,7 +129,7 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
         let mut timed = Vec::with_capacity(TIMED_REQUESTS);
         for i in 0..=TIMED_REQUESTS {
             let started = Instant::now();
-            get(&http, base, token, route).await?;
+            get(&http, base, &auth, route).await?;
             if i > 0 {
                 timed.push(started.elapsed());
             }
@@ -143,7 +148,7 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
             // In the order they ran: one slow request among fast ones is a stall (a cold
             // cache, a background pass), every one slow is the query.
             println!("    each request, in order: {timed_in_order:.1?}");
-            slow_statements(pool, &http, base, token, route).await?;
+            slow_statements(pool, &http, base, &auth, route).await?;
         }
     }
     println!(
@@ -186,7 +191,7 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
 
     println!("\nthe statements each route runs, with their plans:");
     for route in &routes {
-        explain_route(pool, &http, base, token, route).await?;
+        explain_route(pool, &http, base, &auth, route).await?;
     }
     api.stop().await
 }
@@ -205,7 +210,7 @@ async fn slow_statements(
     pool: &MySqlPool,
     http: &reqwest::Client,
     base: &str,
-    token: &str,
+    auth: &Auth<'_>,
     route: &Route,
 ) -> anyhow::Result<()> {
     execute_each(
@@ -220,7 +225,7 @@ async fn slow_statements(
     let mut asked = Ok(());
     for _ in 0..TIMED_REQUESTS {
         let started = Instant::now();
-        asked = get(http, base, token, route).await;
+        asked = get(http, base, auth, route).await;
         timed.push(started.elapsed());
         if asked.is_err() {
             break;
@@ -297,12 +302,53 @@ fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str) -> Vec<Route> {
     ]
 }
 
-async fn get(http: &reqwest::Client, base: &str, token: &str, route: &Route) -> anyhow::Result<()> {
+/// How the bench asks: the admin API with the token, the console with a session opened
+/// with it.
+struct Auth<'a> {
+    token: &'a str,
+    console_session: &'a str,
+}
+
+/// A console session for `token`'s holder, opened with the login page's break-glass form
+/// (the bench's API has break-glass on): the `paybus_console` cookie's value.
+async fn console_session(base: &str, token: &str) -> anyhow::Result<String> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    // A JWT is base64url and dots: nothing to escape in a form.
+    let answer = http
+        .post(format!("{base}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}"))
+        .send()
+        .await?;
+    ensure!(
+        answer.status() == 303,
+        "the console's login: {}",
+        answer.status()
+    );
+    answer
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .find_map(|cookie| cookie.strip_prefix("paybus_console=")?.split(';').next())
+        .filter(|secret| !secret.is_empty())
+        .map(str::to_owned)
+        .context("the console's login set no session cookie")
+}
+
+async fn get(
+    http: &reqwest::Client,
+    base: &str,
+    auth: &Auth<'_>,
+    route: &Route,
+) -> anyhow::Result<()> {
     let request = http.get(format!("{base}{}", route.path));
     let request = if route.console {
-        request.header("cookie", format!("paybus_console={token}"))
+        request.header("cookie", format!("paybus_console={}", auth.console_session))
     } else {
-        request.bearer_auth(token)
+        request.bearer_auth(auth.token)
     };
     let response = request.send().await?;
     let status = response.status();
@@ -322,7 +368,7 @@ async fn explain_route(
     pool: &MySqlPool,
     http: &reqwest::Client,
     base: &str,
-    token: &str,
+    auth: &Auth<'_>,
     route: &Route,
 ) -> anyhow::Result<()> {
     execute_each(
@@ -333,7 +379,7 @@ async fn explain_route(
         ],
     )
     .await?;
-    let asked = get(http, base, token, route).await;
+    let asked = get(http, base, auth, route).await;
     sqlx::query("SET GLOBAL general_log = 0")
         .execute(pool)
         .await?;
