@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use axum::{
     body::Body,
-    http::{Request, StatusCode},
+    http::{Request, StatusCode, header},
 };
+use paybus_api::auth::Role;
 use paybus_platform::bus::samples::BusSampler;
 use serde_json::{Value, json};
-use support::{Api, admin_get, admin_post, error_of, signed};
+use support::{Api, admin_get, admin_post, error_of, signed, token};
+use tower::ServiceExt;
 
 const WITHDRAWALS: u64 = 12;
 const CONFIRMED_TWICE: u64 = 3;
@@ -188,6 +190,63 @@ async fn the_charts_figures_are_what_the_workflows_rows_say() {
         assert_eq!(
             sum(&dead["per_hour"]),
             count(&api, "SELECT COUNT(*) FROM dead_letter_failures").await
+        );
+    }
+
+    // The console draws the same figures, each chart with them in its table.
+    let opened = api
+        .router()
+        .oneshot(
+            Request::post("/console/login")
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(Body::from(format!("token={}", token(&[Role::Ops]))))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let cookie = opened.headers()[header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let confirmed = count(
+        &api,
+        "SELECT COUNT(*) FROM withdrawals WHERE status = 'CONFIRMED'",
+    )
+    .await;
+    let failed = count(&api, "SELECT COUNT(*) FROM dead_letter_failures").await;
+    for page in ["/console/overview", "/console/overview?window=day"] {
+        let answer = api
+            .router()
+            .oneshot(
+                Request::get(page)
+                    .header(header::COOKIE, &cookie)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK, "{page}");
+        let html = String::from_utf8(
+            axum::body::to_bytes(answer.into_body(), 1 << 22)
+                .await
+                .unwrap()
+                .to_vec(),
+        )
+        .unwrap();
+        assert!(
+            html.contains(&format!(
+                "The numbers: done {confirmed}, skipped {CONFIRMED_TWICE}, retried 0, failed {failed}"
+            )),
+            "{page}: {html}"
+        );
+        assert!(html.contains(r#"id="chart-confirm-withdrawal""#), "{page}");
+        assert!(html.contains(r#"id="chart-dead-letters""#), "{page}");
+        assert!(
+            html.contains("grant-bonus"),
+            "a quiet function is named: {page}"
         );
     }
 

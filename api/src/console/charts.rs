@@ -191,7 +191,10 @@ mod tests {
         let lines = segments(&[Some(1.0), Some(2.0), None, Some(1.0), Some(0.0)], 2.0);
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].split(' ').count(), 2);
-        assert!(lines[0].ends_with(&format!(",{TOP:.1}")), "2 is the top: {lines:?}");
+        assert!(
+            lines[0].ends_with(&format!(",{TOP:.1}")),
+            "2 is the top: {lines:?}"
+        );
         assert!(segments(&[None, None], 1.0).is_empty());
     }
 
@@ -209,9 +212,15 @@ mod tests {
             ],
         )
         .into_string();
-        assert!(markup.contains("<caption>Confirmations</caption>"), "{markup}");
+        assert!(
+            markup.contains("<caption>Confirmations</caption>"),
+            "{markup}"
+        );
         assert!(markup.contains("done 7, ready 2"), "{markup}");
-        assert!(markup.contains(r#"<td class="n">3</td><td class="n">—</td>"#), "{markup}");
+        assert!(
+            markup.contains(r#"<td class="n">3</td><td class="n">—</td>"#),
+            "{markup}"
+        );
         assert!(markup.contains(r#"role="img""#), "{markup}");
     }
 }

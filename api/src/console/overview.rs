@@ -1,25 +1,50 @@
 //! The overview page, the console's first: `crate::overview` (what `GET /v1/admin/overview`
 //! answers) as one screen — per function paused or consuming, queue depth, NEW dead letters and
-//! the last hour's failures; the outbox's lag; stuck and held rows; breakers; the auditor; and,
-//! first, a warning while the broker blocks this process's connection.
+//! the last hour's failures; what each function did over the last hour or day, drawn
+//! (`crate::activity`, `?window=day`); the outbox's lag; stuck and held rows; breakers; the
+//! auditor; and, first, a warning while the broker blocks this process's connection.
 
 use axum::{
-    extract::{Path, State, rejection::PathRejection},
+    extract::{
+        Path, Query, State,
+        rejection::{PathRejection, QueryRejection},
+    },
     http::{Method, StatusCode},
     response::{IntoResponse, Response},
 };
 use maud::html;
 use serde_json::json;
 
+use super::charts::{self, Series};
 use super::{
     FormFields, Session, actions,
     layout::{self, Flash},
 };
-use crate::{AppState, overview};
+use crate::{
+    AppState,
+    activity::{self, Activity, Window},
+    overview,
+};
 
-/// `GET /console/overview`.
-pub(crate) async fn page(State(state): State<AppState>, session: Session) -> Response {
-    render(&state, &session, None).await
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct OverviewQuery {
+    window: Option<Window>,
+}
+
+/// `GET /console/overview[?window=hour|day]`.
+pub(crate) async fn page(
+    State(state): State<AppState>,
+    session: Session,
+    query: Result<Query<OverviewQuery>, QueryRejection>,
+) -> Response {
+    let Ok(Query(query)) = query else {
+        return layout::error_page(
+            StatusCode::BAD_REQUEST,
+            "The window is hour (the default) or day.",
+        );
+    };
+    let window = query.window.unwrap_or_default();
+    render_window(&state, &session, None, window).await
 }
 
 /// `POST /console/functions/{name}/pause` (`reason`) and `.../resume`: the admin API's switch.
@@ -78,8 +103,21 @@ pub(crate) async fn resume(
 }
 
 async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Response {
+    render_window(state, session, flash, Window::Hour).await
+}
+
+async fn render_window(
+    state: &AppState,
+    session: &Session,
+    flash: Option<Flash>,
+    window: Window,
+) -> Response {
     let overview = match overview::read(state).await {
         Ok(overview) => overview,
+        Err(error) => return layout::failure_page(error),
+    };
+    let activity = match activity::read(state, window).await {
+        Ok(activity) => activity,
         Err(error) => return layout::failure_page(error),
     };
     let seconds = |s: f64| format!("{s:.1} s");
@@ -113,7 +151,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                 p.flash.warn role="status" { "The broker could not be asked for its queues: their depth is unknown." }
             }
             h2 { "Functions" }
-            p.hint { "Messages processed per function are counted by each process: see paybus_messages_total in Prometheus." }
+            p.hint { "What each function did over time: " a href="#activity" { "Activity" } ", below." }
             table #functions {
                 thead { tr { th { "Function" } th { "State" } th { "Switch" } th { "Queue" } th.n { "Ready" } th.n { "Consumers" } th.n { "NEW dead letters" } th.n { "Failures, last hour" } } }
                 tbody {
@@ -151,6 +189,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
                     }
                 }
             }
+            (activity_section(&activity))
             h2 { "Outbox" }
             p #outbox data-backlog=(overview.outbox.backlog) {
                 (overview.outbox.backlog) " message(s) not yet published"
@@ -192,4 +231,77 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         },
     )
     .into_response()
+}
+
+/// The charts: per function with any messages in the window, its outcomes; dead letters per
+/// hour; each queue's ready messages; the outbox's backlog and oldest age.
+fn activity_section(activity: &Activity) -> maud::Markup {
+    let (label, per, other, other_label) = match activity.window {
+        Window::Hour => ("%H:%M", "minute", "day", "the last day, by hour"),
+        Window::Day => ("%d %H:00", "hour", "hour", "the last hour, by minute"),
+    };
+    let (busy, quiet): (Vec<_>, Vec<_>) = activity.functions.iter().partition(|f| {
+        [&f.done, &f.skipped, &f.retried, &f.failed]
+            .iter()
+            .any(|series| series.iter().any(|n| *n > 0))
+    });
+    html! {
+        section #activity data-window=(match activity.window { Window::Hour => "hour", Window::Day => "day" }) {
+            h2 { "Activity, " (match activity.window { Window::Hour => "the last hour", Window::Day => "the last day" }) " (UTC)" }
+            p.hint {
+                "Messages per " (per) " as every process counted them (written every 10 s; a Lambda's after each batch). "
+                a href=(format!("/console/overview?window={other}#activity")) { "Show " (other_label) }
+            }
+            @for function in &busy {
+                (charts::chart(
+                    &format!("chart-{}", function.name),
+                    &format!("{}: messages per {per}", function.name),
+                    &activity.buckets,
+                    label,
+                    &[
+                        Series::counts("done", &function.done),
+                        Series::counts("skipped", &function.skipped),
+                        Series::counts("retried", &function.retried),
+                        Series::counts("failed", &function.failed),
+                    ],
+                ))
+            }
+            @if !quiet.is_empty() {
+                p #quiet-functions { "No messages in this window: " (quiet.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ")) "." }
+            }
+            @if activity.dead_letters.is_empty() {
+                p #dead-letters-per-hour { "No dead letter in the last 24 hours." }
+            } @else {
+                (charts::chart(
+                    "chart-dead-letters",
+                    "Dead letters per hour, the last 24 hours",
+                    &activity.dead_letter_hours,
+                    "%d %H:00",
+                    &activity
+                        .dead_letters
+                        .iter()
+                        .map(|d| Series::counts(&d.function, &d.per_hour))
+                        .collect::<Vec<_>>(),
+                ))
+            }
+            (charts::chart(
+                "chart-queues",
+                &format!("Messages ready in each queue (sampled each minute; the {per}'s highest)"),
+                &activity.buckets,
+                label,
+                &activity
+                    .queues
+                    .iter()
+                    .map(|q| Series::samples(&q.queue, &q.ready))
+                    .collect::<Vec<_>>(),
+            ))
+            (charts::chart(
+                "chart-outbox",
+                &format!("Outbox: messages not yet published (sampled each minute; the {per}'s highest)"),
+                &activity.buckets,
+                label,
+                &[Series::samples("backlog", &activity.outbox_backlog)],
+            ))
+        }
+    }
 }
