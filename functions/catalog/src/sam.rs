@@ -151,6 +151,12 @@ pub const QUOTE_API_KEY: SecretSetting = SecretSetting {
     description: "PAYBUS_QUOTE_API_KEY, sent to the quote service as a bearer token (p2p; at least 16 characters)",
 };
 
+pub const OIDC_CONSOLE_CLIENT_SECRET: SecretSetting = SecretSetting {
+    variable: "PAYBUS_OIDC_CONSOLE_CLIENT_SECRET",
+    parameter: "OidcConsoleClientSecretArn",
+    description: "PAYBUS_OIDC_CONSOLE_CLIENT_SECRET, the secret of the console's confidential app client at the identity provider (the authorization code flow; any placeholder until people sign in through a provider)",
+};
+
 /// Every secret parameter of the template, in its order.
 pub const SECRETS: &[SecretSetting] = &[
     DATABASE_URL,
@@ -161,6 +167,7 @@ pub const SECRETS: &[SecretSetting] = &[
     QUOTE_API_KEY,
     SECRETS_KEY,
     PARTNER_KEY_HASH_KEY,
+    OIDC_CONSOLE_CLIENT_SECRET,
 ];
 
 /// A setting that is no secret, passed as a plain variable from a template parameter.
@@ -231,6 +238,20 @@ pub const OIDC_CLI_CLIENT_ID: PlainSetting = PlainSetting {
     default: "paybus-cli",
     allowed: &[],
 };
+pub const OIDC_CONSOLE_CLIENT_ID: PlainSetting = PlainSetting {
+    variable: "PAYBUS_OIDC_CONSOLE_CLIENT_ID",
+    parameter: "OidcConsoleClientId",
+    description: "PAYBUS_OIDC_CONSOLE_CLIENT_ID: the console's confidential app client (its callback is <ConsoleUrl>/console/callback)",
+    default: "paybus-console",
+    allowed: &[],
+};
+pub const CONSOLE_URL: PlainSetting = PlainSetting {
+    variable: "PAYBUS_CONSOLE_URL",
+    parameter: "ConsoleUrl",
+    description: "PAYBUS_CONSOLE_URL: the console's public base URL, https://<your API's domain> (the sign-in's redirect URIs; https makes its cookies Secure). Empty: the API Gateway's own URL must be set here once known",
+    default: "",
+    allowed: &[],
+};
 pub const BREAK_GLASS: PlainSetting = PlainSetting {
     variable: "PAYBUS_BREAK_GLASS",
     parameter: "BreakGlass",
@@ -247,6 +268,8 @@ pub const IDENTITY_SETTINGS: &[PlainSetting] = &[
     OIDC_ADMIN_GROUPS,
     OIDC_OPS_GROUPS,
     OIDC_CLI_CLIENT_ID,
+    OIDC_CONSOLE_CLIENT_ID,
+    CONSOLE_URL,
     BREAK_GLASS,
 ];
 
@@ -260,6 +283,8 @@ pub const PLAIN_SETTINGS: &[PlainSetting] = &[
     OIDC_ADMIN_GROUPS,
     OIDC_OPS_GROUPS,
     OIDC_CLI_CLIENT_ID,
+    OIDC_CONSOLE_CLIENT_ID,
+    CONSOLE_URL,
     BREAK_GLASS,
 ];
 
@@ -314,6 +339,8 @@ pub fn needs(binary: &str) -> Needs {
                     SECRETS_KEY,
                     // The partner API checks partners' keys.
                     PARTNER_KEY_HASH_KEY,
+                    // The console's sign-in redeems its codes as a confidential client.
+                    OIDC_CONSOLE_CLIENT_SECRET,
                 ],
                 settings: [&[ASYNC_MATCHING_ENABLED], IDENTITY_SETTINGS].concat(),
             };
