@@ -234,7 +234,9 @@ async fn suspension(api: &ApiProcess, token: &str) {
     .await;
 }
 
-#[tokio::test]
+// The script runs in a blocking call on one worker while the consumer works on the other:
+// the replay it clicks is applied while it runs, as in production.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn people_sign_in_at_the_provider_replay_dead_letters_under_four_eyes_and_sign_out_in_a_real_browser()
  {
     let Some(python) = python_tool("PAYBUS_TEST_PYTHON", "python") else {
@@ -322,10 +324,22 @@ async fn people_sign_in_at_the_provider_replay_dead_letters_under_four_eyes_and_
             .expect("read the withdrawal")
             == "CONFIRMED"
     };
-    assert!(
-        eventually(Duration::from_secs(30), confirmed).await,
-        "the replayed confirmation was applied"
-    );
+    if !eventually(Duration::from_secs(60), confirmed).await {
+        let (unpublished, letters): (i64, Vec<(String, String)>) = (
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox_messages WHERE published_at IS NULL")
+                .fetch_one(&env.db)
+                .await
+                .expect("read the outbox"),
+            sqlx::query_as("SELECT dead_letter_id, status FROM dead_letters ORDER BY id")
+                .fetch_all(&env.db)
+                .await
+                .expect("read the dead letters"),
+        );
+        panic!(
+            "the replayed confirmation was not applied within 60 s: {unpublished} outbox \
+             message(s) unpublished, dead letters {letters:?}; the script said:\n{stdout}"
+        );
+    }
     // Room for a (wrong) second application to land before counting.
     tokio::time::sleep(Duration::from_millis(500)).await;
     shutdown.cancel();
