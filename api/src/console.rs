@@ -31,6 +31,7 @@ mod jobs;
 mod layout;
 mod operations;
 mod overview;
+mod search;
 mod session;
 mod sessions;
 mod sign_in;
@@ -91,6 +92,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/console/sessions", get(sessions::page))
         .route("/console/sessions/{id}/end", post(sessions::end))
         .route("/console/overview", get(overview::page))
+        .route("/console/search", get(search::page))
         .route("/console/functions/{name}/pause", post(overview::pause))
         .route("/console/functions/{name}/resume", post(overview::resume))
         .route("/console/dead-letters", get(dead_letters::groups))

@@ -48,6 +48,7 @@ pub mod partner;
 mod partners;
 pub mod process;
 mod responses;
+pub mod search;
 mod secrets;
 pub mod server;
 mod signed;
@@ -222,6 +223,7 @@ pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
         .merge(trace::route::admin_routes())
         .merge(overview::admin_routes())
         .merge(activity::admin_routes())
+        .merge(search::admin_routes())
         .merge(console_sessions::admin_routes())
         // route_layer: only matched routes are guarded, so an unknown path stays a 404.
         .route_layer(middleware::from_fn_with_state(

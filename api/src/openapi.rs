@@ -45,6 +45,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         crate::trace::route::Doc::openapi(),
         crate::overview::Doc::openapi(),
         crate::activity::Doc::openapi(),
+        crate::search::Doc::openapi(),
         crate::oidc::route::Doc::openapi(),
         crate::console_sessions::Doc::openapi(),
     ] {

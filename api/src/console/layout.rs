@@ -75,6 +75,9 @@ pub(crate) fn page_with_head(
                         @if session.caller.allows(Role::Admin) {
                             a href=(SESSIONS.0) class=[(SESSIONS.1 == title).then_some("here")] { (SESSIONS.1) }
                         }
+                        form.search method="get" action="/console/search" role="search" {
+                            input type="search" name="q" placeholder="id, tx hash, reference" aria-label="Search by id, tx hash, member, charge or order reference";
+                        }
                         span.who {
                             (session.caller.actor.name) " ("
                             @for (i, role) in session.caller.roles.iter().enumerate() {

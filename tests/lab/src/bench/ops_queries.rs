@@ -271,6 +271,8 @@ fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str) -> Vec<Route> {
         api("/v1/admin/overview".into()),
         api("/v1/admin/activity".into()),
         api("/v1/admin/activity?window=day".into()),
+        api("/v1/admin/search?q=0xbench7".into()),
+        api(format!("/v1/admin/search?q={job}")),
         api("/v1/admin/dead-letters".into()),
         api("/v1/admin/dead-letters?status=NEW&function=confirm-withdrawal&reason=rejected".into()),
         api("/v1/admin/dead-letters/groups".into()),
