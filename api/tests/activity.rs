@@ -16,7 +16,7 @@ use axum::{
 use paybus_api::auth::Role;
 use paybus_platform::bus::samples::BusSampler;
 use serde_json::{Value, json};
-use support::{Api, admin_get, admin_post, error_of, signed, token};
+use support::{Api, admin_get, admin_post, console_cookie, error_of, signed};
 use tower::ServiceExt;
 
 const WITHDRAWALS: u64 = 12;
@@ -194,23 +194,7 @@ async fn the_charts_figures_are_what_the_workflows_rows_say() {
     }
 
     // The console draws the same figures, each chart with them in its table.
-    let opened = api
-        .router()
-        .oneshot(
-            Request::post("/console/login")
-                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(Body::from(format!("token={}", token(&[Role::Ops]))))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let cookie = opened.headers()[header::SET_COOKIE]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let cookie = console_cookie(&api, &[Role::Ops]).await;
     let confirmed = count(
         &api,
         "SELECT COUNT(*) FROM withdrawals WHERE status = 'CONFIRMED'",

@@ -10,7 +10,7 @@ use axum::{
 };
 use paybus_api::auth::Role;
 use serde_json::json;
-use support::{Api, admin_get, admin_post, token};
+use support::{Api, admin_get, admin_post, console_cookie};
 use tower::ServiceExt;
 
 const TX: &str = "0x5ea2c4f00d";
@@ -65,23 +65,7 @@ async fn a_tx_hash_or_an_id_lands_on_the_trace_of_what_it_names() {
     }
 
     // The console: one match goes straight to its trace.
-    let opened = api
-        .router()
-        .oneshot(
-            Request::post("/console/login")
-                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(Body::from(format!("token={}", token(&[Role::Ops]))))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let cookie = opened.headers()[header::SET_COOKIE]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let cookie = console_cookie(&api, &[Role::Ops]).await;
     let searched = api
         .router()
         .oneshot(

@@ -291,6 +291,31 @@ pub fn partner_get(path: &str, key: &str) -> Request<Body> {
         .expect("request")
 }
 
+/// `paybus_console=<secret>` of a break-glass console session with `roles`, opened with the
+/// login page's token form (the API's break-glass is on).
+pub async fn console_cookie(api: &Api, roles: &[Role]) -> String {
+    let opened = api
+        .router()
+        .oneshot(
+            Request::post("/console/login")
+                .header(
+                    axum::http::header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded",
+                )
+                .body(Body::from(format!("token={}", token(roles))))
+                .expect("request"),
+        )
+        .await
+        .expect("infallible");
+    opened.headers()[axum::http::header::SET_COOKIE]
+        .to_str()
+        .expect("a cookie")
+        .split(';')
+        .next()
+        .expect("its value")
+        .to_owned()
+}
+
 pub fn admin_get(path: &str) -> Request<Body> {
     Request::get(path)
         .header(header::AUTHORIZATION, format!("Bearer {}", admin_token()))

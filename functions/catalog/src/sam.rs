@@ -273,20 +273,9 @@ pub const IDENTITY_SETTINGS: &[PlainSetting] = &[
     BREAK_GLASS,
 ];
 
-/// Every plain setting parameter of the template, in its order.
-pub const PLAIN_SETTINGS: &[PlainSetting] = &[
-    QUOTE_URL,
-    ASYNC_MATCHING_ENABLED,
-    OIDC_ISSUER,
-    OIDC_AUDIENCE,
-    OIDC_ROLES_CLAIM,
-    OIDC_ADMIN_GROUPS,
-    OIDC_OPS_GROUPS,
-    OIDC_CLI_CLIENT_ID,
-    OIDC_CONSOLE_CLIENT_ID,
-    CONSOLE_URL,
-    BREAK_GLASS,
-];
+/// The workflows' plain setting parameters, in their order (the identity provider's follow,
+/// [`IDENTITY_SETTINGS`]).
+pub const PLAIN_SETTINGS: &[PlainSetting] = &[QUOTE_URL, ASYNC_MATCHING_ENABLED];
 
 /// What one Lambda reads beyond the globals every function gets (the database URL's
 /// reference, the pool size, the batch concurrency, the log settings).
@@ -871,9 +860,18 @@ fn capacity_parameters(p: &mut Node) {
     );
 }
 
-/// The workflows' plain (not secret) settings, from the catalog's list.
+/// The plain (not secret) settings: the workflows', then the identity provider's.
 fn workflow_parameters(p: &mut Node) {
-    for (n, setting) in PLAIN_SETTINGS.iter().enumerate() {
+    plain_parameters(p, PLAIN_SETTINGS, "Workflow settings (not secrets).");
+    plain_parameters(
+        p,
+        IDENTITY_SETTINGS,
+        "Who signs in (the API only): the identity provider and break-glass.",
+    );
+}
+
+fn plain_parameters(p: &mut Node, settings: &[PlainSetting], heading: &'static str) {
+    for (n, setting) in settings.iter().enumerate() {
         let mut parameter = map! {
             "Type" => "String",
             "Description" => setting.description,
@@ -885,11 +883,7 @@ fn workflow_parameters(p: &mut Node) {
                 Node::List(setting.allowed.iter().map(|v| Node::from(*v)).collect()),
             );
         }
-        p.insert_commented(
-            (n == 0).then_some("Workflow settings (not secrets)."),
-            setting.parameter,
-            parameter,
-        );
+        p.insert_commented((n == 0).then_some(heading), setting.parameter, parameter);
     }
 }
 
