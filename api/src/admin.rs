@@ -13,3 +13,15 @@ pub(crate) fn path_id(path: Result<Path<u64>, PathRejection>) -> Result<u64, Api
         )),
     }
 }
+
+/// Two `{id}` path segments (a row and one of its own): positive integers, else 400.
+pub(crate) fn path_ids(
+    path: Result<Path<(u64, u64)>, PathRejection>,
+) -> Result<(u64, u64), ApiError> {
+    match path {
+        Ok(Path((first, second))) if first > 0 && second > 0 => Ok((first, second)),
+        _ => Err(ApiError::BadRequest(
+            "the ids in the path must be positive integers".to_owned(),
+        )),
+    }
+}

@@ -7,6 +7,8 @@
 //! | `/console/jobs` | W3 bonus jobs PENDING or FAILED | retry a FAILED job |
 //! | `/console/suspensions` | W4 suspensions, newest first, with their progress (the page refreshes itself every 2 s while one is moving) | retry a suspension's FAILED tasks |
 //! | `/console/audit` | the continuous auditor's latest pass and its findings (recorded by the sweeper; the page runs no check) | — |
+//! | `/console/partners` | every partner with its webhook endpoint's state (active, failing, breaker open since when, disabled by a 410 since when) | — |
+//! | `/console/partners/{id}` | a partner's endpoint, API keys (label, created, last used, expiring) and recent notifications with each delivery attempt | re-deliver a notification; create, rotate or revoke a key |
 //! | `/console/sessions` | ADMIN: the console's active sessions | end one |
 //!
 //! **Who is signed in**: people sign in through the company's identity provider (`sign_in`:
@@ -31,6 +33,7 @@ mod jobs;
 mod layout;
 mod operations;
 mod overview;
+mod partners;
 mod search;
 mod session;
 mod sessions;
@@ -124,6 +127,24 @@ pub(crate) fn routes() -> Router<AppState> {
             post(suspensions::retry_failed),
         )
         .route("/console/audit", get(audit::page))
+        .route("/console/partners", get(partners::list))
+        .route("/console/partners/{id}", get(partners::page))
+        .route(
+            "/console/partners/{id}/notifications/{notification_id}/redeliver",
+            post(partners::redeliver),
+        )
+        .route(
+            "/console/partners/{id}/api-keys",
+            post(partners::create_key),
+        )
+        .route(
+            "/console/partners/{id}/api-keys/{key_id}/revoke",
+            post(partners::revoke_key),
+        )
+        .route(
+            "/console/partners/{id}/api-keys/{key_id}/rotate",
+            post(partners::rotate_key),
+        )
 }
 
 /// A submitted form (`application/x-www-form-urlencoded`), names in order and repeatable

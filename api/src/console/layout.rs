@@ -30,13 +30,14 @@ section{margin:1rem 0}h2{font-size:1.1rem}
 textarea{display:block;margin:.4rem 0;width:100%;max-width:40rem}
 ";
 
-const PAGES: [(&str, &str); 7] = [
+const PAGES: [(&str, &str); 8] = [
     ("/console/overview", "Overview"),
     ("/console/dead-letters", "Dead letters"),
     ("/console/jobs", "Bonus jobs"),
     ("/console/suspensions", "Suspensions"),
     ("/console/audit", "Audit"),
     ("/console/approvals", "Approvals"),
+    ("/console/partners", "Partners"),
     ("/console/trace", "Trace"),
 ];
 

@@ -33,7 +33,12 @@ use serde_json::json;
 use sha2::Sha256;
 use sqlx::{Connection, MySqlConnection};
 
-use crate::{ApiError, AppState, admin::path_id, auth::Caller, body::JsonBody};
+use crate::{
+    ApiError, AppState,
+    admin::{path_id, path_ids},
+    auth::Caller,
+    body::JsonBody,
+};
 
 /// Every key starts with it, so a leaked key is recognisable (secret scanners, logs).
 pub const PREFIX: &str = "pbk_";
@@ -291,22 +296,21 @@ async fn list(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let partner_id = path_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let keys: Vec<KeyView> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {KEY_COLUMNS} FROM partner_api_keys WHERE partner_id = ? ORDER BY id DESC"
-    )))
-    .bind(partner_id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let keys = of_partner(&mut conn, partner_id).await?;
     Ok(Json(json!({ "partner_id": partner_id, "keys": keys })))
 }
 
-fn key_path(path: Result<Path<(u64, u64)>, PathRejection>) -> Result<(u64, u64), ApiError> {
-    match path {
-        Ok(Path((partner_id, key_id))) if partner_id > 0 && key_id > 0 => Ok((partner_id, key_id)),
-        _ => Err(ApiError::BadRequest(
-            "the ids in the path must be positive integers".to_owned(),
-        )),
-    }
+/// `partner_id`'s keys, newest first (never a secret).
+pub(crate) async fn of_partner(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+) -> Result<Vec<KeyView>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {KEY_COLUMNS} FROM partner_api_keys WHERE partner_id = ? ORDER BY id DESC"
+    )))
+    .bind(partner_id)
+    .fetch_all(conn)
+    .await
 }
 
 #[utoipa::path(
@@ -328,7 +332,7 @@ async fn revoke(
     Extension(caller): Extension<Caller>,
     path: Result<Path<(u64, u64)>, PathRejection>,
 ) -> Result<Json<KeyView>, ApiError> {
-    let (partner_id, key_id) = key_path(path)?;
+    let (partner_id, key_id) = path_ids(path)?;
     let mut conn = state.pool.acquire().await?;
     let mut tx = conn.begin().await?;
     let revoked = sqlx::query(
@@ -383,7 +387,7 @@ async fn rotate(
     path: Result<Path<(u64, u64)>, PathRejection>,
     JsonBody(request): JsonBody<RotateRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    let (partner_id, key_id) = key_path(path)?;
+    let (partner_id, key_id) = path_ids(path)?;
     let hash_key = hash_key(&state)?;
     let overlap = request.overlap_seconds.unwrap_or(DEFAULT_OVERLAP.as_secs());
     if overlap > MAX_OVERLAP_SECONDS {

@@ -10,6 +10,7 @@ use paybus_partners::{
     attempts::{self, DeliveryAttempt},
     notifications::{self, NotificationView, Redelivery},
 };
+use paybus_platform::actor::Actor;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -119,7 +120,8 @@ pub(super) async fn redeliver(
 ) -> Result<Json<Value>, ApiError> {
     let id = path_id(id)?;
     let mut uow = state.outbox.begin().await?;
-    match notifications::redeliver(&mut uow, partner.partner_id, id).await? {
+    let actor = Actor::partner(&format!("partner:{}", partner.partner_id));
+    match notifications::redeliver(&mut uow, partner.partner_id, id, &actor).await? {
         Redelivery::Queued => {
             uow.commit().await?;
             tracing::info!(

@@ -370,12 +370,15 @@ async fn attempts_and_notifications_are_read_per_partner_and_a_redelivery_keeps_
     );
     drop(conn);
 
+    let acme_actor = paybus_platform::actor::Actor::partner(&format!("partner:{acme}"));
     let mut uow = services.outbox.begin().await.unwrap();
-    let again = notifications::redeliver(&mut uow, acme, id).await.unwrap();
-    let pending = notifications::redeliver(&mut uow, acme, older)
+    let again = notifications::redeliver(&mut uow, acme, id, &acme_actor)
         .await
         .unwrap();
-    let not_ours = notifications::redeliver(&mut uow, acme, others)
+    let pending = notifications::redeliver(&mut uow, acme, older, &acme_actor)
+        .await
+        .unwrap();
+    let not_ours = notifications::redeliver(&mut uow, acme, others, &acme_actor)
         .await
         .unwrap();
     uow.commit().await.unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use paybus_platform::retry::clock::micros;
 use serde::Serialize;
-use sqlx::MySqlConnection;
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::notifications::ClaimedNotification;
 
@@ -82,6 +82,31 @@ pub async fn of_notification(
     .bind(notification_id)
     .fetch_all(conn)
     .await
+}
+
+/// The attempts of `partner_id`'s notifications `notification_ids` (a page of them), oldest
+/// first; one index range per notification.
+pub async fn of_notifications(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    notification_ids: &[u64],
+) -> Result<Vec<DeliveryAttempt>, sqlx::Error> {
+    if notification_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::<MySql>::new(
+        "SELECT id, notification_id, attempt, started_at, status_code, latency_ms, error \
+         FROM partner_notification_attempts WHERE partner_id = ",
+    );
+    query
+        .push_bind(partner_id)
+        .push(" AND notification_id IN (");
+    let mut ids = query.separated(", ");
+    for id in notification_ids {
+        ids.push_bind(*id);
+    }
+    query.push(") ORDER BY id");
+    query.build_query_as().fetch_all(conn).await
 }
 
 /// Deletes up to `batch` attempts recorded more than `retention` ago; returns how many.

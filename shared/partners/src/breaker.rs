@@ -94,8 +94,8 @@ pub async fn record_success(
     partner_id: u64,
 ) -> Result<bool, sqlx::Error> {
     let closed = sqlx::query(
-        "UPDATE partners SET webhook_failures = 0, webhook_open_until = NULL \
-         WHERE id = ? AND (webhook_failures <> 0 OR webhook_open_until IS NOT NULL)",
+        "UPDATE partners SET webhook_failures = 0, webhook_open_until = NULL, \
+         webhook_opened_at = NULL WHERE id = ? AND (webhook_failures <> 0 OR webhook_open_until IS NOT NULL)",
     )
     .bind(partner_id)
     .execute(conn)
@@ -118,11 +118,13 @@ pub async fn record_failure(
         .await?;
     let opened = sqlx::query(
         "UPDATE partners \
-         SET webhook_open_until = COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND \
+         SET webhook_open_until = COALESCE(?, NOW(6)) + INTERVAL ? MICROSECOND, \
+             webhook_opened_at = COALESCE(?, NOW(6)) \
          WHERE id = ? AND webhook_failures >= ? AND webhook_open_until IS NULL",
     )
     .bind(clock.sql_now())
     .bind(micros(policy.cool_down))
+    .bind(clock.sql_now())
     .bind(partner_id)
     .bind(policy.failures_to_open)
     .execute(conn)

@@ -21,6 +21,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use paybus_platform::{
+    actor::Actor,
     bus::{Envelope, Message, UnitOfWork, outbox::OutboxError},
     db,
     retry::{
@@ -150,11 +151,13 @@ pub enum Redelivery {
 /// Sends a DELIVERED, FAILED or SKIPPED notification of `partner_id` again: PENDING with a
 /// fresh attempt count, due now, under the **same id** (so the same `webhook-id`, which the
 /// partner deduplicates on), with its `partner.notification.created` message and an ops-log
-/// entry (`partner_notification.redeliver`) in `uow`'s transaction; the caller commits.
+/// entry (`partner_notification.redeliver`, by `actor`: the partner itself or ops) in `uow`'s
+/// transaction; the caller commits.
 pub async fn redeliver(
     uow: &mut UnitOfWork<'_>,
     partner_id: u64,
     id: u64,
+    actor: &Actor,
 ) -> Result<Redelivery, OutboxError> {
     // The message goes out in this transaction, so the row counts as republished now.
     let reopened = sqlx::query(
@@ -187,7 +190,7 @@ pub async fn redeliver(
     ops_log::append(
         uow,
         &Entry {
-            actor: &paybus_platform::actor::Actor::partner(&format!("partner:{partner_id}")),
+            actor,
             action: "partner_notification.redeliver",
             subject: &format!("partner_notification:{id}"),
             detail: &serde_json::json!({ "partner_id": partner_id }),

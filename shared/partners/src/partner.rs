@@ -35,6 +35,8 @@ pub struct Partner {
 pub struct BreakerView {
     pub state: BreakerState,
     pub consecutive_failures: u32,
+    /// Since when it has been open or half-open (the failure that opened it).
+    pub opened_at: Option<DateTime<Utc>>,
     /// Until when deliveries are parked (open), or since when a probe may go (half-open).
     pub open_until: Option<DateTime<Utc>>,
 }
@@ -53,6 +55,7 @@ struct PartnerRow {
     webhook_url: Option<String>,
     webhook_failures: u32,
     webhook_open_until: Option<DateTime<Utc>>,
+    webhook_opened_at: Option<DateTime<Utc>>,
     webhook_disabled_at: Option<DateTime<Utc>>,
     webhook_disabled_reason: Option<String>,
     now: DateTime<Utc>,
@@ -268,17 +271,38 @@ pub enum SetWebhookUrlError {
     Database(#[from] sqlx::Error),
 }
 
+const PARTNER_COLUMNS: &str = "id, name, webhook_url, webhook_failures, webhook_open_until, \
+     webhook_opened_at, webhook_disabled_at, webhook_disabled_reason, NOW(6) AS now, \
+     created_at, updated_at";
+
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Partner>, sqlx::Error> {
-    let row: Option<PartnerRow> = sqlx::query_as(
-        "SELECT id, name, webhook_url, webhook_failures, webhook_open_until, \
-                webhook_disabled_at, webhook_disabled_reason, NOW(6) AS now, \
-                created_at, updated_at \
-         FROM partners WHERE id = ?",
-    )
+    let row: Option<PartnerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {PARTNER_COLUMNS} FROM partners WHERE id = ?"
+    )))
     .bind(id)
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(|row| {
+    Ok(row.map(Partner::from))
+}
+
+/// Up to `limit` partners with an id above `after_id`, by id.
+pub async fn list(
+    conn: &mut MySqlConnection,
+    after_id: u64,
+    limit: u32,
+) -> Result<Vec<Partner>, sqlx::Error> {
+    let rows: Vec<PartnerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {PARTNER_COLUMNS} FROM partners WHERE id > ? ORDER BY id LIMIT ?"
+    )))
+    .bind(after_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(Partner::from).collect())
+}
+
+impl From<PartnerRow> for Partner {
+    fn from(row: PartnerRow) -> Self {
         let breaker = BreakerRead {
             failures: row.webhook_failures,
             open_until: row.webhook_open_until,
@@ -291,6 +315,7 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Partner>
             webhook_breaker: BreakerView {
                 state: breaker.state(),
                 consecutive_failures: breaker.failures,
+                opened_at: row.webhook_opened_at,
                 open_until: breaker.open_until,
             },
             webhook_disabled: row.webhook_disabled_at.map(|since| DisabledView {
@@ -300,7 +325,7 @@ pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Partner>
             created_at: row.created_at,
             updated_at: row.updated_at,
         }
-    }))
+    }
 }
 
 #[cfg(test)]
