@@ -1,7 +1,8 @@
 //! `paybus-lab bench ops-queries`: every console page and every ops list, group and count
 //! route, timed over HTTP against tables the size of a long-lived deployment's: `--rows`
-//! dead letters (each with its failure), `--rows` bonus jobs and `--rows` cancel tasks
-//! (5,000,000 each by default), and the charts' eight days of activity and samples.
+//! dead letters (each with its failure), `--rows` bonus jobs, `--rows` cancel tasks and
+//! `--rows` partner notifications with a delivery attempt each (5,000,000 each by default),
+//! and the charts' eight days of activity and samples.
 //!
 //! The rows are loaded set-based (`INSERT … SELECT` over a digits table) in the shapes a real
 //! deployment accumulates: most letters archived or replayed and one in ten still NEW (real
@@ -100,9 +101,17 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
         grouped(rows),
         started.elapsed()
     );
+    let started = Instant::now();
+    let partner = load_partner_notifications(pool, rows).await?;
+    println!(
+        "loaded {} partner notifications, each with a delivery attempt, in {:.1?}",
+        grouped(rows),
+        started.elapsed()
+    );
     sqlx::query(
         "ANALYZE TABLE dead_letters, dead_letter_failures, charge_event_job, tasks, \
-         task_batches, function_activity, queue_samples, outbox_samples",
+         task_batches, function_activity, queue_samples, outbox_samples, partners, \
+         partner_notifications, partner_notification_attempts, partner_api_keys",
     )
     .execute(pool)
     .await?;
@@ -119,7 +128,7 @@ async fn measure(env: &TestEnv, rows: u64) -> anyhow::Result<()> {
     let letter: u64 = sqlx::query_scalar("SELECT MAX(id) FROM dead_letters WHERE status = 'NEW'")
         .fetch_one(pool)
         .await?;
-    let routes = routes(letter, job, withdrawals.0, &symbol);
+    let routes = routes(letter, job, withdrawals.0, &symbol, partner);
     let mut slowest_overall = Duration::ZERO;
     println!(
         "\n{:<64} {:>10} {:>10}  (target < {TARGET:?}; {TIMED_REQUESTS} requests each after one to warm up)",
@@ -258,7 +267,7 @@ struct Route {
     console: bool,
 }
 
-fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str) -> Vec<Route> {
+fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str, partner: u64) -> Vec<Route> {
     let api = |path: String| Route {
         path,
         console: false,
@@ -291,6 +300,10 @@ fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str) -> Vec<Route> {
         api("/v1/admin/audit/findings".into()),
         api("/v1/admin/audit/passes".into()),
         api("/v1/admin/functions".into()),
+        api("/v1/admin/partners".into()),
+        api(format!("/v1/admin/partners/{partner}")),
+        api(format!("/v1/admin/partners/{partner}/notifications")),
+        api(format!("/v1/admin/partners/{partner}/api-keys")),
         api("/metrics".into()),
         console("/console/overview".into()),
         console("/console/dead-letters".into()),
@@ -301,6 +314,10 @@ fn routes(letter: u64, job: u64, withdrawal: u64, symbol: &str) -> Vec<Route> {
         console("/console/jobs".into()),
         console("/console/suspensions".into()),
         console("/console/audit".into()),
+        console("/console/overview?window=day".into()),
+        console("/console/search?q=0xbench7".into()),
+        console("/console/partners".into()),
+        console(format!("/console/partners/{partner}")),
     ]
 }
 
@@ -527,6 +544,79 @@ async fn load(pool: &MySqlPool, what: &str, count: u64, insert: &str) -> anyhow:
         start = end;
     }
     Ok(())
+}
+
+/// A thousand partners (every tenth with its breaker open, every tenth but one disabled by a
+/// 410, three keys each) and `rows` notifications over the first ten, each with one delivery
+/// attempt (a 200, or a 500 for the FAILED percent). Returns the first partner, the busiest.
+async fn load_partner_notifications(pool: &MySqlPool, rows: u64) -> anyhow::Result<u64> {
+    load(
+        pool,
+        "partners",
+        1_000,
+        "INSERT INTO partners (name, webhook_url, webhook_failures, webhook_open_until, \
+         webhook_opened_at, webhook_disabled_at, webhook_disabled_reason) \
+         SELECT CONCAT('bench partner ', n), CONCAT('https://partner-', n, '.example/hooks'), \
+                IF(n % 10 = 1, 5, 0), IF(n % 10 = 1, NOW(6) + INTERVAL 10 MINUTE, NULL), \
+                IF(n % 10 = 1, NOW(6), NULL), IF(n % 10 = 2, NOW(6), NULL), \
+                IF(n % 10 = 2, 'HTTP 410 Gone from the endpoint', NULL) \
+         FROM {numbers} WHERE n >= ? AND n < ?",
+    )
+    .await?;
+    let first: u64 =
+        sqlx::query_scalar("SELECT MIN(id) FROM partners WHERE name LIKE 'bench partner %'")
+            .fetch_one(pool)
+            .await?;
+    load(
+        pool,
+        "partner API keys",
+        3_000,
+        &format!(
+            "INSERT INTO partner_api_keys (partner_id, secret_hash, label, created_by, \
+             expires_at, last_used_at) \
+             SELECT {first} + n % 1000, UNHEX(SHA2(n, 256)), CONCAT('bench key ', n), 'bench', \
+                    IF(n >= 2000, NOW(6) + INTERVAL 1 DAY, NULL), NOW(6) \
+             FROM {{numbers}} WHERE n >= ? AND n < ?"
+        ),
+    )
+    .await?;
+    load(
+        pool,
+        "partner notifications",
+        rows,
+        &format!(
+            "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, \
+             payload, status, attempts, next_attempt_at, last_error, delivered_at) \
+             SELECT {first} + {{n}} % 10, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', {{n}}, \
+                    CONCAT('{{\"withdrawal_id\":', {{n}}, '}}'), \
+                    IF({{n}} % 100 = 99, 'FAILED', 'DELIVERED'), 1, NULL, \
+                    IF({{n}} % 100 = 99, 'HTTP 500', NULL), \
+                    IF({{n}} % 100 = 99, NULL, NOW(6)) \
+             FROM {{numbers}} WHERE n >= ? AND n < ?"
+        ),
+    )
+    .await?;
+    let (low, high): (u64, u64) =
+        sqlx::query_as("SELECT MIN(id), MAX(id) FROM partner_notifications")
+            .fetch_one(pool)
+            .await?;
+    let mut from = low;
+    while from <= high {
+        sqlx::query(
+            "INSERT INTO partner_notification_attempts (notification_id, partner_id, attempt, \
+             started_at, status_code, latency_ms, error) \
+             SELECT id, partner_id, 1, created_at, IF(status = 'FAILED', 500, 200), 40, \
+                    IF(status = 'FAILED', 'HTTP 500', NULL) \
+             FROM partner_notifications WHERE id >= ? AND id < ?",
+        )
+        .bind(from)
+        .bind(from + LOAD_STEP)
+        .execute(pool)
+        .await
+        .with_context(|| format!("loading delivery attempts from notification {from}"))?;
+        from += LOAD_STEP;
+    }
+    Ok(first)
 }
 
 /// A partner and its BROADCASTING withdrawals: (first id, last id).
