@@ -7,6 +7,9 @@
 //!   deposit order of that partner reference (a reference is unique per partner only, and
 //!   only indexed with it).
 //!
+//! A withdrawal row holds no partner reference (its partner reads it back by its id,
+//! `/v1/partner/withdrawals/{id}`): its id or its tx hash finds it.
+//!
 //! Every lookup is an index read; at most [`LIMIT`] matches a kind.
 
 use axum::{
