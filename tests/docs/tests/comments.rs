@@ -20,7 +20,7 @@ const MODULE_DOC_LINES: usize = 15;
 const LONG_MODULE_DOCS: &[(&str, &str)] = &[
     (
         "api/src/console.rs",
-        "the console's page table, which the console's change in flight extends; cut after it lands",
+        "its page table grows with the console's change in flight; cut after it lands",
     ),
     (
         "api/src/console/sign_in.rs",
