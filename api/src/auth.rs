@@ -1,21 +1,16 @@
-//! Who may call the admin API, and as whom (docs/api.md, "Who may call").
+//! Who may call the admin API, and as whom (docs/api.md, "Who may call"): a bearer token, and
+//! who the caller is is what the token's issuer vouches for.
 //!
-//! A caller presents a bearer token; who they are is what the token's issuer vouches for:
-//!
-//! - **A person**: an access token of the company's OpenID Connect provider
-//!   (`PAYBUS_OIDC_ISSUER`), verified by [`crate::oidc::Verifier`] (asymmetric signature with a
-//!   key of the provider's JWKS, `iss`, `aud`, `exp`, `nbf`); their roles come from a claim the
-//!   configuration maps. They act as (issuer, subject).
-//! - **Break-glass**: an HS256 token signed with the shared `PAYBUS_ADMIN_JWT_SECRET` (`paybus
-//!   token issue`), accepted only while `PAYBUS_BREAK_GLASS` is on. Whoever holds the secret can
-//!   mint any name with any role, so such a caller is marked wherever it acts (the ops log's
-//!   `auth_method`, `paybus_break_glass_requests_total`, the overview, a WARN per request) and is
-//!   never one of four eyes.
+//! - **A person**: an access token of the company's OpenID Connect provider, verified by
+//!   [`crate::oidc::Verifier`]; their roles come from a claim the configuration maps, and they
+//!   act as (issuer, subject).
+//! - **Break-glass**: an HS256 token signed with `PAYBUS_ADMIN_JWT_SECRET`, accepted only while
+//!   `PAYBUS_BREAK_GLASS` is on. Whoever holds the secret can mint any name with any role, so
+//!   such a caller is marked wherever it acts and is never one of four eyes.
 //!
 //! Reads (GET, HEAD) need OPS or ADMIN, anything else ADMIN. A missing, malformed, forged,
-//! expired or foreign token is 401; a valid one without the role 403; neither a provider nor
-//! break-glass configured closes the admin API (503), as does a provider that cannot be
-//! reached for its keys.
+//! expired or foreign token is 401; a valid one without the role 403; with neither a provider
+//! nor break-glass configured, or the provider's keys out of reach, the admin API answers 503.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,19 +1,14 @@
 //! The web console's sessions (`console_sessions`): what a console cookie stands for, and the
-//! ADMINs' view of them.
+//! ADMINs' view of them (docs/api.md, "The web console"; docs/operations.md, "Console sessions").
 //!
-//! - A session is made at sign-in ([`create`]) for a person the identity provider vouched for
-//!   (or a break-glass token's holder, where break-glass is on), with the roles they had then.
-//!   The browser holds a random 32-byte secret; the table holds its SHA-256, so a copy of the
-//!   table cannot be presented as anyone's session.
-//! - It is active ([`active`]) while not ended, before its expiry
-//!   (`PAYBUS_CONSOLE_SESSION_HOURS` after sign-in) and within the idle timeout
-//!   (`PAYBUS_CONSOLE_IDLE_MINUTES` since the last request). The last request's time is
-//!   written at most once a minute ([`TOUCH_AT_MOST_EVERY`]), not on every page.
-//! - It ends when its holder signs out ([`end_own`]) or an ADMIN ends it:
-//!   `POST /v1/admin/console-sessions/{id}/end`, ops-logged as `console_session.end`.
-//! - `GET /v1/admin/console-sessions` lists the active ones. It is a security view (who is
-//!   signed in, from where they were vouched for), so it is ADMIN only, although a GET needs
-//!   only OPS by the admin API's general rule: the handler checks it.
+//! - A session is made at sign-in ([`create`]) with the roles the person had then. The browser
+//!   holds a random 32-byte secret; the table holds its SHA-256, so a copy of the table cannot
+//!   be presented as anyone's session.
+//! - It is [`active`] while not ended, before its expiry and within the idle timeout; the last
+//!   request's time is written at most once per [`TOUCH_AT_MOST_EVERY`], not on every page.
+//! - It ends when its holder signs out ([`end_own`]) or an ADMIN ends it (ops-logged).
+//! - The list of active sessions is a security view (who is signed in, vouched for by whom), so
+//!   it is ADMIN only although a GET needs only OPS by the admin API's rule: the handler checks.
 
 use std::time::Duration;
 

@@ -1,23 +1,12 @@
-//! Dead letters for ops (docs/operations.md), on `paybus_dead_letter_ops` (the same operations as `paybus
-//! dead-letters`). OPS reads and dry-runs, ADMIN replays and archives:
+//! Dead letters for ops (docs/operations.md), on `paybus_dead_letter_ops`: the same operations
+//! as `paybus dead-letters`, as admin routes (`/v1/admin/dead-letters/…`: the groups, the list,
+//! one letter, the dry run, replay and archive; each listed in docs/api.md, "Routes"). OPS reads
+//! and dry-runs, ADMIN replays and archives; every action is recorded (`dead_letter_actions`)
+//! under the caller.
 //!
-//! - `GET /v1/admin/dead-letters/groups`: NEW letters grouped by function and reason (count,
-//!   first and last seen) with the money at stake per partner and currency, biggest first.
-//! - `GET /v1/admin/dead-letters[?function=][&reason=][&status=NEW|REPLAYED|ARCHIVED][&before_id=][&limit=]`:
-//!   letters newest first, 50 a page (at most 500); `next_before_id` continues.
-//! - `GET /v1/admin/dead-letters/{id}`: one letter: headers, body, the rows it refers to as
-//!   they stand, the verdict a replay would get now, and what ops did to it.
-//! - `GET /v1/admin/dead-letters/dry-run?ids=1,2,3` or `?function=&reason=` (a group), with
-//!   `&limit=` (default and most 500): each NEW letter classified *already_applied*, *safe*
-//!   or *needs_human*; nothing written.
-//! - `POST /v1/admin/dead-letters/replay` `{"ids": [..]} | {"group": {"function", "reason"}}`
-//!   with `"dry_run"?` (false), `"limit"?`, `"per_second"?`: with `dry_run: true` the dry run
-//!   above (the console's one form); otherwise replays the safe ones (verdict taken again
-//!   under each letter's lock) through the outbox, at most `per_second` (default 10) a second
-//!   and `limit` (default 100) a call; `remaining` says whether to call again.
-//! - `POST /v1/admin/dead-letters/archive` `{"ids" | "group", "limit"?}`: NEW → ARCHIVED.
-//!
-//! Every action is recorded (`dead_letter_actions`) under the token's subject.
+//! A replay sends only the letters still *safe* when it runs: the verdict is taken again under
+//! each letter's lock, the message goes through the outbox, at most `per_second` a second and
+//! `limit` a call (`remaining` says whether to call again).
 
 pub(crate) mod operations;
 

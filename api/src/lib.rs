@@ -1,26 +1,17 @@
-//! The paybus HTTP API (docs/architecture.md: the producer side of the bus).
+//! The paybus HTTP API (docs/api.md): the producer side of the bus, with routes by workflow next
+//! to the domain crate they use, [`confirmations`] (W2's chain-monitor intake), [`bonuses`]
+//! (W3's payment completions), [`partner`] (the partner API: W1's orders, records, webhooks),
+//! `markets`, `p2p`, `partners` and the ops routes (`dead_letters`, `functions`, `ops_log`,
+//! `audit`, [`approvals`], [`trace`], [`search`]).
 //!
-//! Routes live by workflow, next to the domain crate they use:
+//! Admin routes (`/v1/admin/*`) take a person's or a break-glass token ([`auth`], [`oidc`]: OPS
+//! reads, ADMIN changes); `GET /health` is liveness, `GET /metrics` the Prometheus scrape,
+//! `GET /openapi.json` the OpenAPI document ([`openapi`], which says how a route is annotated),
+//! and `/console` the web console ([`console`]).
 //!
-//! | module | routes | domain |
-//! | --- | --- | --- |
-//! | [`confirmations`] | W2: chain-monitor intake (`/v1/chain-monitor/*`, HMAC-signed, into the outbox, 202) and admin withdrawals / deposits | `paybus_confirmations` |
-//! | `partners` | admin partners | `paybus_partners` |
-//! | [`bonuses`] | W3: payment completions from every gateway (`/v1/payments/*`, HMAC-signed) and admin members, charges, charge events and bonus jobs | `paybus_bonuses` |
-//! | [`partner`] | the partner API (`/v1/partner/*`, the partner's own API key): W1's orders (matched inline or queued, by the switch), its withdrawals, deposits and notifications; ADMIN's partner API keys | `paybus_p2p`, `paybus_confirmations`, `paybus_partners` |
-//! | `p2p` | W1 admin: read P2P deposit orders and withdraw orders, recheck one in doubt | `paybus_p2p` |
-//! | `audit` | `GET /v1/admin/audit`: every workflow's invariants | the catalog's checks |
-//! | `markets` | W4: markets, orders, suspend / resume, suspension progress | `paybus_markets` |
-//! | `dead_letters` | ops: dead letters grouped, shown, dry-run, replayed, archived | `paybus_dead_letter_ops` over the catalog's triage |
-//! | `functions` | ops: pause and resume a function's consumption | `paybus_platform::bus::pauses` |
-//! | `ops_log` | ops: the log of every ops action (who did what, hash-chained) | `paybus_platform::ops_log` |
-//!
-//! Admin routes (`/v1/admin/*`) take a role token (`auth`: OPS reads, ADMIN changes);
-//! `GET /health` is liveness, `GET /metrics` the Prometheus scrape; `GET /openapi.json` is the
-//! OpenAPI document ([`openapi`], where adding a route's annotation is described); `/console`
-//! is the web console ([`console`]).
-//! [`router`] builds the whole API from an [`AppState`] (tests drive it with `oneshot`);
-//! [`serve`] binds the configured address and runs it until the shutdown token is cancelled.
+//! It offers [`router`], which builds the whole API from an [`AppState`] (tests drive it with
+//! `oneshot`), and [`serve`], which binds the configured address and runs it until the shutdown
+//! token is cancelled; [`ApiConfig`] and [`ApiError`] are its settings and its one error type.
 
 pub mod activity;
 mod admin;

@@ -2,22 +2,15 @@
 //! signing keys (JWKS) fetched and cached, and the checks a token passes before anyone acts on
 //! it (docs/api.md, "Who may call").
 //!
-//! - Only asymmetric algorithms the provider publishes keys for (RS*, PS*, ES*, EdDSA): a
-//!   token naming HS* or `none` is refused before any key is looked at, so the provider's
-//!   public key can never serve as an HMAC secret (algorithm confusion).
-//! - The key is the one its `kid` names in the provider's JWKS. An unknown `kid` refetches the
-//!   JWKS (a key the provider rotated in works without a restart), at most once per
-//!   [`REFETCH_AT_MOST_EVERY`] so a stream of made-up kids cannot flood the provider; the set
-//!   is also refetched once it is older than [`KEYS_FRESH_FOR`], so a key the provider rotated
-//!   out stops working.
-//! - `iss` is the configured issuer, `aud` names the configured audience (Amazon Cognito's
-//!   access tokens carry none: their `client_id` is checked instead, with `token_use` =
-//!   `access`), `exp` and `nbf` hold with [`LEEWAY`].
-//! - The roles come from one claim (`PAYBUS_OIDC_ROLES_CLAIM`: `groups`, `roles`,
-//!   `cognito:groups`, ...), a list or a space-separated string, mapped to ADMIN and OPS by
-//!   configuration. A person whose claim maps to no role has none: the API answers 403 and the
-//!   console refuses the sign-in.
-//! - A person is (`iss`, `sub`), shown by `email`, else `preferred_username`, else `sub`.
+//! - Only asymmetric algorithms the provider publishes keys for (RS*, PS*, ES*, EdDSA): HS* and
+//!   `none` are refused before any key is looked at, so the provider's public key can never
+//!   serve as an HMAC secret (algorithm confusion).
+//! - The key is the one its `kid` names. An unknown `kid` refetches the JWKS (a key rotated in
+//!   works without a restart), at most once per [`REFETCH_AT_MOST_EVERY`] so made-up kids cannot
+//!   flood the provider; the set is refetched once older than [`KEYS_FRESH_FOR`], so a key
+//!   rotated out stops working.
+//! - `iss`, `aud` (Cognito's access tokens: `client_id` and `token_use`), `exp` and `nbf` with
+//!   [`LEEWAY`]. Roles come from one configured claim; a person is (`iss`, `sub`).
 
 use std::{
     str::FromStr,

@@ -1,13 +1,7 @@
-//! The partner API (`/v1/partner/*`): what a partner does for itself, with its own API key.
-//!
-//! | module | routes |
-//! | --- | --- |
-//! | [`keys`] | ADMIN: create, list, revoke and rotate a partner's API keys (`/v1/admin/partners/{id}/api-keys…`) |
-//! | [`orders`] | W1: create and read its P2P deposit orders and withdraw orders |
-//! | [`records`] | W2: read its withdrawals and deposits |
-//! | [`notifications`] | its notifications, each with its delivery attempts; re-deliver one |
-//! | [`webhook`] | set its webhook URL, rotate its webhook secret (old and new sign for a while) |
-//! | `me` (here) | its own record: name, webhook endpoint and breaker, rate limit |
+//! The partner API (`/v1/partner/*`): what a partner does for itself, with its own API key
+//! (docs/partners.md): [`keys`] (ADMIN: a partner's API keys), [`orders`] (W1's orders),
+//! [`records`] (W2's withdrawals and deposits), [`notifications`] (with their delivery attempts;
+//! re-deliver one), [`webhook`] (its URL and secret rotation) and `me` (its own record).
 //!
 //! Every route passes [`require_partner`]: the key (`Authorization: Bearer pbk_…`) is checked
 //! against its hash on every request (a revoked key is refused from the next request on), then

@@ -1,6 +1,6 @@
 //! The HTTP server loop: hyper's HTTP/1.1 under the axum router, with the limits a public
-//! endpoint needs (axum's own `serve` has none of them). Black-box testing found 1,000
-//! connections that announced a body and never sent it holding the process for minutes.
+//! endpoint needs (axum's own `serve` has none of them): without them, 1,000 connections that
+//! announce a body and never send it hold the process for minutes.
 //!
 //! - header read timeout: a request's headers must arrive within it; hyper starts the same
 //!   timer when a keep-alive connection goes idle, so it is also the idle timeout;
@@ -191,9 +191,9 @@ pub async fn serve_app_on(
 
 /// Runs the request on a task of its own, so it ends as its handler decides even when its
 /// client hangs up. hyper drops a request's future when the connection closes: a payment
-/// completion cut off while waiting on a member's lock was then never applied, and a handler
-/// cut off inside a transaction handed its connection back to the pool mid-transaction (the
-/// soak saw the next request on it fail with MySQL 1568). An answer nobody reads is dropped.
+/// completion cut off while waiting on a member's lock would never be applied, and a handler
+/// cut off inside a transaction would hand its connection back to the pool mid-transaction
+/// (the next request on it then fails with MySQL 1568). An answer nobody reads is dropped.
 async fn run_to_completion(requests: TaskTracker, request: Request, next: Next) -> Response {
     match requests.spawn(next.run(request)).await {
         Ok(response) => response,

@@ -1,22 +1,14 @@
-//! `paybus dead-letters`: the admin API's `/v1/admin/dead-letters` for ops. What changes
-//! something (replay, archive, approve, execute) is a call to the API as the signed-in person
-//! (`crate::api_client`); the reads go straight to the database.
+//! `paybus dead-letters`: the admin API's `/v1/admin/dead-letters` for ops (each subcommand is
+//! in docs/operations.md, "Commands"). What changes something (replay, archive, approve,
+//! execute) is a call to the API as the signed-in person (`crate::api_client`); the reads go
+//! straight to the database.
 //!
-//! - `groups`: NEW letters by function and reason, with the money at stake.
-//! - `list [--function F] [--reason R] [--status NEW|REPLAYED|ARCHIVED] [--before-id N] [--limit N]`
-//! - `show <id>`: one letter as JSON (headers, body, referenced rows, verdict, trail).
-//! - `dry-run (--id N ... | --function F --reason R)`: each letter classified; nothing written.
-//! - `replay (--id N ... | --function F --reason R) [--per-second 10] [--limit 500] [--yes]`:
-//!   freezes the dry run into an operation and prints it, asks before sending (`--yes` skips
-//!   the question; without a terminal it is required), then executes it with a progress bar.
-//!   Under four-eyes (the API's `PAYBUS_FOUR_EYES`) it stops at the operation: another person
-//!   approves it (`approve <id> --hash H`) and anyone then runs `execute <id>`.
-//! - `archive (--id N ... | --function F --reason R)`: the same, for an archive (four-eyes only
-//!   when a letter has money at stake).
-//! - `operations`, `operation <id>`, `approve <id> --hash H`, `execute <id>`: the operations,
-//!   one with its letters, the second person's approval, and executing (or resuming) one.
-//! - `recount`: sets the groups' counts to what the NEW letters are (after the audit check
-//!   `dead_letter_group_counts` found them drifted), printing each group it corrected.
+//! `replay` and `archive` freeze the dry run into an operation and print it, ask before acting
+//! (`--yes` skips the question; without a terminal it is required), then execute it with a
+//! progress bar. Under four-eyes (the API's `PAYBUS_FOUR_EYES`) they stop at the operation:
+//! another person approves it (`approve <id> --hash H`) and anyone then runs `execute <id>`.
+//! `recount` sets the groups' counts to what the NEW letters are, after the audit check
+//! `dead_letter_group_counts` found them drifted.
 //!
 //! Exit 1 when a replay left letters that need a human or are already applied.
 

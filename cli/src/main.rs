@@ -1,4 +1,8 @@
-//! `paybus`: the operator's command line.
+//! `paybus`: the operator's command line (docs/operations.md, "Commands"). It runs the platform
+//! locally (`run`, `serve`), deploys what the catalog derives (`migrate`, `topology`,
+//! `template`, `catalog`, `settings`, `openapi`), checks (`doctor`, `audit`, `reconcile`,
+//! `ping`), and works the ops routes (`dead-letters`, `jobs`, `approvals`, `functions`,
+//! `suspension`, `trace`, `ops-log`, `secrets`) as the person `paybus login` signed in.
 
 mod api_client;
 mod approvals;

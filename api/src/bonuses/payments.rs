@@ -1,24 +1,13 @@
-//! Payment completions: every gateway's webhook and verify call, one code path.
+//! Payment completions: every gateway's webhook and verify call, one code path
+//! ([`paybus_bonuses::Completions`]).
 //!
-//! Who calls: the payment service (the app backend's part that talks to PG, PAYVERSE, HECTO,
-//! Google Play and the App Store, verifies receipts with them and receives their webhooks)
-//! relays each gateway's verdict here, signed with `PAYBUS_PAYMENTS_SECRET` exactly as the
-//! chain monitor signs its confirmations (`X-Paybus-Signature`). paybus never takes a
-//! member's word that a payment happened, and a client mistake is a 4xx that names it:
-//!
-//! | answer | when |
-//! | --- | --- |
-//! | 200 `{..., "completed_now": true}` | this call completed the charge: cans credited, bonus jobs written (granted right after by grant-bonus) |
-//! | 200 `{..., "completed_now": false}` | the same gateway payment completed it before: the original result, nothing written |
-//! | 400 | malformed JSON, a missing or unknown field, an empty or over-long `gateway_tx_id`, a negative or non-string amount |
-//! | 401 | missing, malformed, stale (±300 s) or wrong signature |
-//! | 404 | unknown gateway in the path, unknown charge |
-//! | 409 | the charge is paid through another gateway, costs another amount, is a bonus charge, was completed by another gateway payment, or the gateway payment already completed another charge (a replayed receipt) |
-//! | 413 / 503 | body over 64 KiB / `PAYBUS_PAYMENTS_SECRET` unset or the database unavailable |
-//!
-//! Webhook and verify differ only in who started the call (the gateway or the app after
-//! paying); both may arrive, in any order, any number of times: the first completes, the
-//! rest get the original result.
+//! The payment service (the app backend's part that talks to the gateways and verifies their
+//! receipts) relays each gateway's verdict here, signed with `PAYBUS_PAYMENTS_SECRET` exactly as
+//! the chain monitor signs its confirmations (`X-Paybus-Signature`): paybus never takes a
+//! member's word that a payment happened. Webhook and verify differ only in who started the
+//! call; both may arrive, in any order, any number of times: the first completes the charge
+//! (`completed_now: true`), the rest get the original result (`completed_now: false`). A
+//! client's mistake is a 4xx that names it; the answers are in docs/api.md ("Routes").
 
 use axum::{
     Json,

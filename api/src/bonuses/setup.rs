@@ -201,7 +201,7 @@ fn once_per_member() -> i32 {
     1
 }
 
-/// What a `TIMESTAMP(6)` column holds: 1970-01-01 00:00:01 to 2038-01-19 03:14:07 UTC.
+/// What a `TIMESTAMP(6)` column holds: `1970-01-01 00:00:01` to `2038-01-19 03:14:07` UTC.
 fn in_timestamp_range(field: &str, at: DateTime<Utc>) -> Result<DateTime<Utc>, ApiError> {
     let (first, last) = (1, 2_147_483_647);
     if (first..=last).contains(&at.timestamp()) {

@@ -1,19 +1,10 @@
-//! Dead-letter operations (`paybus_dead_letter_ops::operation`): a dry run frozen into an
-//! operation, approved by a second ADMIN when four-eyes asks for it, executed once.
-//!
-//! - `POST /v1/admin/dead-letters/operations` `{"action": "replay"|"archive", "ids"|"group",
-//!   "limit"?}`: the dry run of the selection's NEW letters (at most `limit`, default and most
-//!   500), frozen with each verdict, a hash and an expiry; `201` with the operation
-//!   (`AWAITING_APPROVAL` or `READY`). Letters that arrive afterwards are not in it.
-//! - `GET /v1/admin/dead-letters/operations[?limit=]`: recent operations, newest first.
-//! - `GET /v1/admin/dead-letters/operations/{id}`: one, with its letters' verdicts and results
-//!   (the progress).
-//! - `POST /v1/admin/dead-letters/operations/{id}/approve` `{"hash"}`: a second ADMIN approves
-//!   the hash they saw; `403` for the requester, `409` when expired, not awaiting approval, or
-//!   another hash.
-//! - `POST /v1/admin/dead-letters/operations/{id}/execute` `{"per_second"?, "limit"?}`: acts on
-//!   at most `limit` (default 100) of its letters without a result; call again while
-//!   `remaining` > 0 (a call cut short — a crash, a timeout — is resumed the same way).
+//! Dead-letter operations (`paybus_dead_letter_ops::operation`) as admin routes: a dry run
+//! frozen into an operation (`POST /v1/admin/dead-letters/operations`: each letter's verdict, a
+//! hash and an expiry; letters that arrive afterwards are not in it), listed and shown with its
+//! progress, approved by a second ADMIN by the hash they saw (`…/{id}/approve`, when four-eyes
+//! asks for it), and executed once (`…/{id}/execute`: at most `limit` letters a call, called
+//! again while `remaining` > 0, which is also how a call cut short resumes). Each route's
+//! answers are in docs/api.md ("Routes").
 
 use axum::{
     Extension, Json, Router,

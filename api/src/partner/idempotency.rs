@@ -1,22 +1,14 @@
-//! `Idempotency-Key` on the partner API's POSTs that create or act (the IETF httpapi draft's
-//! and Stripe's semantics; the migration's header comment has the row's states):
+//! `Idempotency-Key` on the partner API's POSTs that create or act, with the IETF httpapi
+//! draft's and Stripe's semantics (docs/partners.md, "Idempotency-Key"): the first request with
+//! a key runs and its answer is kept 24 h; the same request again gets that answer
+//! (`Idempotent-Replayed: true`) and has no second effect; another request under the key is 422;
+//! one while the first still runs is 409 with `Retry-After: 1`; a 5xx is not kept.
 //!
-//! - the first request with a key runs; its answer (status and body) is kept 24 h;
-//! - the same key with the same request (method, path and body, byte for byte) answers that
-//!   again, with `Idempotent-Replayed: true`, and has no second effect;
-//! - the same key with another request: 422;
-//! - while the first is still running: 409 with `Retry-After: 1` (the second never runs
-//!   alongside it);
-//! - a 5xx is not kept: the key is free again, so a retry runs (and finds, by the order's own
-//!   `idempotency_key` column, anything the failed run did commit).
-//!
-//! A running request renews its key's lease ([`LEASE`]) every [`RENEW_EVERY`], so it holds
-//! the key however long it runs. A process that died mid-request stops renewing and leaves the
-//! key IN_PROGRESS; once the lease has passed, a retry takes it over and runs again — the
-//! handler's effect is keyed on the same idempotency key in its own table, so the rerun finds
-//! what the first run made instead of making it twice. (Chaos v2 killed the API mid-request
-//! when the lease was a fixed 120 s: every partner retrying an order was refused 409 for two
-//! minutes.)
+//! A running request renews its key's lease ([`LEASE`]) every [`RENEW_EVERY`], so it holds the
+//! key however long it runs, and a process that dies mid-request frees it within one short
+//! lease: a fixed lease long enough for any request would have every retrying partner refused
+//! 409 for its whole length after an API crash. The retry then runs again, and the handler's
+//! effect, keyed on the same key in its own table, is found rather than made twice.
 
 use std::{
     sync::atomic::{AtomicU32, Ordering},

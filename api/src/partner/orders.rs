@@ -1,21 +1,15 @@
 //! W1's partner routes (seed 000): a partner creates and reads its own P2P deposit orders
-//! (buyers) and withdraw orders (sellers' liquidity). Support reads them, and acts on one in
+//! (buyers) and withdraw orders (sellers' liquidity); support reads them, and acts on one in
 //! doubt, through the admin API (`crate::p2p`).
 //!
-//! `POST /v1/partner/p2p/deposit-orders` is the seed's `createAndMatch`. Which way the order
-//! goes is the safety switch `PAYBUS_ASYNC_MATCHING_ENABLED` (seed 000 §0, principle 10):
-//! - **off** (the default, also when unset or empty): the order is claimed as it is inserted
-//!   and matched inside the request — reserve, quote call with no lock held, settle — and the
-//!   answer carries the outcome (MATCHED, CANCELLED, or PENDING again with the attempt's
-//!   `last_error` when it will be retried by match-deposit).
-//! - **on**: `p2p.deposit_order.created` is published with the order (one transaction) and
-//!   match-deposit matches it; the answer is the order as it stands when the answer is
-//!   written — PENDING, or already MATCHING (or even MATCHED) when match-deposit was quicker
-//!   than the read. A client polls `GET …/{id}` (or waits for the webhook) for the outcome.
-//!
-//! A repeated `partner_order_ref` returns the order already created (200) instead of a second
-//! one; an `Idempotency-Key` replays the first answer ([`super::idempotency`]), and is kept on
-//! the order itself so a create run twice under it makes one order.
+//! `POST /v1/partner/p2p/deposit-orders` is the seed's `createAndMatch`, and the safety switch
+//! `PAYBUS_ASYNC_MATCHING_ENABLED` (seed 000 §0, principle 10) decides where it matches: **off**
+//! (the default, also unset or empty) claims the order as it is inserted and matches it inside
+//! the request, the answer carrying the outcome; **on** publishes `p2p.deposit_order.created`
+//! with the order and answers it as it stands (PENDING, or further when match-deposit was
+//! quicker). A repeated `partner_order_ref` returns the order already created (200); an
+//! `Idempotency-Key` replays the first answer ([`super::idempotency`]) and is kept on the order
+//! itself, so a create run twice under it makes one order.
 
 use axum::{
     Extension, Json,

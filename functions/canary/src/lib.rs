@@ -1,4 +1,5 @@
-//! The canary function: `canary.ping {ping_id}` → the ping row PENDING → PONGED, once.
+//! The canary function: `canary.ping {ping_id}` ([`Ping`]) → the ping row PENDING → PONGED, once
+//! ([`Canary`], its handler).
 //!
 //! The smallest real function: it shows the shape every workflow step has (a conditional
 //! UPDATE decides, 0 rows means someone else did it) and lets ops prove the whole path works.

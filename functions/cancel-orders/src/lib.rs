@@ -1,14 +1,6 @@
-//! The cancel-orders function (docs/workflows/markets.md, seed 004): `market.cancel_tasks.created {batch_id,
-//! task_ids}` → each task's order cancelled by a conditional UPDATE, the task settled in the
-//! same transaction.
-//!
-//! | a task | becomes |
-//! | --- | --- |
-//! | its order was OPEN / PARTIALLY_FILLED: this attempt cancelled it | DONE |
-//! | its order was FILLED or CANCELLED meanwhile (no longer needed, principle 7) | SKIPPED, with the reason |
-//! | its cancel failed (an error other than the database being unreachable) | PENDING with `last_error` and the next attempt after the backoff (the due sweep re-publishes it), FAILED at the limit |
-//! | its order does not exist | FAILED at once |
-//! | not due, or settled already (a duplicate message) | unchanged |
+//! The cancel-orders function (docs/workflows/markets.md, seed 004): `market.cancel_tasks.created
+//! {batch_id, task_ids}` → each task's order cancelled by a conditional UPDATE and the task
+//! settled in the same transaction (`paybus_markets::cancel`: DONE, SKIPPED or FAILED per task).
 //!
 //! | the message | outcome |
 //! | --- | --- |
@@ -19,9 +11,8 @@
 //! | no task ids, or more than [`MAX_TASKS_PER_MESSAGE`] | `Failed` (malformed) |
 //! | database unreachable or deadlock | error: requeued, the group rolled back |
 //!
-//! Its jobs ([`jobs`](CancelOrders::jobs)): the due sweep over `tasks` (retries that came due,
-//! and PENDING tasks whose message was lost, after `stale_after`) and the materialiser (the
-//! batches' tasks after the suspend request's first chunk, resumably).
+//! It offers [`CancelOrders`] and its jobs: the due sweep over `tasks` ([`due_tasks`]) and the
+//! materialiser (the batches' tasks after the suspend request's first chunk, resumably).
 
 pub mod config;
 mod triage;

@@ -1,16 +1,16 @@
-//! The catalog: every function paybus runs and deploys, in one list.
+//! The catalog: every function paybus runs and deploys, in one list ([`FUNCTIONS`]), and every
+//! workflow's audit checks ([`AUDIT`]).
 //!
-//! Adding a function is one new crate in `functions/<name>` (a library whose handler
-//! implements `paybus_platform::function::Function`, and a one-line `main.rs`) plus one line
-//! in [`FUNCTIONS`]. Everything else is derived from this list: the queues `paybus topology`
-//! declares and `infra/rabbitmq/definitions.json` ships, the consumers `paybus run` starts,
-//! the sweeper's jobs, the README's function table (`paybus catalog`) and the AWS SAM template
-//! ([`sam`], `paybus template`); a test checks the shipped files and every crate in
-//! `functions/` against it.
+//! Adding a function is one new crate in `functions/<name>` (its handler implements
+//! `paybus_platform::function::Function`; a one-line `main.rs`) plus one line in [`FUNCTIONS`].
+//! Everything else derives from the list: the queues ([`queues`]: what `paybus topology`
+//! declares and `infra/rabbitmq/definitions.json` ships), the consumers `paybus run` starts
+//! ([`register`]), the sweeper's jobs ([`jobs`]), the configuration page's groups
+//! ([`settings`]), the README's function table ([`markdown_table`]) and the AWS SAM template
+//! ([`sam`]); a test checks the shipped files and every crate in `functions/` against it.
 //!
-//! The sweeper (`functions/sweeper`) is not in the list: it is the scheduled function that
-//! runs the listed functions' jobs. [`AUDIT`] is the same idea for invariants: each workflow's
-//! domain crate contributes its checks.
+//! The sweeper (`functions/sweeper`) is not in the list: it is the scheduled function that runs
+//! the listed functions' jobs.
 
 pub mod sam;
 pub mod settings;

@@ -1,15 +1,9 @@
-//! The confirm-deposit function (docs/workflows/confirmations.md, seed 001): `deposit.tx_confirmed {deposit_id}`
-//! moves a DETECTED deposit to CONFIRMED exactly once, CREDITs the partner the gross amount
-//! and records the fee.
-//!
-//! The same layers as confirm-withdrawal: a duplicate of a finished confirmation is answered
-//! from one committed read, without a transaction; otherwise the rows read under their locks
-//! decide and one conditional UPDATE makes the transitions ([`confirm_all_if_detected`], W2's
-//! domain crate's); and the ledger keys `DEP_CREDIT:{id}` / `DEP_FEE:{id}` are the last line
-//! of defence (seed 001 §3: v2.21 already stopped a second deposit row, but not a second
-//! ledger row). One message or a batch of them take the same path
-//! ([`paybus_confirmations::batch`], the driver confirm-withdrawal's handler shapes too): this
-//! crate is the handler around it, and the triage of its dead letters.
+//! The confirm-deposit function (docs/workflows/confirmations.md, seed 001): `deposit.tx_confirmed
+//! {deposit_id}` moves a DETECTED deposit to CONFIRMED exactly once, CREDITs the partner the gross
+//! amount and records the fee. The same layers as confirm-withdrawal: a finished duplicate
+//! answered from one committed read, W2's conditional transition ([`confirm_all_if_detected`]),
+//! and the ledger keys `DEP_CREDIT:{id}` / `DEP_FEE:{id}` behind it (seed 001 §3). This crate is
+//! the handler ([`ConfirmDeposit`], on [`paybus_confirmations::batch`]) and its triage.
 //!
 //! | delivery | outcome |
 //! | --- | --- |

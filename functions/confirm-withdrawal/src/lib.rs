@@ -1,15 +1,9 @@
-//! The confirm-withdrawal function (docs/workflows/confirmations.md, seed 001): `withdrawal.tx_confirmed
-//! {withdrawal_id, tx_hash}` moves an in-flight withdrawal to CONFIRMED exactly once.
-//!
-//! This is the incident the product exists to prevent (seed 001 §1): a chain monitor re-sent a
-//! confirmation while the first was still in flight, both transactions read BROADCASTING from
-//! their REPEATABLE READ snapshots, and the partner was debited and notified twice. Here the
-//! transition is decided on the row read under its lock and made by a conditional UPDATE
-//! ([`confirm_all_if_in_flight`], W2's domain crate's), and the ledger's `WDR_CONFIRM:{id}` key
-//! stands behind it as the last line of defence. A duplicate of a finished confirmation — the
-//! common duplicate — is answered from one committed read, without a transaction
-//! ([`confirm_all`]). One message or a batch of them take the same path: this crate is the
-//! handler around it, and the triage of its dead letters.
+//! The confirm-withdrawal function (docs/workflows/confirmations.md, seed 001):
+//! `withdrawal.tx_confirmed {withdrawal_id, tx_hash}` moves an in-flight withdrawal to CONFIRMED
+//! exactly once (seed 001 §1: two REPEATABLE READ snapshots both saw BROADCASTING, and the
+//! partner was debited twice). The transition is W2's domain crate's
+//! ([`confirm_all_if_in_flight`], the ledger's `WDR_CONFIRM:{id}` key behind it); this crate is
+//! the handler ([`ConfirmWithdrawal`], [`confirm_all`]) and the triage of its dead letters.
 //!
 //! | delivery | outcome |
 //! | --- | --- |
@@ -54,9 +48,9 @@ impl Handler for ConfirmWithdrawal {
     }
 
     /// A dozen statements for up to 16 confirmations; the prefetch sets how many batches run at
-    /// once (64: four). Half the size doubled the statements per message and was slower at the
-    /// same prefetch; more batches come from a larger `PAYBUS_PREFETCH` (128 confirmed 25 %
-    /// more on two cores shared with the broker, docs/benchmarks.md, 2026-12-06 07:00).
+    /// once (64: four). Half the size doubles the statements per message and is slower at the
+    /// same prefetch; more batches come from a larger `PAYBUS_PREFETCH` (128 confirms 25 %
+    /// more on two cores shared with the broker).
     const MAX_BATCH: usize = 16;
 
     async fn handle_batch(

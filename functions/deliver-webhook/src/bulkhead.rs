@@ -1,7 +1,7 @@
 //! Deliveries in flight per partner, in this process: one endpoint may hold at most its share
-//! of the consumer. Black-box testing found 80 notifications to an endpoint that never
-//! answered filling the whole prefetch, so every other partner's webhooks waited the full
-//! timeout at every retry round.
+//! of the consumer. Without it, 80 notifications to an endpoint that never answers fill the
+//! whole prefetch, and every other partner's webhooks wait the full timeout at every retry
+//! round.
 //!
 //! A delivery waits a moment for its partner's slot (a healthy partner answers in
 //! milliseconds, so a burst just queues briefly); when none frees in time, the handler defers

@@ -1,33 +1,16 @@
-//! One POST to a partner: the signed request, and its result judged as delivered, gone (410)
-//! or as a failed attempt with a reason fit for `last_error`.
+//! One POST to a partner: the signed request, and its result judged as delivered, gone (410) or
+//! a failed attempt with a reason fit for `last_error`. The request is signed to the Standard
+//! Webhooks specification and, for partners integrated before it, with `X-Paybus-Signature`;
+//! docs/webhooks.md ("What a partner receives") shows it header by header.
 //!
-//! The request partners receive, signed to the Standard Webhooks specification
-//! (<https://www.standardwebhooks.com/>) and, for partners integrated before it, with paybus's
-//! own signature header:
+//! `webhook-id` is the notification's id, equal to `X-Paybus-Notification-Id`: stable across
+//! retries and re-deliveries, the partner's idempotency key, since delivery is at least once.
+//! `webhook-signature` has one `v1,` entry per unexpired secret (the current one first), so
+//! during a rotation's overlap a verifier holding either secret accepts it.
 //!
-//! ```text
-//! POST <partners.webhook_url>
-//! Content-Type: application/json
-//! webhook-id: 1234
-//! webhook-timestamp: <unix seconds>
-//! webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")> [v1,<…> …]
-//! X-Paybus-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(current secret, "<t>.<body>")>
-//! X-Paybus-Event: WITHDRAWAL_CONFIRMED
-//! X-Paybus-Notification-Id: 1234
-//!
-//! <partner_notifications.payload, byte for byte>
-//! ```
-//!
-//! `webhook-id` is the notification's id in decimal, equal to `X-Paybus-Notification-Id`:
-//! stable across retries and re-deliveries, the partner's idempotency key. `webhook-signature`
-//! has one `v1,` entry per unexpired secret of the partner (the current one first), so during
-//! a rotation's overlap a verifier holding either the old or the new secret accepts it.
-//!
-//! Delivery is at least once: a partner can see the same notification again (a 2xx whose
-//! settle was lost, a lease that ran out mid-request), always with the same id. Any 2xx is
-//! success; 410 Gone disables the endpoint (the notification is parked, not failed); every
-//! other status, a timeout or a connection error is a failed attempt. Redirects are not
-//! followed (a POST must not turn into a GET somewhere else): a 3xx is a failed attempt too.
+//! Any 2xx is success; 410 Gone disables the endpoint (the notification is parked, not
+//! failed); any other status, a timeout or a connection error is a failed attempt. Redirects are
+//! not followed (a POST must not turn into a GET somewhere else): a 3xx is a failed attempt too.
 
 use std::time::Duration;
 

@@ -1,58 +1,18 @@
-//! The deliver-webhook function: `partner.notification.created {notification_id}` → one signed
-//! POST of the notification to its partner, after the transition that owes it has committed
-//! (principle 8), retried with backoff recorded on the row and given up at a limit
-//! (principle 9).
+//! The deliver-webhook function (docs/webhooks.md): `partner.notification.created` → one signed
+//! POST of the notification to its partner, after the transition that owes it committed
+//! (principle 8), retried with backoff recorded on the row and given up at a limit (principle 9).
+//! It offers [`DeliverWebhook`] (the handler; its jobs [`due_notifications`] and [`prune`]),
+//! [`delivery`] (the request and how its answer is judged) and [`bulkhead`] (partner isolation).
 //!
-//! One message, three steps, no transaction or lock held across the POST (principle 3):
+//! One message, three steps, no transaction or lock held across the POST (principle 3): a
+//! **claim** (a conditional UPDATE that counts the attempt and leases the row, so a duplicate is
+//! `Skipped` while the POST is in flight), the **POST**, and a **settle** conditional on that
+//! claim (2xx DELIVERED; 410 parks the row and disables the endpoint; else retry or FAILED).
+//! These are the retry kit on `paybus_partners::notifications::NOTIFICATIONS`.
 //!
-//! 1. **claim** (short transaction): a conditional UPDATE takes a due PENDING row, counts the
-//!    attempt and pushes `next_attempt_at` out by a lease, so a concurrent duplicate message or
-//!    a re-published one is `Skipped` while this POST is in flight. 0 rows → `Skipped` with the
-//!    row's state as the reason; unknown id → `Failed` (dead letter); partner without a
-//!    webhook URL → SKIPPED row, `Skipped`.
-//!    The claim also opens the partner's unexpired webhook secrets (sealed at rest, see
-//!    `paybus_partners::webhook_secrets`) with the sealer built once from `PAYBUS_SECRETS_KEY`.
-//! 2. **POST** the frozen payload signed to the Standard Webhooks specification
-//!    (`webhook-id`, `webhook-timestamp`, `webhook-signature`, one signature per unexpired
-//!    secret) and with `X-Paybus-Signature`, `X-Paybus-Event` and `X-Paybus-Notification-Id`;
-//!    see [`delivery`].
-//! 3. **settle** (short transaction, conditional on the claim, on the connection that first
-//!    records the attempt in `partner_notification_attempts`): 2xx → DELIVERED, `Done`;
-//!    410 Gone → the partner's endpoint disabled, the row parked unattempted (`Skipped`)
-//!    until ops set the URL again; other failures below the limit → PENDING with
-//!    `last_error` and `next_attempt_at` = backoff, `Retry`; at the limit → FAILED, `Failed`
-//!    (the runtime dead-letters the message).
-//!
-//! Retries come back as messages re-published when due by the platform's due sweep over
-//! `partner_notifications` ([`jobs`]). The claim, the settles and the sweep are the platform's
-//! retry kit (`paybus_platform::retry`) on `paybus_partners::notifications::NOTIFICATIONS`.
-//!
-//! A webhook POST is a call with a side effect elsewhere, so it follows the three-outcome rule
-//! (principle 12) every such call in paybus follows — the next function that calls a
-//! counterparty does the same:
-//! - **done**: a 2xx. The notification is DELIVERED.
-//! - **not done**: nothing provably reached the partner, or the partner refused it (a
-//!   non-2xx answer): retried with backoff, FAILED at the limit.
-//! - **unknown**: a timeout or reset after the request was written — the partner may have
-//!   processed it. Handled like a failure *because the contract with partners is
-//!   at-least-once*: the same notification is sent again under the same
-//!   `X-Paybus-Notification-Id`, which partners deduplicate on, so a second delivery is safe
-//!   and nothing is released or lost. (W1's createTrade cannot be repeated blind like this:
-//!   its unknown outcome keeps the fill in doubt and asks under the same key; see
-//!   `paybus_p2p::quote`.)
-//!
-//! Delivery to the partner is at least once: a 2xx whose settle failed (database down) is
-//! requeued, skipped while its lease holds, and sent again after it, with the same
-//! `X-Paybus-Notification-Id`.
-//!
-//! In Lambda the adapter handles a batch's messages one after another, so a batch to a dead
-//! partner takes up to batch size × `timeout`: keep the event source mapping's batch size
-//! small (e.g. 10 with the 10 s default timeout) or the function timeout large enough.
-//!
-//! TLS: reqwest's `rustls` feature, with its default crypto provider (aws-lc-rs). A ring-only
-//! build (`rustls-no-provider`) would save that second crypto build, but cargo unifies the
-//! feature across the workspace, and every other reqwest client (the test harness's, the API
-//! tests') would then panic unless a provider had been installed before it was built.
+//! The POST's unknown outcome (a timeout or reset after the request was written) is handled as
+//! a failure, because the contract with partners is at least once: the same notification goes
+//! again under the same `webhook-id`, which partners deduplicate on (principle 12).
 
 pub mod bulkhead;
 pub mod config;

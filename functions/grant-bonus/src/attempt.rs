@@ -1,25 +1,18 @@
-//! One attempt at a bonus job, whoever makes it. Two paths, each with as few statements as its
-//! guarantees allow (every grant is one transaction: the credit, the EVENT charge and DONE):
+//! One attempt at a bonus job, whoever makes it; every grant is one transaction (the credit, the
+//! EVENT charge and DONE). Two paths, each with as few statements as its guarantees allow:
 //!
-//! - **the message** ([`attempt_messages`]: grant-bonus's immediate attempt, ops' retries):
-//!   one plain read of the messages' jobs (a duplicate, or a job not due, ends there), then
-//!   one transaction that locks the jobs still PENDING and due and grants them
-//!   (`paybus_bonuses::grant::grant_due_in`) — no claim is committed first, so a crash
-//!   leaves nothing to reap, and a job claimed meanwhile is simply left out. When a grant
-//!   fails, the transaction is rolled back and each job is granted on its own.
-//! - **the worker** ([`claim_due`] then [`attempt`]): its batch claim commits the due jobs
-//!   PROCESSING (`FOR UPDATE SKIP LOCKED`, the retry kit's status lease), then grants them one
-//!   by one, each guarded by its claim (`grant_in`).
+//! - **the message** ([`attempt_messages`]: the immediate attempt, ops' retries): one plain
+//!   read of the jobs (a duplicate or a job not due ends there), then one transaction that locks
+//!   the jobs still PENDING and due and grants them (`paybus_bonuses::grant::grant_due_in`). No
+//!   claim is committed first: a crash leaves nothing to reap. A failing grant rolls back, and
+//!   each job is then granted on its own.
+//! - **the worker** ([`claim_due`] then [`attempt`]): a batch claim commits the due jobs
+//!   PROCESSING (the retry kit's status lease), then grants them one by one under that claim.
 //!
-//! After a failed grant, **settle** (short, conditional on a claim): PENDING with
-//! `last_error` and `next_retry_at` after the seed's backoff, or FAILED when the 3rd retry
-//! failed. The message path claims the job in that same transaction; the worker writes the
-//! dead letter of a FAILED job in it (the handler's `Outcome::Failed` dead-letters the
-//! message instead).
-//!
-//! A worker whose process dies leaves its jobs PROCESSING; the reaper returns them to PENDING
-//! once their claim is older than the timeout, and a settle guarded by the old claim writes
-//! nothing (principle 4: the row, re-read under its guard, decides).
+//! A failed grant is **settled** conditionally on a claim: PENDING after the seed's backoff, or
+//! FAILED (with its dead letter, on the worker's path) after the 3rd retry. A dead worker's jobs
+//! go back to PENDING through the reaper, and a settle guarded by the old claim writes nothing
+//! (principle 4: the row, re-read under its guard, decides).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

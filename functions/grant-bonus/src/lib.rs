@@ -1,17 +1,8 @@
-//! The grant-bonus function (docs/workflows/bonuses.md, seed 003): charge-event bonuses granted exactly once,
-//! never lost.
-//!
-//! The payment completion writes each bonus a charge owes as a `charge_event_job` row
-//! (PENDING) with a `charge.bonus_job.created {job_id}` message, in the transaction that
-//! completes the payment. Then:
-//!
-//! | path | what it does | a failure |
-//! | --- | --- | --- |
-//! | the message ([`GrantBonus`], up to 16 at once): the seed's immediate grant | one transaction locks the jobs still PENDING and due and grants them ([`attempt`]) | PENDING, `next_retry_at` + 5 min, `retry_count` unchanged (`Outcome::Retry`) |
-//! | the worker ([`worker::BonusWorker`], every 5 min, 30 due jobs) | the retries | `retry_count` 1 (+ 10 min), 2 (+ 15 min), 3: FAILED + dead letter |
-//! | the reaper ([`reaper::BonusReaper`], every minute) | PROCESSING older than the timeout -> PENDING, due now | — |
-//! | the checkpointer ([`checkpointer::MemberCanCheckpointer`], every auditor pass) | the sums of members' settled charges, for the auditor's balance check | the check reads more until the next run |
-//! | ops' retry (admin API, `paybus jobs retry`) | FAILED -> PENDING, due now, a message at once | one more attempt; FAILED again (and a dead letter) if it fails |
+//! The grant-bonus function (docs/workflows/bonuses.md, seed 003): the bonus jobs a payment
+//! completion wrote (`charge.bonus_job.created {job_id}`) granted exactly once, never lost. It
+//! offers [`GrantBonus`] (the immediate attempt, up to 16 messages at once: [`attempt`]) and its
+//! jobs: [`BonusWorker`] (the retries), [`BonusReaper`] (dead claims back to PENDING) and
+//! [`MemberCanCheckpointer`] (the auditor's balance checkpoints).
 //!
 //! | delivery | outcome |
 //! | --- | --- |

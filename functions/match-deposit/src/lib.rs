@@ -1,28 +1,14 @@
 //! The match-deposit function (docs/workflows/p2p.md, seed 000): `p2p.deposit_order.created
 //! {deposit_order_id}` → claim the PENDING order (a conditional UPDATE to MATCHING stamping
-//! `claimed_at`), one matching attempt (reserve in a short transaction, trade with the quote
-//! service with no lock held, settle or release in another), then outcome accounting in a
-//! transaction of its own (`paybus_p2p::accounting`).
+//! `claimed_at`), one matching attempt (`paybus_p2p::Matcher`: reserve, trade with no lock held,
+//! settle or release), then outcome accounting in a transaction of its own. What each message
+//! ends as is tabled in docs/workflows/p2p.md ("What a message ends as").
 //!
-//! | the message finds | outcome |
-//! | --- | --- |
-//! | a due PENDING order, the attempt fills it, or fill-or-cancel closes it, or it expired | `Done` (MATCHED / CANCELLED NO_LIQUIDITY / EXPIRED, committed with the partner's notification) |
-//! | the same, but the attempt did not fill it (still MATCHING, or an error) below max attempts | `Retry`: PENDING, `match_attempt_count` + 1, due after the backoff; the due-orders job claims it then |
-//! | the same at max attempts | `Failed`: CANCELLED MATCH_FAILED, and the message becomes its dead letter |
-//! | the same, but only other matchers' locks kept it from filling | `Retry` in a moment, not counted |
-//! | the attempt left a fill in doubt (createTrade's outcome unknown) | `Retry` after the check backoff, not counted: the fill stays held and the next attempt asks again under its key |
-//! | the same at `PAYBUS_MATCH_TRADE_CHECKS` | `Failed`: IN_DOUBT, and the message becomes its dead letter (needs a human: a trade may exist) |
-//! | an order already claimed, in its backoff, or closed (a duplicate or a late message) | `Skipped` with where it stands |
-//! | no such order | `Failed` (dead letter) |
-//! | the database is down | error: requeued (the order stays claimed; the reaper hands it back) |
-//!
-//! Its sweeper jobs ([`jobs`]) are the seed's worker loop and maintenance: the due-orders
-//! batch claim (every poll interval: retries that came due, orders whose message was lost,
-//! orders the reaper handed back), the zombie reaper and expiry.
-//!
-//! Its dead letters are classified by `triage` (terminal order: already applied; PENDING and
-//! due: safe; otherwise a human decides), and its work table (`p2p_deposit_orders`, through the
-//! retry kit's `DEPOSIT_ORDERS`) reports due and stuck rows in `/metrics`.
+//! It offers [`MatchDeposit`] (the handler) and its sweeper jobs, the seed's worker loop and
+//! maintenance ([`jobs`]): [`DueOrders`] (retries that came due, orders whose message was lost,
+//! orders the reaper handed back), [`ZombieReaper`] and [`Expiry`]. Its dead letters are
+//! classified by its triage (terminal order: already applied; PENDING and due: safe; otherwise a
+//! human decides).
 
 pub mod jobs;
 mod triage;

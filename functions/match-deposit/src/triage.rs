@@ -1,6 +1,6 @@
-//! What a replay of a dead-lettered `p2p.deposit_order.created` would do (`paybus
-//! dead-letters`). The message only names the order; what it would do depends on the order's
-//! state now, exactly as the handler's claim decides it (seed 000 §3.3).
+//! What a replay of a dead-lettered `p2p.deposit_order.created` would do (`paybus dead-letters`):
+//! it depends on the order's state now, exactly as the handler's claim decides (seed 000 §3.3).
+//! The exposure is what the order still waits for: its `remaining_amount`, for its partner.
 //!
 //! | the deposit order now | verdict |
 //! | --- | --- |
@@ -11,9 +11,6 @@
 //! | IN_DOUBT | needs a human: a trade may exist at the quote service under the fill's key (named); look there, then `paybus p2p recheck` |
 //! | PENDING with a fill in doubt | needs a human: asking about it is under way (a replay would only ask sooner) |
 //! | absent | needs a human |
-//!
-//! The exposure is what the order still waits for: its `remaining_amount`, for the buyer's
-//! partner.
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;

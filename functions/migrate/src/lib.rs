@@ -1,38 +1,18 @@
-//! The deploy step: applies the database migrations and declares the RabbitMQ topology of
-//! every catalog function, so no function consumes a queue that does not exist or runs
-//! against a schema it does not know.
+//! The deploy step: applies the database migrations and declares the RabbitMQ topology of every
+//! catalog function, so no function consumes a queue that does not exist or runs against a
+//! schema it does not know. In AWS it is a Lambda behind a CloudFormation custom resource that
+//! runs before any other function is created or updated; outside Lambda it runs once and exits,
+//! as `paybus migrate && paybus topology` do ([`main`], [`Report`]).
 //!
-//! In AWS it is a Lambda behind a CloudFormation custom resource (`Migration` in
-//! `infra/aws/template.yaml`): `sam deploy` runs it once this function's new code is in place
-//! and before any other function is created or updated (they all depend on it). Its
-//! `Version` property is `Ref: MigrateFunction.Version`, which CloudFormation hands over as the
-//! published version's ARN (`arn:aws:lambda:…:function:<name>:<n>`); it changes with the code
-//! (the embedded migrations, the catalog), so every deploy that changes either runs it.
-//!
-//! It always answers CloudFormation (a custom resource that gets no answer holds the stack
-//! until its `ServiceTimeout`), with the response body CloudFormation documents: `Status`,
-//! a `Reason` (always a text), `PhysicalResourceId`, `StackId`, `RequestId`,
-//! `LogicalResourceId` and `Data`. The connections are made inside the invocation, not at
-//! start-up, and every error becomes a `FAILED` answer carrying its reason.
-//!
-//! - Create, Update: apply the pending migrations, seal any plaintext partner webhook secret
-//!   (`paybus_partners::webhook_secrets::seal_plaintext`: SQL cannot encrypt; it needs
-//!   `PAYBUS_SECRETS_KEY` only while such a secret is left, and fails naming it otherwise)
-//!   and declare the topology. A database that
-//!   has applied migrations newer than any this code knows belongs to a later release (an
-//!   older release deployed again): nothing to apply, the topology is declared, `SUCCESS`.
-//! - An Update whose `Version` is older than the one it replaces is CloudFormation rolling a
-//!   failed deploy back: migrations only go forward and the older code runs on the newer
-//!   schema, so it changes nothing and answers `SUCCESS` (it never reaches the database). Only
-//!   when the failed deploy had changed the queues (a shard count) are the older queues'
-//!   bindings declared again, so the triggers being restored read queues that get messages; a
-//!   failure there is logged and named in the reason, never a `FAILED` that would leave the
-//!   stack in `UPDATE_ROLLBACK_FAILED`.
-//! - Delete: nothing (deleting the stack never drops data).
-//! - A request type CloudFormation may add later: nothing, `SUCCESS`.
-//!
-//! Invoked directly with any other JSON (`aws lambda invoke`), it migrates and answers the
-//! report. Outside Lambda it runs once and exits, as `paybus migrate && paybus topology` do.
+//! Its answers to CloudFormation ([`Request`], [`Response`]; infra/aws/README.md, "Migrations and
+//! topology"): it always answers (a custom resource without one holds the stack until its
+//! timeout), every error a `FAILED` with its reason. Create and Update migrate, seal plaintext
+//! webhook secrets and declare the topology; a database ahead of this code (an older release
+//! deployed again) is `SUCCESS` with nothing to apply. An Update to an older `Version` is a
+//! rollback: migrations only go forward, so it answers `SUCCESS` without touching the database,
+//! declaring the older queues' bindings again only when the failed deploy changed them (never a
+//! `FAILED`, which would leave `UPDATE_ROLLBACK_FAILED`). Delete, and any other request type, do
+//! nothing.
 
 use std::{collections::BTreeMap, process::ExitCode, time::Duration};
 

@@ -6,13 +6,10 @@
 //! | `member_can_balances` | each member's balance in each container equals the cans of its COMPLETE charges there (purchases and granted bonuses): no credit lost, none doubled; and (full form) each member's checkpoint equals the sums of its COMPLETE charges below it, every other charge below it listed as unpaid |
 //! | `bonus_job_results` | every DONE job has its own EVENT charge (same member, container, cans and reason); no other job has a result; every EVENT charge is the result of exactly one job; every job comes from a COMPLETE purchase of its member |
 //!
-//! Each check has a `recent` form for the continuous auditor: the same SQL over the members,
-//! charges and jobs the window touched — changed since its start (`index_members_recent`,
-//! `index_charges_recent`, `index_charge_event_job_recent`), or linked to a row that was (a
-//! charge's member, a job's source and result charges). A member's balance is still checked
-//! against all of its charges: the window narrows which members, not the sum. The windowed
-//! form takes the sums of a member's settled charges from its checkpoint (`crate::checkpoint`)
-//! and reads the charges above it; the full form reads every charge and verifies the
+//! The `recent` forms run the same SQL over the members, charges and jobs the window touched
+//! (changed since its start, through their `index_*_recent`, or linked to one that was): the
+//! window narrows which members, not the sums. The windowed balance check starts from each
+//! member's checkpoint (`crate::checkpoint`); the full form reads every charge and verifies the
 //! checkpoints.
 
 use std::{collections::HashMap, fmt};
@@ -222,12 +219,12 @@ pub async fn member_can_balances(
 /// pass, a consistent snapshot: [`paybus_platform::db::SNAPSHOT_BEGIN`]), else in one of its
 /// own.
 ///
-/// Until 2026-12-05 this was one statement with a subquery per container bounded by the
-/// member's checkpoint. That bound came from the joined checkpoint row, so it was no range on
-/// any index: MariaDB walked every index entry of the member and tested it, the member's
-/// whole history on every pass (~115 µs a member with 200 charges; docs/benchmarks.md,
-/// 2026-12-05, night). Read as constants, the bounds are ranges on
-/// `index_charges_above_checkpoint`, and only the charges above them are read.
+/// Why two reads and not one statement with a subquery per container bounded by the member's
+/// checkpoint: that bound would come from the joined checkpoint row, so it would be no range
+/// on any index, and MariaDB walks every index entry of the member and tests it, the member's
+/// whole history on every pass (~115 µs a member with 200 charges). Read as constants, the
+/// bounds are ranges on `index_charges_above_checkpoint`, and only the charges above them are
+/// read.
 pub async fn recent_member_can_balances(
     conn: &mut MySqlConnection,
     window: Window,
@@ -459,8 +456,8 @@ async fn bonus_job_results_in(
     scope: Scope,
 ) -> Result<Vec<Violation>, sqlx::Error> {
     // The job's three checks in one read of the jobs: the windowed form finds the jobs a
-    // window touched with a three-way UNION, which was most of a pass's time when each check
-    // built it again (the soak of 2026-12-05: 738 ms of a 3.6-s pass). Each flag is NULL where
+    // window touched with a three-way UNION, which would be most of a pass's time if each
+    // check built it again (738 ms of a 3.6-s pass on a soak's database). Each flag is NULL where
     // a comparison met a NULL, which the checks count as no violation, as a WHERE clause would.
     let jobs: Vec<JobFlags> = scope
         .fetch(

@@ -243,8 +243,8 @@ pub struct Payment<'a> {
 /// gateway payment's id is recorded (its unique key refuses a receipt presented for a second
 /// charge).
 ///
-/// Why one statement: the transition and the credit were two round trips of the seven that
-/// every completion made, and each round trip costs the database a wake-up and a thread
+/// Why one statement: as two, the transition and the credit would be two round trips of the
+/// seven a completion makes alone, and each round trip costs the database a wake-up and a thread
 /// switch besides its SQL (W3's benchmark: 9.1 → 8.1 statements per grant end to end). The
 /// join reads the charge first (a constant: its primary key), so the locks are taken in the
 /// completion's order, the charge then the member; the credit reads the cans and the container

@@ -1,35 +1,18 @@
 //! Member can checkpoints: the sums of a member's settled charges, so the continuous auditor's
-//! `member_can_balances` reads a member's recent charges, not its whole history.
+//! `member_can_balances` reads a member's charges above its checkpoint, not its whole history
+//! (read whole, the passes grow with every member's history, and the workflows' p99 with them).
 //!
-//! The check compares each touched member's balances with the sums of its COMPLETE charges.
-//! Read whole, that grew with every member's history: in the soak of 2026-12-05 (evening; 250
-//! members buying all along) the auditor's passes went from 1.3 s to 2.3 s in 30 minutes, and
-//! confirmations' p99 inside a pass was 149 ms against 24 ms outside (docs/benchmarks.md).
+//! A checkpoint (`member_can_checkpoints`) holds, per container, the sum of the member's COMPLETE
+//! charges with `id <= through_charge_id`, over a prefix in which every charge is
+//! - **settled**: stamped more than `settled_after` ago, so that no charge below the prefix's
+//!   end can still commit unseen ([`advance`] has the argument);
+//! - **COMPLETE, or listed as unpaid** (`member_can_checkpoint_unpaid`): a COMPLETE charge never
+//!   changes again; a REQUEST one may be paid later or never, so it is listed instead of summed,
+//!   counted by the windowed check once paid, and then folded in by the checkpointer.
 //!
-//! A checkpoint (`member_can_checkpoints`) holds, per container, the sum of the member's
-//! COMPLETE charges with `id <= through_charge_id`. It only ever covers a prefix of the
-//! member's charges in which every charge is
-//! - **settled**: stamped (`created_at`) more than `settled_after` ago. A charge of the member
-//!   below the prefix's end that is not yet visible would be missed for ever. Ids are handed
-//!   out in order, so such a charge got its id before the prefix's last one, whose statement
-//!   began more than `settled_after` ago and waited at most `innodb_lock_wait_timeout` (50 s).
-//!   With `settled_after` at twice the auditor's overlap (4 minutes by default), that charge's
-//!   transaction would have been open for longer than the overlap after its stamp: the
-//!   windowed reads already assume no transaction does (docs/operations.md);
-//! - **COMPLETE, or listed as unpaid**: a COMPLETE charge never changes again (no path writes
-//!   one), so neither does its part of the sums. A purchase still in REQUEST may be paid later
-//!   or never (abandoned at the gateway), so it is listed in `member_can_checkpoint_unpaid`
-//!   instead of summed: the windowed check adds a listed charge once it is COMPLETE, and the
-//!   checkpointer folds a paid one into the sums, deleting its listing in the same
-//!   transaction. An abandoned checkout costs its member one listed row, not a checkpoint
-//!   stuck behind it.
-//!
-//! The checkpointer ([`advance`]) reads each touched member's next settled stretch and adds it
-//! to the checkpoint, conditional on the checkpoint's `through_charge_id` still being the one
-//! it read, and folds listed charges conditional on deleting their listing: two checkpointers
-//! racing add a stretch, or a paid charge, once. The windowed check trusts the checkpoints;
-//! the full audit verifies every checkpoint against the charges below it
-//! (`audit::member_can_balances`).
+//! [`advance`] adds each stretch conditional on the `through_charge_id` it read, and folds a
+//! paid charge conditional on deleting its listing, so racing checkpointers add each charge
+//! once. The windowed check trusts the checkpoints; the full audit verifies every one.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -80,9 +63,16 @@ struct Paid {
 
 /// Checkpoints the settled charges of the members touched within `touched_within` (their row
 /// changed: every credit changes it), each stretch of charges stamped more than
-/// `settled_after` ago (see the module docs for why that bound). A member left out (the
-/// checkpointer stood still) keeps its older checkpoint: the check is then slower for it,
-/// never wrong.
+/// `settled_after` ago. A member left out (the checkpointer stood still) keeps its older
+/// checkpoint: the check is then slower for it, never wrong.
+///
+/// Why that bound: a charge of the member below a checkpoint's end that is not yet visible
+/// would be missed for ever. Ids are handed out in order, so such a charge got its id before
+/// the prefix's last one, whose statement began more than `settled_after` ago and waited at
+/// most `innodb_lock_wait_timeout` (50 s). With `settled_after` at twice the auditor's overlap
+/// (4 minutes by default), that charge's transaction would have been open for longer than the
+/// overlap after its stamp, and the windowed reads already assume that none is
+/// (docs/operations.md, "The continuous auditor").
 pub async fn advance(
     pool: &MySqlPool,
     touched_within: Duration,
@@ -202,25 +192,24 @@ const CHARGES_ABOVE: &str = "(SELECT member_id, id, \
 /// ([`stretch`]).
 ///
 /// - **Several members to a statement, each its own `SELECT`** (`UNION ALL`): a statement per
-///   member made the checkpointer's run a round trip for every member credited within the
-///   lookback, ~230 µs each in a release build: 1.1 s for 5,000 members with nothing to
-///   move, so a run would have outlasted its minute at ~250,000 members. One `SELECT` for
-///   many members (`(member_id = ? AND id > ?) OR ...`) had MariaDB test the whole `OR` on
-///   every index entry of every member: 210 µs a member with 175 charges each, against 40 µs
-///   a member as `UNION ALL` (docs/benchmarks.md, 2026-12-05 (late night)).
+///   member would make the checkpointer's run a round trip for every member credited within
+///   the lookback, ~230 µs each in a release build: 1.1 s for 5,000 members with nothing to
+///   move, so a run would outlast its minute at ~250,000 members. One `SELECT` for many
+///   members (`(member_id = ? AND id > ?) OR ...`) makes MariaDB test the whole `OR` on every
+///   index entry of every member: 210 µs a member with 175 charges each, against 40 µs a
+///   member as `UNION ALL`.
 /// - **Bounds as constants, on `index_charges_above_checkpoint` (member_id, id)**: a range,
 ///   so only the entries above the checkpoint are read. On `index_charges_payment_count`
-///   (until 2026-12-05) MariaDB walked every entry of the member and tested `id > ?` on each
-///   (index condition pushdown): the rows below were not fetched, but the history was still
-///   walked on every run. Joined with the checkpoints instead, the bound comes from another
-///   table and is no range on any index: MariaDB reads every charge of the member. Left to
-///   choose, it can take the primary key's range, every charge of every member from the
-///   bound on.
+///   MariaDB walks every entry of the member and tests `id > ?` on each (index condition
+///   pushdown): the rows below are not fetched, but the history is still walked on every
+///   run. Joined with the checkpoints instead, the bound comes from another table and is no
+///   range on any index: MariaDB reads every charge of the member. Left to choose, it can
+///   take the primary key's range, every charge of every member from the bound on.
 /// - **The stretch's end decided in Rust, not in SQL**: a correlated `MIN` in a derived table,
-///   re-executed as a prepared statement, returned a stretch past a recent charge in about one
+///   re-executed as a prepared statement, returns a stretch past a recent charge in about one
 ///   run in two on MariaDB 10.11 (`tests/tests/bonuses_checkpoints.rs`).
-/// - The last statement is [`padded`]. A member's first checkpoint reads its whole history, once (summed
-///   in SQL until 2026-12-05; now 50 members' histories are in memory at a time).
+/// - The last statement is [`padded`]. A member's first checkpoint reads its whole history,
+///   once, in memory 50 members at a time.
 async fn settled_stretches(
     pool: &MySqlPool,
     starts: &[(u64, u64)],

@@ -1,39 +1,18 @@
 //! The payment completion: the one REQUEST -> COMPLETE transition behind every gateway path
-//! (PG, PAYVERSE, HECTO, GOOGLE_IAP and APPLE_IAP webhooks and verify calls), with the member's
-//! credit and the bonus jobs it owes, in one transaction.
+//! (webhooks and verify calls of PG, PAYVERSE, HECTO, GOOGLE_IAP and APPLE_IAP), with the
+//! member's credit and the bonus jobs it owes, in one READ COMMITTED transaction; the flow is in
+//! docs/workflows/bonuses.md.
 //!
-//! The seed's bugs this closes: the bonus was granted by an `@Async` listener after commit
-//! (lost when it failed, invisible to the payment), the member's balance was an unlocked `+=`
-//! (a lost update under concurrent charges), and nothing stopped a repeated verify from
-//! completing and rewarding a payment twice. Here, in one READ COMMITTED transaction:
+//! 1. One UPDATE makes the transition and credits the charge's container
+//!    ([`charge::complete_and_credit`]); its affected rows decide (principle 1), and on 0 a
+//!    locking read says why (a repeat of the same payment returns the original result).
+//! 2. The bonuses owed (FIRST_CHARGE, ACTIVE_CHARGE_EVENT) are decided under the member's lock,
+//!    so the counts see every other completion and grant of the member
+//!    ([`event::charge_and_standing`]).
+//! 3. One `charge_event_job` row per bonus and its message, through the outbox.
 //!
-//! 1. `UPDATE charges c JOIN members m ... WHERE c.id = ? AND c.payment_status = 'REQUEST'
-//!    AND c.payment_gateway = ? AND c.price = ?` — the transition and, in the same statement,
-//!    the credit to the charge's container, which takes the member's row lock after the
-//!    charge's (it reads the cans and the container from the charge row itself:
-//!    [`charge::complete_and_credit`]). The affected rows decide (principle 1). 0 rows: a
-//!    locking read says why (unknown, a bonus charge, another gateway, another amount,
-//!    completed before); a repeat of the same gateway payment returns the original result and
-//!    writes nothing.
-//! 2. The bonuses owed, decided under that lock — READ COMMITTED, so the counts below see
-//!    every other completion and grant of this member, which all take the same lock first:
-//!    FIRST_CHARGE when this is the member's first completed purchase (and
-//!    `PAYBUS_FIRST_CHARGE_BONUS_PERCENT` > 0); ACTIVE_CHARGE_EVENT when an event is active
-//!    and the member is below its `available_count` (its bonuses of the event granted and
-//!    still owed: [`event::applying_now`]'s counts, read in one statement with the charge and
-//!    the event, [`event::charge_and_standing`]).
-//! 3. One `charge_event_job` row per bonus (PENDING, its snapshot frozen) and its
-//!    `charge.bonus_job.created` message, through the outbox: grant-bonus makes the immediate
-//!    attempt once this commits.
-//!
-//! The gateway routes do not call [`complete`] directly: [`crate::completions`] runs
-//! completions that arrive together in one such transaction (the same statements, each for
-//! several charges), and each alone when they cannot be.
-//!
-//! Lock order: the charge row, then the member row (then the event row, shared, by the job's
-//! foreign key). Grants lock their job rows, then the member; a completion locks no existing
-//! job row, so the two never wait on each other in a cycle (a batch of completions, holding
-//! several members, can: [`crate::completions`] says how that is resolved).
+//! Lock order: the charge, then the member; a grant locks its jobs, then the member, and a
+//! completion locks no existing job, so the two never wait on each other in a cycle.
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;

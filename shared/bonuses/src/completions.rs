@@ -1,36 +1,18 @@
 //! Payment completions that arrive together, committed together (group commit): what the
 //! gateway routes call instead of [`completion::complete`] directly.
 //!
-//! Why: a completion alone is six round trips and a commit (BEGIN, the transition and credit,
-//! the standing read, the job, its message, COMMIT). Under a burst of webhooks most of the
-//! database's time went to those round trips and commits rather than to the rows. W3's
-//! benchmark (docs/benchmarks.md, 2026-12-06): the database's CPU per grant 1,510–1,732 µs
-//! with each completion on its own, 620–842 µs committed together, about 13 to a
-//! transaction; grants end to end 0.19 → 0.30–0.37 of the write ceiling.
+//! Why: a completion alone is six round trips and a commit, and under a burst of webhooks the
+//! database's time goes to them rather than to the rows: in W3's benchmark the database's CPU per
+//! grant is 1,510–1,732 µs with each completion alone and 620–842 µs committed together (about
+//! 13 to a transaction), grants end to end 0.19 → 0.30–0.37 of the write ceiling.
 //!
-//! Here, while [`BATCHES_IN_FLIGHT`] transactions are running, new completions wait in a
-//! queue, and the next free one takes up to [`MAX_BATCH`] of them into one transaction: one
-//! UPDATE transitions and credits them all, one read gives each its standing, then each one's
-//! jobs and messages, one COMMIT. A lone completion goes straight through
-//! [`completion::complete`], as before. Batches that wait too long on a lock do not hold the
-//! queue ([`STALLED_AFTER`]).
-//!
-//! Nothing is decided differently from a completion on its own. The batch commits only when
-//! every one of its charges made its transition (the UPDATE matched two rows for each: the
-//! charge and its member) and their members are distinct — a multi-table UPDATE changes a row
-//! once however often the join meets it, so two charges of one member would be credited once,
-//! and one standing read would count neither's job for the other. Anything else (a repeat, a
-//! refusal, a receipt presented twice, two charges of one member, a deadlock, any error) rolls
-//! the batch back and completes each of its requests on its own, with its own answer. A batch
-//! whose COMMIT's outcome is unknown is resolved the same way: each completion, made again,
-//! finds its charge COMPLETE by its own payment and answers the original result.
-//!
-//! Locks: a batch holds several members' rows, taken in its charges' order, and the unique
-//! index entries of several gateway payments. A grant of several jobs takes its members in id
-//! order, so the two can deadlock, and so can a batch and a completion alone; InnoDB then
-//! rolls one back whole, and it is redone (a batch's completions one at a time, a completion
-//! alone up to [`DEADLOCK_TRIES`] times, a grant batch one job at a time in grant-bonus's
-//! `grant_due`).
+//! While [`BATCHES_IN_FLIGHT`] transactions run, new completions queue and the next free one
+//! takes up to [`MAX_BATCH`] (a lone one goes straight through). The rule: nothing is decided
+//! differently from a completion alone. A batch commits only when every charge made its
+//! transition with a member of its own (a multi-table UPDATE changes a row once however often
+//! the join meets it); anything else (a repeat, a refusal, a deadlock, a COMMIT of unknown
+//! outcome) rolls it back and completes each request alone, with its own answer. A deadlock
+//! victim is redone ([`DEADLOCK_TRIES`]); a stalled batch does not hold the queue.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -64,7 +46,7 @@ pub const BATCHES_IN_FLIGHT: usize = 4;
 /// A batch running this long is waiting on something (a member row another transaction holds,
 /// up to `innodb_lock_wait_timeout`): when every running batch is, the completions queued
 /// behind them get a runner of their own instead of waiting for one to finish, so one slow
-/// member never holds up everyone's payments (as it could not when each completion had a
+/// member never holds up everyone's payments (as none can when each completion has a
 /// transaction of its own).
 pub const STALLED_AFTER: Duration = Duration::from_millis(200);
 
@@ -284,9 +266,10 @@ impl Completions {
 }
 
 /// Tries of a completion on its own that InnoDB keeps choosing as a deadlock's victim. Five
-/// ran out once (the full suite, 2026-12-06: 4 of 120 concurrent completions of one member
-/// answered with the deadlock), under a load that 24 runs of that test beside busy loops did
-/// not reproduce; each try is a whole transaction rolled back, so more cost nothing but time.
+/// are not always enough under the full suite's load (4 of 120 concurrent completions of one
+/// member can answer with the deadlock, rarely enough that 24 runs of that test beside busy
+/// loops do not reproduce it); each try is a whole transaction rolled back, so more cost
+/// nothing but time.
 pub const DEADLOCK_TRIES: u32 = 10;
 
 /// The pause before each try after a deadlock: 2, 4, 8, then 16 ms (110 ms in all).

@@ -107,9 +107,10 @@ pub struct Standing {
 /// [`applying_now`] and [`charge_and_standing`], so the two never count differently.
 ///
 /// Both counts name their index. Reading several charges at once
-/// ([`charges_and_standings`]), the optimizer chose `idx_charge_event_job_charge_event_id` for
-/// the owed count: every job of the event read for each charge, a cost that grows with the
-/// event (W3's benchmark: the database's CPU per grant doubled).
+/// ([`charges_and_standings`]), the optimizer otherwise chooses
+/// `idx_charge_event_job_charge_event_id` for the owed count: every job of the event read for
+/// each charge, a cost that grows with the event (in W3's benchmark, the database's CPU per
+/// grant doubles).
 macro_rules! standing_counts {
     ($member:literal) => {
         concat!(
@@ -172,7 +173,7 @@ pub async fn applying_now(
 
 /// The completion's one read after its credit: charge `charge_id` as it now stands, the event
 /// that applies now and its member's [`Standing`] in it ([`applying_now`]'s, for the charge's
-/// member) — one statement where a read of the charge and then of the standing were two
+/// member) — one statement where a read of the charge and then of the standing would be two
 /// round trips. Read under the member's lock (the credit's UPDATE), at READ COMMITTED.
 pub async fn charge_and_standing(
     conn: &mut MySqlConnection,

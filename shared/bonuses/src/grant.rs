@@ -1,20 +1,16 @@
 //! The grant: one transaction that pays a bonus job exactly once (seed 003's
-//! `applyChargeEvent`, now driven by the job row), committed only when the job's conditional
-//! UPDATE to DONE still finds it this attempt's. Two attempts, two guards:
+//! `applyChargeEvent`, driven by the job row), committed only when the job's conditional UPDATE
+//! to DONE still finds it this attempt's. Two attempts, two guards:
 //!
-//! - **the message's** ([`grant_due_in`], grant-bonus's immediate attempt and ops' retries):
-//!   no claim is committed first. The transaction locks the jobs still PENDING and due (the
-//!   row locks are the claim; a job another attempt claimed meanwhile is left out, nothing to
-//!   roll back), credits their members, writes the EVENT charges and moves the jobs to DONE.
-//!   A crash before the commit leaves them PENDING and due, nothing to reap. Several
-//!   messages' jobs share one such transaction.
+//! - **the message's** ([`grant_due_in`]: grant-bonus's immediate attempt, ops' retries): no
+//!   claim is committed first; the transaction locks the jobs still PENDING and due (the row
+//!   locks are the claim), credits their members, writes the EVENT charges and moves the jobs to
+//!   DONE. A crash before the commit leaves them PENDING and due, nothing to reap.
 //! - **the worker's** ([`grant_in`]): its batch claim committed the jobs PROCESSING (`FOR
-//!   UPDATE SKIP LOCKED`, so workers never share a job); the grant locks its job under that
-//!   claim first, and DONE is guarded by it.
+//!   UPDATE SKIP LOCKED`); the grant locks its job under that claim, and DONE is guarded by it.
 //!
-//! Lock order in both: the job rows (in id order), then the members (in id order) — the
-//! completion locks its charge, then the member, and no existing job row, so no two of them
-//! wait on each other in a cycle.
+//! Lock order in both: the job rows, then the members (each in id order); a completion locks its
+//! charge, then the member, and no existing job row, so no two wait on each other in a cycle.
 
 use std::collections::BTreeMap;
 
@@ -148,9 +144,8 @@ pub async fn grant_due_in(
 
 /// The EVENT charge of each of `jobs` (locked, their members' locks held, in id order), from
 /// their snapshots; each job's charge id. One job: one INSERT. Several: one multi-row INSERT
-/// and one read of the ids it gave, where an INSERT per job was a round trip each (about
-/// one statement per grant of the ten a grant costs end to end; docs/benchmarks.md,
-/// 2026-12-04).
+/// and one read of the ids it gave, where an INSERT per job would be a round trip each (about
+/// one statement per grant of the ten a grant costs end to end).
 ///
 /// Reading the ids back does not assume they are consecutive (MySQL 8's default
 /// `innodb_autoinc_lock_mode = 2` may interleave another statement's): an EVENT charge is only

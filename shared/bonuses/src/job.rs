@@ -1,13 +1,11 @@
-//! Bonus jobs (`charge_event_job`, seed 003): one row per bonus a completed charge owes,
-//! granted exactly once. The row's states (the migration's header comment describes them as
-//! first built, when the message's attempt claimed the job PROCESSING too; it grants a PENDING
-//! job in one transaction now, [`crate::grant`]):
+//! Bonus jobs (`charge_event_job`, seed 003): one row per bonus a completed charge owes, granted
+//! exactly once by [`crate::grant`]; the kit's table is [`BONUS_JOBS`], the schedule
+//! [`RETRY_POLICY`]. The states as they are (the migration's header comment keeps its first form):
 //!
 //! ```text
 //!                  message's grant: locked while PENDING and due, DONE in one transaction
 //!  completion ──► PENDING ─────────────────────────────────────────────────────────► DONE
 //!                  │ ▲ ▲ ▲  worker's claim (due retries)                              ▲
-//!                  │ │ │ │                                                            │
 //!                  └─┼─┼─┼──────────────────────────────► PROCESSING ──worker's grant──┘
 //!                    │ │ └─ failure: next_retry_at + 5 / 10 / 15 min, ──┤
 //!                    │ │    retry_count (retries only), last_error      │
@@ -15,12 +13,6 @@
 //!                    │                    3rd retry fails (+ dead letter)
 //!                    └──── ops retry (next_retry_at = now) ◄── FAILED ◄─┘
 //! ```
-//!
-//! A failed grant of the message's is claimed and settled in one transaction, so it never
-//! stays PROCESSING. The claims, the settles and the reaper are the platform's retry kit on
-//! [`BONUS_JOBS`] (a status lease: PROCESSING with `processing_started_at`, which every settle
-//! is guarded by; [`AttemptCount::OnRetryFailure`]: the immediate attempt's failure schedules
-//! the first retry without counting one). The schedule is [`RETRY_POLICY`].
 
 use std::time::Duration;
 
@@ -82,7 +74,11 @@ impl JobType {
     }
 }
 
-/// The bonus jobs as the retry kit works them.
+/// The bonus jobs as the retry kit works them: a status lease (PROCESSING with
+/// `processing_started_at`, which every settle is guarded by), and
+/// [`AttemptCount::OnRetryFailure`]: the immediate attempt's failure schedules the first retry
+/// without counting one. A failed grant of the message's is claimed and settled in one
+/// transaction, so it never stays PROCESSING.
 pub static BONUS_JOBS: WorkTable = WorkTable {
     table: "charge_event_job",
     status: "status",

@@ -1,23 +1,18 @@
-//! W3's domain (docs/workflows/bonuses.md, seed 003): charge-event bonuses that are never lost and never paid
-//! twice.
+//! W3's domain (docs/workflows/bonuses.md, seed 003): charge-event bonuses that are never lost
+//! and never paid twice. It offers:
 //!
-//! - [`member`]: can balances per container, changed only under the member's row lock.
-//! - [`charge`]: purchases (CHARGE) and granted bonuses (EVENT), and their payment status.
-//! - [`event`]: charge events (title, percent, window, active, per-member limit), and a
-//!   member's standing in the one that applies now, `getPaymentCount` included
-//!   ([`event::applying_now`]).
-//! - [`completion`]: the one REQUEST -> COMPLETE transition behind every gateway path: the
-//!   credit and the bonus jobs it owes, in one transaction.
-//! - [`job`]: the bonus jobs (`charge_event_job`): states, the retry kit's table
-//!   ([`job::BONUS_JOBS`]) and schedule ([`job::RETRY_POLICY`]), the admin views and retry.
-//! - [`grant`]: the one transaction that pays a job (the message's or the worker's).
-//! - [`messages`]: the `charge.bonus_job.created` message.
-//! - [`audit`]: W3's invariants.
-//! - [`checkpoint`]: the sums of each member's settled charges, which let the continuous auditor's
-//!   balance check read a member's recent charges instead of its whole history.
+//! - [`completion`] and [`completions`]: the one REQUEST -> COMPLETE transition behind every
+//!   gateway path (the credit and the bonus jobs it owes, in one transaction), and concurrent
+//!   completions committed together;
+//! - [`member`], [`charge`], [`event`]: can balances (changed only under the member's row lock),
+//!   purchases and granted bonuses, charge events and a member's standing in one
+//!   ([`event::applying_now`]);
+//! - [`job`] and [`grant`]: the bonus jobs ([`job::BONUS_JOBS`], [`job::RETRY_POLICY`]) and the
+//!   one transaction that pays one; [`messages`]: `charge.bonus_job.created`;
+//! - [`audit`] and [`checkpoint`]: W3's invariants, and the checkpoints that keep the windowed
+//!   balance check off a member's history.
 //!
-//! The attempts themselves (the immediate one on the message, the worker's retries, the
-//! reaper) are the grant-bonus function's (`functions/grant-bonus`).
+//! The attempts themselves (immediate, retries, reaper) are grant-bonus's.
 
 pub mod audit;
 pub mod charge;

@@ -1,21 +1,17 @@
-//! W2's domain (docs/workflows/confirmations.md, seed 001): withdrawals and deposits whose on-chain confirmation must
-//! move money exactly once.
+//! W2's domain (docs/workflows/confirmations.md, seed 001): withdrawals and deposits whose
+//! on-chain confirmation must move money exactly once.
 //!
-//! - [`messages`]: what the chain-monitor intake publishes and the confirm functions consume.
-//! - [`withdrawal`], [`deposit`]: each row's states and kinds (the migrations' header comments
-//!   say who moves a row in and out of each state), and every statement that reads or writes
-//!   them — the admin API and the confirm functions share these, so there is one writer of
-//!   `withdrawal_status_history` and one way to read an amount.
+//! - [`withdrawal`], [`deposit`]: each row's states and kinds and every statement that reads or
+//!   writes them, shared by the admin API and the confirm functions (one writer of
+//!   `withdrawal_status_history`, one way to read an amount). The transitions are
+//!   [`withdrawal::confirm_all_if_in_flight`] and [`deposit::confirm_all_if_detected`], each one
+//!   code path for one message or a batch.
 //! - [`owed`]: what a confirmation writes with its transition (keyed postings, the partner's
-//!   notification).
-//! - [`audit`]: W2's invariants about the ledger entries its confirmations owe.
-//! - [`batch`]: what a confirm handler does with the messages delivered together (the
-//!   committed read, one transaction, one per message if it fails).
+//!   notification); [`batch`]: what a confirm handler does with messages delivered together.
+//! - [`messages`]: what the chain-monitor intake publishes; [`audit`]: W2's invariants on the
+//!   ledger entries its confirmations owe.
 //!
-//! A workflow's transition lives in its domain crate: the withdrawal confirmation is
-//! [`withdrawal::confirm_all_if_in_flight`], the deposit confirmation
-//! [`deposit::confirm_all_if_detected`] (each one code path for one message or a batch), and
-//! `functions/confirm-withdrawal` and `functions/confirm-deposit` are the handlers around them.
+//! The handlers around them are `functions/confirm-withdrawal` and `functions/confirm-deposit`.
 
 pub mod audit;
 pub mod batch;

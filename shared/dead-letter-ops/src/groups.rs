@@ -26,8 +26,8 @@ use crate::{
     letter::{self, DeadLetter},
 };
 
-/// The most letters whose triage one overview reads. 5,000 made the groups page take 0.6 s
-/// or more once there were that many NEW letters (`paybus-lab bench ops-queries`): a triage
+/// The most letters whose triage one overview reads. 5,000 make the groups page take 0.6 s
+/// or more once there are that many NEW letters (`paybus-lab bench ops-queries`): a triage
 /// is one or two reads per distinct message, and the page must answer within 200 ms.
 pub const EXPOSURE_SCAN_LIMIT: u32 = 1_000;
 
@@ -122,9 +122,9 @@ type GroupRow = (String, String, i64, i64, DateTime<Utc>, DateTime<Utc>);
 /// dozen index reads), so a group the counts miss still shows: the page shows the letters
 /// that are there, and the audit check `dead_letter_group_counts` reports the drift.
 ///
-/// A `GROUP BY` with `MIN(failed_at)` over the NEW letters looked like the same skip on paper
-/// but read the whole NEW range on MariaDB 10.11: 2.4 s at 5,000,000 letters (`paybus-lab
-/// bench ops-queries`, 2026-12-04), where these point reads take milliseconds.
+/// Why not a `GROUP BY` with `MIN(failed_at)` over the NEW letters: it looks like the same
+/// skip on paper but reads the whole NEW range on MariaDB 10.11, 2.4 s at 5,000,000 letters
+/// (`paybus-lab bench ops-queries`), where these point reads take milliseconds.
 async fn group_rows(conn: &mut sqlx::MySqlConnection) -> Result<Vec<GroupRow>, DeadLetterError> {
     let mut tx = conn.begin().await?;
     let counts: HashMap<(String, String), (i64, i64)> = group_counts::read(&mut tx)

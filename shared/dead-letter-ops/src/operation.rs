@@ -1,23 +1,18 @@
-//! Operations: a dry run that is bound to what it showed, so what was previewed (and approved)
-//! is what runs.
+//! Operations: a dry run bound to what it showed, so what was previewed (and approved) is what
+//! runs, and letters that arrive after the dry run are never acted on unseen.
 //!
-//! A replay or an archive of a group used to select the group again when it ran; letters that
-//! arrived after the dry run were acted on unseen. [`request`] classifies the selection's NEW
-//! letters and freezes them into an operation: their ids with the verdict each had, a hash of
-//! that list ([`Operation::content_hash`]), an expiry. [`execute`] acts on those letters only:
-//! each in a transaction of its own that locks the letter's operation row first and writes its
-//! result there, so two executions at once, or one run twice, act on each letter once, and a
-//! process that dies mid-way leaves the letters without a result to the next execution. Each
-//! call reports what it did itself and counts apart the letters another execution acted on
-//! meanwhile ([`ExecutionReport::by_another_execution`]).
+//! [`request`] freezes the selection's NEW letters into an operation: their ids with the verdict
+//! each had, a hash of that list ([`Operation::content_hash`]), an expiry. [`execute`] acts on
+//! those letters only, each in a transaction of its own that locks the letter's operation row
+//! first and writes its result there: two executions at once, or one run twice, act on each
+//! letter once, and one that dies mid-way leaves the rest to the next
+//! ([`ExecutionReport::by_another_execution`] counts what another execution did).
 //!
-//! Four-eyes (`paybus_platform::approvals::FourEyes`): an action that moves or hides money — a replay, an archive of
-//! letters with money at stake — is requested by one person and runs only after another has
-//! approved its hash ([`approve`]): the approver approves what they saw, and the execution
-//! checks the frozen list still has that hash.
-//!
-//! [`OperationStatus`]: AWAITING_APPROVAL → READY → RUNNING → DONE. An operation that was not
-//! started before its expiry never starts; one that started may always be finished.
+//! Four-eyes (`paybus_platform::approvals::FourEyes`): a replay, or an archive of letters with
+//! money at stake, runs only after a second person approved its hash ([`approve`]), and the
+//! execution checks the frozen list still has that hash. [`OperationStatus`]:
+//! AWAITING_APPROVAL → READY → RUNNING → DONE; one not started before its expiry never starts,
+//! one started may always be finished.
 
 use chrono::{DateTime, Utc};
 use paybus_platform::actor::Actor;

@@ -7,7 +7,7 @@ use crate::{DeadLetterError, letter::DeadLetter};
 /// Connections [`Triager::triage_each`] triages on at once. A triage is one or two point
 /// reads, so a scan of hundreds is round trips end to end; where the database is across a
 /// network (RDS) a few at once hide the latency, without taking the pool from the API's other
-/// requests. (On one 2-core machine with the database beside it, `bench ops-queries` showed no
+/// requests. (On one 2-core machine with the database beside it, `bench ops-queries` shows no
 /// gain: there the reads are CPU, not waiting.)
 pub const TRIAGE_CONNECTIONS: usize = 4;
 

@@ -1,6 +1,5 @@
-//! The ledger's own invariants (seed 001 §7 and docs/workflows/confirmations.md): plain SQL checks, each one statement
-//! that runs on MariaDB 10.11 and MySQL 8, so each sees one consistent snapshot. [`CHECKS`]
-//! is what the ledger contributes to `paybus audit`; workflows add checks of their own about
+//! The ledger's own invariants (seed 001 §7 and docs/workflows/confirmations.md): plain SQL,
+//! one statement per check (one consistent snapshot each). Workflows add checks of their own on
 //! the entries their transitions owe (e.g. `paybus_confirmations::audit`).
 //!
 //! | check | invariant |
@@ -10,14 +9,10 @@
 //! | `balance_mismatch` | every balance equals CREDITs − DEBITs − FEEs of its entries; no entries without a balance row |
 //! | `broken_chain` | each entry's `balance_after` = the previous entry's (or 0) ± its amount, per partner and currency in id order |
 //!
-//! Amounts are read as text, never as a float or a rounded decimal.
-//!
-//! Each check also has a `recent` form over the entries written since an instant (the
-//! continuous auditor's window, `index_ledger_entries_recent`), whose cost follows the window,
-//! not the table: the references keyed in the window, the window's entries and their
-//! predecessors (chain), and the balances of the (partner, currency) pairs the window touched,
-//! compared with their last entry's `balance_after` — which, with the chain intact, is the sum
-//! of their entries.
+//! Amounts are read as text, never as a float or a rounded decimal. The `recent` forms read
+//! through `index_ledger_entries_recent` and cost what the window holds: its keyed references,
+//! its entries and their predecessors, and the touched balances against their last entry's
+//! `balance_after` (with the chain intact, the sum of their entries).
 
 use std::fmt;
 

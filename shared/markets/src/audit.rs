@@ -7,13 +7,10 @@
 //! | `task_count_mismatch` | a materialised batch has exactly `created_count` tasks |
 //! | `task_disagrees_with_order` | a DONE task's order is CANCELLED for the batch's reason; a SKIPPED task's order is closed |
 //!
-//! One task per (batch, target) is the unique key `uk_tasks_batch_target`, not a check.
-//!
-//! Each check has a `recent` form for the continuous auditor, the same SQL narrowed by the
-//! window: batches materialised since its start (`index_task_batches_preparing`), orders of a
-//! SUSPENDED market placed since (`index_orders_by_market`), and tasks changed since
-//! (`index_tasks_recent`) with their batches. A batch's frozen set is checked once, in the
-//! passes after it is materialised: nothing enters or leaves it later.
+//! One task per (batch, target) is the unique key `uk_tasks_batch_target`, not a check. The
+//! `recent` forms narrow the same SQL to batches materialised, suspended markets' orders placed
+//! and tasks changed since the window's start; a batch's frozen set is checked in the passes
+//! after it is materialised, since nothing enters or leaves it later.
 
 use std::fmt;
 

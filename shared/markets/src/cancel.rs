@@ -1,23 +1,16 @@
 //! The cancel transition of markets' tasks, which cancel-orders runs for one message's tasks:
-//! claim, cancel, settle — in one transaction for the whole group, so a group of tasks costs
-//! one commit.
+//! claim, cancel, settle, in one transaction for the whole group (one commit per group), task
+//! ids ascending so overlapping groups lock in one order and never deadlock each other.
 //!
-//! For each task (ids in ascending order, so two deliveries of overlapping groups lock in the
-//! same order and never deadlock each other):
+//! For each task: claim it through the retry kit (not claimed: a duplicate or settled already),
+//! then `UPDATE orders SET status = 'CANCELLED' … WHERE id = ? AND status IN ('OPEN',
+//! 'PARTIALLY_FILLED')`. 1 row: DONE. 0 rows: the order's status, locked, says why: FILLED or
+//! CANCELLED → SKIPPED with that reason (principle 7: no longer needed is not failed); no such
+//! order → FAILED at once (the set was frozen from rows that existed).
 //!
-//! 1. claim it through the retry kit (a due PENDING row; counts the attempt). Not claimed: a
-//!    duplicate or a task settled already — nothing to do.
-//! 2. `UPDATE orders SET status = 'CANCELLED' ... WHERE id = ? AND status IN ('OPEN',
-//!    'PARTIALLY_FILLED')`: 1 row → the task is DONE.
-//! 3. 0 rows → the order's latest status, locked: FILLED or CANCELLED → SKIPPED with that
-//!    reason (principle 7: no longer needed is not failed); no such order → FAILED at once
-//!    (it cannot come back: the set was frozen from rows that existed); still open (cannot
-//!    happen under the row lock) → a failed attempt.
-//!
-//! A statement that fails (anything but the database being unreachable or a deadlock, which
-//! requeue the message) rolls the group back; the group is then redone one task per
-//! transaction, and the failing task's attempt is recorded in its row (`last_error`, next
-//! attempt after the backoff, FAILED at the limit) while the others complete.
+//! A statement that fails (other than an unreachable database or a deadlock, which requeue the
+//! message) rolls the group back, and the group is redone one task per transaction: the failing
+//! task's attempt is recorded in its row while the others complete.
 
 use std::time::Duration;
 

@@ -1,22 +1,17 @@
-//! W4's domain (docs/workflows/markets.md, seed 004): suspending a market cancels every order still open in it,
-//! without doing that work inside the suspend request.
+//! W4's domain (docs/workflows/markets.md, seed 004): suspending a market cancels every order
+//! still open in it without doing that work inside the suspend request (the seed's incident: 8,000
+//! cancels in one request, which timed out half done holding their row locks). One state change
+//! owes many units of work, and each is a row:
 //!
-//! The seed's first version cancelled 8,000 orders inside the request: it timed out with half
-//! of them cancelled and held their row locks until it died. Here one state change owes many
-//! units of work, and each is a row:
-//!
-//! - [`market`]: the market row (ACTIVE / SUSPENDED) and the symbol's rules.
-//! - [`order`]: orders — placement (refused while the market is SUSPENDED: it reads the market
-//!   row LOCK IN SHARE MODE, so it serialises with suspend), fills, the conditional cancel.
-//! - [`suspension`]: suspend (one short transaction: the conditional ACTIVE → SUSPENDED and the
-//!   batch row that freezes the cancel set), resume (only once the cancellation is complete),
-//!   ops' retry of FAILED tasks.
-//! - [`materialise`]: the batch's tasks created after the commit, set-based, a chunk per
-//!   transaction with a cursor on the batch row (resumable), each chunk with its
-//!   `market.cancel_tasks.created` messages; the [`materialise::Materialiser`] job.
-//! - [`task`]: the task row's states and the platform retry kit's [`task::TASKS`].
-//! - [`progress`]: the seed's GROUP BY, the created count, open orders left, and completion.
-//! - [`audit`]: W4's invariants.
+//! - [`market`] and [`order`]: the market row (ACTIVE / SUSPENDED) and its orders; placement
+//!   reads the market row LOCK IN SHARE MODE, so it serialises with suspend.
+//! - [`suspension`]: suspend (one short transaction that freezes the cancel set), resume (only
+//!   once the cancellation is complete), ops' retry of FAILED tasks.
+//! - [`materialise`]: the batch's tasks created after the commit, a chunk per transaction,
+//!   resumable ([`materialise::Materialiser`]).
+//! - [`task`] and [`cancel`]: the task rows ([`task::TASKS`] for the retry kit) and the cancel
+//!   transition cancel-orders runs.
+//! - [`progress`]: the seed's GROUP BY and completion; [`audit`]: W4's invariants.
 
 pub mod audit;
 pub mod cancel;

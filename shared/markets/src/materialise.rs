@@ -1,23 +1,17 @@
 //! A batch's tasks, created after the suspension committed: set-based (`INSERT … SELECT`), a
-//! chunk per transaction, resumable.
+//! chunk per transaction, resumable. Why after: even one `INSERT … SELECT` grows with the number
+//! of open orders (about 0.5 s for 100k here), and the suspend request must not, so it only
+//! freezes the target set on the batch row (market, `max_target_id`).
 //!
-//! The suspend transaction freezes the target set on the batch row (market, `max_target_id`)
-//! instead of enqueueing it: even one `INSERT … SELECT` grows with the number of open orders
-//! (about 0.5 s for 100k here), and a request must not. Each chunk is one short transaction
-//! that
-//!
-//! 1. holds the batch row (`FOR UPDATE`, or the suspend transaction that inserted it), so two
-//!    materialisers never write the same chunk;
-//! 2. inserts the tasks of the next open orders after the cursor, in id order, at most
-//!    [`Plan::chunk`] of them (`index_orders_open_by_market` serves it);
-//! 3. moves the cursor and adds to `created_count`; the chunk that finds fewer than a full
-//!    chunk is the last one, and stamps `materialised_at` (the count is final from then on);
-//! 4. writes the chunk's `market.cancel_tasks.created` messages to the outbox, at most
-//!    [`Plan::tasks_per_message`] task ids each.
+//! Each chunk is one short transaction that holds the batch row (`FOR UPDATE`: two materialisers
+//! never write the same chunk), inserts the tasks of the next open orders after the cursor (at
+//! most [`Plan::chunk`], in id order), moves the cursor and `created_count`, and writes the
+//! chunk's `market.cancel_tasks.created` messages ([`Plan::tasks_per_message`] ids each). The
+//! chunk that finds less than a full one stamps `materialised_at`: the count is final from then.
 //!
 //! A process that dies between chunks leaves the cursor where the last commit put it; the
-//! [`Materialiser`] job (cancel-orders' sweeper job) picks the batch up again. The unique
-//! (batch, target) key stands behind the row lock: a task is never created twice.
+//! [`Materialiser`] job picks the batch up again, and the unique (batch, target) key stands
+//! behind the row lock: a task is never created twice.
 
 use std::time::Duration;
 
@@ -37,9 +31,9 @@ pub const DEFAULT_CHUNK: u32 = 1_000;
 /// than this is materialised before the answer; a larger one continues in the materialiser.
 pub const DEFAULT_IN_REQUEST: u32 = 100;
 
-/// Task ids per message by default. `paybus-lab bench suspend` measured small groups against one
-/// task per message: a group shares one cancel transaction (one commit for all its tasks) and
-/// one delivery, and ran several times faster end to end (README, W4).
+/// Task ids per message by default. Against one task per message (`paybus-lab bench suspend`),
+/// a group shares one cancel transaction (one commit for all its tasks) and one delivery, and
+/// runs several times faster end to end.
 pub const DEFAULT_TASKS_PER_MESSAGE: usize = 16;
 
 /// How a batch is cut into transactions and messages.

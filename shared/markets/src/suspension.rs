@@ -6,15 +6,13 @@
 //!   ├─ 0 rows → already SUSPENDED: 200 with the existing batch, nothing created
 //!   └─ 1 row  → INSERT task_batches (market, max_target_id = highest order id now)
 //!               → first tasks + messages (bounded: `Plan::in_request`) → COMMIT → 202
-//! materialiser (after the commit, a chunk per transaction, resumable) → the rest of the tasks
-//! cancel-orders → one conditional cancel per task → DONE / SKIPPED / FAILED
 //! resume → only when complete: no PENDING task, no open order left
 //! ```
 //!
-//! Block first, then enqueue what exists (seed 004): the conditional UPDATE takes the market
-//! row exclusively, so it waits for the placements in flight (which hold it shared) and every
-//! placement after it sees SUSPENDED. The frozen set — every order of the market still open
-//! with id ≤ `max_target_id` — can only shrink (fills, cancels); nothing joins it.
+//! Block first, then enqueue what exists: the conditional UPDATE takes the market row
+//! exclusively, so it waits for the placements in flight (which hold it shared) and every later
+//! placement sees SUSPENDED. The frozen set (the market's open orders with id ≤ `max_target_id`)
+//! can only shrink; nothing joins it.
 
 use chrono::{DateTime, Utc};
 use paybus_platform::actor::Actor;

@@ -1,6 +1,5 @@
-//! Outcome accounting (seed 000 §3.3 and §4 ③): after an attempt, in a transaction of its own,
-//! re-read the order and judge the attempt by where the order *is*, not by whether the attempt
-//! threw (principle 4).
+//! Outcome accounting (seed 000 §3.3 and §4 ③, principle 4): after an attempt, its own
+//! transaction re-reads the order and judges the attempt by where the order *is*:
 //!
 //! | the order, re-read | accounting |
 //! | --- | --- |
@@ -11,11 +10,9 @@
 //! | past `expires_at` | EXPIRED (a retry could not finish in time) |
 //! | PENDING, or MATCHING under another claim | the claim was taken over (reaped): nothing is written |
 //!
-//! A separate transaction because an attempt that failed with an error rolled its own work
-//! back: counting inside it would roll the count back too (seed 000 §4). The seed's legacy
-//! path is why the result is re-read: it "returns normally" with the order still MATCHING, and
-//! a counter fed by exceptions alone never sees it (§3.2). Reservations still held by the
-//! attempt (it died between trade and settle) are released here, so none outlives it.
+//! Re-read, because the seed's legacy path "returns normally" with the order still MATCHING,
+//! unseen by a counter fed by exceptions (§3.2); apart, as a failed attempt's rollback would
+//! undo a count made inside it (§4).
 
 use std::time::Duration;
 
@@ -132,7 +129,8 @@ impl DeadLetters {
     }
 }
 
-/// The accounting transaction of one attempt.
+/// The accounting transaction of one attempt. Reservations the attempt still held (it died
+/// between trade and settle) are released here, so none outlives it.
 #[tracing::instrument(skip_all, fields(deposit_order_id = claim.id))]
 pub async fn account(
     outbox: &Outbox,

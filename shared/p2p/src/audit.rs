@@ -1,5 +1,4 @@
-//! W1's invariants (docs/workflows/p2p.md, seed 000), in plain SQL, one statement per check; run by
-//! `paybus audit` with every workflow's own.
+//! W1's invariants (docs/workflows/p2p.md, seed 000), in plain SQL, one statement per check.
 //!
 //! | check | invariant |
 //! | --- | --- |
@@ -9,16 +8,11 @@
 //! | `p2p_settlement_legs` | every CONFIRMED match has exactly its legs (buyer CREDIT, seller DEBIT, buyer FEE when it carries a fee); no `P2P_SETTLEMENT` entry without a CONFIRMED match |
 //! | `p2p_trades_in_doubt` | no TRADING fill (createTrade's outcome unknown) on a closed order; no IN_DOUBT order without its dead letter (after 5 minutes for it to be recorded); no TRADING fill sent longer ago than every check could take (`PAYBUS_MATCH_TRADE_CHECKS`' backoff plus the zombie timeout) whose order is not IN_DOUBT: asking about it stalled |
 //!
-//! Each check has a `recent` form for the continuous auditor: the same SQL over the orders,
-//! matches and entries the window touched — changed since its start
-//! (`index_p2p_withdraw_orders_recent`, `index_p2p_deposit_orders_recent`,
-//! `index_p2p_matches_recent`, `index_ledger_entries_recent`), or linked to one that was (a
-//! match's orders, a settlement entry's match). An order is still checked against all of its
-//! matches: the window narrows which orders, not the sums. `p2p_stale_reservations` reads only
-//! the live RESERVED matches (`index_p2p_matches_reserved_age`), a set bounded by the attempts
-//! in flight whatever the table's size, so its recent form is its full one: a reservation
-//! becomes stale by growing old, which no window of recent writes would show. The same holds
-//! for `p2p_trades_in_doubt` (TRADING matches and IN_DOUBT orders are live sets).
+//! The `recent` forms run the same SQL over the orders, matches and entries the window touched
+//! (through their `index_*_recent`) or linked to them; an order is still checked against all of
+//! its matches. `p2p_stale_reservations` and `p2p_trades_in_doubt` read live sets bounded by the
+//! attempts in flight, so their recent form is the full one: a reservation goes stale by ageing,
+//! which no window of writes shows.
 
 use std::fmt;
 

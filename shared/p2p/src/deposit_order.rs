@@ -1,6 +1,5 @@
-//! `p2p_deposit_orders`: buyers' orders, their states and every statement that moves them (the
-//! migration's header comment says who moves a row in and out of each state).
-//!
+//! `p2p_deposit_orders`: buyers' orders, their states and every statement that moves them; the
+//! retry kit works them through [`DEPOSIT_ORDERS`], and [`close`] alone writes a terminal state.
 //! ```text
 //!                    claim (message, due-orders job, or inline at creation)
 //!   PENDING ────────────────────────────────────────────────► MATCHING ──settle──► MATCHED
@@ -8,19 +7,12 @@
 //!     │  └── accounting: not filled / error, below max ─────────┘  │ at max attempts ──────► CANCELLED (MATCH_FAILED) + dead letter
 //!     └───── reaper: claim older than the zombie timeout ──────────┘
 //!   PENDING / MATCHING (dead claim) ── past expires_at ──► EXPIRED
-//!
-//!   MATCHING ── a fill's createTrade outcome unknown ──► PENDING (uncounted; the next attempt
-//!               asks again under the fill's key first)
+//!   MATCHING ── a fill's createTrade outcome unknown ──► PENDING (uncounted: asks again first)
 //!            ── still unknown at PAYBUS_MATCH_TRADE_CHECKS ──► IN_DOUBT + dead letter
 //!   IN_DOUBT ── `paybus p2p recheck` (ops) ──► PENDING
 //! ```
-//!
-//! An order with a TRADING fill is never closed: no expiry, no NO_LIQUIDITY, no MATCH_FAILED
-//! while a trade may exist for it at the quote service (principle 12).
-//!
-//! The retry kit works the table through [`DEPOSIT_ORDERS`] (a status lease: MATCHING with
-//! `claimed_at`; failures counted in `match_attempt_count`). The terminal states and their
-//! `closed_at` / `close_reason` are written by [`close`] and nothing else.
+//! The rule: an order with a TRADING fill is never closed (no expiry, no NO_LIQUIDITY, no
+//! MATCH_FAILED) while a trade may exist for it at the quote service (principle 12).
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
@@ -111,7 +103,8 @@ impl CloseReason {
     }
 }
 
-/// The deposit orders as the retry kit works them.
+/// The deposit orders as the retry kit works them: a status lease (MATCHING with
+/// `claimed_at`), failures counted in `match_attempt_count`.
 pub static DEPOSIT_ORDERS: WorkTable = WorkTable {
     table: "p2p_deposit_orders",
     status: "status",

@@ -1,24 +1,17 @@
-//! W1's domain (docs/workflows/p2p.md, seed 000): P2P deposit orders (buyers) matched against withdraw
-//! orders (sellers' liquidity) with a trade at the quote service (the seeds' TORQ) — with no
-//! row lock held across that call, every attempt judged by where the order ends up, bounded
-//! retries, a reaper for dead attempts and expiry.
+//! W1's domain (docs/workflows/p2p.md, seed 000): P2P deposit orders (buyers) matched against
+//! withdraw orders (sellers' liquidity) with a trade at the quote service, with no row lock held
+//! across that call (the seed's incident: one slow call under `FOR UPDATE` queued every buyer),
+//! every attempt judged by where the order ends up, bounded retries, a reaper and expiry.
 //!
-//! The incident behind it (seed 000 §0): `createAndMatch` held `FOR UPDATE` locks on up to 10
-//! sellers' orders and the partner's lock row while it called TORQ over HTTP; one slow TORQ
-//! call queued every other buyer behind it. And its retry counter only counted exceptions, so
-//! the legacy path that "returns normally, still MATCHING" looped until expiry (§3.2).
-//!
-//! - [`deposit_order`], [`withdraw_order`], [`matches`]: the rows, their states (the
-//!   migrations' header comments say who moves a row in and out of each) and their SQL;
+//! - [`deposit_order`], [`withdraw_order`], [`matches`]: the rows, their states and their SQL;
 //!   [`deposit_order::close`] is the one way an order is closed.
-//! - [`matcher`]: [`Matcher`] — creating an order (inline or queued, by the switch) and the
-//!   attempt: reserve in a short transaction, trade with no lock held ([`quote`]), settle or
-//!   release in another — or, when createTrade's outcome is unknown, keep the fill in doubt
-//!   and ask again under its key; then [`accounting`] in a transaction of its own.
-//! - [`maintenance`]: the due-orders batch claim, the zombie reaper and expiry (match-deposit's
-//!   sweeper jobs).
-//! - [`audit`]: W1's invariants; [`reconcile`]: W1's fills against the quote service's own
-//!   trades; [`config`]: its settings with the seed's defaults.
+//! - [`matcher`]: [`Matcher`], creating an order (inline or queued) and the attempt (reserve,
+//!   trade with no lock held through [`quote`], settle or release, or keep a fill in doubt),
+//!   then [`accounting`] in a transaction of its own.
+//! - [`maintenance`]: match-deposit's sweeper statements (due orders, the reaper, expiry).
+//! - [`audit`] and [`reconcile`]: W1's invariants, and its fills against the quote service's
+//!   trades; [`messages`]: `p2p.deposit_order.created`; [`config`]: the seed's defaults.
+//! - `testing` (feature `test-harness`): fixtures and a quote service stub.
 
 pub mod accounting;
 pub mod audit;

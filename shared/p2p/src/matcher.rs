@@ -1,6 +1,7 @@
-//! The matching attempt — the one used by the create API (async matching off: inline, in the
-//! request), by match-deposit's handler (a message) and by its due-orders job (a batch claim)
-//! — and its outcome accounting.
+//! The matching attempt (inline in the create API, match-deposit's handler and its due-orders
+//! job) and its outcome accounting; docs/workflows/p2p.md has the flow. Every transaction runs
+//! READ COMMITTED: each decision is a locking read or a guarded UPDATE, so no gap lock stalls a
+//! concurrent reserve inserting its matches. createTrade's outcomes: [`crate::quote`].
 //!
 //! ```text
 //!  claim (committed) ─► reserve (short tx) ─► getQuote ─► mark TRADING ─► createTrade ─► settle (short tx)
@@ -12,18 +13,6 @@
 //!                                                                                        ▼
 //!                                          outcome accounting (its own tx): re-read, count, retry or give up
 //! ```
-//!
-//! createTrade has three outcomes (principle 12, [`crate::quote`]): done (settle that trade),
-//! not done (release, count a failed attempt) and **unknown** (a timeout or reset after the
-//! request was written, a 5xx, an answer that does not parse): the fill's matches stay TRADING
-//! with the liquidity held, the attempt is not counted, and the order's next attempt — the
-//! due-orders job's, a message's, or the next after the reaper handed a dead attempt's order
-//! back — sends the same request under the same key before anything else, until the quote
-//! service says done or not done. Past `PAYBUS_MATCH_TRADE_CHECKS` the order is IN_DOUBT with
-//! a dead letter for a human.
-//!
-//! Every transaction here runs READ COMMITTED: each decision is a locking read or a guarded
-//! UPDATE, and no gap lock stalls a concurrent reserve that inserts its matches.
 
 use std::time::Duration;
 
@@ -387,7 +376,7 @@ impl Matcher {
             // expired" before it looks the key up) still holds that trade. The key decides.
             // Whether the earlier outcome was recorded does not matter: a process killed
             // between its send and that record (or an ops recheck, which resets the count)
-            // left a TRADING fill whose count says 0 (found by a full chaos profile run).
+            // leaves a TRADING fill whose count says 0 (the full chaos profile produces one).
             Err(error) if self.trade_effect(&error) == Effect::NotDone && send == Send::Again => {
                 match client.trade_by_key(&fill.trade_key).await {
                     Ok(Some(record)) => {

@@ -1,44 +1,18 @@
-//! The quote service client (the seeds' TORQ `getQuote` / `createTrade`, and the trade lookup
+//! The quote service client (the seeds' TORQ `getQuote` / `createTrade`, and the trade lookups
 //! reconciliation needs): real HTTP with connect and request timeouts, called with **no
-//! transaction open and no row locked** (seed 000 §0: the incident was this call made under
-//! `FOR UPDATE`).
+//! transaction open and no row locked** (seed 000 §0). The HTTP contract TORQ must offer (the
+//! `testing` stub implements it) is in docs/workflows/p2p.md ("The quote service's contract").
 //!
-//! The contract paybus needs from the quote service (the stub in `testing` implements it):
+//! Every failed call says what it leaves behind at the service ([`QuoteError::effect`],
+//! principle 12); a quote and a lookup have no side effect, so theirs is always "not done":
 //!
-//! ```text
-//! POST {base}/v1/quotes   {"currency": "USDT", "amount": "100", "reference": "p2p-deposit-7"}
-//!   200 {"quote_id": "q-1", "rate": "1391.5", "fee": "0.5"}
-//! POST {base}/v1/trades   Idempotency-Key: p2p-deposit-7-fill-1
-//!                         {"quote_id": "q-1", "currency": "USDT", "amount": "100", "reference": "p2p-deposit-7"}
-//!   200 {"trade_id": "t-1", "amount": "100", "rate": "1391.5", "fee": "0.5"}
-//!   409 the key is being processed, or was used for another amount
-//! GET  {base}/v1/trades?idempotency_key=p2p-deposit-7-fill-1
-//! GET  {base}/v1/trades?created_since=<RFC 3339>&created_before=<RFC 3339>[&after=<trade_id>][&limit=500]
-//!   200 {"trades": [{"trade_id", "idempotency_key", "reference", "currency", "amount", "rate",
-//!                    "fee", "created_at"}], "next_after": "<trade_id>" | null}
-//! ```
+//! | failure | createTrade |
+//! | --- | --- |
+//! | connection refused, DNS, TLS, connect timeout (nothing was sent) | **not done** |
+//! | a 4xx other than 408, 409, 425 (a definitive refusal of the request) | **not done** |
+//! | 408, 409 (key in use / reused), 425, any 5xx; a timeout or a reset after the request was written; a 2xx that does not parse, or a trade for another amount | **unknown** |
 //!
-//! Amounts are JSON strings (exact decimals). The idempotency key names the trade, not the
-//! request: one fill of one deposit order has one key and one body (the quote it was sent
-//! with is stored before it is sent), so asking again after a timeout, a crash or a lost
-//! settle gets the trade already made — or, if the first request never arrived, makes it
-//! then — never a second one. A trade's `amount`, `rate` and `fee` in the answer are its own
-//! terms (the quote's are used when an older service leaves them out).
-//!
-//! ## Three outcomes (principle 12)
-//! Every failed call says what it leaves behind at the service ([`QuoteError::effect`]):
-//!
-//! | failure | getQuote, lookups | createTrade |
-//! | --- | --- | --- |
-//! | connection refused, DNS, TLS, connect timeout (nothing was sent) | not done | **not done** |
-//! | a 4xx other than 408, 409, 425 (a definitive refusal of the request) | not done | **not done** |
-//! | 408, 409 (key in use / reused), 425, any 5xx | not done | **unknown** |
-//! | a timeout or a reset after the request was written | not done | **unknown** |
-//! | a 2xx that does not parse, or a trade for another amount | not done | **unknown** |
-//!
-//! A quote and a lookup have no side effect, so any failure of theirs is "not done". An
-//! unknown createTrade keeps the fill's liquidity held (its matches stay TRADING) and is
-//! resolved only by asking again under the same key, never by releasing (`matcher`).
+//! An unknown createTrade is resolved only by asking again under the same key, never released.
 
 use std::time::Duration;
 

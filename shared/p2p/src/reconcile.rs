@@ -1,9 +1,7 @@
-//! Reconciliation with the quote service: the trades it made against the fills paybus
-//! settled, both ways (principle 12: paybus reconciles its settled effects with the
-//! counterparty's record). Run by the continuous auditor over its window (an
-//! [`ExternalCheck`]: at most every [`RECONCILE_EVERY`], its findings reported again by the
-//! passes in between, so the audit status does not flicker), and by `paybus reconcile quotes
-//! [--since]` on demand.
+//! Reconciliation with the quote service: the trades it made against the fills paybus settled,
+//! both ways (principle 12). Run by the continuous auditor as an [`ExternalCheck`] (at most every
+//! [`RECONCILE_EVERY`], its findings repeated by the passes between, so the status does not
+//! flicker) and by `paybus reconcile quotes [--since]`.
 //!
 //! | finding | what it means |
 //! | --- | --- |
@@ -11,13 +9,10 @@
 //! | `p2p_missing_trade` | a fill paybus settled (CONFIRMED) whose trade the quote service does not have |
 //! | `p2p_trade_mismatch` | both have it, but not the same (another trade id, another amount) |
 //!
-//! Fills in doubt (TRADING: createTrade's outcome unknown) are listed apart, with whether the
-//! service has their trade: they are known and being resolved, not violations.
-//!
-//! Why one snapshot suffices: a fill is marked TRADING, committed, *before* its createTrade is
-//! sent, so every trade the service made before the snapshot has its fill TRADING or beyond in
-//! it. Only trades created before the period's end minus [`CLOCK_SKEW`] are judged, so the
-//! service's clock may run a little ahead of the database's.
+//! Fills in doubt are listed apart: known and being resolved, not violations. One snapshot
+//! suffices because a fill is marked TRADING, committed, *before* its createTrade is sent; only
+//! trades older than the period's end minus [`CLOCK_SKEW`] are judged, so the service's clock may
+//! run a little ahead.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},

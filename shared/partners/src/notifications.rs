@@ -1,7 +1,7 @@
 //! Partner notifications owed by a transition (principle 8): written in the transition's own
-//! transaction together with the `partner.notification.created` message, delivered after
-//! commit by the deliver-webhook function. The row's states (the migration's header comment is
-//! the reference):
+//! transaction with the `partner.notification.created` message, delivered after commit by
+//! deliver-webhook. The claim and the settles are the retry kit on [`NOTIFICATIONS`] (an in-place
+//! lease), each a conditional UPDATE in its own short transaction; nothing is open across the POST.
 //!
 //! ```text
 //!            claim: attempts+1, next_attempt_at = now + lease      2xx
@@ -12,11 +12,6 @@
 //!                                                         │  failure at the limit
 //!                                                         └──────────────────────► FAILED
 //! ```
-//!
-//! The claim and the settles are the platform's retry kit on [`NOTIFICATIONS`] (an in-place
-//! lease: a delivery whose process died is due again when its lease runs out, and the due
-//! sweep re-publishes it). Every transition is a conditional UPDATE whose affected rows decide
-//! (principle 1), each in its own short transaction; nothing is held open across the POST.
 
 use std::{collections::BTreeMap, time::Duration};
 

@@ -1,38 +1,18 @@
 //! Four-eyes: an ops action that moves or hides money is requested by one person and runs only
-//! after another has approved it.
+//! after another has approved it ([`FourEyes`] says which, `PAYBUS_FOUR_EYES`). The dead-letter
+//! operations keep their own record; every other guarded action is an [`Approval`] row here.
+//! [`ApprovalStatus`]: AWAITING_APPROVAL → APPROVED → EXECUTED, each step only before expiry.
 //!
-//! [`FourEyes`] says which actions need it (`PAYBUS_FOUR_EYES`; every guarded action unless
-//! told otherwise, `off` in `infra/run.sh`'s local mode). The dead-letter operations keep
-//! their own record (an operation is what is approved: its frozen letters and their hash);
-//! every other guarded action — retrying a FAILED bonus job, re-running a suspension's FAILED
-//! tasks, resuming a market — is an [`Approval`] row here: the action, the thing it acts on,
-//! who asked, who approved, when it expires, when it ran and what it did.
-//!
-//! [`ApprovalStatus`]: AWAITING_APPROVAL → APPROVED → EXECUTED. One not approved before its
-//! expiry can no longer be approved; one approved but not executed before it can no longer be
-//! executed.
-//!
-//! **One open request per action and subject.** An approval awaiting approval or approved, not
-//! executed and not expired, is *the open request* for its (action, subject): it holds the
-//! slot (`pending_slot`), a unique key over (action, subject, slot), so the database decides
-//! what concurrent requests cannot decide by reading first. [`request`] returns the open one —
-//! awaiting approval or already approved, so asking again never makes a second that could run
-//! again — or inserts a new one that takes the slot; an insert that hits the key lost to a
-//! concurrent request and returns the winner, read afresh. The slot is freed when the approval
-//! is executed, or by the next [`request`] that finds its holder expired (expiry is time-based:
-//! no column can follow it). Only the slot's holder can be approved or executed; an approval
-//! without it (a duplicate made before the slot existed) can be neither: ask again.
-//!
-//! **Executed once.** The guarded actions are conditional updates (a job is retried only while
-//! FAILED, a market resumed only while SUSPENDED) in transactions of their own, so an
-//! execution [`claim`]s the approval first: a conditional UPDATE on an APPROVED, unexpired,
-//! unclaimed row, which one caller wins. The winner runs the action, then records it
-//! ([`executed`]: EXECUTED with what the action reported); every other caller waits (at most
-//! [`RESULT_WAIT`]) and answers that recorded result. A claim not recorded within
-//! [`EXECUTION_LEASE`] belongs to a process that died between the action and the record: the
-//! next execution takes it over and runs the action again, which finds it done and changes
-//! nothing. A claimer whose action failed with an error (committed or not, it is conditional)
-//! [`release`]s its claim, so the next execution need not wait for the lease.
+//! Rules (docs/operations.md, "four-eyes beyond dead letters"):
+//! - **One open request per (action, subject)**: the open one holds `pending_slot`, a unique
+//!   key, so the database, not a read, decides between concurrent requests; [`request`] returns
+//!   the open one or inserts the slot's new holder. Only the slot's holder can be approved or
+//!   executed.
+//! - **Executed once**: an execution first [`claim`]s the approval (a conditional UPDATE one
+//!   caller wins), runs the action, then records it ([`executed`]); others wait up to
+//!   [`RESULT_WAIT`] for that record. A claim unrecorded after [`EXECUTION_LEASE`] is taken
+//!   over: the action is a conditional update, so running it again changes nothing. A failed
+//!   action [`release`]s its claim.
 
 use std::{collections::BTreeSet, time::Duration};
 

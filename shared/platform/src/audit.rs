@@ -70,10 +70,9 @@ pub struct Window {
 /// the window narrows it, and runs it with [`Scope::fetch`].
 ///
 /// A `recent` fragment names the index of the time column it reads (`FORCE INDEX`): on young
-/// tables, where a window is a tenth of a table, MariaDB chose whole-table scans or
-/// another index instead (an `IS NOT NULL` on the idem-key index estimated at a fifth of its
-/// rows), and a pass grew with the tables rather than with its span (the soak of
-/// 2026-12-05, docs/benchmarks.md).
+/// tables, where a window is a tenth of a table, MariaDB chooses whole-table scans or
+/// another index otherwise (an `IS NOT NULL` on the idem-key index estimated at a fifth of its
+/// rows), and a pass then grows with the tables rather than with its span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     All,

@@ -1,25 +1,18 @@
 //! The continuous auditor: a sweeper job that runs every workflow's invariants (the catalog's
 //! checks) over recent rows, every minute by default.
 //!
-//! A pass opens one read-only transaction (one snapshot for every check), runs each check's
-//! `recent` form (the full form for a check without one) over the rows written since the
-//! previous pass began, less an overlap (default 2 min: a transaction that committed after that
-//! pass's snapshot is read by this one), at most `window` back (default 15 min: the first pass,
-//! and the first after an outage), and then:
-//! - logs each violation as one ERROR line (`check`, `description`: what a CloudWatch metric
-//!   filter or an alarm on ERROR lines catches),
-//! - counts it in the metrics (`paybus_audit_violations_total{check}`, and the last pass's
-//!   figures as gauges),
-//! - upserts it into `audit_findings` (first / last seen, times seen, the pass that saw it
-//!   last) and records the pass in `audit_passes`: what `GET /v1/admin/audit/status` shows.
+//! A pass opens one read-only transaction (one snapshot for every check) and runs each check's
+//! `recent` form over the rows written since the previous pass began, less an overlap (default
+//! 2 min, so a transaction that committed after that pass's snapshot is read by this one), at
+//! most `window` back (default 15 min). Each violation is an ERROR line, a metric
+//! (`paybus_audit_violations_total{check}`) and an `audit_findings` row; each pass is an
+//! `audit_passes` row (`GET /v1/admin/audit/status`), pruned after `retention`.
 //!
-//! Why not the whole window every pass (as until 2026-12-05): each row was then read
-//! window ÷ interval = 15 times, and the passes grew to 16 s a minute on a 2-core machine at
-//! ~105 items/s — the soak's p99 drifted with them (docs/benchmarks.md, 2026-12-05).
-//!
-//! Passes older than `retention` are deleted by the next pass. Rows older than the window
-//! are not re-read every minute: `paybus audit` (and `GET /v1/admin/audit`) runs the full
-//! checks on demand, e.g. nightly.
+//! Why the span since the last pass and not the whole window every pass: the window would read
+//! each row window ÷ interval = 15 times; such passes take up to 16 s a minute on a 2-core
+//! machine at ~105 items/s, and the soak's p99 drifts with them. Rows older than the window are
+//! for `paybus audit`, the full checks on demand (nightly). docs/operations.md ("The continuous
+//! auditor") has the rest.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 

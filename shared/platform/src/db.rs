@@ -42,11 +42,11 @@ pub fn connect_options(settings: &DatabaseSettings) -> Result<MySqlConnectOption
 ///
 /// Why not every time (sqlx's default): the pool already pings each connection when it is
 /// released (sqlx's check on return, which closes a broken one), so one handed out moments
-/// later was just proven alive; the second ping was a round trip per acquire for nothing. A
-/// W3 grant end to end acquires about 1.5 connections, each ping a wake-up of a server thread
-/// and of a client worker (docs/benchmarks.md, 2026-12-04). A connection that sat idle longer
-/// — across a database restart, a network drop, the server's `wait_timeout` — is still
-/// checked, and replaced when dead, before anyone gets it.
+/// later was just proven alive, and a second ping would be a round trip per acquire for
+/// nothing. A W3 grant end to end acquires about 1.5 connections, each ping a wake-up of a
+/// server thread and of a client worker. A connection that sat idle longer (across a
+/// database restart, a network drop, the server's `wait_timeout`) is still checked, and
+/// replaced when dead, before anyone gets it.
 pub const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// Opens the pool and proves it works with one round trip, so a wrong URL fails at start-up

@@ -1,23 +1,18 @@
 //! What a function is to the platform, and the entry point of every function binary.
 //!
-//! A function crate declares itself once by implementing [`Function`] on its handler: its
-//! name and message type (the [`Handler`]), how it is built from the [`Services`] (reading its
-//! own settings: a bad one is a [`ConfigError`] naming the variable) and the sweeper jobs it
-//! owns. The catalog (`functions/catalog`) lists every function as a [`FunctionEntry`], and
-//! derives from that one list the queues, what `paybus run` starts, the sweeper's jobs and the
-//! RabbitMQ definitions. A function's `main.rs` is one line: [`main::<ItsHandler>()`](main).
+//! A function crate declares itself once by implementing [`Function`] on its handler: its name
+//! and message type (the [`Handler`]), how it is built from the [`Services`] (reading its own
+//! settings: a bad one is a [`ConfigError`] naming the variable) and the sweeper jobs it owns.
+//! The catalog lists every function as a [`FunctionEntry`] and derives everything else from
+//! that list (docs/architecture.md, "Adding a function"). A function's `main.rs` is one line:
+//! [`main::<ItsHandler>()`](main); the platform's own deployables are [`sweeper_main`] and
+//! [`dead_letters_main`].
 //!
-//! The same binary runs as a local consumer, or, when `AWS_LAMBDA_RUNTIME_API` is set
-//! (Lambda sets it), under `lambda_runtime` on Amazon MQ events. So do the platform's own
-//! deployables: the sweeper ([`sweeper_main`]) and the dead-letter recorder
-//! ([`dead_letters_main`]).
-//!
-//! Start-up fetches the `_FROM` references first (see [`secrets`]), reads the settings and
-//! connects to the database before the first event: a wrong setting or an unreachable
-//! database is an init error Lambda reports. The broker connection, most of a cold start, is
-//! opened in the background in a Lambda (the first invocation awaits it before any message is
-//! handled, see [`Services::start`]) and before anything else in a local process, which waits
-//! for a database or broker not up yet ([`Services::connect_waiting`]).
+//! The same binary runs as a local consumer or, when `AWS_LAMBDA_RUNTIME_API` is set, under
+//! `lambda_runtime`. Start-up reads the `_FROM` references ([`secrets`]) and the settings and
+//! connects to the database before the first event, so a wrong setting is an init error Lambda
+//! reports; the broker connection, most of a cold start, opens in the background in a Lambda
+//! ([`Services::start`]).
 
 use std::{process::ExitCode, sync::Arc};
 

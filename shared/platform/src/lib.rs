@@ -1,7 +1,16 @@
-//! The paybus platform: typed configuration, the database pool and migrations, the bus
-//! runtime (envelope, outbox, consumers, dead letters, Lambda adapter, sweeper), the
-//! row-backed retry kit, the audit framework, the ops log and telemetry. It names no workflow table:
-//! workflows live in their domain crates (`shared/<domain>`) and functions (`functions/<name>`).
+//! The paybus platform: what every function, the API and the command line stand on, naming no
+//! workflow table (workflows live in `shared/<domain>` and `functions/<name>`).
+//!
+//! - configuration: [`config`] ([`Settings`], `Vars`, [`Secret`]), [`setting`], [`secrets`]
+//!   (`_FROM` references to AWS), [`sealed`] (secrets sealed at rest);
+//! - the database: [`db`] (pool, migrations), [`column`] (`column_enum!`), [`transition`];
+//! - the bus: [`bus`] (envelope, topology, outbox and relay, consumers, `Handler` and `Outcome`,
+//!   dead letters, the Lambda adapter, the sweeper, the runner), [`broker`];
+//! - functions: [`function`] (`Function`, `FunctionEntry`, each binary's `main`);
+//! - the retry kit: [`retry`] (`WorkTable`, `RetryPolicy`, `Clock`, `DueSweep`);
+//! - ops: [`audit`] and [`auditor`], [`ops_log`], [`approvals`], [`triage`], [`actor`],
+//!   [`signature`], [`redact`]; [`telemetry`] (logs, metrics, traces);
+//! - `testing` (feature `test-harness`): `TestEnv`, a database and a vhost per test.
 
 // `column_enum!` names this crate by its path, as every crate using it does.
 extern crate self as paybus_platform;

@@ -1,24 +1,17 @@
-//! The ops log: every ops action (a function paused, a bonus job retried, a market suspended,
-//! ...) in one append-only table, `ops_log`, whose rows are chained by hash, so a row changed or
-//! deleted by hand is found by `paybus audit` (check `ops_log_chain`).
+//! The ops log: every ops action in one append-only table, `ops_log`, whose rows are chained by
+//! hash, so a row changed or deleted by hand is found by `paybus audit` (check `ops_log_chain`).
 //!
-//! - [`append`] writes one row **in the acting transaction**: the action and its row commit
-//!   together or not at all. It locks the one-row head (`ops_log_head`) first, so appends are
-//!   serialised and `seq` runs 1, 2, 3, ... without gaps.
-//! - Each row carries `prev_hash` (the previous row's `row_hash`; [`GENESIS`] for row 1) and
-//!   `row_hash`: SHA-256 over an unambiguous encoding of its seq, created_at (microseconds),
-//!   actor, action, subject, detail (the stored JSON text), prev_hash and who the actor is
-//!   (issuer, subject, how they authenticated: [`Actor`]) ([`row_hash`]). Rows written before
-//!   identities were recorded have none and keep their first form of hash.
-//! - [`verify`] walks the chain in seq order, [`BATCH`] rows a read, and reports the first
-//!   broken link: a row whose content no longer matches its hash, a missing seq, a row that does
-//!   not link to the one before it, or a head that disagrees with where the log ends.
-//!   [`verify_recent`] is the same walk from the first row of an audit window (the continuous
-//!   auditor's pass), plus the head; `paybus audit` runs the full one.
+//! - [`append`] writes one row **in the acting transaction** (the action and its row commit
+//!   together or not at all), after locking the one-row head (`ops_log_head`): appends are
+//!   serialised and `seq` has no gaps.
+//! - Each row carries the previous row's hash and its own ([`row_hash`]: SHA-256 over an
+//!   unambiguous encoding of its fields and the [`Actor`]'s identity).
+//! - [`verify`] walks the chain, [`BATCH`] rows a read, and reports the first broken link;
+//!   [`verify_recent`] walks from an audit window's first row (the continuous auditor).
 //!
 //! What the chain cannot prove: whoever can write the tables can rewrite every row from the
-//! first changed one on, hashes included, and the head with them; the result verifies. Only a
-//! copy of the head kept elsewhere (shipped off the database) would show that.
+//! first changed one on, hashes and head included, and the result verifies (docs/operations.md,
+//! "The ops log").
 
 use std::fmt;
 

@@ -10,8 +10,8 @@
 //!   settle (done / retry at / failed), batch claim of due rows, reaper of expired leases.
 //! - [`DueSweep`] — the sweeper job that re-publishes due rows through the outbox.
 //!
-//! deliver-webhook was its first user (partner notifications); W1's matching, W3's bonus jobs
-//! and W4's cancel tasks describe their tables the same way.
+//! Its users: deliver-webhook's partner notifications, W1's matching, W3's bonus jobs and W4's
+//! cancel tasks.
 
 mod backoff;
 pub mod clock;

@@ -1,23 +1,17 @@
 //! Secrets sealed at rest: AES-256-GCM under a key the database never sees, so a dump, a
 //! replica or a backup of the tables holds no usable secret (partner webhook secrets first).
 //!
-//! A [`Sealer`] holds the *current* key, which seals, and any number of older keys, which
-//! only open: rotating the key is "make the new one current, keep the old one as old until
-//! `paybus secrets rotate-key` has re-sealed every row, then drop it". Each key is named by
-//! its id, the first 8 hex digits of the SHA-256 of the key, stored beside every ciphertext:
-//! opening picks the key by id, so rows under several keys live side by side during a
-//! rotation.
+//! A [`Sealer`] holds the *current* key, which seals, and any number of older keys, which only
+//! open: rotating is "make the new one current, keep the former as old until
+//! `paybus secrets rotate-key` has re-sealed every row, then drop it". Each ciphertext is stored
+//! beside its key's id (the first 8 hex digits of the key's SHA-256), so rows under several keys
+//! live side by side during a rotation.
 //!
-//! Every seal binds *additional authenticated data* (the AAD), the row the ciphertext belongs
-//! to (e.g. `partner_webhook_secrets:42`): a ciphertext copied into another partner's row does
-//! not open there. A nonce is 96 random bits per seal (the operating system's generator);
-//! with random nonces one key is good for far more than 2^32 seals before collisions matter,
-//! orders of magnitude above the number of webhook secrets paybus will ever write.
-//!
-//! Settings: `PAYBUS_SECRETS_KEY` (the current key) and `PAYBUS_SECRETS_OLD_KEYS` (older keys,
-//! comma-separated), each 32 bytes written as 64 hex digits or as standard base64 (44
-//! characters with its `=`). `PAYBUS_SECRETS_KEY_FROM` reads it from AWS like every setting
-//! (`crate::secrets`).
+//! Every seal binds the row it belongs to as additional authenticated data (e.g.
+//! `partner_webhook_secrets:42`): a ciphertext copied into another row does not open there.
+//! Nonces are 96 random bits per seal, good for far more than 2^32 seals per key, orders of
+//! magnitude above the webhook secrets paybus will ever write. The keys are
+//! `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` (docs/configuration.md).
 
 use std::fmt;
 

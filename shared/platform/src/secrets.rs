@@ -1,19 +1,13 @@
 //! Settings read from AWS Secrets Manager or SSM Parameter Store at start-up.
 //!
-//! A Lambda's environment variables are readable by anyone allowed to see the function's
-//! configuration (the console, `GetFunctionConfiguration`), so in AWS no secret is put there:
-//! the template sets `<VARIABLE>_FROM` to a reference instead, e.g.
-//! `PAYBUS_DATABASE_URL_FROM=arn:aws:secretsmanager:eu-central-1:123456789012:secret:paybus-db-AbCdEf`,
-//! and the process fetches the value once, before it reads its settings, through the AWS
-//! Parameters and Secrets Lambda Extension (a layer serving secrets and parameters on
-//! `localhost:2773`, cached, authorised by the function's own role via its session token).
-//! Every [`Vars::from_env`](crate::config::Vars::from_env) reader then sees the value as if it
-//! were in the environment; it is never written back into it or logged.
-//!
-//! A reference is a Secrets Manager secret (ARN or name; its string value), an SSM parameter
-//! (`arn:…:ssm:…` or a `/path`, decrypted), and may end in `#key` to take one key of a
-//! secret whose value is a JSON object. Setting both `X` and `X_FROM` is refused: which one
-//! wins would be a guess.
+//! A Lambda's environment is readable by anyone allowed to see the function's configuration, so
+//! in AWS no secret is put there: `<VARIABLE>_FROM` holds a reference (a Secrets Manager secret's
+//! ARN or name, an SSM parameter; `#key` takes one key of a JSON secret), and the process
+//! fetches the value once, before it reads its settings, through the AWS Parameters and Secrets
+//! Lambda Extension. Every [`Vars::from_env`](crate::config::Vars::from_env) reader then sees
+//! it as if it were in the environment; it is never written back or logged. Setting both `X`
+//! and `X_FROM` is refused: which one wins would be a guess. The forms:
+//! docs/configuration.md ("Secrets from AWS").
 
 use std::{collections::HashMap, sync::OnceLock, time::Duration};
 

@@ -1,22 +1,16 @@
 //! Acknowledging a channel's deliveries in runs: one `basic.ack multiple` for every delivery
 //! settled up to a tag, instead of one `basic.ack` each.
 //!
-//! Why: a quorum queue turns every ack frame into a Raft command (a settle) written to its
-//! log. In the W2 benchmark (docs/benchmarks.md), where the broker and the database share two cores, acking
-//! in runs cut the broker's CPU per message from a median of 207 µs to 145 µs, and the
-//! client's from 160 µs to 105 µs (five runs each way).
+//! Why: a quorum queue turns every ack frame into a Raft command written to its log. In the W2
+//! benchmark, with the broker and the database sharing two cores, acking in runs takes the
+//! broker's CPU per message from a median of 207 µs to 145 µs, and the client's from 160 µs to
+//! 105 µs (docs/benchmarks.md).
 //!
-//! The invariant: `multiple` acks every unacked delivery up to its tag, so it is sent only
-//! for a tag below which nothing is still being processed or waiting for its requeue. Batches
-//! finish out of order; a run is acked when its lowest delivery is settled. A delivery waiting
-//! out a requeue pause would hold back the ones after it for the length of the pause, so while
-//! one waits, the others are acked one by one as before.
-//!
-//! Held-back deliveries keep their prefetch slots. A slow delivery at the front (a webhook to
-//! a partner that never answers, up to its timeout) once held the deferred deliveries behind it
-//! until the whole prefetch was taken, and another partner's webhooks waited seconds
-//! (deliver-webhook's two-hundred-hanging-deliveries test). So once a quarter of the channel's
-//! prefetch is held back, the held ones are acked one by one.
+//! The invariant: `multiple` is sent only for a tag below which nothing is still being
+//! processed or waiting out a requeue pause. While a delivery waits out its pause, and once a
+//! quarter of the channel's prefetch is held back behind a slow one (a webhook to a partner
+//! that never answers), the others are acked one by one: held-back deliveries keep their
+//! prefetch slots, and a full window would make another partner's webhooks wait seconds.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

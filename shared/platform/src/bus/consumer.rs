@@ -273,7 +273,7 @@ const SETTLE_REPORT_EVERY: Duration = Duration::from_secs(10);
 /// Waits for `in_flight` (closed by the caller) to finish, with a warning every
 /// [`SETTLE_REPORT_EVERY`] naming how many deliveries of `function` are still being handled.
 /// A stop or a pause waits on a handler stuck in a call (a database whose connection went
-/// silent has no timeout of its own) and, before, said nothing while it did. Handlers are not
+/// silent has no timeout of its own), and the warnings say what it waits for. Handlers are not
 /// cut off: each call's own timeout ends them, and a process supervisor's kill is safe anyway
 /// (an uncommitted transaction rolls back, an unacked delivery comes again).
 async fn settle_in_flight(in_flight: &TaskTracker, function: &str) {
@@ -312,20 +312,20 @@ async fn wait_reporting(
 }
 
 /// How many batches a consumer processes at once. A handler that takes one message at a time
-/// gets one slot per prefetched delivery, as before batches existed. A batching handler gets
-/// `prefetch / max_batch` slots: when they are all busy the broker's deliveries wait in the
-/// buffer, so the next batch is a full one. Without the bound every delivery started its own
-/// transaction the moment it arrived, batches stayed at one or two messages, and 64 small
-/// transactions fought over two cores (the W2 benchmark's broker phase ran at 0.6x direct, docs/benchmarks.md).
+/// gets one slot per prefetched delivery. A batching handler gets `prefetch / max_batch`
+/// slots: when they are all busy the broker's deliveries wait in the buffer, so the next batch
+/// is a full one. Without the bound every delivery would start its own transaction the moment
+/// it arrived, batches would stay at one or two messages, and 64 small transactions would
+/// fight over two cores (the W2 benchmark's broker phase runs at 0.6x direct that way).
 fn batches_in_flight(prefetch: u16, max_batch: usize) -> usize {
     usize::from(prefetch.max(1)).div_ceil(max_batch).max(1)
 }
 
 /// What the broker may hand a consumer ahead of its acks. A batching handler is allowed twice
 /// its `prefetch`: a round of full batches in flight and the next round already delivered.
-/// With exactly `prefetch`, a finished batch's acks were what let the broker send more, so
-/// the slot it freed started on the first one or two messages to arrive (the W2 benchmark's
-/// broker phase formed batches of about 11 of 16 and ran at 0.6x direct).
+/// With exactly `prefetch`, a finished batch's acks would be what lets the broker send more,
+/// so the slot it freed would start on the first one or two messages to arrive (the W2
+/// benchmark's broker phase then forms batches of about 11 of 16 and runs at 0.6x direct).
 fn channel_prefetch(prefetch: u16, max_batch: usize) -> u16 {
     if max_batch > 1 {
         prefetch.saturating_mul(2)
@@ -341,9 +341,10 @@ fn channel_prefetch(prefetch: u16, max_batch: usize) -> u16 {
 /// envelope's shard key): the run is held back, with the delivery that continues it, to
 /// start the next batch. Why: two batches in flight that hold one withdrawal each lock it,
 /// and the later one waits for the earlier one's commit. With every confirmation sent twice
-/// (the W2 benchmark, docs/benchmarks.md), nearly every batch waited for the one before it:
-/// 0.8 row-lock waits per transaction through the broker, none direct, where the batches
-/// never split a pair. A delivery taken to look at it and not used is held, never lost.
+/// (the W2 benchmark), batches that split a pair wait for the one before nearly every time:
+/// 0.8 row-lock waits per transaction through the broker, against none direct, where the
+/// batches never split a pair. A delivery taken to look at it and not used is held, never
+/// lost.
 fn take_batch<D>(
     mut next: impl FnMut() -> Option<D>,
     held: &mut VecDeque<D>,

@@ -1,37 +1,17 @@
 //! The Lambda transport: the same [`Handler`] on Amazon MQ for RabbitMQ events.
 //!
-//! Amazon MQ hands a Lambda a batch of messages (bodies base64) and has no partial-batch
-//! response: if the function returns an error, the *whole* batch is delivered again. So every
-//! message's outcome is settled here, message by message, exactly as the local consumer does
-//! (commit, or a confirmed dead letter), and the invocation fails only for infrastructure
-//! faults (database or broker unreachable), after the rest of the batch has been processed.
-//! Re-running the messages already done is harmless: handlers are idempotent, and attempts
-//! live in the database rows, not in the broker.
+//! Amazon MQ has no partial-batch response: an error redelivers the *whole* batch. So each
+//! message's outcome is settled here, one by one, as the local consumer does (commit, or a
+//! confirmed dead letter), and the invocation fails only for infrastructure faults, after the
+//! rest of the batch is processed; redoing the done ones is harmless (idempotent handlers,
+//! attempts in the rows). Messages run concurrently, at most `PAYBUS_LAMBDA_CONCURRENCY`, and a
+//! `MAX_BATCH > 1` handler gets them in `handle_batch` chunks as locally.
 //!
-//! The event source mapping runs one execution environment per queue, so a batch is the
-//! function's whole throughput: its messages are processed concurrently, at most
-//! `PAYBUS_LAMBDA_CONCURRENCY` at once (the Lambda's prefetch). A handler with
-//! `MAX_BATCH > 1` gets them in chunks of up to `MAX_BATCH`, one `handle_batch` call each,
-//! exactly as the local consumer hands it what the broker delivered together: a Lambda batch
-//! costs no more statements per message than the local consumer.
-//!
-//! Topology is not declared here (round trips on every cold start): the deployment declares
-//! it (the `migrate` function, `paybus topology`, or `infra/rabbitmq/definitions.json`). Dead
-//! letters need `paybus.dlx` bound to the function's `.dlq`; without it they are not
-//! confirmed and the batch fails.
-//!
-//! An event is refused whole, before any message is looked at, when a queue it comes from is
-//! not one this Lambda reads (the key `queueName::vhost` of `rmqMessagesByQueue`): a trigger
-//! wired to the wrong queue would otherwise have its messages of the right type processed by
-//! the wrong function, or acknowledged unseen. The invocation fails with
-//! `paybus.WrongQueue` (the mapping keeps the messages and the Errors alarm fires) and each
-//! refused message counts as `refused` in the function's metrics.
-//!
-//! A dead letter published here and the batch then failing for another message means the
-//! retried batch dead-letters that message again; its dead-letter id derives from the function,
-//! the message id and the reason, so `dead_letters` keeps one letter for it, counted twice
-//! (over-counted, never lost). The dead-letter
-//! queues themselves are drained by their own Lambda ([`record_dead_letters`]).
+//! Rules: the topology is not declared here (the deployment does it; a cold start would pay
+//! its round trips), and an event from a queue this Lambda does not read is refused whole with
+//! `paybus.WrongQueue` before any message is looked at. A dead letter re-sent by a retried
+//! batch keeps its id (function, message id, reason): counted twice, never lost. docs/aws.md
+//! has the rest; the dead-letter queues drain through [`record_dead_letters`].
 
 use std::{collections::BTreeMap, future::Future, time::Duration};
 

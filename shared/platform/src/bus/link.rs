@@ -1,28 +1,16 @@
-//! The broker connection, kept alive.
+//! The broker connection, kept alive: a watchdog checks it every second, opens a fresh one when
+//! it is down (backing off, trying a cluster's nodes in turn from the one after the node that
+//! dropped), declares the topology it knows again, and bumps a generation number that consumers
+//! follow; the publisher always takes the live channel.
 //!
-//! A watchdog checks the connection every second; when it is down it opens a fresh one
-//! (backing off while the broker is away), declares the topology it knows again, and bumps a
-//! generation number that consumers follow (the publisher always takes the live channel).
+//! It also follows the broker's `connection.blocked` / `connection.unblocked` notices (a memory
+//! or disk alarm): while blocked, [`BrokerLink::blocked`] makes publishes fail at once instead
+//! of buffering in lapin. RabbitMQ tells a connection only once it publishes during the alarm.
 //!
-//! With several broker nodes (`PAYBUS_AMQP_URL` lists a cluster), the first connection goes to
-//! the first node that takes it, and every replacement tries the nodes in turn starting after
-//! the one whose connection dropped: when a node dies, its consumers and the publisher move to a
-//! live one within a second or two, and the quorum queues (replicated on every node) carry on
-//! there.
-//!
-//! A resource alarm (memory or disk) on the broker blocks every connection that publishes:
-//! RabbitMQ then reads nothing more from it, and lapin writes nothing more to it (not a publish,
-//! not an ack, not a channel open) until the alarm clears. The link listens for the broker's
-//! `connection.blocked` / `connection.unblocked` notices on the live connection, logs them, keeps
-//! the reason ([`BrokerLink::blocked`]: publishes fail at once, the overview says it) and counts
-//! it in `paybus_broker_blocked`. RabbitMQ tells a connection only once it publishes during the
-//! alarm (a fresh connection, and one idle since before the alarm, heard nothing here in 3 s):
-//! a process that publishes nothing shows no block, and suffers none.
-//!
-//! Why not lapin's auto-recovery: in our broker-restart tests (RabbitMQ 3.10, lapin 4.12.3)
-//! it sometimes gave up after a clean broker restart, leaving the process connected to
-//! nothing, and sometimes completed after a replacement, leaving a recovered consumer with
-//! prefetched deliveries that nobody read. One recovery mechanism, tested, is ours.
+//! Why not lapin's auto-recovery: in broker-restart tests (RabbitMQ 3.10, lapin 4.12.3) it
+//! sometimes gave up, leaving the process connected to nothing, and sometimes completed after a
+//! replacement, leaving a consumer with prefetched deliveries nobody read. docs/bus.md ("Broker
+//! outages and clusters") has the behaviour and the tests that check it.
 
 use std::{
     sync::{
@@ -207,8 +195,8 @@ impl BrokerLink {
     /// Replaces the publishing channel `nacked` with a fresh one on the same connection, unless
     /// it was replaced already. Why: RabbitMQ 3.10's quorum-queue client inside a channel that
     /// first published during a leader election can keep the dead leader and nack every
-    /// publish on that channel for as long as it lives (the cluster failover test saw minutes
-    /// of nacks while a fresh channel on the same node published fine). Publishes still in
+    /// publish on that channel for as long as it lives (in the cluster failover test, minutes
+    /// of nacks while a fresh channel on the same node publishes fine). Publishes still in
     /// flight on the old channel fail; their outbox rows are published again by the relay.
     pub async fn renew_publish_channel(&self, nacked: &Channel) {
         let live = self.current();
@@ -276,8 +264,8 @@ pub struct QueueDepth {
 }
 
 /// How long declaring the whole topology may take: a request at a time, a quorum queue's
-/// declare waiting for its replicas. Unbounded, a node that went silent mid-declare held the
-/// watchdog (and with it every reconnection) or a process's start for good.
+/// declare waiting for its replicas. Unbounded, a node that went silent mid-declare would
+/// hold the watchdog (and with it every reconnection) or a process's start for good.
 const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(120);
 
 async fn declare_on(

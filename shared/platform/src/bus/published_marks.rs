@@ -1,9 +1,9 @@
 //! Marking outbox rows published, many committers' rows in one statement.
 //!
 //! Every transaction that sends a message ends with its rows being marked published after the
-//! broker confirmed them. One autocommit UPDATE per transaction doubled the commits of a
-//! one-message workflow step (the W2 benchmark counted 2 commits per confirmation);
-//! here the rows of everyone who committed meanwhile go in one UPDATE. A committer still waits
+//! broker confirmed them. One autocommit UPDATE per transaction would double the commits of
+//! a one-message workflow step (2 commits per confirmation in the W2 benchmark), so the rows
+//! of everyone who committed meanwhile go in one UPDATE. A committer still waits
 //! until its rows are marked, so a Lambda invocation never returns with its marks pending
 //! (a frozen process would leave them to the relay, which would publish them again).
 
@@ -96,9 +96,9 @@ impl PublishedMarks {
 /// need not learn its rows' auto-increment ids.
 ///
 /// A plain text statement with the ids written in, not a prepared one with a placeholder each:
-/// the list's length changes with every flush, so each length was a statement of its own to
-/// prepare (a round trip more, almost every time: 52 prepares for 53 marks in a W3 benchmark)
-/// that then took a place in the connection's statement cache from the statements it runs
+/// the list's length changes with every flush, so each length would be a statement of its own
+/// to prepare (a round trip more, almost every time: 52 prepares for 53 marks in a W3 bench)
+/// that would then take a place in the connection's statement cache from the statements it runs
 /// every time. The ids are UUIDs as `Uuid` prints them (hex digits and dashes), so writing
 /// them in quotes cannot change the statement.
 pub(crate) async fn mark_published(

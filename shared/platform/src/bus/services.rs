@@ -106,9 +106,9 @@ impl Services {
     /// waited for, each on its own, for up to `settings.startup_wait`, with a warning per try.
     ///
     /// Why: a compose file or an init system that starts paybus beside RabbitMQ and MariaDB
-    /// made it exit before they listened, though the same process rides out a broker that
-    /// goes away later (the link reconnects). A refusal that waiting cannot cure (a password,
-    /// a database, a vhost) still fails at once.
+    /// would otherwise see it exit before they listen, though the same process rides out a
+    /// broker that goes away later (the link reconnects). A refusal that waiting cannot cure
+    /// (a password, a database, a vhost) still fails at once.
     pub async fn connect_waiting(settings: Settings) -> Result<Self, StartupError> {
         Self::connect_waiting_saying(settings, &|_| {}).await
     }

@@ -1,5 +1,6 @@
-//! Exchanges and queues (docs/bus.md), declared idempotently by code and mirrored in
-//! `infra/rabbitmq/definitions.json` (kept equal by a test).
+//! Exchanges and queues, declared idempotently by code and mirrored in
+//! `infra/rabbitmq/definitions.json` (kept equal by a test); the layout and its sharding are in
+//! docs/bus.md ("Topology", "Shards").
 //!
 //! ```text
 //! paybus.events (topic) ──<message type>──► paybus.<function>   (quorum, delivery limit)
@@ -8,36 +9,10 @@
 //! paybus.unrouted (fanout) ───────────────► paybus.unrouted      (quorum) → dead letters
 //! paybus.dlx (direct)   ──<function>──────► paybus.<function>.dlq (quorum)
 //! ```
-//! A function's queue dead-letters to `paybus.dlx` with its own name as routing key, so the
-//! broker's own dead letters (delivery limit reached) and the runtime's (`Failed`, malformed)
-//! land in the same `.dlq`.
-//!
-//! # Shards
-//!
-//! Amazon MQ runs one Lambda execution environment per event source mapping, so a queue's
-//! throughput there is one batch at a time. A function may spread its messages over `N`
-//! queues (`PAYBUS_SHARDS`, see [`Shards`]), each with a trigger of its own in AWS and a
-//! consumer of its own locally:
-//!
-//! ```text
-//! paybus.events ──<message type>──► paybus.<function>.shards (x-consistent-hash on the
-//!                                     x-paybus-shard-key header) ──► paybus.<function>.s0 … sN-1
-//! ```
-//! Every message carries its entity's id in that header (the envelope's `shard_key`,
-//! [`Message::shard_key`](super::Message::shard_key); the message id when it has none), so
-//! every message of one withdrawal, order or job lands on the same shard. The shards share
-//! the function's one dead-letter queue. One shard (the default) is the topology above,
-//! unchanged: no hash exchange, one queue `paybus.<function>`.
-//!
-//! Exactly-once does not depend on it: the handlers' conditional transitions and unique keys
-//! make the second delivery of anything a no-op wherever it is consumed.
-//!
-//! Changing `N` is a migration of the topology. The new queues are declared and bound; the
-//! ones the new layout no longer uses are unbound (nothing new reaches them) but kept, with
-//! whatever they still hold ([`retire`], given the earlier layout: `migrate` gets it from
-//! CloudFormation, `paybus topology --previous-shards` from the operator): drain them into
-//! `paybus.events` again ([`drain`], `paybus topology --drain-retired`) once their consumers
-//! are gone.
+//! A sharded function ([`Shards`]) has `paybus.<function>.s0 … sN-1` behind a consistent-hash
+//! exchange on `x-paybus-shard-key`, so every message of one entity lands on one shard; all
+//! shards share the one `.dlq`. Changing `N` never drops a queue: the old layout's queues are
+//! unbound ([`retire`]) and later drained back into `paybus.events` ([`drain`]).
 
 use lapin::{
     Channel, Connection, ExchangeKind,

@@ -1,21 +1,17 @@
-//! The due sweep: turns rows that are due again into messages, through the outbox. This is
-//! how a retry (acked with `Outcome::Retry`) or an attempt whose process died (its in-place
-//! lease ran out) comes back to its function.
+//! The due sweep: turns rows that are due again into messages, through the outbox. This is how
+//! a retry (acked with `Outcome::Retry`) or an attempt whose process died (its in-place lease
+//! ran out) comes back to its function.
 //!
-//! Each arming is re-published once. A row is *armed* when the kit pushes its
-//! `next_attempt_at` out (a claim's lease, a retry's backoff): that statement also sets the
-//! table's `republished_at` to NULL. Once due, the sweep publishes one message for an armed
-//! row and stamps `republished_at`, in the same transaction as the outbox row. So a backlog of
-//! due messages waiting for busy consumers is not multiplied by every pass, and a fresh row
-//! (inserted with `republished_at` set) is left to the message its transition already sent. A
-//! due row stamped longer than `stale_after` ago (its message was lost, or consumers are down)
-//! is re-published again: nothing is stranded.
+//! Each arming is re-published once: the kit's statement that pushes `next_attempt_at` out (a
+//! lease, a backoff) also sets `republished_at` to NULL, and the sweep publishes one message for
+//! a due, armed row and stamps it, in the outbox row's transaction. So a backlog waiting for busy
+//! consumers is not multiplied by every pass, and a fresh row (inserted stamped) is left to the
+//! message its transition sent. A due row stamped longer than `stale_after` ago is re-published
+//! again: nothing is stranded.
 //!
-//! Re-publishing is always safe: a message for a row in flight, not due, or already settled
-//! is `Skipped` by the claim. Several sweeps may run: rows are picked `FOR UPDATE SKIP LOCKED`.
-//!
-//! A message names one row ([`DueSweep::new`]), or a small group of rows that share a column
-//! (W4's `{batch_id, task_ids}`: [`DueSweep::grouped`]).
+//! Re-publishing is always safe (a message for a row not due is `Skipped` by the claim), and
+//! several sweeps may run (`FOR UPDATE SKIP LOCKED`). A message names one row
+//! ([`DueSweep::new`]) or a few sharing a column ([`DueSweep::grouped`]).
 
 use std::{collections::BTreeMap, time::Duration};
 

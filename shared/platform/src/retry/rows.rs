@@ -1,33 +1,16 @@
-//! Rows as units of work: claim one with a lease, settle it conditionally on that claim (done,
-//! retry at, failed), claim due rows in batches, reap expired leases.
+//! Rows as units of work: a workflow describes its table once as a [`WorkTable`] and gets from
+//! it every statement: claim one with a lease, settle it conditionally on that claim (done,
+//! retry at, failed), claim due rows in batches, reap expired leases. Each is a conditional
+//! UPDATE whose affected rows decide (principle 1), none holds a lock beyond the caller's short
+//! transaction (principle 3), and all read the kit's [`Clock`] (`COALESCE(?, NOW(6))`).
 //!
-//! A workflow describes its table once as a [`WorkTable`] (which columns hold the status,
-//! attempts, next attempt and last error, and how a claim keeps others off) and gets every
-//! statement below from it. Each statement is a conditional UPDATE whose affected rows decide
-//! (principle 1), and none holds a lock beyond the caller's short transaction (principle 3).
+//! A claim holds the row one of two ways ([`Lease`]): **in place** (the row stays due, its
+//! `next_attempt_at` pushed out: a dead attempt's row is simply due again later) or **by
+//! status** (an in-flight status and `claimed_at`, which the reaper returns after a timeout).
 //!
-//! ```text
-//!        claim (due: next_attempt_at NULL or <= now)              settle_done
-//! due ──────────────────────────────────────────► (claimed) ───────────────► done (the workflow's)
-//!  ▲                                                 │  failure below the limit: settle_retry
-//!  └─────────────────────────────────────────────────┤  (next_attempt_at = now + backoff, last_error)
-//!  ▲  reap (Lease::Status only: claimed_at + timeout) │  failure at the limit: settle_failed
-//!  └──── (claimed, its process died) ◄───────────────┘───────────────────────► failed
-//! ```
-//!
-//! Two ways to hold a claim ([`Lease`]):
-//! - **in place** (deliver-webhook): the row keeps its due status and the claim pushes
-//!   `next_attempt_at` out by the lease. A process that dies mid-attempt leaves a row that is
-//!   simply due again when the lease runs out; the due sweep re-publishes it.
-//! - **by status** (W3's PROCESSING, W1's MATCHING): the claim moves the row to an in-flight
-//!   status and stamps `claimed_at`; the reaper returns rows claimed longer ago than a timeout.
-//!
-//! A settle is conditional on the claim it settles (in place: the attempt number; by status:
-//! the `claimed_at` stamp), so an attempt whose lease ran out can never overwrite the outcome
-//! of the attempt that took the row over.
-//!
-//! All times come from the kit's [`Clock`] (`COALESCE(?, NOW(6))`): the database's clock in
-//! production, a manual one in tests.
+//! The rule that makes it safe: a settle is conditional on the claim it settles (the attempt
+//! number, or the `claimed_at` stamp), so an attempt whose lease ran out can never overwrite the
+//! outcome of the attempt that took the row over. docs/bus.md ("The retry kit") has the rest.
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -189,8 +172,9 @@ const NOW: &str = "COALESCE(?, NOW(6))";
 /// Every by-id UPDATE of a work table names its index. InnoDB's secondary indexes carry the
 /// primary key, so for `WHERE id = ? AND status = 'PENDING'` MariaDB 10.11 prefers a range on
 /// `(status, next_attempt_at, id)` over the primary key, and that scan locks other rows'
-/// index entries: W3's bench deadlocked at once (a claim scanning the status index against a
-/// grant settling its own row). MySQL 8 and MariaDB both accept index hints on UPDATE.
+/// index entries: W3's bench deadlocks at once without the hint (a claim scanning the status
+/// index against a grant settling its own row). MySQL 8 and MariaDB both accept index hints
+/// on UPDATE.
 const BY_ID: &str = "FORCE INDEX (PRIMARY)";
 
 impl WorkTable {

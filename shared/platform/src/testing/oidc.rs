@@ -2,22 +2,17 @@
 //! machine's Node, run by `infra/oidc/provider.mjs` with the users, clients, audience and
 //! signing keys of an [`OidcSetup`], on a free loopback port; killed on drop.
 //!
-//! The keys are generated here, so a test can also make the tokens the provider never would:
-//! expired, for another audience or issuer, signed by a key rotated out or never published,
-//! HS256 keyed with the public key, unsigned. People sign in on the provider's own pages:
-//! [`OidcProvider::approve_device_code`] (the CLI's device flow) and
-//! [`OidcProvider::authorize_code`] (the console's authorization code flow) read and submit
-//! them as a person's browser would.
+//! The keys are generated here, so a test can also make the tokens the provider never would
+//! (expired, another audience or issuer, a key rotated out, HS256 keyed with the public key,
+//! unsigned). People sign in on the provider's own pages, read and submitted as a browser would:
+//! [`OidcProvider::approve_device_code`] (device flow), [`OidcProvider::authorize_code`].
 //!
 //! ```ignore
 //! let Some(oidc) = OidcProvider::start(OidcSetup::default()).await else { return }; // skipped
 //! let tokens = oidc.device_login("alice").await;
-//! let expired = oidc.sign(json!({ "exp": 1, ..}));
 //! ```
-//!
-//! Installed by `infra/oidc/install.sh` (infra/test.sh runs it); without Node or the package,
-//! [`OidcProvider::start`] returns `None` after saying why, or fails the test when
-//! `PAYBUS_REQUIRE_OIDC_TESTS` is set.
+//! Without Node or the package (`infra/oidc/install.sh`), [`OidcProvider::start`] returns `None`
+//! after saying why, or fails the test when `PAYBUS_REQUIRE_OIDC_TESTS` is set.
 
 use std::{
     collections::BTreeMap,

@@ -1,22 +1,18 @@
-//! How much of W2's gap through the broker is the AMQP client's own cost per delivery?
+//! How much of W2's gap through the broker is the AMQP client's own cost per delivery? The W2
+//! bench (`paybus-lab bench confirm-withdrawal --pin-broker`) puts the consuming process's CPU
+//! through the broker about 40 µs per message above direct, on the core it shares with the
+//! database (docs/benchmarks.md).
 //!
-//! The W2 bench (`paybus-lab bench confirm-withdrawal --pin-broker`) puts the consuming
-//! process's CPU through the broker about 40 µs per message above direct, on the core it shares
-//! with the database (docs/benchmarks.md, 2026-12-06 (02:00–03:40)). This experiment measures the
-//! part that belongs to the client library: one process consumes a quorum queue with lapin (what
-//! paybus uses) or with amqprs (the candidate), acking in runs of 16 as paybus does, while a
-//! child process publishes at a steady rate (W2's rate by default), so deliveries trickle in
-//! as they do in the bench rather than arriving all at once. Each round runs both clients,
-//! which one goes first alternating; it prints each one's CPU per delivery and their ratio,
-//! then the medians.
-//!
+//! This experiment measures the client library's part: one process consumes a quorum queue with
+//! lapin (paybus's) or amqprs (the candidate), acking in runs of 16 as paybus does, while a
+//! child publishes at a steady rate (W2's by default), so deliveries trickle in as in the bench.
+//! Each round runs both clients, alternating which goes first, and prints each one's CPU per
+//! delivery, their ratio, then the medians. `--pin`: this process on CPU 1, the publisher on
+//! CPU 0 (the bench's pinned layout minus the database).
 //! ```text
 //! cargo run --release --manifest-path tests/lab/amqp-clients/Cargo.toml -- \
 //!     [--messages 15000] [--rate 3000] [--rounds 3] [--pin] [--url amqp://…]
 //! ```
-//!
-//! `--pin`: this process on CPU 1 and the publisher on CPU 0 (`taskset`), the W2 bench's
-//! pinned layout minus the database.
 
 use std::{
     process::Command,

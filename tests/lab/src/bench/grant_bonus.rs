@@ -1,23 +1,17 @@
-//! `paybus-lab bench grant-bonus`: W3 end to end — payment completions whose bonus jobs are granted
-//! by grant-bonus through the broker — next to the same transactions driven directly on the
+//! `paybus-lab bench grant-bonus`: W3 end to end (payment completions whose bonus jobs
+//! grant-bonus grants through the broker) next to the same transactions driven directly on the
 //! database at the same concurrency, and the database's write ceiling.
 //!
-//! Each item is one purchase by a member of its own (members' row locks never collide, as
-//! across real members) during a charge event, so each completion owes one bonus job, and
-//! each job's message is delivered twice (the duplicate must be refused) in both phases:
+//! Each item is one purchase by a member of its own (row locks never collide, as across real
+//! members) during a charge event, so each completion owes one job, and each job's message is
+//! delivered twice (the duplicate must be refused) in both phases: **direct**, with an
+//! in-process queue standing in for the broker (`attempt::attempt_messages` grants each, then
+//! once more as the duplicate); **end to end**, with the completion committing the job and its
+//! message through the outbox, a copy published beside it, and grant-bonus consuming both as a
+//! separate process would. The clock stops when every message is processed.
 //!
-//! - **direct**: the same transactions at the same concurrency on the database only, an
-//!   in-process queue standing in for the broker: `concurrency` tasks run the completion
-//!   transactions while `concurrency` others take the created jobs and grant each as its
-//!   message would (`attempt::attempt_messages`), then once more as the duplicate would.
-//! - **end to end**: `concurrency` tasks complete the payments (the transaction commits the job
-//!   and its `charge.bonus_job.created` message through the outbox) and publish a copy of the
-//!   message; grant-bonus consumes both (prefetch `concurrency`, its own connection and pool,
-//!   as a separate process), grants one and skips the other. The clock stops when every
-//!   message is processed.
-//!
-//! Grants per second of both, their ratio, and the useful grants per second against the
-//! ceiling. Then it checks the result came out exactly once: one EVENT charge per purchase,
+//! It prints grants per second of both, their ratio and the useful grants per second against
+//! the ceiling, then checks the result came out exactly once: one EVENT charge per purchase,
 //! the audit clean.
 
 use std::time::Instant;

@@ -1,21 +1,16 @@
-//! `paybus-lab bench match`: W1's matching with a slow quote service (200 ms a call, a real HTTP
-//! stub started by the bench) and `--concurrency` buyers at once, next to the seed's design
-//! measured in the same run on the same database: one transaction that holds `FOR UPDATE` on
-//! the candidates and the partner's lock row across the quote call (seed 000 §0).
+//! `paybus-lab bench match`: W1's matching with a slow quote service (a real HTTP stub, 200 ms
+//! a call) and `--concurrency` buyers at once, next to the seed's design measured in the same
+//! run on the same database: one transaction holding `FOR UPDATE` on the candidates and the
+//! partner's lock row across the quote call (seed 000 §0).
 //!
-//! Both phases create and match deposit orders exactly as the switch-off API does (the
-//! production path is `Matcher::create` with `Handoff::Inline`; the baseline is
-//! `paybus_p2p::testing::create_and_match_holding_locks`), each buyer waiting for its own
-//! answer. It prints throughput and p50/p99 latency of each, their ratio (target >= 20x), and
+//! Both phases create and match orders as the switch-off API does (`Matcher::create` with
+//! `Handoff::Inline`, against `paybus_p2p::testing::create_and_match_holding_locks`), each buyer
+//! waiting for its own answer: throughput and p50/p99 of each, their ratio (target >= 20x), and
 //! how close the production path comes to the ideal (every buyer waiting only for its two quote
-//! calls).
-//!
-//! A third phase matches the same number of orders with the switch on: the orders are created
-//! PENDING with their `p2p.deposit_order.created` message, a copy of every message is
-//! published too, and match-deposit consumes both (prefetch `--concurrency`, the real
-//! runtime). Its rate against the inline path is the "through the broker, duplicates
-//! included" ratio (target >= 0.8). Then it checks that every order was MATCHED and the audit
-//! is clean.
+//! calls). A third phase creates the orders with the switch on, publishes a copy of every
+//! message, and lets match-deposit consume both: its rate against the inline path is the
+//! "through the broker, duplicates included" ratio (target >= 0.8). Then every order must be
+//! MATCHED and the audit clean.
 
 use std::{
     sync::{Arc, Mutex},

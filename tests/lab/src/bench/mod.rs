@@ -119,8 +119,8 @@ pub struct BenchArgs {
     /// (confirm-withdrawal, confirm-deposit) Rounds of the direct and the through-the-broker
     /// phases (confirm-deposit's batched ones; its one-at-a-time pair runs once), which one
     /// goes first alternating; the ratios are the rounds' medians. Why: on these shared
-    /// virtual cores one round's broker / direct swings by ±0.1 from run to run
-    /// (docs/benchmarks.md, 2026-12-06), so one round's figure cannot say met or not.
+    /// virtual cores one round's broker / direct swings by ±0.1 from run to run, so one
+    /// round's figure cannot say met or not.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
     pub rounds: u16,
     /// (suspend) Open orders of the markets whose suspend request is timed.
@@ -144,11 +144,10 @@ pub struct BenchArgs {
 
 /// `--pin-broker`'s CPUs, set before the async runtime starts (`main`): its worker threads are
 /// as many as the CPUs this process keeps, one on two cores, as a function's runtime on a
-/// one-CPU host has. Pinned after the runtime started, two workers shared the one CPU left to
-/// the bench and the database, and switching between them cost the broker phase most: in four
-/// interleaved sets of five pinned rounds (docs/benchmarks.md, 2026-12-06 (05:30)), medians
-/// 0.84, 0.88, 0.77, 0.85 with two workers against 0.85, 0.90, 0.88, 0.89 with one. Undone
-/// when the guard drops.
+/// one-CPU host has. Pinned after the runtime started, two workers would share the one CPU
+/// left to the bench and the database, and switching between them costs the broker phase
+/// most: in four interleaved sets of five pinned rounds, medians 0.84, 0.88, 0.77, 0.85 with
+/// two workers against 0.85, 0.90, 0.88, 0.89 with one. Undone when the guard drops.
 pub(crate) fn pin(args: &BenchArgs) -> anyhow::Result<Option<pinning::Pinned>> {
     args.pin_broker.then(pinning::pin_broker).transpose()
 }
@@ -631,10 +630,9 @@ pub(crate) fn met(yes: bool) -> &'static str {
 const CEILING_ROWS: u64 = 100_000;
 
 /// The connection counts the ceiling is always measured at, besides the bench's own: on these
-/// two cores it plateaus at 32-64 and falls above (2026-12-06: 8,650 /s at 64, 7,200 at 128,
-/// 6,600 at 192), so a ceiling measured only at a workflow's higher `--concurrency` made the
-/// workflow look closer to it than it is ("0.56 x the ceiling: met" at 192, 0.41 against the
-/// best).
+/// two cores it plateaus at 32-64 and falls above (8,650 /s at 64, 7,200 at 128, 6,600 at
+/// 192), so a ceiling measured only at a workflow's higher `--concurrency` makes the workflow
+/// look closer to it than it is ("0.56 x the ceiling: met" at 192, 0.41 against the best).
 const CEILING_CONNECTIONS: [u16; 3] = [16, 32, 64];
 
 /// Transactions per level at the least. The best of several levels is the best of several

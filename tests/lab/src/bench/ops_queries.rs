@@ -1,17 +1,14 @@
 //! `paybus-lab bench ops-queries`: every console page and every ops list, group and count
-//! route, timed over HTTP against tables the size of a long-lived deployment's: `--rows`
-//! dead letters (each with its failure), `--rows` bonus jobs, `--rows` cancel tasks and
-//! `--rows` partner notifications with a delivery attempt each (5,000,000 each by default),
-//! and the charts' eight days of activity and samples.
+//! route, timed over HTTP against tables the size of a long-lived deployment's: `--rows` dead
+//! letters, bonus jobs, cancel tasks and partner notifications with an attempt each (5,000,000
+//! each by default), and the charts' eight days of activity.
 //!
 //! The rows are loaded set-based (`INSERT … SELECT` over a digits table) in the shapes a real
-//! deployment accumulates: most letters archived or replayed and one in ten still NEW (real
-//! confirm-withdrawal bodies, so the money-at-stake triage reads real rows); most jobs DONE
-//! and a few PENDING, FAILED or PROCESSING; fifty suspended markets' batches of which one is
-//! still cancelling. Each route is asked once to warm up, then `TIMED_REQUESTS` times; the
-//! median and the slowest are printed next to the 200 ms target. Then each route is asked
-//! once more with the general log on, and every SELECT it ran is printed with its EXPLAIN,
-//! so the plan behind each figure is on the page (the docs copy them).
+//! deployment accumulates (most letters archived or replayed and one in ten NEW, with real
+//! bodies so the triage reads real rows; most jobs DONE; one of fifty suspended markets still
+//! cancelling). Each route is asked once to warm up, then `TIMED_REQUESTS` times: the median and
+//! the slowest beside the 200 ms target; then once more with the general log on, printing every
+//! SELECT it ran with its EXPLAIN, so the plan behind each figure is on the page.
 //!
 //! A benchmark, not a test: it asserts only that every route answered 200.
 

@@ -1,9 +1,9 @@
 //! `--pin-broker`: the production topology on one machine. Amazon MQ runs RabbitMQ on hosts
 //! of its own, so its per-message CPU never competes with the functions' and the database's;
 //! on these 2 cores it does, and that is most of W2's gap between through-the-broker and
-//! direct (docs/benchmarks.md, the 2026-12-02 `--pin-broker` entry). Pinned, RabbitMQ gets CPU 0 alone, and MariaDB and this
-//! bench share the others — what a deployment's separate hosts give, as near as one machine
-//! can. The kernel's own tool does it (`taskset`, util-linux), every thread of each process;
+//! direct. Pinned, RabbitMQ gets CPU 0 alone, and MariaDB and this bench share the others —
+//! what a deployment's separate hosts give, as near as one machine can. The kernel's own tool
+//! does it (`taskset`, util-linux), every thread of each process;
 //! dropping the [`Pinned`] guard gives every process every CPU again.
 
 use std::{path::PathBuf, process::Command};

@@ -166,8 +166,8 @@ async fn run(
     while !stop.is_cancelled() {
         // Every await of a consumer can wait on a broker connection that died without a word
         // (an ack, a declare, a copy's publish, the stall check's count): the stop drops the
-        // consumer whatever it awaits (a 4-shard chaos test, 2026-12-05: "the duplicator was
-        // still running 30 s after its stop", 263 messages left in the tap).
+        // consumer whatever it awaits, or a 4-shard chaos test's duplicator can still be
+        // running 30 s after its stop with hundreds of messages left in the tap.
         let result = tokio::select! {
             () = stop.cancelled() => break,
             result = consume(

@@ -1,23 +1,18 @@
 //! `paybus-lab chaos`: a fault-injection run that proves exactly-once effects across every
 //! workflow (docs/chaos.md).
 //!
-//! It owns everything it breaks: a MariaDB server and a RabbitMQ node of its own (started with
-//! `infra/local`'s scripts on free ports, state in `--state-dir`, never the developer's or CI's
-//! shared instances), the real function binaries as separate OS processes (so a SIGKILL is a
-//! real crash), a quote service stub and a partner webhook endpoint. It drives a mixed load
-//! through the public entry points (W1 deposit orders, W2 signed confirmations, W3 payment
-//! completions through every gateway path, W4 suspensions while clients place and fill
-//! orders), delivers every message `--copies` times (a tap republishes each event to its queue
-//! concurrently) plus one malformed message in `--malformed-every`, and meanwhile kills a
-//! random function process every `--kill-every-ms`, restarts the broker and the database, and
-//! makes the quote service slow, failing and timing out and the partner endpoint fail for a
-//! while. The full profile runs on a RabbitMQ cluster of three nodes: every function process is
-//! given all three URLs (each its own order, so the connections spread over the nodes), and the
-//! schedule also SIGKILLs a broker node (started again at once) while consumers and publishers
-//! fail over to the others. Then it waits (bounded) for quiescence and checks, from the database and the broker,
-//! that every item is terminal, the audit is clean, every malformed message is a dead letter
-//! and no other dead letter is unexplained, no queue holds a message and every webhook was
-//! delivered or FAILED. Exit 1 on any violation.
+//! It owns everything it breaks: a MariaDB server and a RabbitMQ node (or a cluster of three) of
+//! its own on free ports, never the shared instances; the real function binaries as separate OS
+//! processes, so a SIGKILL is a real crash; a quote service stub and a partner endpoint. It
+//! drives a mixed load through the public entry points, delivers every message `--copies` times
+//! plus one malformed message in `--malformed-every`, and meanwhile kills function processes,
+//! restarts the broker and the database (and SIGKILLs cluster nodes), and makes the quote
+//! service and the partner endpoint slow or failing for a while.
+//!
+//! Then it waits (bounded) for quiescence and checks, from the database and the broker, that
+//! every item is terminal, the audit is clean, every malformed message and no unexplained other
+//! is a dead letter, no queue holds a message and every webhook was delivered or FAILED. Exit 1
+//! on any violation.
 
 mod broker;
 pub(crate) mod checks;

@@ -1,72 +1,18 @@
-//! Network faults for a chaos run: latency, loss, partitions, socket kills and a reset right
-//! after COMMIT, between the function processes and the database or the broker, made with the
-//! kernel's own tools where the machine allows and with TCP relays in the harness where it
-//! does not. docs/chaos.md § Network faults.
+//! Network faults for a chaos run (latency, loss, partitions, socket kills and a reset right
+//! after COMMIT) between the function processes and the database or the broker, with the
+//! kernel's tools where the machine allows and TCP relays where it does not; docs/chaos.md
+//! ("Network faults") has the mechanisms, fault by fault.
 //!
-//! # Shape
+//! Every function process gets a *slot*: with namespaces, a network namespace of the run's own
+//! joined to the host by a veth pair ([`namespaces`](self::namespaces)); it cannot reach the
+//! host's loopback, so the harness relays each service and rewrites the processes' URLs to the
+//! relays ([`Network::rewrite`]). Without namespaces ([`Network::start`] succeeds anyway) the
+//! relays listen on 127.0.0.1, one per service and slot, and loss is not applied
+//! ([`Capabilities`] says which ran). A reset after COMMIT is always the relay's: only a reader
+//! of the MySQL stream knows when a COMMIT has gone out.
 //!
-//! Every function process gets a *slot* `0..slots`. With namespaces, slot `i` is a network
-//! namespace of the run's own (`pbc<pid><letter>-<i>`) joined to the host by a veth pair with
-//! private addresses (`10.213.R.0/24`, one /30 per slot, R free on the machine; see
-//! [`namespaces`](self::namespaces)). A process in a namespace cannot reach the host's
-//! loopback, where the run's MariaDB, RabbitMQ and HTTP stubs listen, so the harness relays
-//! them: one TCP listener per service on the run's relay address (`10.213.R.1`, on the host's
-//! `lo`), forwarding to the loopback service. The processes are given URLs that point at the
-//! relays ([`Network::rewrite`]); the relay knows a connection's slot by its source address.
-//! Traffic stays inside the run's namespaces and the host: nothing is forwarded or routed out.
-//!
-//! # Mechanisms, and why
-//!
-//! | fault | with namespaces | without |
-//! | --- | --- | --- |
-//! | [`latency`](Network::latency) | `tc netem` on both ends of the slot's veth, if the kernel has it (this project's Firecracker kernels do not: `CONFIG_NET_SCH_NETEM` is unset); else the relay | the relay |
-//! | [`loss`](Network::loss) | nft in the namespace: `numgen random mod 100 < N drop`, each direction | not applied (a relay can only delay or cut a TCP stream, not lose a packet) |
-//! | [`partition`](Network::partition) | nft in the namespace drops the peer's relay ports both ways: TCP retransmits, and recovers when it ends | the relay stops reading and writing that slot's connections to the peer and holds new ones |
-//! | [`reset_after_commit`](Network::reset_after_commit) | the relay | the relay |
-//! | [`kill_sockets`](Network::kill_sockets) | `ss -K` in the namespace (the client gets ECONNABORTED, the relay an RST) | the relay resets both sides |
-//!
-//! The reset after COMMIT is in the relay because only something that reads the MySQL stream
-//! knows when a COMMIT has gone out: it forwards the `COM_QUERY COMMIT` to the server, keeps
-//! the server's answer (recorded: OK means it committed), and resets the client (SO_LINGER 0,
-//! so an RST, not a clean close). The client cannot know whether it committed: principle 12's
-//! "unknown", made on purpose. Relay latency releases each chunk at `max(previous release,
-//! arrival + base ± jitter)`, so a stream keeps its order, in both directions.
-//!
-//! # Without namespaces
-//!
-//! Where namespaces cannot be made (not root, no CAP_NET_ADMIN, no `ip`), or when the run asks
-//! for none, [`Network::start`] still succeeds: the processes run in the host's namespace
-//! ([`Network::command`] is then the plain program) and the relays listen on 127.0.0.1, one
-//! listener per service *and slot*, since every process connects from 127.0.0.1 and the
-//! listener is what tells them apart. COMMIT resets, latency, partitions and socket kills
-//! still apply (by relay); loss does not, and its record says so. [`Capabilities`] says which
-//! ran, for the report.
-//!
-//! # Use from a chaos run
-//!
-//! ```text
-//! let net = Network::start(NetworkOptions { slots: binaries.len(), namespaces: true }).await?;
-//! eprintln!("{}", net.capabilities());          // "network faults: kernel (netns + nft + ss; ...)"
-//! net.relay("mariadb", Peer::Database, mariadb_addr).await?;
-//! net.relay("rabbitmq-1", Peer::Broker, node_addr).await?;     // one per node
-//! net.relay("quotes", Peer::Http, quote_stub_addr).await?;
-//! // process i: its URLs, and its command inside its namespace
-//! let env = env.iter().map(|(k, v)| (k, net.rewrite(Some(i), v)));
-//! let child = net.command(i, &binary.path)?.envs(env).spawn()?;   // SIGKILL of child.id() kills the function
-//! // a URL read from the database by any process (a partner's webhook URL): net.rewrite(None, url)
-//! // the schedule
-//! net.latency(i, ms(200), ms(50), secs(20)).await;   // each returns a NetFault record
-//! net.loss(i, 5, secs(20)).await;
-//! net.partition(i, Peer::Database, secs(20)).await;
-//! net.reset_after_commit(i, 1).await;                 // then net.commit_resets()
-//! net.kill_sockets(i, Peer::Broker).await;
-//! // at the end (after the fleet stopped); also done on drop
-//! net.cleanup().await?;
-//! ```
-//!
-//! Faults end by themselves after their duration; [`Network::cleanup`] undoes whatever is
-//! left, removes the namespaces, veths and relay address, and kills processes still inside.
-//! [`Network::start`] first removes what runs that were killed before their cleanup left.
+//! Use: [`Network::start`], a [`Network::relay`] per service, [`Network::command`] per process,
+//! the faults (each returns a record and ends by itself), then [`Network::cleanup`] (also on drop).
 
 // The chaos schedule and fleet do not call it yet (the integration is its own change).
 #![allow(dead_code)]

@@ -1,19 +1,17 @@
-//! The chaos run's picture: what the system did while it was being broken, over the run's
-//! time (seconds since every process was started, the fault log's clock), in three panels
-//! with every fault shaded across them:
+//! The chaos run's picture: what the system did while it was being broken, over the run's time
+//! (seconds since every process was started, the fault log's clock), in three panels with every
+//! fault shaded across them:
 //!
 //! 1. items finished per second by workflow, from the workflows' own timestamps (the soak's
 //!    [`figures::finished`]: the system's view, not the clients');
-//! 2. messages ready in the functions' queues (what the report's peak queue depth is the
-//!    peak of);
-//! 3. W1's fills in doubt: fills whose createTrade outcome is unknown (`p2p_matches` TRADING,
-//!    counted by `(deposit_order_id, trade_key)`, one fill's matches sharing its key) and
-//!    deposit orders parked IN_DOUBT for ops.
+//! 2. messages ready in the functions' queues (what the report's peak queue depth is the peak of);
+//! 3. W1's fills in doubt (`p2p_matches` TRADING, by `(deposit_order_id, trade_key)`) and deposit
+//!    orders parked IN_DOUBT for ops.
 //!
-//! [`Watch`] samples 2 and 3 every second from the stage's start to its end (one watcher: it
-//! replaced the queue-depth watch). A sample the broker or the database did not answer in
-//! time is a gap in its line, never a zero: a restart shows as a hole, not as an empty queue.
-//! Panel 1 is read once the run is quiet, when every item has its finishing timestamp.
+//! [`Watch`] samples 2 and 3 every second from the stage's start to its end. A sample the broker
+//! or the database did not answer in time is a gap in its line, never a zero: a restart shows
+//! as a hole, not as an empty queue. Panel 1 is read once the run is quiet, when every item has
+//! its finishing timestamp.
 
 use std::{
     sync::{Arc, Mutex},

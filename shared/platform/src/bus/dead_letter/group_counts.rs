@@ -1,24 +1,17 @@
-//! The NEW dead letters counted per group (function, reason) in `dead_letter_group_counts`:
-//! how many letters and the failures they stand for, what the groups page, the API and
-//! `paybus dead-letters groups` show. Counting them on every view read every NEW letter
-//! (0.3–0.6 s at 500,000 of them).
+//! The NEW dead letters counted per group (function, reason) in `dead_letter_group_counts`,
+//! what the groups page, the API and `paybus dead-letters groups` show; counting the letters on
+//! every view read every NEW letter (0.3–0.6 s at 500,000 of them).
 //!
-//! The counts are exact because every write that moves a letter into or out of NEW applies
-//! its [`Change`] in its own transaction, after the change, under the letter's lock:
-//! [`super::record_failure`] (a new letter, a failure more of a NEW one, a letter reopened)
-//! and the replay and archive of `paybus-dead-letter-ops` (a letter leaves NEW). Nothing else
-//! writes `dead_letters.status` or `failures`.
+//! The counts are exact because every write that moves a letter into or out of NEW applies its
+//! [`Change`] in its own transaction, under the letter's lock: [`super::record_failure`] and
+//! the replay and archive of `paybus-dead-letter-ops`. Nothing else writes
+//! `dead_letters.status` or `failures`.
 //!
-//! A group is spread over [`SLOTS`] rows, the writer's connection picking one, summed on
-//! read: a storm of failures of one function and reason does not queue every recorder behind
-//! one row lock, and a transaction that records several letters of a group (a sweeper batch)
-//! always takes the same slot, so two of them cannot deadlock on each other's slots. A slot
-//! may go below zero (a letter counted in one slot leaves through another); only the sum
-//! means anything.
-//!
-//! A write that went around these functions (SQL by hand, a paybus from before the table
-//! still running during a deploy) makes the counts drift: the audit check [`CHECKS`] finds
-//! it, and [`recount`] sets every group right while writers keep writing.
+//! A group is spread over [`SLOTS`] rows, summed on read, so a storm in one group does not queue
+//! every recorder on one row lock; a transaction always takes one slot, so two cannot deadlock
+//! on each other's. A slot may go below zero: only the sum means anything. A write that went
+//! around these functions makes the counts drift: the audit check [`CHECKS`] finds it and
+//! [`recount`] sets every group right while writers keep writing.
 
 use std::{collections::BTreeMap, fmt};
 

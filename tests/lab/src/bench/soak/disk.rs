@@ -1,10 +1,10 @@
 //! The disk under the run's MariaDB: its write and flush (fsync) counters from
 //! `/proc/diskstats`, and per window the slowest stretch between two samples.
 //!
-//! Why: the 2026-12-05 afternoon soak's window 4 held one 1.6-s stall in which every
-//! connection of five processes waited at once (docs/benchmarks.md), and nothing on record
-//! could say whether the disk had stalled or the server. A stalled disk shows here as a
-//! stretch whose mean flush time is many times the window's.
+//! Why: a soak's window can hold a stall of a second or more in which every connection of
+//! five processes waits at once, and without this nothing on record says whether the disk
+//! stalled or the server. A stalled disk shows here as a stretch whose mean flush time is many
+//! times the window's.
 
 use std::{os::unix::fs::MetadataExt, path::Path};
 

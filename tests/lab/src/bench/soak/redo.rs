@@ -3,11 +3,10 @@
 //! every writer wait until enough dirty pages are flushed) and the dirty pages in the buffer
 //! pool, per sample and, per window, at their highest.
 //!
-//! Why: the 2026-12-05 afternoon soak's window 4 held one 1.6-s stall in which every
-//! connection of five processes waited at once, on statements sharing no row
-//! (docs/benchmarks.md). The disk's counters (`disk.rs`) tell a slow device apart; a
-//! checkpoint that caught up with the log's end stalls every writer on a healthy disk, and
-//! shows here as an age near 100 % of the maximum.
+//! Why: a soak's window can hold a stall of a second or more in which every connection of five
+//! processes waits at once, on statements sharing no row. The disk's counters (`disk.rs`) tell
+//! a slow device apart; a checkpoint that caught up with the log's end stalls every writer on
+//! a healthy disk, and shows here as an age near 100 % of the maximum.
 
 use serde::Serialize;
 use sqlx::MySqlPool;

@@ -87,12 +87,11 @@ fn change<T: Copy + Into<f64>>(what: String, from: T, to: T) -> Change<T> {
 /// is the median of the slopes between every two windows.
 ///
 /// Why not the last window against the first: on a flat series the p99 of one 5-minute
-/// window against another's moves ±30 % on this machine (2026-12-05's soak 2 after the
-/// warm-up: 43, 72, 63, 50, 57 ms), more than the 20 % target, so that comparison judged
+/// window against another's moves ±30 % on this machine (windows of one soak after the
+/// warm-up: 43, 72, 63, 50, 57 ms), more than the 20 % target, so that comparison judges
 /// which windows happened to be quiet. A least-squares line would follow one stalled window
-/// (soak 1: 717, 3,601, 1,551, 1,828, 197 ms); the median of the pairwise slopes does not,
-/// and a rise that lasts (the auditor's growing passes before 13a943d: 241, 661, 307 ms)
-/// still tilts it.
+/// (717, 3,601, 1,551, 1,828, 197 ms); the median of the pairwise slopes does not, and a rise
+/// that lasts (passes growing through the run: 241, 661, 307 ms) still tilts it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct P99Trend {
     pub(crate) what: String,
@@ -160,7 +159,7 @@ pub(crate) struct Summary {
     pub(crate) p99_ms: Vec<Change<f64>>,
     /// The highest p99 of any window after the warm-up against the first's, for the workflow
     /// where it rose most (no target): a soak whose middle windows stalled can end on a quiet
-    /// one (2026-12-05, docs/benchmarks.md).
+    /// one.
     pub(crate) worst_p99: Option<WorstP99>,
     pub(crate) outbox_backlog: Option<(i64, i64)>,
     pub(crate) queue_depth: Option<(u64, u64)>,

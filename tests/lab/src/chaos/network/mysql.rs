@@ -2,18 +2,15 @@
 //!
 //! Every packet is a 3-byte little-endian payload length, a sequence id and the payload. In the
 //! command phase each command starts a packet with sequence id 0 whose first payload byte is
-//! the command; the handshake's client packets (sequence 1 and up), a command's continuation
-//! packets and `LOAD DATA LOCAL` contents never have sequence 0, so "sequence 0" alone tells a
-//! command from the rest without following the server's half.
+//! the command; nothing else a client sends (handshake packets, a command's continuations,
+//! `LOAD DATA LOCAL` contents) has sequence 0, so "sequence 0" alone tells a command from the
+//! rest without following the server's half.
 //!
-//! sqlx's `Transaction::commit` sends `COMMIT` as a `COM_QUERY` (0x03) text command (sqlx-mysql
-//! 0.9 `MySqlTransactionManager::commit` → `execute("COMMIT")` without arguments → the text
-//! protocol), so that is what is looked for. A `COMMIT` prepared and run with
-//! `COM_STMT_EXECUTE` is not recognised: telling it apart needs the statement id from the
-//! server's answer to `COM_STMT_PREPARE`, and nothing in paybus commits that way.
-//!
-//! A client that asks for TLS (an `SSLRequest`: a 32-byte first packet with `CLIENT_SSL`) makes
-//! the rest of its stream opaque: [`Seen::Tls`] is reported once and nothing after it.
+//! sqlx's `Transaction::commit` sends `COMMIT` as a `COM_QUERY` (0x03) text command, so that is
+//! what is looked for. A `COMMIT` prepared and run with `COM_STMT_EXECUTE` is not recognised
+//! (it needs the statement id from the server's answer; nothing in paybus commits that way). A
+//! client that asks for TLS (an `SSLRequest`) makes the rest of its stream opaque: [`Seen::Tls`]
+//! is reported once and nothing after it.
 
 /// What the stream showed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
