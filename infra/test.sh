@@ -46,8 +46,9 @@ for dir in "${TMPDIR:-/tmp}"/paybus-broker-*; do
   rm -rf "$dir"
 done
 
-# schemathesis and playwright in .local/venv, Debian's chromium (the black-box tests of the
-# API and the console); their tests fail instead of skipping when these are missing.
+# schemathesis and playwright in .local/venv, Debian's chromium, axe-core in .local/axe (the
+# black-box tests of the API and the console); their tests fail instead of skipping when these
+# are missing.
 echo "== python test tools"
 eval "$(infra/browser/install.sh)"
 # panva's oidc-provider on the machine's Node, in .local/oidc (the OpenID provider of the

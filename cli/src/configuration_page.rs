@@ -193,7 +193,7 @@ const TESTS: SettingGroup = SettingGroup {
             name: "PAYBUS_REQUIRE_PYTHON_TESTS",
             default: "unset",
             about: "set (as `infra/test.sh` does): the black-box tests fail when their Python \
-                    tools are missing instead of skipping",
+                    tools or axe-core are missing instead of skipping",
         },
         Setting {
             name: "PAYBUS_REQUIRE_OIDC_TESTS",
@@ -226,6 +226,12 @@ const TESTS: SettingGroup = SettingGroup {
             name: "PAYBUS_TEST_CHROMIUM",
             default: "`/usr/bin/chromium`",
             about: "the browser the console test drives",
+        },
+        Setting {
+            name: "PAYBUS_TEST_AXE",
+            default: "`.local/axe/node_modules/axe-core/axe.min.js`",
+            about: "axe-core's browser script, which the console's page test injects into every \
+                    page (`infra/browser/install.sh` installs it from npm)",
         },
         Setting {
             name: "PAYBUS_TEST_PROMTOOL",

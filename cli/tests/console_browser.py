@@ -12,6 +12,7 @@ approved and executed by alice.
 import re
 import sys
 
+from console_sign_in import sign_in as sign_in_at_provider
 from playwright.sync_api import expect, sync_playwright
 
 base, shots, chromium, safe = sys.argv[1:5]
@@ -31,17 +32,8 @@ def new_page(browser):
 
 def sign_in(page, user, screenshot=None):
     """From the console's login page, on the provider's own login and consent pages."""
-    page.goto(f"{base}/console")
-    expect(page).to_have_url(re.compile(r"/console/login$"))
-    page.get_by_role("button", name=re.compile("^Sign in with ")).click()
-    # The provider's page, not ours: a login and a password field (any password).
-    expect(page).not_to_have_url(re.compile(f"^{re.escape(base)}"))
-    page.fill("input[name=login]", user)
-    page.fill("input[name=password]", "any")
-    if screenshot:
-        shot(page, screenshot)
-    page.get_by_role("button", name="Sign-in").click()
-    page.get_by_role("button", name="Continue").click()
+    before_submit = (lambda provider_page: shot(provider_page, screenshot)) if screenshot else None
+    sign_in_at_provider(page, base, user, before_submit)
 
 
 with sync_playwright() as playwright:

@@ -17,12 +17,11 @@ mod api_process;
 
 use std::{process::Command, time::Duration};
 
-use api_process::{ApiProcess, output_dir, python_tool};
+use api_process::{ApiProcess, PAYMENTS_SECRET, output_dir, provider_admin_token, python_tool};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
 use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
     bus::{Envelope, Runner, dead_letter::group_counts},
-    signature,
     testing::{
         TestEnv, eventually, free_port,
         oidc::{self, OidcProvider, OidcSetup},
@@ -32,37 +31,11 @@ use paybus_platform::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const PAYMENTS_SECRET: &str = "payments-secret-for-black-box-tests";
-
-/// An ADMIN's access token for `subject`, signed with the provider's key as its own tokens
-/// are: what the test's own API calls (the rows the walk starts from) are made with.
-fn admin_token(provider: &OidcProvider, subject: &str) -> String {
-    let mut claims = provider.claims_for(subject);
-    claims["groups"] = json!([oidc::ADMINS_GROUP]);
-    provider.sign(claims)
-}
-
-/// Calls the admin API as ops would; the JSON answer (asserting it succeeded).
-async fn admin(api: &ApiProcess, token: &str, path: &str, body: Value) -> Value {
-    let response = reqwest::Client::new()
-        .post(format!("{}{path}", api.base_url))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("admin request");
-    let status = response.status();
-    let answer: Value = response.json().await.expect("JSON answer");
-    assert!(status.is_success(), "POST {path}: {status} {answer}");
-    answer
-}
-
 /// A FAILED bonus job, the way W3 makes one: an event, a member's paid charge (through the
 /// signed verify call), then grant-bonus giving up (here: the row set as it leaves it).
 async fn failed_bonus_job(env: &TestEnv, api: &ApiProcess, token: &str) -> u64 {
     let now = chrono::Utc::now();
-    admin(
-        api,
+    api.admin_post(
         token,
         "/v1/admin/charge-events",
         json!({
@@ -71,42 +44,26 @@ async fn failed_bonus_job(env: &TestEnv, api: &ApiProcess, token: &str) -> u64 {
         }),
     )
     .await;
-    let member = admin(
-        api,
-        token,
-        "/v1/admin/members",
-        json!({"nickname": "console"}),
-    )
-    .await;
-    let charge = admin(
-        api,
-        token,
-        "/v1/admin/charges",
-        json!({
-            "member_id": member["id"], "cans": 10, "price": "1000",
-            "payment_gateway": "PG", "method": "card",
-        }),
-    )
-    .await;
-    let body =
-        json!({"charge_id": charge["id"], "gateway_tx_id": "pg-console-1", "amount": "1000"})
-            .to_string();
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/payments/pg/verify", api.base_url))
-        .header(
-            signature::HEADER,
-            signature::sign(
-                PAYMENTS_SECRET.as_bytes(),
-                chrono::Utc::now().timestamp(),
-                body.as_bytes(),
-            ),
+    let member = api
+        .admin_post(token, "/v1/admin/members", json!({"nickname": "console"}))
+        .await;
+    let charge = api
+        .admin_post(
+            token,
+            "/v1/admin/charges",
+            json!({
+                "member_id": member["id"], "cans": 10, "price": "1000",
+                "payment_gateway": "PG", "method": "card",
+            }),
         )
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .expect("verify");
-    let completed: Value = response.json().await.expect("JSON");
+        .await;
+    let completed = api
+        .signed_post(
+            PAYMENTS_SECRET,
+            "/v1/payments/pg/verify",
+            json!({"charge_id": charge["id"], "gateway_tx_id": "pg-console-1", "amount": "1000"}),
+        )
+        .await;
     let job = completed["bonus_jobs"][0]["job_id"]
         .as_u64()
         .expect("a bonus job");
@@ -207,16 +164,10 @@ async fn safe_letter(env: &TestEnv) -> (u64, u64) {
 /// A market with 8 open orders, suspended: its cancellations wait in the queue (no consumer
 /// runs beside `paybus serve`), so the suspension is in progress.
 async fn suspension(api: &ApiProcess, token: &str) {
-    admin(
-        api,
-        token,
-        "/v1/admin/markets",
-        json!({"symbol": "BTC-USDT"}),
-    )
-    .await;
+    api.admin_post(token, "/v1/admin/markets", json!({"symbol": "BTC-USDT"}))
+        .await;
     for account in 1..=8 {
-        admin(
-            api,
+        api.admin_post(
             token,
             "/v1/admin/markets/BTC-USDT/orders",
             json!({
@@ -225,8 +176,7 @@ async fn suspension(api: &ApiProcess, token: &str) {
         )
         .await;
     }
-    admin(
-        api,
+    api.admin_post(
         token,
         "/v1/admin/markets/BTC-USDT/suspend",
         json!({"note": "exchange halt"}),
@@ -276,7 +226,7 @@ async fn people_sign_in_at_the_provider_replay_dead_letters_under_four_eyes_and_
         ],
     )
     .await;
-    let token = admin_token(&provider, "seed");
+    let token = provider_admin_token(&provider, "seed");
     dead_letters(&env).await;
     let (withdrawal, safe) = safe_letter(&env).await;
     let job = failed_bonus_job(&env, &api, &token).await;
@@ -299,7 +249,9 @@ async fn people_sign_in_at_the_provider_replay_dead_letters_under_four_eyes_and_
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/console_browser.py");
     // Each step of the script waits at most 10 s, so it cannot hang.
+    // -B: no bytecode of the scripts' shared module (console_sign_in.py) left in the tree.
     let output = Command::new(python)
+        .arg("-B")
         .arg(script)
         .arg(&api.base_url)
         .arg(&screenshots)

@@ -62,36 +62,38 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
             @if list.is_empty() {
                 p.flash { "Nothing was asked for." }
             } @else {
-                table #approvals {
-                    thead { tr { th { "Action" } th { "On" } th { "Status" } th { "Asked by" } th { "Approved by" } th { "Result" } th {} } }
-                    tbody {
-                        @for a in &list {
-                            @let status = if a.expired { "EXPIRED".to_owned() } else { a.status.to_string() };
-                            tr.approval data-id=(a.id) data-status=(status) data-action=(a.action) {
-                                td { (a.action) }
-                                td { code { (a.subject) } }
-                                td { span class=(format!("badge {status}")) { (status) } }
-                                td { (a.requested_by) ", " (a.requested_at.format("%Y-%m-%d %H:%M:%S UTC")) }
-                                td { (a.approved_by.as_deref().unwrap_or("—")) }
-                                td { (a.result.as_deref().unwrap_or("—")) }
-                                td {
-                                    @if a.expired {
-                                    } @else if !a.open && a.status != ApprovalStatus::Executed {
-                                        span.hint { "a duplicate of the open request: neither approved nor executed" }
-                                    } @else if let Some(since) = a.executing_since {
-                                        span.hint { "being executed since " (since.format("%H:%M:%S UTC")) }
-                                    } @else if a.status == ApprovalStatus::AwaitingApproval && !requested_by(&session.caller.actor, a.requested_by_issuer.as_deref(), a.requested_by_subject.as_deref()) {
-                                        form method="post" action=(format!("/console/approvals/{}/approve", a.id)) { button type="submit" { "Approve" } }
-                                    } @else if a.status == ApprovalStatus::AwaitingApproval {
-                                        span.hint { "yours: another ADMIN approves it" }
-                                    } @else if a.status == ApprovalStatus::Approved {
-                                        form method="post" action=(format!("/console/approvals/{}/execute", a.id)) { button.danger type="submit" { "Execute" } }
+                (layout::wide_table("Approvals", html! {
+                    table #approvals {
+                        thead { tr { th { "Action" } th { "On" } th { "Status" } th { "Asked by" } th { "Approved by" } th { "Result" } th { (layout::unseen("Actions")) } } }
+                        tbody {
+                            @for a in &list {
+                                @let status = if a.expired { "EXPIRED".to_owned() } else { a.status.to_string() };
+                                tr.approval data-id=(a.id) data-status=(status) data-action=(a.action) {
+                                    td { (a.action) }
+                                    td { code { (a.subject) } }
+                                    td { span class=(format!("badge {status}")) { (status) } }
+                                    td { (a.requested_by) ", " (a.requested_at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                                    td { (a.approved_by.as_deref().unwrap_or("—")) }
+                                    td { (a.result.as_deref().unwrap_or("—")) }
+                                    td {
+                                        @if a.expired {
+                                        } @else if !a.open && a.status != ApprovalStatus::Executed {
+                                            span.hint { "a duplicate of the open request: neither approved nor executed" }
+                                        } @else if let Some(since) = a.executing_since {
+                                            span.hint { "being executed since " (since.format("%H:%M:%S UTC")) }
+                                        } @else if a.status == ApprovalStatus::AwaitingApproval && !requested_by(&session.caller.actor, a.requested_by_issuer.as_deref(), a.requested_by_subject.as_deref()) {
+                                            form method="post" action=(format!("/console/approvals/{}/approve", a.id)) { button type="submit" { "Approve" } }
+                                        } @else if a.status == ApprovalStatus::AwaitingApproval {
+                                            span.hint { "yours: another ADMIN approves it" }
+                                        } @else if a.status == ApprovalStatus::Approved {
+                                            form method="post" action=(format!("/console/approvals/{}/execute", a.id)) { button.danger type="submit" { "Execute" } }
+                                        }
                                     }
                                 }
                             }
                         }
                     }
-                }
+                }))
             }
         },
     )

@@ -83,33 +83,36 @@ pub(crate) async fn page(State(state): State<AppState>, session: Session) -> Res
             }
             @if !current.is_empty() {
                 h2 { "Found by the latest pass" }
-                (findings_table(&current.iter().collect::<Vec<_>>()))
+                (findings_table("Found by the latest pass", &current.iter().collect::<Vec<_>>()))
             }
             @if !earlier.is_empty() {
                 h2 { "Found by earlier passes, not by the latest" }
-                (findings_table(&earlier))
+                (findings_table("Found by earlier passes", &earlier))
             }
         },
     )
     .into_response()
 }
 
-fn findings_table(findings: &[&auditor::Finding]) -> maud::Markup {
+/// The findings in a table named `name`.
+fn findings_table(name: &str, findings: &[&auditor::Finding]) -> maud::Markup {
     html! {
-        table.findings {
-            thead { tr { th { "Check" } th { "What" } th { "First seen" } th { "Last seen" } th.n { "Times" } } }
-            tbody {
-                @for finding in findings {
-                    tr.finding data-check=(finding.check_name) {
-                        td { code { (finding.check_name) } }
-                        td { (finding.description) }
-                        td { (at(finding.first_seen_at)) }
-                        td { (at(finding.last_seen_at)) }
-                        td.n { (finding.times_seen) }
+        (layout::wide_table(name, html! {
+            table.findings {
+                thead { tr { th { "Check" } th { "What" } th { "First seen" } th { "Last seen" } th.n { "Times" } } }
+                tbody {
+                    @for finding in findings {
+                        tr.finding data-check=(finding.check_name) {
+                            td { code { (finding.check_name) } }
+                            td { (finding.description) }
+                            td { (at(finding.first_seen_at)) }
+                            td { (at(finding.last_seen_at)) }
+                            td.n { (finding.times_seen) }
+                        }
                     }
                 }
             }
-        }
+        }))
     }
 }
 

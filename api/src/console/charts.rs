@@ -6,6 +6,8 @@
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 
+use super::layout;
+
 const WIDTH: f64 = 560.0;
 const HEIGHT: f64 = 150.0;
 /// Room on the left for the scale's labels, and below for the times.
@@ -153,20 +155,22 @@ pub(crate) fn chart(
             }
             details {
                 summary { "The numbers: " (summary) }
-                table.chart-numbers data-chart=(id) {
-                    caption { (title) }
-                    thead { tr { th scope="col" { "From" } @for line in series { th.n scope="col" { (line.name) } } } }
-                    tbody {
-                        @for (i, bucket) in buckets.iter().enumerate() {
-                            tr {
-                                th scope="row" { time datetime=(bucket.to_rfc3339()) { (bucket.format(label_format)) } }
-                                @for line in series {
-                                    td.n { @match line.values.get(i).copied().flatten() { Some(v) => (number(v)), None => "—" } }
+                (layout::wide_table(title, html! {
+                    table.chart-numbers data-chart=(id) {
+                        caption { (title) }
+                        thead { tr { th scope="col" { "From" } @for line in series { th.n scope="col" { (line.name) } } } }
+                        tbody {
+                            @for (i, bucket) in buckets.iter().enumerate() {
+                                tr {
+                                    th scope="row" { time datetime=(bucket.to_rfc3339()) { (bucket.format(label_format)) } }
+                                    @for line in series {
+                                        td.n { @match line.values.get(i).copied().flatten() { Some(v) => (number(v)), None => "—" } }
+                                    }
                                 }
                             }
                         }
                     }
-                }
+                }))
             }
         }
     }

@@ -70,23 +70,25 @@ async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>
                         @if !exposure_complete { " (at least: only the oldest letters were read)" }
                     }
                 }
-                table {
-                    thead { tr { th { "Function" } th { "Reason" } th.n { "Letters" } th.n { "Failures" } th { "First" } th { "Last" } th { "At stake" } th { "Actions" } } }
-                    tbody {
-                        @for group in &groups {
-                            tr.group data-function=(group.function) data-reason=(group.reason) {
-                                td { a href=(group_href(&group.function, &group.reason)) { (group.function) } }
-                                td { code { (group.reason) } }
-                                td.n.letters { (group.count) }
-                                td.n.failures { (group.failures) }
-                                td { (at(group.first_failed_at)) }
-                                td { (at(group.last_failed_at)) }
-                                td { (sums(&group.exposure)) }
-                                td { (group_buttons(&group.function, &group.reason)) }
+                (layout::wide_table("Dead-letter groups", html! {
+                    table {
+                        thead { tr { th { "Function" } th { "Reason" } th.n { "Letters" } th.n { "Failures" } th { "First" } th { "Last" } th { "At stake" } th { "Actions" } } }
+                        tbody {
+                            @for group in &groups {
+                                tr.group data-function=(group.function) data-reason=(group.reason) {
+                                    td { a href=(group_href(&group.function, &group.reason)) { (group.function) } }
+                                    td { code { (group.reason) } }
+                                    td.n.letters { (group.count) }
+                                    td.n.failures { (group.failures) }
+                                    td { (at(group.first_failed_at)) }
+                                    td { (at(group.last_failed_at)) }
+                                    td { (sums(&group.exposure)) }
+                                    td { (group_buttons(&group.function, &group.reason)) }
+                                }
                             }
                         }
                     }
-                }
+                }))
             }
         },
     )
@@ -187,22 +189,24 @@ pub(crate) async fn group(
                 form method="post" action="/console/dead-letters/replay" {
                     input type="hidden" name="function" value=(function_name);
                     input type="hidden" name="reason" value=(reason);
-                    table {
-                        thead { tr { th {} th.n { "Id" } th { "Message" } th { "Routing key" } th { "Error" } th.n { "Attempts" } th { "Failed at" } } }
-                        tbody {
-                            @for letter in &letters {
-                                tr.letter data-letter-id=(letter.id) {
-                                    td { input type="checkbox" name="ids" value=(letter.id) aria-label=(format!("letter {}", letter.id)); }
-                                    td.n { a href=(format!("/console/dead-letters/letter/{}", letter.id)) { (letter.id) } }
-                                    td { code { (letter.message_id.as_deref().unwrap_or("—")) } }
-                                    td { code { (letter.routing_key) } }
-                                    td { (letter.error) }
-                                    td.n { (letter.attempts) }
-                                    td { (at(letter.failed_at)) }
+                    (layout::wide_table("The group's letters", html! {
+                        table {
+                            thead { tr { th { (layout::unseen("Tick to act on")) } th.n { "Id" } th { "Message" } th { "Routing key" } th { "Error" } th.n { "Attempts" } th { "Failed at" } } }
+                            tbody {
+                                @for letter in &letters {
+                                    tr.letter data-letter-id=(letter.id) {
+                                        td { input type="checkbox" name="ids" value=(letter.id) aria-label=(format!("letter {}", letter.id)); }
+                                        td.n { a href=(format!("/console/dead-letters/letter/{}", letter.id)) { (letter.id) } }
+                                        td { code { (letter.message_id.as_deref().unwrap_or("—")) } }
+                                        td { code { (letter.routing_key) } }
+                                        td { (letter.error) }
+                                        td.n { (letter.attempts) }
+                                        td { (at(letter.failed_at)) }
+                                    }
                                 }
                             }
                         }
-                    }
+                    }))
                     @if letters.len() == LETTERS_SHOWN as usize {
                         p.hint { "The newest " (LETTERS_SHOWN) " letters are shown; the group's buttons act on all of them." }
                     }
@@ -405,15 +409,17 @@ pub(crate) async fn letter_page(
             h2 { "Headers" }
             pre { (pretty(&detail.headers)) }
             h2 { "What ops did" }
-            table #trail {
-                thead { tr { th { "When" } th { "Action" } th { "Who" } th { "Verdict" } th { "Result" } th { "Operation" } } }
-                tbody {
-                    @for action in &detail.actions {
-                        tr { td { (at(action.created_at)) } td { (action.action) } td { (action.actor) } td { (action.verdict.as_deref().unwrap_or("—")) } td { (action.result) }
-                            td { @match action.operation_id.as_deref().and_then(|id| Uuid::parse_str(id).ok()) { Some(op) => { a href=(operations::href(op)) { (op) } }, None => { "—" } } } }
+            (layout::wide_table("What ops did", html! {
+                table #trail {
+                    thead { tr { th { "When" } th { "Action" } th { "Who" } th { "Verdict" } th { "Result" } th { "Operation" } } }
+                    tbody {
+                        @for action in &detail.actions {
+                            tr { td { (at(action.created_at)) } td { (action.action) } td { (action.actor) } td { (action.verdict.as_deref().unwrap_or("—")) } td { (action.result) }
+                                td { @match action.operation_id.as_deref().and_then(|id| Uuid::parse_str(id).ok()) { Some(op) => { a href=(operations::href(op)) { (op) } }, None => { "—" } } } }
+                        }
                     }
                 }
-            }
+            }))
         },
     )
     .into_response()

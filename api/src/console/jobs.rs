@@ -52,31 +52,33 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
             @if jobs.is_empty() {
                 p.flash { "No bonus job is waiting." }
             } @else {
-                table {
-                    thead { tr { th.n { "Job" } th.n { "Charge" } th.n { "Member" } th.n { "Event" } th.n { "Cans" } th { "Status" } th.n { "Retries" } th { "Next retry" } th { "Last error" } th {} } }
-                    tbody {
-                        @for job in &jobs {
-                            tr.job data-id=(job.id) data-status=(job.status) {
-                                td.n { (job.id) }
-                                td.n { (job.source_charge_id) }
-                                td.n { (job.member_id) }
-                                td.n { (job.charge_event_id.map(|id| id.to_string()).unwrap_or_default()) }
-                                td.n { (job.additional_can) }
-                                td { span class=(format!("badge {}", job.status)) { (job.status) } }
-                                td.n { (job.retry_count) }
-                                td { (job.next_retry_at.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string()).unwrap_or_default()) }
-                                td { (job.last_error.as_deref().unwrap_or("")) }
-                                td {
-                                    @if job.status == JobStatus::Failed {
-                                        form method="post" action=(format!("/console/jobs/{}/retry", job.id)) {
-                                            button type="submit" { "Retry" }
+                (layout::wide_table("Bonus jobs", html! {
+                    table {
+                        thead { tr { th.n { "Job" } th.n { "Charge" } th.n { "Member" } th.n { "Event" } th.n { "Cans" } th { "Status" } th.n { "Retries" } th { "Next retry" } th { "Last error" } th { (layout::unseen("Actions")) } } }
+                        tbody {
+                            @for job in &jobs {
+                                tr.job data-id=(job.id) data-status=(job.status) {
+                                    td.n { (job.id) }
+                                    td.n { (job.source_charge_id) }
+                                    td.n { (job.member_id) }
+                                    td.n { (job.charge_event_id.map(|id| id.to_string()).unwrap_or_default()) }
+                                    td.n { (job.additional_can) }
+                                    td { span class=(format!("badge {}", job.status)) { (job.status) } }
+                                    td.n { (job.retry_count) }
+                                    td { (job.next_retry_at.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string()).unwrap_or_default()) }
+                                    td { (job.last_error.as_deref().unwrap_or("")) }
+                                    td {
+                                        @if job.status == JobStatus::Failed {
+                                            form method="post" action=(format!("/console/jobs/{}/retry", job.id)) {
+                                                button type="submit" { "Retry" }
+                                            }
                                         }
                                     }
                                 }
                             }
                         }
                     }
-                }
+                }))
             }
         },
     )

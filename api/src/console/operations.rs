@@ -86,22 +86,24 @@ pub(crate) async fn render(
             p { a href="/console/dead-letters" { "← all groups" } }
             (summary(&detail))
             (buttons(&detail, session))
-            table #letter-verdicts {
-                thead { tr { th.n { "Letter" } th { "Verdict at the dry run" } th { "Why" } th { "Result" } th { "Detail" } th { "Re-sent as" } } }
-                tbody {
-                    @for letter in &detail.letter_results {
-                        @let resent_as = resent.iter().find(|(id, _)| *id == letter.dead_letter_id).map(|(_, message)| message.as_str());
-                        tr.verdict data-letter-id=(letter.dead_letter_id) data-verdict=(letter.verdict) data-result=(letter.result.as_deref().unwrap_or("")) {
-                            td.n { a href=(format!("/console/dead-letters/letter/{}", letter.dead_letter_id)) { (letter.dead_letter_id) } }
-                            td { span class=(format!("badge {}", letter.verdict)) { (letter.verdict) } }
-                            td { (letter.reason) }
-                            td { @match &letter.result { Some(result) => { span class=(format!("badge {result}")) { (result) } }, None => { "—" } } }
-                            td { (letter.detail) }
-                            td { code { (resent_as.unwrap_or("—")) } }
+            (layout::wide_table("The letters of this operation", html! {
+                table #letter-verdicts {
+                    thead { tr { th.n { "Letter" } th { "Verdict at the dry run" } th { "Why" } th { "Result" } th { "Detail" } th { "Re-sent as" } } }
+                    tbody {
+                        @for letter in &detail.letter_results {
+                            @let resent_as = resent.iter().find(|(id, _)| *id == letter.dead_letter_id).map(|(_, message)| message.as_str());
+                            tr.verdict data-letter-id=(letter.dead_letter_id) data-verdict=(letter.verdict) data-result=(letter.result.as_deref().unwrap_or("")) {
+                                td.n { a href=(format!("/console/dead-letters/letter/{}", letter.dead_letter_id)) { (letter.dead_letter_id) } }
+                                td { span class=(format!("badge {}", letter.verdict)) { (letter.verdict) } }
+                                td { (letter.reason) }
+                                td { @match &letter.result { Some(result) => { span class=(format!("badge {result}")) { (result) } }, None => { "—" } } }
+                                td { (letter.detail) }
+                                td { code { (resent_as.unwrap_or("—")) } }
+                            }
                         }
                     }
                 }
-            }
+            }))
         },
     )
     .into_response()

@@ -152,43 +152,45 @@ async fn render_window(
             }
             h2 { "Functions" }
             p.hint { "What each function did over time: " a href="#activity" { "Activity" } ", below." }
-            table #functions {
-                thead { tr { th { "Function" } th { "State" } th { "Switch" } th { "Queue" } th.n { "Ready" } th.n { "Consumers" } th.n { "NEW dead letters" } th.n { "Failures, last hour" } } }
-                tbody {
-                    @for function in &overview.functions {
-                        @for (i, (queue, depth)) in function.queues.iter().enumerate() {
-                            tr.function data-function=(function.name) data-paused=(function.paused.is_some()) {
-                                @if i == 0 {
-                                    td { (function.name) }
-                                    td {
-                                        @match &function.paused {
-                                            Some(pause) => { span.badge.FAILED { "paused" } " by " (pause.paused_by) ": " (pause.reason) },
-                                            None => { span.badge.DONE { "consuming" } },
-                                        }
-                                    }
-                                    td {
-                                        @if function.paused.is_some() {
-                                            form method="post" action=(format!("/console/functions/{}/resume", function.name)) { button type="submit" { "Resume" } }
-                                        } @else {
-                                            form method="post" action=(format!("/console/functions/{}/pause", function.name)) {
-                                                input type="text" name="reason" placeholder="why" aria-label=(format!("why pause {}", function.name));
-                                                " " button.danger type="submit" { "Pause" }
+            (layout::wide_table("Functions", html! {
+                table #functions {
+                    thead { tr { th { "Function" } th { "State" } th { "Switch" } th { "Queue" } th.n { "Ready" } th.n { "Consumers" } th.n { "NEW dead letters" } th.n { "Failures, last hour" } } }
+                    tbody {
+                        @for function in &overview.functions {
+                            @for (i, (queue, depth)) in function.queues.iter().enumerate() {
+                                tr.function data-function=(function.name) data-paused=(function.paused.is_some()) {
+                                    @if i == 0 {
+                                        td { (function.name) }
+                                        td {
+                                            @match &function.paused {
+                                                Some(pause) => { span.badge.FAILED { "paused" } " by " (pause.paused_by) ": " (pause.reason) },
+                                                None => { span.badge.DONE { "consuming" } },
                                             }
                                         }
-                                    }
-                                } @else { td {} td {} td {} }
-                                td { code { (queue) } }
-                                td.n.ready { (depth.map_or_else(|| "—".to_owned(), |d| d.ready.to_string())) }
-                                td.n { (depth.map_or_else(|| "—".to_owned(), |d| d.consumers.to_string())) }
-                                @if i == 0 {
-                                    td.n.dead-letters { a href="/console/dead-letters" { (function.dead_letters_new) } }
-                                    td.n.failures { (function.failures_last_hour) }
-                                } @else { td {} td {} }
+                                        td {
+                                            @if function.paused.is_some() {
+                                                form method="post" action=(format!("/console/functions/{}/resume", function.name)) { button type="submit" { "Resume" } }
+                                            } @else {
+                                                form method="post" action=(format!("/console/functions/{}/pause", function.name)) {
+                                                    input type="text" name="reason" placeholder="why" aria-label=(format!("why pause {}", function.name));
+                                                    " " button.danger type="submit" { "Pause" }
+                                                }
+                                            }
+                                        }
+                                    } @else { td {} td {} td {} }
+                                    td { code { (queue) } }
+                                    td.n.ready { (depth.map_or_else(|| "—".to_owned(), |d| d.ready.to_string())) }
+                                    td.n { (depth.map_or_else(|| "—".to_owned(), |d| d.consumers.to_string())) }
+                                    @if i == 0 {
+                                        td.n.dead-letters { a href="/console/dead-letters" { (function.dead_letters_new) } }
+                                        td.n.failures { (function.failures_last_hour) }
+                                    } @else { td {} td {} }
+                                }
                             }
                         }
                     }
                 }
-            }
+            }))
             (activity_section(&activity))
             h2 { "Outbox" }
             p #outbox data-backlog=(overview.outbox.backlog) {
@@ -196,26 +198,30 @@ async fn render_window(
                 @if overview.outbox.backlog > 0 { ", the oldest for " (seconds(overview.outbox.oldest_seconds)) }
             }
             h2 { "Work tables" }
-            table #work-tables {
-                thead { tr { th { "Table" } th.n { "Due for a retry" } th.n { "Stuck" } th.n { "Held for a human" } } }
-                tbody {
-                    @for line in &overview.work_tables {
-                        tr data-table=(line.table) { td { code { (line.table) } } td.n { (line.due) } td.n.stuck { (line.stuck) } td.n { (line.held_for_a_human.map_or_else(|| "—".to_owned(), |n| n.to_string())) } }
+            (layout::wide_table("Work tables", html! {
+                table #work-tables {
+                    thead { tr { th { "Table" } th.n { "Due for a retry" } th.n { "Stuck" } th.n { "Held for a human" } } }
+                    tbody {
+                        @for line in &overview.work_tables {
+                            tr data-table=(line.table) { td { code { (line.table) } } td.n { (line.due) } td.n.stuck { (line.stuck) } td.n { (line.held_for_a_human.map_or_else(|| "—".to_owned(), |n| n.to_string())) } }
+                        }
                     }
                 }
-            }
+            }))
             h2 { "Partner webhook breakers" }
             @if overview.breakers.is_empty() {
                 p #breakers { "Every partner's breaker is closed." }
             } @else {
-                table #breakers {
-                    thead { tr { th { "Partner" } th { "State" } th.n { "Consecutive failures" } th { "Open until" } } }
-                    tbody {
-                        @for b in &overview.breakers {
-                            tr data-state=(b.state) { td { (b.name) " (" (b.partner_id) ")" } td { (b.state) } td.n { (b.failures) } td { (b.open_until.map_or_else(|| "—".to_owned(), |t| t.to_rfc3339())) } }
+                (layout::wide_table("Partner webhook breakers", html! {
+                    table #breakers {
+                        thead { tr { th { "Partner" } th { "State" } th.n { "Consecutive failures" } th { "Open until" } } }
+                        tbody {
+                            @for b in &overview.breakers {
+                                tr data-state=(b.state) { td { (b.name) " (" (b.partner_id) ")" } td { (b.state) } td.n { (b.failures) } td { (b.open_until.map_or_else(|| "—".to_owned(), |t| t.to_rfc3339())) } }
+                            }
                         }
                     }
-                }
+                }))
             }
             h2 { "The continuous auditor" }
             p #auditor data-violations=(overview.auditor.last_pass_violations.map_or_else(|| "unknown".to_owned(), |v| v.to_string())) {

@@ -53,36 +53,38 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         html! {
             @if let Some(flash) = &flash { (flash) }
             p.hint { (sessions.len()) " active console session(s), newest first. Ending one signs its holder out at their next request (times UTC)." }
-            table #sessions {
-                thead { tr { th { "Who" } th { "Issuer" } th { "Subject" } th { "How" } th { "Roles" } th { "Signed in" } th { "Last seen" } th { "Expires" } th {} } }
-                tbody {
-                    @for row in &sessions {
-                        @let id = text(&row["id"]);
-                        tr.session data-id=(id) data-subject=(text(&row["subject"])) {
-                            td {
-                                (text(&row["name"]))
-                                @if id == this { " " span.badge { "this session" } }
-                            }
-                            td { (text(&row["issuer"])) }
-                            td { (text(&row["subject"])) }
-                            td { span class=(format!("badge {}", text(&row["auth_method"]))) { (text(&row["auth_method"])) } }
-                            td {
-                                @for (i, role) in row["roles"].as_array().into_iter().flatten().enumerate() {
-                                    @if i > 0 { ", " } (role.as_str().unwrap_or_default())
+            (layout::wide_table("Active sessions", html! {
+                table #sessions {
+                    thead { tr { th { "Who" } th { "Issuer" } th { "Subject" } th { "How" } th { "Roles" } th { "Signed in" } th { "Last seen" } th { "Expires" } th { (layout::unseen("Actions")) } } }
+                    tbody {
+                        @for row in &sessions {
+                            @let id = text(&row["id"]);
+                            tr.session data-id=(id) data-subject=(text(&row["subject"])) {
+                                td {
+                                    (text(&row["name"]))
+                                    @if id == this { " " span.badge { "this session" } }
                                 }
-                            }
-                            td { (time(&row["created_at"])) }
-                            td { (time(&row["last_seen_at"])) }
-                            td { (time(&row["expires_at"])) }
-                            td {
-                                form method="post" action=(format!("/console/sessions/{id}/end")) {
-                                    button.danger type="submit" aria-label=(format!("End the session of {}", text(&row["name"]))) { "End" }
+                                td { (text(&row["issuer"])) }
+                                td { (text(&row["subject"])) }
+                                td { span class=(format!("badge {}", text(&row["auth_method"]))) { (text(&row["auth_method"])) } }
+                                td {
+                                    @for (i, role) in row["roles"].as_array().into_iter().flatten().enumerate() {
+                                        @if i > 0 { ", " } (role.as_str().unwrap_or_default())
+                                    }
+                                }
+                                td { (time(&row["created_at"])) }
+                                td { (time(&row["last_seen_at"])) }
+                                td { (time(&row["expires_at"])) }
+                                td {
+                                    form method="post" action=(format!("/console/sessions/{id}/end")) {
+                                        button.danger type="submit" aria-label=(format!("End the session of {}", text(&row["name"]))) { "End" }
+                                    }
                                 }
                             }
                         }
                     }
                 }
-            }
+            }))
         },
     )
     .into_response()

@@ -63,35 +63,37 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
             @if shown.is_empty() {
                 p.flash { "No market has been suspended." }
             } @else {
-                table {
-                    thead { tr { th { "Market" } th { "Status" } th { "Suspended at" } th { "Progress" } th.n { "Done" } th.n { "Skipped" } th.n { "Failed" } th.n { "Pending" } th.n { "Open orders" } th {} } }
-                    tbody {
-                        @for p in &shown {
-                            tr.suspension data-symbol=(p.symbol) data-phase=(p.phase) {
-                                td { strong { (p.symbol) } br; span.hint { (p.note.as_deref().unwrap_or("")) } }
-                                td { (p.market_status) br; span class=(format!("badge {}", p.phase)) { (p.phase) } }
-                                td { (p.suspended_at.format("%Y-%m-%d %H:%M:%S UTC")) }
-                                td {
-                                    progress value=(p.tasks.settled()) max=(p.created.max(1)) {}
-                                    br;
-                                    span.summary { (p.summary) }
-                                }
-                                td.n { (p.tasks.done) }
-                                td.n { (p.tasks.skipped) }
-                                td.n { (p.tasks.failed) }
-                                td.n { (p.tasks.pending) }
-                                td.n { (p.open_orders) }
-                                td {
-                                    @if p.tasks.failed > 0 {
-                                        form method="post" action=(format!("/console/suspensions/{}/retry-failed", p.symbol)) {
-                                            button type="submit" { "Retry failed tasks" }
+                (layout::wide_table("Suspensions", html! {
+                    table {
+                        thead { tr { th { "Market" } th { "Status" } th { "Suspended at" } th { "Progress" } th.n { "Done" } th.n { "Skipped" } th.n { "Failed" } th.n { "Pending" } th.n { "Open orders" } th { (layout::unseen("Actions")) } } }
+                        tbody {
+                            @for p in &shown {
+                                tr.suspension data-symbol=(p.symbol) data-phase=(p.phase) {
+                                    td { strong { (p.symbol) } br; span.hint { (p.note.as_deref().unwrap_or("")) } }
+                                    td { (p.market_status) br; span class=(format!("badge {}", p.phase)) { (p.phase) } }
+                                    td { (p.suspended_at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                                    td {
+                                        progress value=(p.tasks.settled()) max=(p.created.max(1)) {}
+                                        br;
+                                        span.summary { (p.summary) }
+                                    }
+                                    td.n { (p.tasks.done) }
+                                    td.n { (p.tasks.skipped) }
+                                    td.n { (p.tasks.failed) }
+                                    td.n { (p.tasks.pending) }
+                                    td.n { (p.open_orders) }
+                                    td {
+                                        @if p.tasks.failed > 0 {
+                                            form method="post" action=(format!("/console/suspensions/{}/retry-failed", p.symbol)) {
+                                                button type="submit" { "Retry failed tasks" }
+                                            }
                                         }
                                     }
                                 }
                             }
                         }
                     }
-                }
+                }))
             }
         },
     )

@@ -54,10 +54,12 @@ pub(crate) async fn page(
         Some(&session),
         html! {
             form method="get" action="/console/trace" {
-                select name="kind" aria-label="kind" {
-                    @for k in KINDS { option value=(k) selected[kind.as_deref() == Some(k)] { (k) } }
+                label { "Kind "
+                    select name="kind" {
+                        @for k in KINDS { option value=(k) selected[kind.as_deref() == Some(k)] { (k) } }
+                    }
                 }
-                " " input type="text" name="id" placeholder="id" aria-label="id" value=(id.clone().unwrap_or_default());
+                " " label { "Id " input type="text" inputmode="numeric" name="id" size="12" value=(id.clone().unwrap_or_default()); }
                 " " button type="submit" { "Trace" }
             }
             p.hint { "Everything the database holds about one money movement, oldest first. Skipped deliveries (duplicates) are kept a day; requeued ones are in the delivery log lines and paybus_messages_total." }
@@ -70,19 +72,21 @@ pub(crate) async fn page(
                             p.flash.warn.unreadable role="status" { "Could not read the " (part.part) ": " (part.problem) ". The rest of the timeline is below." }
                         }
                         pre #row { (serde_json::to_string_pretty(&trace.row).unwrap_or_default()) }
-                        table #timeline {
-                            thead { tr { th { "When" } th { "Where" } th { "What" } th { "Detail" } } }
-                            tbody {
-                                @for event in &trace.events {
-                                    tr.event data-source=(event.source) {
-                                        td { (event.at.format("%Y-%m-%d %H:%M:%S%.3f UTC")) }
-                                        td { (event.source) }
-                                        td { (event.what) }
-                                        td { @if !event.detail.is_null() { code { (event.detail) } } }
+                        (layout::wide_table("Timeline", html! {
+                            table #timeline {
+                                thead { tr { th { "When" } th { "Where" } th { "What" } th { "Detail" } } }
+                                tbody {
+                                    @for event in &trace.events {
+                                        tr.event data-source=(event.source) {
+                                            td { (event.at.format("%Y-%m-%d %H:%M:%S%.3f UTC")) }
+                                            td { (event.source) }
+                                            td { (event.what) }
+                                            td { @if !event.detail.is_null() { code { (event.detail) } } }
+                                        }
                                     }
                                 }
                             }
-                        }
+                        }))
                     },
                 }
             }

@@ -16,6 +16,10 @@ use paybus_platform::testing::{
 };
 
 pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-black-box-tests";
+/// What the chain monitor signs its confirmations with, here.
+pub const CHAIN_MONITOR_SECRET: &str = "chain-monitor-secret-for-black-box-tests";
+/// What the payment service signs its completions with, here.
+pub const PAYMENTS_SECRET: &str = "payments-secret-for-black-box-tests";
 
 /// The switch that lets the API take tokens signed with `PAYBUS_ADMIN_JWT_SECRET` (break-glass;
 /// how these tests mint a person's token): set for every process the tests start.
@@ -70,14 +74,8 @@ impl ApiProcess {
             .env(BREAK_GLASS.0, BREAK_GLASS.1)
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
-            .env(
-                "PAYBUS_CHAIN_MONITOR_SECRET",
-                "chain-monitor-secret-for-black-box-tests",
-            )
-            .env(
-                "PAYBUS_PAYMENTS_SECRET",
-                "payments-secret-for-black-box-tests",
-            )
+            .env("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET)
+            .env("PAYBUS_PAYMENTS_SECRET", PAYMENTS_SECRET)
             .env(
                 "PAYBUS_PARTNER_KEY_HASH_KEY",
                 "partner-key-hash-key-for-black-box-tests",
@@ -114,6 +112,57 @@ impl ApiProcess {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("paybus serve did not answer {health} within 30 s");
+    }
+
+    /// POSTs `body` to the admin API with `token`, as ops would: the JSON answer (asserting
+    /// it succeeded).
+    pub async fn admin_post(
+        &self,
+        token: &str,
+        path: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let response = reqwest::Client::new()
+            .post(format!("{}{path}", self.base_url))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .expect("admin request");
+        let status = response.status();
+        let answer: serde_json::Value = response.json().await.expect("JSON answer");
+        assert!(status.is_success(), "POST {path}: {status} {answer}");
+        answer
+    }
+
+    /// POSTs `body` signed with `secret` as the chain monitor and the payment service sign
+    /// (`paybus_platform::signature`): the JSON answer (asserting it succeeded).
+    pub async fn signed_post(
+        &self,
+        secret: &str,
+        path: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let body = body.to_string();
+        let response = reqwest::Client::new()
+            .post(format!("{}{path}", self.base_url))
+            .header(
+                paybus_platform::signature::HEADER,
+                paybus_platform::signature::sign(
+                    secret.as_bytes(),
+                    chrono::Utc::now().timestamp(),
+                    body.as_bytes(),
+                ),
+            )
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("signed request");
+        let status = response.status();
+        let answer: serde_json::Value = response.json().await.expect("JSON answer");
+        assert!(status.is_success(), "POST {path}: {status} {answer}");
+        answer
     }
 
     /// A token with `roles` (`OPS`, `ADMIN`), minted by `paybus token issue` as ops would.
@@ -186,14 +235,36 @@ impl Drop for ApiProcess {
     }
 }
 
-/// A Python tool of the black-box tests, or why it is missing. Missing fails the test when
-/// `PAYBUS_REQUIRE_PYTHON_TESTS` is set (infra/test.sh sets it, so CI never skips) and skips
-/// it otherwise, saying how to install.
+/// An ADMIN's access token for `subject`, signed with `provider`'s key as its own tokens are:
+/// what a test's own API calls (the rows a browser walk starts from) are made with.
+pub fn provider_admin_token(provider: &OidcProvider, subject: &str) -> String {
+    let mut claims = provider.claims_for(subject);
+    claims["groups"] = serde_json::json!([oidc::ADMINS_GROUP]);
+    provider.sign(claims)
+}
+
+/// A Python tool of the black-box tests, or why it is missing (see [`installed`]).
 pub fn python_tool(variable: &str, venv_name: &str) -> Option<PathBuf> {
+    installed(variable, &format!(".local/venv/bin/{venv_name}"))
+}
+
+/// axe-core's browser script (`axe.min.js`), which the console's page test injects into every
+/// page, or why it is missing (see [`installed`]).
+pub fn axe_script() -> Option<PathBuf> {
+    installed(
+        "PAYBUS_TEST_AXE",
+        ".local/axe/node_modules/axe-core/axe.min.js",
+    )
+}
+
+/// What `infra/browser/install.sh` installs for the black-box tests: `variable`'s path, else
+/// `default` under the repository. Missing fails the test when `PAYBUS_REQUIRE_PYTHON_TESTS` is
+/// set (infra/test.sh sets it, so CI never skips) and skips it otherwise, saying how to install.
+fn installed(variable: &str, default: &str) -> Option<PathBuf> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let path = std::env::var_os(variable)
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo.join(".local/venv/bin").join(venv_name));
+        .unwrap_or_else(|| repo.join(default));
     if path.exists() {
         return Some(path);
     }
