@@ -56,6 +56,8 @@ PAGES = [
     ("suspensions", "/console/suspensions", True),
     ("audit", "/console/audit", True),
     ("sessions", "/console/sessions", True),
+    ("partners", "/console/partners", True),
+    ("partner", "/console/partners/{partner}", True),
     ("error", "/console/dead-letters/letter/987654321", True),
 ]
 WIDTHS = (1280, 390)

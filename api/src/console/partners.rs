@@ -152,7 +152,7 @@ pub(crate) async fn list(State(state): State<AppState>, session: Session) -> Res
             @if partners.is_empty() {
                 p.flash { "No partner yet." }
             } @else {
-                table #partners {
+                (layout::wide_table("Partners", html! { table #partners {
                     thead { tr { th.n scope="col" { "Id" } th scope="col" { "Partner" } th scope="col" { "Webhook endpoint" } th scope="col" { "State" } } }
                     tbody {
                         @for partner in &partners {
@@ -165,7 +165,7 @@ pub(crate) async fn list(State(state): State<AppState>, session: Session) -> Res
                             }
                         }
                     }
-                }
+                } }))
             }
         },
     )
@@ -283,7 +283,7 @@ fn keys_section(partner: &Partner, keys: &[KeyView]) -> Markup {
             h2 #keys-heading { "API keys" }
             p.hint { (keys.len()) " key(s), " (usable) " usable. A key is never shown again after it is made; rotating one makes a new key and keeps the old one working for the overlap chosen." }
             @if !keys.is_empty() {
-                table {
+                (layout::wide_table("API keys", html! { table {
                     thead { tr { th.n scope="col" { "Key" } th scope="col" { "Label" } th scope="col" { "State" } th scope="col" { "Created" } th scope="col" { "Last used" } th scope="col" { "Expires" } th scope="col" { "Actions" } } }
                     tbody {
                         @for key in keys {
@@ -317,7 +317,7 @@ fn keys_section(partner: &Partner, keys: &[KeyView]) -> Markup {
                             }
                         }
                     }
-                }
+                } }))
             }
             form #new-key-form method="post" action=(base) {
                 label for="new-key-label" { "New key's label " }
@@ -337,7 +337,7 @@ fn notifications_section(partner: &Partner, notifications: &[NotificationWithAtt
             @if notifications.is_empty() {
                 p.flash { "No notification for this partner." }
             } @else {
-                table {
+                (layout::wide_table("Recent notifications", html! { table {
                     thead { tr { th.n scope="col" { "Id (webhook-id)" } th scope="col" { "Event" } th scope="col" { "About" } th scope="col" { "Status" } th scope="col" { "Created" } th scope="col" { "Delivery attempts" } th scope="col" { "Actions" } } }
                     tbody {
                         @for row in notifications {
@@ -378,7 +378,7 @@ fn notifications_section(partner: &Partner, notifications: &[NotificationWithAtt
                             }
                         }
                     }
-                }
+                } }))
             }
         }
     }
