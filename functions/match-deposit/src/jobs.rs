@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use paybus_p2p::{DeadLetters, Matcher, maintenance};
-use paybus_platform::bus::sweeper::{Job, JobFuture, JobReport};
+use paybus_platform::bus::{
+    Outcome, metrics,
+    sweeper::{Job, JobFuture, JobReport},
+};
 
 /// Rows one pass of the reaper or expiry handles per transaction; a pass continues while
 /// batches come back full.
@@ -45,12 +48,19 @@ impl DueOrders {
                     .matcher
                     .run(claim, uuid::Uuid::now_v7(), DeadLetters::Record)
                     .await;
-                if let Err(error) = result {
-                    tracing::warn!(
+                match result {
+                    // Counted beside the messages' outcomes, so that the console's charts
+                    // show the orders this job matches as well as those a message matched.
+                    Ok(accounted) => metrics::record(
+                        paybus_p2p::FUNCTION,
+                        due_order_label(&super::outcome(claim.id, accounted)),
+                        Duration::ZERO,
+                    ),
+                    Err(error) => tracing::warn!(
                         deposit_order_id = claim.id,
                         error = %paybus_platform::telemetry::one_line(&error),
                         "outcome accounting failed; the order stays claimed until the reaper"
-                    );
+                    ),
                 }
             });
             join_all(runs).await;
@@ -67,6 +77,17 @@ impl DueOrders {
             );
         }
         Ok(worked)
+    }
+}
+
+/// The outcome label of an order this job worked (the charts read the part after the last
+/// `_`; Prometheus tells them from the messages' by the prefix).
+fn due_order_label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Done => "due_order_done",
+        Outcome::Skipped(_) => "due_order_skipped",
+        Outcome::Retry { .. } => "due_order_retry",
+        Outcome::Failed(_) => "due_order_failed",
     }
 }
 

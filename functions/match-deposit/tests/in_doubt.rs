@@ -85,12 +85,15 @@ async fn a_trade_answered_late_keeps_its_liquidity_from_competing_buyers_and_is_
     // The service is answering in time again; the next check asks under the same key.
     world.stub.set_trade_delay(Duration::ZERO);
     world.clock.advance(Duration::from_secs(2));
+    let matched_before = matches_done(world.pool()).await;
     assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
 
     assert_eq!(
         order_state(world.pool(), first).await,
         ("MATCHED".to_owned(), Some("FILLED".to_owned()), 0)
     );
+    // The job's match is on the console's charts, as a message's would be.
+    assert_eq!(matches_done(world.pool()).await, matched_before + 1);
     // One trade, asked for twice, settled once as exactly that trade.
     let trades = world.stub.trades();
     assert_eq!(trades.len(), 1, "{trades:?}");
@@ -387,4 +390,16 @@ async fn candidates_held_by_other_matchers_for_a_moment_do_not_count_an_attempt(
     assert_eq!(DueOrders::new(matcher).run_once().await.unwrap(), 1);
     assert_eq!(order_state(world.pool(), id).await.0, "MATCHED");
     assert_audit_clean(world.pool()).await;
+}
+
+/// match-deposit's done count on the activity charts, this process's tally flushed first.
+async fn matches_done(pool: &sqlx::MySqlPool) -> i64 {
+    paybus_platform::bus::activity::flush(pool).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(done), 0) AS SIGNED) FROM function_activity \
+         WHERE function_name = 'match-deposit'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }

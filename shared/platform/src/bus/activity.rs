@@ -166,6 +166,8 @@ mod tests {
             ("done", Some(Counted::Done)),
             ("task_done", Some(Counted::Done)),
             ("worker_done", Some(Counted::Done)),
+            ("due_order_done", Some(Counted::Done)),
+            ("due_order_failed", Some(Counted::Failed)),
             ("skipped", Some(Counted::Skipped)),
             ("task_skipped", Some(Counted::Skipped)),
             ("retry", Some(Counted::Retried)),
