@@ -3,7 +3,7 @@
 //! `retried`, `failed`: `function_activity`, which every process adds its tally to, see
 //! `paybus_platform::bus::activity`), each queue's ready messages and the outbox's lag (the
 //! sweeper's samples, `bus::samples`), by minute over the last hour or by hour over the last
-//! day; and dead letters per hour over the last day (`dead_letter_failures`).
+//! day; and dead letters per hour over the last day (the recorder's counts in the same rows).
 //!
 //! Every series has one value per bucket, oldest first, the current (partial) bucket last, so
 //! that a chart's axis is continuous: a bucket without rows is 0 (counts) or `null` (samples:
@@ -122,16 +122,6 @@ fn buckets(window: Window, now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
         .collect()
 }
 
-/// The bucket `at` falls in, if it is one of `starts` (evenly `step` apart).
-fn index_of(starts: &[DateTime<Utc>], step: TimeDelta, at: DateTime<Utc>) -> Option<usize> {
-    let first = *starts.first()?;
-    if at < first {
-        return None;
-    }
-    let index = usize::try_from((at - first).num_seconds() / step.num_seconds()).ok()?;
-    (index < starts.len()).then_some(index)
-}
-
 /// A bucket number the server computed, if it is one of the window's `len`.
 fn bucket_index(bucket: i64, len: usize) -> Option<usize> {
     usize::try_from(bucket).ok().filter(|&i| i < len)
@@ -230,27 +220,26 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
 
     let hours = buckets(Window::Day, now);
     let since = hours.first().copied().unwrap_or(now);
-    let failures: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT l.function_name, CAST(FLOOR(UNIX_TIMESTAMP(f.failed_at) / 3600) AS SIGNED) AS hour, \
-                COUNT(*) \
-         FROM dead_letter_failures f JOIN dead_letters l ON l.dead_letter_id = f.dead_letter_id \
-         WHERE f.failed_at >= ? GROUP BY l.function_name, hour",
+    let since = since.naive_utc();
+    let failures: Vec<(String, i64, u64)> = sqlx::query_as(
+        "SELECT function_name, TIMESTAMPDIFF(HOUR, ?, minute_at) AS bucket, \
+                CAST(SUM(dead_letters) AS UNSIGNED) \
+         FROM function_activity WHERE minute_at >= ? AND dead_letters > 0 \
+         GROUP BY function_name, bucket",
     )
+    .bind(since)
     .bind(since)
     .fetch_all(&mut *conn)
     .await?;
     drop(conn);
     let mut dead_letters: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (function, hour, count) in failures {
-        let Some(at) = DateTime::<Utc>::from_timestamp(hour * 3600, 0) else {
-            continue;
-        };
-        let Some(i) = index_of(&hours, TimeDelta::hours(1), at) else {
+    for (function, bucket, count) in failures {
+        let Some(i) = bucket_index(bucket, hours.len()) else {
             continue;
         };
         dead_letters
             .entry(function)
-            .or_insert_with(|| vec![0; hours.len()])[i] += u64::try_from(count).unwrap_or(0);
+            .or_insert_with(|| vec![0; hours.len()])[i] += count;
     }
 
     Ok(Activity {
@@ -295,7 +284,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_buckets_end_with_the_current_one_and_rows_fall_in_theirs() {
+    fn the_buckets_end_with_the_current_one_and_the_server_s_buckets_fall_in_theirs() {
         let now = Utc.with_ymd_and_hms(2026, 12, 7, 10, 30, 45).unwrap();
         let minutes = buckets(Window::Hour, now);
         assert_eq!(minutes.len(), 60);
@@ -313,19 +302,8 @@ mod tests {
             hours[23],
             Utc.with_ymd_and_hms(2026, 12, 7, 10, 0, 0).unwrap()
         );
-        let step = TimeDelta::hours(1);
-        let at = |h, m| Utc.with_ymd_and_hms(2026, 12, 7, h, m, 0).unwrap();
-        assert_eq!(index_of(&hours, step, at(10, 59)), Some(23));
-        assert_eq!(index_of(&hours, step, at(9, 0)), Some(22));
-        assert_eq!(index_of(&hours, step, at(11, 0)), None, "the future");
-        assert_eq!(
-            index_of(
-                &hours,
-                step,
-                Utc.with_ymd_and_hms(2026, 12, 6, 10, 59, 0).unwrap()
-            ),
-            None,
-            "before the window"
-        );
+        assert_eq!(bucket_index(23, hours.len()), Some(23));
+        assert_eq!(bucket_index(24, hours.len()), None, "the future");
+        assert_eq!(bucket_index(-1, hours.len()), None, "before the window");
     }
 }

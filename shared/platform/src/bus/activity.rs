@@ -11,7 +11,9 @@
 //! charts are for people, the rows of the workflows are the record.
 //!
 //! Outcomes that are none of the four (a function's own labels such as `deferred` or
-//! `parked`, a delivery `refused` in a Lambda) are not tallied.
+//! `parked`, a delivery `refused` in a Lambda) are not tallied. The dead-letter recorder adds
+//! each new failure it records ([`count_dead_letter`]), so dead letters per hour are read from
+//! these rows too.
 
 use std::{
     collections::BTreeMap,
@@ -63,8 +65,9 @@ impl Counted {
     }
 }
 
-/// Counts of one function in one minute: done, skipped, retried, failed.
-type Counts = [u64; 4];
+/// Counts of one function in one minute: done, skipped, retried, failed, dead letters.
+type Counts = [u64; 5];
+const DEAD_LETTERS: usize = 4;
 type Tally = BTreeMap<(String, i64), Counts>;
 
 fn tally() -> &'static Mutex<Tally> {
@@ -74,16 +77,26 @@ fn tally() -> &'static Mutex<Tally> {
 
 /// Tallies one outcome of `function` in the current minute.
 pub fn count(function: &str, outcome: &str) {
-    let Some(counted) = Counted::of(outcome) else {
-        return;
-    };
+    if let Some(counted) = Counted::of(outcome) {
+        add(function, counted.index());
+    }
+}
+
+/// Tallies one dead-letter failure of `function` recorded in the current minute (counted in
+/// the recording transaction: a recording rolled back by its caller would still be counted,
+/// which no recorder path does but on a database error).
+pub fn count_dead_letter(function: &str) {
+    add(function, DEAD_LETTERS);
+}
+
+fn add(function: &str, column: usize) {
     let minute = Utc::now().timestamp().div_euclid(60);
     let mut tally = tally().lock().unwrap_or_else(|p| p.into_inner());
     let counts = match tally.get_mut(&(function.to_owned(), minute)) {
         Some(counts) => counts,
         None => tally.entry((function.to_owned(), minute)).or_default(),
     };
-    counts[counted.index()] += 1;
+    counts[column] += 1;
 }
 
 /// Adds this process's tally to `function_activity` in one statement, and forgets it. If the
@@ -95,7 +108,7 @@ pub async fn flush(pool: &MySqlPool) -> Result<u64, sqlx::Error> {
     }
     let mut insert = QueryBuilder::<MySql>::new(
         "INSERT INTO function_activity \
-         (function_name, minute_at, done, skipped, retried, failed) ",
+         (function_name, minute_at, done, skipped, retried, failed, dead_letters) ",
     );
     insert.push_values(&taken, |mut row, ((function, minute), counts)| {
         let at = DateTime::<Utc>::from_timestamp(minute * 60, 0).unwrap_or_default();
@@ -104,13 +117,14 @@ pub async fn flush(pool: &MySqlPool) -> Result<u64, sqlx::Error> {
             .push_bind(counts[0])
             .push_bind(counts[1])
             .push_bind(counts[2])
-            .push_bind(counts[3]);
+            .push_bind(counts[3])
+            .push_bind(counts[DEAD_LETTERS]);
     });
     // VALUES() is what MariaDB and MySQL 8 both read here (MySQL's row alias is not MariaDB's).
     insert.push(
         " ON DUPLICATE KEY UPDATE done = done + VALUES(done), \
          skipped = skipped + VALUES(skipped), retried = retried + VALUES(retried), \
-         failed = failed + VALUES(failed)",
+         failed = failed + VALUES(failed), dead_letters = dead_letters + VALUES(dead_letters)",
     );
     match insert.build().execute(pool).await {
         Ok(_) => Ok(taken.values().map(|c| c.iter().sum::<u64>()).sum()),

@@ -327,6 +327,7 @@ pub async fn record_failure(
     if !new_failure {
         return Ok(false);
     }
+    super::activity::count_dead_letter(&row.function_name);
     // The status is left alone here: whether this failure reopens the letter is decided below,
     // under the lock this statement takes, so the group counts know which it was.
     let affected = sqlx::query(

@@ -724,10 +724,11 @@ async fn load_activity(pool: &MySqlPool) -> anyhow::Result<()> {
             MINUTES,
             &format!(
                 "INSERT INTO function_activity (function_name, minute_at, done, skipped, \
-                 retried, failed) \
+                 retried, failed, dead_letters) \
                  SELECT '{name}', TIMESTAMPADD(MINUTE, -CAST({{n}} AS SIGNED), \
                         DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%d %H:%i:00')), \
-                        600 + {{n}} % 120, {{n}} % 7, {{n}} % 3, {{n}} % 11 DIV 10 \
+                        600 + {{n}} % 120, {{n}} % 7, {{n}} % 3, {{n}} % 11 DIV 10, \
+                        {{n}} % 11 DIV 10 \
                  FROM {{numbers}} WHERE n >= ? AND n < ?",
                 name = function.name
             ),
