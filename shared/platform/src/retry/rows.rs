@@ -453,13 +453,9 @@ impl WorkTable {
 
     /// Rows due for an attempt now (a retry whose time came, or a new row not yet taken).
     pub async fn count_due(&self, conn: &mut MySqlConnection) -> Result<u64, sqlx::Error> {
-        // Two counts added, each a range on the (status, time) index: with OR the optimizer may
-        // take another index on the status and read every due row's clustered record (seconds
-        // at 50,000 due rows).
-        let (table, status, due, next) = (self.table, self.status, self.due, self.next_attempt_at);
         let sql = format!(
-            "SELECT (SELECT COUNT(*) FROM {table} WHERE {status} = '{due}' AND {next} IS NULL) \
-                  + (SELECT COUNT(*) FROM {table} WHERE {status} = '{due}' AND {next} <= NOW(6))"
+            "SELECT COUNT(*) FROM {} WHERE {} = '{}' AND ({} IS NULL OR {} <= NOW(6))",
+            self.table, self.status, self.due, self.next_attempt_at, self.next_attempt_at
         );
         let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(conn)
