@@ -10,10 +10,8 @@
 //! a message. A process killed between flushes loses at most that interval's counts: the
 //! charts are for people, the rows of the workflows are the record.
 //!
-//! Outcomes that are none of the four (a function's own labels such as `deferred` or
-//! `parked`, a delivery `refused` in a Lambda) are not tallied. The dead-letter recorder adds
-//! each new failure it records ([`count_dead_letter`]), so dead letters per hour are read from
-//! these rows too.
+//! Outcomes that are none of the four (`deferred`, `parked`, `refused`) are not tallied; the
+//! dead-letter recorder adds each new failure ([`count_dead_letter`]) for the dead-letter chart.
 
 use std::{
     collections::BTreeMap,
