@@ -54,7 +54,8 @@ pub(crate) fn admin_routes() -> Router<AppState> {
 const PAGE_DEFAULT: u32 = 50;
 const PAGE_MAX: u32 = 200;
 
-fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+/// A page size asked for, 1 to 200 (default 50), or a 400 saying so.
+pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     let limit = limit.unwrap_or(PAGE_DEFAULT);
     if (1..=PAGE_MAX).contains(&limit) {
         Ok(limit)

@@ -7,18 +7,19 @@ use axum::{
     extract::{Path, Query, State, rejection::PathRejection},
 };
 use paybus_partners::{
-    attempts::{self, DeliveryAttempt},
-    notifications::{self, NotificationView, Redelivery},
+    attempts,
+    notifications::{self, Redelivery},
 };
 use paybus_platform::actor::Actor;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::PartnerIdentity;
-use crate::{ApiError, AppState, admin::path_id};
-
-const PAGE_DEFAULT: u32 = 50;
-const PAGE_MAX: u32 = 200;
+use crate::{
+    ApiError, AppState,
+    admin::path_id,
+    partners::{NotificationWithAttempts, page_limit},
+};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -46,12 +47,7 @@ pub(super) async fn list(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let limit = query.limit.unwrap_or(PAGE_DEFAULT);
-    if !(1..=PAGE_MAX).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1 to {PAGE_MAX}"
-        )));
-    }
+    let limit = page_limit(query.limit)?;
     let mut conn = state.pool.acquire().await?;
     let page =
         notifications::list_for_partner(&mut conn, partner.partner_id, query.before, limit).await?;
@@ -61,14 +57,6 @@ pub(super) async fn list(
     Ok(Json(
         json!({ "notifications": page, "next_before": next_before }),
     ))
-}
-
-#[derive(Serialize)]
-pub(super) struct NotificationWithAttempts {
-    #[serde(flatten)]
-    notification: NotificationView,
-    /// Every POST made for it, oldest first.
-    delivery_attempts: Vec<DeliveryAttempt>,
 }
 
 #[utoipa::path(
