@@ -1,7 +1,7 @@
 //! `paybus audit` as operators run it: clean is exit 0, each violation is a line and exit 1.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 
 fn audit(env: &TestEnv) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
@@ -85,7 +85,7 @@ async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_fir
         paybus_platform::ops_log::append(
             &mut tx,
             &paybus_platform::ops_log::Entry {
-                actor: &paybus_platform::testing::person("alice"),
+                actor: &paybus_testkit::person("alice"),
                 action: "function.pause",
                 subject: &format!("function:{function}"),
                 detail: &serde_json::json!({"reason": "maintenance"}),

@@ -20,8 +20,8 @@ use paybus_lab::services::PrivateBroker;
 use paybus_platform::{
     bus::{Envelope, Handler, OutgoingMessage},
     signature,
-    testing::{TestEnv, eventually, free_port, scalar, services_on},
 };
+use paybus_testkit::{TestEnv, eventually, free_port, scalar, services_on};
 use serde_json::Value;
 
 const CHAIN_MONITOR_SECRET: &str = "chain-monitor-secret-blocked-0123";

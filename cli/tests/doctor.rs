@@ -3,7 +3,7 @@
 
 use std::{net::TcpListener, process::Output};
 
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 
 fn paybus(env: &TestEnv, overrides: &[(&str, String)], args: &[&str]) -> Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_paybus"));

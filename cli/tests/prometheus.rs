@@ -9,10 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::{
-    signature,
-    testing::{TestEnv, free_port},
-};
+use paybus_platform::signature;
+use paybus_testkit::{TestEnv, free_port};
 use serde_json::Value;
 
 const SECRET: &str = "chain-monitor-secret-prom-0123";

@@ -7,7 +7,7 @@
 mod api_process;
 
 use api_process::ApiProcess;
-use paybus_platform::testing::{SECRETS_KEY, TestEnv};
+use paybus_testkit::{SECRETS_KEY, TestEnv};
 
 const NEW_KEY: &str = "6e6577206b6579206f66207468652074657374732c2033322062797465732121";
 

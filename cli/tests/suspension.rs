@@ -1,7 +1,7 @@
 //! `paybus suspension show|watch` as operators run them, on a suspension planted by SQL.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 
 fn paybus(env: &TestEnv, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))

@@ -1,7 +1,7 @@
 //! The topology declared by code and the shipped definitions file are the same thing.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 
 fn paybus(env: &TestEnv, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
@@ -110,7 +110,7 @@ async fn a_sharded_layout_declared_over_its_imported_definitions_is_idempotent()
 async fn a_new_shard_count_retires_the_old_queue_and_drains_it_onto_the_shards() {
     let env = TestEnv::new().await;
     assert!(paybus(&env, &["topology"]).status.success());
-    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
+    let services = paybus_testkit::services_on(&env.settings, &[]).await;
     for ping_id in 1..=3 {
         let message = paybus_platform::bus::Envelope::new(paybus_canary::Ping { ping_id })
             .to_outgoing()
@@ -140,11 +140,11 @@ async fn a_new_shard_count_retires_the_old_queue_and_drains_it_onto_the_shards()
     let channel = services.connection().create_channel().await.unwrap();
     let mut on_shards = 0;
     for queue in ["paybus.canary.s0", "paybus.canary.s1"] {
-        on_shards += paybus_platform::testing::queue_depth(&channel, queue).await;
+        on_shards += paybus_testkit::queue_depth(&channel, queue).await;
     }
     assert_eq!(on_shards, 3);
     assert_eq!(
-        paybus_platform::testing::queue_depth(&channel, "paybus.canary").await,
+        paybus_testkit::queue_depth(&channel, "paybus.canary").await,
         0
     );
 }

@@ -13,11 +13,8 @@ use std::{
 };
 
 use axum::{Router, routing::post};
-use paybus_p2p::testing::QuoteStub;
-use paybus_platform::{
-    signature,
-    testing::{TestEnv, free_port},
-};
+use paybus_platform::signature;
+use paybus_testkit::{TestEnv, free_port, p2p::QuoteStub};
 use serde_json::{Value, json};
 
 const ADMIN_SECRET: &str = "trace-timelines-admin-secret-0123456789";

@@ -7,10 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::{
-    signature,
-    testing::{TestEnv, free_port},
-};
+use paybus_platform::signature;
+use paybus_testkit::{TestEnv, free_port};
 
 const SECRET: &str = "chain-monitor-secret-e2e-0123";
 

@@ -16,10 +16,9 @@ use paybus_platform::{
         outbox::{Relay, RelayConfig},
         pauses, topology,
     },
-    testing::{
-        self, TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar,
-        services_on,
-    },
+};
+use paybus_testkit::{
+    TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar, services_on,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +34,7 @@ fn relay(services: &Services) -> Relay {
 
 /// A queue of the test's own bound to `canary.ping`, to count what reaches the broker.
 async fn tap(services: &Services, name: &str) -> lapin::Channel {
-    testing::tap(services, name, Ping::TYPE).await
+    paybus_testkit::tap(services, name, Ping::TYPE).await
 }
 
 async fn insert_pings(env: &TestEnv, n: usize) -> Vec<u64> {
@@ -684,7 +683,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &triager,
             OperationAction::Archive,
             &Selection::Ids(vec![letter]),
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             10,
             &paybus_platform::approvals::FourEyes::off(),
         )
@@ -694,7 +693,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &services.outbox,
             &triager,
             requested.operation.id,
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             paybus_dead_letter_ops::ExecuteOptions::default(),
             |_| {},
         )
@@ -784,7 +783,7 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
         pauses::pause(
             &mut conn,
             "canary",
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             "maintenance"
         )
         .await
@@ -798,13 +797,9 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert_eq!(queue_depth(&channel, "paybus.canary").await, 20);
 
     assert!(
-        pauses::resume(
-            &mut conn,
-            "canary",
-            &paybus_platform::testing::person("alice")
-        )
-        .await
-        .unwrap()
+        pauses::resume(&mut conn, "canary", &paybus_testkit::person("alice"))
+            .await
+            .unwrap()
     );
     let drained = eventually(Duration::from_secs(30), || async {
         ponged(&env).await == 20
@@ -816,7 +811,7 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     pauses::pause(
         &mut conn,
         "canary",
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         "again",
     )
     .await
@@ -829,23 +824,14 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert_eq!(queue_depth(&channel, "paybus.canary").await, 30);
     // A pause already there is not a second one.
     assert!(
-        !pauses::pause(
-            &mut conn,
-            "canary",
-            &paybus_platform::testing::person("bob"),
-            "too"
-        )
-        .await
-        .unwrap()
+        !pauses::pause(&mut conn, "canary", &paybus_testkit::person("bob"), "too")
+            .await
+            .unwrap()
     );
 
-    pauses::resume(
-        &mut conn,
-        "canary",
-        &paybus_platform::testing::person("alice"),
-    )
-    .await
-    .unwrap();
+    pauses::resume(&mut conn, "canary", &paybus_testkit::person("alice"))
+        .await
+        .unwrap();
     let drained = eventually(Duration::from_secs(30), || async {
         ponged(&env).await == 50
     })
@@ -1251,7 +1237,7 @@ async fn a_broker_url_that_refuses_connections_is_skipped_for_the_next() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     let mut dead = env.settings.broker.url.clone();
-    dead.set_port(Some(testing::free_port())).unwrap();
+    dead.set_port(Some(paybus_testkit::free_port())).unwrap();
     settings.broker.url = dead;
     settings.broker.failover_urls = vec![env.settings.broker.url.clone()];
 
@@ -1375,7 +1361,7 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
     pauses::pause(
         &mut conn,
         "canary",
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         "the node is about to go silent",
     )
     .await
@@ -1390,13 +1376,9 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
     .await;
     assert!(recorder_consuming, "the dead-letter recorder consumes");
     node.stall();
-    pauses::resume(
-        &mut conn,
-        "canary",
-        &paybus_platform::testing::person("alice"),
-    )
-    .await
-    .unwrap();
+    pauses::resume(&mut conn, "canary", &paybus_testkit::person("alice"))
+        .await
+        .unwrap();
     // The pauses are read every second; then the canary asks for its channel.
     tokio::time::sleep(pauses::POLL_INTERVAL * 2).await;
 

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::testing::{
+use paybus_testkit::{
     TestEnv, free_port,
     oidc::{self, OidcProvider, OidcSetup},
 };
@@ -35,8 +35,8 @@ impl ApiProcess {
         Self::start_with(env, &[]).await
     }
 
-    /// [`start_with`](Self::start_with) behind a real identity provider (`testing::oidc`): the
-    /// people of [`token_of`](Self::token_of) and [`cli_as`](Self::cli_as) are the provider's,
+    /// [`start_with`](Self::start_with) behind a real identity provider
+    /// (`paybus_testkit::oidc`): the people of [`token_of`](Self::token_of) and [`cli_as`](Self::cli_as) are the provider's,
     /// as four-eyes needs. `None` when the provider's tools are missing (the test is skipped;
     /// see `OidcProvider::start`).
     pub async fn with_provider(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Option<Self> {

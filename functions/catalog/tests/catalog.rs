@@ -13,8 +13,8 @@ use paybus_platform::{
         topology,
     },
     function::{BuildError, Function, FunctionEntry},
-    testing::{TestEnv, eventually},
 };
+use paybus_testkit::{TestEnv, eventually};
 use serde::{Deserialize, Serialize};
 
 fn repository() -> &'static Path {

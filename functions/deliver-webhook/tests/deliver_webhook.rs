@@ -18,13 +18,16 @@ use paybus_partners::{
     attempts::NewAttempt,
     breaker::{BreakerPolicy, BreakerState},
     notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
-    testing::{PARTNER_SECRET as SECRET, partner, sealer},
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
     retry::{AfterFailure, Clock, DueSweepConfig, RetryPolicy, Settled},
     signature,
-    testing::{TestEnv, eventually},
+};
+use paybus_testkit::{
+    TestEnv, eventually,
+    partners::{PARTNER_SECRET as SECRET, partner},
+    sealer,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

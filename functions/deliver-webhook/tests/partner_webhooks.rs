@@ -14,15 +14,13 @@ use paybus_deliver_webhook::{
 use paybus_partners::{
     attempts,
     notifications::{self, NotificationCreated, Redelivery},
-    partner,
-    testing::{partner_with_key, sealer},
-    webhook_secrets,
+    partner, webhook_secrets,
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Services},
     signature,
-    testing::TestEnv,
 };
+use paybus_testkit::{TestEnv, partners::partner_with_key, sealer};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate, matchers::method};
 
 async fn insert_notification(env: &TestEnv, partner_id: u64, reference_id: u64) -> u64 {
@@ -175,7 +173,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
         &sealer(),
         partner_id,
         Duration::from_secs(3600),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await
     .unwrap();
@@ -213,7 +211,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
         &sealer(),
         999_999,
         Duration::from_secs(1),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await;
     assert!(matches!(
@@ -284,23 +282,19 @@ async fn a_410_disables_the_endpoint_parks_without_losing_the_notification_until
         &mut conn,
         partner_id,
         Some(&healthy.uri()),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await
     .unwrap();
-    let missing = partner::set_webhook_url(
-        &mut conn,
-        999_999,
-        None,
-        &paybus_platform::testing::person("ops"),
-    )
-    .await
-    .unwrap();
+    let missing =
+        partner::set_webhook_url(&mut conn, 999_999, None, &paybus_testkit::person("ops"))
+            .await
+            .unwrap();
     let invalid = partner::set_webhook_url(
         &mut conn,
         partner_id,
         Some("ftp://x"),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await;
     assert!(existed && !missing && invalid.is_err());

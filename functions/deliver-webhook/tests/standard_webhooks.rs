@@ -12,15 +12,9 @@
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
-use paybus_partners::{
-    notifications::NotificationCreated,
-    testing::{partner_with_key, sealer},
-    webhook_secrets,
-};
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome},
-    testing::TestEnv,
-};
+use paybus_partners::{notifications::NotificationCreated, webhook_secrets};
+use paybus_platform::bus::{Context, Envelope, Handler, Outcome};
+use paybus_testkit::{TestEnv, partners::partner_with_key, sealer};
 use serde_json::{Value, json};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate, matchers::method};
 
@@ -108,7 +102,7 @@ async fn the_reference_libraries_verify_deliveries_with_the_old_and_the_new_secr
         &sealer(),
         partner_id,
         Duration::from_secs(24 * 3600),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await
     .unwrap();
