@@ -6,13 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_testkit::TestEnv;
+mod api_process;
 
-fn paybus(env: &TestEnv) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
-    command.envs(env.env_vars());
-    command
-}
+use api_process::paybus;
+use paybus_testkit::TestEnv;
 
 /// Polls `child` until it exits or `timeout` passes, without blocking the runtime (the
 /// relays of the start-up tests run on it).

@@ -3,6 +3,9 @@
 //! under its own `traceparent`, and a partner endpoint that records the `traceparent` it gets.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
+use api_process::paybus;
 use std::{
     collections::HashMap,
     io::Read,
@@ -128,9 +131,8 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
     let port = free_port();
     let log = std::env::temp_dir().join(format!("paybus-traces-{}.log", std::process::id()));
     let mut run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .envs(receiver.env_vars("paybus-run"))
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
@@ -343,9 +345,8 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
     let env = TestEnv::new().await;
     let port = free_port();
     let _run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .envs(receiver.env_vars("paybus-run"))
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)

@@ -6,7 +6,7 @@
 
 use std::{
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -16,6 +16,19 @@ use paybus_testkit::{
 };
 
 pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-black-box-tests";
+
+/// `paybus` on `env`'s database and vhost (its `PAYBUS_*` variables), for a test to add
+/// arguments and variables to.
+pub fn paybus(env: &TestEnv) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+    command.envs(env.env_vars());
+    command
+}
+
+/// What `command` printed and how it exited (one that cannot start fails the test).
+pub fn output_of(command: &mut Command) -> Output {
+    command.output().expect("run paybus")
+}
 
 /// The switch that lets the API take tokens signed with `PAYBUS_ADMIN_JWT_SECRET` (break-glass;
 /// how these tests mint a person's token): set for every process the tests start.
@@ -63,10 +76,9 @@ impl ApiProcess {
     /// before the process starts (an identity provider's redirect URIs).
     pub async fn start_on(env: &TestEnv, port: u16, vars: &[(&str, Option<&str>)]) -> Self {
         let log = std::env::var("TEST_LOG").map_or_else(|_| Stdio::null(), |_| Stdio::inherit());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        let mut command = paybus(env);
         command
             .arg("serve")
-            .envs(env.env_vars())
             .env(BREAK_GLASS.0, BREAK_GLASS.1)
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
@@ -165,9 +177,8 @@ impl ApiProcess {
     /// `paybus` calling this API with no token of its own: no `PAYBUS_TOKEN`, and a config
     /// folder that holds no sign-in unless the test puts one there.
     pub fn cli(&self, env: &TestEnv) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        let mut command = paybus(env);
         command
-            .envs(env.env_vars())
             .env(BREAK_GLASS.0, BREAK_GLASS.1)
             .env("PAYBUS_API_URL", &self.base_url)
             .env_remove("PAYBUS_TOKEN")
