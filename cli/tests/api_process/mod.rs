@@ -49,9 +49,9 @@ impl ApiProcess {
     }
 
     /// [`start_with`](Self::start_with) behind a real identity provider
-    /// (`paybus_testkit::oidc`): the people of [`token_of`](Self::token_of) and [`cli_as`](Self::cli_as) are the provider's,
-    /// as four-eyes needs. `None` when the provider's tools are missing (the test is skipped;
-    /// see `OidcProvider::start`).
+    /// (`paybus_testkit::oidc`): the people of [`token_of`](Self::token_of) and
+    /// [`cli_as`](Self::cli_as) are the provider's, as four-eyes needs. `None` when the
+    /// provider's tools are missing (the test is skipped; see `OidcProvider::start`).
     pub async fn with_provider(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Option<Self> {
         let provider = OidcProvider::start(OidcSetup::default()).await?;
         let issuer = provider.issuer();
