@@ -13,7 +13,8 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::auth::Role;
-use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion, testing};
+use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
+use paybus_testkit::bonuses;
 use serde_json::{Value, json};
 use support::*;
 
@@ -32,9 +33,9 @@ fn as_admin(api: &Api, subject: &str, method: &str, path: &str) -> Request<Body>
 /// A FAILED bonus job; its id.
 async fn failed_job(api: &Api) -> u64 {
     let db = &api.env.db;
-    testing::active_event(db, "four-eyes 10%", 10, 9).await;
-    let member = testing::member(db).await;
-    let purchase = testing::purchase(db, member, PaymentGateway::Pg, 100).await;
+    bonuses::active_event(db, "four-eyes 10%", 10, 9).await;
+    let member = bonuses::member(db).await;
+    let purchase = bonuses::purchase(db, member, PaymentGateway::Pg, 100).await;
     let completed = completion::complete(
         &api.services.outbox,
         BonusRules::default(),
@@ -311,11 +312,10 @@ async fn six_executes_at_once_run_the_retry_once_and_every_answer_is_what_it_rec
         "one answer ran it, the others report it: {ran:?}"
     );
     assert_eq!(ops_log_count(&api, "bonus_job.retry").await, 1);
-    let granted =
-        paybus_platform::testing::eventually(std::time::Duration::from_secs(20), || async {
-            job_status(&api, job).await == "DONE"
-        })
-        .await;
+    let granted = paybus_testkit::eventually(std::time::Duration::from_secs(20), || async {
+        job_status(&api, job).await == "DONE"
+    })
+    .await;
     granting.cancel();
     assert!(granted, "grant-bonus granted the retried job");
     assert_eq!(
@@ -487,8 +487,8 @@ async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_
     use paybus_platform::{
         approvals::{self, ApprovalError, Guarded},
         db::{self, MIGRATOR},
-        testing::TestEnv,
     };
+    use paybus_testkit::TestEnv;
     const SLOT_MIGRATION: i64 = 20261207000527;
     let env = TestEnv::unmigrated().await;
     let before = MIGRATOR
@@ -571,7 +571,7 @@ async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_
             &mut conn,
             Guarded::JobRetry,
             subject,
-            &paybus_platform::testing::person("carol"),
+            &paybus_testkit::person("carol"),
             ttl,
         )
         .await
@@ -595,12 +595,7 @@ async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_
         "an expired one blocks nothing: {renewed}"
     );
     let duplicate = "01a00000-0000-7000-8000-000000000005".parse().unwrap();
-    let refused = approvals::approve(
-        &mut conn,
-        duplicate,
-        &paybus_platform::testing::person("bob"),
-    )
-    .await;
+    let refused = approvals::approve(&mut conn, duplicate, &paybus_testkit::person("bob")).await;
     assert!(
         matches!(&refused, Err(ApprovalError::State { problem, .. }) if problem.contains("not the open request")),
         "{refused:?}"

@@ -10,11 +10,11 @@ use axum::{
     http::{Request, StatusCode},
 };
 use paybus_api::auth::Role;
-use paybus_bonuses::{
-    charge::{Container, PaymentGateway},
-    testing::{self, Purchase, assert_audit_clean},
+use paybus_bonuses::charge::{Container, PaymentGateway};
+use paybus_testkit::{
+    bonuses::{self, Purchase, assert_audit_clean},
+    tap,
 };
-use paybus_platform::testing::tap;
 use serde_json::{Value, json};
 use support::*;
 
@@ -42,14 +42,14 @@ fn payment(path: &str, body: &str) -> Request<Body> {
 }
 
 async fn purchase(api: &Api, gateway: PaymentGateway, cans: i32) -> Purchase {
-    let member = testing::member(&api.env.db).await;
-    testing::purchase(&api.env.db, member, gateway, cans).await
+    let member = bonuses::member(&api.env.db).await;
+    bonuses::purchase(&api.env.db, member, gateway, cans).await
 }
 
 #[tokio::test]
 async fn every_gateway_s_webhook_and_verify_complete_through_one_transition() {
     let api = Api::without_four_eyes().await;
-    testing::active_event(&api.env.db, "api 10%", 10, 9).await;
+    bonuses::active_event(&api.env.db, "api 10%", 10, 9).await;
     let mut answers = Vec::new();
     for gateway in [
         PaymentGateway::Pg,
@@ -79,7 +79,7 @@ async fn every_gateway_s_webhook_and_verify_complete_through_one_transition() {
                 gateway,
                 completed,
                 repeated,
-                testing::cans(&api.env.db, purchase.member_id, container).await,
+                bonuses::cans(&api.env.db, purchase.member_id, container).await,
                 container,
             ));
         }
@@ -206,7 +206,7 @@ async fn a_payment_call_is_signed_and_a_client_mistake_is_a_4xx_that_writes_noth
         "nothing completed"
     );
     assert_eq!(
-        testing::cans(&api.env.db, charge.member_id, Container::Pg).await,
+        bonuses::cans(&api.env.db, charge.member_id, Container::Pg).await,
         0
     );
     // And the right call still completes it.
@@ -240,14 +240,14 @@ async fn a_replayed_receipt_for_another_charge_is_refused() {
         "{body}"
     );
     assert_eq!(
-        testing::cans(&api.env.db, second.member_id, Container::Ios).await,
+        bonuses::cans(&api.env.db, second.member_id, Container::Ios).await,
         0
     );
 }
 
 /// One job in each state: PENDING (due later), PROCESSING, DONE and FAILED. Returns their ids.
 async fn jobs_in_every_state(api: &Api) -> [u64; 4] {
-    testing::active_event(&api.env.db, "admin views", 10, 9).await;
+    bonuses::active_event(&api.env.db, "admin views", 10, 9).await;
     let mut ids = Vec::new();
     for _ in 0..4 {
         let charge = purchase(api, PaymentGateway::Pg, 100).await;
@@ -585,7 +585,7 @@ async fn ops_set_up_members_charges_and_events_and_read_them_back() {
 #[tokio::test]
 async fn setting_up_with_bad_values_is_a_400_naming_the_field() {
     let api = Api::without_four_eyes().await;
-    let member = testing::member(&api.env.db).await;
+    let member = bonuses::member(&api.env.db).await;
     let now = chrono::Utc::now();
     let cases = [
         ("/v1/admin/members", json!({"nickname": "  "}), "nickname"),

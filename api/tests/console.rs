@@ -12,8 +12,9 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::auth::{self, Role};
-use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion, testing};
+use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
 use paybus_platform::bus::dead_letter::group_counts;
+use paybus_testkit::bonuses;
 use support::{ADMIN_JWT_SECRET, Api, logged, token};
 use tower::ServiceExt;
 
@@ -267,9 +268,9 @@ async fn an_ops_token_reads_the_pages_but_cannot_act() {
 #[tokio::test]
 async fn a_retry_from_the_console_is_logged_under_the_session_s_subject() {
     let api = Api::without_four_eyes().await;
-    testing::active_event(&api.env.db, "console 10%", 10, 9).await;
-    let member = testing::member(&api.env.db).await;
-    let purchase = testing::purchase(&api.env.db, member, PaymentGateway::Pg, 100).await;
+    bonuses::active_event(&api.env.db, "console 10%", 10, 9).await;
+    let member = bonuses::member(&api.env.db).await;
+    let purchase = bonuses::purchase(&api.env.db, member, PaymentGateway::Pg, 100).await;
     let completed = completion::complete(
         &api.services.outbox,
         BonusRules::default(),

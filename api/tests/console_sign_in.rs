@@ -1,6 +1,6 @@
 //! Signing in to the console through the identity provider, against the real provider
-//! (`testing::oidc`): the console's redirect, the provider's own pages filled in as a browser
-//! would, the callback delivered to the router with this browser's cookies. A person in no
+//! (`paybus_testkit::oidc`): the console's redirect, the provider's own pages filled in as a
+//! browser would, the callback delivered to the router with this browser's cookies. A person in no
 //! mapped group is refused; one who may is given a server-side session (and never a token); a
 //! state that is not the browser's, or a code used twice, opens nothing; idle and expired
 //! sessions are over; signing out ends the session here and sends the browser to the
@@ -15,10 +15,8 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::ApiConfig;
-use paybus_platform::{
-    Secret,
-    testing::oidc::{self, OidcSetup},
-};
+use paybus_platform::Secret;
+use paybus_testkit::oidc::{self, OidcSetup};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use support::{Api, error_of};

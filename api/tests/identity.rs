@@ -1,4 +1,4 @@
-//! People act as who the identity provider says: a real OpenID provider (`testing::oidc`,
+//! People act as who the identity provider says: a real OpenID provider (`paybus_testkit::oidc`,
 //! panva's oidc-provider) issues the tokens, the API checks them against its discovery
 //! document and keys. A token the provider issued works with the role its groups map to;
 //! expired, foreign, forged, algorithm-confused, unsigned and rotated-out tokens are 401; a
@@ -322,11 +322,12 @@ async fn a_provider_that_cannot_be_reached_is_a_503_not_a_401() {
 
 /// A FAILED bonus job; its id.
 async fn failed_job(api: &Api) -> u64 {
-    use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion, testing};
+    use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
+    use paybus_testkit::bonuses;
     let db = &api.env.db;
-    testing::active_event(db, "identity 10%", 10, 9).await;
-    let member = testing::member(db).await;
-    let purchase = testing::purchase(db, member, PaymentGateway::Pg, 100).await;
+    bonuses::active_event(db, "identity 10%", 10, 9).await;
+    let member = bonuses::member(db).await;
+    let purchase = bonuses::purchase(db, member, PaymentGateway::Pg, 100).await;
     let completed = completion::complete(
         &api.services.outbox,
         BonusRules::default(),

@@ -5,7 +5,8 @@
 mod support;
 
 use axum::http::StatusCode;
-use paybus_platform::{signature, testing::tap};
+use paybus_platform::signature;
+use paybus_testkit::tap;
 use serde_json::{Value, json};
 use support::*;
 

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, time::Duration};
 
 use paybus_api::auth::{Role, issue};
-use paybus_platform::testing::{
+use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, RuntimeApi, SecretsExtension},
 };
@@ -136,7 +136,7 @@ async fn the_api_binary_answers_api_gateway_events_with_secrets_from_secrets_man
     let (status, accepted) = answer(intake.response());
     assert_eq!(status, 202, "{accepted}");
     assert_eq!(
-        paybus_platform::testing::scalar(&env.db, "SELECT COUNT(*) FROM outbox_messages").await,
+        paybus_testkit::scalar(&env.db, "SELECT COUNT(*) FROM outbox_messages").await,
         1,
         "the confirmation went into the outbox"
     );
@@ -166,7 +166,7 @@ async fn a_secret_that_cannot_be_read_stops_the_start_naming_the_variable() {
     // Lambda is told why, through the Runtime API, and nothing was served.
     let (from, answer) = api.answer(std::time::Duration::from_secs(5)).await;
     assert_eq!(from, "init");
-    let paybus_platform::testing::lambda::Answer::InitError(error) = answer else {
+    let paybus_testkit::lambda::Answer::InitError(error) = answer else {
         panic!("an init error, not {answer:?}");
     };
     assert_eq!(error["errorType"], "paybus.SecretUnavailable", "{error}");

@@ -90,7 +90,7 @@ async fn metrics_expose_paused_functions_and_the_age_of_the_auditors_last_pass()
     paybus_platform::bus::pauses::pause(
         &mut conn,
         "grant-bonus",
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         "maintenance",
     )
     .await

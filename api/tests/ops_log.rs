@@ -16,7 +16,7 @@ async fn append(api: &Api, count: u64) {
         ops_log::append(
             &mut tx,
             &Entry {
-                actor: &paybus_platform::testing::person("alice"),
+                actor: &paybus_testkit::person("alice"),
                 action: "function.pause",
                 subject: &format!("function:f{n}"),
                 detail: &json!({ "n": n }),

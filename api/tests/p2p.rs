@@ -10,12 +10,12 @@ use std::{collections::HashMap, time::Duration};
 use axum::http::StatusCode;
 use paybus_api::{ApiConfig, auth::Role};
 use paybus_match_deposit::MatchDeposit;
-use paybus_p2p::{Matcher, testing::QuoteStub};
+use paybus_p2p::Matcher;
 use paybus_platform::{
     bus::{Handler, Runner},
     config::Vars,
-    testing::{eventually, tap},
 };
+use paybus_testkit::{eventually, p2p::QuoteStub, tap};
 use serde_json::{Value, json};
 use support::*;
 use tokio_util::sync::CancellationToken;

@@ -12,7 +12,7 @@ use axum::{
     body::Body,
     http::{Method, Request, StatusCode, header},
 };
-use paybus_p2p::testing::QuoteStub;
+use paybus_testkit::p2p::QuoteStub;
 use serde_json::{Value, json};
 use support::*;
 use tower::ServiceExt;

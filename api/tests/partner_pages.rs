@@ -20,7 +20,8 @@ use paybus_partners::{
     breaker::BreakerPolicy,
     notifications::{self, NewNotification},
 };
-use paybus_platform::{bus::Runner, testing::eventually};
+use paybus_platform::bus::Runner;
+use paybus_testkit::eventually;
 use serde_json::json;
 use support::{Api, admin_post, console_cookie, partner_get};
 use tokio_util::sync::CancellationToken;
@@ -154,7 +155,7 @@ async fn partner_pages_show_a_real_410_a_breaker_opened_by_real_failures_and_red
                 breaker,
                 ..WebhookConfig::default()
             },
-            paybus_platform::testing::sealer(),
+            paybus_testkit::sealer(),
         )
         .unwrap(),
     );

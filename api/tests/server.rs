@@ -9,7 +9,8 @@ mod support;
 use std::time::Duration;
 
 use paybus_api::server::Limits;
-use paybus_platform::{bus::Outbox, signature, testing::free_port};
+use paybus_platform::{bus::Outbox, signature};
+use paybus_testkit::free_port;
 use support::*;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -304,8 +305,8 @@ async fn a_request_whose_client_hangs_up_mid_transaction_still_finishes_it() {
     // to the pool mid-transaction — the soak saw the next request on it fail with MySQL
     // 1568 — and whether the payment was applied would depend on when the client left.
     let api = Api::new().await;
-    let member = paybus_bonuses::testing::member(&api.env.db).await;
-    let purchase = paybus_bonuses::testing::purchase(
+    let member = paybus_testkit::bonuses::member(&api.env.db).await;
+    let purchase = paybus_testkit::bonuses::purchase(
         &api.env.db,
         member,
         paybus_bonuses::charge::PaymentGateway::Pg,

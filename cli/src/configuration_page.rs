@@ -181,7 +181,7 @@ const CLUSTER: SettingGroup = SettingGroup {
 
 const TESTS: SettingGroup = SettingGroup {
     title: "Tests",
-    read_by: "Read by the test harness (`paybus_platform::testing`) and the test suites; \
+    read_by: "Read by the test kit (`paybus_testkit`) and the test suites; \
               `infra/test.sh` sets what CI needs.",
     settings: &[
         Setting {

@@ -9,7 +9,7 @@ mod api_process;
 use std::process::Command;
 
 use api_process::ApiProcess;
-use paybus_platform::testing::{TestEnv, free_port};
+use paybus_testkit::{TestEnv, free_port};
 
 fn run(command: &mut Command, args: &[&str]) -> (Option<i32>, String, String) {
     let output = command.args(args).output().expect("run paybus");

@@ -1,20 +1,15 @@
 //! `paybus audit` as operators run it: clean is exit 0, each violation is a line and exit 1.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::TestEnv;
+mod api_process;
 
-fn audit(env: &TestEnv) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
-        .arg("audit")
-        .envs(env.env_vars())
-        .output()
-        .expect("run paybus audit")
-}
+use api_process::{output_of, paybus};
+use paybus_testkit::TestEnv;
 
 #[tokio::test]
 async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
     let env = TestEnv::new().await;
-    let clean = audit(&env);
+    let clean = output_of(paybus(&env).arg("audit"));
     assert!(
         clean.status.success(),
         "{}",
@@ -36,7 +31,7 @@ async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
     ] {
         sqlx::query(sql).execute(&env.db).await.unwrap();
     }
-    let dirty = audit(&env);
+    let dirty = output_of(paybus(&env).arg("audit"));
     let stdout = String::from_utf8_lossy(&dirty.stdout);
 
     assert_eq!(dirty.status.code(), Some(1), "{stdout}");
@@ -63,7 +58,7 @@ async fn a_clean_ledger_passes_and_a_double_debit_fails_the_audit() {
 async fn logs_written_to_a_pipe_carry_no_colour_codes() {
     let env = TestEnv::new().await;
 
-    let output = audit(&env);
+    let output = output_of(paybus(&env).arg("audit"));
 
     let logs = String::from_utf8_lossy(&output.stderr);
     assert!(logs.contains("audit clean"), "{logs}");
@@ -85,7 +80,7 @@ async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_fir
         paybus_platform::ops_log::append(
             &mut tx,
             &paybus_platform::ops_log::Entry {
-                actor: &paybus_platform::testing::person("alice"),
+                actor: &paybus_testkit::person("alice"),
                 action: "function.pause",
                 subject: &format!("function:{function}"),
                 detail: &serde_json::json!({"reason": "maintenance"}),
@@ -95,7 +90,7 @@ async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_fir
         .unwrap();
     }
     tx.commit().await.unwrap();
-    let clean = audit(&env);
+    let clean = output_of(paybus(&env).arg("audit"));
     assert!(
         clean.status.success(),
         "{}",
@@ -111,12 +106,12 @@ async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_fir
         .execute(&env.db)
         .await
         .unwrap();
-    let changed = audit(&env);
+    let changed = output_of(paybus(&env).arg("audit"));
     sqlx::query("UPDATE ops_log SET actor = 'alice' WHERE seq = 2")
         .execute(&env.db)
         .await
         .unwrap();
-    let deleted = audit(&env);
+    let deleted = output_of(paybus(&env).arg("audit"));
 
     let violations = |output: &std::process::Output| -> Vec<String> {
         String::from_utf8_lossy(&output.stdout)

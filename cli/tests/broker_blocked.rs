@@ -8,11 +8,12 @@
 mod api_process;
 
 use std::{
-    collections::HashMap,
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Output, Stdio},
     time::{Duration, Instant},
 };
+
+use api_process::{output_of, paybus};
 
 use paybus_api::auth::{self, Role};
 use paybus_canary::{Canary, Ping};
@@ -20,8 +21,8 @@ use paybus_lab::services::PrivateBroker;
 use paybus_platform::{
     bus::{Envelope, Handler, OutgoingMessage},
     signature,
-    testing::{TestEnv, eventually, free_port, scalar, services_on},
 };
+use paybus_testkit::{TestEnv, eventually, free_port, scalar, services_on};
 use serde_json::Value;
 
 const CHAIN_MONITOR_SECRET: &str = "chain-monitor-secret-blocked-0123";
@@ -53,13 +54,14 @@ impl Drop for Running {
     }
 }
 
-fn paybus(vars: &HashMap<String, String>, args: &[&str]) -> Output {
+/// `paybus doctor` on `env`'s database and `broker`, off the runtime's worker.
+fn run_doctor(env: &TestEnv, broker: &PrivateBroker) -> Output {
     tokio::task::block_in_place(|| {
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
-            .args(args)
-            .envs(vars)
-            .output()
-            .expect("run paybus")
+        output_of(
+            paybus(env)
+                .env("PAYBUS_AMQP_URL", broker.url.as_str())
+                .arg("doctor"),
+        )
     })
 }
 
@@ -161,15 +163,13 @@ async fn a_broker_alarm_shows_in_doctor_metrics_overview_and_log_until_it_clears
     let broker = tokio::task::spawn_blocking(PrivateBroker::start)
         .await
         .unwrap();
-    let mut vars = env.env_vars();
-    vars.insert("PAYBUS_AMQP_URL".to_owned(), broker.url.to_string());
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let log = std::env::temp_dir().join(format!("paybus-blocked-{port}.log"));
     let _run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(&vars)
+            .env("PAYBUS_AMQP_URL", broker.url.as_str())
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", CHAIN_MONITOR_SECRET)
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
@@ -190,14 +190,14 @@ async fn a_broker_alarm_shows_in_doctor_metrics_overview_and_log_until_it_clears
     .await;
     assert!(up, "paybus run did not answer within 60 s: {}", read(&log));
     assert_eq!(blocked_gauge(&client, &base).await, Some(0));
-    let healthy = paybus(&vars, &["doctor"]);
+    let healthy = run_doctor(&env, &broker);
     assert!(healthy.status.success(), "{healthy:?}");
 
     raise_memory_alarm(&broker);
 
     // doctor's own probe learns of the alarm from one publish to nowhere.
     let started = Instant::now();
-    let doctor = paybus(&vars, &["doctor"]);
+    let doctor = run_doctor(&env, &broker);
     let said = String::from_utf8_lossy(&doctor.stderr);
     assert!(!doctor.status.success(), "{doctor:?}");
     let line = said
@@ -248,7 +248,7 @@ async fn a_broker_alarm_shows_in_doctor_metrics_overview_and_log_until_it_clears
 
     wait_for_gauge(&client, &base, 0).await;
     assert!(overview(&client, &base).await["broker_blocked"].is_null());
-    let healthy = paybus(&vars, &["doctor"]);
+    let healthy = run_doctor(&env, &broker);
     assert!(healthy.status.success(), "{healthy:?}");
     // The relay publishes what waited (its grace is 10 s).
     let drained = eventually(Duration::from_secs(60), || async {

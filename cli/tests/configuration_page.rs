@@ -3,15 +3,12 @@
 //! services' scripts name is declared there, so none can be read without its row.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_testkit::repository;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
 };
-
-fn repository() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
 
 /// What `paybus settings` prints, in an empty environment (the page must not depend on it).
 fn generated_page() -> String {

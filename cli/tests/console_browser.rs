@@ -1,6 +1,6 @@
 //! The console in a real browser: Debian's chromium driven by playwright (PyPI), against the
 //! real `paybus serve` binary and its own test database, people signing in through a real
-//! OpenID Connect provider (`testing::oidc`) with break-glass off. The script
+//! OpenID Connect provider (`paybus_testkit::oidc`) with break-glass off. The script
 //! (`tests/console_browser.py`) is refused as carol (no paybus role), signs in as alice on the
 //! provider's own login and consent pages, sees the dead-letter groups with the money at
 //! stake, dry-runs a group and sees each letter's verdict (one safe, two needing a human); bob,
@@ -22,11 +22,11 @@ use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
 use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
     bus::{Envelope, Runner, dead_letter::group_counts},
-    testing::{
-        TestEnv, eventually, free_port,
-        oidc::{self, OidcProvider, OidcSetup},
-        scalar,
-    },
+};
+use paybus_testkit::{
+    TestEnv, eventually, free_port,
+    oidc::{self, OidcProvider, OidcSetup},
+    scalar,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

@@ -26,13 +26,11 @@ use api_process::{
     provider_admin_token, python_tool,
 };
 use axum::{Router, http::StatusCode, routing::post};
-use paybus_p2p::testing::QuoteStub;
-use paybus_platform::{
-    bus::samples::BusSampler,
-    testing::{
-        TestEnv, free_port,
-        oidc::{self, OidcProvider, OidcSetup},
-    },
+use paybus_platform::bus::samples::BusSampler;
+use paybus_testkit::{
+    TestEnv, free_port,
+    oidc::{self, OidcProvider, OidcSetup},
+    p2p::QuoteStub,
 };
 use serde_json::{Value, json};
 

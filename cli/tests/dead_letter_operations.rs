@@ -12,10 +12,8 @@ use std::{
 };
 
 use api_process::ApiProcess;
-use paybus_platform::{
-    bus::{Envelope, OutgoingMessage, dead_letter::record_given_up},
-    testing::{TestEnv, eventually},
-};
+use paybus_platform::bus::{Envelope, OutgoingMessage, dead_letter::record_given_up};
+use paybus_testkit::{TestEnv, eventually};
 use sqlx::MySqlPool;
 
 fn run(command: &mut Command) -> Output {

@@ -1,18 +1,12 @@
 //! `paybus doctor` run as a real process against the real services, and against dead ports.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
 use std::{net::TcpListener, process::Output};
 
-use paybus_platform::testing::TestEnv;
-
-fn paybus(env: &TestEnv, overrides: &[(&str, String)], args: &[&str]) -> Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_paybus"));
-    command.args(args).envs(env.env_vars());
-    for (key, value) in overrides {
-        command.env(key, value);
-    }
-    command.output().expect("run paybus")
-}
+use api_process::{output_of, paybus};
+use paybus_testkit::TestEnv;
 
 /// A loopback port with nothing listening on it.
 fn dead_port() -> u16 {
@@ -27,7 +21,7 @@ fn stderr(output: &Output) -> String {
 #[tokio::test]
 async fn doctor_passes_when_both_services_answer() {
     let env = TestEnv::new().await;
-    let output = paybus(&env, &[], &["doctor"]);
+    let output = output_of(paybus(&env).args(["doctor"]));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}{}", stderr(&output));
     assert!(stdout.contains("database: ok"), "{stdout}");
@@ -38,7 +32,7 @@ async fn doctor_passes_when_both_services_answer() {
 async fn doctor_fails_with_one_line_when_the_broker_is_down() {
     let env = TestEnv::new().await;
     let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", dead_port());
-    let output = paybus(&env, &[("PAYBUS_AMQP_URL", url)], &["doctor"]);
+    let output = output_of(paybus(&env).env("PAYBUS_AMQP_URL", url).args(["doctor"]));
     assert!(!output.status.success());
     let err = stderr(&output);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -54,7 +48,11 @@ async fn doctor_fails_with_one_line_when_the_broker_is_down() {
 async fn doctor_fails_with_one_line_when_the_database_is_down() {
     let env = TestEnv::new().await;
     let url = format!("mysql://root:secret@127.0.0.1:{}/paybus", dead_port());
-    let output = paybus(&env, &[("PAYBUS_DATABASE_URL", url)], &["doctor"]);
+    let output = output_of(
+        paybus(&env)
+            .env("PAYBUS_DATABASE_URL", url)
+            .args(["doctor"]),
+    );
     assert!(!output.status.success());
     let err = stderr(&output);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -69,19 +67,19 @@ async fn doctor_fails_with_one_line_when_the_database_is_down() {
 #[tokio::test]
 async fn doctor_reports_pending_migrations_and_migrate_fixes_them() {
     let env = TestEnv::unmigrated().await;
-    let output = paybus(&env, &[], &["doctor"]);
+    let output = output_of(paybus(&env).args(["doctor"]));
     assert!(!output.status.success());
     assert!(stderr(&output).contains("pending"), "{}", stderr(&output));
 
-    let migrate = paybus(&env, &[], &["migrate"]);
+    let migrate = output_of(paybus(&env).args(["migrate"]));
     assert!(migrate.status.success(), "{}", stderr(&migrate));
-    assert!(paybus(&env, &[], &["doctor"]).status.success());
+    assert!(output_of(paybus(&env).args(["doctor"])).status.success());
 }
 
 #[tokio::test]
 async fn a_malformed_setting_names_the_variable() {
     let env = TestEnv::new().await;
-    let output = paybus(&env, &[("PAYBUS_PREFETCH", "lots".to_owned())], &["doctor"]);
+    let output = output_of(paybus(&env).env("PAYBUS_PREFETCH", "lots").args(["doctor"]));
     assert_eq!(output.status.code(), Some(2));
     assert!(
         stderr(&output).contains("PAYBUS_PREFETCH"),

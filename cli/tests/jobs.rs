@@ -9,13 +9,9 @@ mod api_process;
 use std::process::Command;
 
 use api_process::ApiProcess;
-use paybus_bonuses::{
-    BonusRules,
-    charge::PaymentGateway,
-    completion,
-    testing::{self},
-};
-use paybus_platform::{bus::Services, testing::TestEnv};
+use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
+use paybus_platform::bus::Services;
+use paybus_testkit::{TestEnv, bonuses};
 
 fn run(command: &mut Command, args: &[&str]) -> (Option<i32>, String, String) {
     let output = command.args(args).output().expect("run paybus");
@@ -29,11 +25,11 @@ fn run(command: &mut Command, args: &[&str]) -> (Option<i32>, String, String) {
 /// Three completed purchases' bonus jobs: one PENDING, one FAILED (3 retries, "gateway down"),
 /// one gone (as a DONE one would be from the list).
 async fn jobs(env: &TestEnv, services: &Services) -> (u64, u64) {
-    testing::active_event(&env.db, "cli 10%", 10, 9).await;
+    bonuses::active_event(&env.db, "cli 10%", 10, 9).await;
     let mut jobs = Vec::new();
     for _ in 0..3 {
-        let member = testing::member(&env.db).await;
-        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let member = bonuses::member(&env.db).await;
+        let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
         let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
             .await
             .unwrap();

@@ -3,16 +3,17 @@
 //! API shows `PaybusDeadLettersWaiting` go from inactive to firing.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
+use api_process::paybus;
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use paybus_platform::{
-    signature,
-    testing::{TestEnv, free_port},
-};
+use paybus_platform::signature;
+use paybus_testkit::{TestEnv, free_port};
 use serde_json::Value;
 
 const SECRET: &str = "chain-monitor-secret-prom-0123";
@@ -95,9 +96,8 @@ async fn a_dead_letter_fires_the_shipped_alert_in_a_real_prometheus() {
     let env = TestEnv::new().await;
     let paybus_port = free_port();
     let _run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{paybus_port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
             .stdout(Stdio::null())

@@ -6,13 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::testing::TestEnv;
+mod api_process;
 
-fn paybus(env: &TestEnv) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
-    command.envs(env.env_vars());
-    command
-}
+use api_process::paybus;
+use paybus_testkit::TestEnv;
 
 /// Polls `child` until it exits or `timeout` passes, without blocking the runtime (the
 /// relays of the start-up tests run on it).
@@ -78,9 +75,9 @@ async fn run_serves_a_ping_and_stops_cleanly_on_sigterm() {
     // ponged: CI once lost the race that way. The claim here is about a running system, so
     // the ping waits for the canary's consumer. A liveness bound, not a speed claim: with
     // builds running beside it, the debug `paybus run` once took over 30 s to start.
-    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
-    let consuming = paybus_platform::testing::eventually(Duration::from_secs(90), || async {
-        paybus_platform::testing::queue_state(&services, "paybus.canary")
+    let services = paybus_testkit::services_on(&env.settings, &[]).await;
+    let consuming = paybus_testkit::eventually(Duration::from_secs(90), || async {
+        paybus_testkit::queue_state(&services, "paybus.canary")
             .await
             .is_some_and(|(_, consumers)| consumers >= 1)
     })
@@ -142,11 +139,11 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start paybus run");
-    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
+    let services = paybus_testkit::services_on(&env.settings, &[]).await;
     let consumers = |queue: String| {
         let services = services.clone();
         async move {
-            paybus_platform::testing::queue_state(&services, &queue)
+            paybus_testkit::queue_state(&services, &queue)
                 .await
                 .map(|(_, consumers)| consumers)
         }
@@ -161,7 +158,7 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
         }
     }
 
-    let consuming = paybus_platform::testing::eventually(Duration::from_secs(90), || async {
+    let consuming = paybus_testkit::eventually(Duration::from_secs(90), || async {
         for queue in &shard_queues {
             if consumers(queue.clone()).await != Some(1) {
                 return false;
@@ -205,7 +202,7 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
 /// system starting everything at once) waits for both, then serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_waits_for_a_database_and_a_broker_that_come_up_after_it() {
-    use paybus_platform::testing::outage::Relay;
+    use paybus_testkit::outage::Relay;
     let env = TestEnv::new().await;
     let database = Relay::to(&env.settings.database.url).await;
     let broker = Relay::to(&env.settings.broker.url).await;
@@ -234,9 +231,9 @@ async fn run_waits_for_a_database_and_a_broker_that_come_up_after_it() {
     let exited_while_away = exited_within(&mut run, Duration::from_secs(4)).await;
     database.restore().await;
     broker.restore().await;
-    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
-    let consuming = paybus_platform::testing::eventually(Duration::from_secs(90), || async {
-        paybus_platform::testing::queue_state(&services, "paybus.canary")
+    let services = paybus_testkit::services_on(&env.settings, &[]).await;
+    let consuming = paybus_testkit::eventually(Duration::from_secs(90), || async {
+        paybus_testkit::queue_state(&services, "paybus.canary")
             .await
             .is_some_and(|(_, consumers)| consumers >= 1)
     })
@@ -283,7 +280,7 @@ async fn run_waits_for_a_database_and_a_broker_that_come_up_after_it() {
 /// The wait has an end, and a refusal that waiting cannot cure does not wait at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_gives_up_on_a_broker_still_away_after_the_wait_and_at_once_on_a_refused_login() {
-    use paybus_platform::testing::outage::Relay;
+    use paybus_testkit::outage::Relay;
     let env = TestEnv::new().await;
     let broker = Relay::to(&env.settings.broker.url).await;
     broker.cut();
@@ -332,7 +329,7 @@ async fn run_gives_up_on_a_broker_still_away_after_the_wait_and_at_once_on_a_ref
 /// serves once the broker is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_answers_503_at_once_while_the_broker_is_away_and_200_once_it_is_back() {
-    use paybus_platform::testing::{free_port, outage::Relay};
+    use paybus_testkit::{free_port, outage::Relay};
     let env = TestEnv::new().await;
     let broker = Relay::to(&env.settings.broker.url).await;
     broker.cut();
@@ -380,7 +377,7 @@ async fn serve_answers_503_at_once_while_the_broker_is_away_and_200_once_it_is_b
         Err(error) => (0, error.to_string()),
     };
     broker.restore().await;
-    let back = paybus_platform::testing::eventually(Duration::from_secs(30), || async {
+    let back = paybus_testkit::eventually(Duration::from_secs(30), || async {
         client
             .get(&health)
             .send()

@@ -10,7 +10,7 @@ mod api_process;
 use std::process::Command;
 
 use api_process::{ApiProcess, output_dir, python_tool};
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 
 #[tokio::test]
 async fn fuzzing_the_served_document_finds_no_server_error_and_no_schema_break() {

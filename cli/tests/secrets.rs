@@ -6,22 +6,22 @@
 
 mod api_process;
 
-use api_process::ApiProcess;
-use paybus_platform::testing::{SECRETS_KEY, TestEnv};
+use api_process::{ApiProcess, output_of, paybus};
+use paybus_testkit::{SECRETS_KEY, TestEnv};
 
 const NEW_KEY: &str = "6e6577206b6579206f66207468652074657374732c2033322062797465732121";
 
-fn paybus(env: &TestEnv, args: &[&str], keys: &[(&str, &str)]) -> std::process::Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_paybus"));
+/// `paybus <args>` on `env` with no secrets key but `keys`.
+fn with_keys(env: &TestEnv, args: &[&str], keys: &[(&str, &str)]) -> std::process::Output {
+    let mut command = paybus(env);
     command
         .args(args)
-        .envs(env.env_vars())
         .env_remove("PAYBUS_SECRETS_KEY")
         .env_remove("PAYBUS_SECRETS_OLD_KEYS");
     for (name, value) in keys {
         command.env(name, value);
     }
-    command.output().expect("run paybus")
+    output_of(&mut command)
 }
 
 fn text(output: &std::process::Output) -> String {
@@ -43,7 +43,7 @@ async fn key_ids(env: &TestEnv) -> Vec<String> {
 async fn migrate_seals_plaintext_secrets_only_with_a_key_and_rotate_key_moves_them_to_the_new_one()
 {
     let env = TestEnv::new().await;
-    let nothing_to_seal = paybus(&env, &["migrate"], &[]);
+    let nothing_to_seal = with_keys(&env, &["migrate"], &[]);
     sqlx::query(
         "INSERT INTO partners (name, webhook_secret) VALUES ('acme', 'acme-plaintext-secret-01'), \
          ('globex', 'globex-plaintext-secret-1')",
@@ -52,10 +52,10 @@ async fn migrate_seals_plaintext_secrets_only_with_a_key_and_rotate_key_moves_th
     .await
     .unwrap();
 
-    let without_key = paybus(&env, &["migrate"], &[]);
-    let audit_before = paybus(&env, &["audit"], &[]);
-    let with_key = paybus(&env, &["migrate"], &[("PAYBUS_SECRETS_KEY", SECRETS_KEY)]);
-    let audit_after = paybus(&env, &["audit"], &[]);
+    let without_key = with_keys(&env, &["migrate"], &[]);
+    let audit_before = with_keys(&env, &["audit"], &[]);
+    let with_key = with_keys(&env, &["migrate"], &[("PAYBUS_SECRETS_KEY", SECRETS_KEY)]);
+    let audit_after = with_keys(&env, &["audit"], &[]);
 
     assert!(
         nothing_to_seal.status.success(),

@@ -1,5 +1,5 @@
 //! A person's sign-in as the command line keeps it, against the real identity provider
-//! (`testing::oidc`): `paybus login` runs the device flow (the link it prints opened and
+//! (`paybus_testkit::oidc`): `paybus login` runs the device flow (the link it prints opened and
 //! approved on the provider's own pages), the tokens are stored 0600 in a 0700 folder, a
 //! changing command acts as that person (the ops log names the provider's issuer and subject),
 //! an access token about to expire is renewed with the refresh token before the call, `whoami`
@@ -18,7 +18,7 @@ use std::{
 };
 
 use api_process::ApiProcess;
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 use serde_json::{Value, json};
 
 /// A config folder of the test's own (`XDG_CONFIG_HOME`), removed when dropped.
@@ -117,7 +117,7 @@ async fn renew_at_provider(api: &ApiProcess, refresh_token: &str) -> Value {
         .form(&[
             ("grant_type", "refresh_token"),
             ("refresh_token", refresh_token),
-            ("client_id", paybus_platform::testing::oidc::CLI_CLIENT_ID),
+            ("client_id", paybus_testkit::oidc::CLI_CLIENT_ID),
         ])
         .send()
         .await

@@ -1,15 +1,10 @@
 //! `paybus suspension show|watch` as operators run them, on a suspension planted by SQL.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::TestEnv;
+mod api_process;
 
-fn paybus(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
-        .args(args)
-        .envs(env.env_vars())
-        .output()
-        .expect("run paybus")
-}
+use api_process::{output_of, paybus};
+use paybus_testkit::TestEnv;
 
 /// Market BTC suspended with 3 tasks: 1 DONE (its order cancelled), 2 in `rest` state, whose
 /// orders are OPEN when `rest` is PENDING or FAILED.
@@ -46,7 +41,7 @@ async fn show_prints_the_seeds_group_by_table_and_the_progress_line() {
     let env = TestEnv::new().await;
     plant(&env, "PENDING").await;
 
-    let output = paybus(&env, &["suspension", "show", "BTC"]);
+    let output = output_of(paybus(&env).args(["suspension", "show", "BTC"]));
 
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
@@ -71,7 +66,7 @@ async fn watch_stops_with_exit_1_when_the_suspension_needs_attention() {
     let env = TestEnv::new().await;
     plant(&env, "FAILED").await;
 
-    let output = paybus(&env, &["suspension", "watch", "BTC"]);
+    let output = output_of(paybus(&env).args(["suspension", "watch", "BTC"]));
 
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
@@ -89,7 +84,7 @@ async fn watch_and_show_name_a_market_that_was_never_suspended() {
         .await
         .unwrap();
 
-    let output = paybus(&env, &["suspension", "show", "ETH"]);
+    let output = output_of(paybus(&env).args(["suspension", "show", "ETH"]));
 
     assert_eq!(output.status.code(), Some(1));
     assert!(

@@ -1,15 +1,10 @@
 //! The topology declared by code and the shipped definitions file are the same thing.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::TestEnv;
+mod api_process;
 
-fn paybus(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
-        .args(args)
-        .envs(env.env_vars())
-        .output()
-        .expect("run paybus")
-}
+use api_process::{output_of, paybus};
+use paybus_testkit::TestEnv;
 
 fn shipped_definitions() -> serde_json::Value {
     let path = concat!(
@@ -23,7 +18,7 @@ fn shipped_definitions() -> serde_json::Value {
 #[tokio::test]
 async fn the_shipped_definitions_file_matches_the_code() {
     let env = TestEnv::new().await;
-    let output = paybus(&env, &["topology", "--definitions"]);
+    let output = output_of(paybus(&env).args(["topology", "--definitions"]));
     assert!(output.status.success());
     let generated: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(
@@ -37,28 +32,19 @@ async fn the_shipped_definitions_file_matches_the_code() {
 async fn declaring_over_imported_definitions_and_again_is_idempotent() {
     let env = TestEnv::new().await;
     let vhost = env.vhost.clone();
-    let output = paybus(&env, &["topology", "--definitions", "--vhost", &vhost]);
+    let output = output_of(paybus(&env).args(["topology", "--definitions", "--vhost", &vhost]));
     let definitions: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     env.import_definitions(&definitions).await;
 
     // Any argument that differed would fail with PRECONDITION_FAILED.
     for _ in 0..2 {
-        let declare = paybus(&env, &["topology"]);
+        let declare = output_of(paybus(&env).args(["topology"]));
         assert!(
             declare.status.success(),
             "{}",
             String::from_utf8_lossy(&declare.stderr)
         );
     }
-}
-
-fn paybus_sharded(env: &TestEnv, shards: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_paybus"))
-        .args(args)
-        .envs(env.env_vars())
-        .env("PAYBUS_SHARDS", shards)
-        .output()
-        .expect("run paybus")
 }
 
 #[tokio::test]
@@ -68,15 +54,16 @@ async fn a_sharded_layout_declared_over_its_imported_definitions_is_idempotent()
     let env = TestEnv::new().await;
     let vhost = env.vhost.clone();
     let layout = "confirm-withdrawal=4,grant-bonus=2";
-    let output = paybus_sharded(
-        &env,
-        layout,
-        &["topology", "--definitions", "--vhost", &vhost],
-    );
+    let output = output_of(paybus(&env).env("PAYBUS_SHARDS", layout).args([
+        "topology",
+        "--definitions",
+        "--vhost",
+        &vhost,
+    ]));
     let definitions: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     env.import_definitions(&definitions).await;
 
-    let declare = paybus_sharded(&env, layout, &["topology"]);
+    let declare = output_of(paybus(&env).env("PAYBUS_SHARDS", layout).args(["topology"]));
 
     assert!(
         declare.status.success(),
@@ -97,7 +84,11 @@ async fn a_sharded_layout_declared_over_its_imported_definitions_is_idempotent()
             "paybus.grant-bonus.shards"
         ]
     );
-    let unknown = paybus_sharded(&env, "confirm-withdrawl=4", &["topology"]);
+    let unknown = output_of(
+        paybus(&env)
+            .env("PAYBUS_SHARDS", "confirm-withdrawl=4")
+            .args(["topology"]),
+    );
     assert!(!unknown.status.success(), "a misspelt function is refused");
     assert!(
         String::from_utf8_lossy(&unknown.stderr).contains("PAYBUS_SHARDS"),
@@ -109,8 +100,8 @@ async fn a_sharded_layout_declared_over_its_imported_definitions_is_idempotent()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_shard_count_retires_the_old_queue_and_drains_it_onto_the_shards() {
     let env = TestEnv::new().await;
-    assert!(paybus(&env, &["topology"]).status.success());
-    let services = paybus_platform::testing::services_on(&env.settings, &[]).await;
+    assert!(output_of(paybus(&env).args(["topology"])).status.success());
+    let services = paybus_testkit::services_on(&env.settings, &[]).await;
     for ping_id in 1..=3 {
         let message = paybus_platform::bus::Envelope::new(paybus_canary::Ping { ping_id })
             .to_outgoing()
@@ -119,12 +110,17 @@ async fn a_new_shard_count_retires_the_old_queue_and_drains_it_onto_the_shards()
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
-    let listed = paybus_sharded(&env, "canary=2", &["topology", "--previous-shards", ""]);
-    let drained = paybus_sharded(
-        &env,
-        "canary=2",
-        &["topology", "--previous-shards", "", "--drain-retired"],
-    );
+    let listed = output_of(paybus(&env).env("PAYBUS_SHARDS", "canary=2").args([
+        "topology",
+        "--previous-shards",
+        "",
+    ]));
+    let drained = output_of(paybus(&env).env("PAYBUS_SHARDS", "canary=2").args([
+        "topology",
+        "--previous-shards",
+        "",
+        "--drain-retired",
+    ]));
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
@@ -140,11 +136,11 @@ async fn a_new_shard_count_retires_the_old_queue_and_drains_it_onto_the_shards()
     let channel = services.connection().create_channel().await.unwrap();
     let mut on_shards = 0;
     for queue in ["paybus.canary.s0", "paybus.canary.s1"] {
-        on_shards += paybus_platform::testing::queue_depth(&channel, queue).await;
+        on_shards += paybus_testkit::queue_depth(&channel, queue).await;
     }
     assert_eq!(on_shards, 3);
     assert_eq!(
-        paybus_platform::testing::queue_depth(&channel, "paybus.canary").await,
+        paybus_testkit::queue_depth(&channel, "paybus.canary").await,
         0
     );
 }

@@ -7,17 +7,15 @@
 
 mod api_process;
 
+use api_process::paybus;
 use std::{
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use axum::{Router, routing::post};
-use paybus_p2p::testing::QuoteStub;
-use paybus_platform::{
-    signature,
-    testing::{TestEnv, free_port},
-};
+use paybus_platform::signature;
+use paybus_testkit::{TestEnv, free_port, p2p::QuoteStub};
 use serde_json::{Value, json};
 
 const ADMIN_SECRET: &str = "trace-timelines-admin-secret-0123456789";
@@ -44,10 +42,9 @@ struct Paybus {
 
 impl Paybus {
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        let mut command = paybus(&self.env);
         command
             .args(args)
-            .envs(self.env.env_vars())
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
             .env("PAYBUS_BREAK_GLASS", "true")
             .env("RUST_LOG", "warn");
@@ -230,9 +227,8 @@ async fn start() -> (Paybus, QuoteStub) {
     });
     let port = free_port();
     let process = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_SECRET)
             .env("PAYBUS_BREAK_GLASS", "true")

@@ -3,6 +3,9 @@
 //! under its own `traceparent`, and a partner endpoint that records the `traceparent` it gets.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
+use api_process::paybus;
 use std::{
     collections::HashMap,
     io::Read,
@@ -12,12 +15,10 @@ use std::{
 };
 
 use axum::{Router, extract::State, http::HeaderMap, routing::post};
-use paybus_platform::{
-    signature,
-    testing::{
-        TestEnv, free_port,
-        otlp::{OtlpReceiver, ReceivedSpan},
-    },
+use paybus_platform::signature;
+use paybus_testkit::{
+    TestEnv, free_port,
+    otlp::{OtlpReceiver, ReceivedSpan},
 };
 
 const SECRET: &str = "chain-monitor-secret-traces-0123";
@@ -118,7 +119,7 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
     let receiver = OtlpReceiver::start().await;
     let (webhook_url, partner_saw) = partner_endpoint().await;
     let env = TestEnv::new().await;
-    let partner_id = paybus_partners::testing::partner(&env.db, "traced", Some(&webhook_url)).await;
+    let partner_id = paybus_testkit::partners::partner(&env.db, "traced", Some(&webhook_url)).await;
     sqlx::query(
         "INSERT INTO withdrawals (id, partner_id, kind, status, currency, amount, to_address) \
          VALUES (2026, ?, 'NORMAL', 'BROADCASTING', 'USDT', 100, 'T-addr')",
@@ -130,9 +131,8 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
     let port = free_port();
     let log = std::env::temp_dir().join(format!("paybus-traces-{}.log", std::process::id()));
     let mut run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .envs(receiver.env_vars("paybus-run"))
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
@@ -345,9 +345,8 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
     let env = TestEnv::new().await;
     let port = free_port();
     let _run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .envs(receiver.env_vars("paybus-run"))
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
@@ -437,8 +436,8 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
     let services = env.services(&[]).await;
     let queue = "paybus.confirm-withdrawal";
     assert!(
-        paybus_platform::testing::eventually(Duration::from_secs(20), || async {
-            paybus_platform::testing::queue_state(&services, queue)
+        paybus_testkit::eventually(Duration::from_secs(20), || async {
+            paybus_testkit::queue_state(&services, queue)
                 .await
                 .is_some_and(|(_, consumers)| consumers == 0)
         })
@@ -474,8 +473,8 @@ async fn confirmations_handled_as_one_batch_each_stay_in_their_withdrawals_own_t
     let answers = sends.join_all().await;
     assert!(answers.iter().all(|status| *status == 202), "{answers:?}");
     assert!(
-        paybus_platform::testing::eventually(Duration::from_secs(20), || async {
-            paybus_platform::testing::queue_state(&services, queue)
+        paybus_testkit::eventually(Duration::from_secs(20), || async {
+            paybus_testkit::queue_state(&services, queue)
                 .await
                 .is_some_and(|(ready, _)| u64::from(ready) == WITHDRAWALS)
         })

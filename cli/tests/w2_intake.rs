@@ -2,15 +2,16 @@
 //! monitor webhooks, and a duplicate confirmation still debits once.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+mod api_process;
+
+use api_process::paybus;
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
-use paybus_platform::{
-    signature,
-    testing::{TestEnv, free_port},
-};
+use paybus_platform::signature;
+use paybus_testkit::{TestEnv, free_port};
 
 const SECRET: &str = "chain-monitor-secret-e2e-0123";
 
@@ -49,9 +50,8 @@ async fn signed_duplicate_confirmations_are_accepted_and_debit_once() {
     let env = TestEnv::new().await;
     let port = free_port();
     let _run = Running(
-        Command::new(env!("CARGO_BIN_EXE_paybus"))
+        paybus(&env)
             .arg("run")
-            .envs(env.env_vars())
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_CHAIN_MONITOR_SECRET", SECRET)
             .stdout(Stdio::null())

@@ -4,17 +4,17 @@
 
 use paybus_confirmations::{
     audit::Violation as W2,
-    testing::{deposit as new_deposit, withdrawal},
     withdrawal::{WithdrawalKind, WithdrawalStatus},
 };
 use paybus_ledger::{
     self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType, audit::Violation as Ledger,
 };
-use paybus_money::dec;
-use paybus_partners::testing::partner;
-use paybus_platform::{
-    audit::{self, Violation},
-    testing::TestEnv,
+use paybus_platform::audit::{self, Violation};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{deposit as new_deposit, withdrawal},
+    dec,
+    partners::partner,
 };
 use sqlx::MySqlPool;
 

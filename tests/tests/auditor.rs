@@ -7,22 +7,22 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
-use paybus_confirmations::{
-    testing::{BROADCAST_TX, withdrawal},
-    withdrawal::{WithdrawalKind, WithdrawalStatus},
-};
+use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
 use paybus_platform::{
     audit::{self, Window},
     auditor::{self, Auditor, AuditorConfig},
     bus::metrics,
-    testing::TestEnv,
+};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{BROADCAST_TX, withdrawal},
 };
 use sqlx::MySqlPool;
 
 /// A partner with a confirmed withdrawal (its keyed DEBIT, balance and chain all right).
 async fn clean_ledger(services: &paybus_platform::bus::Services) -> u64 {
     let pool = &services.pool;
-    let partner = paybus_partners::testing::partner(pool, "acme", None).await;
+    let partner = paybus_testkit::partners::partner(pool, "acme", None).await;
     for amount in ["100", "25"] {
         let id = withdrawal(
             pool,

@@ -9,12 +9,12 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use paybus_bonuses::{audit, checkpoint, testing::assert_audit_clean};
+use paybus_bonuses::{audit, checkpoint};
 use paybus_platform::{
     audit::{Check, Window},
     db,
-    testing::{HandlerReads, TestEnv},
 };
+use paybus_testkit::{HandlerReads, TestEnv, bonuses::assert_audit_clean};
 use sqlx::{Connection, MySqlPool};
 use tokio::{sync::Barrier, task::JoinSet};
 
@@ -29,7 +29,7 @@ const OLD: u32 = 3_600;
 const NEW: u32 = 0;
 
 async fn member(pool: &MySqlPool) -> u64 {
-    paybus_bonuses::testing::member(pool).await
+    paybus_testkit::bonuses::member(pool).await
 }
 
 /// `count` pg charges of `member` of `cans` each, stamped `age` seconds ago, COMPLETE (the

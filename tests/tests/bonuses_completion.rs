@@ -13,12 +13,12 @@ use paybus_bonuses::{
     charge::{Container, PaymentGateway},
     completion, event,
     job::{self, JobType, NewJob},
-    testing::{self, assert_audit_clean},
 };
-use paybus_money::dec;
-use paybus_platform::{
-    bus::Services,
-    testing::{HandlerReads, TestEnv, scalar},
+use paybus_platform::bus::Services;
+use paybus_testkit::{
+    HandlerReads, TestEnv,
+    bonuses::{self, assert_audit_clean},
+    dec, scalar,
 };
 use tokio::{sync::Barrier, task::JoinSet};
 
@@ -42,9 +42,9 @@ async fn jobs_and_messages(env: &TestEnv) -> (i64, i64) {
 #[tokio::test]
 async fn a_repeated_completion_returns_the_original_result_and_creates_nothing() {
     let (env, services) = setup().await;
-    testing::active_event(&env.db, "weekend 30%", 30, 5).await;
-    let member = testing::member(&env.db).await;
-    let purchase = testing::purchase(&env.db, member, PaymentGateway::GoogleIap, 1000).await;
+    bonuses::active_event(&env.db, "weekend 30%", 30, 5).await;
+    let member = bonuses::member(&env.db).await;
+    let purchase = bonuses::purchase(&env.db, member, PaymentGateway::GoogleIap, 1000).await;
     let rules = BonusRules {
         first_charge_percent: 10,
     };
@@ -75,7 +75,7 @@ async fn a_repeated_completion_returns_the_original_result_and_creates_nothing()
     );
     assert_eq!(written, (2, 2));
     assert_eq!(jobs_and_messages(&env).await, written, "nothing more");
-    assert_eq!(testing::cans(&env.db, member, Container::Aos).await, 1000);
+    assert_eq!(bonuses::cans(&env.db, member, Container::Aos).await, 1000);
     let job = {
         let mut conn = env.db.acquire().await.unwrap();
         job::find(&mut conn, original.bonus_jobs[1].job_id)
@@ -109,8 +109,8 @@ async fn a_repeated_completion_returns_the_original_result_and_creates_nothing()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bonus_job_is_created_once_per_idempotency_key() {
     let (env, services) = setup().await;
-    let member = testing::member(&env.db).await;
-    let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+    let member = bonuses::member(&env.db).await;
+    let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
     let new = NewJob {
         source_charge_id: purchase.id,
         member_id: member,
@@ -150,12 +150,12 @@ async fn a_bonus_job_is_created_once_per_idempotency_key() {
 #[tokio::test]
 async fn get_payment_count_counts_only_the_event_s_bonuses_inside_its_window() {
     let (env, _services) = setup().await;
-    let member = testing::member(&env.db).await;
-    let other_member = testing::member(&env.db).await;
+    let member = bonuses::member(&env.db).await;
+    let other_member = bonuses::member(&env.db).await;
     // The event applies now: its window began ten days ago and ends tomorrow.
-    let start = testing::db_now(&env.db).await - Duration::days(10);
+    let start = bonuses::db_now(&env.db).await - Duration::days(10);
     let end = start + Duration::days(11);
-    testing::event_in(&env.db, "spring", 10, start, end, 5).await;
+    bonuses::event_in(&env.db, "spring", 10, start, end, 5).await;
     // (member, status, method, created_at): only the first is the event's bonus in the window.
     let rows = [
         (member, "EVENT", "spring", start + Duration::days(1)),
@@ -201,18 +201,18 @@ async fn get_payment_count_counts_only_the_event_s_bonuses_inside_its_window() {
 #[tokio::test]
 async fn the_event_limit_counts_bonuses_granted_and_still_owed() {
     let (env, services) = setup().await;
-    testing::active_event(&env.db, "twice per member", 10, 2).await;
-    let member = testing::member(&env.db).await;
+    bonuses::active_event(&env.db, "twice per member", 10, 2).await;
+    let member = bonuses::member(&env.db).await;
     let mut owed = Vec::new();
     for _ in 0..3 {
-        let purchase = testing::purchase(&env.db, member, PaymentGateway::Hecto, 100).await;
+        let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Hecto, 100).await;
         let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
             .await
             .unwrap();
         owed.push(done.charge().bonus_jobs.len());
     }
     // A bonus granted before paybus (an EVENT charge without a job) counts for another member.
-    let veteran = testing::member(&env.db).await;
+    let veteran = bonuses::member(&env.db).await;
     sqlx::query(
         "INSERT INTO charges (member_id, status, cans, payment_gateway, container, method, \
                               payment_status, completed_at) \
@@ -224,7 +224,7 @@ async fn the_event_limit_counts_bonuses_granted_and_still_owed() {
     .unwrap();
     let mut veteran_owed = Vec::new();
     for _ in 0..2 {
-        let purchase = testing::purchase(&env.db, veteran, PaymentGateway::Pg, 100).await;
+        let purchase = bonuses::purchase(&env.db, veteran, PaymentGateway::Pg, 100).await;
         let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
             .await
             .unwrap();
@@ -245,17 +245,17 @@ async fn the_first_charge_bonus_is_owed_once_and_only_when_configured() {
     let rules = BonusRules {
         first_charge_percent: 100,
     };
-    let member = testing::member(&env.db).await;
+    let member = bonuses::member(&env.db).await;
     let mut owed = Vec::new();
     for _ in 0..2 {
-        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
         let done = completion::complete(&services.outbox, rules, &purchase.paid())
             .await
             .unwrap();
         owed.push(done.charge().bonus_jobs.len());
     }
-    let unconfigured = testing::member(&env.db).await;
-    let purchase = testing::purchase(&env.db, unconfigured, PaymentGateway::Pg, 100).await;
+    let unconfigured = bonuses::member(&env.db).await;
+    let purchase = bonuses::purchase(&env.db, unconfigured, PaymentGateway::Pg, 100).await;
     let without = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
         .await
         .unwrap();
@@ -267,8 +267,8 @@ async fn the_first_charge_bonus_is_owed_once_and_only_when_configured() {
 #[tokio::test]
 async fn an_inactive_or_ended_event_owes_nothing() {
     let (env, services) = setup().await;
-    let now = testing::db_now(&env.db).await;
-    testing::event_in(
+    let now = bonuses::db_now(&env.db).await;
+    bonuses::event_in(
         &env.db,
         "ended",
         50,
@@ -277,29 +277,29 @@ async fn an_inactive_or_ended_event_owes_nothing() {
         1,
     )
     .await;
-    let switched_off = testing::active_event(&env.db, "switched off", 50, 1).await;
+    let switched_off = bonuses::active_event(&env.db, "switched off", 50, 1).await;
     let mut conn = env.db.acquire().await.unwrap();
     paybus_bonuses::event::set_active(&mut conn, switched_off, false)
         .await
         .unwrap();
-    let member = testing::member(&env.db).await;
-    let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+    let member = bonuses::member(&env.db).await;
+    let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
 
     let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
         .await
         .unwrap();
 
     assert!(done.charge().bonus_jobs.is_empty());
-    assert_eq!(testing::cans(&env.db, member, Container::Pg).await, 100);
+    assert_eq!(bonuses::cans(&env.db, member, Container::Pg).await, 100);
 }
 
 #[tokio::test]
 async fn a_refused_completion_writes_nothing() {
     let (env, services) = setup().await;
-    testing::active_event(&env.db, "any", 10, 9).await;
-    let member = testing::member(&env.db).await;
-    let purchase = testing::purchase(&env.db, member, PaymentGateway::Payverse, 100).await;
-    let another = testing::purchase(&env.db, member, PaymentGateway::Payverse, 100).await;
+    bonuses::active_event(&env.db, "any", 10, 9).await;
+    let member = bonuses::member(&env.db).await;
+    let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Payverse, 100).await;
+    let another = bonuses::purchase(&env.db, member, PaymentGateway::Payverse, 100).await;
     let complete = |request| {
         let outbox = services.outbox.clone();
         async move { completion::complete(&outbox, BonusRules::default(), &request).await }
@@ -322,7 +322,7 @@ async fn a_refused_completion_writes_nothing() {
     .await;
     let untouched = (
         jobs_and_messages(&env).await,
-        testing::cans(&env.db, member, Container::Pg).await,
+        bonuses::cans(&env.db, member, Container::Pg).await,
     );
     complete(purchase.paid()).await.unwrap();
     let replayed_receipt = complete(paybus_bonuses::PaymentCompletion {
@@ -394,17 +394,17 @@ async fn a_refused_completion_writes_nothing() {
         .await,
         1
     );
-    assert_eq!(testing::cans(&env.db, member, Container::Pg).await, 100);
+    assert_eq!(bonuses::cans(&env.db, member, Container::Pg).await, 100);
 }
 
 #[tokio::test]
 async fn the_audit_names_every_broken_bonus_invariant_it_finds() {
     let (env, services) = setup().await;
-    testing::active_event(&env.db, "audited", 10, 9).await;
+    bonuses::active_event(&env.db, "audited", 10, 9).await;
     let (mut jobs, mut members, mut charges) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..4 {
-        let member = testing::member(&env.db).await;
-        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let member = bonuses::member(&env.db).await;
+        let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
         let done = completion::complete(&services.outbox, BonusRules::default(), &purchase.paid())
             .await
             .unwrap();
@@ -529,23 +529,23 @@ async fn insert_jobs(
 #[tokio::test]
 async fn the_limit_reads_only_the_member_s_jobs_of_the_event_not_its_history_or_the_event_s() {
     let (env, _services) = setup().await;
-    let event = testing::active_event(&env.db, "popular", 10, 5).await;
-    let member = testing::member(&env.db).await;
-    let source = testing::purchase(&env.db, member, PaymentGateway::Pg, 100)
+    let event = bonuses::active_event(&env.db, "popular", 10, 5).await;
+    let member = bonuses::member(&env.db).await;
+    let source = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100)
         .await
         .id;
     // The member's history: 1,000 bonuses granted in 40 events before this one.
-    let start = testing::db_now(&env.db).await - Duration::days(400);
+    let start = bonuses::db_now(&env.db).await - Duration::days(400);
     for past in 0..40 {
         let title = format!("past {past}");
-        let id = testing::event_in(&env.db, &title, 10, start, start + Duration::days(1), 25).await;
+        let id = bonuses::event_in(&env.db, &title, 10, start, start + Duration::days(1), 25).await;
         insert_jobs(&env, member, id, source, "DONE", 25).await;
     }
     // The event's other jobs: 3,000 of other members, none DONE (the status filter alone
     // does not narrow them).
     for _ in 0..10 {
-        let other = testing::member(&env.db).await;
-        let other_source = testing::purchase(&env.db, other, PaymentGateway::Pg, 100)
+        let other = bonuses::member(&env.db).await;
+        let other_source = bonuses::purchase(&env.db, other, PaymentGateway::Pg, 100)
             .await
             .id;
         insert_jobs(&env, other, event, other_source, "FAILED", 300).await;
@@ -587,11 +587,11 @@ async fn the_standings_of_several_charges_read_only_their_members_jobs_not_the_e
     ] {
         sqlx::query(statement).execute(&env.db).await.unwrap();
     }
-    let event = testing::active_event(&env.db, "popular", 10, 5).await;
+    let event = bonuses::active_event(&env.db, "popular", 10, 5).await;
     // The event's other jobs: 3,000 of other members, none DONE.
     for _ in 0..10 {
-        let other = testing::member(&env.db).await;
-        let source = testing::purchase(&env.db, other, PaymentGateway::Pg, 100)
+        let other = bonuses::member(&env.db).await;
+        let source = bonuses::purchase(&env.db, other, PaymentGateway::Pg, 100)
             .await
             .id;
         insert_jobs(&env, other, event, source, "FAILED", 300).await;
@@ -599,8 +599,8 @@ async fn the_standings_of_several_charges_read_only_their_members_jobs_not_the_e
     // Ten members being completed together (completions::Completions), two jobs each already.
     let mut charges = Vec::new();
     for _ in 0..10 {
-        let member = testing::member(&env.db).await;
-        let purchase = testing::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
+        let member = bonuses::member(&env.db).await;
+        let purchase = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 100).await;
         insert_jobs(&env, member, event, purchase.id, "PENDING", 2).await;
         charges.push(purchase.id);
     }
@@ -630,7 +630,7 @@ async fn the_standings_of_several_charges_read_only_their_members_jobs_not_the_e
 async fn rows_read_by_completion(
     services: &Services,
     rules: BonusRules,
-    purchase: &testing::Purchase,
+    purchase: &bonuses::Purchase,
 ) -> i64 {
     let mut uow = services.outbox.begin_read_committed().await.unwrap();
     let reads = HandlerReads::start(&mut uow).await;
@@ -647,21 +647,21 @@ async fn rows_read_by_completion(
 #[tokio::test]
 async fn a_completion_reads_no_more_for_a_member_with_a_long_history() {
     let (env, services) = setup().await;
-    testing::active_event(&env.db, "twice per member", 10, 2).await;
+    bonuses::active_event(&env.db, "twice per member", 10, 2).await;
     let rules = BonusRules {
         first_charge_percent: 100,
     };
-    let newcomer = testing::member(&env.db).await;
+    let newcomer = bonuses::member(&env.db).await;
     for _ in 0..2 {
-        let purchase = testing::purchase(&env.db, newcomer, PaymentGateway::Pg, 100).await;
+        let purchase = bonuses::purchase(&env.db, newcomer, PaymentGateway::Pg, 100).await;
         completion::complete(&services.outbox, rules, &purchase.paid())
             .await
             .unwrap();
     }
     // 500 purchases completed for the regular (the first two earned the event's bonus).
-    let regular = testing::member(&env.db).await;
+    let regular = bonuses::member(&env.db).await;
     for _ in 0..500 {
-        let purchase = testing::purchase(&env.db, regular, PaymentGateway::Pg, 100).await;
+        let purchase = bonuses::purchase(&env.db, regular, PaymentGateway::Pg, 100).await;
         completion::complete(&services.outbox, rules, &purchase.paid())
             .await
             .unwrap();
@@ -675,8 +675,8 @@ async fn a_completion_reads_no_more_for_a_member_with_a_long_history() {
         .await
         .unwrap();
 
-    let newcomer_s = testing::purchase(&env.db, newcomer, PaymentGateway::Pg, 100).await;
-    let regular_s = testing::purchase(&env.db, regular, PaymentGateway::Pg, 100).await;
+    let newcomer_s = bonuses::purchase(&env.db, newcomer, PaymentGateway::Pg, 100).await;
+    let regular_s = bonuses::purchase(&env.db, regular, PaymentGateway::Pg, 100).await;
     let newcomer_read = rows_read_by_completion(&services, rules, &newcomer_s).await;
     let regular_read = rows_read_by_completion(&services, rules, &regular_s).await;
 

@@ -15,11 +15,12 @@ use paybus_bonuses::{
     completion,
     completions::{BATCHES_IN_FLIGHT, BatchCounts},
     job::JobType,
-    testing::{self, Purchase, assert_audit_clean},
 };
-use paybus_platform::{
-    bus::Services,
-    testing::{TestEnv, scalar},
+use paybus_platform::bus::Services;
+use paybus_testkit::{
+    TestEnv,
+    bonuses::{self, Purchase, assert_audit_clean},
+    scalar,
 };
 use tokio::{sync::Barrier, task::JoinSet};
 
@@ -59,13 +60,13 @@ async fn concurrent_completions_of_different_members_commit_together_and_each_ge
     const MEMBERS: usize = 120;
     let env = TestEnv::new().await;
     let services = services_for(&env, 32).await;
-    testing::active_event(&env.db, "launch week", 10, 1).await;
+    bonuses::active_event(&env.db, "launch week", 10, 1).await;
     let mut purchases = Vec::with_capacity(MEMBERS);
     for n in 0..MEMBERS {
-        let member = testing::member(&env.db).await;
+        let member = bonuses::member(&env.db).await;
         let gateway = [PaymentGateway::Pg, PaymentGateway::GoogleIap][n % 2];
         let cans = 10 + i32::try_from(n).unwrap();
-        purchases.push(testing::purchase(&env.db, member, gateway, cans).await);
+        purchases.push(bonuses::purchase(&env.db, member, gateway, cans).await);
     }
     let completions = Completions::new(services.outbox.clone(), FIRST_CHARGE_DOUBLED);
 
@@ -88,7 +89,7 @@ async fn concurrent_completions_of_different_members_commit_together_and_each_ge
         assert_eq!(kinds, [JobType::FirstCharge, JobType::ActiveChargeEvent]);
         let container = purchase.gateway.default_container();
         assert_eq!(
-            testing::cans(&env.db, purchase.member_id, container).await,
+            bonuses::cans(&env.db, purchase.member_id, container).await,
             purchase.cans,
             "member {} credited once",
             purchase.member_id
@@ -116,12 +117,12 @@ async fn one_member_s_concurrent_completions_never_share_a_transaction_and_lose_
     const PURCHASES: usize = 120;
     let env = TestEnv::new().await;
     let services = services_for(&env, 32).await;
-    testing::active_event(&env.db, "three times 10%", 10, 3).await;
-    let member = testing::member(&env.db).await;
+    bonuses::active_event(&env.db, "three times 10%", 10, 3).await;
+    let member = bonuses::member(&env.db).await;
     let mut purchases = Vec::with_capacity(PURCHASES);
     for cans in 1..=PURCHASES {
         let cans = i32::try_from(cans).unwrap();
-        purchases.push(testing::purchase(&env.db, member, PaymentGateway::Pg, cans).await);
+        purchases.push(bonuses::purchase(&env.db, member, PaymentGateway::Pg, cans).await);
     }
     let sum: i32 = purchases.iter().map(|p| p.cans).sum();
     let completions = Completions::new(services.outbox.clone(), FIRST_CHARGE_DOUBLED);
@@ -135,7 +136,7 @@ async fn one_member_s_concurrent_completions_never_share_a_transaction_and_lose_
         "{answers:?}"
     );
     assert_eq!(
-        testing::cans(&env.db, member, Container::Pg).await,
+        bonuses::cans(&env.db, member, Container::Pg).await,
         sum,
         "no credit lost"
     );
@@ -217,8 +218,8 @@ impl Occupied {
 async fn occupy_every_runner(env: &TestEnv, completions: &Completions) -> Occupied {
     let mut blockers = Vec::new();
     for _ in 0..BATCHES_IN_FLIGHT {
-        let member = testing::member(&env.db).await;
-        blockers.push(testing::purchase(&env.db, member, PaymentGateway::Pg, 70).await);
+        let member = bonuses::member(&env.db).await;
+        blockers.push(bonuses::purchase(&env.db, member, PaymentGateway::Pg, 70).await);
     }
     let release = hold_members(&env.db, blockers.iter().map(|p| p.member_id).collect()).await;
     let mut blocked = JoinSet::new();
@@ -239,7 +240,7 @@ async fn occupy_every_runner(env: &TestEnv, completions: &Completions) -> Occupi
 async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answers_as_alone() {
     let env = TestEnv::new().await;
     let services = services_for(&env, 32).await;
-    testing::active_event(&env.db, "launch week", 10, 5).await;
+    bonuses::active_event(&env.db, "launch week", 10, 5).await;
     let rules = BonusRules::default();
     let completions = Completions::new(services.outbox.clone(), rules);
 
@@ -248,18 +249,18 @@ async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answ
 
     let mut fresh = Vec::new();
     for _ in 0..12 {
-        let member = testing::member(&env.db).await;
-        fresh.push(testing::purchase(&env.db, member, PaymentGateway::Pg, 40).await);
+        let member = bonuses::member(&env.db).await;
+        fresh.push(bonuses::purchase(&env.db, member, PaymentGateway::Pg, 40).await);
     }
-    let member = testing::member(&env.db).await;
-    let completed_before = testing::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
+    let member = bonuses::member(&env.db).await;
+    let completed_before = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
     let before = completion::complete(&services.outbox, rules, &completed_before.paid())
         .await
         .unwrap();
-    let other = testing::member(&env.db).await;
-    let wrong_amount = testing::purchase(&env.db, other, PaymentGateway::Pg, 20).await;
-    let another = testing::member(&env.db).await;
-    let receipt_reused = testing::purchase(&env.db, another, PaymentGateway::Pg, 20).await;
+    let other = bonuses::member(&env.db).await;
+    let wrong_amount = bonuses::purchase(&env.db, other, PaymentGateway::Pg, 20).await;
+    let another = bonuses::member(&env.db).await;
+    let receipt_reused = bonuses::purchase(&env.db, another, PaymentGateway::Pg, 20).await;
 
     let mut requests: Vec<PaymentCompletion> = fresh.iter().map(Purchase::paid).collect();
     requests.insert(3, completed_before.paid());
@@ -333,19 +334,19 @@ async fn a_batch_with_a_repeat_and_refusals_is_rolled_back_and_each_request_answ
         assert_eq!(charge.charge_id, purchase.id);
         assert_eq!(charge.bonus_jobs.len(), 1);
         assert_eq!(
-            testing::cans(&env.db, purchase.member_id, Container::Pg).await,
+            bonuses::cans(&env.db, purchase.member_id, Container::Pg).await,
             purchase.cans
         );
     }
     for refused in [&wrong_amount, &receipt_reused] {
         assert_eq!(
-            testing::cans(&env.db, refused.member_id, Container::Pg).await,
+            bonuses::cans(&env.db, refused.member_id, Container::Pg).await,
             0,
             "a refusal writes nothing"
         );
     }
     assert_eq!(
-        testing::cans(&env.db, completed_before.member_id, Container::Pg).await,
+        bonuses::cans(&env.db, completed_before.member_id, Container::Pg).await,
         completed_before.cans,
         "the repeat credits nothing more"
     );
@@ -365,8 +366,8 @@ async fn completions_queued_behind_batches_stalled_on_held_members_go_ahead_of_t
     // Every runner waits on a member row another transaction holds (up to
     // innodb_lock_wait_timeout, 50 s by default).
     let mut occupied = occupy_every_runner(&env, &completions).await;
-    let member = testing::member(&env.db).await;
-    let behind = testing::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
+    let member = bonuses::member(&env.db).await;
+    let behind = bonuses::purchase(&env.db, member, PaymentGateway::Pg, 30).await;
 
     let answer =
         tokio::time::timeout(Duration::from_secs(5), completions.complete(behind.paid())).await;
@@ -383,7 +384,7 @@ async fn completions_queued_behind_batches_stalled_on_held_members_go_ahead_of_t
     occupied.release().await;
     for purchase in blockers.iter().chain([&behind]) {
         assert_eq!(
-            testing::cans(&env.db, purchase.member_id, Container::Pg).await,
+            bonuses::cans(&env.db, purchase.member_id, Container::Pg).await,
             purchase.cans
         );
     }

@@ -11,11 +11,12 @@ use paybus_bonuses::{
     charge::{Container, PaymentGateway},
     completion::{self, complete_in},
     job::JobType,
-    testing::{self, Purchase, assert_audit_clean},
 };
-use paybus_platform::{
-    bus::{Outbox, Services},
-    testing::{TestEnv, scalar},
+use paybus_platform::bus::{Outbox, Services};
+use paybus_testkit::{
+    TestEnv,
+    bonuses::{self, Purchase, assert_audit_clean},
+    scalar,
 };
 use sqlx::MySqlPool;
 use tokio::{sync::Barrier, task::JoinSet};
@@ -36,9 +37,9 @@ async fn services_for(env: &TestEnv, racers: u32) -> Services {
 async fn fifty_concurrent_completions_of_one_charge_complete_credit_and_owe_it_once() {
     let env = TestEnv::new().await;
     let services = services_for(&env, 50).await;
-    testing::active_event(&env.db, "launch week", 20, 1).await;
-    let member = testing::member(&env.db).await;
-    let purchase = testing::purchase(&env.db, member, PaymentGateway::AppleIap, 500).await;
+    bonuses::active_event(&env.db, "launch week", 20, 1).await;
+    let member = bonuses::member(&env.db).await;
+    let purchase = bonuses::purchase(&env.db, member, PaymentGateway::AppleIap, 500).await;
     let barrier = Arc::new(Barrier::new(50));
     let mut racers = JoinSet::new();
     for _ in 0..50 {
@@ -71,7 +72,7 @@ async fn fifty_concurrent_completions_of_one_charge_complete_credit_and_owe_it_o
     let kinds: Vec<JobType> = original.bonus_jobs.iter().map(|j| j.job_type).collect();
     assert_eq!(kinds, [JobType::FirstCharge, JobType::ActiveChargeEvent]);
     assert_eq!(
-        testing::cans(&env.db, member, Container::Ios).await,
+        bonuses::cans(&env.db, member, Container::Ios).await,
         500,
         "credited once"
     );
@@ -103,11 +104,11 @@ const RACERS: usize = 200;
 
 /// One member, `RACERS` purchases of 1..=RACERS cans through PG.
 async fn purchases_of_one_member(pool: &MySqlPool) -> (u64, Vec<Purchase>) {
-    let member = testing::member(pool).await;
+    let member = bonuses::member(pool).await;
     let mut purchases = Vec::with_capacity(RACERS);
     for cans in 1..=RACERS {
         purchases.push(
-            testing::purchase(
+            bonuses::purchase(
                 pool,
                 member,
                 PaymentGateway::Pg,
@@ -197,7 +198,7 @@ async fn race(outbox: &Outbox, purchases: &[Purchase], design: Design, rules: Bo
 async fn two_hundred_concurrent_completions_of_one_member_lose_no_credit() {
     let env = TestEnv::new().await;
     let services = services_for(&env, u32::try_from(RACERS).unwrap()).await;
-    testing::active_event(&env.db, "three times 10%", 10, 3).await;
+    bonuses::active_event(&env.db, "three times 10%", 10, 3).await;
     let (member, purchases) = purchases_of_one_member(&env.db).await;
     let sum: i32 = purchases.iter().map(|p| p.cans).sum();
 
@@ -209,7 +210,7 @@ async fn two_hundred_concurrent_completions_of_one_member_lose_no_credit() {
     )
     .await;
 
-    assert_eq!(testing::cans(&env.db, member, Container::Pg).await, sum);
+    assert_eq!(bonuses::cans(&env.db, member, Container::Pg).await, sum);
     // Decided under the member's lock, so exact under the race too: one first charge, and
     // the event's limit of 3 per member.
     assert_eq!(
@@ -246,7 +247,7 @@ async fn the_seed_s_unlocked_plus_equals_loses_credits_under_the_same_race() {
     )
     .await;
 
-    let balance = testing::cans(&env.db, member, Container::Pg).await;
+    let balance = bonuses::cans(&env.db, member, Container::Pg).await;
     eprintln!(
         "seed design: balance {balance} of {sum} cans paid ({} lost)",
         sum - balance

@@ -16,10 +16,9 @@ use paybus_platform::{
         outbox::{Relay, RelayConfig},
         pauses, topology,
     },
-    testing::{
-        self, TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar,
-        services_on,
-    },
+};
+use paybus_testkit::{
+    TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar, services_on,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +34,7 @@ fn relay(services: &Services) -> Relay {
 
 /// A queue of the test's own bound to `canary.ping`, to count what reaches the broker.
 async fn tap(services: &Services, name: &str) -> lapin::Channel {
-    testing::tap(services, name, Ping::TYPE).await
+    paybus_testkit::tap(services, name, Ping::TYPE).await
 }
 
 async fn insert_pings(env: &TestEnv, n: usize) -> Vec<u64> {
@@ -65,7 +64,44 @@ async fn publish_raw(services: &Services, routing_key: &str, body: &[u8]) {
         .expect("publish");
 }
 
-fn start_runner(services: &Services) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+/// The canary's outcome counters are the process's (`metrics::count`), and `cargo test` runs a
+/// file's tests on threads of one process: a test that runs the canary holds its turn for its
+/// whole run, so the counts it reads moved with its own messages only. Under nextest, a
+/// process per test, the turn is never waited for.
+static CANARY_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A test's turn to run the canary, and the canary's counts when it began.
+struct CanaryCounts {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    before: Vec<(String, &'static str, metrics::Stat)>,
+}
+
+impl CanaryCounts {
+    async fn take() -> Self {
+        let turn = CANARY_TURN.lock().await;
+        Self {
+            _turn: turn,
+            before: metrics::snapshot(),
+        }
+    }
+
+    /// Canary messages that ended with `outcome` since this turn began.
+    fn count(&self, outcome: &str) -> u64 {
+        let before: u64 = self
+            .before
+            .iter()
+            .filter(|(function, counted, _)| function == Canary::FUNCTION && *counted == outcome)
+            .map(|(_, _, stat)| stat.count)
+            .sum();
+        metrics::count(Canary::FUNCTION, outcome) - before
+    }
+}
+
+/// A runner of the canary; only a test holding its turn (`_turn`) starts one.
+fn start_runner(
+    services: &Services,
+    _turn: &CanaryCounts,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
     runner.add_function(Canary);
@@ -244,12 +280,13 @@ async fn two_relays_together_publish_each_row_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
     let ids = insert_pings(&env, 1_000).await;
     // Two consumers of the same queue in parallel.
-    let (stop_a, run_a) = start_runner(&services);
-    let (stop_b, run_b) = start_runner(&services);
+    let (stop_a, run_a) = start_runner(&services, &counts);
+    let (stop_b, run_b) = start_runner(&services, &counts);
 
     let messages: Vec<_> = ids
         .iter()
@@ -272,7 +309,7 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
     })
     .await;
     let handled = eventually(Duration::from_secs(30), || async {
-        metrics::count("canary", "done") + metrics::count("canary", "skipped") == 2_000
+        counts.count("done") + counts.count("skipped") == 2_000
     })
     .await;
     stop_a.cancel();
@@ -284,8 +321,8 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
     assert!(
         handled,
         "done {} skipped {}",
-        metrics::count("canary", "done"),
-        metrics::count("canary", "skipped")
+        counts.count("done"),
+        counts.count("skipped")
     );
     assert_eq!(
         scalar(
@@ -295,8 +332,8 @@ async fn a_thousand_messages_delivered_twice_in_parallel_give_a_thousand_effects
         .await,
         1_000
     );
-    assert_eq!(metrics::count("canary", "done"), 1_000);
-    assert_eq!(metrics::count("canary", "skipped"), 1_000);
+    assert_eq!(counts.count("done"), 1_000);
+    assert_eq!(counts.count("skipped"), 1_000);
 }
 
 /// Publishes a ping whose body is `first`, then `count` whose bodies are `1`, `2`, ….
@@ -475,10 +512,11 @@ async fn dead_letter_rows(env: &TestEnv) -> Vec<(String, String, String, String)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_malformed_message_is_dead_lettered_at_once_and_the_rest_flow() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
     let ids = insert_pings(&env, 20).await;
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
 
     publish_raw(&services, "canary.ping", b"{not json").await;
     publish_raw(
@@ -511,15 +549,16 @@ async fn a_malformed_message_is_dead_lettered_at_once_and_the_rest_flow() {
         assert!(!error.is_empty());
     }
     // Dead-lettered at once: one delivery each, no requeue.
-    assert_eq!(metrics::count("canary", "requeued"), 0);
-    assert_eq!(metrics::count("canary", "malformed"), 2);
+    assert_eq!(counts.count("requeued"), 0);
+    assert_eq!(counts.count("malformed"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_outcome_makes_exactly_one_dead_letter_with_all_headers() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
     let envelope = Envelope::new(Ping { ping_id: 424_242 });
     let outgoing = envelope.to_outgoing().unwrap();
     // Delivered twice: still one dead letter per delivery decision, each recorded once.
@@ -656,12 +695,13 @@ async fn dead_letter_again(services: &Services, body: &[u8], letter: &str, failu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
+    let counts = CanaryCounts::take().await;
     // The defect: identical bytes without a message id were one letter recorded once (INSERT
     // IGNORE on a key of their hash), so two failures read as one, and after ops archived the
     // group a third made no letter at all.
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
     let body = b"{not json";
 
     publish_raw(&services, "canary.ping", body).await;
@@ -684,7 +724,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &triager,
             OperationAction::Archive,
             &Selection::Ids(vec![letter]),
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             10,
             &paybus_platform::approvals::FourEyes::off(),
         )
@@ -694,7 +734,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &services.outbox,
             &triager,
             requested.operation.id,
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             paybus_dead_letter_ops::ExecuteOptions::default(),
             |_| {},
         )
@@ -772,6 +812,7 @@ async fn ponged(env: &TestEnv) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_resume() {
+    let counts = CanaryCounts::take().await;
     // Longer than a pause takes to reach every consumer (one read a second).
     let settle = pauses::POLL_INTERVAL * 3;
     let env = TestEnv::new().await;
@@ -784,13 +825,13 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
         pauses::pause(
             &mut conn,
             "canary",
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             "maintenance"
         )
         .await
         .unwrap()
     );
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
     let before = insert_pings(&env, 20).await;
     publish_pings(&services, &before).await;
     tokio::time::sleep(settle).await;
@@ -798,13 +839,9 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert_eq!(queue_depth(&channel, "paybus.canary").await, 20);
 
     assert!(
-        pauses::resume(
-            &mut conn,
-            "canary",
-            &paybus_platform::testing::person("alice")
-        )
-        .await
-        .unwrap()
+        pauses::resume(&mut conn, "canary", &paybus_testkit::person("alice"))
+            .await
+            .unwrap()
     );
     let drained = eventually(Duration::from_secs(30), || async {
         ponged(&env).await == 20
@@ -816,7 +853,7 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     pauses::pause(
         &mut conn,
         "canary",
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         "again",
     )
     .await
@@ -829,23 +866,14 @@ async fn a_paused_function_takes_nothing_keeps_its_queue_and_drains_it_once_on_r
     assert_eq!(queue_depth(&channel, "paybus.canary").await, 30);
     // A pause already there is not a second one.
     assert!(
-        !pauses::pause(
-            &mut conn,
-            "canary",
-            &paybus_platform::testing::person("bob"),
-            "too"
-        )
-        .await
-        .unwrap()
+        !pauses::pause(&mut conn, "canary", &paybus_testkit::person("bob"), "too")
+            .await
+            .unwrap()
     );
 
-    pauses::resume(
-        &mut conn,
-        "canary",
-        &paybus_platform::testing::person("alice"),
-    )
-    .await
-    .unwrap();
+    pauses::resume(&mut conn, "canary", &paybus_testkit::person("alice"))
+        .await
+        .unwrap();
     let drained = eventually(Duration::from_secs(30), || async {
         ponged(&env).await == 50
     })
@@ -1001,6 +1029,7 @@ async fn messages_committed_while_the_broker_is_down_are_all_delivered_after_it_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let broker = Arc::new(
         tokio::task::spawn_blocking(PrivateBroker::start)
@@ -1008,7 +1037,7 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
             .unwrap(),
     );
     let services = services_on(&settings_on(&env, &broker), &[Canary::queue()]).await;
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
 
     // A clone: the last handle's drop removes the broker, which must outlive the restart.
     let restart = broker.clone();
@@ -1027,6 +1056,7 @@ async fn a_broker_restart_mid_stream_loses_nothing_and_processing_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
+    let counts = CanaryCounts::take().await;
     // The broker namespace of a TestEnv, the database of a private server we can stop.
     let env = TestEnv::new().await;
     let database = Arc::new(
@@ -1049,7 +1079,7 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
                 .last_insert_id(),
         );
     }
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
     // Consuming before the outage (a runner starts its consumers once it has read the
     // pauses, which needs the database).
     let warm_up = sqlx::query("INSERT INTO canary_pings () VALUES ()")
@@ -1082,7 +1112,7 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
     }
     // Let every delivery fail against the dead database at least once.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let requeued_while_down = metrics::count("canary", "requeued");
+    let requeued_while_down = counts.count("requeued");
     let up = database.clone();
     tokio::task::spawn_blocking(move || up.start_again())
         .await
@@ -1117,9 +1147,10 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_message_no_function_binds_becomes_an_unroutable_dead_letter() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let services = services_on(&env.settings, &[Canary::queue()]).await;
-    let (stop, running) = start_runner(&services);
+    let (stop, running) = start_runner(&services, &counts);
     let body = Envelope::new(Ping { ping_id: 7 }).to_outgoing().unwrap();
 
     // Not `mandatory`: the broker would have dropped it without the alternate exchange.
@@ -1251,7 +1282,7 @@ async fn a_broker_url_that_refuses_connections_is_skipped_for_the_next() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     let mut dead = env.settings.broker.url.clone();
-    dead.set_port(Some(testing::free_port())).unwrap();
+    dead.set_port(Some(paybus_testkit::free_port())).unwrap();
     settings.broker.url = dead;
     settings.broker.failover_urls = vec![env.settings.broker.url.clone()];
 
@@ -1285,11 +1316,12 @@ async fn two_relayed_nodes(env: &TestEnv) -> (Arc<TcpRelay>, Arc<TcpRelay>, Serv
 /// refuses). The fast proof of the failover path, next to the real node kill below.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_away() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     // The second relay is kept: dropping it would cut it.
     let (first, _second, services) = two_relayed_nodes(&env).await;
     assert_eq!(services.link.node(), 0);
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
 
     let sent =
         ping_through_an_interruption(&services, || tokio::spawn(async move { first.cut() })).await;
@@ -1306,10 +1338,11 @@ async fn the_consumer_and_publisher_move_to_the_next_url_when_their_node_goes_aw
 /// intervals, and the link moves on. With RabbitMQ's own 60 s that took two minutes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_consumer_and_publisher_leave_a_silent_node_within_two_heartbeats() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     // The second relay is kept: dropping it would cut it.
     let (first, _second, services) = two_relayed_nodes(&env).await;
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
 
     let stalled = first.clone();
     let sent = ping_through_an_interruption(&services, move || {
@@ -1357,10 +1390,11 @@ async fn assert_stops_despite_the_silent_node(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stop_during_start_up_does_not_wait_on_a_silent_broker() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let (node, services) = relayed_services(&env).await;
     node.stall();
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
     // Time for the runner to send its topology, which the silent node never answers.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -1369,18 +1403,19 @@ async fn a_stop_during_start_up_does_not_wait_on_a_silent_broker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let (node, services) = relayed_services(&env).await;
     let mut conn = env.db.acquire().await.unwrap();
     pauses::pause(
         &mut conn,
         "canary",
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         "the node is about to go silent",
     )
     .await
     .unwrap();
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
     // Started: the canary's dead-letter recorder consumes, the canary itself waits paused.
     let recorder_consuming = eventually(Duration::from_secs(10), || async {
         queue_state(&services, &Canary::queue().dead_letter_queue())
@@ -1390,13 +1425,9 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
     .await;
     assert!(recorder_consuming, "the dead-letter recorder consumes");
     node.stall();
-    pauses::resume(
-        &mut conn,
-        "canary",
-        &paybus_platform::testing::person("alice"),
-    )
-    .await
-    .unwrap();
+    pauses::resume(&mut conn, "canary", &paybus_testkit::person("alice"))
+        .await
+        .unwrap();
     // The pauses are read every second; then the canary asks for its channel.
     tokio::time::sleep(pauses::POLL_INTERVAL * 2).await;
 
@@ -1409,6 +1440,7 @@ async fn a_stop_does_not_wait_on_a_subscription_to_a_silent_node() {
 /// a leader among the two left, and every ping is ponged once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_and_publisher_keep_working_when_their_cluster_node_is_killed() {
+    let counts = CanaryCounts::take().await;
     let env = TestEnv::new().await;
     let cluster = Arc::new(
         tokio::task::spawn_blocking(PrivateCluster::start)
@@ -1419,7 +1451,7 @@ async fn a_consumer_and_publisher_keep_working_when_their_cluster_node_is_killed
     settings.broker = cluster.broker_settings(&env.settings.broker, 1);
     let services = services_on(&settings, &[Canary::queue()]).await;
     assert_eq!(services.link.node(), 0, "connected to node 1");
-    let (stop, run) = start_runner(&services);
+    let (stop, run) = start_runner(&services, &counts);
 
     let killed = cluster.clone();
     let sent = ping_through_an_interruption(&services, move || {

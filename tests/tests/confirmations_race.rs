@@ -9,16 +9,19 @@ use std::{sync::Arc, time::Duration};
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
-use paybus_confirmations::testing::{assert_audit_clean, read_then_update};
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, due_notifications};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
-use paybus_money::{Amount, dec};
+use paybus_money::Amount;
 use paybus_platform::{
     bus::{Envelope, Handler, Outbox, Runner, Services, metrics, topology::Shards},
     db,
     retry::DueSweepConfig,
-    testing::{TestEnv, eventually, scalar},
     transition::Transition,
+};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{assert_audit_clean, read_then_update},
+    dec, eventually, scalar,
 };
 use sqlx::{MySql, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet, time::Instant};
@@ -35,7 +38,7 @@ const OPENING_BALANCE: &str = "1000000";
 /// withdrawals in BROADCASTING with distinct amounts. Returns the partner, the withdrawal ids
 /// and the sum of their amounts.
 async fn broadcasting_withdrawals(pool: &MySqlPool, webhook_url: &str) -> (u64, Vec<u64>, Amount) {
-    let partner_id = paybus_partners::testing::partner(pool, "partner 45", Some(webhook_url)).await;
+    let partner_id = paybus_testkit::partners::partner(pool, "partner 45", Some(webhook_url)).await;
     let mut tx = pool.begin().await.unwrap();
     ledger::post(
         &mut tx,
@@ -168,8 +171,7 @@ async fn broker_race(shards: u16) {
         let mut runner = Runner::new(Services::connect(env.settings.clone()).await.unwrap());
         runner.add_function(ConfirmWithdrawal);
         runner.add_function(
-            DeliverWebhook::new(WebhookConfig::default(), paybus_partners::testing::sealer())
-                .unwrap(),
+            DeliverWebhook::new(WebhookConfig::default(), paybus_testkit::sealer()).unwrap(),
         );
         if consumer == 0 {
             // The product's sweeper: a delivery that found its partner at the in-flight bound

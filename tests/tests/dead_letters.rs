@@ -11,14 +11,12 @@ use chrono::{DateTime, Utc};
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::{
     DepositTxConfirmed, WithdrawalTxConfirmed,
-    testing::{BROADCAST_TX, deposit, withdrawal},
     withdrawal::{WithdrawalKind, WithdrawalStatus},
 };
 use paybus_dead_letter_ops::{
     DeadLetterError, ExecuteOptions, ExecutionReport, OperationAction, OperationStatus, Selection,
     Triager, groups, letter, operation, replay,
 };
-use paybus_money::dec;
 use paybus_platform::approvals::FourEyes as Policy;
 use paybus_platform::{
     audit,
@@ -26,8 +24,12 @@ use paybus_platform::{
         Envelope, Message, OutgoingMessage, Runner, Services,
         dead_letter::{group_counts, record_given_up},
     },
-    testing::{TestEnv, eventually},
     triage::Verdict,
+};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{BROADCAST_TX, deposit, withdrawal},
+    dec, eventually,
 };
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
@@ -117,7 +119,7 @@ async fn act_now(
         &TRIAGER,
         action,
         selection,
-        &paybus_platform::testing::person(actor),
+        &paybus_testkit::person(actor),
         500,
         &Policy::off(),
     )
@@ -128,7 +130,7 @@ async fn act_now(
         &services.outbox,
         &TRIAGER,
         requested.operation.id,
-        &paybus_platform::testing::person(actor),
+        &paybus_testkit::person(actor),
         fast(),
         |_| {},
     )
@@ -139,7 +141,7 @@ async fn act_now(
 async fn setup() -> (TestEnv, Services, u64) {
     let env = TestEnv::new().await;
     let services = env.services(&paybus_catalog::queues()).await;
-    let partner = paybus_partners::testing::partner(&services.pool, "acme", None).await;
+    let partner = paybus_testkit::partners::partner(&services.pool, "acme", None).await;
     (env, services, partner)
 }
 
@@ -272,7 +274,7 @@ async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_g
     consumer.await.unwrap().unwrap();
     assert_eq!(debits(pool, safe).await, 1, "debited once");
     assert_eq!(debits(pool, never_broadcast).await, 0);
-    paybus_confirmations::testing::assert_audit_clean(pool).await;
+    paybus_testkit::confirmations::assert_audit_clean(pool).await;
 }
 
 type SumRow = (Option<u64>, String, paybus_money::Amount, u64);
@@ -351,7 +353,7 @@ async fn the_money_at_stake_reads_the_oldest_letters_page_by_page_up_to_its_limi
 async fn groups_sum_the_money_at_stake_per_partner_and_currency_biggest_first() {
     let (_env, services, acme) = setup().await;
     let pool = &services.pool;
-    let globex = paybus_partners::testing::partner(pool, "globex", None).await;
+    let globex = paybus_testkit::partners::partner(pool, "globex", None).await;
     for amount in ["100", "250.5"] {
         let id = in_flight(pool, acme, amount).await;
         dead_letter(pool, "confirm-withdrawal", confirmation(id)).await;
@@ -461,7 +463,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
         .mount(&endpoint)
         .await;
     let partner =
-        paybus_partners::testing::partner(&services.pool, "acme", Some(&endpoint.uri())).await;
+        paybus_testkit::partners::partner(&services.pool, "acme", Some(&endpoint.uri())).await;
     let config = WebhookConfig {
         timeout: Duration::from_secs(2),
         retry: RetryPolicy::with_schedule(2, vec![Duration::from_millis(100)]).unwrap(),
@@ -473,7 +475,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
     };
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
-    runner.add_function(DeliverWebhook::new(config, paybus_partners::testing::sealer()).unwrap());
+    runner.add_function(DeliverWebhook::new(config, paybus_testkit::sealer()).unwrap());
     runner.add_job(std::sync::Arc::new(
         paybus_deliver_webhook::due_notifications(
             &services,
@@ -616,7 +618,7 @@ async fn requested(
         &TRIAGER,
         action,
         &group(),
-        &paybus_platform::testing::person(actor),
+        &paybus_testkit::person(actor),
         500,
         policy,
     )
@@ -633,7 +635,7 @@ async fn execute_as(
         &services.outbox,
         &TRIAGER,
         id,
-        &paybus_platform::testing::person(actor),
+        &paybus_testkit::person(actor),
         fast(),
         |_| {},
     )
@@ -869,7 +871,7 @@ async fn a_groups_counts_stay_exact_under_concurrent_recordings_replays_and_arch
             &TRIAGER,
             action,
             &Selection::Ids(ids.to_vec()),
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             500,
             &Policy::off(),
         )
@@ -1024,7 +1026,7 @@ async fn a_recount_while_letters_are_recorded_and_archived_leaves_the_counts_exa
         &TRIAGER,
         OperationAction::Archive,
         &Selection::Ids(letters),
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         500,
         &Policy::off(),
     )
@@ -1165,7 +1167,7 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
     let own = operation::approve(
         &mut conn,
         operation.id,
-        &paybus_platform::testing::person("alice"),
+        &paybus_testkit::person("alice"),
         &operation.content_hash,
     )
     .await;
@@ -1176,7 +1178,7 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
     let wrong = operation::approve(
         &mut conn,
         operation.id,
-        &paybus_platform::testing::person("bob"),
+        &paybus_testkit::person("bob"),
         &"0".repeat(64),
     )
     .await;
@@ -1193,7 +1195,7 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
     let approved = operation::approve(
         &mut conn,
         operation.id,
-        &paybus_platform::testing::person("bob"),
+        &paybus_testkit::person("bob"),
         &operation.content_hash,
     )
     .await
@@ -1205,7 +1207,7 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
     let twice = operation::approve(
         &mut conn,
         operation.id,
-        &paybus_platform::testing::person("carol"),
+        &paybus_testkit::person("carol"),
         &operation.content_hash,
     )
     .await;
@@ -1286,7 +1288,7 @@ async fn an_expired_operation_can_be_neither_approved_nor_started() {
     let approval = operation::approve(
         &mut conn,
         awaiting.id,
-        &paybus_platform::testing::person("bob"),
+        &paybus_testkit::person("bob"),
         &awaiting.content_hash,
     )
     .await;
@@ -1322,7 +1324,7 @@ async fn an_operation_whose_letters_were_changed_after_the_approval_does_not_run
     operation::approve(
         &mut conn,
         operation.id,
-        &paybus_platform::testing::person("bob"),
+        &paybus_testkit::person("bob"),
         &operation.content_hash,
     )
     .await

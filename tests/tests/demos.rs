@@ -9,7 +9,7 @@ use std::{
     process::Command,
 };
 
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 
 const BROKEN_CONFIRM_WITHDRAWAL: &str = env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update");
 

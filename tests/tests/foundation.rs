@@ -6,7 +6,8 @@ use lapin::{
     options::{BasicPublishOptions, QueueDeclareOptions},
     types::FieldTable,
 };
-use paybus_platform::{db, testing::TestEnv};
+use paybus_platform::db;
+use paybus_testkit::TestEnv;
 
 async fn table_names(env: &TestEnv) -> Vec<String> {
     sqlx::query_scalar(

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use paybus_ledger::{
     self as ledger, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType,
 };
-use paybus_money::{Amount, dec};
-use paybus_platform::{audit, db, testing::TestEnv};
+use paybus_money::Amount;
+use paybus_platform::{audit, db};
+use paybus_testkit::{TestEnv, dec};
 use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet};
 

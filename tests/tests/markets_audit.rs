@@ -7,13 +7,12 @@ use paybus_markets::{
     audit::{self as w4, Violation},
     materialise::Plan,
     suspension,
-    testing::{market, open_orders},
 };
-use paybus_platform::{
-    audit,
-    bus::Services,
-    retry::Clock,
-    testing::{TestEnv, scalar},
+use paybus_platform::{audit, bus::Services, retry::Clock};
+use paybus_testkit::{
+    TestEnv,
+    markets::{market, open_orders},
+    scalar,
 };
 use sqlx::MySqlPool;
 
@@ -38,7 +37,7 @@ async fn suspended(env: &TestEnv, services: &Services, count: usize) -> (u64, u6
         "BTC",
         None,
         &Plan::default(),
-        &paybus_platform::testing::person("tests"),
+        &paybus_testkit::person("tests"),
     )
     .await
     .unwrap()
@@ -90,7 +89,7 @@ async fn an_open_order_of_the_set_without_a_task_is_reported() {
         "BTC",
         None,
         &Plan::default(),
-        &paybus_platform::testing::person("tests"),
+        &paybus_testkit::person("tests"),
     )
     .await
     .unwrap()

@@ -19,13 +19,16 @@ use paybus_cancel_orders::{CancelConfig, CancelOrders, due_tasks};
 use paybus_markets::{
     materialise::{Materialiser, MaterialiserConfig},
     progress,
-    testing::{assert_audit_clean, market, open_orders, orders_in, refuse_cancels_of},
 };
 use paybus_platform::{
     Secret,
     bus::{Handler, Runner, Services},
     retry::{DueSweepConfig, RetryPolicy},
-    testing::{TestEnv, eventually, scalar},
+};
+use paybus_testkit::{
+    TestEnv, eventually,
+    markets::{assert_audit_clean, market, open_orders, orders_in, refuse_cancels_of},
+    scalar,
 };
 use serde_json::{Value, json};
 use sqlx::MySqlPool;

@@ -11,8 +11,8 @@ use paybus_platform::{
     bus::pauses,
     db,
     ops_log::{self, BrokenLink, Entry, GENESIS, Problem},
-    testing::{TestEnv, scalar},
 };
+use paybus_testkit::{TestEnv, scalar};
 use serde_json::json;
 use sqlx::MySqlPool;
 use tokio::{sync::Barrier, task::JoinSet};
@@ -381,7 +381,7 @@ async fn an_action_rolled_back_leaves_no_row_and_one_committed_leaves_its_row() 
         pauses::pause(
             &mut tx,
             "canary",
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             "maintenance"
         )
         .await
@@ -403,29 +403,21 @@ async fn an_action_rolled_back_leaves_no_row_and_one_committed_leaves_its_row() 
         pauses::pause(
             &mut conn,
             "canary",
-            &paybus_platform::testing::person("alice"),
+            &paybus_testkit::person("alice"),
             "maintenance"
         )
         .await
         .unwrap()
     );
     assert!(
-        pauses::resume(
-            &mut conn,
-            "canary",
-            &paybus_platform::testing::person("bob")
-        )
-        .await
-        .unwrap()
+        pauses::resume(&mut conn, "canary", &paybus_testkit::person("bob"))
+            .await
+            .unwrap()
     );
     assert!(
-        !pauses::resume(
-            &mut conn,
-            "canary",
-            &paybus_platform::testing::person("bob")
-        )
-        .await
-        .unwrap()
+        !pauses::resume(&mut conn, "canary", &paybus_testkit::person("bob"))
+            .await
+            .unwrap()
     );
 
     let logged: Vec<(String, String, String)> = ops_log::list(&mut conn, None, 10)

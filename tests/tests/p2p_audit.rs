@@ -3,12 +3,12 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
-use paybus_money::dec;
-use paybus_p2p::{
-    FillPolicy, Handoff, Matcher,
-    testing::{self, QuoteStub},
+use paybus_p2p::{FillPolicy, Handoff, Matcher};
+use paybus_platform::audit;
+use paybus_testkit::{
+    TestEnv, dec,
+    p2p::{self, QuoteStub},
 };
-use paybus_platform::{audit, testing::TestEnv};
 use sqlx::MySqlPool;
 
 async fn p2p_violations(pool: &MySqlPool) -> Vec<audit::Violation> {
@@ -45,16 +45,16 @@ async fn each_w1_check_catches_the_violation_planted_for_it() {
     let env = TestEnv::new().await;
     let services = env.services(&[]).await;
     let stub = QuoteStub::start().await;
-    let buyer = testing::partner(&env.db, "buyer").await;
-    let seller_partner = testing::partner(&env.db, "seller").await;
-    let used = testing::seller(&env.db, seller_partner, "100").await;
+    let buyer = p2p::partner(&env.db, "buyer").await;
+    let seller_partner = p2p::partner(&env.db, "seller").await;
+    let used = p2p::seller(&env.db, seller_partner, "100").await;
     let matcher = Matcher::new(
         services.outbox.clone(),
-        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+        p2p::config(&stub, FillPolicy::FillOrCancel, 5),
     )
     .unwrap();
     let matched = matcher
-        .create(&testing::buyer(buyer, "40"), Handoff::Inline)
+        .create(&p2p::buyer(buyer, "40"), Handoff::Inline)
         .await
         .unwrap()
         .id();
@@ -64,7 +64,7 @@ async fn each_w1_check_catches_the_violation_planted_for_it() {
         .await
         .unwrap();
     assert!(p2p_violations(&env.db).await.is_empty());
-    testing::assert_audit_clean(&env.db).await;
+    p2p::assert_audit_clean(&env.db).await;
 
     // A seller whose liquidity forgot a confirmed match (it could be sold twice).
     execute(
@@ -74,9 +74,9 @@ async fn each_w1_check_catches_the_violation_planted_for_it() {
     )
     .await;
     // A reservation older than the zombie timeout (its attempt died; no reaper ran).
-    let stale = testing::seller(&env.db, seller_partner, "10").await;
+    let stale = p2p::seller(&env.db, seller_partner, "10").await;
     let waiting = matcher
-        .create(&testing::buyer(buyer, "5"), Handoff::Queued)
+        .create(&p2p::buyer(buyer, "5"), Handoff::Queued)
         .await
         .unwrap()
         .id();
@@ -169,19 +169,19 @@ async fn the_in_doubt_check_catches_a_closed_order_a_silent_in_doubt_order_and_a
     let env = TestEnv::new().await;
     let services = env.services(&[]).await;
     let stub = QuoteStub::start().await;
-    let buyer = testing::partner(&env.db, "buyer").await;
-    let seller_partner = testing::partner(&env.db, "seller").await;
-    let seller = testing::seller(&env.db, seller_partner, "100").await;
+    let buyer = p2p::partner(&env.db, "buyer").await;
+    let seller_partner = p2p::partner(&env.db, "seller").await;
+    let seller = p2p::seller(&env.db, seller_partner, "100").await;
     let matcher = Matcher::new(
         services.outbox.clone(),
-        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+        p2p::config(&stub, FillPolicy::FillOrCancel, 5),
     )
     .unwrap();
     let order = |amount| {
         let matcher = matcher.clone();
         async move {
             matcher
-                .create(&testing::buyer(buyer, amount), Handoff::Queued)
+                .create(&p2p::buyer(buyer, amount), Handoff::Queued)
                 .await
                 .unwrap()
                 .id()

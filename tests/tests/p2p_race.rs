@@ -16,16 +16,19 @@
 use std::{sync::Arc, time::Duration};
 
 use paybus_match_deposit::{DueOrders, MatchDeposit};
-use paybus_money::{Amount, dec};
+use paybus_money::Amount;
 use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, MatchingConfig,
     quote::QuoteClient,
-    testing::{self, QuoteStub, StubCall, assert_audit_clean},
 };
 use paybus_platform::{
     bus::{Handler, Runner},
     db::error_number,
-    testing::{TestEnv, eventually, scalar},
+};
+use paybus_testkit::{
+    TestEnv, dec, eventually,
+    p2p::{self, QuoteStub, StubCall, assert_audit_clean},
+    scalar,
 };
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 use std::time::Instant;
@@ -53,12 +56,12 @@ async fn a_hundred_buyers_at_once_against_twenty_sellers_never_use_liquidity_twi
     let services = env.services(&[MatchDeposit::queue()]).await;
     // A little latency, so attempts overlap in their quote calls.
     let stub = QuoteStub::with_delay(Duration::from_millis(20)).await;
-    let buyer = testing::partner(&env.db, "buyers").await;
-    let seller_partner = testing::partner(&env.db, "sellers").await;
-    testing::sellers(&env.db, seller_partner, SELLERS, "50").await;
+    let buyer = p2p::partner(&env.db, "buyers").await;
+    let seller_partner = p2p::partner(&env.db, "sellers").await;
+    p2p::sellers(&env.db, seller_partner, SELLERS, "50").await;
     let config = MatchingConfig {
         poll_interval: Duration::from_millis(200),
-        ..testing::config(&stub, FillPolicy::FillOrCancel, 5)
+        ..p2p::config(&stub, FillPolicy::FillOrCancel, 5)
     };
     let matcher = Matcher::new(services.outbox.clone(), config).unwrap();
     let mut runner = Runner::new(services.clone());
@@ -75,7 +78,7 @@ async fn a_hundred_buyers_at_once_against_twenty_sellers_never_use_liquidity_twi
         buyers.spawn(async move {
             start.wait().await;
             matcher
-                .create(&testing::buyer(buyer, &buyer_amount(i)), Handoff::Queued)
+                .create(&p2p::buyer(buyer, &buyer_amount(i)), Handoff::Queued)
                 .await
                 .unwrap()
                 .id()
@@ -182,13 +185,13 @@ struct Buyer {
 
 /// `n` buyers, each with a partner, a currency and a seller of its own.
 async fn own_markets(pool: &MySqlPool, n: usize) -> Vec<Buyer> {
-    let seller_partner = testing::partner(pool, "sellers").await;
+    let seller_partner = p2p::partner(pool, "sellers").await;
     let mut buyers = Vec::with_capacity(n);
     for i in 0..n {
         let currency = format!("T{i:02}");
         buyers.push(Buyer {
-            partner_id: testing::partner(pool, &format!("buyer {i}")).await,
-            seller_id: testing::seller_in(pool, seller_partner, &currency, "100").await,
+            partner_id: p2p::partner(pool, &format!("buyer {i}")).await,
+            seller_id: p2p::seller_in(pool, seller_partner, &currency, "100").await,
             currency,
         });
     }
@@ -332,7 +335,7 @@ async fn no_transaction_holds_a_row_lock_while_a_slow_quote_call_is_in_flight() 
     let stub = Arc::new(QuoteStub::with_delay(SLOW).await);
     let matcher = Matcher::new(
         services.outbox.clone(),
-        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+        p2p::config(&stub, FillPolicy::FillOrCancel, 5),
     )
     .unwrap();
 
@@ -341,7 +344,7 @@ async fn no_transaction_holds_a_row_lock_while_a_slow_quote_call_is_in_flight() 
         async move {
             let created = matcher
                 .create(
-                    &testing::buyer_in(buyer.partner_id, &buyer.currency, "40"),
+                    &p2p::buyer_in(buyer.partner_id, &buyer.currency, "40"),
                     Handoff::Inline,
                 )
                 .await
@@ -395,8 +398,8 @@ async fn control_the_seeds_design_holds_its_locks_across_the_quote_call() {
     let inside = probed(&env, &stub, &buyers, |buyer| {
         let (outbox, quote) = (services.outbox.clone(), quote.clone());
         async move {
-            let new = testing::buyer_in(buyer.partner_id, &buyer.currency, "40");
-            testing::create_and_match_holding_locks(&outbox, &quote, &new)
+            let new = p2p::buyer_in(buyer.partner_id, &buyer.currency, "40");
+            paybus_p2p::seed::create_and_match_holding_locks(&outbox, &quote, &new)
                 .await
                 .unwrap();
         }

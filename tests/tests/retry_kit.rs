@@ -14,8 +14,8 @@ use paybus_platform::{
         AfterFailure, AttemptCount, Backoff, Claim, Clock, DueSweep, DueSweepConfig, Lease,
         RetryPolicy, Settled, WorkTable,
     },
-    testing::{TestEnv, scalar},
 };
+use paybus_testkit::{TestEnv, scalar};
 use serde::{Deserialize, Serialize};
 use sqlx::MySqlPool;
 use tokio::{sync::Barrier, task::JoinSet};

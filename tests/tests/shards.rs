@@ -20,8 +20,8 @@ use paybus_platform::{
         metrics,
         topology::{self, Shards},
     },
-    testing::{TestEnv, eventually, lambda::MqEvent, queue_state, scalar, services_on},
 };
+use paybus_testkit::{TestEnv, eventually, lambda::MqEvent, queue_state, scalar, services_on};
 use tokio_util::sync::CancellationToken;
 
 const SHARDS: u16 = 4;

@@ -8,13 +8,11 @@
 use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
-use paybus_confirmations::{
-    testing::{deposit, withdrawal},
-    withdrawal::{WithdrawalKind, WithdrawalStatus},
-};
-use paybus_platform::{
-    audit::{self, Check, Window},
-    testing::TestEnv,
+use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
+use paybus_platform::audit::{self, Check, Window};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{deposit, withdrawal},
 };
 use sqlx::MySqlPool;
 
@@ -130,7 +128,7 @@ async fn assert_windowed(
 async fn confirmations_windowed_checks_read_the_withdrawals_deposits_and_entries_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
-    let partner = paybus_partners::testing::partner(pool, "acme", None).await;
+    let partner = paybus_testkit::partners::partner(pool, "acme", None).await;
     insert(
         pool,
         "INSERT INTO partner_balances (partner_id, currency) VALUES (?, 'USDT')",
@@ -249,8 +247,8 @@ async fn bonuses_windowed_checks_read_the_members_charges_and_jobs_of_the_window
 async fn markets_windowed_checks_read_the_batches_orders_and_tasks_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
-    let market = paybus_markets::testing::market(pool, "BTC-USDT").await;
-    let orders = paybus_markets::testing::open_orders(pool, market, 3).await;
+    let market = paybus_testkit::markets::market(pool, "BTC-USDT").await;
+    let orders = paybus_testkit::markets::open_orders(pool, market, 3).await;
     let (cancelling, left_behind, still_open) = (orders[0], orders[1], orders[2]);
     // Suspended with a frozen set of the three, materialised: a task for the first (PENDING)
     // and the third (DONE, yet its order is open), none for the second, and a count of 3.
@@ -283,7 +281,7 @@ async fn markets_windowed_checks_read_the_batches_orders_and_tasks_of_the_window
     )
     .await;
     // An order accepted after the suspension.
-    paybus_markets::testing::open_orders(pool, market, 1).await;
+    paybus_testkit::markets::open_orders(pool, market, 1).await;
     assert!(left_behind < still_open);
 
     assert_windowed(
@@ -305,8 +303,8 @@ async fn markets_windowed_checks_read_the_batches_orders_and_tasks_of_the_window
 async fn p2p_windowed_checks_read_the_orders_matches_and_entries_of_the_window() {
     let env = TestEnv::new().await;
     let pool = &env.db;
-    let partner = paybus_p2p::testing::partner(pool, "acme").await;
-    let seller = paybus_p2p::testing::seller(pool, partner, "100").await;
+    let partner = paybus_testkit::p2p::partner(pool, "acme").await;
+    let seller = paybus_testkit::p2p::seller(pool, partner, "100").await;
     let buyer = insert(
         pool,
         "INSERT INTO p2p_deposit_orders (partner_id, currency, amount, remaining_amount, \

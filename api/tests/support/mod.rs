@@ -13,15 +13,11 @@ use paybus_api::{
     auth::{self, Role},
     router,
 };
-use paybus_platform::{
-    Secret,
-    bus::Services,
-    signature,
-    testing::{
-        TestEnv,
-        oidc::{self, OidcProvider, OidcSetup},
-        queue_depth,
-    },
+use paybus_platform::{Secret, bus::Services, signature};
+use paybus_testkit::{
+    TestEnv,
+    oidc::{self, OidcProvider, OidcSetup},
+    queue_depth,
 };
 use serde_json::Value;
 use tower::ServiceExt;
@@ -75,8 +71,8 @@ impl Api {
         Self::with(|config| config.four_eyes = paybus_platform::approvals::FourEyes::off()).await
     }
 
-    /// [`new`](Self::new) with a real identity provider (`testing::oidc`): people — alice and
-    /// bob (ADMIN), dave (OPS), carol (no role) — call with [`person`](Self::person)'s tokens.
+    /// [`new`](Self::new) with a real identity provider (`paybus_testkit::oidc`): people — alice
+    /// and bob (ADMIN), dave (OPS), carol (no role) — call with [`person`](Self::person)'s tokens.
     /// `None` when the provider's tools are missing (the test is skipped; see `OidcProvider`).
     pub async fn with_provider(configure: impl FnOnce(&mut ApiConfig)) -> Option<Self> {
         Self::with_provider_setup(OidcSetup::default(), configure).await
@@ -139,7 +135,7 @@ impl Api {
                 key_hash_key: Some(Secret::new(PARTNER_KEY_HASH_KEY)),
                 ..Default::default()
             },
-            sealer: Some(paybus_platform::testing::sealer()),
+            sealer: Some(paybus_testkit::sealer()),
             ..ApiConfig::default()
         };
         configure(&mut config);

@@ -6,11 +6,11 @@
 
 use std::{
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
-use paybus_platform::testing::{
+use paybus_testkit::{
     TestEnv, free_port,
     oidc::{self, OidcProvider, OidcSetup},
 };
@@ -20,6 +20,19 @@ pub const ADMIN_JWT_SECRET: &str = "admin-jwt-secret-for-black-box-tests";
 pub const CHAIN_MONITOR_SECRET: &str = "chain-monitor-secret-for-black-box-tests";
 /// What the payment service signs its completions with, here.
 pub const PAYMENTS_SECRET: &str = "payments-secret-for-black-box-tests";
+
+/// `paybus` on `env`'s database and vhost (its `PAYBUS_*` variables), for a test to add
+/// arguments and variables to.
+pub fn paybus(env: &TestEnv) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+    command.envs(env.env_vars());
+    command
+}
+
+/// What `command` printed and how it exited (one that cannot start fails the test).
+pub fn output_of(command: &mut Command) -> Output {
+    command.output().expect("run paybus")
+}
 
 /// The switch that lets the API take tokens signed with `PAYBUS_ADMIN_JWT_SECRET` (break-glass;
 /// how these tests mint a person's token): set for every process the tests start.
@@ -39,10 +52,10 @@ impl ApiProcess {
         Self::start_with(env, &[]).await
     }
 
-    /// [`start_with`](Self::start_with) behind a real identity provider (`testing::oidc`): the
-    /// people of [`token_of`](Self::token_of) and [`cli_as`](Self::cli_as) are the provider's,
-    /// as four-eyes needs. `None` when the provider's tools are missing (the test is skipped;
-    /// see `OidcProvider::start`).
+    /// [`start_with`](Self::start_with) behind a real identity provider
+    /// (`paybus_testkit::oidc`): the people of [`token_of`](Self::token_of) and
+    /// [`cli_as`](Self::cli_as) are the provider's, as four-eyes needs. `None` when the
+    /// provider's tools are missing (the test is skipped; see `OidcProvider::start`).
     pub async fn with_provider(env: &TestEnv, vars: &[(&str, Option<&str>)]) -> Option<Self> {
         let provider = OidcProvider::start(OidcSetup::default()).await?;
         let issuer = provider.issuer();
@@ -67,10 +80,9 @@ impl ApiProcess {
     /// before the process starts (an identity provider's redirect URIs).
     pub async fn start_on(env: &TestEnv, port: u16, vars: &[(&str, Option<&str>)]) -> Self {
         let log = std::env::var("TEST_LOG").map_or_else(|_| Stdio::null(), |_| Stdio::inherit());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        let mut command = paybus(env);
         command
             .arg("serve")
-            .envs(env.env_vars())
             .env(BREAK_GLASS.0, BREAK_GLASS.1)
             .env("PAYBUS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("PAYBUS_ADMIN_JWT_SECRET", ADMIN_JWT_SECRET)
@@ -214,9 +226,8 @@ impl ApiProcess {
     /// `paybus` calling this API with no token of its own: no `PAYBUS_TOKEN`, and a config
     /// folder that holds no sign-in unless the test puts one there.
     pub fn cli(&self, env: &TestEnv) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_paybus"));
+        let mut command = paybus(env);
         command
-            .envs(env.env_vars())
             .env(BREAK_GLASS.0, BREAK_GLASS.1)
             .env("PAYBUS_API_URL", &self.base_url)
             .env_remove("PAYBUS_TOKEN")

@@ -5,13 +5,11 @@
 use std::time::Duration;
 
 use paybus_canary::{Canary, Ping};
-use paybus_platform::{
-    bus::{Envelope, Handler},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        queue_depth,
-    },
+use paybus_platform::bus::{Envelope, Handler};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    queue_depth,
 };
 
 const PINGS_EVENT: &str = include_str!("fixtures/canary-pings-event.json");
@@ -120,14 +118,14 @@ async fn an_unreachable_database_is_reported_to_lambda_as_the_init_error() {
     let status = lambda.wait().await;
 
     assert_eq!(from, "init");
-    let paybus_platform::testing::lambda::Answer::InitError(error) = answer else {
+    let paybus_testkit::lambda::Answer::InitError(error) = answer else {
         panic!("an init error, not {answer:?}");
     };
     assert_eq!(error["errorType"], "paybus.DatabaseUnreachable", "{error}");
     let message = error["errorMessage"].as_str().unwrap();
     assert!(message.contains("cannot reach the database"), "{message}");
     assert!(
-        !message.contains(paybus_platform::testing::UNREACHABLE_DATABASE_PASSWORD),
+        !message.contains(paybus_testkit::UNREACHABLE_DATABASE_PASSWORD),
         "no password in Lambda's error: {message}"
     );
     assert_eq!(status, Some(1));

@@ -10,14 +10,15 @@ use paybus_markets::{
     CancelTasksCreated,
     materialise::{Materialiser, MaterialiserConfig, Plan},
     progress, suspension,
-    testing::{
-        assert_audit_clean, manual_clock, market, open_orders, orders_in, refuse_cancels_of,
-    },
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
     retry::{DueSweepConfig, RetryPolicy},
-    testing::{TestEnv, eventually, scalar},
+};
+use paybus_testkit::{
+    TestEnv, eventually, manual_clock,
+    markets::{assert_audit_clean, market, open_orders, orders_in, refuse_cancels_of},
+    scalar,
 };
 use sqlx::MySqlPool;
 use tokio::sync::Barrier;
@@ -53,7 +54,7 @@ async fn suspended_market(
         symbol,
         None,
         &Plan::default(),
-        &paybus_platform::testing::person("tests"),
+        &paybus_testkit::person("tests"),
     )
     .await
     .unwrap();
@@ -386,7 +387,7 @@ async fn materialisation_resumes_from_its_cursor_and_creates_each_task_once() {
         "ETH",
         None,
         &plan,
-        &paybus_platform::testing::person("tests"),
+        &paybus_testkit::person("tests"),
     )
     .await
     .unwrap();
@@ -526,7 +527,7 @@ async fn a_consumer_killed_mid_run_resumes_when_restarted_and_cancels_nothing_tw
         "BTC",
         None,
         &Plan::default(),
-        &paybus_platform::testing::person("tests"),
+        &paybus_testkit::person("tests"),
     )
     .await
     .unwrap();

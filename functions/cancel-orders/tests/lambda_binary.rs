@@ -3,19 +3,13 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_cancel_orders::CancelOrders;
-use paybus_markets::{
-    CancelTasksCreated,
-    materialise::Plan,
-    suspension,
-    testing::{assert_audit_clean, market, open_orders, orders_in},
-};
-use paybus_platform::{
-    bus::{Envelope, Handler, Message},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        queue_depth, scalar,
-    },
+use paybus_markets::{CancelTasksCreated, materialise::Plan, suspension};
+use paybus_platform::bus::{Envelope, Handler, Message};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    markets::{assert_audit_clean, market, open_orders, orders_in},
+    queue_depth, scalar,
 };
 use serde_json::json;
 
@@ -32,7 +26,7 @@ async fn suspended(
         symbol,
         None,
         &Plan::default(),
-        &paybus_platform::testing::person("tests"),
+        &paybus_testkit::person("tests"),
     )
     .await
     .unwrap();

@@ -4,7 +4,7 @@
 //! catalog line whose queue is missing from the shipped definitions, fails here.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{collections::BTreeSet, path::Path, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
 use paybus_catalog::FUNCTIONS;
 use paybus_platform::{
@@ -13,13 +13,9 @@ use paybus_platform::{
         topology,
     },
     function::{BuildError, Function, FunctionEntry},
-    testing::{TestEnv, eventually},
 };
+use paybus_testkit::{TestEnv, eventually, repository};
 use serde::{Deserialize, Serialize};
-
-fn repository() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 /// Crates in `functions/` that are not functions themselves.
 const NOT_FUNCTIONS: &[&str] = &["catalog", "sweeper", "dead-letters", "migrate"];

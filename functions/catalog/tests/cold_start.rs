@@ -11,12 +11,10 @@
 use std::{path::PathBuf, time::Duration};
 
 use paybus_catalog::{FUNCTIONS, queues, sam};
-use paybus_platform::{
-    bus::topology::dead_letter_queue_name,
-    testing::{
-        TestEnv,
-        lambda::{Answer, LambdaProcess, MqEvent, RuntimeApi, header_text},
-    },
+use paybus_platform::bus::topology::dead_letter_queue_name;
+use paybus_testkit::{
+    TestEnv,
+    lambda::{Answer, LambdaProcess, MqEvent, RuntimeApi, header_text},
 };
 use serde_json::json;
 

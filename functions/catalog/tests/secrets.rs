@@ -6,6 +6,7 @@
 //! transitively).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_testkit::repository;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
@@ -13,10 +14,6 @@ use std::{
 
 use paybus_catalog::sam::{self, pascal_case};
 use serde_json::Value;
-
-fn repository() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 /// The catalog is a list: only the sweeper builds what is in it (every function's jobs); the
 /// API, the recorder and `migrate` take names and triage from it.

@@ -4,7 +4,8 @@
 //! offline) finds nothing wrong with it.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use std::{path::Path, process::Command};
+use paybus_testkit::repository;
+use std::process::Command;
 
 use paybus_catalog::{
     FUNCTIONS, queues_with,
@@ -12,10 +13,6 @@ use paybus_catalog::{
 };
 use paybus_platform::bus::topology::{Shards, UNROUTED_QUEUE, dead_letter_queue_name};
 use serde_json::Value;
-
-fn repository() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 /// The queues of every `MQ` event of a function resource.
 fn mq_queues(template: &Value, function_id: &str) -> Vec<String> {

@@ -11,15 +11,12 @@
 //! is checked on the policies it really yields.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_testkit::repository;
 use std::{collections::BTreeMap, path::Path, process::Command};
 
 use paybus_catalog::sam::{self, TEMPLATE_PATH};
 use paybus_platform::secrets::{Reference, Store};
 use serde_json::{Value, json};
-
-fn repository() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 /// The venv's python (where `infra/aws/tools.sh lint` installs the translator), else one on
 /// `PATH`.

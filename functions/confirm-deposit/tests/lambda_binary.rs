@@ -3,15 +3,14 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_confirm_deposit::{ConfirmDeposit, DepositTxConfirmed};
-use paybus_confirmations::testing::{assert_audit_clean, deposit};
-use paybus_partners::{NotificationCreated, testing::partner};
-use paybus_platform::{
-    bus::{Envelope, Handler, Message},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        tap,
-    },
+use paybus_partners::NotificationCreated;
+use paybus_platform::bus::{Envelope, Handler, Message};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{assert_audit_clean, deposit},
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    partners::partner,
+    tap,
 };
 use serde_json::json;
 

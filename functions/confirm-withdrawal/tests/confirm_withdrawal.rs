@@ -9,16 +9,17 @@ use paybus_confirm_withdrawal::{
     ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalState, WithdrawalStatus,
     WithdrawalTxConfirmed, confirm_all, confirm_if_in_flight,
 };
-use paybus_confirmations::{
-    ConfirmError,
-    testing::{assert_audit_clean, withdrawal},
-};
+use paybus_confirmations::ConfirmError;
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
-use paybus_money::{Amount, dec};
-use paybus_partners::{NotificationCreated, testing::partner};
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services},
-    testing::{TestEnv, queue_depth, tap},
+use paybus_money::Amount;
+use paybus_partners::NotificationCreated;
+use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{assert_audit_clean, withdrawal},
+    dec,
+    partners::partner,
+    queue_depth, tap,
 };
 use tokio::{sync::Barrier, task::JoinSet};
 use uuid::Uuid;

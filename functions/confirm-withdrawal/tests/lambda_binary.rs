@@ -4,15 +4,14 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
-use paybus_confirmations::testing::{BROADCAST_TX, assert_audit_clean, withdrawal};
-use paybus_partners::{NotificationCreated, testing::partner};
-use paybus_platform::{
-    bus::{Envelope, Handler, Message},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        queue_depth, tap,
-    },
+use paybus_partners::NotificationCreated;
+use paybus_platform::bus::{Envelope, Handler, Message};
+use paybus_testkit::{
+    TestEnv,
+    confirmations::{BROADCAST_TX, assert_audit_clean, withdrawal},
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    partners::partner,
+    queue_depth, tap,
 };
 use serde_json::json;
 use sqlx::MySqlPool;
@@ -157,7 +156,7 @@ async fn a_database_outage_fails_the_invocation_and_the_replayed_batch_applies_e
 /// spans are exported before the invocation answers (the environment may freeze right after).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lambda_delivery_continues_the_messages_trace_and_links_the_xray_trace() {
-    use paybus_platform::testing::{lambda::header_text, otlp::OtlpReceiver};
+    use paybus_testkit::{lambda::header_text, otlp::OtlpReceiver};
 
     const SENT_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
     const SENT_SPAN: &str = "b7ad6b7169203331";

@@ -3,7 +3,7 @@
 //! often Amazon MQ delivers the batch.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_platform::testing::{
+use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, MqEvent, RuntimeApi, header_text},
 };
@@ -190,7 +190,7 @@ async fn an_event_from_a_queue_that_is_no_dead_letter_queue_is_refused_untouched
     }
     assert_eq!(accepted["processed"], 1);
     assert_eq!(
-        paybus_platform::testing::scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
+        paybus_testkit::scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
         1,
         "only the dead letter was recorded"
     );

@@ -18,13 +18,16 @@ use paybus_partners::{
     attempts::NewAttempt,
     breaker::{BreakerPolicy, BreakerState},
     notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
-    testing::{PARTNER_SECRET as SECRET, partner, sealer},
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Runner, Services},
     retry::{AfterFailure, Clock, DueSweepConfig, RetryPolicy, Settled},
     signature,
-    testing::{TestEnv, eventually},
+};
+use paybus_testkit::{
+    TestEnv, eventually, manual_clock,
+    partners::{PARTNER_SECRET as SECRET, notification, partner, withdrawal_confirmed},
+    sealer,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -75,19 +78,10 @@ async fn insert_partner(env: &TestEnv, name: &str, webhook_url: Option<&str>) ->
     partner(&env.db, name, webhook_url).await
 }
 
-fn payload(reference_id: u64) -> serde_json::Value {
-    serde_json::json!({
-        "event": "WITHDRAWAL_CONFIRMED",
-        "withdrawal_id": reference_id,
-        "amount": "100.000000",
-        "currency": "USDT",
-    })
-}
-
 /// A notification row as a confirming transition writes it, with its message (outbox).
 async fn notify(services: &Services, partner_id: u64, reference_id: u64) -> u64 {
     let mut uow = services.outbox.begin().await.unwrap();
-    let payload = payload(reference_id);
+    let payload = withdrawal_confirmed(reference_id);
     let id = enqueue(
         &mut uow,
         &NewNotification {
@@ -104,21 +98,6 @@ async fn notify(services: &Services, partner_id: u64, reference_id: u64) -> u64 
     .unwrap_or_else(|| panic!("notification {reference_id} already exists"));
     uow.commit().await.unwrap();
     id
-}
-
-/// A notification row only (no message), for tests that call the handler themselves.
-async fn insert_notification(env: &TestEnv, partner_id: u64, reference_id: u64) -> u64 {
-    sqlx::query(
-        "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, payload) \
-         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, ?)",
-    )
-    .bind(partner_id)
-    .bind(reference_id)
-    .bind(payload(reference_id).to_string())
-    .execute(&env.db)
-    .await
-    .unwrap()
-    .last_insert_id()
 }
 
 async fn handle(
@@ -159,6 +138,67 @@ async fn row(env: &TestEnv, id: u64) -> Row {
     .unwrap()
 }
 
+/// PENDING rows whose next attempt is at `at` exactly: settled there by a failure or a park
+/// on a standing clock (a claim in flight carries its lease instead).
+async fn pending_until(env: &TestEnv, at: DateTime<Utc>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM partner_notifications \
+         WHERE status = 'PENDING' AND next_attempt_at = ?",
+    )
+    .bind(at)
+    .fetch_one(&env.db)
+    .await
+    .unwrap()
+}
+
+/// When each PENDING row may be attempted next.
+async fn waits(env: &TestEnv) -> Vec<Option<DateTime<Utc>>> {
+    sqlx::query_scalar(
+        "SELECT next_attempt_at FROM partner_notifications WHERE status = 'PENDING' ORDER BY id",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap()
+}
+
+/// Polls `done` (for 20 s at most); whenever the function is quiet, moves `clock` to the
+/// soonest time a row waits for, so the deliveries' own waits (a backoff, a park behind the
+/// breaker, a deferral at the in-flight bound) pass without sleeping through them. Quiet: no
+/// row is due or in flight, each PENDING row waits for a time after now and at most
+/// `longest_wait` away (a claim in flight carries its lease, which is longer).
+async fn run_clock_until<F, Fut>(
+    env: &TestEnv,
+    clock: &Clock,
+    longest_wait: Duration,
+    mut done: F,
+) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if done().await {
+            return true;
+        }
+        let now = clock.sql_now().unwrap();
+        let horizon = now + chrono::Duration::from_std(longest_wait).unwrap();
+        let waits = waits(env).await;
+        let quiet = waits
+            .iter()
+            .all(|at| at.is_some_and(|at| at > now && at <= horizon));
+        if let Some(soonest) = waits.iter().flatten().min().filter(|_| quiet) {
+            clock.advance((*soonest - now).to_std().unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done().await
+}
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
 async fn count(env: &TestEnv, sql: &'static str) -> i64 {
     sqlx::query_scalar::<_, i64>(sql)
         .fetch_one(&env.db)
@@ -166,13 +206,15 @@ async fn count(env: &TestEnv, sql: &'static str) -> i64 {
         .unwrap()
 }
 
-/// Claims the notification for delivery as deliver-webhook does; `None` when not claimed.
+/// Claims the notification for delivery as deliver-webhook does, on `clock`; `None` when not
+/// claimed.
 async fn claimed(
     env: &TestEnv,
     id: u64,
     lease: Duration,
+    clock: &Clock,
 ) -> Option<notifications::ClaimedNotification> {
-    match notifications::claim(&env.db, &sealer(), id, lease, &Clock::Database)
+    match notifications::claim(&env.db, &sealer(), id, lease, clock)
         .await
         .unwrap()
     {
@@ -187,10 +229,22 @@ fn start(
     handler: DeliverWebhook,
     sweep: DueSweepConfig,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    start_on(services, handler, sweep, Clock::Database)
+}
+
+/// [`start`] with the due sweep on `clock` (give the handler the same clock).
+fn start_on(
+    services: &Services,
+    handler: DeliverWebhook,
+    sweep: DueSweepConfig,
+    clock: Clock,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let shutdown = CancellationToken::new();
     let mut runner = Runner::new(services.clone());
     runner.add_function(handler);
-    runner.add_job(Arc::new(due_notifications(services, sweep)));
+    runner.add_job(Arc::new(
+        due_notifications(services, sweep).with_clock(clock),
+    ));
     let token = shutdown.clone();
     let run = tokio::spawn(async move { runner.run(token).await.unwrap() });
     (shutdown, run)
@@ -314,7 +368,7 @@ async fn the_same_message_handled_three_times_at_once_posts_once() {
         .mount(&partner)
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
-    let id = insert_notification(&env, partner_id, 7).await;
+    let id = notification(&env.db, partner_id, 7).await;
     let handler = webhook(config(8, &[100])).unwrap();
 
     let (a, b, c) = tokio::join!(
@@ -355,7 +409,7 @@ async fn duplicate_messages_across_two_consumers_post_each_notification_once() {
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let mut ids = Vec::new();
     for reference in 0..40 {
-        ids.push(insert_notification(&env, partner_id, reference).await);
+        ids.push(notification(&env.db, partner_id, reference).await);
     }
     let webhook = webhook(config(8, &[100])).unwrap();
     let (halt_a, run_a) = start(&services_a, webhook.clone(), fast_sweep());
@@ -416,7 +470,7 @@ async fn a_failed_attempt_records_the_error_and_the_next_attempt_on_the_row() {
         .mount(&partner)
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     let handler = webhook(config(8, &[10_000, 30_000])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
@@ -462,35 +516,46 @@ async fn a_partner_down_for_a_while_is_retried_with_backoff_then_delivered() {
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
     let backoff_ms = [300, 600, 900];
-    let (halt, run) = start(
-        &services,
-        webhook(config(8, &backoff_ms)).unwrap(),
-        fast_sweep(),
-    );
-
+    // Committed first, so that the manual clock, a second past the database's now, finds it
+    // due; its message waits in the outbox until the runner's relay starts.
     let id = notify(&services, partner_id, 42).await;
-    // While the partner is down the row carries the failure and its next attempt.
-    let recorded = eventually(Duration::from_secs(20), || async {
-        let stored = row(&env, id).await;
-        stored.status == "PENDING"
-            && stored.attempts >= 1
-            && stored
-                .last_error
-                .as_deref()
-                .is_some_and(|e| e.starts_with("HTTP 500 Internal Server Error: partner down"))
-            && stored
-                .next_attempt_at
-                .is_some_and(|at| at > stored.updated_at)
-    })
-    .await;
+    let clock = manual_clock(&env.db).await;
+    let handler = webhook(config(8, &backoff_ms))
+        .unwrap()
+        .with_clock(clock.clone());
+    let (halt, run) = start_on(&services, handler, fast_sweep(), clock.clone());
+    let sweep = due_notifications(&services, fast_sweep()).with_clock(clock.clone());
+
+    // While the partner is down the row carries each failure and its next attempt, the
+    // clock's now plus the backoff. A millisecond before that the row is not due and no sweep
+    // sends it; at the backoff the running sweep does.
+    let mut early = Vec::new();
+    for (attempts, pause) in (1..).zip(backoff_ms) {
+        let due = clock.sql_now().unwrap() + chrono::Duration::from_std(ms(pause)).unwrap();
+        let recorded = eventually(Duration::from_secs(20), || async {
+            let stored = row(&env, id).await;
+            stored.status == "PENDING"
+                && stored.attempts == attempts
+                && stored
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("HTTP 500 Internal Server Error: partner down"))
+                && stored.next_attempt_at == Some(due)
+        })
+        .await;
+        assert!(recorded, "attempt {attempts}: {:?}", row(&env, id).await);
+        clock.advance(ms(pause - 1));
+        early.push(sweep.run_once().await.unwrap());
+        clock.advance(ms(1));
+    }
     let delivered = eventually(Duration::from_secs(30), || async {
         row(&env, id).await.status == "DELIVERED"
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // room for a (wrong) fifth POST
     stop(halt, run).await;
 
-    assert!(recorded, "{:?}", row(&env, id).await);
+    assert_eq!(early, [0, 0, 0], "no retry is due before its backoff");
     assert!(delivered, "{:?}", row(&env, id).await);
     let stored = row(&env, id).await;
     assert_eq!(stored.attempts, 4);
@@ -500,17 +565,6 @@ async fn a_partner_down_for_a_while_is_retried_with_backoff_then_delivered() {
     for request in &received {
         assert_eq!(notification_id_of(request), id);
         assert_signed(request);
-    }
-    // Each retry waited at least its backoff, and was picked up promptly after it.
-    let seen = responder.seen.lock().unwrap().clone();
-    for (i, pause) in backoff_ms.iter().enumerate() {
-        let gap = seen[i + 1] - seen[i];
-        let pause = Duration::from_millis(*pause);
-        assert!(gap >= pause, "retry {i} after {gap:?}, backoff {pause:?}");
-        assert!(
-            gap < pause + Duration::from_secs(3),
-            "retry {i} after {gap:?}"
-        );
     }
     assert_eq!(count(&env, "SELECT COUNT(*) FROM dead_letters").await, 0);
 }
@@ -529,17 +583,36 @@ async fn a_partner_down_for_good_ends_failed_with_one_dead_letter_and_others_are
     let broken_partner = insert_partner(&env, "broken", Some(&broken.uri())).await;
     let gone_partner = insert_partner(&env, "gone", Some(&closed_port_url())).await;
     let healthy_partner = insert_partner(&env, "healthy", Some(&healthy.uri())).await;
-    let (halt, run) = start(
-        &services,
-        webhook(config(3, &[100, 200])).unwrap(),
-        fast_sweep(),
-    );
-
+    // Committed before the manual clock is read, so they are due on it; the runner's relay
+    // sends their messages.
     let to_broken = notify(&services, broken_partner, 1).await;
     let to_gone = notify(&services, gone_partner, 2).await;
     let mut to_healthy = Vec::new();
     for reference in 10..15 {
         to_healthy.push(notify(&services, healthy_partner, reference).await);
+    }
+    let clock = manual_clock(&env.db).await;
+    let handler = webhook(config(3, &[100, 200]))
+        .unwrap()
+        .with_clock(clock.clone());
+    let (halt, run) = start_on(&services, handler, fast_sweep(), clock.clone());
+    // The clock moves past each backoff once both failing rows have settled their attempt
+    // with it (the clock's now plus the backoff; a claim in flight carries its lease).
+    for (attempts, backoff) in [(1, 100), (2, 200)] {
+        let due = Some(clock.sql_now().unwrap() + chrono::Duration::from_std(ms(backoff)).unwrap());
+        let settled_attempt = eventually(Duration::from_secs(20), || async {
+            let (broken, gone) = (row(&env, to_broken).await, row(&env, to_gone).await);
+            (broken.attempts, broken.next_attempt_at) == (attempts, due)
+                && (gone.attempts, gone.next_attempt_at) == (attempts, due)
+        })
+        .await;
+        assert!(
+            settled_attempt,
+            "{:?} / {:?}",
+            row(&env, to_broken).await,
+            row(&env, to_gone).await
+        );
+        clock.advance(ms(backoff));
     }
     let settled = eventually(Duration::from_secs(30), || async {
         row(&env, to_broken).await.status == "FAILED"
@@ -553,10 +626,17 @@ async fn a_partner_down_for_good_ends_failed_with_one_dead_letter_and_others_are
                 == 5
     })
     .await;
-    // Several more sweeps: nothing is re-published, re-sent or dead-lettered again.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // An hour later nothing is due: a FAILED row is never re-published, re-sent or
+    // dead-lettered again.
+    clock.advance(Duration::from_secs(3600));
+    let due_later = due_notifications(&services, fast_sweep())
+        .with_clock(clock.clone())
+        .run_once()
+        .await
+        .unwrap();
     stop(halt, run).await;
 
+    assert_eq!(due_later, 0);
     assert!(
         settled,
         "{:?} / {:?}",
@@ -618,7 +698,7 @@ async fn a_timeout_counts_as_a_failed_attempt() {
         .mount(&partner)
         .await;
     let partner_id = insert_partner(&env, "slow", Some(&partner.uri())).await;
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     let handler = webhook(WebhookConfig {
         timeout: Duration::from_millis(300),
         ..config(8, &[10_000])
@@ -655,7 +735,7 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
         .mount(&partner)
         .await;
     let partner_id = insert_partner(&env, "moved", Some(&partner.uri())).await;
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     let handler = webhook(config(8, &[10_000])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
@@ -680,7 +760,7 @@ async fn a_partner_without_webhook_url_is_skipped() {
     let env = TestEnv::new().await;
     let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner_id = insert_partner(&env, "no hooks", None).await;
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     let handler = webhook(config(8, &[100])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
@@ -724,7 +804,7 @@ async fn a_failed_row_is_failed_again_only_on_a_redelivery() {
         .mount(&partner)
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     let handler = webhook(config(1, &[100])).unwrap();
     let first = handle(&handler, &services, id, 1).await;
     assert_eq!(
@@ -765,11 +845,13 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
         .mount(&partner)
         .await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
-    let retrying = insert_notification(&env, partner_id, 1).await;
-    let fresh = insert_notification(&env, partner_id, 2).await;
-    // Waits long enough that "before due" stays before due on a loaded CI machine.
-    let handler = webhook(config(8, &[1_500])).unwrap();
-    let sweep = due_notifications(&services, DueSweepConfig::default());
+    let retrying = notification(&env.db, partner_id, 1).await;
+    let fresh = notification(&env.db, partner_id, 2).await;
+    let clock = manual_clock(&env.db).await;
+    let handler = webhook(config(8, &[1_500]))
+        .unwrap()
+        .with_clock(clock.clone());
+    let sweep = due_notifications(&services, DueSweepConfig::default()).with_clock(clock.clone());
     let outbox_rows = || count(&env, "SELECT COUNT(*) FROM outbox_messages");
 
     assert!(matches!(
@@ -777,7 +859,7 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
         Outcome::Retry { .. }
     ));
     let before_due = sweep.run_once().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    clock.advance(Duration::from_millis(1_500));
     let when_due = sweep.run_once().await.unwrap();
     let again = sweep.run_once().await.unwrap();
 
@@ -804,7 +886,7 @@ async fn the_sweep_republishes_each_due_retry_once_and_leaves_fresh_rows_alone()
         handle(&handler, &services, retrying, 1).await,
         Outcome::Retry { .. }
     ));
-    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    clock.advance(Duration::from_millis(1_500));
     assert_eq!(sweep.run_once().await.unwrap(), 1);
     assert_eq!(row(&env, retrying).await.attempts, 2);
 }
@@ -815,21 +897,23 @@ async fn a_due_row_left_unclaimed_is_republished_again_after_stale_after() {
     let services = env.services(&[DeliverWebhook::queue()]).await;
     let partner_id = insert_partner(&env, "p", Some("http://127.0.0.1:9/unused")).await;
     // A fresh row whose message never arrived (lost, or consumers down).
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
+    let clock = manual_clock(&env.db).await;
+    let stale_after = Duration::from_secs(120);
     let sweep = due_notifications(
         &services,
         DueSweepConfig {
-            // Long enough that "right after" stays right after on a loaded CI machine.
-            stale_after: Duration::from_secs(2),
+            stale_after,
             ..DueSweepConfig::default()
         },
-    );
+    )
+    .with_clock(clock.clone());
 
     let at_once = sweep.run_once().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    clock.advance(stale_after);
     let stale = sweep.run_once().await.unwrap();
     let right_after = sweep.run_once().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    clock.advance(stale_after);
     let stale_again = sweep.run_once().await.unwrap();
 
     assert_eq!((at_once, stale, right_after, stale_again), (0, 1, 0, 1));
@@ -846,7 +930,7 @@ async fn an_https_partner_gets_a_tls_handshake() {
     partner_ok(&partner).await;
     let url = partner.uri().replacen("http://", "https://", 1);
     let partner_id = insert_partner(&env, "tls", Some(&url)).await;
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     let handler = webhook(config(8, &[10_000])).unwrap();
 
     let outcome = handle(&handler, &services, id, 1).await;
@@ -870,20 +954,23 @@ async fn a_delivery_whose_process_died_is_sent_again_once_its_lease_runs_out() {
     let partner = MockServer::start().await;
     partner_ok(&partner).await;
     let partner_id = insert_partner(&env, "p", Some(&partner.uri())).await;
-    let id = insert_notification(&env, partner_id, 1).await;
-    let handler = webhook(config(8, &[100])).unwrap();
-    let sweep = due_notifications(&services, DueSweepConfig::default());
+    let id = notification(&env.db, partner_id, 1).await;
+    let clock = manual_clock(&env.db).await;
+    let handler = webhook(config(8, &[100]))
+        .unwrap()
+        .with_clock(clock.clone());
+    let sweep = due_notifications(&services, DueSweepConfig::default()).with_clock(clock.clone());
     // A claim whose process then died: nothing settles it.
-    // Long enough that the "while held" steps stay inside it on a loaded CI machine.
-    let lease = Duration::from_millis(1_500);
-    let claim = notifications::claim(&env.db, &sealer(), id, lease, &Clock::Database)
+    let lease = Duration::from_secs(60);
+    let claim = notifications::claim(&env.db, &sealer(), id, lease, &clock)
         .await
         .unwrap();
     assert!(matches!(claim, DeliveryClaim::Claimed(_)), "{claim:?}");
 
     let while_held = handle(&handler, &services, id, 1).await;
+    clock.advance(lease - Duration::from_millis(1));
     let swept_while_held = sweep.run_once().await.unwrap();
-    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(1));
     let swept_after = sweep.run_once().await.unwrap();
     let retried = handle(&handler, &services, id, 1).await;
 
@@ -902,12 +989,13 @@ async fn a_delivery_whose_process_died_is_sent_again_once_its_lease_runs_out() {
 async fn a_settle_after_the_claim_was_taken_over_writes_nothing() {
     let env = TestEnv::new().await;
     let partner_id = insert_partner(&env, "p", Some("http://127.0.0.1:9/unused")).await;
-    let id = insert_notification(&env, partner_id, 1).await;
-    let Some(first) = claimed(&env, id, Duration::from_millis(100)).await else {
+    let id = notification(&env.db, partner_id, 1).await;
+    let clock = manual_clock(&env.db).await;
+    let Some(first) = claimed(&env, id, Duration::from_secs(60), &clock).await else {
         panic!("first claim")
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let Some(second) = claimed(&env, id, Duration::from_secs(60)).await else {
+    clock.advance(Duration::from_secs(60));
+    let Some(second) = claimed(&env, id, Duration::from_secs(60), &clock).await else {
         panic!("second claim after the lease")
     };
 
@@ -917,7 +1005,7 @@ async fn a_settle_after_the_claim_was_taken_over_writes_nothing() {
         &first,
         &give_up_now,
         "HTTP 500 from a slow attempt",
-        &Clock::Database,
+        &clock,
         None,
     )
     .await;
@@ -1064,16 +1152,9 @@ async fn an_open_breaker_parks_a_partner_without_burning_attempts_until_a_probe_
         .mount(&server)
         .await;
     let partner_id = insert_partner(&env, "flaky", Some(&server.uri())).await;
-    let handler = webhook(WebhookConfig {
-        partner_concurrency: 1,
-        breaker: BreakerPolicy {
-            failures_to_open: 3,
-            cool_down: Duration::from_millis(1_500),
-        },
-        ..config(10, &[200])
-    })
-    .unwrap();
-    let (stop_run, run) = start(&services, handler, fast_sweep());
+    let cool_down = Duration::from_secs(30);
+    // Committed before the manual clock is read, so they are due on it; the runner's relay
+    // sends their messages.
     let ids: Vec<u64> = {
         let mut ids = Vec::new();
         for reference in 1..=6 {
@@ -1081,6 +1162,18 @@ async fn an_open_breaker_parks_a_partner_without_burning_attempts_until_a_probe_
         }
         ids
     };
+    let clock = manual_clock(&env.db).await;
+    let handler = webhook(WebhookConfig {
+        partner_concurrency: 1,
+        breaker: BreakerPolicy {
+            failures_to_open: 3,
+            cool_down,
+        },
+        ..config(10, &[200])
+    })
+    .unwrap()
+    .with_clock(clock.clone());
+    let (stop_run, run) = start_on(&services, handler, fast_sweep(), clock.clone());
 
     let breaker = || async {
         let mut conn = env.db.acquire().await.unwrap();
@@ -1090,18 +1183,26 @@ async fn an_open_breaker_parks_a_partner_without_burning_attempts_until_a_probe_
             .unwrap()
             .webhook_breaker
     };
-    let opened = eventually(Duration::from_secs(10), || async {
+    // Deliveries that find the partner's one slot taken are deferred a second; the clock
+    // moves on whenever nothing is in flight, until three failed POSTs open the breaker.
+    let opened = run_clock_until(&env, &clock, cool_down, || async {
         breaker().await.state == BreakerState::Open
     })
     .await;
     let while_open = breaker().await;
     let posts_when_opened = requests(&server).await.len();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // While it is open every delivery ends parked until the breaker lets a probe through,
+    // the failed ones once their backoff has passed: none is POSTed.
+    let open_until = while_open.open_until.unwrap();
+    let all_parked = run_clock_until(&env, &clock, cool_down, || async {
+        pending_until(&env, open_until).await == 6
+    })
+    .await;
     let posts_while_open = requests(&server).await.len();
     partner
         .recovered
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let delivered = eventually(Duration::from_secs(20), || async {
+    let delivered = run_clock_until(&env, &clock, cool_down, || async {
         count(
             &env,
             "SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'",
@@ -1114,12 +1215,13 @@ async fn an_open_breaker_parks_a_partner_without_burning_attempts_until_a_probe_
 
     assert!(opened, "three consecutive failures open the breaker");
     assert_eq!(while_open.consecutive_failures, 3);
-    assert!(while_open.open_until.is_some());
     assert_eq!(posts_when_opened, 3, "one POST per failure, one at a time");
+    assert!(all_parked, "{:?}", waits(&env).await);
     assert_eq!(posts_while_open, 3, "an open breaker parks: no POST");
     assert!(
         delivered,
-        "after the cool-down a probe succeeds and the rest follow"
+        "after the cool-down a probe succeeds and the rest follow: {:?}",
+        waits(&env).await
     );
     let closed = breaker().await;
     assert_eq!(

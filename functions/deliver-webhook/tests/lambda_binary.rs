@@ -4,16 +4,12 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_deliver_webhook::DeliverWebhook;
-use paybus_partners::{
-    notifications::{NewNotification, NotificationCreated, enqueue},
-    testing::partner,
-};
-use paybus_platform::{
-    bus::{Envelope, Handler},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-    },
+use paybus_partners::notifications::{NewNotification, NotificationCreated, enqueue};
+use paybus_platform::bus::{Envelope, Handler};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    partners::partner,
 };
 use serde_json::json;
 use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
@@ -73,7 +69,7 @@ async fn a_batch_with_a_duplicate_posts_each_webhook_once() {
         2,
         "one POST per notification"
     );
-    let delivered = paybus_platform::testing::scalar(
+    let delivered = paybus_testkit::scalar(
         &env.db,
         "SELECT COUNT(*) FROM partner_notifications WHERE status = 'DELIVERED'",
     )

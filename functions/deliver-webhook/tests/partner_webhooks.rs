@@ -14,30 +14,18 @@ use paybus_deliver_webhook::{
 use paybus_partners::{
     attempts,
     notifications::{self, NotificationCreated, Redelivery},
-    partner,
-    testing::{partner_with_key, sealer},
-    webhook_secrets,
+    partner, webhook_secrets,
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Services},
     signature,
-    testing::TestEnv,
+};
+use paybus_testkit::{
+    TestEnv,
+    partners::{notification, partner_with_key},
+    sealer,
 };
 use wiremock::{Mock, MockServer, Request, ResponseTemplate, matchers::method};
-
-async fn insert_notification(env: &TestEnv, partner_id: u64, reference_id: u64) -> u64 {
-    sqlx::query(
-        "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, payload) \
-         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, ?)",
-    )
-    .bind(partner_id)
-    .bind(reference_id)
-    .bind(serde_json::json!({"withdrawal_id": reference_id}).to_string())
-    .execute(&env.db)
-    .await
-    .unwrap()
-    .last_insert_id()
-}
 
 async fn handle(services: &Services, notification_id: u64) -> Outcome {
     let handler = DeliverWebhook::new(WebhookConfig::default(), sealer()).unwrap();
@@ -142,7 +130,7 @@ async fn the_sealing_step_leaves_no_plaintext_and_delivery_still_signs_with_the_
             .is_empty()
     );
 
-    let id = insert_notification(&env, partner_id, 1).await;
+    let id = notification(&env.db, partner_id, 1).await;
     assert_eq!(handle(&services, id).await, Outcome::Done);
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 1);
@@ -175,12 +163,12 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
         &sealer(),
         partner_id,
         Duration::from_secs(3600),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await
     .unwrap();
     let new_key = webhook_secrets::parse(revealed.expose()).unwrap();
-    let first = insert_notification(&env, partner_id, 1).await;
+    let first = notification(&env.db, partner_id, 1).await;
     assert_eq!(handle(&services, first).await, Outcome::Done);
     // The overlap ends: expire every secret but the newest.
     sqlx::query(
@@ -191,7 +179,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
     .execute(&env.db)
     .await
     .unwrap();
-    let second = insert_notification(&env, partner_id, 2).await;
+    let second = notification(&env.db, partner_id, 2).await;
     assert_eq!(handle(&services, second).await, Outcome::Done);
 
     let requests = server.received_requests().await.unwrap();
@@ -213,7 +201,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_the_overlap_only_the_new_
         &sealer(),
         999_999,
         Duration::from_secs(1),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await;
     assert!(matches!(
@@ -240,8 +228,8 @@ async fn a_410_disables_the_endpoint_parks_without_losing_the_notification_until
         .await;
     let partner_id =
         partner_with_key(&env.db, "acme", Some(&gone.uri()), b"0123456789abcdef").await;
-    let first = insert_notification(&env, partner_id, 1).await;
-    let second = insert_notification(&env, partner_id, 2).await;
+    let first = notification(&env.db, partner_id, 1).await;
+    let second = notification(&env.db, partner_id, 2).await;
 
     let answered_gone = handle(&services, first).await;
     // Due now (to skip waiting for the park): the second is parked without a POST.
@@ -284,23 +272,19 @@ async fn a_410_disables_the_endpoint_parks_without_losing_the_notification_until
         &mut conn,
         partner_id,
         Some(&healthy.uri()),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await
     .unwrap();
-    let missing = partner::set_webhook_url(
-        &mut conn,
-        999_999,
-        None,
-        &paybus_platform::testing::person("ops"),
-    )
-    .await
-    .unwrap();
+    let missing =
+        partner::set_webhook_url(&mut conn, 999_999, None, &paybus_testkit::person("ops"))
+            .await
+            .unwrap();
     let invalid = partner::set_webhook_url(
         &mut conn,
         partner_id,
         Some("ftp://x"),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await;
     assert!(existed && !missing && invalid.is_err());
@@ -327,9 +311,9 @@ async fn attempts_and_notifications_are_read_per_partner_and_a_redelivery_keeps_
         .await;
     let acme = partner_with_key(&env.db, "acme", Some(&server.uri()), b"0123456789abcdef").await;
     let other = partner_with_key(&env.db, "other", None, b"0123456789abcdef").await;
-    let id = insert_notification(&env, acme, 1).await;
-    let older = insert_notification(&env, acme, 2).await;
-    let others = insert_notification(&env, other, 3).await;
+    let id = notification(&env.db, acme, 1).await;
+    let older = notification(&env.db, acme, 2).await;
+    let others = notification(&env.db, other, 3).await;
 
     assert!(matches!(handle(&services, id).await, Outcome::Retry { .. }));
     sqlx::query("UPDATE partner_notifications SET next_attempt_at = NOW(6) WHERE id = ?")

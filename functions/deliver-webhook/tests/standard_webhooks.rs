@@ -12,14 +12,12 @@
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
-use paybus_partners::{
-    notifications::NotificationCreated,
-    testing::{partner_with_key, sealer},
-    webhook_secrets,
-};
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome},
-    testing::TestEnv,
+use paybus_partners::{notifications::NotificationCreated, webhook_secrets};
+use paybus_platform::bus::{Context, Envelope, Handler, Outcome};
+use paybus_testkit::{
+    TestEnv,
+    partners::{notification, partner_with_key},
+    sealer,
 };
 use serde_json::{Value, json};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate, matchers::method};
@@ -50,20 +48,6 @@ fn python_tool(variable: &str, venv_name: &str) -> Option<PathBuf> {
     }
     eprintln!("SKIPPED: {message}");
     None
-}
-
-async fn insert_notification(env: &TestEnv, partner_id: u64, reference_id: u64) -> u64 {
-    sqlx::query(
-        "INSERT INTO partner_notifications (partner_id, event, reference_type, reference_id, payload) \
-         VALUES (?, 'WITHDRAWAL_CONFIRMED', 'WITHDRAWAL', ?, ?)",
-    )
-    .bind(partner_id)
-    .bind(reference_id)
-    .bind(json!({"event": "WITHDRAWAL_CONFIRMED", "withdrawal_id": reference_id}).to_string())
-    .execute(&env.db)
-    .await
-    .unwrap()
-    .last_insert_id()
 }
 
 /// A received request as the script reads it, with the secrets that must accept and refuse it.
@@ -108,7 +92,7 @@ async fn the_reference_libraries_verify_deliveries_with_the_old_and_the_new_secr
         &sealer(),
         partner_id,
         Duration::from_secs(24 * 3600),
-        &paybus_platform::testing::person("ops"),
+        &paybus_testkit::person("ops"),
     )
     .await
     .unwrap();
@@ -117,7 +101,7 @@ async fn the_reference_libraries_verify_deliveries_with_the_old_and_the_new_secr
         outbox: &services.outbox,
         attempt: 1,
     };
-    let during = insert_notification(&env, partner_id, 1).await;
+    let during = notification(&env.db, partner_id, 1).await;
     let outcome = handler
         .handle(
             Envelope::new(NotificationCreated {
@@ -137,7 +121,7 @@ async fn the_reference_libraries_verify_deliveries_with_the_old_and_the_new_secr
     .execute(&env.db)
     .await
     .unwrap();
-    let after = insert_notification(&env, partner_id, 2).await;
+    let after = notification(&env.db, partner_id, 2).await;
     let outcome = handler
         .handle(
             Envelope::new(NotificationCreated {

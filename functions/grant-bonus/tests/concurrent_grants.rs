@@ -12,17 +12,13 @@
 
 use std::sync::Arc;
 
-use paybus_bonuses::{
-    BonusRules, Completion,
-    charge::PaymentGateway,
-    completion,
-    testing::{self, Purchase, assert_audit_clean},
-};
+use paybus_bonuses::{BonusRules, Completion, charge::PaymentGateway, completion};
 use paybus_grant_bonus::{Attempted, MessageResult, attempt};
-use paybus_platform::{
-    bus::Services,
-    retry::Clock,
-    testing::{TestEnv, scalar},
+use paybus_platform::{bus::Services, retry::Clock};
+use paybus_testkit::{
+    TestEnv,
+    bonuses::{self, Purchase, assert_audit_clean},
+    scalar,
 };
 use tokio::{sync::Barrier, task::JoinSet};
 
@@ -38,8 +34,8 @@ const EVENT_ONLY: BonusRules = BonusRules {
 async fn purchases(pool: &sqlx::MySqlPool) -> Vec<Purchase> {
     let mut purchases = Vec::with_capacity(JOBS);
     for _ in 0..JOBS {
-        let member = testing::member(pool).await;
-        purchases.push(testing::purchase(pool, member, PaymentGateway::Pg, 10).await);
+        let member = bonuses::member(pool).await;
+        purchases.push(bonuses::purchase(pool, member, PaymentGateway::Pg, 10).await);
     }
     purchases
 }
@@ -50,7 +46,7 @@ async fn completions_and_grants_of_different_members_at_once_all_commit_without_
     let mut settings = env.settings.clone();
     settings.database.max_connections = u32::try_from(RACERS).unwrap() + 8;
     let services = Services::connect(settings).await.unwrap();
-    testing::active_event(&services.pool, "launch week", 10, 1).await;
+    bonuses::active_event(&services.pool, "launch week", 10, 1).await;
     let purchases = Arc::new(purchases(&services.pool).await);
 
     let barrier = Arc::new(Barrier::new(RACERS));

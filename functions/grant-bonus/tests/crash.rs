@@ -9,13 +9,13 @@ mod support;
 
 use std::{process::Stdio, time::Duration};
 
-use paybus_bonuses::{BonusRules, job::JobStatus, testing};
+use paybus_bonuses::{BonusRules, job::JobStatus};
 use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus};
 use paybus_platform::{
     bus::{Runner, metrics},
     retry::Clock,
-    testing::eventually,
 };
+use paybus_testkit::{bonuses as testing, eventually};
 use support::*;
 use tokio_util::sync::CancellationToken;
 

@@ -11,10 +11,10 @@ use paybus_bonuses::{
     BonusRules,
     charge::{Container, PaymentGateway},
     job::{self, JobStatus, JobType},
-    testing::{self, assert_audit_clean},
 };
 use paybus_grant_bonus::{GrantBonus, WorkerReport, attempt};
 use paybus_platform::bus::{Handler, Outcome};
+use paybus_testkit::bonuses::{self as testing, assert_audit_clean};
 use support::*;
 
 const NO_FIRST_CHARGE: BonusRules = BonusRules {

@@ -5,15 +5,14 @@
 
 mod support;
 
-use paybus_bonuses::{BonusJobCreated, BonusRules, charge::Container, job::JobStatus, testing};
+use paybus_bonuses::{BonusJobCreated, BonusRules, charge::Container, job::JobStatus};
 use paybus_grant_bonus::GrantBonus;
-use paybus_platform::{
-    bus::{Envelope, Handler, Message},
-    testing::{
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        outage::Relay,
-        queue_depth,
-    },
+use paybus_platform::bus::{Envelope, Handler, Message};
+use paybus_testkit::{
+    bonuses as testing,
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    outage::Relay,
+    queue_depth,
 };
 use serde_json::json;
 use support::*;

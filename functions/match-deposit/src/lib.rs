@@ -17,7 +17,10 @@ use std::sync::Arc;
 
 use paybus_p2p::{
     Accounted, DeadLetters, DepositOrder, DepositOrderCreated, DepositOrderStatus, MatchError,
-    Matcher, MatchingConfig, deposit_order, quote::QuoteClient, reconcile::QuoteReconciler,
+    Matcher, MatchingConfig, deposit_order,
+    matcher::{QuoteContract, TradeFailureReading},
+    quote::QuoteClient,
+    reconcile::QuoteReconciler,
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
@@ -29,17 +32,21 @@ use sqlx::MySqlPool;
 pub use jobs::{DueOrders, Expiry, ZombieReaper};
 
 /// The handler. Build it once at start-up (the matcher owns the quote service client).
+pub type MatchDeposit = MatchDepositWith<QuoteContract>;
+
+/// The handler over a matcher that reads a failed createTrade with `R`: deployed, always by the
+/// contract ([`MatchDeposit`]); chaos's deliberately broken build is another `R`.
 #[derive(Clone, Debug)]
-pub struct MatchDeposit {
-    matcher: Matcher,
+pub struct MatchDepositWith<R: TradeFailureReading> {
+    matcher: Matcher<R>,
 }
 
-impl MatchDeposit {
-    pub fn new(matcher: Matcher) -> Self {
+impl<R: TradeFailureReading> MatchDepositWith<R> {
+    pub fn new(matcher: Matcher<R>) -> Self {
         Self { matcher }
     }
 
-    pub fn matcher(&self) -> &Matcher {
+    pub fn matcher(&self) -> &Matcher<R> {
         &self.matcher
     }
 }
@@ -55,7 +62,11 @@ enum MessageClaim {
 /// that commits by itself (nothing else belongs with it), then the stamp it wrote. A message
 /// that finds the order not due (a duplicate, a late message) reads where it stands with a
 /// plain read: no transaction opened, none rolled back.
-async fn claim(pool: &MySqlPool, matcher: &Matcher, id: u64) -> Result<MessageClaim, MatchError> {
+async fn claim<R: TradeFailureReading>(
+    pool: &MySqlPool,
+    matcher: &Matcher<R>,
+    id: u64,
+) -> Result<MessageClaim, MatchError> {
     let mut conn = pool.acquire().await?;
     if let Some(claim) = deposit_order::claim(&mut conn, id, matcher.clock()).await? {
         return Ok(MessageClaim::Held(claim));
@@ -64,7 +75,7 @@ async fn claim(pool: &MySqlPool, matcher: &Matcher, id: u64) -> Result<MessageCl
     Ok(state.map_or(MessageClaim::Missing, MessageClaim::NotDue))
 }
 
-impl Handler for MatchDeposit {
+impl<R: TradeFailureReading> Handler for MatchDepositWith<R> {
     type Message = DepositOrderCreated;
     const FUNCTION: &'static str = paybus_p2p::FUNCTION;
 

@@ -11,11 +11,12 @@ mod world;
 use std::time::Duration;
 
 use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
-use paybus_p2p::{
-    DepositOrderCreated, FillPolicy, deposit_order,
-    testing::{assert_audit_clean, order_state},
+use paybus_p2p::{DepositOrderCreated, FillPolicy, deposit_order};
+use paybus_platform::{bus::Outcome, function::Function, triage::Verdict};
+use paybus_testkit::{
+    eventually,
+    p2p::{assert_audit_clean, order_state},
 };
-use paybus_platform::{bus::Outcome, function::Function, testing::eventually, triage::Verdict};
 use world::{World, reconciled, seller_amounts, trim, with_timeout};
 
 /// The client's timeout in these tests, and a quote service that answers well after it. The
@@ -341,12 +342,12 @@ async fn a_service_that_always_answers_late_parks_the_order_in_doubt_with_a_lett
     // Ops looked at the quote service; a recheck asks once more under the same key.
     world.stub.set_trade_delay(Duration::ZERO);
     assert!(
-        deposit_order::recheck(world.pool(), id, &paybus_platform::testing::person("tests"))
+        deposit_order::recheck(world.pool(), id, &paybus_testkit::person("tests"))
             .await
             .unwrap()
     );
     assert!(
-        !deposit_order::recheck(world.pool(), id, &paybus_platform::testing::person("tests"))
+        !deposit_order::recheck(world.pool(), id, &paybus_testkit::person("tests"))
             .await
             .unwrap()
     );

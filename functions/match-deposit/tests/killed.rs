@@ -7,15 +7,12 @@
 use std::{process::Stdio, time::Duration};
 
 use paybus_match_deposit::{DueOrders, MatchDeposit, ZombieReaper};
-use paybus_money::dec;
-use paybus_p2p::{
-    FillPolicy, Handoff, Matcher,
-    testing::{self, QuoteStub, assert_audit_clean, order_state},
-};
-use paybus_platform::{
-    bus::Handler,
-    retry::Clock,
-    testing::{TestEnv, eventually, scalar},
+use paybus_p2p::{FillPolicy, Handoff, Matcher};
+use paybus_platform::{bus::Handler, retry::Clock};
+use paybus_testkit::{
+    TestEnv, dec, eventually,
+    p2p::{self, QuoteStub, assert_audit_clean, order_state},
+    scalar,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,16 +23,16 @@ async fn a_function_killed_after_the_trade_was_made_is_reaped_resolved_under_its
     let stub = QuoteStub::start().await;
     // The trade is made when the request arrives, but the answer never comes in time.
     stub.set_trade_delay(Duration::from_secs(60));
-    let buyer = testing::partner(&env.db, "buyer").await;
-    let seller_partner = testing::partner(&env.db, "seller").await;
-    let seller = testing::seller(&env.db, seller_partner, "100").await;
+    let buyer = p2p::partner(&env.db, "buyer").await;
+    let seller_partner = p2p::partner(&env.db, "seller").await;
+    let seller = p2p::seller(&env.db, seller_partner, "100").await;
     let matcher = Matcher::new(
         services.outbox.clone(),
-        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+        p2p::config(&stub, FillPolicy::FillOrCancel, 5),
     )
     .unwrap();
     let id = matcher
-        .create(&testing::buyer(buyer, "100"), Handoff::Queued)
+        .create(&p2p::buyer(buyer, "100"), Handoff::Queued)
         .await
         .unwrap()
         .id();
@@ -75,7 +72,7 @@ async fn a_function_killed_after_the_trade_was_made_is_reaped_resolved_under_its
 
     // Another buyer meanwhile: the liquidity is still the dead attempt's fill's.
     let other = matcher
-        .create(&testing::buyer(buyer, "100"), Handoff::Queued)
+        .create(&p2p::buyer(buyer, "100"), Handoff::Queued)
         .await
         .unwrap()
         .id();

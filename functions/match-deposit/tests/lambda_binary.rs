@@ -4,17 +4,13 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_match_deposit::MatchDeposit;
-use paybus_p2p::{
-    DepositOrderCreated, FillPolicy, Handoff, Matcher,
-    testing::{self, QuoteStub, assert_audit_clean, order_state},
-};
-use paybus_platform::{
-    bus::{Envelope, Handler, Message},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, MqEvent, RuntimeApi},
-        queue_depth, scalar,
-    },
+use paybus_p2p::{DepositOrderCreated, FillPolicy, Handoff, Matcher};
+use paybus_platform::bus::{Envelope, Handler, Message};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{LambdaProcess, MqEvent, RuntimeApi},
+    p2p::{self, QuoteStub, assert_audit_clean, order_state},
+    queue_depth, scalar,
 };
 use serde_json::json;
 
@@ -23,18 +19,18 @@ async fn a_batch_with_a_duplicate_and_malformed_messages_matches_each_order_once
     let env = TestEnv::new().await;
     let services = env.services(&[MatchDeposit::queue()]).await;
     let stub = QuoteStub::start().await;
-    let buyer = testing::partner(&env.db, "buyer partner").await;
-    let seller_partner = testing::partner(&env.db, "seller partner").await;
-    testing::seller(&env.db, seller_partner, "100").await;
+    let buyer = p2p::partner(&env.db, "buyer partner").await;
+    let seller_partner = p2p::partner(&env.db, "seller partner").await;
+    p2p::seller(&env.db, seller_partner, "100").await;
     let matcher = Matcher::new(
         services.outbox.clone(),
-        testing::config(&stub, FillPolicy::FillOrCancel, 5),
+        p2p::config(&stub, FillPolicy::FillOrCancel, 5),
     )
     .unwrap();
     let mut orders = Vec::new();
     for amount in ["40", "30"] {
         let order = matcher
-            .create(&testing::buyer(buyer, amount), Handoff::Queued)
+            .create(&p2p::buyer(buyer, amount), Handoff::Queued)
             .await
             .unwrap();
         orders.push(order.id());

@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
-use paybus_money::dec;
-use paybus_p2p::{
-    FillPolicy, MatchingConfig, deposit_order,
-    testing::{self, assert_audit_clean, order_state},
-};
+use paybus_p2p::{FillPolicy, MatchingConfig, deposit_order};
 use paybus_platform::bus::Outcome;
+use paybus_testkit::{
+    dec,
+    p2p::{self, assert_audit_clean, order_state},
+};
 
 mod world;
 
@@ -373,7 +373,7 @@ async fn an_unconfigured_quote_service_is_a_counted_failure_with_its_reason() {
     let world = World::new().await;
     let config = MatchingConfig {
         quote: paybus_p2p::QuoteConfig::default(),
-        ..testing::config(&world.stub, FillPolicy::FillOrCancel, 5)
+        ..p2p::config(&world.stub, FillPolicy::FillOrCancel, 5)
     };
     let matcher = world.matcher_with(config);
     world.seller("100").await;

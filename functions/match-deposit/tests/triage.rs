@@ -3,20 +3,18 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_match_deposit::MatchDeposit;
-use paybus_money::dec;
 use paybus_p2p::{
     DepositOrderCreated,
     config::DEFAULT_ORDER_TTL,
     deposit_order::{self, Inserted},
-    testing,
 };
 use paybus_platform::{
     bus::Envelope,
     function::FunctionEntry,
     retry::Clock,
-    testing::TestEnv,
     triage::{Triage, Verdict},
 };
+use paybus_testkit::{TestEnv, dec, p2p};
 use sqlx::MySqlPool;
 
 const ENTRY: FunctionEntry = FunctionEntry::of::<MatchDeposit>();
@@ -26,7 +24,7 @@ async fn pending_order(pool: &MySqlPool, partner: u64) -> u64 {
     let mut conn = pool.acquire().await.unwrap();
     match deposit_order::insert(
         &mut conn,
-        &testing::buyer(partner, "100"),
+        &p2p::buyer(partner, "100"),
         DEFAULT_ORDER_TTL,
         &Clock::Database,
         deposit_order::Start::Pending,
@@ -64,7 +62,7 @@ async fn triage_of(pool: &MySqlPool, id: u64) -> Triage {
 
 async fn setup() -> (TestEnv, u64) {
     let env = TestEnv::new().await;
-    let partner = testing::partner(&env.db, "buyer partner").await;
+    let partner = p2p::partner(&env.db, "buyer partner").await;
     (env, partner)
 }
 
@@ -85,7 +83,7 @@ async fn a_due_pending_order_is_safe_to_replay_and_exposes_what_it_still_waits_f
             exposure.currency.as_str(),
             exposure.amount
         ),
-        (Some(partner), testing::CURRENCY, dec("100"))
+        (Some(partner), p2p::CURRENCY, dec("100"))
     );
 }
 

@@ -14,11 +14,11 @@ use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::put};
 use paybus_platform::{
     bus::{Envelope, topology::Shards},
     db::MIGRATOR,
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, RuntimeApi},
-        queue_depth, scalar, services_on,
-    },
+};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{LambdaProcess, RuntimeApi},
+    queue_depth, scalar, services_on,
 };
 use serde_json::{Value, json};
 use sqlx::MySqlPool;
@@ -388,7 +388,7 @@ async fn an_unreachable_database_is_a_failed_answer_with_the_reason_not_silence(
     let reason = failed["Reason"].as_str().unwrap();
     assert!(reason.contains("cannot reach the database"), "{reason}");
     assert!(
-        !reason.contains(paybus_platform::testing::UNREACHABLE_DATABASE_PASSWORD),
+        !reason.contains(paybus_testkit::UNREACHABLE_DATABASE_PASSWORD),
         "no password in CloudFormation's events: {reason}"
     );
 }
@@ -416,7 +416,7 @@ async fn a_request_type_this_release_does_not_know_is_answered() {
 
 /// Messages ready in `queue`, `None` when it does not exist.
 async fn ready(services: &paybus_platform::bus::Services, queue: &str) -> Option<u32> {
-    paybus_platform::testing::queue_state(services, queue)
+    paybus_testkit::queue_state(services, queue)
         .await
         .map(|(messages, _)| messages)
 }

@@ -3,13 +3,11 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_canary::{Canary, Ping};
-use paybus_platform::{
-    bus::{Envelope, Handler},
-    testing::{
-        TestEnv,
-        lambda::{LambdaProcess, RuntimeApi},
-        queue_depth,
-    },
+use paybus_platform::bus::{Envelope, Handler};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{LambdaProcess, RuntimeApi},
+    queue_depth,
 };
 
 const SCHEDULED_EVENT: &str = r#"{"version":"0","id":"53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa","detail-type":"Scheduled Event","source":"aws.events","account":"123456789012","time":"2026-01-05T09:30:00Z","region":"eu-central-1","resources":["arn:aws:events:eu-central-1:123456789012:rule/paybus-sweeper"],"detail":{}}"#;

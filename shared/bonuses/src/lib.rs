@@ -30,6 +30,3 @@ pub use completion::{BonusRules, CompleteError, Completion, PaymentCompletion};
 pub use completions::Completions;
 pub use error::BonusError;
 pub use messages::BonusJobCreated;
-
-#[cfg(feature = "test-harness")]
-pub mod testing;

@@ -23,6 +23,3 @@ pub mod withdrawal;
 
 pub use error::{ConfirmError, CreateError};
 pub use messages::{DepositTxConfirmed, WithdrawalTxConfirmed};
-
-#[cfg(feature = "test-harness")]
-pub mod testing;

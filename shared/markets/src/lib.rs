@@ -27,9 +27,6 @@ pub mod task;
 pub use error::MarketError;
 pub use messages::CancelTasksCreated;
 
-#[cfg(feature = "test-harness")]
-pub mod testing;
-
 /// `1234567` as `1,234,567`: counts as people read them in progress lines.
 pub fn grouped(n: u64) -> String {
     let digits = n.to_string();

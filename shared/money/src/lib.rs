@@ -233,15 +233,6 @@ impl<'de> Deserialize<'de> for Amount {
     }
 }
 
-/// A test's amount literal (feature `test-harness`).
-#[cfg(feature = "test-harness")]
-pub fn dec(text: &str) -> Amount {
-    match Amount::parse(text) {
-        Ok(amount) => amount,
-        Err(error) => panic!("not an amount literal: {error}"),
-    }
-}
-
 /// MySQL exchanges `DECIMAL` as text in both directions: an `Amount` binds as its exact
 /// text and decodes from the column's text (`DECIMAL(36,18)` renders 18 decimals). The
 /// parameter is declared `NEWDECIMAL`, so the server treats it as a decimal (a string

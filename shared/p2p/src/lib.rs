@@ -11,7 +11,7 @@
 //! - [`maintenance`]: match-deposit's sweeper statements (due orders, the reaper, expiry).
 //! - [`audit`] and [`reconcile`]: W1's invariants, and its fills against the quote service's
 //!   trades; [`messages`]: `p2p.deposit_order.created`; [`config`]: the seed's defaults.
-//! - `testing` (feature `test-harness`): fixtures and a quote service stub.
+//! - [`seed`]: the seed's lock-holding design, the control the real path is measured against.
 
 pub mod accounting;
 pub mod audit;
@@ -25,6 +25,7 @@ pub mod messages;
 pub mod quote;
 pub mod reconcile;
 mod reserve;
+pub mod seed;
 mod settle;
 pub mod withdraw_order;
 
@@ -35,9 +36,6 @@ pub use error::{CreateError, MatchError};
 pub use matcher::{Created, Handoff, Matcher};
 pub use messages::DepositOrderCreated;
 pub use withdraw_order::{NewWithdrawOrder, WithdrawOrder};
-
-#[cfg(feature = "test-harness")]
-pub mod testing;
 
 /// The function that matches deposit orders: its queue, its dead letters.
 pub const FUNCTION: &str = "match-deposit";

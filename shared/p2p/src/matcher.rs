@@ -68,26 +68,45 @@ impl Created {
     }
 }
 
+/// What a matcher makes of a failed createTrade: what the call left at the quote service
+/// (principle 12). Every deployed matcher reads it by the contract ([`QuoteContract`]). A type
+/// parameter, not a field or a feature, so that a deployed matcher's type has no other reading
+/// to switch to, while chaos's deliberately broken match-deposit
+/// (`tests/src/bin/match-deposit-releases-on-timeout.rs`) is the real matcher with this one
+/// reading replaced: whatever the harness catches is that misreading.
+pub trait TradeFailureReading:
+    Clone + std::fmt::Debug + std::marker::Send + Sync + 'static
+{
+    fn effect(&self, error: &QuoteError) -> Effect;
+}
+
+/// The quote service's contract: [`QuoteError::effect`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuoteContract;
+
+impl TradeFailureReading for QuoteContract {
+    fn effect(&self, error: &QuoteError) -> Effect {
+        error.effect()
+    }
+}
+
 /// Matches deposit orders. Build it once per process (it owns the quote service client).
 #[derive(Clone)]
-pub struct Matcher {
+pub struct Matcher<R: TradeFailureReading = QuoteContract> {
     outbox: Outbox,
     quote: Option<QuoteClient>,
     config: MatchingConfig,
     clock: Clock,
-    /// A misreading of failed createTrade calls that replaces [`QuoteError::effect`]: the seam
-    /// of chaos's deliberately broken match-deposit ([`Matcher::misreading_trade_outcomes`]).
-    /// The field exists only with `test-harness`, which no deployed binary enables.
-    #[cfg(feature = "test-harness")]
-    misread: Option<fn(&QuoteError) -> Effect>,
+    reading: R,
 }
 
-impl std::fmt::Debug for Matcher {
+impl<R: TradeFailureReading> std::fmt::Debug for Matcher<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Matcher")
             .field("quote", &self.quote)
             .field("config", &self.config)
             .field("clock", &self.clock)
+            .field("reading", &self.reading)
             .finish_non_exhaustive()
     }
 }
@@ -101,34 +120,28 @@ impl Matcher {
             outbox,
             config,
             clock: Clock::Database,
-            #[cfg(feature = "test-harness")]
-            misread: None,
+            reading: QuoteContract,
         })
     }
+}
 
-    /// The same matcher reading every failed createTrade with `effect` instead of
-    /// [`QuoteError::effect`] — a deliberately broken matcher, for the chaos harness's proof
-    /// that it can fail (`tests/src/bin/match-deposit-releases-on-timeout.rs`: a timeout read
-    /// as *not done*, so the fill is released while the quote service may hold its trade,
-    /// principle 12's violation). Only the classification changes: reserve, the TRADING mark,
-    /// the calls, settle, release and the accounting are the real ones, so whatever the
-    /// harness catches is that one misreading. Feature `test-harness` only, which the deployed
-    /// builds (`cargo lambda build --bin match-deposit`, `cargo build -p paybus`) never enable:
-    /// they have neither this method nor the field it sets (a whole-workspace build, which
-    /// unifies the lab's features, has the field, always `None` outside this method).
-    #[cfg(feature = "test-harness")]
-    pub fn misreading_trade_outcomes(mut self, effect: fn(&QuoteError) -> Effect) -> Self {
-        self.misread = Some(effect);
-        self
+impl<R: TradeFailureReading> Matcher<R> {
+    /// The same matcher reading failed createTrade calls with `reading`: only the
+    /// classification changes (reserve, the TRADING mark, the calls, settle, release and the
+    /// accounting stay the real ones).
+    pub fn reading_trade_failures<S: TradeFailureReading>(self, reading: S) -> Matcher<S> {
+        Matcher {
+            outbox: self.outbox,
+            quote: self.quote,
+            config: self.config,
+            clock: self.clock,
+            reading,
+        }
     }
 
     /// What a failed createTrade left at the quote service (principle 12, [`crate::quote`]).
     fn trade_effect(&self, error: &QuoteError) -> Effect {
-        #[cfg(feature = "test-harness")]
-        if let Some(misread) = self.misread {
-            return misread(error);
-        }
-        error.effect()
+        self.reading.effect(error)
     }
 
     /// The same matcher on another clock (tests).

@@ -5,11 +5,11 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use paybus_money::dec;
 use paybus_p2p::{
     QuoteConfig,
     quote::{Effect, Quote, QuoteClient, QuoteError, TradeRequest},
 };
+use paybus_testkit::dec;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpSocket, TcpStream},

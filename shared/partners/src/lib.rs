@@ -20,6 +20,3 @@ pub mod webhook_secrets;
 
 pub use notifications::{NewNotification, NotificationCreated, NotificationStatus};
 pub use partner::{NewPartner, Partner, PartnerError};
-
-#[cfg(feature = "test-harness")]
-pub mod testing;

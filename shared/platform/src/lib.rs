@@ -9,8 +9,7 @@
 //! - functions: [`function`] (`Function`, `FunctionEntry`, each binary's `main`);
 //! - the retry kit: [`retry`] (`WorkTable`, `RetryPolicy`, `Clock`, `DueSweep`);
 //! - ops: [`audit`] and [`auditor`], [`ops_log`], [`approvals`], [`triage`], [`actor`],
-//!   [`signature`], [`redact`]; [`telemetry`] (logs, metrics, traces);
-//! - `testing` (feature `test-harness`): `TestEnv`, a database and a vhost per test.
+//!   [`signature`], [`redact`]; [`telemetry`] (logs, metrics, traces).
 
 // `column_enum!` names this crate by its path, as every crate using it does.
 extern crate self as paybus_platform;
@@ -35,9 +34,6 @@ pub mod signature;
 pub mod telemetry;
 pub mod transition;
 pub mod triage;
-
-#[cfg(feature = "test-harness")]
-pub mod testing;
 
 pub use config::{ConfigError, Secret, Settings};
 

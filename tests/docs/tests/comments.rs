@@ -2,7 +2,7 @@
 //!
 //! - No dated note in a code comment: a date (`2026-12-05`) in a `//`, `///` or `//!` comment of
 //!   a `src/` file tells history, which belongs in commit messages and the dated docs
-//!   (docs/benchmarks.md). Not read: test harness modules (`testing.rs`, `testing/`),
+//!   (docs/benchmarks.md). Not read: the test kit (`shared/testkit`),
 //!   `#[cfg(test)]` modules, string literals, and a date inside a comment's inline code (`` ` ``),
 //!   which quotes data (a path, a value) rather than telling when.
 //! - No `//!` block over 15 lines in any `.rs` file, but the few in [`LONG_MODULE_DOCS`]; every
@@ -164,16 +164,15 @@ fn dated(comment: &str) -> Option<&str> {
 }
 
 /// Whether `path` (relative to the repository) is code whose comments are read: under a
-/// `src/` folder, and not a test harness module.
+/// `src/` folder, and not the test kit.
 fn is_code(path: &Path) -> bool {
     let parts: Vec<String> = path
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
     parts.iter().any(|p| p == "src")
-        && !parts
-            .iter()
-            .any(|p| p == "testing" || p == "testing.rs" || p == "vendor")
+        && !parts.starts_with(&["shared".to_owned(), "testkit".to_owned()])
+        && !parts.iter().any(|p| p == "vendor")
 }
 
 /// The `//!` blocks of `source` longer than [`MODULE_DOC_LINES`]: the line each starts on and

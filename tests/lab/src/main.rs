@@ -1,5 +1,5 @@
 //! `paybus-lab`: the benchmarks and the chaos run, in a binary of their own so that the
-//! operator's `paybus` (what production runs) never links the test harness, the HTTP stubs or
+//! operator's `paybus` (what production runs) never links the test kit, the HTTP stubs or
 //! the seeds' deliberately broken designs they need.
 
 mod bench;

@@ -3,7 +3,7 @@
 //! tests and chaos runs that stop, kill and restart a service without disturbing anything else.
 //! Killed and removed on drop.
 //!
-//! They live in the lab, not in the platform's test harness: the platform never reaches up into
+//! They live in the lab, not in the test kit: the kit never reaches up into
 //! `infra/`.
 
 mod cluster;

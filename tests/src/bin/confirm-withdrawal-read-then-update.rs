@@ -1,17 +1,18 @@
 //! A deliberately broken confirm-withdrawal, for `paybus-lab chaos`'s own test only (never
 //! deployed, never in the catalog): the seed's read-then-update design
-//! (`paybus_confirmations::testing::read_then_update`) in place of the conditional UPDATE, with
+//! (`paybus_testkit::confirmations::read_then_update`) in place of the conditional UPDATE, with
 //! a short pause between its read and its write standing for the incident's window. Run by the
 //! chaos harness with `--substitute confirm-withdrawal=<this binary>`, it must make the run
 //! fail: the harness is shown to catch a double debit.
 
 use std::time::Duration;
 
-use paybus_confirmations::{WithdrawalTxConfirmed, testing::read_then_update};
+use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
     function::{BuildError, Function},
 };
+use paybus_testkit::confirmations::read_then_update;
 
 /// Between the seed's read and its write (the incident: 64 s; here enough for the duplicates
 /// the harness delivers at once to read the same snapshot).

@@ -7,15 +7,16 @@
 //! make the run fail: the harness is shown to catch an orphan trade.
 //!
 //! The seam: everything is the real match-deposit — its handler
-//! ([`paybus_match_deposit::MatchDeposit`]), its settings and the real [`Matcher`] — except
-//! the one classification the matcher takes from [`QuoteError::effect`], replaced through
-//! [`Matcher::misreading_trade_outcomes`]. That method and the field behind it exist only with
-//! `paybus-p2p`'s `test-harness` feature, which this crate enables and no deployed binary does
-//! (`functions/match-deposit/src/main.rs` is unchanged: one line over the real handler).
+//! ([`paybus_match_deposit::MatchDepositWith`]), its settings and the real [`Matcher`] — except
+//! the one classification the matcher takes from [`QuoteError::effect`], replaced by the
+//! matcher's type parameter ([`TradeFailureReading`]). The deployed binary's matcher is
+//! `Matcher<QuoteContract>`: it has no field or feature to switch to this reading
+//! (`functions/match-deposit/src/main.rs` is one line over the real handler).
 
-use paybus_match_deposit::MatchDeposit;
+use paybus_match_deposit::MatchDepositWith;
 use paybus_p2p::{
     DepositOrderCreated, Matcher, MatchingConfig,
+    matcher::TradeFailureReading,
     quote::{Effect, QuoteError},
 };
 use paybus_platform::{
@@ -26,15 +27,20 @@ use paybus_platform::{
 /// The broken classification: a timeout (the request was written, no answer came in time) is
 /// taken for a refusal. Every other failure is read as the real client reads it, so a run's
 /// finding points at this one line.
-fn timeout_is_not_done(error: &QuoteError) -> Effect {
-    match error {
-        QuoteError::Timeout { .. } => Effect::NotDone,
-        other => other.effect(),
+#[derive(Debug, Clone, Copy)]
+struct TimeoutIsNotDone;
+
+impl TradeFailureReading for TimeoutIsNotDone {
+    fn effect(&self, error: &QuoteError) -> Effect {
+        match error {
+            QuoteError::Timeout { .. } => Effect::NotDone,
+            other => other.effect(),
+        }
     }
 }
 
 /// The real handler over a matcher with the broken classification.
-struct ReleasesOnTimeout(MatchDeposit);
+struct ReleasesOnTimeout(MatchDepositWith<TimeoutIsNotDone>);
 
 impl Handler for ReleasesOnTimeout {
     type Message = DepositOrderCreated;
@@ -58,8 +64,8 @@ impl Function for ReleasesOnTimeout {
                 what: "the quote service HTTP client",
                 source: source.into(),
             })?
-            .misreading_trade_outcomes(timeout_is_not_done);
-        Ok(Self(MatchDeposit::new(matcher)))
+            .reading_trade_failures(TimeoutIsNotDone);
+        Ok(Self(MatchDepositWith::new(matcher)))
     }
 }
 

@@ -11,13 +11,15 @@ use paybus_bonuses::{
     charge::{Container, PaymentGateway},
     completion::{self, CompletedCharge},
     job::{self, BonusJob},
-    testing::{self, Purchase},
 };
 use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus, WorkerReport};
 use paybus_platform::{
     bus::{Batched, Context, Envelope, Handler, Outcome, Services},
     retry::Clock,
-    testing::TestEnv,
+};
+use paybus_testkit::{
+    TestEnv,
+    bonuses::{self, Purchase},
 };
 use sqlx::MySqlPool;
 
@@ -32,7 +34,7 @@ impl Bonuses {
     pub async fn new() -> Self {
         let env = TestEnv::new().await;
         let services = env.services(&[GrantBonus::queue()]).await;
-        let clock = Clock::manual(testing::db_now(&env.db).await);
+        let clock = Clock::manual(bonuses::db_now(&env.db).await);
         Self {
             services,
             clock,
@@ -107,9 +109,9 @@ impl Bonuses {
 
     /// A member's purchase of `cans` through PG, completed by its gateway.
     pub async fn completed_purchase(&self, cans: i32, rules: BonusRules) -> CompletedCharge {
-        let member = testing::member(self.pool()).await;
+        let member = bonuses::member(self.pool()).await;
         self.complete(
-            &testing::purchase(self.pool(), member, PaymentGateway::Pg, cans).await,
+            &bonuses::purchase(self.pool(), member, PaymentGateway::Pg, cans).await,
             rules,
         )
         .await
@@ -149,7 +151,7 @@ impl Bonuses {
     /// Whether, within 30 s, at least `count` transactions of this test's database wait on a
     /// row lock.
     pub async fn lock_waits(&self, count: i64) -> bool {
-        paybus_platform::testing::eventually(Duration::from_secs(30), || async {
+        paybus_testkit::eventually(Duration::from_secs(30), || async {
             self.count(
                 "SELECT COUNT(*) FROM information_schema.INNODB_TRX t \
                  JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
@@ -190,21 +192,21 @@ impl Bonuses {
             "one EVENT charge"
         );
         assert_eq!(
-            testing::cans(self.pool(), member_id, Container::Pg).await,
+            bonuses::cans(self.pool(), member_id, Container::Pg).await,
             cans,
             "the payment and its bonus, once"
         );
-        testing::assert_audit_clean(self.pool()).await;
+        bonuses::assert_audit_clean(self.pool()).await;
     }
 
     pub async fn count(&self, sql: &'static str) -> i64 {
-        paybus_platform::testing::scalar(self.pool(), sql).await
+        paybus_testkit::scalar(self.pool(), sql).await
     }
 }
 
 /// An active event giving 10% more, once per member.
 pub async fn ten_percent_event(pool: &MySqlPool) -> u64 {
-    testing::active_event(pool, "spring 10% bonus", 10, 1).await
+    bonuses::active_event(pool, "spring 10% bonus", 10, 1).await
 }
 
 pub fn minutes(n: u64) -> Duration {

@@ -5,14 +5,15 @@
 use std::time::Duration;
 
 use paybus_match_deposit::MatchDeposit;
-use paybus_p2p::{
-    DepositOrderCreated, FillPolicy, Handoff, Matcher, MatchingConfig,
-    testing::{self, QuoteStub},
-};
+use paybus_p2p::{DepositOrderCreated, FillPolicy, Handoff, Matcher, MatchingConfig};
 use paybus_platform::{
     bus::{Context, Envelope, Handler, Outcome, Services},
     retry::Clock,
-    testing::{TestEnv, scalar},
+};
+use paybus_testkit::{
+    TestEnv,
+    p2p::{self, QuoteStub},
+    scalar,
 };
 use sqlx::MySqlPool;
 
@@ -34,8 +35,8 @@ impl World {
             .fetch_one(&env.db)
             .await
             .unwrap();
-        let buyer = testing::partner(&env.db, "buyer partner").await;
-        let seller_partner = testing::partner(&env.db, "seller partner").await;
+        let buyer = p2p::partner(&env.db, "buyer partner").await;
+        let seller_partner = p2p::partner(&env.db, "seller partner").await;
         Self {
             services,
             stub,
@@ -51,7 +52,7 @@ impl World {
     }
 
     pub fn matcher(&self, policy: FillPolicy, max_attempts: u32) -> Matcher {
-        self.matcher_with(testing::config(&self.stub, policy, max_attempts))
+        self.matcher_with(p2p::config(&self.stub, policy, max_attempts))
     }
 
     pub fn matcher_with(&self, config: MatchingConfig) -> Matcher {
@@ -61,14 +62,14 @@ impl World {
     }
 
     pub async fn seller(&self, amount: &str) -> u64 {
-        testing::seller(self.pool(), self.seller_partner, amount).await
+        p2p::seller(self.pool(), self.seller_partner, amount).await
     }
 
     /// A PENDING order, as the API creates it with async matching on (its message is not
     /// sent anywhere: the tests hand it to the handler themselves).
     pub async fn queued(&self, matcher: &Matcher, amount: &str) -> u64 {
         matcher
-            .create(&testing::buyer(self.buyer, amount), Handoff::Queued)
+            .create(&p2p::buyer(self.buyer, amount), Handoff::Queued)
             .await
             .unwrap()
             .id()
@@ -113,7 +114,7 @@ pub fn trim(text: &str) -> &str {
 
 /// A World whose quote calls time out after `timeout`.
 pub fn with_timeout(world: &World, timeout: Duration, policy: FillPolicy) -> Matcher {
-    let mut config = testing::config(&world.stub, policy, 5);
+    let mut config = p2p::config(&world.stub, policy, 5);
     config.quote.timeout = timeout;
     config.trade_checks =
         paybus_platform::retry::RetryPolicy::with_schedule(3, vec![Duration::from_secs(2)])

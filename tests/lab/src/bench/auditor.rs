@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use paybus_platform::{
     audit,
     auditor::{Auditor, AuditorConfig},
-    testing::TestEnv,
 };
+use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 
 use super::{BenchArgs, Phase};

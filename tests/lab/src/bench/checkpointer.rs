@@ -12,7 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use paybus_platform::{audit::Window, testing::TestEnv};
+use paybus_platform::audit::Window;
+use paybus_testkit::TestEnv;
 
 use super::{BenchArgs, Phase};
 

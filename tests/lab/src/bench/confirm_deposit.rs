@@ -6,10 +6,8 @@
 
 use anyhow::bail;
 use paybus_confirm_deposit::{ConfirmDeposit, DepositTxConfirmed, confirm, confirm_all};
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, OutgoingMessage},
-    testing::TestEnv,
-};
+use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Outcome, OutgoingMessage};
+use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 
 use super::{

@@ -3,10 +3,8 @@
 
 use anyhow::bail;
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
-use paybus_platform::{
-    bus::{Envelope, Handler, OutgoingMessage, Services},
-    testing::TestEnv,
-};
+use paybus_platform::bus::{Envelope, Handler, OutgoingMessage, Services};
+use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 
 use super::{

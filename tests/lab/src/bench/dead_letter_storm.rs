@@ -11,10 +11,8 @@
 use std::sync::Arc;
 
 use anyhow::ensure;
-use paybus_platform::{
-    bus::dead_letter::{self, DeadLetterRow, group_counts},
-    testing::TestEnv,
-};
+use paybus_platform::bus::dead_letter::{self, DeadLetterRow, group_counts};
+use paybus_testkit::TestEnv;
 use sqlx::Connection;
 
 use super::{BenchArgs, Counters, Phase, bench_services, drive};

@@ -26,8 +26,8 @@ use paybus_money::Amount;
 use paybus_platform::{
     bus::{Handler, Runner, metrics},
     retry::Clock,
-    testing::TestEnv,
 };
+use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 

@@ -9,7 +9,7 @@
 use std::{collections::BTreeMap, process::Stdio, time::Duration};
 
 use anyhow::Context;
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 use tokio::process::{Child, Command};
 
 use super::{BenchArgs, met};

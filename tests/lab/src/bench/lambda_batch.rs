@@ -20,12 +20,12 @@ use anyhow::{Context, bail};
 use futures_util::future::try_join_all;
 use lapin::options::BasicGetOptions;
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
-use paybus_platform::{
-    bus::{Handler, Services, headers::header_text, lambda::handle_event, topology},
-    testing::{
-        TestEnv,
-        lambda::{self, MqEvent},
-    },
+use paybus_platform::bus::{
+    Handler, Services, headers::header_text, lambda::handle_event, topology,
+};
+use paybus_testkit::{
+    TestEnv,
+    lambda::{self, MqEvent},
 };
 use serde_json::json;
 

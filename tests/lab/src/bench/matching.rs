@@ -4,7 +4,7 @@
 //! partner's lock row across the quote call (seed 000 §0).
 //!
 //! Both phases create and match orders as the switch-off API does (`Matcher::create` with
-//! `Handoff::Inline`, against `paybus_p2p::testing::create_and_match_holding_locks`), each buyer
+//! `Handoff::Inline`, against `paybus_p2p::seed::create_and_match_holding_locks`), each buyer
 //! waiting for its own answer: throughput and p50/p99 of each, their ratio (target >= 20x), and
 //! how close the production path comes to the ideal (every buyer waiting only for its two quote
 //! calls). A third phase creates the orders with the switch on, publishes a copy of every
@@ -23,11 +23,11 @@ use paybus_p2p::messages::DepositOrderCreated;
 use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, NewDepositOrder,
     quote::QuoteClient,
-    testing::{self, QuoteStub},
 };
-use paybus_platform::{
-    bus::{Handler, Runner},
-    testing::TestEnv,
+use paybus_platform::bus::{Handler, Runner};
+use paybus_testkit::{
+    TestEnv,
+    p2p::{self, QuoteStub},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -65,7 +65,7 @@ impl Latencies {
 }
 
 fn order(partners: &[u64], i: usize) -> NewDepositOrder {
-    testing::buyer(partners[i % partners.len()], "1")
+    p2p::buyer(partners[i % partners.len()], "1")
 }
 
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -74,15 +74,15 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let stub = QuoteStub::with_delay(QUOTE_DELAY).await;
     let mut partners = Vec::with_capacity(usize::from(args.partners));
     for n in 0..args.partners {
-        partners.push(testing::partner(&services.pool, &format!("bench buyer {n}")).await);
+        partners.push(p2p::partner(&services.pool, &format!("bench buyer {n}")).await);
     }
-    let seller_partner = testing::partner(&services.pool, "bench seller").await;
+    let seller_partner = p2p::partner(&services.pool, "bench seller").await;
     let baseline_items = args
         .items
         .min(usize::from(args.concurrency) * BASELINE_ORDERS_PER_BUYER);
     // Plenty of liquidity for both phases, spread over more sellers than buyers at once.
     let per_seller = (args.items + baseline_items).to_string();
-    testing::sellers(
+    p2p::sellers(
         &services.pool,
         seller_partner,
         usize::from(args.concurrency).max(10) * 2,
@@ -96,7 +96,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     );
 
     // The production path: claim, reserve, trade with no lock held, settle, account.
-    let mut config = testing::config(&stub, FillPolicy::FillOrCancel, 5);
+    let mut config = p2p::config(&stub, FillPolicy::FillOrCancel, 5);
     config.quote.timeout = Duration::from_secs(10);
     let matcher = Arc::new(Matcher::new(services.outbox.clone(), config.clone())?);
     let ours = Arc::new(Latencies::default());
@@ -150,7 +150,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             );
             async move {
                 let started = Instant::now();
-                match testing::create_and_match_holding_locks(&outbox, &quote, &new).await {
+                match paybus_p2p::seed::create_and_match_holding_locks(&outbox, &quote, &new).await
+                {
                     Ok((_, paybus_p2p::CloseReason::Filled)) => {}
                     Ok((id, reason)) => bail!("seed design: order {id} closed {reason}"),
                     Err(e) => return Err(e).context("seed design"),

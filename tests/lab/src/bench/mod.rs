@@ -23,13 +23,11 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_platform::{
-    bus::{
-        Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Runner,
-        Services, link::BrokerLink, metrics, publisher::Publisher,
-    },
-    testing::TestEnv,
+use paybus_platform::bus::{
+    Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Runner, Services,
+    link::BrokerLink, metrics, publisher::Publisher,
 };
+use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 

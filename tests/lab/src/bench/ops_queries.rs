@@ -17,10 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use paybus_confirm_withdrawal::WithdrawalTxConfirmed;
 use paybus_markets::grouped;
-use paybus_platform::{
-    bus::{Envelope, dead_letter::group_counts},
-    testing::TestEnv,
-};
+use paybus_platform::bus::{Envelope, dead_letter::group_counts};
+use paybus_testkit::TestEnv;
 use sqlx::{MySqlPool, Row};
 
 use super::{BenchApi, BenchArgs, bench_services, suspend::create_digits};

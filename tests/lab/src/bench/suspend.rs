@@ -22,7 +22,8 @@ use paybus_markets::{
     materialise::{Materialiser, MaterialiserConfig, Plan},
     suspension,
 };
-use paybus_platform::{bus::Runner, retry::Clock, testing::TestEnv};
+use paybus_platform::{bus::Runner, retry::Clock};
+use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
@@ -197,7 +198,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
             &symbol,
             None,
             &plan,
-            &paybus_platform::testing::person("lab"),
+            &paybus_testkit::person("lab"),
         )
         .await?;
         let materialiser = Materialiser::new(
@@ -269,7 +270,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
             &symbol,
             None,
             &plan,
-            &paybus_platform::testing::person("lab"),
+            &paybus_testkit::person("lab"),
         )
         .await?;
         let deadline = started + Duration::from_secs(1_800);

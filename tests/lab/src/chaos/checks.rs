@@ -11,8 +11,9 @@ use std::{
 };
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
-use paybus_p2p::{reconcile, testing::QuoteStub};
+use paybus_p2p::reconcile;
 use paybus_platform::{audit, bus::Services, bus::topology};
+use paybus_testkit::p2p::QuoteStub;
 use serde::Serialize;
 use sqlx::MySqlPool;
 

@@ -122,10 +122,7 @@ pub(crate) fn environment(settings: &Settings, world: &World) -> HashMap<String,
         ("PAYBUS_QUOTE_URL", world.quotes.url()),
         ("PAYBUS_QUOTE_API_KEY", QUOTE_API_KEY.to_owned()),
         // deliver-webhook opens the partners' sealed webhook secrets with it.
-        (
-            "PAYBUS_SECRETS_KEY",
-            paybus_platform::testing::SECRETS_KEY.to_owned(),
-        ),
+        ("PAYBUS_SECRETS_KEY", paybus_testkit::SECRETS_KEY.to_owned()),
         ("PAYBUS_QUOTE_TIMEOUT_MS", quote_timeout),
         ("PAYBUS_QUOTE_CONNECT_TIMEOUT_MS", "500".to_owned()),
         // > 2 x the quote timeout + 10 s, as the setting requires.

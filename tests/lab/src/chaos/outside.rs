@@ -14,7 +14,7 @@ use std::{
 };
 
 use paybus_api::auth::Role;
-use paybus_p2p::testing::QuoteStub;
+use paybus_testkit::p2p::QuoteStub;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
 
 use super::Profile;
@@ -207,7 +207,7 @@ impl Api {
             ("PAYBUS_BREAK_GLASS", "true"),
             ("PAYBUS_PARTNER_KEY_HASH_KEY", PARTNER_KEY_HASH_KEY),
             // Partner create seals the webhook secret.
-            ("PAYBUS_SECRETS_KEY", paybus_platform::testing::SECRETS_KEY),
+            ("PAYBUS_SECRETS_KEY", paybus_testkit::SECRETS_KEY),
             // The load is one buyer partner at the run's concurrency: its limit must not be
             // what the run measures.
             ("PAYBUS_PARTNER_RATE_LIMIT_PER_SECOND", "100000"),

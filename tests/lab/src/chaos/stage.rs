@@ -15,7 +15,8 @@ use std::{
 };
 
 use anyhow::Context;
-use paybus_platform::{bus::Services, db, testing::free_port};
+use paybus_platform::{bus::Services, db};
+use paybus_testkit::free_port;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 

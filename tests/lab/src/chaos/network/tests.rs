@@ -1,4 +1,4 @@
-//! The network faults against a real MariaDB (the test harness's, through the relays), with
+//! The network faults against a real MariaDB (the test kit's, through the relays), with
 //! real processes in real namespaces. Tests that need namespaces say why they skip where none
 //! can be made (not root); the same faults are also tested without namespaces, which runs
 //! everywhere.
@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::testing::TestEnv;
+use paybus_testkit::TestEnv;
 use sqlx::{Connection, MySqlConnection};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},

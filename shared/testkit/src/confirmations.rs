@@ -1,12 +1,13 @@
-//! Fixtures for tests (feature `test-harness`): withdrawals and deposits as the signer and the
-//! chain monitor's detection would have written them, and the audit W2 must pass.
+//! W2's fixtures: withdrawals and deposits as the signer and the chain monitor's detection would
+//! have written them, the audit W2 must pass, and the seed's read-then-update it is raced against.
 
+use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
-use paybus_money::{Amount, dec};
-use paybus_platform::{audit::Check, testing::assert_audit_clean as assert_clean};
+use paybus_money::Amount;
+use paybus_platform::audit::Check;
 use sqlx::{MySqlConnection, MySqlPool};
 
-use crate::withdrawal::{WithdrawalKind, WithdrawalStatus};
+use crate::dec;
 
 /// The tx hash fixture withdrawals in flight were broadcast with.
 pub const BROADCAST_TX: &str = "0xbroadcast";
@@ -65,11 +66,14 @@ pub async fn deposit(
 }
 
 /// The invariants W2's rows must keep: the ledger's and W2's own.
-pub const AUDIT: &[&[Check]] = &[paybus_ledger::audit::CHECKS, crate::audit::CHECKS];
+pub const AUDIT: &[&[Check]] = &[
+    paybus_ledger::audit::CHECKS,
+    paybus_confirmations::audit::CHECKS,
+];
 
 /// Fails the test on any violation of [`AUDIT`].
 pub async fn assert_audit_clean(pool: &MySqlPool) {
-    assert_clean(pool, AUDIT).await;
+    crate::assert_audit_clean(pool, AUDIT).await;
 }
 
 /// The seed's original `onTxConfirmed` (seed 001 §1), kept only to prove the hazard: by the

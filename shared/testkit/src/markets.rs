@@ -1,7 +1,7 @@
-//! Fixtures for tests (feature `test-harness`): markets and open orders as the admin API and
-//! the order gateway would have written them, and the audit W4 must pass.
+//! W4's fixtures: markets and open orders as the admin API and the order gateway would have
+//! written them, and the audit W4 must pass.
 
-use paybus_platform::{audit::Check, testing::assert_audit_clean as assert_clean};
+use paybus_platform::audit::Check;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 /// An ACTIVE market named `symbol`.
@@ -65,19 +65,10 @@ pub async fn refuse_cancels_of(pool: &MySqlPool, order_id: u64) {
     .expect("create the trigger that refuses a cancel");
 }
 
-/// A manual clock a second past the database's now (rows inserted just before are due on it).
-pub async fn manual_clock(pool: &MySqlPool) -> paybus_platform::retry::Clock {
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
-        .fetch_one(pool)
-        .await
-        .expect("the database's clock");
-    paybus_platform::retry::Clock::manual(now + chrono::Duration::seconds(1))
-}
-
 /// The invariants W4's rows must keep.
-pub const AUDIT: &[&[Check]] = &[crate::audit::CHECKS];
+pub const AUDIT: &[&[Check]] = &[paybus_markets::audit::CHECKS];
 
 /// Fails the test on any violation of [`AUDIT`].
 pub async fn assert_audit_clean(pool: &MySqlPool) {
-    assert_clean(pool, AUDIT).await;
+    crate::assert_audit_clean(pool, AUDIT).await;
 }

@@ -1,8 +1,7 @@
-//! Fixtures for tests and the benchmark (feature `test-harness`): sellers and buyers as the
-//! API would create them, a quote service stub (a real HTTP server, wiremock) that can be slow,
-//! fail or hang and remembers every trade by its idempotency key, the seed's lock-holding
-//! design (the control of the race tests and the benchmark's baseline), and the audit W1 must
-//! pass.
+//! W1's fixtures: sellers and buyers as the API would create them, a quote service stub (a
+//! real HTTP server, wiremock) that can be slow, fail or hang and remembers every trade by its
+//! idempotency key, and the audit W1 must pass. The seed's lock-holding design they are raced
+//! against is `paybus_p2p::seed`.
 
 use std::{
     collections::BTreeMap,
@@ -13,36 +12,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_money::{Amount, dec};
-use paybus_platform::{
-    audit::Check,
-    bus::Outbox,
-    retry::{Clock, RetryPolicy},
-    testing::assert_audit_clean as assert_clean,
+use paybus_money::Amount;
+use paybus_p2p::{
+    FillPolicy, MatchingConfig, NewDepositOrder, QuoteConfig,
+    quote::{Call, IDEMPOTENCY_KEY, QuoteClient},
 };
+use paybus_platform::{audit::Check, retry::RetryPolicy};
 use sqlx::MySqlPool;
-use uuid::Uuid;
 use wiremock::{
     Mock, MockServer, Request, Respond, ResponseTemplate,
     matchers::{method, path},
 };
 
-use crate::{
-    CreateError, FillPolicy, MatchError, MatchingConfig, QuoteConfig,
-    config::{CANDIDATES, DEFAULT_ORDER_TTL},
-    deposit_order::{self, Close, CloseReason, Closer, Inserted, NewDepositOrder, Start},
-    matches::{self, Reserved},
-    quote::{Call, IDEMPOTENCY_KEY, QuoteClient, QuoteRequest, TradeRequest},
-    reserve::Fill,
-    settle,
-};
+use crate::dec;
 
 /// The currency of every fixture.
 pub const CURRENCY: &str = "USDT";
 
 /// A partner that takes no webhooks (its notifications are SKIPPED by deliver-webhook).
 pub async fn partner(pool: &MySqlPool, name: &str) -> u64 {
-    paybus_partners::testing::partner(pool, name, None).await
+    crate::partners::partner(pool, name, None).await
 }
 
 /// An OPEN withdraw order of `amount` USDT.
@@ -115,11 +104,11 @@ pub async fn order_state(pool: &MySqlPool, id: u64) -> (String, Option<String>, 
 }
 
 /// The invariants W1's rows must keep: the ledger's and W1's own.
-pub const AUDIT: &[&[Check]] = &[paybus_ledger::audit::CHECKS, crate::audit::CHECKS];
+pub const AUDIT: &[&[Check]] = &[paybus_ledger::audit::CHECKS, paybus_p2p::audit::CHECKS];
 
 /// Fails the test on any violation of [`AUDIT`].
 pub async fn assert_audit_clean(pool: &MySqlPool) {
-    assert_clean(pool, AUDIT).await;
+    crate::assert_audit_clean(pool, AUDIT).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,7 +388,7 @@ impl Respond for TradeListing {
 }
 
 /// The quote service as a real HTTP server (the seeds' TORQ) with the contract in
-/// [`crate::quote`]: `POST /v1/quotes`, `POST /v1/trades` (idempotent by key) and
+/// [`paybus_p2p::quote`]: `POST /v1/quotes`, `POST /v1/trades` (idempotent by key) and
 /// `GET /v1/trades`, with adjustable delays and failures.
 pub struct QuoteStub {
     server: MockServer,
@@ -557,128 +546,4 @@ impl QuoteStub {
     pub fn trades(&self) -> BTreeMap<String, StubTrade> {
         self.shared.book().trades.clone()
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The seed's design
-
-/// The seed's `createAndMatch` (seed 000 §0), for the race tests' control and the benchmark's
-/// baseline: ONE transaction from the order's insert to its commit, `FOR UPDATE` (waiting, not
-/// skipping) on the oldest candidates and on the partner's lock row, and the quote service
-/// called with all of them held. Fill-or-cancel, the same rows and legs as the real path.
-///
-/// Under concurrency its REPEATABLE READ locking reads also deadlock on each other's gap
-/// locks; a transaction that lost one is tried again, so what is measured is its lock holding.
-pub async fn create_and_match_holding_locks(
-    outbox: &Outbox,
-    quote: &QuoteClient,
-    new: &NewDepositOrder,
-) -> Result<(u64, CloseReason), MatchError> {
-    loop {
-        match seed_create_and_match(outbox, quote, new).await {
-            Err(MatchError::Database(error))
-                if paybus_platform::db::error_number(&error) == Some(1213) => {}
-            other => return other,
-        }
-    }
-}
-
-async fn seed_create_and_match(
-    outbox: &Outbox,
-    quote: &QuoteClient,
-    new: &NewDepositOrder,
-) -> Result<(u64, CloseReason), MatchError> {
-    let clock = Clock::Database;
-    let mut tx = outbox.begin().await?;
-    // ① the order.
-    let id = match deposit_order::insert(&mut tx, new, DEFAULT_ORDER_TTL, &clock, Start::Pending)
-        .await
-    {
-        Ok(Inserted::New(id)) => id,
-        Ok(Inserted::Existing(id)) => {
-            return Err(MatchError::inconsistent(format!(
-                "deposit order {id} already exists for this reference"
-            )));
-        }
-        Err(CreateError::Match(error)) => return Err(error),
-        Err(other) => return Err(MatchError::inconsistent(other.to_string())),
-    };
-    // ② the candidates, locked and waited for.
-    let candidates: Vec<(u64, u64, Amount)> = sqlx::query_as(
-        "SELECT id, partner_id, remaining_amount - reserved_amount FROM p2p_withdraw_orders \
-         WHERE status = 'OPEN' AND currency = ? AND remaining_amount > reserved_amount \
-         ORDER BY created_at, id LIMIT ? FOR UPDATE",
-    )
-    .bind(&new.currency)
-    .bind(CANDIDATES)
-    .fetch_all(&mut *tx)
-    .await?;
-    // ③ the partner's lock row.
-    sqlx::query("SELECT id FROM partners WHERE id = ? FOR UPDATE")
-        .bind(new.partner_id)
-        .execute(&mut *tx)
-        .await?;
-    let mut left = new.amount;
-    let mut reserved = Vec::new();
-    let trade_key = format!("p2p-deposit-{id}-fill-1");
-    for (withdraw_order_id, seller_partner_id, available) in candidates {
-        if left.is_zero() {
-            break;
-        }
-        let amount = available.min(left);
-        left = left.checked_sub(amount).unwrap_or(Amount::ZERO);
-        let match_id = matches::reserve(&mut tx, id, withdraw_order_id, amount, &trade_key).await?;
-        reserved.push(Reserved {
-            match_id,
-            withdraw_order_id,
-            seller_partner_id,
-            amount,
-        });
-    }
-    let close = if left.is_zero() {
-        // ④ the external calls, every lock above still held.
-        let reference = format!("p2p-deposit-{id}");
-        let priced = quote
-            .quote(&QuoteRequest {
-                currency: &new.currency,
-                amount: new.amount,
-                reference: &reference,
-            })
-            .await?;
-        let ids: Vec<u64> = reserved.iter().map(|m| m.match_id).collect();
-        matches::mark_trading(&mut tx, &ids, &priced.quote_id, priced.rate, priced.fee).await?;
-        let trade = quote
-            .create_trade(
-                &TradeRequest {
-                    quote_id: &priced.quote_id,
-                    currency: &new.currency,
-                    amount: new.amount,
-                    reference: &reference,
-                    key: &trade_key,
-                },
-                &priced,
-            )
-            .await?;
-        // ⑤ the matches.
-        let fill = Fill {
-            deposit_order_id: id,
-            buyer_partner_id: new.partner_id,
-            currency: new.currency.clone(),
-            matches: reserved,
-            total: new.amount,
-            trade_key,
-            sent: Some(priced),
-            trade_checks: 0,
-        };
-        settle::confirm_fill(&mut tx, &fill, new.amount, &trade).await?;
-        Close::Filled {
-            last_fill_fee: trade.fee,
-        }
-    } else {
-        Close::NoLiquidity
-    };
-    deposit_order::close(&mut tx, id, Closer::Locked, close, &clock, Uuid::now_v7()).await?;
-    // ⑥ commit: only now are the locks released.
-    tx.commit().await?;
-    Ok((id, close.reason()))
 }

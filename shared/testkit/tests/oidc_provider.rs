@@ -1,4 +1,4 @@
-//! The suite's OpenID Connect provider (`paybus_platform::testing::oidc`): panva's
+//! The suite's OpenID Connect provider (`paybus_testkit::oidc`): panva's
 //! oidc-provider on Node, driven as the API's, the console's and the command line's tests
 //! drive it. Its tokens are checked as a resource server checks them: the JWKS key of the
 //! token's `kid`, RS256, the issuer and the audience.
@@ -7,7 +7,7 @@
 //! `PAYBUS_REQUIRE_OIDC_TESTS` is set (infra/test.sh sets it): then they fail.
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
-use paybus_platform::testing::oidc::{
+use paybus_testkit::oidc::{
     ADMINS_GROUP, CLI_CLIENT_ID, CONSOLE_CLIENT_ID, OPS_GROUP, OidcProvider, OidcSetup,
     STAFF_GROUP, unverified_claims,
 };

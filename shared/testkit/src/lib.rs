@@ -1,34 +1,53 @@
-//! The one test harness: every test gets a fresh database (migrations applied) and its own
-//! RabbitMQ vhost, so tests run in parallel and see nothing of each other. Both are removed
-//! when the [`TestEnv`] is dropped; `infra/test.sh` also sweeps leftovers of crashed runs.
+//! The test kit: every test gets a fresh database (migrations applied) and its own RabbitMQ
+//! vhost ([`TestEnv`]), so tests run in parallel and see nothing of each other; both are removed
+//! when it is dropped (`infra/test.sh` also sweeps leftovers of crashed runs). Beside it: a fake
+//! Lambda Runtime API ([`lambda`]), a TCP relay that makes outages ([`outage`]), an OTLP
+//! receiver ([`otlp`]), a real OpenID provider ([`oidc`]), and each workflow's fixtures
+//! ([`partners`], [`confirmations`], [`p2p`], [`bonuses`], [`markets`]).
 //!
-//! Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`, `PAYBUS_AMQP_URL`
-//! and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to see logs.
+//! A dev-dependency only (the lab and the chaos binaries, which are not deployed, are the
+//! exceptions): no production crate has a test feature, and no deployed binary links this
+//! crate. Needs the services of `infra/local/start.sh` (or `PAYBUS_DATABASE_URL`,
+//! `PAYBUS_AMQP_URL` and `PAYBUS_TEST_RABBITMQ_API` pointing elsewhere). Set `TEST_LOG=1` to
+//! see logs.
 
+pub mod bonuses;
+pub mod confirmations;
 pub mod lambda;
+pub mod markets;
 pub mod oidc;
 pub mod otlp;
 pub mod outage;
+pub mod p2p;
+pub mod partners;
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
-use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};
-use url::Url;
-
-use crate::{
+use paybus_money::Amount;
+use paybus_platform::{
     Settings, audit,
     bus::{Services, topology::FunctionQueue},
     config::LogFormat,
     db,
 };
+use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};
+use url::Url;
+
+/// A test's amount literal: `dec("1.5")`.
+pub fn dec(text: &str) -> Amount {
+    match Amount::parse(text) {
+        Ok(amount) => amount,
+        Err(error) => panic!("not an amount literal: {error}"),
+    }
+}
 
 /// The issuer of the people tests act as.
 pub const TEST_ISSUER: &str = "https://identity.test";
 
 /// A person the (test) identity provider vouches for, named `name` (also their subject): who
 /// tests act as when they call the domain directly.
-pub fn person(name: &str) -> crate::actor::Actor {
-    crate::actor::Actor::person(TEST_ISSUER, name, name)
+pub fn person(name: &str) -> paybus_platform::actor::Actor {
+    paybus_platform::actor::Actor::person(TEST_ISSUER, name, name)
 }
 
 /// Polls `check` every 100 ms until it returns true or `timeout` passes; false on timeout.
@@ -45,6 +64,21 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     check().await
+}
+
+/// A manual clock a second past the database's now (rows inserted just before are due on it):
+/// a test moves it past a backoff, a lease or a cool-down instead of sleeping through it.
+pub async fn manual_clock(pool: &MySqlPool) -> paybus_platform::retry::Clock {
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
+        .fetch_one(pool)
+        .await
+        .expect("the database's clock");
+    paybus_platform::retry::Clock::manual(now + chrono::Duration::seconds(1))
+}
+
+/// The repository's root folder (the test kit is `shared/testkit`).
+pub fn repository() -> &'static std::path::Path {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 /// The services a process builds with `settings` (e.g. pointing at a private broker), with
@@ -86,7 +120,7 @@ pub async fn tap(services: &Services, name: &str, routing_key: &str) -> lapin::C
     channel
         .queue_bind(
             name.into(),
-            crate::bus::topology::EVENTS_EXCHANGE.into(),
+            paybus_platform::bus::topology::EVENTS_EXCHANGE.into(),
             routing_key.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
@@ -205,10 +239,10 @@ pub async fn assert_audit_clean(pool: &MySqlPool, checks: &[&[audit::Check]]) {
 pub const SECRETS_KEY: &str = "7465737473206f6e6c792c206e657665722061207265616c206b657921212121";
 
 /// The sealer of [`SECRETS_KEY`].
-pub fn sealer() -> crate::sealed::Sealer {
-    crate::sealed::Sealer::read(
-        Some(crate::Secret::new(SECRETS_KEY)),
-        &crate::config::Vars::default(),
+pub fn sealer() -> paybus_platform::sealed::Sealer {
+    paybus_platform::sealed::Sealer::read(
+        Some(paybus_platform::Secret::new(SECRETS_KEY)),
+        &paybus_platform::config::Vars::default(),
     )
     .expect("the test key is valid")
     .expect("the test key is set")
@@ -241,7 +275,7 @@ impl TestEnv {
     /// A fresh, empty database (no migrations) and a fresh vhost.
     pub async fn unmigrated() -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
-            crate::telemetry::init(LogFormat::Text);
+            paybus_platform::telemetry::init(LogFormat::Text);
         }
         let base = Settings::from_env().expect("test configuration is valid");
         let name = format!("{TEST_NAME_PREFIX}{}", uuid::Uuid::new_v4().simple());
@@ -254,7 +288,7 @@ impl TestEnv {
             .unwrap_or_else(|e| {
                 panic!(
                     "cannot reach MariaDB at {} ({e}); start it with infra/local/start.sh",
-                    crate::redact::url(&server_url)
+                    paybus_platform::redact::url(&server_url)
                 )
             });
         admin

@@ -1,13 +1,12 @@
-//! Fixtures for tests (feature `test-harness`): members, purchases and events as the app
-//! backend and ops would have written them, the gateway's word that a purchase is paid, and
-//! the audit W3 must pass.
+//! W3's fixtures: members, purchases and events as the app backend and ops would have written
+//! them, the gateway's word that a purchase is paid, and the audit W3 must pass.
 
 use chrono::{DateTime, Duration, Utc};
 use paybus_money::Amount;
-use paybus_platform::{audit::Check, testing::assert_audit_clean as assert_clean};
+use paybus_platform::audit::Check;
 use sqlx::MySqlPool;
 
-use crate::{
+use paybus_bonuses::{
     charge::{self, NewChargeRequest, PaymentGateway},
     completion::PaymentCompletion,
     event::{self, NewChargeEvent},
@@ -138,9 +137,9 @@ pub async fn cans(pool: &MySqlPool, member_id: u64, container: charge::Container
 }
 
 /// The invariants W3's rows must keep.
-pub const AUDIT: &[&[Check]] = &[crate::audit::CHECKS];
+pub const AUDIT: &[&[Check]] = &[paybus_bonuses::audit::CHECKS];
 
 /// Fails the test on any violation of [`AUDIT`].
 pub async fn assert_audit_clean(pool: &MySqlPool) {
-    assert_clean(pool, AUDIT).await;
+    crate::assert_audit_clean(pool, AUDIT).await;
 }
