@@ -3,9 +3,7 @@
 //! message no consumer can read, are worked by the real confirm-withdrawal; then every figure
 //! of the answer is what SQL counts in the workflow's own rows.
 
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
-
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! The admin API through the router: the bearer token, creating and reading back partners,
 //! withdrawals and deposits, and clear 4xx answers for client mistakes.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use paybus_api::auth::Role;
 

@@ -2,7 +2,7 @@
 //! `admin_token` scheme) without a token, with a bad one, an expired one and one without the
 //! role: 401, 401, 401, 403 — never a 2xx and never a 5xx, whatever the route.
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

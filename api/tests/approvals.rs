@@ -4,9 +4,8 @@
 //! Against a served API, with real concurrent requests: asking at once is one request,
 //! approving at once approves once, executing at once runs the action once and every answer
 //! is the result it recorded.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

@@ -1,9 +1,8 @@
 //! W3 through the router: payment completions from every gateway (signed, one code path,
 //! idempotent, every client mistake a 4xx), the admin views of bonus jobs with ops' retry, and
 //! the members, charges and events ops set up.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

@@ -5,7 +5,7 @@
 //! through the identity provider: `console_sign_in.rs`; the whole console in a real browser:
 //! `cli/tests/console_browser.rs`.)
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

@@ -6,7 +6,7 @@
 //! sessions are over; signing out ends the session here and sends the browser to the
 //! provider's sign-out; an ADMIN lists and ends another person's session.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

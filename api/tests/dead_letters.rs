@@ -1,9 +1,8 @@
 //! `/v1/admin/dead-letters` through the router: OPS reads and dry-runs, ADMIN replays and
 //! archives, everyone else is refused; a replay over HTTP records the token's subject; under
 //! four-eyes (the default) a replay is an operation a second ADMIN approves before it runs.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

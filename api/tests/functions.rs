@@ -1,8 +1,7 @@
 //! `/v1/admin/functions` through the router: OPS reads which functions are paused, ADMIN
 //! pauses and resumes them (recorded with who and why), every process obeys the row.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::http::StatusCode;
 use paybus_api::auth::Role;

@@ -4,9 +4,8 @@
 //! expired, foreign, forged, algorithm-confused, unsigned and rotated-out tokens are 401; a
 //! key rotated in works without a restart; break-glass tokens work only where enabled, marked,
 //! and never as one of four eyes.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

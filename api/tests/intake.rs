@@ -1,8 +1,7 @@
 //! Chain-monitor intake through the router: authentication, validation, and the outbox row
 //! that carries each accepted confirmation to the bus.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::http::StatusCode;
 use paybus_platform::signature;

@@ -1,7 +1,6 @@
 //! The real `api` binary as a Lambda behind an API Gateway HTTP API (payload 2.0): the same
 //! router answers API Gateway events, and its secrets come from Secrets Manager through the
 //! Parameters and Secrets extension (`PAYBUS_*_FROM`), never from plain variables.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{collections::HashMap, time::Duration};
 

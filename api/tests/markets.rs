@@ -1,8 +1,7 @@
 //! W4's admin routes: what a client gets back for each mistake, the roles, and the contract of
 //! suspend / resume / progress (the cancels themselves are `tests/tests/markets_suspension.rs`).
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

@@ -6,7 +6,7 @@
 //! `api/src`): axum cannot list its routes, and a route added without its annotation must
 //! fail here, not in production's documentation.
 
-mod support;
+use crate::support;
 
 use std::{collections::BTreeSet, path::Path};
 

@@ -1,7 +1,6 @@
 //! `/metrics` (Prometheus) and the continuous auditor's status through the router.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! `GET /v1/admin/ops-log` through the router: OPS read the log newest first in pages, a bad
 //! query is a 400 naming what is wrong, and a row edited by hand shows in `GET /v1/admin/audit`.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::http::StatusCode;
 use paybus_api::auth::Role;

@@ -1,9 +1,8 @@
 //! W1's routes through the router: partners create their orders with their API key (the
 //! async-matching switch off, on, unset), idempotent creation, reading orders back (the
 //! partner its own, support any), and clear 4xx answers for client mistakes.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use std::{collections::HashMap, time::Duration};
 

@@ -2,9 +2,8 @@
 //! rotated with an overlap), isolation walked over every partner operation of the OpenAPI
 //! document, `Idempotency-Key` (replay, another body, concurrent requests, a run whose process
 //! died), and per-partner rate limits.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

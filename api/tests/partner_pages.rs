@@ -4,9 +4,8 @@
 //! since when, every delivery attempt, and the keys; a re-delivery clicked on the page reaches
 //! the partner again under the same `webhook-id`; a key rotated and revoked from the page is
 //! refused by the partner API from then on.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

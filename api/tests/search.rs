@@ -1,8 +1,7 @@
 //! `GET /v1/admin/search` and the console's search: a tx hash or an id, as support has it,
 //! lands on the trace of what it names. Rows made through the admin API.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use axum::{
     body::Body,

@@ -2,9 +2,8 @@
 //! HTTP/1.1 within its limits (header, body and idle timeouts, a connection cap), answers
 //! 503 while the database is down, JSON for every error, and stops when its shutdown token is
 //! cancelled.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,9 +2,8 @@
 //! whose token it holds: a function paused and resumed, an order in doubt rechecked, each in
 //! the ops log under that person; the API's refusals shown with their status (exit 1); a
 //! missing or bad token and an API that is not there said plainly.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use std::process::Command;
 

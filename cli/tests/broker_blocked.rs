@@ -3,9 +3,8 @@
 //! `/metrics` (`paybus_broker_blocked`), its overview (JSON and console) and log, in `paybus
 //! doctor`'s exit; publishes on the blocked link fail within their bounds naming the alarm; and
 //! once the alarm clears, everything committed meanwhile is published.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use std::{
     path::Path,

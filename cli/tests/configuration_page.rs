@@ -1,7 +1,6 @@
 //! The configuration page is the code's: `docs/configuration.md` equals what `paybus settings`
 //! prints from the settings' declarations, and every `PAYBUS_*` variable the code or the local
 //! services' scripts name is declared there, so none can be read without its row.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_testkit::repository;
 use std::{

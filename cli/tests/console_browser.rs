@@ -13,7 +13,7 @@
 //! debited its withdrawal exactly once, every click left its trail, and the ops log names
 //! alice and bob by issuer and subject. Screenshots land in `.local/test-output/console/`.
 
-mod api_process;
+use crate::api_process;
 
 use std::{process::Command, time::Duration};
 

@@ -13,7 +13,7 @@
 //! with its own SQL over `function_activity`, `queue_samples`, `outbox_samples` and the dead
 //! letters' failures, and requires every cell of every chart's table to be that number.
 
-mod api_process;
+use crate::api_process;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

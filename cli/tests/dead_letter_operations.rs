@@ -2,9 +2,8 @@
 //! serve` as people: one killed mid-operation is resumed by `execute` and every letter is acted
 //! on once; under four-eyes the command line stops at the operation, the requester's own
 //! approval is refused (403), and someone else's lets it run.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use std::{
     process::{Command, Output, Stdio},

@@ -1,9 +1,8 @@
 //! The shipped alert rules in a real Prometheus (Debian's `prometheus`) scraping a real `paybus
 //! run`: a confirmation the function must refuse becomes a dead letter, and Prometheus's own
 //! API shows `PaybusDeadLettersWaiting` go from inactive to firing.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use api_process::paybus;
 use std::{

@@ -1,12 +1,11 @@
 //! `paybus run` as a real process: it serves a ping end to end, and SIGTERM stops it cleanly.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-mod api_process;
+use crate::api_process;
 
 use api_process::paybus;
 use paybus_testkit::TestEnv;

@@ -5,7 +5,7 @@
 //! JSON error body). A short, seeded run here; `PAYBUS_SCHEMATHESIS_EXAMPLES` raises it (the
 //! README gives a longer run's figures). The report lands in `.local/test-output/schemathesis/`.
 
-mod api_process;
+use crate::api_process;
 
 use std::process::Command;
 

@@ -2,9 +2,8 @@
 //! webhook secrets (and refuses without a key while any is left), `paybus secrets rotate-key`
 //! has a real `paybus serve`, configured with the new key and the old one, re-seal the rows
 //! under the old key with the new one.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use api_process::{ApiProcess, output_of, paybus};
 use paybus_testkit::{SECRETS_KEY, TestEnv};

@@ -6,9 +6,8 @@
 //! reads whom the token names, `logout` revokes the refresh token at the provider (a renewal
 //! with it is then refused: sign in again) and deletes the file; a sign-in is never sent to
 //! another API; and `login` against an API that names no provider says so.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use std::{
     io::{BufRead, BufReader},

@@ -1,7 +1,6 @@
 //! `paybus suspension show|watch` as operators run them, on a suspension planted by SQL.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use api_process::{output_of, paybus};
 use paybus_testkit::TestEnv;

@@ -1,7 +1,6 @@
 //! The topology declared by code and the shipped definitions file are the same thing.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use api_process::{output_of, paybus};
 use paybus_testkit::TestEnv;

@@ -3,9 +3,8 @@
 //! API, the chain monitor and the payment service sending signed webhooks, a quote service and a
 //! partner endpoint as real HTTP servers. Each trace is read three ways — `paybus trace`, `GET
 //! /v1/admin/trace/{kind}/{id}` and the console's page — and must show the whole timeline.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use api_process::paybus;
 use std::{

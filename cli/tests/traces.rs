@@ -1,9 +1,8 @@
 //! One OpenTelemetry trace per money movement, end to end: a real `paybus run` exporting to a
 //! real OTLP/HTTP receiver, a chain monitor sending one withdrawal's confirmation three times
 //! under its own `traceparent`, and a partner endpoint that records the `traceparent` it gets.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-mod api_process;
+use crate::api_process;
 
 use api_process::paybus;
 use std::{

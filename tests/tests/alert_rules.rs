@@ -1,7 +1,6 @@
 //! The shipped alert rules (`infra/prometheus/alerts.yml`) checked by Prometheus's own tool:
 //! `promtool check rules` (they load) and `promtool test rules` (each fires on the series that
 //! should fire it and stays silent otherwise, `alerts.test.yml`).
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{
     path::{Path, PathBuf},

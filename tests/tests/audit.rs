@@ -1,6 +1,5 @@
 //! `paybus audit`'s checks against real MariaDB: a clean ledger passes, and each check catches
 //! the violation planted for it by raw SQL.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_confirmations::{
     audit::Violation as W2,

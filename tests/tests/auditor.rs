@@ -1,7 +1,6 @@
 //! The continuous auditor (a sweeper job) against real rows: quiet on clean data, a planted
 //! violation reported once per pass (an ERROR line, a metric, one `audit_findings` row seen
 //! again), and the ledger's windowed checks find what the full checks find in the window.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::collections::BTreeSet;
 

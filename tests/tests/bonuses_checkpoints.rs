@@ -4,7 +4,6 @@
 //! once; with checkpoints the
 //! continuous auditor's balance check finds what the full one finds, and reads a member's
 //! recent charges rather than its history; the full audit verifies the checkpoints.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 

@@ -3,7 +3,6 @@
 //! `getPaymentCount` counts only the event's bonuses inside its window, the per-member limit
 //! counts bonuses still owed, every refusal writes nothing, and what a completion reads grows
 //! neither with the member's history nor with the event's other jobs.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
 

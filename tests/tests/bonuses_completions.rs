@@ -5,7 +5,6 @@
 //! refusal, an unknown charge or a receipt used twice is rolled back and every request in it
 //! gets the answer it gets alone, with nothing half-written; batches stalled on held member
 //! rows do not hold up the completions queued behind them.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{sync::Arc, time::Duration};
 

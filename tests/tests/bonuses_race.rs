@@ -2,7 +2,6 @@
 //! charge at once complete, credit and owe it once; 200 completions of one member's different
 //! charges at once lose no credit — and the seed's unlocked `+=` under the same schedule
 //! does, so the hazard is real here and the member's row lock is what removes it.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
 

@@ -1,6 +1,5 @@
 //! The bus runtime end to end, against the real broker and database, with the canary as the
 //! function under test.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,7 +11,6 @@ use paybus_platform::{
     bus::{
         Envelope, Handler, Message, Runner, Services, consumer, dead_letter,
         delivery::{Disposition, IncomingDelivery, Processor},
-        metrics,
         outbox::{Relay, RelayConfig},
         pauses, topology,
     },
@@ -21,6 +19,8 @@ use paybus_testkit::{
     TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar, services_on,
 };
 use tokio_util::sync::CancellationToken;
+
+use crate::outcome_counts::OutcomeCounts;
 
 fn relay(services: &Services) -> Relay {
     Relay::new(
@@ -64,36 +64,17 @@ async fn publish_raw(services: &Services, routing_key: &str, body: &[u8]) {
         .expect("publish");
 }
 
-/// The canary's outcome counters are the process's (`metrics::count`), and `cargo test` runs a
-/// file's tests on threads of one process: a test that runs the canary holds its turn for its
-/// whole run, so the counts it reads moved with its own messages only. Under nextest, a
-/// process per test, the turn is never waited for.
-static CANARY_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// A test's turn to run the canary, and the canary's counts when it began.
-struct CanaryCounts {
-    _turn: tokio::sync::MutexGuard<'static, ()>,
-    before: Vec<(String, &'static str, metrics::Stat)>,
-}
+struct CanaryCounts(OutcomeCounts);
 
 impl CanaryCounts {
     async fn take() -> Self {
-        let turn = CANARY_TURN.lock().await;
-        Self {
-            _turn: turn,
-            before: metrics::snapshot(),
-        }
+        Self(OutcomeCounts::take().await)
     }
 
     /// Canary messages that ended with `outcome` since this turn began.
     fn count(&self, outcome: &str) -> u64 {
-        let before: u64 = self
-            .before
-            .iter()
-            .filter(|(function, counted, _)| function == Canary::FUNCTION && *counted == outcome)
-            .map(|(_, _, stat)| stat.count)
-            .sum();
-        metrics::count(Canary::FUNCTION, outcome) - before
+        self.0.count(Canary::FUNCTION, outcome)
     }
 }
 

@@ -8,14 +8,13 @@
 //! Needs the workspace's binaries built (`cargo nextest run --workspace` builds them: every
 //! package with integration tests gets its binaries built, `paybus-lab` and the functions
 //! included).
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{path::Path, process::Command};
 
 use lab_run::{lab, run_for_report};
 use serde_json::Value;
 
-mod lab_run;
+use crate::lab_run;
 
 const BROKEN_CONFIRM_WITHDRAWAL: &str = env!("CARGO_BIN_EXE_confirm-withdrawal-read-then-update");
 const BROKEN_MATCH_DEPOSIT: &str = env!("CARGO_BIN_EXE_match-deposit-releases-on-timeout");

@@ -3,7 +3,6 @@
 //! each exactly once; the seed's original "read status, then update" design, driven through
 //! the same schedule on the same database, debits them three times — so the hazard is real
 //! here and the conditional transition is what removes it.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,7 +12,7 @@ use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, due_notifications};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_platform::{
-    bus::{Envelope, Handler, Outbox, Runner, Services, metrics, topology::Shards},
+    bus::{Envelope, Handler, Outbox, Runner, Services, topology::Shards},
     db,
     retry::DueSweepConfig,
     transition::Transition,
@@ -26,6 +25,8 @@ use paybus_testkit::{
 use sqlx::{MySql, MySqlPool, QueryBuilder, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
+
+use crate::outcome_counts::OutcomeCounts;
 use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
 const WITHDRAWALS: usize = 200;
@@ -143,6 +144,7 @@ async fn the_same_race_on_four_shards_debits_exactly_once() {
 
 /// The race through the broker with each function's messages over `shards` queues.
 async fn broker_race(shards: u16) {
+    let counts = OutcomeCounts::take().await;
     let mut env = TestEnv::new().await;
     env.settings.broker.shards = Shards::default()
         .with(ConfirmWithdrawal::FUNCTION, shards)
@@ -219,8 +221,7 @@ async fn broker_race(shards: u16) {
         result.expect("the broker confirmed the publish");
     }
     let handled = eventually(Duration::from_secs(120), || async {
-        metrics::count("confirm-withdrawal", "done")
-            + metrics::count("confirm-withdrawal", "skipped")
+        counts.count("confirm-withdrawal", "done") + counts.count("confirm-withdrawal", "skipped")
             >= u64::try_from(WITHDRAWALS * COPIES).unwrap()
     })
     .await;
@@ -240,19 +241,19 @@ async fn broker_race(shards: u16) {
         "{} deliveries on {shards} shard(s) handled in {elapsed:?} (done {}, skipped {}, requeued {}); \
          webhooks deferred at the partner's bound {}",
         WITHDRAWALS * COPIES,
-        metrics::count("confirm-withdrawal", "done"),
-        metrics::count("confirm-withdrawal", "skipped"),
-        metrics::count("confirm-withdrawal", "requeued"),
-        metrics::count(DeliverWebhook::FUNCTION, "deferred"),
+        counts.count("confirm-withdrawal", "done"),
+        counts.count("confirm-withdrawal", "skipped"),
+        counts.count("confirm-withdrawal", "requeued"),
+        counts.count(DeliverWebhook::FUNCTION, "deferred"),
     );
 
     assert!(handled, "not every delivery was handled in time");
     assert_eq!(
-        metrics::count("confirm-withdrawal", "done"),
+        counts.count("confirm-withdrawal", "done"),
         u64::try_from(WITHDRAWALS).unwrap()
     );
     assert_eq!(
-        metrics::count("confirm-withdrawal", "skipped"),
+        counts.count("confirm-withdrawal", "skipped"),
         u64::try_from(WITHDRAWALS * (COPIES - 1)).unwrap()
     );
     let expected = i64::try_from(WITHDRAWALS).unwrap();

@@ -2,8 +2,6 @@
 //! stake, the dry run's verdicts, and a replay that sends only what is safe and applies it
 //! once, through the outbox, the broker and the function.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -33,6 +31,8 @@ use paybus_testkit::{
 };
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
+
+use crate::outcome_counts::OutcomeCounts;
 
 const TRIAGER: Triager = Triager::new(paybus_catalog::FUNCTIONS);
 
@@ -218,6 +218,7 @@ async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_
 #[tokio::test]
 async fn a_safe_letter_is_replayed_and_applied_once_and_a_second_replay_of_the_group_applies_nothing()
  {
+    let _turn = OutcomeCounts::take().await;
     let (env, services, partner) = setup().await;
     let pool = &services.pool;
     let safe = in_flight(pool, partner, "100").await;
@@ -447,6 +448,7 @@ async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_breaker_lets_it() {
+    let _turn = OutcomeCounts::take().await;
     use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, delivery::HEADER_NOTIFICATION_ID};
     use paybus_partners::{
         breaker::BreakerPolicy,
@@ -1386,6 +1388,7 @@ async fn an_archive_needs_a_second_person_only_when_a_letter_has_money_at_stake(
 #[tokio::test]
 async fn the_trace_of_a_withdrawal_confirmed_through_duplicates_shows_one_transition_one_debit_and_its_dead_letter()
  {
+    let _turn = OutcomeCounts::take().await;
     let (env, services, partner) = setup().await;
     let pool = &services.pool;
     let id = in_flight(pool, partner, "250").await;

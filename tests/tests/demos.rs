@@ -1,7 +1,6 @@
 //! Each workflow's demo (`infra/demo/<workflow>.sh`, linked from the README as a newcomer's
 //! first hour) run once against this build's `paybus`, on a database and vhost of its own:
 //! the script exits 0, prints what its workflow promises and ends with a clean audit.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{
     net::TcpListener,

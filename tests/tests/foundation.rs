@@ -1,5 +1,4 @@
 //! The platform's foundation against the real services: migrations and per-test isolation.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use lapin::{
     BasicProperties, Connection, ConnectionProperties,

@@ -1,7 +1,6 @@
 //! The ledger against real MariaDB: the idempotency key is the last line of defence against a
 //! double DEBIT (seed 001), postings serialise on the balance gate row, and the
 //! `balance_after` chain stays exact.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
 

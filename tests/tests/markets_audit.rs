@@ -1,6 +1,5 @@
 //! W4's audit checks against real MariaDB: a finished suspension is clean, and each check
 //! reports exactly the violation planted for it by raw SQL.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_cancel_orders::{Attempts, CancelConfig, cancel_tasks};
 use paybus_markets::{

@@ -4,7 +4,6 @@
 //! The seed's incident: suspending a market with 8,000 open orders cancelled them inside the
 //! request, which timed out with half of them cancelled. Here the request blocks placement and
 //! freezes the set in one short transaction; tasks and cancels follow, visibly, resumably.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{
     sync::{

@@ -2,7 +2,6 @@
 //! changed, deleted in the middle or at the tail, or written around the appender by SQL is found
 //! at its seq; the windowed form finds what its window holds; concurrent appends from real
 //! transactions make one contiguous chain; and an action's row commits or rolls back with it.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::sync::Arc;
 

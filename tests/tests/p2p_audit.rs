@@ -1,6 +1,5 @@
 //! W1's audit checks against real MariaDB: a matched market passes, and each check catches the
 //! violation planted for it by raw SQL (or a stray posting through the ledger).
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_p2p::{FillPolicy, Handoff, Matcher};

@@ -11,7 +11,6 @@
 //!   the seed's design (its locks held across the call) under the same probers: inside its
 //!   calls, none of the three is ever free. (Shared sellers under contention are the first
 //!   test's subject.)
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{sync::Arc, time::Duration};
 

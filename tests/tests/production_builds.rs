@@ -4,7 +4,6 @@
 //! whole-workspace build, which also builds the test kit's two normal dependents (the lab and
 //! the chaos harness's broken binaries), turns on no test feature of a production crate, so
 //! its production binaries are the ones deployed.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::process::Command;
 

@@ -2,7 +2,6 @@
 //! claims with both lease styles under real concurrent transactions, guarded settles, the
 //! policy's backoff on the kit's clock (a manual one: nothing here sleeps for a backoff), the
 //! reaper and the due sweep.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{sync::Arc, time::Duration};
 

@@ -3,7 +3,6 @@
 //! consumes every shard (locally one consumer per shard, in Lambda one trigger per shard) and
 //! applies each message once, and a change of the shard count retires the old queues without
 //! losing what they held.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,12 +16,13 @@ use paybus_platform::{
     bus::{
         Envelope, Handler, Runner, Services,
         lambda::{BatchSummary, InvocationError, handle_event},
-        metrics,
         topology::{self, Shards},
     },
 };
 use paybus_testkit::{TestEnv, eventually, lambda::MqEvent, queue_state, scalar, services_on};
 use tokio_util::sync::CancellationToken;
+
+use crate::outcome_counts::OutcomeCounts;
 
 const SHARDS: u16 = 4;
 
@@ -156,6 +156,7 @@ async fn without_a_shard_key_the_copies_of_one_entity_scatter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sharded_function_consumes_every_shard_and_pongs_each_ping_once() {
+    let counts = OutcomeCounts::take().await;
     let env = TestEnv::new().await;
     let settings = sharded(&env, SHARDS);
     let services = Services::connect(settings.clone()).await.unwrap();
@@ -179,8 +180,7 @@ async fn a_sharded_function_consumes_every_shard_and_pongs_each_ping_once() {
     publish_pings(&services, &ids, 3).await;
     // Every message handled (the duplicates too), not only every ping ponged.
     let handled = eventually(Duration::from_secs(120), || async {
-        metrics::count(Canary::FUNCTION, "done") + metrics::count(Canary::FUNCTION, "skipped")
-            >= 900
+        counts.count(Canary::FUNCTION, "done") + counts.count(Canary::FUNCTION, "skipped") >= 900
     })
     .await;
     let ponged = scalar(
@@ -284,6 +284,7 @@ async fn a_new_shard_count_retires_the_old_queues_and_drains_them_into_the_new()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sharded_lambda_takes_events_of_each_shard_and_refuses_the_unsharded_queue() {
+    let _turn = OutcomeCounts::take().await;
     let env = TestEnv::new().await;
     let settings = sharded(&env, SHARDS);
     let services = services_on(&settings, &canary_queues(&settings)).await;

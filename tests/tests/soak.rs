@@ -6,14 +6,13 @@
 //!
 //! Needs the workspace's binaries built, like the chaos test (`cargo nextest run --workspace`
 //! builds them).
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::{path::Path, process::Command};
 
 use lab_run::{lab, run_for_report};
 use serde_json::Value;
 
-mod lab_run;
+use crate::lab_run;
 
 #[test]
 fn a_minute_of_every_workflow_at_a_steady_rate_ends_exactly_once_with_every_figure_reported() {

@@ -3,7 +3,6 @@
 //! has aged out of the window they read nothing (while the full checks still find it all);
 //! and touching one row brings back that row's violations only. So a pass costs what was
 //! written lately, and still sees what it must.
-#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::collections::BTreeSet;
 
