@@ -28,6 +28,7 @@ static IN_PLACE: WorkTable = WorkTable {
     attempts: "attempts",
     count: AttemptCount::OnClaim,
     next_attempt_at: "next_attempt_at",
+    due_index: "index_work_items_due",
     last_error: "last_error",
     last_error_max: 40,
     lease: Lease::InPlace,
@@ -44,11 +45,13 @@ static BY_STATUS: WorkTable = WorkTable {
     attempts: "attempts",
     count: AttemptCount::OnFailure,
     next_attempt_at: "next_attempt_at",
+    due_index: "index_work_items_due",
     last_error: "last_error",
     last_error_max: 40,
     lease: Lease::Status {
         status: "PROCESSING",
         claimed_at: "claimed_at",
+        claims_index: "index_work_items_claims",
     },
     republished_at: None,
     held_for_a_human: None,
@@ -64,11 +67,13 @@ static RETRIES_COUNTED: WorkTable = WorkTable {
     attempts: "attempts",
     count: AttemptCount::OnRetryFailure,
     next_attempt_at: "next_attempt_at",
+    due_index: "index_work_items_due",
     last_error: "last_error",
     last_error_max: 40,
     lease: Lease::Status {
         status: "PROCESSING",
         claimed_at: "claimed_at",
+        claims_index: "index_work_items_claims",
     },
     republished_at: None,
     held_for_a_human: None,
@@ -84,7 +89,8 @@ async fn work_table(env: &TestEnv) {
              claimed_at      TIMESTAMP(6) NULL, \
              last_error      VARCHAR(40)  NULL, \
              republished_at  TIMESTAMP(6) NULL DEFAULT CURRENT_TIMESTAMP(6), \
-             KEY index_work_items_due (status, next_attempt_at))",
+             KEY index_work_items_due (status, next_attempt_at), \
+             KEY index_work_items_claims (status, claimed_at))",
     )
     .execute(&env.db)
     .await

@@ -87,12 +87,14 @@ pub static BONUS_JOBS: WorkTable = WorkTable {
     attempts: "retry_count",
     count: AttemptCount::OnRetryFailure,
     next_attempt_at: "next_retry_at",
+    due_index: "idx_charge_event_job_status_next_retry_at",
     last_error: "last_error",
     // A TEXT column holds 65,535 bytes; 4,000 characters fit in any encoding.
     last_error_max: 4_000,
     lease: Lease::Status {
         status: "PROCESSING",
         claimed_at: "processing_started_at",
+        claims_index: "idx_charge_event_job_stuck_claims",
     },
     republished_at: None,
     held_for_a_human: None,

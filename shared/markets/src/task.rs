@@ -82,6 +82,7 @@ pub static TASKS: WorkTable = WorkTable {
     attempts: "attempts",
     count: AttemptCount::OnClaim,
     next_attempt_at: "next_attempt_at",
+    due_index: "index_tasks_due",
     last_error: "last_error",
     // `last_error` is a VARCHAR(1000).
     last_error_max: 1000,

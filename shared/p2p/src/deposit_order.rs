@@ -113,12 +113,14 @@ pub static DEPOSIT_ORDERS: WorkTable = WorkTable {
     attempts: "match_attempt_count",
     count: AttemptCount::OnFailure,
     next_attempt_at: "next_attempt_at",
+    due_index: "index_p2p_deposit_orders_due",
     last_error: "last_error",
     // `last_error` is a VARCHAR(2000).
     last_error_max: 2000,
     lease: Lease::Status {
         status: "MATCHING",
         claimed_at: "claimed_at",
+        claims_index: "index_p2p_deposit_orders_claims",
     },
     republished_at: None,
     held_for_a_human: Some("IN_DOUBT"),
@@ -756,7 +758,8 @@ mod tests {
             DEPOSIT_ORDERS.lease,
             Lease::Status {
                 status: "MATCHING",
-                claimed_at: "claimed_at"
+                claimed_at: "claimed_at",
+                claims_index: "index_p2p_deposit_orders_claims",
             }
         );
         assert_eq!(DEPOSIT_ORDERS.count, AttemptCount::OnFailure);

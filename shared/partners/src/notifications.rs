@@ -204,6 +204,7 @@ pub static NOTIFICATIONS: WorkTable = WorkTable {
     attempts: "attempts",
     count: AttemptCount::OnClaim,
     next_attempt_at: "next_attempt_at",
+    due_index: "index_partner_notifications_due",
     last_error: "last_error",
     // `last_error` is a VARCHAR(2000).
     last_error_max: 2000,

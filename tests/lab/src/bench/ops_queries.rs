@@ -398,13 +398,18 @@ async fn explain_route(
         .execute(pool)
         .await?;
     asked?;
-    let statements: Vec<String> = sqlx::query_scalar(
-        "SELECT CONVERT(argument USING utf8mb4) FROM mysql.general_log \
+    // Bytes, not text: the log is the server's, and another client's statement may carry
+    // binary parameters that no character set converts.
+    let logged: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT argument FROM mysql.general_log \
          WHERE command_type IN ('Query', 'Execute') ORDER BY event_time",
     )
     .fetch_all(pool)
     .await
     .context("reading the general log (the bench needs SUPER on the database)")?;
+    let statements = logged
+        .iter()
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned());
     // A statement the log shows with `?` has no plan of its own: the same shape with
     // literals, if logged, stands for it.
     let mut shapes = std::collections::BTreeMap::<String, Shape>::new();
