@@ -113,7 +113,7 @@ pub struct AppState {
     /// Which ops actions need a second ADMIN, and how long a request lasts.
     pub four_eyes: paybus_platform::approvals::FourEyes,
     /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
-    pub shards: paybus_platform::bus::topology::Shards,
+    pub shards: paybus_platform::config::Shards,
     /// The partner API's key hashing key and default rate limit.
     pub partner_api: partner::PartnerApiConfig,
     /// Every partner's request bucket (per process).
@@ -337,7 +337,8 @@ async fn health() -> Json<serde_json::Value> {
 async fn metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<Response, ApiError> {
-    let mut gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
+    let mut gauges =
+        paybus_platform::gauges::read_gauges(&state.pool, &state.work_tables()).await?;
     partner_gauges(&state.pool, &mut gauges).await?;
     gauges.function_due_rows = function_due_rows(state.functions, &gauges.due_retries);
     Ok((

@@ -13,7 +13,7 @@
 use axum::{Json, Router, extract::State, routing::get};
 use chrono::{DateTime, Utc};
 use paybus_partners::breaker::{self, PartnerBreaker};
-use paybus_platform::bus::{link::QueueDepth, metrics as bus_metrics, pauses};
+use paybus_platform::bus::{link::QueueDepth, pauses};
 use serde::Serialize;
 
 use crate::{ApiError, AppState};
@@ -93,7 +93,7 @@ pub struct AuditorLine {
 /// Reads the overview (a handful of indexed statements and one passive queue declare per
 /// queue).
 pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
-    let gauges = bus_metrics::read_gauges(&state.pool, &state.work_tables()).await?;
+    let gauges = paybus_platform::gauges::read_gauges(&state.pool, &state.work_tables()).await?;
     let mut conn = state.pool.acquire().await?;
     let paused = pauses::list(&mut conn).await?;
     let failures: Vec<(String, i64)> = sqlx::query_as(

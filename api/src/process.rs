@@ -36,7 +36,7 @@ use crate::{
 pub async fn run() -> Result<(), FunctionError> {
     let settings = function::settings().await?;
     let config = ApiConfig::from_env()?;
-    if function::in_lambda() {
+    if paybus_platform::config::in_lambda() {
         return answer_api_gateway(Services::start(settings).await?, config).await;
     }
     serve_until_stopped(settings, config, shutdown_on_signal()).await

@@ -11,7 +11,10 @@
 
 use axum::{Extension, Json, Router, extract::State, routing::post};
 use paybus_partners::webhook_secrets::{self, WebhookSecretError};
-use paybus_platform::{ops_log, sealed::SealError, sealed::Sealer};
+use paybus_platform::{
+    ops_log,
+    sealed::{SealError, Sealer},
+};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::MySqlConnection;

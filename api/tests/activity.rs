@@ -106,7 +106,7 @@ async fn the_charts_figures_are_what_the_workflows_rows_say() {
         .await
         .unwrap();
 
-    let mut runner = paybus_platform::bus::Runner::new(api.services.clone());
+    let mut runner = paybus_platform::runner::Runner::new(api.services.clone());
     confirm_withdrawal.add_to(&mut runner).unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn(runner.run(stop.clone()));

@@ -217,7 +217,7 @@ async fn grant_bonus_running(api: &Api) -> tokio_util::sync::CancellationToken {
         .declare_topology(&[grant_bonus.queue])
         .await
         .unwrap();
-    let mut runner = paybus_platform::bus::Runner::new(api.services.clone());
+    let mut runner = paybus_platform::runner::Runner::new(api.services.clone());
     grant_bonus.add_to(&mut runner).unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(runner.run(stop.clone()));
@@ -485,7 +485,7 @@ async fn an_execution_whose_claimer_died_is_taken_over_once_its_lease_passed() {
 async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_open() {
     use paybus_platform::{
         approvals::{self, ApprovalError, Guarded},
-        db::{self, MIGRATOR},
+        db::MIGRATOR,
     };
     use paybus_testkit::TestEnv;
     const SLOT_MIGRATION: i64 = 20261207000527;
@@ -559,7 +559,7 @@ async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_
         .unwrap();
     }
 
-    db::migrate(&env.db)
+    paybus_platform::migrations::apply(&env.db)
         .await
         .expect("the duplicates do not stop the migration");
 

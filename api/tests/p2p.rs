@@ -10,10 +10,7 @@ use axum::http::StatusCode;
 use paybus_api::{ApiConfig, auth::Role};
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::Matcher;
-use paybus_platform::{
-    bus::{Handler, Runner},
-    config::Vars,
-};
+use paybus_platform::{bus::Handler, config::Vars, runner::Runner};
 use paybus_testkit::{eventually, p2p::QuoteStub, tap};
 use serde_json::{Value, json};
 use support::*;

@@ -27,8 +27,10 @@ use clap::{Parser, Subcommand};
 use paybus_api::ApiConfig;
 use paybus_platform::{
     Settings, audit,
-    bus::{Runner, Services, shutdown_on_signal, topology as bus_topology},
-    db, telemetry,
+    bus::{Services, shutdown_on_signal, topology as bus_topology},
+    db,
+    runner::Runner,
+    telemetry,
 };
 
 /// Every command that changes something calls the admin API as the person `paybus login`
@@ -79,7 +81,7 @@ enum Command {
         /// sharded): its queues that the current layout lacks are unbound and listed with what
         /// they hold.
         #[arg(long, value_name = "LAYOUT", value_parser = parse_shards, conflicts_with = "definitions")]
-        previous_shards: Option<bus_topology::Shards>,
+        previous_shards: Option<paybus_platform::config::Shards>,
         /// Then move what those retired queues still hold back into paybus.events (run it once
         /// their consumers are gone).
         #[arg(long, requires = "previous_shards")]
@@ -179,8 +181,8 @@ enum TokenCommand {
     },
 }
 
-fn parse_shards(text: &str) -> Result<bus_topology::Shards, String> {
-    bus_topology::Shards::parse(text)
+fn parse_shards(text: &str) -> Result<paybus_platform::config::Shards, String> {
+    paybus_platform::config::Shards::parse(text)
 }
 
 fn parse_role(text: &str) -> Result<paybus_api::auth::Role, String> {
@@ -296,7 +298,7 @@ async fn main() -> ExitCode {
 
 async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
-    db::migrate(&pool)
+    paybus_platform::migrations::apply(&pool)
         .await
         .context("while applying migrations")?;
     // SQL cannot encrypt: the partners' plaintext webhook secrets are sealed here.
@@ -321,7 +323,7 @@ async fn topology(
     settings: &Settings,
     definitions: bool,
     vhost: &str,
-    previous: Option<bus_topology::Shards>,
+    previous: Option<paybus_platform::config::Shards>,
     drain_retired: bool,
 ) -> anyhow::Result<ExitCode> {
     let shards = &settings.broker.shards;

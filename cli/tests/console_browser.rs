@@ -21,7 +21,8 @@ use api_process::{ApiProcess, PAYMENTS_SECRET, output_dir, provider_admin_token,
 use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
 use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
-    bus::{Envelope, Runner, dead_letter::group_counts},
+    bus::{Envelope, dead_letter::group_counts},
+    runner::Runner,
 };
 use paybus_testkit::{
     TestEnv, eventually, free_port,

@@ -9,11 +9,12 @@ use paybus_lab::services::{PrivateBroker, PrivateCluster, PrivateService};
 use paybus_platform::{
     Settings,
     bus::{
-        Envelope, Handler, Message, Runner, Services, consumer, dead_letter,
+        Envelope, Handler, Message, Services, consumer, dead_letter,
         delivery::{Disposition, IncomingDelivery, Processor},
         outbox::{Relay, RelayConfig},
         pauses, topology,
     },
+    runner::Runner,
 };
 use paybus_testkit::{
     TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar, services_on,
@@ -1049,7 +1050,9 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
     settings.database.url = database.url.clone();
     settings.database.acquire_timeout = Duration::from_secs(2);
     let services = services_on(&settings, &[Canary::queue()]).await;
-    paybus_platform::db::migrate(&services.pool).await.unwrap();
+    paybus_platform::migrations::apply(&services.pool)
+        .await
+        .unwrap();
     let mut ids = Vec::new();
     for _ in 0..100 {
         ids.push(
@@ -1236,8 +1239,8 @@ async fn dead_letter_headers_stored_by_an_earlier_paybus_are_rewritten_readable(
     .await
     .unwrap();
 
-    paybus_platform::db::migrate(&env.db).await.unwrap();
-    paybus_platform::db::migrate(&env.db).await.unwrap();
+    paybus_platform::migrations::apply(&env.db).await.unwrap();
+    paybus_platform::migrations::apply(&env.db).await.unwrap();
 
     let headers: String = sqlx::query_scalar("SELECT headers FROM dead_letters")
         .fetch_one(&env.db)

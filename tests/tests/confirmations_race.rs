@@ -12,9 +12,11 @@ use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, due_notifications};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_platform::{
-    bus::{Envelope, Handler, Outbox, Runner, Services, topology::Shards},
+    bus::{Envelope, Handler, Outbox, Services},
+    config::Shards,
     db,
-    retry::DueSweepConfig,
+    maintenance::DueSweepConfig,
+    runner::Runner,
     transition::Transition,
 };
 use paybus_testkit::{

@@ -19,9 +19,10 @@ use paybus_platform::approvals::FourEyes as Policy;
 use paybus_platform::{
     audit,
     bus::{
-        Envelope, Message, OutgoingMessage, Runner, Services,
+        Envelope, Message, OutgoingMessage, Services,
         dead_letter::{group_counts, record_given_up},
     },
+    runner::Runner,
     triage::Verdict,
 };
 use paybus_testkit::{
@@ -481,7 +482,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
     runner.add_job(std::sync::Arc::new(
         paybus_deliver_webhook::due_notifications(
             &services,
-            paybus_platform::retry::DueSweepConfig {
+            paybus_platform::maintenance::DueSweepConfig {
                 interval: Duration::from_millis(50),
                 ..Default::default()
             },

@@ -26,7 +26,9 @@ async fn migrations_apply_to_an_empty_database_and_are_idempotent() {
     let mut conn = env.db.acquire().await.unwrap();
     assert_eq!(db::pending_migrations(&mut conn).await.unwrap(), known);
 
-    db::migrate(&env.db).await.expect("first run applies");
+    paybus_platform::migrations::apply(&env.db)
+        .await
+        .expect("first run applies");
     let tables = table_names(&env).await;
     for table in ["outbox_messages", "dead_letters", "_sqlx_migrations"] {
         assert!(
@@ -36,7 +38,9 @@ async fn migrations_apply_to_an_empty_database_and_are_idempotent() {
     }
     assert_eq!(db::pending_migrations(&mut conn).await.unwrap(), 0);
 
-    db::migrate(&env.db).await.expect("second run is a no-op");
+    paybus_platform::migrations::apply(&env.db)
+        .await
+        .expect("second run is a no-op");
     let recorded: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
         .fetch_one(&env.db)
         .await

@@ -21,8 +21,10 @@ use paybus_markets::{
 };
 use paybus_platform::{
     Secret,
-    bus::{Handler, Runner, Services},
-    retry::{DueSweepConfig, RetryPolicy},
+    bus::{Handler, Services},
+    maintenance::DueSweepConfig,
+    retry::RetryPolicy,
+    runner::Runner,
 };
 use paybus_testkit::{
     TestEnv, eventually,

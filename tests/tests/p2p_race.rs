@@ -20,10 +20,7 @@ use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, MatchingConfig,
     quote::QuoteClient,
 };
-use paybus_platform::{
-    bus::{Handler, Runner},
-    db::error_number,
-};
+use paybus_platform::{bus::Handler, db::error_number, runner::Runner};
 use paybus_testkit::{
     TestEnv, dec, eventually,
     p2p::{self, QuoteStub, StubCall, assert_audit_clean},

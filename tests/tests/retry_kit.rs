@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use paybus_platform::{
     bus::{Envelope, Message},
     db,
+    maintenance::{DueSweep, DueSweepConfig},
     retry::{
-        AfterFailure, AttemptCount, Backoff, Claim, Clock, DueSweep, DueSweepConfig, Lease,
-        RetryPolicy, Settled, WorkTable,
+        AfterFailure, AttemptCount, Backoff, Claim, Clock, Lease, RetryPolicy, Settled, WorkTable,
     },
 };
 use paybus_testkit::{TestEnv, scalar};

@@ -14,10 +14,12 @@ use paybus_canary::{Canary, Ping};
 use paybus_platform::{
     Settings,
     bus::{
-        Envelope, Handler, Runner, Services,
+        Envelope, Handler, Services,
         lambda::{BatchSummary, InvocationError, handle_event},
-        topology::{self, Shards},
+        topology::{self},
     },
+    config::Shards,
+    runner::Runner,
 };
 use paybus_testkit::{TestEnv, eventually, lambda::MqEvent, queue_state, scalar, services_on};
 use tokio_util::sync::CancellationToken;

@@ -64,7 +64,7 @@ impl CancelConfig {
     }
 
     pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
-        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
+        let retry = DEFAULT_RETRY.with_max_attempts_from(vars, VAR_MAX_ATTEMPTS)?;
         Ok(Self {
             retry,
             ..Self::default()

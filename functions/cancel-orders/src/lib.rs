@@ -25,9 +25,10 @@ use paybus_markets::{
     task::TASKS,
 };
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics, sweeper::Job},
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics},
     function::{BuildError, Function},
-    retry::{Clock, DueSweep, DueSweepConfig},
+    maintenance::{DueSweep, DueSweepConfig, Job},
+    retry::Clock,
 };
 
 pub use config::CancelConfig;

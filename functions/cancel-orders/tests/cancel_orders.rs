@@ -12,8 +12,10 @@ use paybus_markets::{
     progress, suspension,
 };
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Runner, Services},
-    retry::{DueSweepConfig, RetryPolicy},
+    bus::{Context, Envelope, Handler, Outcome, Services},
+    maintenance::DueSweepConfig,
+    retry::RetryPolicy,
+    runner::Runner,
 };
 use paybus_testkit::{
     TestEnv, eventually, manual_clock,

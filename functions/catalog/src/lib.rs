@@ -23,12 +23,14 @@ use paybus_platform::{
     audit::{Check, ExternalCheck},
     auditor::{Auditor, AuditorConfig},
     bus::{
-        Runner, Services,
+        Services,
         samples::BusSampler,
-        sweeper::Job,
-        topology::{self, FunctionQueue, Shards},
+        topology::{self, FunctionQueue},
     },
+    config::Shards,
     function::{BuildError, FunctionEntry},
+    maintenance::Job,
+    runner::Runner,
 };
 
 /// Every function, one line each.

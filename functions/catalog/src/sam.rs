@@ -9,7 +9,8 @@
 //! function's errors and the API's 5xx answers.
 
 use paybus_platform::{
-    bus::topology::{Shards, UNROUTED_QUEUE, dead_letter_queue_name},
+    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name},
+    config::Shards,
     secrets::FROM_SUFFIX,
 };
 

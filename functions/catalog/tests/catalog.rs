@@ -8,11 +8,10 @@ use std::{collections::BTreeSet, time::Duration};
 
 use paybus_catalog::FUNCTIONS;
 use paybus_platform::{
-    bus::{
-        Context, Envelope, Handler, HandlerError, Message, Outcome, Runner, Services, sweeper::Job,
-        topology,
-    },
+    bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services, topology},
     function::{BuildError, Function, FunctionEntry},
+    maintenance::Job,
+    runner::Runner,
 };
 use paybus_testkit::{TestEnv, eventually, repository};
 use serde::{Deserialize, Serialize};

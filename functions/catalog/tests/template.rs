@@ -11,7 +11,10 @@ use paybus_catalog::{
     FUNCTIONS, queues_with,
     sam::{self, TEMPLATE_PATH, pascal_case},
 };
-use paybus_platform::bus::topology::{Shards, UNROUTED_QUEUE, dead_letter_queue_name};
+use paybus_platform::{
+    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name},
+    config::Shards,
+};
 use serde_json::Value;
 
 /// The queues of every `MQ` event of a function resource.

@@ -730,7 +730,7 @@ fn no_function_may_run_past_fourteen_minutes() {
 
 #[test]
 fn a_four_shard_function_translates_into_four_mappings_whose_role_may_use_them() {
-    let shards = paybus_platform::bus::topology::Shards::default().with("confirm-withdrawal", 4);
+    let shards = paybus_platform::config::Shards::default().with("confirm-withdrawal", 4);
     let translated = translate(&sam::template_with(&shards).to_json());
 
     let triggered = mq_triggered(&translated);

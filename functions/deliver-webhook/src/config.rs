@@ -150,7 +150,7 @@ impl WebhookConfig {
             "milliseconds, at least 1",
             |ms: &u64| *ms > 0,
         )?);
-        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
+        let retry = DEFAULT_RETRY.with_max_attempts_from(vars, VAR_MAX_ATTEMPTS)?;
         let partner_concurrency = vars.parse(
             VAR_PARTNER_CONCURRENCY,
             DEFAULT_PARTNER_CONCURRENCY,

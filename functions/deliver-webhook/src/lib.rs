@@ -30,10 +30,11 @@ use paybus_partners::{
     notifications::{self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated},
 };
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics, sweeper::Job},
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics},
     config::Vars,
     function::{BuildError, Function},
-    retry::{AfterFailure, Clock, DueSweep, DueSweepConfig, RowState, Settled},
+    maintenance::{DueSweep, DueSweepConfig, Job},
+    retry::{AfterFailure, Clock, RowState, Settled},
     sealed::{self, Sealer},
 };
 use sqlx::MySqlPool;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use paybus_partners::attempts;
-use paybus_platform::bus::sweeper::{Job, JobFuture, JobReport};
+use paybus_platform::maintenance::{Job, JobFuture, JobReport};
 use sqlx::MySqlPool;
 
 /// The job's settings, with documented defaults.

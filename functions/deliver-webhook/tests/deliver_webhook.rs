@@ -20,8 +20,10 @@ use paybus_partners::{
     notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
 };
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Runner, Services},
-    retry::{AfterFailure, Clock, DueSweepConfig, RetryPolicy, Settled},
+    bus::{Context, Envelope, Handler, Outcome, Services},
+    maintenance::DueSweepConfig,
+    retry::{AfterFailure, Clock, RetryPolicy, Settled},
+    runner::Runner,
     signature,
 };
 use paybus_testkit::{

@@ -11,7 +11,7 @@ use std::time::Duration;
 use paybus_bonuses::checkpoint;
 use paybus_platform::{
     auditor::AuditorConfig,
-    bus::sweeper::{Job, JobFuture, JobReport},
+    maintenance::{Job, JobFuture, JobReport},
 };
 use sqlx::MySqlPool;
 

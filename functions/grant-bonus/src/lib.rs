@@ -26,10 +26,9 @@ use std::sync::Arc;
 use paybus_bonuses::BonusJobCreated;
 use paybus_platform::{
     auditor::AuditorConfig,
-    bus::{
-        Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services, sweeper::Job,
-    },
+    bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
+    maintenance::Job,
     retry::{Clock, RetryPolicy, RowState},
 };
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use paybus_bonuses::job::BONUS_JOBS;
 use paybus_platform::{
-    bus::sweeper::{Job, JobFuture, JobReport},
     db,
+    maintenance::{Job, JobFuture, JobReport},
     retry::Clock,
 };
 use sqlx::MySqlPool;

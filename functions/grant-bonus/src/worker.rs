@@ -14,10 +14,8 @@
 use std::time::{Duration, Instant};
 
 use paybus_platform::{
-    bus::{
-        Handler, metrics,
-        sweeper::{Job, JobFuture, JobReport},
-    },
+    bus::{Handler, metrics},
+    maintenance::{Job, JobFuture, JobReport},
     retry::{Clock, RetryPolicy},
 };
 use sqlx::MySqlPool;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use paybus_p2p::{DeadLetters, Matcher, maintenance};
-use paybus_platform::bus::{
-    Outcome, metrics,
-    sweeper::{Job, JobFuture, JobReport},
+use paybus_platform::{
+    bus::{Outcome, metrics},
+    maintenance::{Job, JobFuture, JobReport},
 };
 
 /// Rows one pass of the reaper or expiry handles per transaction; a pass continues while

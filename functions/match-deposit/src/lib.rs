@@ -23,8 +23,9 @@ use paybus_p2p::{
     reconcile::QuoteReconciler,
 };
 use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, sweeper::Job},
+    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
     function::{BuildError, Function},
+    maintenance::Job,
     retry::Claim,
 };
 use sqlx::MySqlPool;

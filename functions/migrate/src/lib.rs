@@ -100,7 +100,7 @@ pub async fn migrate_and_declare(
         .map_err(StartupError::from)?;
     let mut sealed_secrets = 0;
     if ahead.is_empty() {
-        db::migrate(&services.pool)
+        paybus_platform::migrations::apply(&services.pool)
             .await
             .map_err(StartupError::from)?;
         sealed_secrets = seal_plaintext_secrets(&services.pool).await?;
@@ -395,7 +395,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), FunctionError> {
-    if !function::in_lambda() {
+    if !paybus_platform::config::in_lambda() {
         let settings = function::settings().await?;
         let report = migrate_and_declare(&settings, &[]).await?;
         println!("{}", report.reason());

@@ -11,10 +11,7 @@ use std::{
 };
 
 use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::put};
-use paybus_platform::{
-    bus::{Envelope, topology::Shards},
-    db::MIGRATOR,
-};
+use paybus_platform::{bus::Envelope, config::Shards, db::MIGRATOR};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, RuntimeApi},

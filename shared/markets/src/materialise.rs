@@ -15,10 +15,9 @@
 
 use std::time::Duration;
 
-use paybus_platform::bus::{
-    Envelope, Outbox, UnitOfWork,
-    outbox::OutboxError,
-    sweeper::{Job, JobFuture, JobReport},
+use paybus_platform::{
+    bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
+    maintenance::{Job, JobFuture, JobReport},
 };
 use sqlx::MySqlConnection;
 

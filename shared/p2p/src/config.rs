@@ -267,8 +267,9 @@ impl MatchingConfig {
             "`fill-or-cancel` or `partial-retry`",
             |_| true,
         )?;
-        let retry = vars.max_attempts(VAR_MAX_ATTEMPTS, DEFAULT_RETRY)?;
-        let trade_checks = vars.max_attempts(VAR_TRADE_CHECKS, DEFAULT_TRADE_CHECK_POLICY)?;
+        let retry = DEFAULT_RETRY.with_max_attempts_from(vars, VAR_MAX_ATTEMPTS)?;
+        let trade_checks =
+            DEFAULT_TRADE_CHECK_POLICY.with_max_attempts_from(vars, VAR_TRADE_CHECKS)?;
         let batch_size = vars.parse(
             VAR_BATCH_SIZE,
             DEFAULT_BATCH_SIZE,

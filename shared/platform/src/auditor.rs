@@ -23,12 +23,10 @@ use sqlx::MySqlPool;
 use crate::{
     ConfigError,
     audit::{self, Check, ExternalCheck, Period, Violation, Window},
-    bus::{
-        metrics,
-        sweeper::{Job, JobFuture, JobReport},
-    },
+    bus::metrics,
     config::Vars,
     db,
+    maintenance::{Job, JobFuture, JobReport},
     setting::Setting,
 };
 

@@ -89,7 +89,7 @@ fn with_default_heartbeat(url: &Url, in_lambda: bool) -> Url {
 
 /// Opens one connection to one node.
 pub async fn connect_node(url: &Url) -> Result<Connection, BrokerUnreachable> {
-    let asked = with_default_heartbeat(url, crate::function::in_lambda());
+    let asked = with_default_heartbeat(url, crate::config::in_lambda());
     let attempt = Connection::connect(asked.as_str(), ConnectionProperties::default());
     within(CONNECT_TIMEOUT, "connection", attempt)
         .await

@@ -17,15 +17,12 @@ pub mod outbox;
 pub mod pauses;
 mod published_marks;
 pub mod publisher;
-pub mod runner;
 pub mod samples;
 pub mod services;
 pub mod skips;
-pub mod sweeper;
 pub mod topology;
 
 pub use envelope::{Envelope, Message, OutgoingMessage};
 pub use handler::{Batched, Context, Handler, HandlerError, Outcome};
 pub use outbox::{Outbox, UnitOfWork};
-pub use runner::Runner;
 pub use services::{Services, StartupError, shutdown_on_signal};

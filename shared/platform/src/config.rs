@@ -9,11 +9,10 @@ use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
 
 use url::Url;
 
+mod shards;
+
 pub use crate::setting::Setting;
-use crate::{
-    bus::topology::{self, Shards},
-    retry::RetryPolicy,
-};
+pub use shards::{Shards, VAR_SHARDS};
 
 pub const DEFAULT_DATABASE_URL: &str = "mysql://root@127.0.0.1:13306/paybus";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5682/%2f";
@@ -87,7 +86,7 @@ pub const SETTINGS: &[Setting] = &[
     VAR_AMQP_URL,
     VAR_PREFETCH,
     VAR_LAMBDA_CONCURRENCY,
-    topology::VAR_SHARDS,
+    VAR_SHARDS,
     VAR_STARTUP_WAIT_SECONDS,
     VAR_LOG_FORMAT,
 ];
@@ -143,7 +142,7 @@ pub struct BrokerSettings {
     /// event source mapping hands one environment the whole batch.
     pub lambda_concurrency: u16,
     /// How many queues each function's messages are spread over (`PAYBUS_SHARDS`; the
-    /// topology's, see `bus::topology::Shards`).
+    /// layout the topology declares, `bus::topology`).
     pub shards: Shards,
 }
 
@@ -293,10 +292,10 @@ impl Settings {
                     "an integer from 1 to 65535 (messages of a Lambda batch in flight)",
                     |n: &u16| *n > 0,
                 )?,
-                shards: match env.get(topology::VAR_SHARDS) {
+                shards: match env.get(VAR_SHARDS) {
                     None => Shards::default(),
                     Some(raw) => Shards::parse(raw)
-                        .map_err(|_| env.error(topology::VAR_SHARDS, raw, Shards::EXPECTED))?,
+                        .map_err(|_| env.error(VAR_SHARDS, raw, Shards::EXPECTED))?,
                 },
             },
             startup_wait: Duration::from_secs(env.parse(
@@ -413,24 +412,6 @@ impl Vars {
         }
     }
 
-    /// `policy` with its attempt limit from `variable` (`*_MAX_ATTEMPTS` settings, at least 1);
-    /// `policy` as it is when unset.
-    pub fn max_attempts(
-        &self,
-        variable: Setting,
-        policy: RetryPolicy,
-    ) -> Result<RetryPolicy, ConfigError> {
-        let attempts = self.parse(
-            variable,
-            policy.max_attempts(),
-            "an attempt count, at least 1",
-            |n: &u32| *n > 0,
-        )?;
-        policy
-            .with_max_attempts(attempts)
-            .map_err(|_| self.error(variable, &attempts.to_string(), "at least 1"))
-    }
-
     /// A positive duration in milliseconds (`*_MS` settings); `default` when unset.
     pub fn millis(&self, variable: Setting, default: Duration) -> Result<Duration, ConfigError> {
         self.parse(
@@ -482,6 +463,11 @@ impl Vars {
             Some(other) => Err(self.error(variable, other, "`true` or `false`")),
         }
     }
+}
+
+/// Whether this process is a Lambda execution environment (Lambda sets the variable).
+pub fn in_lambda() -> bool {
+    std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
 }
 
 #[cfg(test)]

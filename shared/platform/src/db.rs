@@ -85,19 +85,6 @@ impl DbError {
     }
 }
 
-/// Applies every pending migration, then the data fix-ups SQL cannot express; applied ones
-/// are skipped, so this is safe to repeat.
-pub async fn migrate(pool: &MySqlPool) -> Result<(), DbError> {
-    MIGRATOR.run(pool).await?;
-    let rewritten = crate::bus::dead_letter::rewrite_legacy_headers(pool)
-        .await
-        .map_err(DbError::DataMigration)?;
-    if rewritten > 0 {
-        tracing::info!(rewritten, "dead letter headers rewritten as readable JSON");
-    }
-    Ok(())
-}
-
 /// One connection, no pool and no retries: for health checks, which want the real reason
 /// ("connection refused", "access denied") at once.
 pub async fn connect_once(settings: &DatabaseSettings) -> Result<MySqlConnection, DbError> {

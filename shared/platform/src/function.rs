@@ -24,15 +24,14 @@ use crate::{
     ConfigError, Settings,
     audit::ExternalCheck,
     bus::{
-        Envelope, Handler, Runner, Services, StartupError, lambda,
-        runner::outbox_relay_job,
-        shutdown_on_signal,
-        sweeper::{self, Job},
+        Envelope, Handler, Services, StartupError, lambda, shutdown_on_signal,
         topology::FunctionQueue,
     },
-    config::LogFormat,
+    config::{LogFormat, in_lambda},
     db,
+    maintenance::{self, Job},
     retry::WorkTable,
+    runner::{Runner, outbox_relay_job},
     secrets::{self, SecretError},
     telemetry,
     triage::{PrepareReplayFn, PrepareReplayFuture, Triage, TriageError, TriageFn, TriageFuture},
@@ -253,11 +252,6 @@ impl FunctionError {
     }
 }
 
-/// Whether this process is a Lambda execution environment (Lambda sets the variable).
-pub fn in_lambda() -> bool {
-    std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
-}
-
 /// Fetches the `_FROM` references, reads the settings and sets up logging (JSON in Lambda).
 pub async fn settings() -> Result<Settings, FunctionError> {
     secrets::resolve(&std::env::vars().collect()).await?;
@@ -382,7 +376,7 @@ pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
     let all_jobs = |services: &Services| -> Result<Vec<Arc<dyn Job>>, BuildError> {
         let mut all: Vec<Arc<dyn Job>> = vec![
             outbox_relay_job(services),
-            Arc::new(crate::bus::activity::ActivityFlush::new(
+            Arc::new(crate::maintenance::ActivityFlush::new(
                 services.pool.clone(),
             )),
         ];
@@ -391,7 +385,7 @@ pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
     };
     if !in_lambda() {
         let services = start().await?;
-        sweeper::run(all_jobs(&services)?, shutdown_on_signal()).await;
+        maintenance::run(all_jobs(&services)?, shutdown_on_signal()).await;
         return Ok(());
     }
     // As a consumer's Lambda: the broker connects while the runtime waits for its first tick.
@@ -406,7 +400,7 @@ pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
                 .await?;
             let mut report = serde_json::Map::new();
             let mut failed = Vec::new();
-            for (name, result) in sweeper::run_all_once(all).await {
+            for (name, result) in maintenance::run_all_once(all).await {
                 match result {
                     Ok(done) => {
                         report.insert(name.to_owned(), done.changed.into());

@@ -8,19 +8,18 @@
 //! - [`Clock`] — the database's `NOW(6)` in production, a manual clock in tests.
 //! - [`WorkTable`] — a workflow's table described once: claim with a lease, conditional
 //!   settle (done / retry at / failed), batch claim of due rows, reaper of expired leases.
-//! - [`DueSweep`] — the sweeper job that re-publishes due rows through the outbox.
+//! - the due sweep that re-publishes due rows through the outbox is a maintenance job
+//!   ([`DueSweep`](crate::maintenance::DueSweep)).
 //!
 //! Its users: deliver-webhook's partner notifications, W1's matching, W3's bonus jobs and W4's
 //! cancel tasks.
 
 mod backoff;
 pub mod clock;
-pub mod due;
 mod policy;
 pub mod rows;
 
 pub use backoff::Backoff;
 pub use clock::Clock;
-pub use due::{DueSweep, DueSweepConfig};
 pub use policy::{InvalidRetryPolicy, MIN_DELAY, RetryDecision, RetryPolicy};
 pub use rows::{AfterFailure, AttemptCount, Claim, Lease, RowState, Settled, WorkTable};

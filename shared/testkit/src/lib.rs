@@ -266,7 +266,7 @@ impl TestEnv {
     /// A fresh database with every migration applied, and a fresh vhost.
     pub async fn new() -> Self {
         let env = Self::unmigrated().await;
-        db::migrate(&env.db)
+        paybus_platform::migrations::apply(&env.db)
             .await
             .expect("migrations apply to a fresh database");
         env

@@ -5,8 +5,8 @@
 //! Every outcome a process records (`metrics::record`) is also tallied here in memory, per
 //! function and minute, as `done`, `skipped`, `retried` or `failed`; the tally is added to the
 //! `function_activity` rows by one statement every [`FLUSH_EVERY`] (a running process, the
-//! [`ActivityFlush`] job), after each invocation (a Lambda) and when a process stops. Nothing
-//! is written on the messages' own transactions, so the money path pays one uncontended lock
+//! [`ActivityFlush`](crate::maintenance::ActivityFlush) job), after each invocation (a Lambda)
+//! and when a process stops. Nothing is written on the messages' own transactions, so the money path pays one uncontended lock
 //! a message. A process killed between flushes loses at most that interval's counts: the
 //! charts are for people, the rows of the workflows are the record.
 //!
@@ -21,8 +21,6 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
-
-use super::sweeper::{Job, JobFuture, JobReport};
 
 /// How often a running process adds its tally to the database.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
@@ -136,35 +134,6 @@ pub async fn flush(pool: &MySqlPool) -> Result<u64, sqlx::Error> {
             }
             Err(error)
         }
-    }
-}
-
-/// A running process's flush, every [`FLUSH_EVERY`].
-pub struct ActivityFlush {
-    pool: MySqlPool,
-}
-
-impl ActivityFlush {
-    pub fn new(pool: MySqlPool) -> Self {
-        Self { pool }
-    }
-}
-
-impl Job for ActivityFlush {
-    fn name(&self) -> &'static str {
-        "activity-flush"
-    }
-
-    fn interval(&self) -> Duration {
-        FLUSH_EVERY
-    }
-
-    fn run_once(&self) -> JobFuture<'_> {
-        Box::pin(async move {
-            flush(&self.pool).await?;
-            // Counts are no change to report: a pass that only flushed stays quiet.
-            Ok(JobReport::default())
-        })
     }
 }
 

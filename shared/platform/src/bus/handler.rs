@@ -139,7 +139,7 @@ pub trait Handler: Send + Sync + 'static {
         }
     }
 
-    /// The function's queue, unsharded (a layout's [`Shards`](super::topology::Shards) give
+    /// The function's queue, unsharded (a layout's [`Shards`](crate::config::Shards) give
     /// its shards).
     fn queue() -> FunctionQueue {
         FunctionQueue::new(Self::FUNCTION, <Self::Message as Message>::TYPE)
@@ -489,7 +489,7 @@ fn classify(
 /// How a delivery's span joins its message's trace.
 mod delivery_trace {
     use super::IncomingDelivery;
-    use crate::telemetry::{TraceHeaders, propagation};
+    use crate::telemetry::propagation;
 
     /// The message's first delivery continues its sender's trace (a child of the span that
     /// wrote the outbox row). A redelivery — requeued after a fault, or after a crash before
@@ -497,14 +497,14 @@ mod delivery_trace {
     /// delivery that did the work, not every attempt that came before or after it.
     pub(super) fn follow(span: &tracing::Span, delivery: &IncomingDelivery, attempt: u32) {
         let headers = delivery.properties.headers().as_ref();
-        let sent = TraceHeaders::from_amqp(headers);
+        let sent = crate::bus::headers::trace_headers(headers);
         if attempt == 1 {
             propagation::continue_trace(span, &sent);
         } else {
             propagation::link_to(span, &sent);
         }
         if let Some(xray) =
-            crate::bus::headers::header_text(headers, crate::bus::lambda::XRAY_TRACE_HEADER)
+            crate::bus::headers::header_text(headers, crate::bus::headers::XRAY_TRACE_HEADER)
         {
             propagation::link_to_xray(span, &xray);
         }
@@ -513,7 +513,7 @@ mod delivery_trace {
     /// A batch's span, linked to each of its messages' producers (the messaging conventions'
     /// batch process).
     pub(super) fn link(span: &tracing::Span, delivery: &IncomingDelivery) {
-        let sent = TraceHeaders::from_amqp(delivery.properties.headers().as_ref());
+        let sent = crate::bus::headers::trace_headers(delivery.properties.headers().as_ref());
         propagation::link_to(span, &sent);
     }
 }

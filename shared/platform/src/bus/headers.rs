@@ -4,6 +4,11 @@
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde_json::{Map, Value, json};
 
+use crate::telemetry::{
+    TraceHeaders,
+    propagation::{TRACEPARENT, TRACESTATE},
+};
+
 /// An integer header, whichever integer width the sender chose.
 pub fn header_integer(headers: Option<&FieldTable>, name: &str) -> Option<i64> {
     match headers?.inner().get(name)? {
@@ -76,8 +81,42 @@ fn value_to_json(value: &AMQPValue) -> Value {
     }
 }
 
+/// The header a Lambda delivery carries its invocation's X-Ray trace id in (X-Ray's own HTTP
+/// header name).
+pub const XRAY_TRACE_HEADER: &str = "x-amzn-trace-id";
+
+/// A message's trace context (W3C `traceparent` / `tracestate`) from its AMQP headers.
+pub fn trace_headers(headers: Option<&FieldTable>) -> TraceHeaders {
+    TraceHeaders {
+        traceparent: header_text(headers, TRACEPARENT),
+        tracestate: header_text(headers, TRACESTATE),
+    }
+}
+
+/// Writes `trace` into an outgoing message's AMQP headers.
+pub fn set_trace_headers(headers: &mut FieldTable, trace: &TraceHeaders) {
+    if let Some(traceparent) = &trace.traceparent {
+        text_header(headers, TRACEPARENT, traceparent);
+    }
+    if let Some(tracestate) = &trace.tracestate {
+        text_header(headers, TRACESTATE, tracestate);
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_trace_headers_round_trip_through_amqp() {
+        let headers = TraceHeaders {
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            tracestate: Some("a=b".into()),
+        };
+        let mut table = FieldTable::default();
+        set_trace_headers(&mut table, &headers);
+        assert_eq!(trace_headers(Some(&table)), headers);
+        assert!(trace_headers(None).is_empty());
+    }
+
     use super::*;
 
     #[test]

@@ -35,8 +35,9 @@ use super::{
     metrics,
     publisher::{PublishError, Publisher},
     services::{PendingServices, Services},
-    topology::{FunctionQueue, Shards, UNROUTED_QUEUE},
+    topology::{FunctionQueue, UNROUTED_QUEUE},
 };
+use crate::config::Shards;
 
 /// The Lambda's response for a batch that settled every message.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -469,7 +470,7 @@ async fn settle_chunk<H: Handler>(
 }
 
 /// The invocation's X-Ray trace id rides on each of its deliveries as the
-/// [`XRAY_TRACE_HEADER`] header, where the delivery's span finds it (and a dead letter keeps it).
+/// [`XRAY_TRACE_HEADER`](super::headers::XRAY_TRACE_HEADER) header, where the delivery's span finds it (and a dead letter keeps it).
 fn with_xray_trace_id(mut decoded: Decoded, xray_trace_id: Option<&str>) -> Decoded {
     if let Some(xray) = xray_trace_id.filter(|_| crate::telemetry::tracing_enabled()) {
         let mut headers = decoded
@@ -478,15 +479,15 @@ fn with_xray_trace_id(mut decoded: Decoded, xray_trace_id: Option<&str>) -> Deco
             .headers()
             .clone()
             .unwrap_or_default();
-        crate::bus::headers::text_header(&mut headers, XRAY_TRACE_HEADER, xray);
+        crate::bus::headers::text_header(
+            &mut headers,
+            crate::bus::headers::XRAY_TRACE_HEADER,
+            xray,
+        );
         decoded.delivery.properties = decoded.delivery.properties.with_headers(headers);
     }
     decoded
 }
-
-/// The header a Lambda delivery carries its invocation's X-Ray trace id in (X-Ray's own HTTP
-/// header name).
-pub const XRAY_TRACE_HEADER: &str = "x-amzn-trace-id";
 
 /// The disposition of a message whose body the event could not give us.
 fn malformed<H: Handler>(delivery: &IncomingDelivery, error: &str) -> Disposition {

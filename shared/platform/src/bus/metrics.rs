@@ -231,7 +231,7 @@ pub struct Gauges {
     /// works which table fills it from [`Gauges::due_retries`]).
     pub function_due_rows: Vec<(String, u64)>,
     /// Per partner (id): 1 while its webhook circuit breaker is open or half-open. Filled by the
-    /// caller that knows partners (the API), not by [`read_gauges`].
+    /// caller that knows partners (the API), not by [`read_gauges`](crate::gauges::read_gauges).
     pub partner_breakers_not_closed: Vec<(String, u64)>,
     /// Per partner (id): 1 while its endpoint is disabled by a `410 Gone` (filled as above).
     pub partner_webhooks_disabled: Vec<(String, u64)>,
@@ -381,69 +381,3 @@ pub fn encode(gauges: &Gauges) -> String {
 
 /// The `Content-Type` of [`encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// How long a row may sit due (or claimed) before it counts as stuck.
-pub const STUCK_AFTER: Duration = Duration::from_secs(15 * 60);
-
-/// Outbox rows not yet published, and the age of the oldest in seconds (0 with none).
-pub async fn outbox_lag(conn: &mut sqlx::MySqlConnection) -> Result<(u64, f64), sqlx::Error> {
-    let (backlog, oldest): (i64, Option<f64>) = sqlx::query_as(
-        "SELECT COUNT(*), \
-                CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6 AS DOUBLE) \
-         FROM outbox_messages WHERE published_at IS NULL",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok((u64::try_from(backlog).unwrap_or(0), oldest.unwrap_or(0.0)))
-}
-
-/// Reads the scrape-time [`Gauges`]: the outbox backlog, NEW dead letters per function, and
-/// each of `work_tables`' due and stuck rows (every statement on an index named for it).
-pub async fn read_gauges(
-    pool: &sqlx::MySqlPool,
-    work_tables: &[&crate::retry::WorkTable],
-) -> Result<Gauges, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let (outbox_backlog, outbox_oldest_seconds) = outbox_lag(&mut conn).await?;
-    // From the counts every dead-letter write keeps: exact, and a read of a few rows. Counting
-    // the NEW letters read every one of them (0.13-0.16 s at 500,000 on every scrape and
-    // every overview, `paybus-lab bench ops-queries`).
-    let mut dead_letters = std::collections::BTreeMap::<String, u64>::new();
-    for group in super::dead_letter::group_counts::read(&mut conn).await? {
-        if let Ok(letters @ 1..) = u64::try_from(group.letters) {
-            *dead_letters.entry(group.function_name).or_default() += letters;
-        }
-    }
-    // A pass is written when it finishes: the newest row (by primary key) is the last pass.
-    let audit_last_pass_age_seconds: Option<f64> = sqlx::query_scalar(
-        "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, finished_at, NOW(6)) / 1e6 AS DOUBLE) \
-         FROM audit_passes ORDER BY id DESC LIMIT 1",
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    let paused_functions: Vec<String> =
-        sqlx::query_scalar("SELECT function_name FROM function_pauses ORDER BY function_name")
-            .fetch_all(&mut *conn)
-            .await?;
-    let mut gauges = Gauges {
-        audit_last_pass_age_seconds,
-        paused_functions,
-        outbox_backlog,
-        outbox_oldest_seconds,
-        dead_letters: dead_letters.into_iter().collect(),
-        ..Gauges::default()
-    };
-    for table in work_tables {
-        gauges
-            .due_retries
-            .push((table.table.to_owned(), table.count_due(&mut conn).await?));
-        gauges.stuck_rows.push((
-            table.table.to_owned(),
-            table.count_stuck(&mut conn, STUCK_AFTER).await?,
-        ));
-        if let Some(held) = table.count_held_for_a_human(&mut conn).await? {
-            gauges.held_for_a_human.push((table.table.to_owned(), held));
-        }
-    }
-    Ok(gauges)
-}

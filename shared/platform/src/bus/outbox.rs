@@ -453,3 +453,15 @@ impl Relay {
         }
     }
 }
+
+/// Outbox rows not yet published, and the age of the oldest in seconds (0 with none).
+pub async fn outbox_lag(conn: &mut sqlx::MySqlConnection) -> Result<(u64, f64), sqlx::Error> {
+    let (backlog, oldest): (i64, Option<f64>) = sqlx::query_as(
+        "SELECT COUNT(*), \
+                CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)) / 1e6 AS DOUBLE) \
+         FROM outbox_messages WHERE published_at IS NULL",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((u64::try_from(backlog).unwrap_or(0), oldest.unwrap_or(0.0)))
+}

@@ -240,7 +240,7 @@ fn event_headers(message: &OutgoingMessage) -> FieldTable {
         SHARD_KEY_HEADER.into(),
         lapin::types::AMQPValue::LongString(key.into()),
     );
-    message.trace.to_amqp(&mut headers);
+    super::headers::set_trace_headers(&mut headers, &message.trace);
     headers
 }
 

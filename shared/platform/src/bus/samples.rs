@@ -12,11 +12,7 @@ use std::{
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
-use super::{
-    link::BrokerLink,
-    metrics,
-    sweeper::{Job, JobFuture, JobReport},
-};
+use super::link::BrokerLink;
 
 /// How long the charts' rows are kept: the day chart reads one, a week more is there to be
 /// looked at by hand.
@@ -77,7 +73,7 @@ impl BusSampler {
             );
             insert.build().execute(&mut *conn).await?;
         }
-        let (backlog, oldest_seconds) = metrics::outbox_lag(&mut conn).await?;
+        let (backlog, oldest_seconds) = super::outbox::outbox_lag(&mut conn).await?;
         sqlx::query(
             "INSERT INTO outbox_samples (minute_at, backlog, oldest_seconds) VALUES (?, ?, ?) \
              ON DUPLICATE KEY UPDATE backlog = VALUES(backlog), \
@@ -116,7 +112,7 @@ impl BusSampler {
         Ok(deleted)
     }
 
-    fn prune_due(&self) -> bool {
+    pub(crate) fn prune_due(&self) -> bool {
         let mut last = self.last_pruned.lock().unwrap_or_else(|p| p.into_inner());
         let due = last.is_none_or(|at| at.elapsed() >= PRUNE_EVERY);
         if due {
@@ -130,27 +126,4 @@ impl BusSampler {
 pub fn this_minute() -> DateTime<Utc> {
     let now = Utc::now();
     now.duration_trunc(TimeDelta::minutes(1)).unwrap_or(now)
-}
-
-impl Job for BusSampler {
-    fn name(&self) -> &'static str {
-        "bus-sampler"
-    }
-
-    fn interval(&self) -> Duration {
-        Duration::from_secs(60)
-    }
-
-    fn run_once(&self) -> JobFuture<'_> {
-        Box::pin(async move {
-            self.sample().await?;
-            let pruned = if self.prune_due() {
-                self.prune().await?
-            } else {
-                0
-            };
-            // Samples are no change; pruned rows are.
-            Ok(JobReport { changed: pruned })
-        })
-    }
 }

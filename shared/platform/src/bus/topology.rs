@@ -24,9 +24,9 @@ use lapin::{
 };
 use serde_json::json;
 
-use std::{collections::BTreeMap, fmt, sync::OnceLock};
+use std::sync::OnceLock;
 
-use crate::setting::Setting;
+use crate::config::Shards;
 
 pub const EVENTS_EXCHANGE: &str = "paybus.events";
 pub const DEAD_LETTER_EXCHANGE: &str = "paybus.dlx";
@@ -116,88 +116,11 @@ pub fn shard_exchange_name(function: &str) -> String {
     format!("paybus.{function}.shards")
 }
 
-pub const VAR_SHARDS: Setting = Setting {
-    name: "PAYBUS_SHARDS",
-    default: "unset",
-    about: "queues per function, `function=N` pairs separated by commas \
-            (`confirm-withdrawal=4`; N from 1 to 64); unset: one queue each. The topology: every \
-            process of a deployment and its template must see the same value \
-            ([shards](bus.md#shards))",
-};
-
-/// How many queues each function's messages are spread over: `PAYBUS_SHARDS`, e.g.
-/// `confirm-withdrawal=4,grant-bonus=2`; a function not named has one queue (the default
-/// topology). Every process of a deployment (and its template) must see the same value: it is
-/// the topology.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Shards(BTreeMap<String, u16>);
-
+/// The layout's queues: a function's one queue, or each of its shards.
 impl Shards {
-    pub const VARIABLE: &'static str = VAR_SHARDS.name;
-    /// More shards than this is a typo, not a deployment (each is a trigger and a queue).
-    pub const MAX: u16 = 64;
-    pub const EXPECTED: &'static str = "function=count pairs separated by commas, e.g. confirm-withdrawal=4, each count from 1 to 64";
-
-    /// `function=count,...`; empty is every function unsharded.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let mut shards = Shards::default();
-        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (function, count) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not function=count"))?;
-            let function = function.trim();
-            let count: u16 = count
-                .trim()
-                .parse()
-                .ok()
-                .filter(|n| (1..=Self::MAX).contains(n))
-                .ok_or_else(|| format!("{pair:?}: the count must be from 1 to {}", Self::MAX))?;
-            if function.is_empty() || shards.0.contains_key(function) {
-                return Err(format!("{pair:?}: name each function once"));
-            }
-            shards.0.insert(function.to_owned(), count);
-        }
-        shards.0.retain(|_, count| *count > 1);
-        Ok(shards)
-    }
-
-    /// `function` with `count` shards (1: unsharded).
-    pub fn with(mut self, function: &str, count: u16) -> Self {
-        if count > 1 {
-            self.0.insert(function.to_owned(), count);
-        } else {
-            self.0.remove(function);
-        }
-        self
-    }
-
-    /// Shards of `function` (1 when it is not sharded).
-    pub fn of(&self, function: &str) -> u16 {
-        self.0.get(function).copied().unwrap_or(1)
-    }
-
     /// The queues of `queue`'s function in this layout.
     pub fn queues(&self, queue: FunctionQueue) -> Vec<FunctionQueue> {
         queue.sharded(self.of(queue.function))
-    }
-
-    /// The sharded functions and their counts.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, u16)> {
-        self.0
-            .iter()
-            .map(|(function, count)| (function.as_str(), *count))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-/// The `PAYBUS_SHARDS` value (`a=4,b=2`; empty when nothing is sharded).
-impl fmt::Display for Shards {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pairs: Vec<String> = self.iter().map(|(fu, n)| format!("{fu}={n}")).collect();
-        f.write_str(&pairs.join(","))
     }
 }
 

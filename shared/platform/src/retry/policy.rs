@@ -11,6 +11,7 @@ use std::{borrow::Cow, time::Duration};
 use chrono::{DateTime, Utc};
 
 use super::Backoff;
+use crate::config::{ConfigError, Setting, Vars};
 
 /// The shortest pause a policy hands out. Never zero: a retry must push `next_attempt_at`
 /// strictly past the moment it is written, so a concurrent duplicate does not find the row
@@ -100,6 +101,23 @@ impl RetryPolicy {
     /// The same backoff with another attempt limit.
     pub fn with_max_attempts(self, max_attempts: u32) -> Result<Self, InvalidRetryPolicy> {
         Self::new(max_attempts, self.backoff)
+    }
+
+    /// The same backoff with its attempt limit from `variable` (`*_MAX_ATTEMPTS` settings, at
+    /// least 1); as it is when unset.
+    pub fn with_max_attempts_from(
+        self,
+        vars: &Vars,
+        variable: Setting,
+    ) -> Result<Self, ConfigError> {
+        let attempts = vars.parse(
+            variable,
+            self.max_attempts,
+            "an attempt count, at least 1",
+            |n: &u32| *n > 0,
+        )?;
+        self.with_max_attempts(attempts)
+            .map_err(|_| vars.error(variable, &attempts.to_string(), "at least 1"))
     }
 
     pub fn max_attempts(&self) -> u32 {

@@ -4,7 +4,6 @@
 
 use std::{collections::HashMap, future::Future};
 
-use lapin::types::FieldTable;
 use opentelemetry::{
     Context, global,
     propagation::{Extractor, TextMapPropagator as _},
@@ -15,7 +14,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use uuid::Uuid;
 
 use super::otlp::tracing_enabled;
-use crate::bus::headers::{header_text, text_header};
 
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
@@ -127,22 +125,6 @@ impl TraceHeaders {
             request = request.header(TRACESTATE, tracestate);
         }
         request
-    }
-
-    pub fn from_amqp(headers: Option<&FieldTable>) -> Self {
-        Self {
-            traceparent: header_text(headers, TRACEPARENT),
-            tracestate: header_text(headers, TRACESTATE),
-        }
-    }
-
-    pub fn to_amqp(&self, headers: &mut FieldTable) {
-        if let Some(traceparent) = &self.traceparent {
-            text_header(headers, TRACEPARENT, traceparent);
-        }
-        if let Some(tracestate) = &self.tracestate {
-            text_header(headers, TRACESTATE, tracestate);
-        }
     }
 }
 
@@ -312,18 +294,6 @@ mod tests {
             assert_eq!(headers.remote(), None, "{bad:?}");
         }
         assert_eq!(TraceHeaders::default().remote(), None);
-    }
-
-    #[test]
-    fn the_headers_round_trip_through_amqp() {
-        let headers = TraceHeaders {
-            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
-            tracestate: Some("a=b".into()),
-        };
-        let mut table = FieldTable::default();
-        headers.to_amqp(&mut table);
-        assert_eq!(TraceHeaders::from_amqp(Some(&table)), headers);
-        assert!(TraceHeaders::from_amqp(None).is_empty());
     }
 
     #[test]

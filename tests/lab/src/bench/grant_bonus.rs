@@ -24,8 +24,9 @@ use paybus_bonuses::{
 use paybus_grant_bonus::{Attempted, GrantBonus, MessageResult, attempt};
 use paybus_money::Amount;
 use paybus_platform::{
-    bus::{Handler, Runner, metrics},
+    bus::{Handler, metrics},
     retry::Clock,
+    runner::Runner,
 };
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;

@@ -39,7 +39,7 @@ use super::{
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut env = TestEnv::new().await;
     env.settings.broker.shards =
-        topology::Shards::default().with(ConfirmWithdrawal::FUNCTION, args.shards);
+        paybus_platform::config::Shards::default().with(ConfirmWithdrawal::FUNCTION, args.shards);
     let mut services = bench_services(&env, args.concurrency).await?;
     services.settings.broker.lambda_concurrency = args.concurrency;
     let partners = insert_partners(&services.pool, args.partners).await?;

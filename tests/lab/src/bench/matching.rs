@@ -24,7 +24,7 @@ use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, NewDepositOrder,
     quote::QuoteClient,
 };
-use paybus_platform::bus::{Handler, Runner};
+use paybus_platform::{bus::Handler, runner::Runner};
 use paybus_testkit::{
     TestEnv,
     p2p::{self, QuoteStub},

@@ -23,9 +23,12 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_platform::bus::{
-    Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Runner, Services,
-    link::BrokerLink, metrics, publisher::Publisher,
+use paybus_platform::{
+    bus::{
+        Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Services,
+        link::BrokerLink, metrics, publisher::Publisher,
+    },
+    runner::Runner,
 };
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;

@@ -22,7 +22,7 @@ use paybus_markets::{
     materialise::{Materialiser, MaterialiserConfig, Plan},
     suspension,
 };
-use paybus_platform::{bus::Runner, retry::Clock};
+use paybus_platform::{retry::Clock, runner::Runner};
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;

@@ -12,7 +12,10 @@ use std::{
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_p2p::reconcile;
-use paybus_platform::{audit, bus::Services, bus::topology};
+use paybus_platform::{
+    audit,
+    bus::{Services, topology},
+};
 use paybus_testkit::p2p::QuoteStub;
 use serde::Serialize;
 use sqlx::MySqlPool;

@@ -289,10 +289,10 @@ impl Profile {
 
 impl Profile {
     /// Every catalog function on `shards` queues.
-    pub(crate) fn layout(&self) -> paybus_platform::bus::topology::Shards {
+    pub(crate) fn layout(&self) -> paybus_platform::config::Shards {
         paybus_catalog::FUNCTIONS.iter().fold(
             Default::default(),
-            |layout: paybus_platform::bus::topology::Shards, f| layout.with(f.name, self.shards),
+            |layout: paybus_platform::config::Shards, f| layout.with(f.name, self.shards),
         )
     }
 }

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::Context;
-use paybus_platform::{bus::Services, db};
+use paybus_platform::bus::Services;
 use paybus_testkit::free_port;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -101,7 +101,7 @@ impl Stage {
         let services = Services::connect(settings.clone())
             .await
             .context("while connecting to the run's own database and broker")?;
-        db::migrate(&services.pool).await?;
+        paybus_platform::migrations::apply(&services.pool).await?;
         services.declare_topology(&paybus_catalog::queues()).await?;
 
         let mut outside = World::start(profile).await;
@@ -112,7 +112,7 @@ impl Stage {
         let mut env = fleet::environment(&settings, &outside);
         // Always set (empty: none sharded), so no value inherited from this shell applies.
         env.insert(
-            paybus_platform::bus::topology::Shards::VARIABLE.to_owned(),
+            paybus_platform::config::Shards::VARIABLE.to_owned(),
             settings.broker.shards.to_string(),
         );
         // Each process its own order of the nodes: the connections spread over the cluster, so

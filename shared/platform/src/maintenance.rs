@@ -1,13 +1,22 @@
-//! Periodic maintenance jobs (outbox relay first; due retries, reapers and expiry come with
-//! their workflows). Locally each job runs on its own timer; in AWS one scheduled Lambda runs
+//! Periodic maintenance jobs: the [`Job`] trait and its scheduler, and the platform's own jobs
+//! (the outbox relay, the due sweep, the activity flush, the bus sampler; reapers and expiry
+//! come with their workflows). Locally each job runs on its own timer; in AWS one scheduled Lambda runs
 //! [`run_all_once`]. A failing job backs off (doubling its interval, at most 30 s extra) so a
 //! dead broker or database is not hammered, and resumes its pace once it succeeds.
+
+mod activity_flush;
+mod bus_samples;
+mod due_sweep;
+mod outbox_relay;
+
+pub use activity_flush::ActivityFlush;
+pub use due_sweep::{DueSweep, DueSweepConfig};
+pub use outbox_relay::{OutboxRelayJob, RelayStalled};
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use super::outbox::Relay;
 use crate::retry::Backoff;
 
 /// The extra pause of a failing job on top of its interval (500 ms doubling, at most 30 s), so
@@ -69,57 +78,4 @@ pub async fn run_all_once(
         results.push((job.name(), job.run_once().await));
     }
     results
-}
-
-/// The outbox relay as a job: drains due rows batch by batch, then prunes old published rows.
-pub struct OutboxRelayJob {
-    relay: Relay,
-    interval: Duration,
-}
-
-impl OutboxRelayJob {
-    pub fn new(relay: Relay, interval: Duration) -> Self {
-        Self { relay, interval }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{failed} outbox message(s) could not be published: the broker is unreachable or blocks publishers (each row's last_error says which)"
-)]
-pub struct RelayStalled {
-    pub failed: u64,
-}
-
-impl Job for OutboxRelayJob {
-    fn name(&self) -> &'static str {
-        "outbox-relay"
-    }
-
-    fn interval(&self) -> Duration {
-        self.interval
-    }
-
-    fn run_once(&self) -> JobFuture<'_> {
-        Box::pin(async move {
-            let mut changed = 0;
-            loop {
-                let report = self.relay.run_once().await?;
-                changed += report.published;
-                if report.failed > 0 {
-                    return Err(RelayStalled {
-                        failed: report.failed,
-                    }
-                    .into());
-                }
-                if report.published < u64::from(self.relay.batch_size()) {
-                    break;
-                }
-            }
-            changed += self.relay.prune().await?;
-            // The records of skipped deliveries live as long as the published outbox rows.
-            changed += self.relay.prune_skips().await?;
-            Ok(JobReport { changed })
-        })
-    }
 }

@@ -17,13 +17,11 @@ use std::{collections::BTreeMap, time::Duration};
 
 use sqlx::AssertSqlSafe;
 
-use crate::bus::{
-    Envelope, Message, Outbox,
-    outbox::OutboxError,
-    sweeper::{Job, JobFuture, JobReport},
+use super::{Job, JobFuture, JobReport};
+use crate::{
+    bus::{Envelope, Message, Outbox, outbox::OutboxError},
+    retry::{Clock, WorkTable},
 };
-
-use super::{Clock, WorkTable};
 
 /// The sweep's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,8 +5,7 @@ use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Durat
 
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    activity::ActivityFlush,
+use crate::bus::{
     consumer::consume,
     dead_letter::{DeadLetterRecorder, UnroutedRecorder},
     delivery::Processor,
@@ -14,9 +13,9 @@ use super::{
     outbox::{Relay, RelayConfig},
     pauses::{PauseReader, PauseWatch},
     services::{Services, StartupError},
-    sweeper::{self, Job, OutboxRelayJob},
     topology::FunctionQueue,
 };
+use crate::maintenance::{self, ActivityFlush, Job, OutboxRelayJob};
 
 /// The relay every process runs: each local process relays its own leftovers (several relays
 /// are safe), and the scheduled sweeper Lambda runs it in AWS.
@@ -153,7 +152,7 @@ impl Runner {
             tracing::warn!(%error, "reading function_pauses before consuming; trying again");
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep(super::pauses::POLL_INTERVAL) => {}
+                () = tokio::time::sleep(crate::bus::pauses::POLL_INTERVAL) => {}
             }
         }
         let mut tasks = tokio::task::JoinSet::new();
@@ -172,7 +171,7 @@ impl Runner {
         let jobs = self.jobs;
         let sweeper_shutdown = shutdown.clone();
         let sweeper_task = tasks.spawn(async move {
-            sweeper::run(jobs, sweeper_shutdown).await;
+            maintenance::run(jobs, sweeper_shutdown).await;
             Ok(())
         });
         running.insert(sweeper_task.id(), "the sweeper's jobs".to_owned());
@@ -226,7 +225,7 @@ impl Runner {
             }
         }
         // What the last messages counted before the stop (the flush job's timer is gone).
-        if let Err(error) = super::activity::flush(&self.services.pool).await {
+        if let Err(error) = crate::bus::activity::flush(&self.services.pool).await {
             tracing::warn!(%error, "could not record the last activity counts");
         }
         first_error.map_or(Ok(()), Err)
