@@ -6,8 +6,8 @@
 //! function and minute, as `done`, `skipped`, `retried` or `failed`; the tally is added to the
 //! `function_activity` rows by one statement every [`FLUSH_EVERY`] (a running process, the
 //! [`ActivityFlush`](crate::maintenance::ActivityFlush) job), after each invocation (a Lambda)
-//! and when a process stops. Nothing is written on the messages' own transactions, so the money path pays one uncontended lock
-//! a message. A process killed between flushes loses at most that interval's counts: the
+//! and when a process stops. Nothing is written on the messages' own transactions, so the
+//! money path pays one uncontended lock a message. A process killed between flushes loses at most that interval's counts: the
 //! charts are for people, the rows of the workflows are the record.
 //!
 //! Outcomes that are none of the four (`deferred`, `parked`, `refused`) are not tallied; the
