@@ -7,8 +7,9 @@
 //! `function_activity` rows by one statement every [`FLUSH_EVERY`] (a running process, the
 //! [`ActivityFlush`](crate::maintenance::ActivityFlush) job), after each invocation (a Lambda)
 //! and when a process stops. Nothing is written on the messages' own transactions, so the
-//! money path pays one uncontended lock a message. A process killed between flushes loses at most that interval's counts: the
-//! charts are for people, the rows of the workflows are the record.
+//! money path pays one uncontended lock a message. A process killed between flushes loses at
+//! most that interval's counts: the charts are for people, the rows of the workflows are the
+//! record.
 //!
 //! Outcomes that are none of the four (`deferred`, `parked`, `refused`) are not tallied; the
 //! dead-letter recorder adds each new failure ([`count_dead_letter`]) for the dead-letter chart.
