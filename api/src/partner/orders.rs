@@ -17,8 +17,8 @@ use axum::{
     http::StatusCode,
 };
 use paybus_p2p::{
-    Created, Handoff, NewDepositOrder, NewWithdrawOrder, WithdrawOrder, deposit_order,
-    deposit_order::Inserted, matches, withdraw_order,
+    Created, Handoff, Inserted, NewDepositOrder, NewWithdrawOrder, WithdrawOrder, deposit_order,
+    matches, withdraw_order,
 };
 use serde::Deserialize;
 

@@ -3,11 +3,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_match_deposit::MatchDeposit;
-use paybus_p2p::{
-    DepositOrderCreated,
-    config::DEFAULT_ORDER_TTL,
-    deposit_order::{self, Inserted},
-};
+use paybus_p2p::{DepositOrderCreated, Inserted, config::DEFAULT_ORDER_TTL, deposit_order};
 use paybus_platform::{
     bus::Envelope,
     function::FunctionEntry,

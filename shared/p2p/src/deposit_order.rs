@@ -30,6 +30,7 @@ use uuid::Uuid;
 
 use crate::{
     CreateError, MatchError,
+    inserted::Inserted,
     matches::{self, Held, MatchStatus, ReleaseReason},
     parse_column,
 };
@@ -368,16 +369,6 @@ pub struct NewDepositOrder {
     pub idempotency_key: Option<String>,
     pub currency: String,
     pub amount: Amount,
-}
-
-/// What [`insert`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Inserted {
-    /// A new order (PENDING, or MATCHING under its creator's claim: [`Start`]).
-    New(u64),
-    /// The partner already created an order with this reference (or under this idempotency
-    /// key): nothing was written.
-    Existing(u64),
 }
 
 /// How a new order starts.

@@ -23,10 +23,10 @@ use paybus_platform::{
 use uuid::Uuid;
 
 use crate::{
-    CreateError, MatchError,
+    CreateError, Inserted, MatchError,
     accounting::{self, Accounted, AttemptEnd, DeadLetters, Policies},
     config::MatchingConfig,
-    deposit_order::{self, Inserted, NewDepositOrder, Start},
+    deposit_order::{self, NewDepositOrder, Start},
     matches::ReleaseReason,
     messages::DepositOrderCreated,
     quote::{Effect, Quote, QuoteClient, QuoteError, QuoteRequest, TradeRequest},

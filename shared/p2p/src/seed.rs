@@ -8,9 +8,9 @@ use paybus_platform::{bus::Outbox, retry::Clock};
 use uuid::Uuid;
 
 use crate::{
-    CreateError, MatchError,
+    CreateError, Inserted, MatchError,
     config::{CANDIDATES, DEFAULT_ORDER_TTL},
-    deposit_order::{self, Close, CloseReason, Closer, Inserted, NewDepositOrder, Start},
+    deposit_order::{self, Close, CloseReason, Closer, NewDepositOrder, Start},
     matches::{self, Reserved},
     quote::{QuoteClient, QuoteRequest, TradeRequest},
     reserve::Fill,

@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use paybus_platform::db;
 
-use crate::{CreateError, MatchError, deposit_order::Inserted, parse_column};
+use crate::{CreateError, MatchError, inserted::Inserted, parse_column};
 
 paybus_platform::column_enum! {
     /// `p2p_withdraw_orders.status`.

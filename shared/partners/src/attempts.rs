@@ -10,10 +10,17 @@ use paybus_platform::retry::clock::micros;
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-use crate::notifications::ClaimedNotification;
-
 /// `error` is a VARCHAR(2000).
 const ERROR_MAX_CHARS: usize = 2000;
+
+/// Whose POST an attempt is: the notification, its partner and the claim's attempt number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptOf {
+    pub notification_id: u64,
+    pub partner_id: u64,
+    /// The notification's attempt number (1 = the first; a re-delivery starts again at 1).
+    pub attempt: u32,
+}
 
 /// One POST as deliver-webhook saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,10 +46,10 @@ pub struct DeliveryAttempt {
     pub error: Option<String>,
 }
 
-/// Records one POST of `claimed`.
+/// Records one POST of a notification.
 pub async fn record(
     conn: &mut MySqlConnection,
-    claimed: &ClaimedNotification,
+    of: AttemptOf,
     attempt: &NewAttempt,
 ) -> Result<(), sqlx::Error> {
     let error = attempt
@@ -54,9 +61,9 @@ pub async fn record(
          (notification_id, partner_id, attempt, started_at, status_code, latency_ms, error) \
          VALUES (?, ?, ?, ?, ?, ?, ?)",
     )
-    .bind(claimed.id)
-    .bind(claimed.partner_id)
-    .bind(claimed.attempts)
+    .bind(of.notification_id)
+    .bind(of.partner_id)
+    .bind(of.attempt)
     .bind(attempt.started_at)
     .bind(attempt.status_code)
     .bind(u32::try_from(attempt.latency.as_millis()).unwrap_or(u32::MAX))

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Connection, MySql, MySqlConnection, MySqlPool, QueryBuilder};
 
 use crate::{
-    attempts::{self, NewAttempt},
+    attempts::{self, AttemptOf, NewAttempt},
     breaker::BreakerRead,
     webhook_secrets::{self, SigningSecrets},
 };
@@ -389,6 +389,17 @@ pub struct ClaimedNotification {
     claim: Claim,
 }
 
+impl ClaimedNotification {
+    /// This attempt, as its record names it.
+    pub fn attempt_of(&self) -> AttemptOf {
+        AttemptOf {
+            notification_id: self.id,
+            partner_id: self.partner_id,
+            attempt: self.attempts,
+        }
+    }
+}
+
 /// What the claim made of a notification.
 #[derive(Debug, Clone)]
 pub enum DeliveryClaim {
@@ -548,7 +559,7 @@ pub async fn settle_delivered(
     attempt: &NewAttempt,
 ) -> Result<Settled, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    attempts::record(&mut conn, claimed, attempt).await?;
+    attempts::record(&mut conn, claimed.attempt_of(), attempt).await?;
     NOTIFICATIONS
         .settle_done(
             &mut conn,
@@ -570,7 +581,7 @@ pub async fn settle_failure(
 ) -> Result<AfterFailure, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     if let Some(attempt) = attempt {
-        attempts::record(&mut conn, claimed, attempt).await?;
+        attempts::record(&mut conn, claimed.attempt_of(), attempt).await?;
     }
     NOTIFICATIONS
         .settle_failure(&mut conn, &claimed.claim, policy, error, clock)
@@ -591,7 +602,7 @@ pub async fn settle_gone(
 ) -> Result<(Settled, bool), sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
-    attempts::record(&mut tx, claimed, attempt).await?;
+    attempts::record(&mut tx, claimed.attempt_of(), attempt).await?;
     let disabled = sqlx::query(
         "UPDATE partners SET webhook_disabled_at = NOW(6), webhook_disabled_reason = ? \
          WHERE id = ? AND webhook_disabled_at IS NULL",

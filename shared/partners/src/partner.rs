@@ -125,7 +125,10 @@ impl NewPartner {
             return Err(PartnerError::NameTooLong);
         }
         let webhook_url = webhook_url.map(parse_webhook_url).transpose()?;
-        let webhook_secret = webhook_secret.map(webhook_secrets::parse).transpose()?;
+        let webhook_secret = webhook_secret
+            .map(webhook_secrets::parse)
+            .transpose()
+            .map_err(|webhook_secrets::InvalidSecret| PartnerError::InvalidWebhookSecret)?;
         Ok(Self {
             name: name.to_owned(),
             webhook_url,

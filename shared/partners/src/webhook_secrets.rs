@@ -18,8 +18,6 @@ use paybus_platform::{
 use sqlx::{Connection, MySqlConnection};
 use zeroize::Zeroizing;
 
-use crate::partner::PartnerError;
-
 /// The Standard Webhooks prefix of a secret as partners see it.
 pub const PREFIX: &str = "whsec_";
 /// Bytes of a generated secret.
@@ -56,6 +54,12 @@ pub enum WebhookSecretError {
     Database(#[from] sqlx::Error),
 }
 
+/// A secret given by an admin that is neither a `whsec_<base64>` value nor a legacy string,
+/// each of 16 to 255 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a whsec_<base64> secret nor a string of 16 to 255 bytes")]
+pub struct InvalidSecret;
+
 /// The additional authenticated data binding a sealed secret to its partner.
 pub fn aad(partner_id: u64) -> Vec<u8> {
     format!("partner_webhook_secrets:{partner_id}").into_bytes()
@@ -79,17 +83,17 @@ pub fn reveal(key: &[u8]) -> RevealedSecret {
 
 /// The key of a secret as given by an admin: a `whsec_<base64>` value (of 16 to 255 bytes)
 /// is decoded; anything else is a legacy secret whose bytes are the key (16 to 255).
-pub fn parse(raw: &str) -> Result<SecretKey, PartnerError> {
+pub fn parse(raw: &str) -> Result<SecretKey, InvalidSecret> {
     let key = match raw.strip_prefix(PREFIX) {
         Some(encoded) => Zeroizing::new(
             base64::engine::general_purpose::STANDARD
                 .decode(encoded)
-                .map_err(|_| PartnerError::InvalidWebhookSecret)?,
+                .map_err(|_| InvalidSecret)?,
         ),
         None => Zeroizing::new(raw.as_bytes().to_vec()),
     };
     if !LEGACY_BYTES.contains(&key.len()) {
-        return Err(PartnerError::InvalidWebhookSecret);
+        return Err(InvalidSecret);
     }
     Ok(key)
 }
