@@ -111,7 +111,7 @@ pub async fn run(
                 .ok_or_else(bad_subject)?;
             match job::retry_by_ops(outbox, id, actor)
                 .await
-                .map_err(crate::bonuses::internal)?
+                .map_err(ApiError::from)?
             {
                 OpsRetry::Retried(job) => Ok(json!(job)),
                 OpsRetry::NotFailed(job) => Err(ApiError::Conflict(format!(

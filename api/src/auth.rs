@@ -24,17 +24,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, erro
 use paybus_platform::actor::Actor;
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, AppState, oidc::Refused};
-
-paybus_platform::column_enum! {
-    /// What a caller may do.
-    pub enum Role {
-        /// Reads: the views of every workflow, dead letters, the audit.
-        Ops,
-        /// Changes (create, retry, replay, suspend, ...) and reads.
-        Admin,
-    }
-}
+use crate::{ApiError, AppState, oidc::Refused, role::Role};
 
 /// Who is calling, and what they may do: what every admin handler acts as.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -55,14 +55,3 @@ pub(crate) fn admin_routes() -> Router<AppState> {
         .route("/v1/admin/charge-events", post(setup::create_event))
         .route("/v1/admin/charge-events/{id}", get(setup::show_event))
 }
-
-/// A database fault stays one (503 while the database is unavailable, else 500); anything
-/// else the domain cannot read is ours: 500 without details.
-pub(crate) fn internal(error: paybus_bonuses::BonusError) -> crate::ApiError {
-    use paybus_bonuses::BonusError;
-    match error {
-        BonusError::Database(e) => crate::ApiError::Database(e),
-        BonusError::Outbox(e) => crate::ApiError::Outbox(e),
-        other => crate::ApiError::Internal(Box::new(other)),
-    }
-}

@@ -91,7 +91,7 @@ pub(crate) fn routes() -> Router<AppState> {
         )
         .route("/console/sign-in", get(sign_in::start))
         .route("/console/callback", get(sign_in::callback))
-        .route("/console/logout", post(session::logout))
+        .route("/console/logout", post(sign_in::logout))
         .route("/console/sessions", get(sessions::page))
         .route("/console/sessions/{id}/end", post(sessions::end))
         .route("/console/overview", get(overview::page))

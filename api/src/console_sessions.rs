@@ -29,10 +29,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
-use crate::{
-    ApiError, AppState,
-    auth::{Caller, Role},
-};
+use crate::{ApiError, AppState, auth::Caller, role::Role};
 
 /// `last_seen_at` is written at most this often: the idle timeout is kept to within it
 /// without a write per page.

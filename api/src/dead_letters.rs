@@ -20,7 +20,7 @@ use axum::{
 use paybus_dead_letter_ops::{
     DeadLetter, DeadLetterDetail, DeadLetterError, DryRun, ExecuteOptions, ExecutionReport,
     LetterStatus, ListFilter, OperationAction, OperationDetail, OperationStatus, Overview,
-    Selection, groups, letter, operation, replay,
+    Selection, detail, groups, letter, operation, replay,
 };
 use serde::{Deserialize, Serialize};
 
@@ -165,7 +165,7 @@ async fn show(
 ) -> Result<Json<DeadLetterDetail>, ApiError> {
     let id = path_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    letter::show(&mut conn, &state.dead_letters, id)
+    detail::show(&mut conn, &state.dead_letters, id)
         .await
         .map_err(into_api)?
         .map(Json)

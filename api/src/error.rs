@@ -9,6 +9,7 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
+use paybus_bonuses::BonusError;
 use paybus_confirmations::CreateError;
 use paybus_platform::{bus::outbox::OutboxError, db};
 use serde_json::json;
@@ -38,7 +39,7 @@ pub enum ApiError {
     Unprocessable(String),
     /// 403: a valid token without the role this request needs.
     #[error("this request needs the {0} role")]
-    Forbidden(crate::auth::Role),
+    Forbidden(crate::role::Role),
     /// 403: the token has the role, but its subject may not do this (four-eyes: approving
     /// one's own request).
     #[error("{0}")]
@@ -159,6 +160,18 @@ impl From<CreateError> for ApiError {
             CreateError::NotInitial => ApiError::BadRequest(error.to_string()),
             CreateError::DuplicateActive { .. } => ApiError::Conflict(error.to_string()),
             CreateError::Database(e) => ApiError::Database(e),
+        }
+    }
+}
+
+/// A database fault stays one (503 while the database is unavailable, else 500); anything else
+/// the bonus domain cannot read is ours: 500 without details.
+impl From<BonusError> for ApiError {
+    fn from(error: BonusError) -> Self {
+        match error {
+            BonusError::Database(e) => ApiError::Database(e),
+            BonusError::Outbox(e) => ApiError::Outbox(e),
+            other => ApiError::Internal(Box::new(other)),
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod partner;
 mod partners;
 pub mod process;
 mod responses;
+pub mod role;
 pub mod search;
 mod secrets;
 pub mod server;

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{Mutex, OnceCell};
 
-use crate::auth::Role;
+use crate::role::Role;
 
 pub const VAR_ISSUER: Setting = Setting {
     name: "PAYBUS_OIDC_ISSUER",

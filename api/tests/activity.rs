@@ -11,7 +11,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use paybus_platform::bus::samples::BusSampler;
 use serde_json::{Value, json};
 use support::{Api, admin_get, admin_post, console_cookie, error_of, signed};

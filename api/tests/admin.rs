@@ -3,7 +3,7 @@
 
 use crate::support;
 
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 
 use axum::{
     body::Body,

@@ -8,7 +8,10 @@ use axum::{
     body::Body,
     http::{Method, Request, StatusCode, header},
 };
-use paybus_api::auth::{self, Claims, Role};
+use paybus_api::{
+    auth::{self, Claims},
+    role::Role,
+};
 use serde_json::Value;
 use support::{ADMIN_JWT_SECRET, Api, error_of, now, token};
 

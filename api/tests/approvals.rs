@@ -11,7 +11,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
 use paybus_testkit::bonuses;
 use serde_json::{Value, json};

@@ -8,7 +8,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use paybus_bonuses::charge::{Container, PaymentGateway};
 use paybus_testkit::{
     bonuses::{self, Purchase, assert_audit_clean},

@@ -11,7 +11,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::{self, Role};
+use paybus_api::{auth, role::Role};
 use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
 use paybus_platform::bus::dead_letter::group_counts;
 use paybus_testkit::bonuses;

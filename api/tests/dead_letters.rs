@@ -8,7 +8,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_platform::bus::{Envelope, dead_letter::record_given_up};
 use serde_json::json;

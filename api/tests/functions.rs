@@ -4,7 +4,7 @@
 use crate::support;
 
 use axum::http::StatusCode;
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use serde_json::json;
 use support::*;
 

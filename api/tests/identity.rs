@@ -13,7 +13,7 @@ use axum::{
     body::Body,
     http::{Method, Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use serde_json::{Value, json};
 use support::*;
 

@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use paybus_api::auth::{Role, issue};
+use paybus_api::{auth::issue, role::Role};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, RuntimeApi, SecretsExtension},

@@ -7,7 +7,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use serde_json::{Value, json};
 use support::{Api, admin_get, admin_post, error_of, token};
 

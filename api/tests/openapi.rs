@@ -204,7 +204,7 @@ async fn every_documented_operation_is_served_and_the_document_is_public() {
 async fn every_admin_operation_needs_a_token_and_every_change_needs_the_admin_role() {
     let api = Api::new().await;
     let document = serde_json::to_value(paybus_api::openapi::document()).expect("serialise");
-    let ops = support::token(&[paybus_api::auth::Role::Ops]);
+    let ops = support::token(&[paybus_api::role::Role::Ops]);
     let admin_operations: Vec<Operation> = documented(&document)
         .into_iter()
         .filter(|(_, path)| path.starts_with("/v1/admin"))

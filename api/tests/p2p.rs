@@ -7,7 +7,7 @@ use crate::support;
 use std::{collections::HashMap, time::Duration};
 
 use axum::http::StatusCode;
-use paybus_api::{ApiConfig, auth::Role};
+use paybus_api::{ApiConfig, role::Role};
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::Matcher;
 use paybus_platform::{bus::Handler, config::Vars, runner::Runner};

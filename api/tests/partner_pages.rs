@@ -13,7 +13,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, delivery::HEADER_WEBHOOK_ID};
 use paybus_partners::{
     breaker::BreakerPolicy,

@@ -7,7 +7,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use serde_json::json;
 use support::{Api, admin_get, admin_post, console_cookie};
 use tower::ServiceExt;

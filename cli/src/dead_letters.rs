@@ -16,8 +16,8 @@ use std::{io::IsTerminal, process::ExitCode, time::Duration};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use paybus_dead_letter_ops::{
-    ListFilter, OperationAction, OperationStatus, Selection, Triager, groups, letter, operation,
-    replay,
+    ListFilter, OperationAction, OperationStatus, Selection, Triager, detail, groups, letter,
+    operation, replay,
 };
 use paybus_platform::{Settings, bus::dead_letter::group_counts, db};
 use serde::Deserialize;
@@ -391,7 +391,7 @@ async fn read(pool: &sqlx::MySqlPool, command: DeadLettersCommand) -> anyhow::Re
             }
         }
         DeadLettersCommand::Show { id } => {
-            let Some(detail) = letter::show(conn, &TRIAGER, id).await? else {
+            let Some(detail) = detail::show(conn, &TRIAGER, id).await? else {
                 eprintln!("dead letter {id} does not exist");
                 return Ok(ExitCode::FAILURE);
             };

@@ -171,7 +171,7 @@ enum TokenCommand {
     Issue {
         /// OPS (reads) or ADMIN (changes and reads); repeat for several.
         #[arg(long = "role", required = true, value_parser = parse_role)]
-        roles: Vec<paybus_api::auth::Role>,
+        roles: Vec<paybus_api::role::Role>,
         /// Who the token is for (shown in the admin API's log lines).
         #[arg(long, default_value = "ops")]
         subject: String,
@@ -185,7 +185,7 @@ fn parse_shards(text: &str) -> Result<paybus_platform::config::Shards, String> {
     paybus_platform::config::Shards::parse(text)
 }
 
-fn parse_role(text: &str) -> Result<paybus_api::auth::Role, String> {
+fn parse_role(text: &str) -> Result<paybus_api::role::Role, String> {
     text.to_ascii_uppercase()
         .parse()
         .map_err(|_| format!("{text:?} is not a role: OPS or ADMIN"))
@@ -455,7 +455,7 @@ async fn ping(settings: Settings, timeout: u64) -> anyhow::Result<ExitCode> {
 }
 
 fn issue_token(
-    roles: &[paybus_api::auth::Role],
+    roles: &[paybus_api::role::Role],
     subject: &str,
     ttl: std::time::Duration,
 ) -> anyhow::Result<ExitCode> {

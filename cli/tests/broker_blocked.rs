@@ -14,7 +14,7 @@ use std::{
 
 use api_process::{output_of, paybus};
 
-use paybus_api::auth::{self, Role};
+use paybus_api::{auth, role::Role};
 use paybus_canary::{Canary, Ping};
 use paybus_lab::services::PrivateBroker;
 use paybus_platform::{

@@ -13,7 +13,7 @@ use paybus_confirmations::{
 };
 use paybus_dead_letter_ops::{
     DeadLetterError, ExecuteOptions, ExecutionReport, OperationAction, OperationStatus, Selection,
-    Triager, groups, letter, operation, replay,
+    Triager, detail, groups, operation, replay,
 };
 use paybus_platform::approvals::FourEyes as Policy;
 use paybus_platform::{
@@ -168,7 +168,7 @@ async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_
         .await
         .unwrap();
     assert_eq!((run.already_applied, run.safe, run.needs_human), (1, 0, 0));
-    let detail = letter::show(&mut conn, &TRIAGER, letter_id)
+    let detail = detail::show(&mut conn, &TRIAGER, letter_id)
         .await
         .unwrap()
         .unwrap();
@@ -189,7 +189,7 @@ async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_
         "nothing was sent"
     );
     assert_eq!(debits(pool, id).await, 1);
-    let detail = letter::show(&mut conn, &TRIAGER, letter_id)
+    let detail = detail::show(&mut conn, &TRIAGER, letter_id)
         .await
         .unwrap()
         .unwrap();

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use paybus_api::{ApiConfig, AppState, auth::Role};
+use paybus_api::{ApiConfig, AppState, role::Role};
 use paybus_cancel_orders::{CancelConfig, CancelOrders, due_tasks};
 use paybus_markets::{
     materialise::{Materialiser, MaterialiserConfig},

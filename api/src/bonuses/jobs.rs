@@ -82,7 +82,7 @@ pub(super) async fn list(
         },
     )
     .await
-    .map_err(super::internal)?;
+    .map_err(ApiError::from)?;
     let full = jobs.len() == limit as usize;
     Ok(Json(JobList {
         next_after_id: jobs.last().filter(|_| full).map(|job| job.id),
@@ -106,7 +106,7 @@ pub(super) async fn show(
     let mut conn = state.pool.acquire().await?;
     job::find(&mut conn, id)
         .await
-        .map_err(super::internal)?
+        .map_err(ApiError::from)?
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("bonus job {id} not found")))
 }
@@ -137,7 +137,7 @@ pub(super) async fn retry(
         let mut conn = state.pool.acquire().await?;
         let job = job::find(&mut conn, id)
             .await
-            .map_err(super::internal)?
+            .map_err(ApiError::from)?
             .ok_or_else(|| ApiError::NotFound(format!("bonus job {id} not found")))?;
         if job.status != JobStatus::Failed {
             return Err(ApiError::Conflict(format!(

@@ -178,6 +178,6 @@ fn refused(error: CompleteError) -> ApiError {
             tracing::warn!(%error, "payment completion refused");
             ApiError::Conflict(error.to_string())
         }
-        CompleteError::Bonus(error) => super::internal(error),
+        CompleteError::Bonus(error) => ApiError::from(error),
     }
 }

@@ -170,11 +170,11 @@ pub(super) async fn show_charge(
     let mut conn = state.pool.acquire().await?;
     let charge = charge::find(&mut conn, id)
         .await
-        .map_err(super::internal)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound(format!("charge {id} not found")))?;
     let bonus_jobs = job::for_charge(&mut conn, id)
         .await
-        .map_err(super::internal)?;
+        .map_err(ApiError::from)?;
     Ok(Json(ChargeView { charge, bonus_jobs }))
 }
 

@@ -55,7 +55,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
     };
     layout::page(
         "Approvals",
-        Some(session),
+        Some(&session.caller),
         html! {
             @if let Some(flash) = &flash { (flash) }
             p.hint { "Retrying a FAILED bonus job, re-running a suspension's FAILED tasks and resuming a market move money: one ADMIN asks, another approves, then it runs. Dead-letter replays are approved on their operation's page." }

@@ -47,7 +47,7 @@ pub(crate) async fn page(State(state): State<AppState>, session: Session) -> Res
         .collect();
     layout::page(
         "Audit",
-        Some(&session),
+        Some(&session.caller),
         html! {
             p.hint {
                 "The continuous auditor checks " (state.audit.len()) " invariants of every workflow over the rows written lately, every "

@@ -3,7 +3,7 @@
 //! buttons.
 //!
 //! The reads are the dead-letter library's (`paybus_dead_letter_ops::groups::overview`,
-//! `letter::list` and `letter::show`, what `GET /v1/admin/dead-letters/groups`, `GET
+//! `letter::list` and `detail::show`, what `GET /v1/admin/dead-letters/groups`, `GET
 //! /v1/admin/dead-letters` and `GET /v1/admin/dead-letters/{id}` answer). The buttons call the
 //! dead-letter admin API: *Dry run* and *Archive* freeze the selection into an operation (`POST
 //! /v1/admin/dead-letters/operations`) and show its page (`super::operations`), the
@@ -17,7 +17,7 @@ use axum::{
 };
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
-use paybus_dead_letter_ops::{ExposureSum, ListFilter, Overview, groups, letter};
+use paybus_dead_letter_ops::{ExposureSum, ListFilter, Overview, detail, groups, letter};
 use paybus_platform::triage::Verdict;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -56,7 +56,7 @@ async fn render_groups(state: &AppState, session: &Session, flash: Option<Flash>
     };
     layout::page(
         "Dead letters",
-        Some(session),
+        Some(&session.caller),
         html! {
             @if let Some(flash) = &flash { (flash) }
             @if groups.is_empty() {
@@ -179,7 +179,7 @@ pub(crate) async fn group(
     let title = format!("Dead letters: {function_name} / {reason}");
     layout::page(
         &title,
-        Some(&session),
+        Some(&session.caller),
         html! {
             p { a href="/console/dead-letters" { "← all groups" } }
             @if letters.is_empty() {
@@ -370,7 +370,7 @@ pub(crate) async fn letter_page(
     };
     let detail = async {
         let mut conn = state.pool.acquire().await?;
-        letter::show(&mut conn, &state.dead_letters, id)
+        detail::show(&mut conn, &state.dead_letters, id)
             .await
             .map_err(into_api)
     };
@@ -388,7 +388,7 @@ pub(crate) async fn letter_page(
     let pretty = |value: &Value| serde_json::to_string_pretty(value).unwrap_or_default();
     layout::page(
         &format!("Dead letter {id}"),
-        Some(&session),
+        Some(&session.caller),
         html! {
             p { a href=(group_href(&l.function_name, &l.reason)) { "← " (l.function_name) " / " (l.reason) } }
             dl #letter data-status=(l.status) data-verdict=(detail.triage.verdict) {

@@ -33,7 +33,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         };
         job::list(&mut conn, page)
             .await
-            .map_err(crate::bonuses::internal)
+            .map_err(crate::ApiError::from)
     };
     let jobs = match jobs.await {
         Ok(jobs) => jobs,
@@ -45,7 +45,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
         .count();
     layout::page(
         "Bonus jobs",
-        Some(session),
+        Some(&session.caller),
         html! {
             @if let Some(flash) = &flash { (flash) }
             p.hint { (failed) " FAILED (waiting for ops), " (jobs.len() - failed) " PENDING (waiting for their retry). A retry moves a FAILED job back to PENDING, due now, and grant-bonus attempts it at once." }

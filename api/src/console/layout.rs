@@ -13,8 +13,7 @@ use axum::{
 };
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use super::Session;
-use crate::auth::Role;
+use crate::{auth::Caller, role::Role};
 
 // Colours: text on the page's background and the header's links on its dark background all
 // have a contrast of at least 4.5:1 (WCAG AA), the focus outline at least 3:1 against both.
@@ -61,15 +60,15 @@ const PAGES: [(&str, &str); 8] = [
 /// ADMINs' own page: who is signed in to the console.
 pub(crate) const SESSIONS: (&str, &str) = ("/console/sessions", "Sessions");
 
-/// A whole page. `session` is None on the login page.
-pub(crate) fn page(title: &str, session: Option<&Session>, body: Markup) -> Markup {
-    page_with_head(title, session, html! {}, body)
+/// A whole page for the signed-in `caller`; None on the login page.
+pub(crate) fn page(title: &str, caller: Option<&Caller>, body: Markup) -> Markup {
+    page_with_head(title, caller, html! {}, body)
 }
 
 /// A page with extra `<head>` content (e.g. the suspensions' self-refresh).
 pub(crate) fn page_with_head(
     title: &str,
-    session: Option<&Session>,
+    caller: Option<&Caller>,
     head: Markup,
     body: Markup,
 ) -> Markup {
@@ -87,12 +86,12 @@ pub(crate) fn page_with_head(
                 a.skip href="#main" { "Skip to content" }
                 header {
                     strong { "paybus" }
-                    @if let Some(session) = session {
+                    @if let Some(caller) = caller {
                         nav aria-label="Console pages" {
                             @for (href, name) in PAGES {
                                 a href=(href) aria-current=[(name == title).then_some("page")] { (name) }
                             }
-                            @if session.caller.allows(Role::Admin) {
+                            @if caller.allows(Role::Admin) {
                                 a href=(SESSIONS.0) aria-current=[(SESSIONS.1 == title).then_some("page")] { (SESSIONS.1) }
                             }
                         }
@@ -100,8 +99,8 @@ pub(crate) fn page_with_head(
                             input type="search" name="q" placeholder="id, tx hash, reference" aria-label="Search by id, tx hash, member, charge or order reference";
                         }
                         span.who {
-                            (session.caller.actor.name) " ("
-                            @for (i, role) in session.caller.roles.iter().enumerate() {
+                            (caller.actor.name) " ("
+                            @for (i, role) in caller.roles.iter().enumerate() {
                                 @if i > 0 { ", " } (role)
                             }
                             ") "

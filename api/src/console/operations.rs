@@ -80,7 +80,7 @@ pub(crate) async fn render(
     let title = format!("Operation: {} of {} letter(s)", op.action, op.letters);
     layout::page(
         &title,
-        Some(session),
+        Some(&session.caller),
         html! {
             @if let Some(flash) = &flash { (flash) }
             p { a href="/console/dead-letters" { "← all groups" } }

@@ -123,7 +123,7 @@ async fn render_window(
     let seconds = |s: f64| format!("{s:.1} s");
     layout::page(
         "Overview",
-        Some(session),
+        Some(&session.caller),
         html! {
             @if let Some(flash) = &flash { (flash) }
             @if let Some(reason) = &overview.broker_blocked {

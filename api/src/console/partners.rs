@@ -146,7 +146,7 @@ pub(crate) async fn list(State(state): State<AppState>, session: Session) -> Res
         .count();
     layout::page(
         TITLE,
-        Some(&session),
+        Some(&session.caller),
         html! {
             p.hint { (partners.len()) " partner(s) by id; " (cut_off) " whose webhooks are not going out (disabled by a 410, or cut off by their breaker). Times UTC." }
             @if partners.is_empty() {
@@ -228,7 +228,7 @@ async fn render(
     let endpoint = EndpointState::of(&partner);
     let mut response = layout::page(
         &format!("Partner {}: {}", partner.id, partner.name),
-        Some(session),
+        Some(&session.caller),
         html! {
             p { a href="/console/partners" { "← all partners" } }
             @if let Some(outcome) = &outcome {

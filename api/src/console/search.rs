@@ -52,7 +52,7 @@ pub(crate) async fn page(
         }
     };
     if q.trim().is_empty() {
-        return layout::page("Search", Some(&session), form).into_response();
+        return layout::page("Search", Some(&session.caller), form).into_response();
     }
     let found = match search::find(&state, &SearchQuery { q, partner }).await {
         Ok(found) => found,
@@ -64,7 +64,7 @@ pub(crate) async fn page(
     }
     layout::page(
         "Search",
-        Some(&session),
+        Some(&session.caller),
         html! {
             (form)
             @for note in &found.notes { p.hint { (note) } }

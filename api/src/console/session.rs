@@ -23,14 +23,15 @@ use uuid::Uuid;
 use super::{FormFields, layout};
 use crate::{
     ApiError, AppState,
-    auth::{self, Caller, Role},
+    auth::{self, Caller},
     console_sessions,
+    role::Role,
 };
 
 /// The cookie that holds the session's secret.
 pub(crate) const SESSION_COOKIE: &str = "paybus_console";
 /// Where a stranger, or a cookie whose session is over, is sent.
-const LOGIN: &str = "/console/login";
+pub(crate) const LOGIN: &str = "/console/login";
 /// Where a cookie whose session is over is sent: the login page, saying so.
 const SESSION_OVER: &str = "/console/login?session=over";
 
@@ -292,39 +293,6 @@ pub(crate) async fn login(
     open(&state, &caller, lasts)
         .await
         .unwrap_or_else(layout::failure_page)
-}
-
-/// `POST /console/logout`: ends the session here, clears the cookie and, for a session the
-/// provider signed in where it offers one, signs out there too (its `end_session_endpoint`,
-/// which comes back to the login page); else straight to the login page.
-pub(crate) async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if !same_origin(&headers) {
-        return layout::error_page(
-            StatusCode::FORBIDDEN,
-            "This form was sent from another site.",
-        );
-    }
-    let mut signed_in_with_provider = false;
-    if let Some(secret) = cookie(&headers, SESSION_COOKIE) {
-        let ended = async {
-            let mut conn = state.pool.acquire().await?;
-            console_sessions::end_own(&mut conn, &secret).await
-        };
-        match ended.await {
-            Ok(method) => signed_in_with_provider = method == Some(AuthMethod::Oidc),
-            Err(error) => return layout::failure_page(error),
-        }
-    }
-    let to = if signed_in_with_provider {
-        super::sign_in::provider_sign_out(&state)
-            .await
-            .unwrap_or_else(|| LOGIN.to_owned())
-    } else {
-        LOGIN.to_owned()
-    };
-    let mut response = Redirect::to(&to).into_response();
-    set_cookie(&mut response, &state, SESSION_COOKIE, "", 0);
-    response
 }
 
 #[cfg(test)]

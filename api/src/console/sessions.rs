@@ -30,9 +30,8 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
             .failure(&Method::GET, LIST)
             .filter(|_| answer.no_route)
         {
-            Some(no_route) => {
-                layout::page(SESSIONS.1, Some(session), html! { (no_route) }).into_response()
-            }
+            Some(no_route) => layout::page(SESSIONS.1, Some(&session.caller), html! { (no_route) })
+                .into_response(),
             None => layout::error_page(answer.status, answer.error()),
         };
     }
@@ -49,7 +48,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
     let this = session.id.to_string();
     layout::page(
         SESSIONS.1,
-        Some(session),
+        Some(&session.caller),
         html! {
             @if let Some(flash) = &flash { (flash) }
             p.hint { (sessions.len()) " active console session(s), newest first. Ending one signs its holder out at their next request (times UTC)." }

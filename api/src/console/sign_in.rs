@@ -30,15 +30,18 @@ use axum::{
 };
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use hmac::{Hmac, Mac};
-use paybus_platform::{Secret, actor::Actor};
+use paybus_platform::{
+    Secret,
+    actor::{Actor, AuthMethod},
+};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{
     layout,
-    session::{self, cookie, set_cookie},
+    session::{self, LOGIN, SESSION_COOKIE, cookie, same_origin, set_cookie},
 };
-use crate::{AppState, auth::Caller, oidc::Refused};
+use crate::{AppState, auth::Caller, console_sessions, oidc::Refused};
 
 /// The cookie that ties a sign-in in progress to the browser that started it: its `state`.
 pub(crate) const PENDING_COOKIE: &str = "paybus_console_sign_in";
@@ -319,6 +322,39 @@ fn token_refusal(which: &'static str, refused: Refused) -> Refusal {
 
 fn provider_unavailable(refused: &Refused) -> Response {
     layout::error_page(StatusCode::SERVICE_UNAVAILABLE, &refused.to_string())
+}
+
+/// `POST /console/logout`: ends the session here, clears the cookie and, for a session the
+/// provider signed in where it offers one, signs out there too (its `end_session_endpoint`,
+/// which comes back to the login page); else straight to the login page.
+pub(crate) async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if !same_origin(&headers) {
+        return layout::error_page(
+            StatusCode::FORBIDDEN,
+            "This form was sent from another site.",
+        );
+    }
+    let mut signed_in_with_provider = false;
+    if let Some(secret) = cookie(&headers, SESSION_COOKIE) {
+        let ended = async {
+            let mut conn = state.pool.acquire().await?;
+            console_sessions::end_own(&mut conn, &secret).await
+        };
+        match ended.await {
+            Ok(method) => signed_in_with_provider = method == Some(AuthMethod::Oidc),
+            Err(error) => return layout::failure_page(error),
+        }
+    }
+    let to = if signed_in_with_provider {
+        provider_sign_out(&state)
+            .await
+            .unwrap_or_else(|| LOGIN.to_owned())
+    } else {
+        LOGIN.to_owned()
+    };
+    let mut response = Redirect::to(&to).into_response();
+    set_cookie(&mut response, &state, SESSION_COOKIE, "", 0);
+    response
 }
 
 /// Where the browser goes to sign out at the provider too: its `end_session_endpoint` (when

@@ -55,7 +55,7 @@ async fn render(state: &AppState, session: &Session, flash: Option<Flash>) -> Re
     };
     layout::page_with_head(
         "Suspensions",
-        Some(session),
+        Some(&session.caller),
         head,
         html! {
             @if let Some(flash) = &flash { (flash) }

@@ -51,7 +51,7 @@ pub(crate) async fn page(
     };
     layout::page(
         "Trace",
-        Some(&session),
+        Some(&session.caller),
         html! {
             form method="get" action="/console/trace" {
                 label { "Kind "

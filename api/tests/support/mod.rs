@@ -8,11 +8,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_api::{
-    ApiConfig, AppState,
-    auth::{self, Role},
-    router,
-};
+use paybus_api::{ApiConfig, AppState, auth, role::Role, router};
 use paybus_platform::{Secret, bus::Services, signature};
 use paybus_testkit::{
     TestEnv,

@@ -180,12 +180,15 @@ where
 {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
+        let now = clock.sql_now().unwrap();
+        let horizon = now + chrono::Duration::from_std(longest_wait).unwrap();
+        // The rows are read before `done` is asked: read after, a row that settled in between
+        // would make a quiet picture of a state `done` never saw, and the clock would move
+        // past the moment the caller waits for.
+        let waits = waits(env).await;
         if done().await {
             return true;
         }
-        let now = clock.sql_now().unwrap();
-        let horizon = now + chrono::Duration::from_std(longest_wait).unwrap();
-        let waits = waits(env).await;
         let quiet = waits
             .iter()
             .all(|at| at.is_some_and(|at| at > now && at <= horizon));

@@ -2,7 +2,8 @@
 //! `/v1/admin/dead-letters` do, on the `dead_letters` table the platform's recorders fill.
 //!
 //! - [`letter`]: a letter as stored, the list, one letter with the rows it refers to
-//!   ([`letter::show`]), and [`Selection`] (ids, or a function + reason group).
+//!   and [`Selection`] (ids, or a function + reason group); [`detail::show`]: one letter with
+//!   the rows it refers to.
 //! - [`groups`]: the letters by function and reason, with the money at stake per partner.
 //! - [`Triager`]: asks the letter's function what a replay would do (*already applied*, *safe
 //!   to replay*, *needs a human*).
@@ -14,6 +15,7 @@
 //! The rule: no replay relies on the dry run it follows; the verdict is taken again in the
 //! transaction that sends the message, and the function's own guards stand behind that.
 
+pub mod detail;
 mod error;
 pub mod groups;
 pub mod letter;
@@ -22,9 +24,10 @@ pub mod replay;
 pub mod trail;
 mod triager;
 
+pub use detail::DeadLetterDetail;
 pub use error::DeadLetterError;
 pub use groups::{ExposureSum, Group, Overview};
-pub use letter::{DeadLetter, DeadLetterDetail, LetterStatus, ListFilter, Selection};
+pub use letter::{DeadLetter, LetterStatus, ListFilter, Selection};
 pub use operation::{
     ExecuteOptions, ExecutionReport, Operation, OperationAction, OperationDetail, OperationStatus,
 };

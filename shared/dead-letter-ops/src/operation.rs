@@ -529,7 +529,7 @@ pub struct ExecuteOptions {
 impl Default for ExecuteOptions {
     fn default() -> Self {
         Self {
-            per_second: 10.0,
+            per_second: replay::DEFAULT_PER_SECOND,
             limit: MAX_PAGE,
         }
     }

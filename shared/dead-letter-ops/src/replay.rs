@@ -89,11 +89,14 @@ pub struct ReplayResult {
     pub replay_message_id: Option<Uuid>,
 }
 
+/// The pace of a replay or an archive when none is given: ten letters a second.
+pub const DEFAULT_PER_SECOND: f64 = 10.0;
+
 pub(crate) fn pace(per_second: f64) -> tokio::time::Interval {
     let per_second = if per_second.is_finite() && per_second > 0.0 {
         per_second
     } else {
-        crate::operation::ExecuteOptions::default().per_second
+        DEFAULT_PER_SECOND
     };
     let mut interval = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

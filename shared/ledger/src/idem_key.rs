@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{EntryType, ReferenceType};
+use super::entry::{EntryType, ReferenceType};
 
 /// The key of a ledger entry that must exist at most once (`ledger_entries.idem_key`, unique).
 ///

@@ -13,12 +13,12 @@
 //! beyond it is refused ([`LedgerError::OutOfRange`]), never rounded.
 
 pub mod audit;
+mod entry;
 mod idem_key;
 mod posting;
 mod record;
 
+pub use entry::{EntryType, ReferenceType};
 pub use idem_key::IdemKey;
-pub use posting::{
-    EntryType, LedgerError, Posted, Posting, ReferenceType, balance, key_exists, post,
-};
-pub use record::post_all;
+pub use posting::{LedgerError, Posted, Posting};
+pub use record::{balance, key_exists, post, post_all};

@@ -1,78 +1,13 @@
 //! What a posting is and what it can come to: [`Posting`], [`Posted`], [`LedgerError`]. One
 //! function writes them, [`post_all`](super::post_all) (`record.rs`), whatever the number of
-//! entries; [`post`] is it with one.
-
-use std::fmt;
+//! entries.
 
 use paybus_money::Amount;
-use sqlx::MySqlConnection;
 
-use super::{IdemKey, post_all};
-
-/// How an entry moves the balance: CREDIT adds, DEBIT and FEE subtract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EntryType {
-    Debit,
-    Credit,
-    Fee,
-}
-
-impl EntryType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EntryType::Debit => "DEBIT",
-            EntryType::Credit => "CREDIT",
-            EntryType::Fee => "FEE",
-        }
-    }
-
-    /// The entry's effect on the balance: `amount` for a CREDIT, `-amount` otherwise.
-    pub fn signed(self, amount: Amount) -> Amount {
-        match self {
-            EntryType::Credit => amount,
-            EntryType::Debit | EntryType::Fee => amount.negated(),
-        }
-    }
-}
-
-impl fmt::Display for EntryType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What an entry is about: `reference_type` + `reference_id` name the row that caused it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReferenceType {
-    /// `withdrawals.id`: the confirmation DEBIT, and P2P legs / corrections on a withdrawal.
-    Withdrawal,
-    /// `deposits.id`: the confirmation CREDIT and FEE.
-    Deposit,
-    /// A P2P match's settlement (CREDIT and FEE per match).
-    P2pSettlement,
-    /// Settlement inflow.
-    Settlement,
-    /// A manual correction or a migrated balance (seed 001: ledger 12282 MIGRATION CREDIT).
-    Migration,
-}
-
-impl ReferenceType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReferenceType::Withdrawal => "WITHDRAWAL",
-            ReferenceType::Deposit => "DEPOSIT",
-            ReferenceType::P2pSettlement => "P2P_SETTLEMENT",
-            ReferenceType::Settlement => "SETTLEMENT",
-            ReferenceType::Migration => "MIGRATION",
-        }
-    }
-}
-
-impl fmt::Display for ReferenceType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use super::{
+    entry::{EntryType, ReferenceType},
+    idem_key::IdemKey,
+};
 
 /// One entry to post. `amount` is positive; the [`EntryType`] gives the direction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,7 +89,8 @@ impl Posting {
     }
 }
 
-/// The outcome of one posting of [`post_all`] (or [`post`]); both are success.
+/// The outcome of one posting of [`post_all`](super::post_all) (or [`post`](super::post)); both
+/// are success.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Posted {
     /// This call wrote the entry (its `balance_after` is on the row) and moved the balance.
@@ -200,51 +136,6 @@ pub enum LedgerError {
     Incomplete { written: u64, expected: u64 },
     #[error("ledger database error: {0}")]
     Database(#[from] sqlx::Error),
-}
-
-/// Posts one entry: [`post_all`] with one posting (the same two statements, the same
-/// guarantees), for the callers that have one.
-#[tracing::instrument(
-    skip_all,
-    fields(
-        partner_id = posting.partner_id,
-        currency = %posting.currency,
-        entry_type = %posting.entry_type,
-        reference_type = %posting.reference_type,
-        reference_id = posting.reference_id,
-        idem_key = posting.idem_key.as_ref().map(IdemKey::as_str),
-    )
-)]
-pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Posted, LedgerError> {
-    let mut posted = post_all(conn, std::slice::from_ref(posting)).await?;
-    posted.pop().ok_or(LedgerError::Incomplete {
-        written: 0,
-        expected: 1,
-    })
-}
-
-/// A partner's balance in `currency` now (in the caller's transaction); `None` before its first
-/// posting.
-pub async fn balance(
-    conn: &mut MySqlConnection,
-    partner_id: u64,
-    currency: &str,
-) -> Result<Option<Amount>, sqlx::Error> {
-    sqlx::query_scalar("SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ?")
-        .bind(partner_id)
-        .bind(currency)
-        .fetch_optional(conn)
-        .await
-}
-
-/// Whether the keyed entry `key` is in the ledger (a dead letter's triage: its posting is
-/// already applied).
-pub async fn key_exists(conn: &mut MySqlConnection, key: &IdemKey) -> Result<bool, sqlx::Error> {
-    let found: Option<u64> = sqlx::query_scalar("SELECT id FROM ledger_entries WHERE idem_key = ?")
-        .bind(key.as_str())
-        .fetch_optional(conn)
-        .await?;
-    Ok(found.is_some())
 }
 
 #[cfg(test)]

@@ -7,7 +7,10 @@ use paybus_money::Amount;
 use paybus_platform::db::{error_number, is_duplicate_on};
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-use super::{IdemKey, LedgerError, Posted, Posting};
+use super::{
+    idem_key::IdemKey,
+    posting::{LedgerError, Posted, Posting},
+};
 
 /// The unique key behind [`IdemKey`]. MariaDB names it `'uk_ledger_idem_key'` in the duplicate
 /// message, MySQL 8 `'ledger_entries.uk_ledger_idem_key'`.
@@ -277,4 +280,49 @@ fn out_of_range(posting: &Posting) -> LedgerError {
         entry_type: posting.entry_type,
         amount: posting.amount,
     }
+}
+
+/// Posts one entry: [`post_all`] with one posting (the same two statements, the same
+/// guarantees), for the callers that have one.
+#[tracing::instrument(
+    skip_all,
+    fields(
+        partner_id = posting.partner_id,
+        currency = %posting.currency,
+        entry_type = %posting.entry_type,
+        reference_type = %posting.reference_type,
+        reference_id = posting.reference_id,
+        idem_key = posting.idem_key.as_ref().map(IdemKey::as_str),
+    )
+)]
+pub async fn post(conn: &mut MySqlConnection, posting: &Posting) -> Result<Posted, LedgerError> {
+    let mut posted = post_all(conn, std::slice::from_ref(posting)).await?;
+    posted.pop().ok_or(LedgerError::Incomplete {
+        written: 0,
+        expected: 1,
+    })
+}
+
+/// A partner's balance in `currency` now (in the caller's transaction); `None` before its first
+/// posting.
+pub async fn balance(
+    conn: &mut MySqlConnection,
+    partner_id: u64,
+    currency: &str,
+) -> Result<Option<Amount>, sqlx::Error> {
+    sqlx::query_scalar("SELECT balance FROM partner_balances WHERE partner_id = ? AND currency = ?")
+        .bind(partner_id)
+        .bind(currency)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Whether the keyed entry `key` is in the ledger (a dead letter's triage: its posting is
+/// already applied).
+pub async fn key_exists(conn: &mut MySqlConnection, key: &IdemKey) -> Result<bool, sqlx::Error> {
+    let found: Option<u64> = sqlx::query_scalar("SELECT id FROM ledger_entries WHERE idem_key = ?")
+        .bind(key.as_str())
+        .fetch_optional(conn)
+        .await?;
+    Ok(found.is_some())
 }

@@ -4,6 +4,8 @@
 
 mod bench;
 mod chaos;
+mod drive;
+mod finished;
 mod plot;
 
 use std::process::ExitCode;

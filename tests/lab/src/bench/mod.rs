@@ -15,10 +15,7 @@
 
 use std::{
     process::ExitCode,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -33,6 +30,8 @@ use paybus_platform::{
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
+
+use crate::drive::drive;
 
 mod auditor;
 mod checkpointer;
@@ -284,37 +283,6 @@ impl Statements {
     }
 }
 
-/// Runs `work(i)` for i in 0..count on `concurrency` tasks; the elapsed time.
-pub(crate) async fn drive<F, Fut>(
-    count: usize,
-    concurrency: u16,
-    work: F,
-) -> anyhow::Result<Duration>
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = anyhow::Result<()>> + Send,
-{
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (next, work) = (next.clone(), work.clone());
-        workers.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
-                    return anyhow::Ok(());
-                }
-                work(i).await?;
-            }
-        });
-    }
-    while let Some(joined) = workers.join_next().await {
-        joined??;
-    }
-    Ok(started.elapsed())
-}
-
 /// The admin API served on a local port over `services`, with an ADMIN token: what the
 /// benches that time HTTP routes ask.
 pub(crate) struct BenchApi {
@@ -343,7 +311,7 @@ impl BenchApi {
         let token = paybus_api::auth::issue(
             Self::ADMIN_SECRET,
             "bench",
-            &[paybus_api::auth::Role::Admin],
+            &[paybus_api::role::Role::Admin],
             Duration::from_secs(3600),
         )?;
         Ok(Self {

@@ -19,7 +19,7 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duratio
 use anyhow::bail;
 
 use self::{
-    figures::{Finished, Throughput, Window},
+    figures::{Throughput, Window},
     report::{Point, Series, SoakReport, Summary},
     samples::Sampler,
 };
@@ -28,6 +28,7 @@ use crate::chaos::{
     load::{self, Plan, Rates},
     stage::Stage,
 };
+use crate::finished::{Finished, Workflow, finished};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SoakArgs {
@@ -75,15 +76,6 @@ pub struct SoakArgs {
     pub bin_dir: Option<PathBuf>,
 }
 
-/// The soak's workflows, in report order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Workflow {
-    P2p,
-    Confirmations,
-    Bonuses,
-    Markets,
-}
-
 /// Every workflow's items per second and p99 in buckets of `bucket` from `started_at` to now
 /// (the run is quiet: everything has finished), for the plot.
 async fn series(
@@ -97,7 +89,7 @@ async fn series(
     let mut all = Vec::with_capacity(Workflow::ALL.len());
     for workflow in Workflow::ALL {
         let mut buckets: BTreeMap<i64, Vec<Finished>> = BTreeMap::new();
-        for item in figures::finished(pool, workflow, started_at, now).await? {
+        for item in finished(pool, workflow, started_at, now).await? {
             buckets
                 .entry(item.at_us / bucket_us)
                 .or_default()
@@ -118,20 +110,6 @@ async fn series(
         all.push(Series { workflow, points });
     }
     Ok(all)
-}
-
-impl Workflow {
-    pub(crate) const ALL: [Self; 4] =
-        [Self::P2p, Self::Confirmations, Self::Bonuses, Self::Markets];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::P2p => "p2p",
-            Self::Confirmations => "confirmations",
-            Self::Bonuses => "bonuses",
-            Self::Markets => "markets",
-        }
-    }
 }
 
 fn parse_rate(text: &str) -> Result<(Workflow, f64), String> {

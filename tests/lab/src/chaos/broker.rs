@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_lab::services::{CLUSTER_SIZE, PrivateCluster, PrivateService};
 use paybus_platform::config::BrokerSettings;
 
@@ -94,4 +95,19 @@ impl OwnBroker {
             Self::Cluster(cluster) => cluster.kill_keeping_state(),
         }
     }
+}
+
+/// Messages ready in `queue` (a passive declare).
+pub(crate) async fn ready(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(declared.message_count())
 }

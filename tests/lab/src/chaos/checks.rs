@@ -10,7 +10,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lapin::{options::QueueDeclareOptions, types::FieldTable};
 use paybus_p2p::reconcile;
 use paybus_platform::{
     audit,
@@ -21,6 +20,7 @@ use serde::Serialize;
 use sqlx::MySqlPool;
 
 use super::{
+    broker::ready,
     duplicator::{Duplicator, TAP_QUEUE},
     load::Load,
     outside::Webhooks,
@@ -129,21 +129,6 @@ pub(crate) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32
     }
     let _ = channel.close(200, "done".into()).await;
     Ok(found)
-}
-
-/// Messages ready in `queue` (a passive declare).
-pub(crate) async fn ready(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(declared.message_count())
 }
 
 /// Whether the run went quiet in time, and what was still moving if not.

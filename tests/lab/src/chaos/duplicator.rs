@@ -219,7 +219,7 @@ async fn consume(
                     // A count the broker does not give within the check's period is a stall too.
                     let waiting = tokio::time::timeout(
                         STALL_CHECK,
-                        super::checks::ready(&channel, TAP_QUEUE),
+                        super::broker::ready(&channel, TAP_QUEUE),
                     )
                     .await;
                     if !matches!(waiting, Ok(Ok(0))) {

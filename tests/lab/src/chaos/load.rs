@@ -26,7 +26,7 @@ use super::{
     Profile,
     outside::{Api, CHAIN_MONITOR_SECRET, PAYMENTS_SECRET, World},
 };
-use crate::bench::drive;
+use crate::drive::drive;
 
 /// How many items the drivers send, and when.
 #[derive(Debug, Clone, Copy)]

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_api::auth::Role;
+use paybus_api::role::Role;
 use paybus_testkit::p2p::QuoteStub;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate, matchers::method};
 

@@ -10,8 +10,18 @@ use super::{
     faults::Fault,
     fleet::ProcessRecord,
     load::{Load, Sent},
-    stage::NetworkFigures,
 };
+
+/// The run's network in figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct NetworkFigures {
+    /// What the machine allowed ("network faults: kernel (netns + nft + ss; …)").
+    pub mode: String,
+    /// Connections reset right after their COMMIT went out, and how many of those COMMITs
+    /// the server carried out (the client could not know).
+    pub commit_resets: u64,
+    pub commit_resets_committed: u64,
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Figures {

@@ -17,7 +17,6 @@ use std::{
 use anyhow::Context;
 use paybus_platform::bus::Services;
 use paybus_testkit::free_port;
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -28,6 +27,7 @@ use super::{
     load::Load,
     network::{Network, NetworkOptions, Peer},
     outside::{Api, World},
+    report::NetworkFigures,
     timeline::{Recording, Watch},
 };
 
@@ -53,17 +53,6 @@ pub(crate) struct Stage {
     pub(crate) started: Instant,
     /// A minute before it, on the wall clock: where the quote reconciliation starts.
     pub(crate) started_at: chrono::DateTime<chrono::Utc>,
-}
-
-/// The run's network in figures.
-#[derive(Debug, Clone, Serialize)]
-pub struct NetworkFigures {
-    /// What the machine allowed ("network faults: kernel (netns + nft + ss; …)").
-    pub mode: String,
-    /// Connections reset right after their COMMIT went out, and how many of those COMMITs
-    /// the server carried out (the client could not know).
-    pub commit_resets: u64,
-    pub commit_resets_committed: u64,
 }
 
 /// What [`Stage::finish`] found.

@@ -3,7 +3,7 @@
 //! fault shaded across them:
 //!
 //! 1. items finished per second by workflow, from the workflows' own timestamps (the soak's
-//!    [`figures::finished`]: the system's view, not the clients');
+//!    [`crate::finished`]: the system's view, not the clients');
 //! 2. messages ready in the functions' queues (what the report's peak queue depth is the peak of);
 //! 3. W1's fills in doubt (`p2p_matches` TRADING, by `(deposit_order_id, trade_key)`) and deposit
 //!    orders parked IN_DOUBT for ops.
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Profile, faults::Fault, report::Report};
 use crate::{
-    bench::soak::{Workflow, figures},
+    finished::{Workflow, finished},
     plot::{self, Band, Figure, Line, Panel},
 };
 
@@ -147,7 +147,7 @@ async fn queued(link: &BrokerLink, queues: &[String]) -> Option<u64> {
     let channel = link.current().connection.create_channel().await.ok()?;
     let mut sum = Some(0_u64);
     for queue in queues {
-        match super::checks::ready(&channel, queue).await {
+        match super::broker::ready(&channel, queue).await {
             Ok(n) => sum = sum.map(|sum| sum + u64::from(n)),
             // The passive declare's failure closed the channel: the others cannot be read.
             Err(_) => {
@@ -227,7 +227,7 @@ impl Timeline {
         let throughput = async {
             let mut all = Vec::with_capacity(Workflow::ALL.len());
             for workflow in Workflow::ALL {
-                let items = figures::finished(pool, workflow, from, to)
+                let items = finished(pool, workflow, from, to)
                     .await
                     .map_err(|e| format!("{} not read: {e}", workflow.name()))?;
                 let at_us = items.iter().map(|item| item.at_us);

@@ -89,11 +89,12 @@ mod tests {
 
     use super::*;
     use crate::bench::soak::{
-        SoakPlan, Workflow,
+        SoakPlan,
         figures::Window,
         report::{Point, Series, Summary},
         samples::Sample,
     };
+    use crate::finished::Workflow;
 
     /// A synthetic report: two windows, samples every 10 s, a bucket without a p99.
     fn report() -> SoakReport {
