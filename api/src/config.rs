@@ -247,7 +247,7 @@ pub struct ApiConfig {
     /// How the web console signs people in and how long their sessions last.
     pub console: ConsoleConfig,
     /// The partner API's settings (`PAYBUS_PARTNER_*`).
-    pub partner_api: crate::partner::PartnerApiConfig,
+    pub partner_api: crate::partner_api::PartnerApiConfig,
     /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
     pub sealer: Option<paybus_platform::sealed::Sealer>,
 }
@@ -268,7 +268,7 @@ impl Default for ApiConfig {
             limits: Limits::default(),
             four_eyes: paybus_platform::approvals::FourEyes::default(),
             console: ConsoleConfig::at(http_addr),
-            partner_api: crate::partner::PartnerApiConfig::default(),
+            partner_api: crate::partner_api::PartnerApiConfig::default(),
             sealer: None,
         }
     }
@@ -309,7 +309,7 @@ impl ApiConfig {
             },
             four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
             console: ConsoleConfig::read(env, http_addr)?,
-            partner_api: crate::partner::PartnerApiConfig::read(env)?,
+            partner_api: crate::partner_api::PartnerApiConfig::read(env)?,
             sealer: paybus_platform::sealed::Sealer::read(
                 env.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
                 env,

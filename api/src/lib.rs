@@ -1,6 +1,6 @@
 //! The paybus HTTP API (docs/api.md): the producer side of the bus, with routes by workflow next
 //! to the domain crate they use, [`confirmations`] (W2's chain-monitor intake), [`bonuses`]
-//! (W3's payment completions), [`partner`] (the partner API: W1's orders, records, webhooks),
+//! (W3's payment completions), [`partner_api`] (the partner API: W1's orders, records, webhooks),
 //! `markets`, `p2p`, `partners` and the ops routes (`dead_letters`, `functions`, `ops_log`,
 //! `audit`, [`approvals`], [`trace`], [`search`]).
 //!
@@ -35,7 +35,7 @@ pub mod openapi;
 mod ops_log;
 mod overview;
 mod p2p;
-pub mod partner;
+pub mod partner_api;
 mod partners;
 pub mod process;
 mod responses;
@@ -116,9 +116,9 @@ pub struct AppState {
     /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
     pub shards: paybus_platform::config::Shards,
     /// The partner API's key hashing key and default rate limit.
-    pub partner_api: partner::PartnerApiConfig,
+    pub partner_api: partner_api::PartnerApiConfig,
     /// Every partner's request bucket (per process).
-    pub partner_rate_limits: partner::rate_limit::RateLimits,
+    pub partner_rate_limits: partner_api::rate_limit::RateLimits,
     /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
     pub sealer: Option<paybus_platform::sealed::Sealer>,
     /// How the web console signs people in and how long their sessions last.
@@ -153,7 +153,7 @@ impl AppState {
             four_eyes: config.four_eyes.clone(),
             shards: services.settings.broker.shards.clone(),
             partner_api: config.partner_api.clone(),
-            partner_rate_limits: partner::rate_limit::RateLimits::default(),
+            partner_rate_limits: partner_api::rate_limit::RateLimits::default(),
             sealer: config.sealer.clone(),
             console: console::Console::new(config.console.clone()),
         })
@@ -187,7 +187,7 @@ pub fn router(state: AppState) -> Router {
         .merge(confirmations::intake_routes())
         .merge(bonuses::payment_routes())
         .merge(admin_routes(&state))
-        .merge(partner::routes(&state))
+        .merge(partner_api::routes(&state))
         .merge(console::routes())
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -201,7 +201,7 @@ pub fn router(state: AppState) -> Router {
 pub(crate) fn admin_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .merge(partners::admin_routes())
-        .merge(partner::keys::admin_routes())
+        .merge(partners::keys::admin_routes())
         .merge(confirmations::admin_routes())
         .merge(bonuses::admin_routes())
         .merge(p2p::admin_routes())

@@ -1,6 +1,6 @@
 //! W1's admin routes (seed 000): support reads P2P deposit orders (buyers) and withdraw orders
 //! (sellers' liquidity), and acts on an order in doubt. Partners create and read their own
-//! orders through the partner API (`crate::partner::orders`, where the safety switch
+//! orders through the partner API (`crate::partner_api::orders`, where the safety switch
 //! `PAYBUS_ASYNC_MATCHING_ENABLED` is described).
 //!
 //! `POST /v1/admin/p2p/deposit-orders/{id}/recheck` (ADMIN) is ops' answer to an IN_DOUBT

@@ -1,5 +1,5 @@
-//! The partner API (`/v1/partner/*`): what a partner does for itself, with its own API key
-//! (docs/partners.md): [`keys`] (ADMIN: a partner's API keys), [`orders`] (W1's orders),
+//! The partner API (`/v1/partner/*`): what a partner does for itself, with an API key an ADMIN
+//! made for it ([`crate::partners::keys`]; docs/partners.md): [`orders`] (W1's orders),
 //! [`records`] (W2's withdrawals and deposits), [`notifications`] (with their delivery attempts;
 //! re-deliver one), [`webhook`] (its URL and secret rotation) and `me` (its own record).
 //!
@@ -12,7 +12,6 @@
 
 mod config;
 pub mod idempotency;
-pub mod keys;
 mod notifications;
 mod orders;
 pub mod rate_limit;
@@ -34,7 +33,7 @@ use serde_json::json;
 pub use config::{PartnerApiConfig, RateLimit, SETTINGS};
 use rate_limit::Verdict;
 
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, partners::keys};
 
 /// Who is calling, once its key checked out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,9 @@
 //! 410), `GET /v1/admin/partners/{id}/notifications[?before&limit]` (newest first, each with its
 //! delivery attempts) and `POST …/notifications/{notification_id}/redeliver` (sent again under
 //! the same id, so the same `webhook-id`). The webhook secret is write-only: sealed at rest,
-//! returned once by the create that generated it, never by a read.
+//! returned once by the create that generated it, never by a read. Their API keys: [`keys`].
+
+pub(crate) mod keys;
 
 use axum::{
     Extension, Json, Router,

@@ -119,7 +119,7 @@ impl Listening {
     pub async fn declare_topology(&self, services: &Services) -> Result<(), StartupError> {
         self.starting
             .waiting_for("declaring the broker's topology".to_owned());
-        let queues = paybus_catalog::queues_with(&services.settings.broker.shards);
+        let queues = paybus_catalog::queues(&services.settings.broker.shards);
         services.declare_topology(&queues).await.inspect_err(|_| {
             self.stop.cancel();
         })

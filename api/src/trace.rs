@@ -14,7 +14,7 @@
 //! `paybus_messages_total{function,outcome}` counters have those.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::bus::skips;
+use paybus_platform::bus::{Message, skips};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::MySqlConnection;
@@ -40,14 +40,23 @@ impl Traced {
         }
     }
 
-    /// The function that consumes its message, and the message's type (its dead letters).
-    fn message(self) -> (&'static str, &'static str) {
+    /// The type of the message that carries it to its function (its dead letters').
+    fn message_type(self) -> &'static str {
         match self {
-            Self::Withdrawal => ("confirm-withdrawal", "withdrawal.tx_confirmed"),
-            Self::Deposit => ("confirm-deposit", "deposit.tx_confirmed"),
-            Self::DepositOrder => ("match-deposit", "p2p.deposit_order.created"),
-            Self::BonusJob => ("grant-bonus", "charge.bonus_job.created"),
+            Self::Withdrawal => paybus_confirmations::WithdrawalTxConfirmed::TYPE,
+            Self::Deposit => paybus_confirmations::DepositTxConfirmed::TYPE,
+            Self::DepositOrder => paybus_p2p::DepositOrderCreated::TYPE,
+            Self::BonusJob => paybus_bonuses::BonusJobCreated::TYPE,
         }
+    }
+
+    /// The function that consumes that message, as the catalog lists it.
+    fn function(self) -> Option<&'static str> {
+        let routing_key = self.message_type();
+        paybus_catalog::FUNCTIONS
+            .iter()
+            .find(|function| function.queue.routing_key == routing_key)
+            .map(|function| function.name)
     }
 
     /// The ops log's and the ledger's names for it.
@@ -452,7 +461,9 @@ async fn matches(conn: &mut MySqlConnection, order: u64) -> Part {
 
 /// The deliveries its function skipped (duplicates, messages about a row already past them).
 async fn skipped(conn: &mut MySqlConnection, kind: Traced, id: u64) -> Part {
-    let (function, _) = kind.message();
+    let Some(function) = kind.function() else {
+        return Ok(((), Vec::new()));
+    };
     let events = skips::of_entity(conn, function, &id.to_string(), 200)
         .await?
         .into_iter()
@@ -471,7 +482,10 @@ async fn skipped(conn: &mut MySqlConnection, kind: Traced, id: u64) -> Part {
 
 /// The dead letters of its messages (its shard key names it), with their trails; their ids.
 async fn dead_letters(conn: &mut MySqlConnection, kind: Traced, id: u64) -> Part<Vec<u64>> {
-    let (function, routing_key) = kind.message();
+    let routing_key = kind.message_type();
+    let Some(function) = kind.function() else {
+        return Ok((Vec::new(), Vec::new()));
+    };
     type LetterRow = (u64, String, String, String, u32, DateTime<Utc>);
     let letters: Vec<LetterRow> = sqlx::query_as(
         "SELECT id, reason, status, error, failures, failed_at FROM dead_letters \

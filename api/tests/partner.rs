@@ -592,7 +592,7 @@ async fn a_request_running_longer_than_the_lease_keeps_its_key_by_renewing_it() 
         Some("sell-long"),
         &body,
     )));
-    tokio::time::sleep(paybus_api::partner::idempotency::LEASE + Duration::from_secs(2)).await;
+    tokio::time::sleep(paybus_api::partner_api::idempotency::LEASE + Duration::from_secs(2)).await;
 
     let retry = tokio::time::timeout(
         Duration::from_secs(3),

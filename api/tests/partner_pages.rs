@@ -14,7 +14,7 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::role::Role;
-use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, delivery::HEADER_WEBHOOK_ID};
+use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, request::HEADER_WEBHOOK_ID};
 use paybus_partners::{
     breaker::BreakerPolicy,
     notifications::{self, NewNotification},
@@ -146,7 +146,10 @@ async fn partner_pages_show_a_real_410_a_breaker_opened_by_real_failures_and_red
         failures_to_open: 5,
         cool_down: Duration::from_secs(600),
     };
-    let services = api.env.services(&paybus_catalog::queues()).await;
+    let services = api
+        .env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
     let mut runner = Runner::new(services);
     runner.add_function(
         DeliverWebhook::new(

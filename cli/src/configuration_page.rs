@@ -37,9 +37,9 @@ const API: SettingGroup = SettingGroup {
 
 const PARTNER_API: SettingGroup = SettingGroup {
     title: "Partner API",
-    read_by: "Read by the API (`paybus_api::partner::PartnerApiConfig`): partner API keys and \
+    read_by: "Read by the API (`paybus_api::partner_api::PartnerApiConfig`): partner API keys and \
               per-partner rate limits.",
-    settings: paybus_api::partner::SETTINGS,
+    settings: paybus_api::partner_api::SETTINGS,
 };
 
 const IDENTITY: SettingGroup = SettingGroup {

@@ -328,7 +328,7 @@ async fn topology(
 ) -> anyhow::Result<ExitCode> {
     let shards = &settings.broker.shards;
     paybus_catalog::check_shards(shards)?;
-    let queues = paybus_catalog::queues_with(shards);
+    let queues = paybus_catalog::queues(shards);
     if definitions {
         let document = bus_topology::definitions(vhost, &queues);
         println!("{}", serde_json::to_string_pretty(&document)?);
@@ -350,7 +350,7 @@ async fn topology(
     };
     paybus_catalog::check_shards(&previous)?;
     let retired = services
-        .retire(&queues, &paybus_catalog::queues_with(&previous))
+        .retire(&queues, &paybus_catalog::queues(&previous))
         .await?;
     if retired.is_empty() {
         println!("no queue of the previous layout ({previous}) is retired");

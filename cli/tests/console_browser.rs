@@ -207,7 +207,9 @@ async fn people_sign_in_at_the_provider_replay_dead_letters_under_four_eyes_and_
     };
     let issuer = provider.issuer();
     let env = TestEnv::new().await;
-    let services = env.services(&paybus_catalog::queues()).await;
+    let services = env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
     let api = ApiProcess::start_on(
         &env,
         port,

@@ -542,8 +542,10 @@ async fn every_console_page_passes_axe_works_by_keyboard_and_at_390_px_and_its_c
     )
     .await;
     // The duplicates are settled too: every queue drained.
-    let services = env.services(&paybus_catalog::queues()).await;
-    let queues: Vec<String> = paybus_catalog::queues()
+    let services = env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
+    let queues: Vec<String> = paybus_catalog::queues(&Default::default())
         .iter()
         .map(|queue| queue.queue())
         .collect();
@@ -594,7 +596,7 @@ async fn every_console_page_passes_axe_works_by_keyboard_and_at_390_px_and_its_c
     purchase("pg-pages-2").await;
     // The sweeper's sampler once more, as its next pass would: grant-bonus's queue now holds
     // that purchase's message, so the queues' chart has a number that is not 0.
-    let grant_bonus = paybus_catalog::queues()
+    let grant_bonus = paybus_catalog::queues(&Default::default())
         .iter()
         .find(|queue| queue.function == "grant-bonus")
         .expect("grant-bonus's queue")

@@ -66,7 +66,9 @@ const GROUP: [&str; 4] = ["--function", "confirm-withdrawal", "--reason", "faile
 #[tokio::test]
 async fn an_operation_killed_mid_way_is_resumed_by_execute_and_acts_on_each_letter_once() {
     let env = TestEnv::new().await;
-    let _services = env.services(&paybus_catalog::queues()).await;
+    let _services = env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
     safe_letters(&env.db, 6).await;
     let Some(api) = ApiProcess::with_provider(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await
     else {
@@ -141,7 +143,9 @@ async fn an_operation_killed_mid_way_is_resumed_by_execute_and_acts_on_each_lett
 #[tokio::test]
 async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_approves_it() {
     let env = TestEnv::new().await;
-    let _services = env.services(&paybus_catalog::queues()).await;
+    let _services = env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
     safe_letters(&env.db, 2).await;
     // Four-eyes as deployed: the API's default guards replays.
     let Some(api) = ApiProcess::with_provider(&env, &[("PAYBUS_FOUR_EYES", None)]).await else {
@@ -220,7 +224,9 @@ async fn under_four_eyes_the_cli_stops_at_the_operation_until_someone_else_appro
 #[tokio::test]
 async fn an_archive_is_the_apis_and_puts_every_selected_letter_aside_as_the_person() {
     let env = TestEnv::new().await;
-    let _services = env.services(&paybus_catalog::queues()).await;
+    let _services = env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
     safe_letters(&env.db, 3).await;
     let Some(api) = ApiProcess::with_provider(&env, &[("PAYBUS_FOUR_EYES", Some("off"))]).await
     else {

@@ -141,7 +141,9 @@ async fn act_now(
 
 async fn setup() -> (TestEnv, Services, u64) {
     let env = TestEnv::new().await;
-    let services = env.services(&paybus_catalog::queues()).await;
+    let services = env
+        .services(&paybus_catalog::queues(&Default::default()))
+        .await;
     let partner = paybus_testkit::partners::partner(&services.pool, "acme", None).await;
     (env, services, partner)
 }
@@ -450,7 +452,7 @@ async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_breaker_lets_it() {
     let _turn = OutcomeCounts::take().await;
-    use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, delivery::HEADER_NOTIFICATION_ID};
+    use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, request::HEADER_NOTIFICATION_ID};
     use paybus_partners::{
         breaker::BreakerPolicy,
         notifications::{NewNotification, enqueue},

@@ -21,7 +21,7 @@ use super::{
 use crate::{
     AppState,
     admin::{path_id, path_ids},
-    partner::keys::{self, KeyView},
+    partners::keys::{self, KeyView},
     partners::{NotificationWithAttempts, notifications_with_attempts},
 };
 

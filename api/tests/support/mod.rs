@@ -127,7 +127,7 @@ impl Api {
             // the provider vouches for, runs with `with_provider`'s.
             break_glass: true,
             payments_secret: Some(Secret::new(PAYMENTS_SECRET)),
-            partner_api: paybus_api::partner::PartnerApiConfig {
+            partner_api: paybus_api::partner_api::PartnerApiConfig {
                 key_hash_key: Some(Secret::new(PARTNER_KEY_HASH_KEY)),
                 ..Default::default()
             },

@@ -35,7 +35,7 @@ impl Handler for Canary {
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
         let ping_id = message.data.ping_id;
-        let mut tx = ctx.outbox.begin().await?;
+        let mut tx = ctx.db.begin().await?;
         let ponged = sqlx::query(
             "UPDATE canary_pings SET status = 'PONGED', pongs = pongs + 1, ponged_at = NOW(6) \
              WHERE id = ? AND status = 'PENDING'",

@@ -81,7 +81,7 @@ impl Handler for CancelOrders {
                 ids.len()
             )));
         }
-        match cancel_tasks(ctx.outbox.pool(), batch_id, &ids, &self.attempts).await {
+        match cancel_tasks(ctx.db.pool(), batch_id, &ids, &self.attempts).await {
             Ok(outcomes) => Ok(outcome(batch_id, &outcomes, ctx.attempt)),
             Err(error) => HandlerError::from(error).into_outcome(),
         }

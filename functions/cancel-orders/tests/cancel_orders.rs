@@ -79,7 +79,7 @@ async fn handle(
     attempt: u32,
 ) -> Outcome {
     let ctx = Context {
-        outbox: &services.outbox,
+        db: &services.outbox,
         attempt,
     };
     handler

@@ -22,11 +22,7 @@ use paybus_platform::{
     ConfigError,
     audit::{Check, ExternalCheck},
     auditor::{Auditor, AuditorConfig},
-    bus::{
-        Services,
-        samples::BusSampler,
-        topology::{self, FunctionQueue},
-    },
+    bus::{Services, samples::BusSampler, topology::FunctionQueue},
     config::Shards,
     function::{BuildError, FunctionEntry},
     maintenance::Job,
@@ -59,18 +55,13 @@ pub static AUDIT: &[&[Check]] = &[
 ];
 
 /// The queues of every function in the layout `shards` (what the topology declares): each
-/// function's queue, or each of its shards.
-pub fn queues_with(shards: &Shards) -> Vec<FunctionQueue> {
+/// function's queue, or each of its shards. A process's layout is its settings'
+/// (`BrokerSettings::shards`, from `PAYBUS_SHARDS`).
+pub fn queues(shards: &Shards) -> Vec<FunctionQueue> {
     FUNCTIONS
         .iter()
         .flat_map(|f| shards.queues(f.queue))
         .collect()
-}
-
-/// The queues of every function in this process's layout (`PAYBUS_SHARDS`, see
-/// `topology::shards`).
-pub fn queues() -> Vec<FunctionQueue> {
-    queues_with(topology::shards())
 }
 
 /// Refuses a layout that names a function the catalog does not have (a typo would leave the
@@ -118,7 +109,10 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
     jobs.push(Arc::new(BusSampler::new(
         services.pool.clone(),
         services.link.clone(),
-        queues().iter().map(FunctionQueue::queue).collect(),
+        queues(&services.settings.broker.shards)
+            .iter()
+            .map(FunctionQueue::queue)
+            .collect(),
     )));
     Ok(jobs)
 }

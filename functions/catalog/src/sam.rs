@@ -11,6 +11,7 @@
 use paybus_platform::{
     bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name},
     config::Shards,
+    function::FunctionEntry,
     secrets::FROM_SUFFIX,
 };
 
@@ -335,38 +336,49 @@ pub fn needs(binary: &str) -> Needs {
                 settings: [&[ASYNC_MATCHING_ENABLED], IDENTITY_SETTINGS].concat(),
             };
             // The create route matches inline with the same quote service as match-deposit.
-            api.add(function_needs("match-deposit"));
+            api.add(function_needs(&FunctionEntry::of::<
+                paybus_match_deposit::MatchDeposit,
+            >()));
             api
         }
         // Runs every function's jobs (match-deposit's due orders call the quote service).
         "sweeper" => {
             let mut sweeper = bus;
             for function in FUNCTIONS {
-                sweeper.add(function_needs(function.name));
+                sweeper.add(function_needs(function));
             }
             sweeper
         }
         function => {
             let mut consumer = bus;
-            consumer.add(function_needs(function));
+            if let Some(function) = FUNCTIONS.iter().find(|f| f.name == function) {
+                consumer.add(function_needs(function));
+            }
             consumer
         }
     }
 }
 
-/// A catalog function's own settings beyond the bus (its handler's and its jobs').
-fn function_needs(function: &str) -> Needs {
-    match function {
-        "match-deposit" => Needs {
-            secrets: vec![QUOTE_API_KEY],
-            settings: vec![QUOTE_URL],
-        },
-        // Opens the partners' sealed webhook secrets to sign.
-        "deliver-webhook" => Needs {
-            secrets: vec![SECRETS_KEY],
-            settings: Vec::new(),
-        },
-        _ => Needs::default(),
+/// A catalog function's own secrets and settings beyond the bus (its handler's and its jobs'),
+/// as it declares them on its `Function` impl. One it declares without a template parameter
+/// is left out here, and the catalog's tests fail on it.
+fn function_needs(function: &FunctionEntry) -> Needs {
+    Needs {
+        secrets: SECRETS
+            .iter()
+            .filter(|secret| function.secrets.iter().any(|s| s.name == secret.variable))
+            .copied()
+            .collect(),
+        settings: PLAIN_SETTINGS
+            .iter()
+            .filter(|setting| {
+                function
+                    .deployed_settings
+                    .iter()
+                    .any(|s| s.name == setting.variable)
+            })
+            .copied()
+            .collect(),
     }
 }
 
@@ -647,7 +659,7 @@ fn add_migration(resources: &mut Node, shards: &Shards) {
                 "ServiceToken" => get_att(&migrate.function_id(), "Arn"),
                 "ServiceTimeout" => MIGRATION_SERVICE_TIMEOUT_S,
                 "Version" => reference(&format!("{}.Version", migrate.function_id())),
-                "Queues" => Node::List(crate::queues_with(shards).iter().map(|q| Node::from(q.queue())).collect()),
+                "Queues" => Node::List(crate::queues(shards).iter().map(|q| Node::from(q.queue())).collect()),
             },
         },
     );
@@ -1215,5 +1227,32 @@ mod tests {
         assert_eq!(pascal_case("confirm-withdrawal"), "ConfirmWithdrawal");
         assert_eq!(pascal_case("api"), "Api");
         assert_eq!(pascal_case("dead-letters"), "DeadLetters");
+    }
+
+    #[test]
+    fn what_a_function_declares_it_is_given() {
+        let mut missing = Vec::new();
+        for function in FUNCTIONS {
+            let needs = needs(function.name);
+            for secret in function.secrets {
+                if !needs.secrets.iter().any(|s| s.variable == secret.name) {
+                    missing.push(format!("{}: secret {}", function.name, secret.name));
+                }
+            }
+            for setting in function.deployed_settings {
+                if !needs.settings.iter().any(|s| s.variable == setting.name) {
+                    missing.push(format!("{}: setting {}", function.name, setting.name));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "declared on the Function impl without a template parameter: {missing:?}"
+        );
+        let declared: usize = FUNCTIONS
+            .iter()
+            .map(|f| f.secrets.len() + f.deployed_settings.len())
+            .sum();
+        assert!(declared >= 3, "only {declared} needs declared");
     }
 }

@@ -82,7 +82,7 @@ fn the_shipped_definitions_are_the_catalogs_topology() {
     }
     assert_eq!(
         shipped,
-        topology::definitions("/", &paybus_catalog::queues()),
+        topology::definitions("/", &paybus_catalog::queues(&Default::default())),
         "regenerate with: cargo run -q -p paybus -- topology --definitions > infra/rabbitmq/definitions.json"
     );
 }
@@ -105,7 +105,10 @@ async fn paybus_run_starts_every_catalog_function_and_its_jobs() {
 
     paybus_catalog::register(&mut runner).unwrap();
 
-    assert_eq!(runner.queues(), paybus_catalog::queues().as_slice());
+    assert_eq!(
+        runner.queues(),
+        paybus_catalog::queues(&Default::default()).as_slice()
+    );
     let jobs = paybus_catalog::jobs(&services).unwrap();
     let mut expected: Vec<&str> = vec!["outbox-relay", "activity-flush"];
     expected.extend(jobs.iter().map(|job| job.name()));
@@ -137,7 +140,7 @@ impl Handler for Echo {
         message: Envelope<Shout>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        let mut uow = ctx.outbox.begin().await?;
+        let mut uow = ctx.db.begin().await?;
         sqlx::query("INSERT INTO echoes (word) VALUES (?)")
             .bind(message.data.word.to_uppercase())
             .execute(&mut *uow)

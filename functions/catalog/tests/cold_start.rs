@@ -67,7 +67,7 @@ fn first_event(binary: &str) -> Option<String> {
 async fn cold_start() {
     let dir = PathBuf::from(std::env::var("PAYBUS_LAMBDA_BIN_DIR").expect("PAYBUS_LAMBDA_BIN_DIR"));
     let env = TestEnv::new().await;
-    let _services = env.services(&queues()).await;
+    let _services = env.services(&queues(&Default::default())).await;
     println!("{:<20} {:>12} {:>18}", "binary", "init", "first invocation");
     for lambda in sam::deployables() {
         let Some(event) = first_event(lambda.binary) else {

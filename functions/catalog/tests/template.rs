@@ -8,7 +8,7 @@ use paybus_testkit::repository;
 use std::process::Command;
 
 use paybus_catalog::{
-    FUNCTIONS, queues_with,
+    FUNCTIONS, queues,
     sam::{self, TEMPLATE_PATH, pascal_case},
 };
 use paybus_platform::{
@@ -104,7 +104,7 @@ fn problems_with(template: &Value, shards: &Shards) -> Vec<String> {
         ));
     }
     let declared = &template["Resources"]["Migration"]["Properties"]["Queues"];
-    let every: Vec<String> = queues_with(shards).iter().map(|q| q.queue()).collect();
+    let every: Vec<String> = queues(shards).iter().map(|q| q.queue()).collect();
     if *declared != serde_json::json!(every) {
         problems.push(format!("the migration declares {declared}, not {every:?}"));
     }

@@ -49,7 +49,7 @@ impl Handler for ConfirmDeposit {
         message: Envelope<DepositTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        confirm(ctx.outbox, message.data, message.correlation_id).await
+        confirm(ctx.db, message.data, message.correlation_id).await
     }
 
     /// confirm-withdrawal's size, for its reason: four concurrent batches fill the default

@@ -67,7 +67,7 @@ impl World {
 
     async fn handle(&self, deposit_id: u64) -> Result<Outcome, HandlerError> {
         let ctx = Context {
-            outbox: &self.services.outbox,
+            db: &self.services.outbox,
             attempt: 1,
         };
         ConfirmDeposit

@@ -44,7 +44,7 @@ impl Handler for ConfirmWithdrawal {
         message: Envelope<WithdrawalTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        confirm(ctx.outbox, &message.data, message.correlation_id).await
+        confirm(ctx.db, &message.data, message.correlation_id).await
     }
 
     /// A dozen statements for up to 16 confirmations; the prefetch sets how many batches run at

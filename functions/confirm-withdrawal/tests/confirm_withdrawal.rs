@@ -72,7 +72,7 @@ impl World {
 
     async fn handle(&self, withdrawal_id: u64, tx_hash: &str) -> Result<Outcome, HandlerError> {
         let ctx = Context {
-            outbox: &self.services.outbox,
+            db: &self.services.outbox,
             attempt: 1,
         };
         ConfirmWithdrawal

@@ -2,7 +2,7 @@
 //! POST of the notification to its partner, after the transition that owes it committed
 //! (principle 8), retried with backoff recorded on the row and given up at a limit (principle 9).
 //! It offers [`DeliverWebhook`] (the handler; its jobs [`due_notifications`] and [`prune`]),
-//! [`delivery`] (the request and how its answer is judged) and [`bulkhead`] (partner isolation).
+//! [`request`] (the POST and how its answer is judged) and [`bulkhead`] (partner isolation).
 //!
 //! One message, three steps, no transaction or lock held across the POST (principle 3): a
 //! **claim** (a conditional UPDATE that counts the attempt and leases the row, so a duplicate is
@@ -16,8 +16,8 @@
 
 pub mod bulkhead;
 pub mod config;
-pub mod delivery;
 pub mod prune;
+pub mod request;
 mod triage;
 
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use paybus_partners::{
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics},
-    config::Vars,
+    config::{Setting, Vars},
     function::{BuildError, Function},
     maintenance::{DueSweep, DueSweepConfig, Job},
     retry::{AfterFailure, Clock, RowState, Settled},
@@ -42,7 +42,7 @@ use sqlx::MySqlPool;
 use bulkhead::Bulkhead;
 
 pub use config::WebhookConfig;
-pub use delivery::Attempt;
+pub use request::Attempt;
 
 /// What a partner's breaker makes of a claimed delivery.
 enum Gate {
@@ -82,7 +82,7 @@ impl DeliverWebhook {
     /// Builds the HTTP client (timeouts, TLS, no redirects).
     pub fn new(config: WebhookConfig, sealer: Sealer) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            http: delivery::client(&config)?,
+            http: request::client(&config)?,
             bulkhead: Bulkhead::new(config.partner_concurrency),
             config,
             clock: Clock::Database,
@@ -93,7 +93,7 @@ impl DeliverWebhook {
     /// Without `PAYBUS_SECRETS_KEY`: deliveries are parked, none is sent unsigned or failed.
     fn without_key(config: WebhookConfig) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            http: delivery::client(&config)?,
+            http: request::client(&config)?,
             bulkhead: Bulkhead::new(config.partner_concurrency),
             config,
             clock: Clock::Database,
@@ -122,7 +122,7 @@ impl Handler for DeliverWebhook {
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.notification_id;
-        let pool = ctx.outbox.pool();
+        let pool = ctx.db.pool();
         let Some(sealer) = &self.sealer else {
             // Nothing to sign with: the row waits unclaimed, no attempt counted.
             tracing::error!(
@@ -212,7 +212,7 @@ impl Handler for DeliverWebhook {
         // No transaction is open here: the claim committed, the lease keeps others off.
         let started_at = chrono::Utc::now();
         let started = tokio::time::Instant::now();
-        let attempt = delivery::post(
+        let attempt = request::post(
             &self.http,
             self.config.timeout,
             &claimed,
@@ -383,6 +383,9 @@ impl DeliverWebhook {
 }
 
 impl Function for DeliverWebhook {
+    /// Opens the partners' sealed webhook secrets to sign.
+    const SECRETS: &'static [Setting] = &[sealed::VAR_SECRETS_KEY];
+
     /// Without `PAYBUS_SECRETS_KEY` it starts (every catalog function starts in `paybus run`
     /// and the sweeper) but says so at ERROR and sends nothing: each delivery is retried
     /// unclaimed, no attempt counted (the `no_secrets_key` outcome counts them).

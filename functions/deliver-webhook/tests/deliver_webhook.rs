@@ -10,9 +10,8 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use paybus_deliver_webhook::{
-    DeliverWebhook, WebhookConfig,
-    delivery::{HEADER_EVENT, HEADER_NOTIFICATION_ID, HEADER_SIGNATURE},
-    due_notifications,
+    DeliverWebhook, WebhookConfig, due_notifications,
+    request::{HEADER_EVENT, HEADER_NOTIFICATION_ID, HEADER_SIGNATURE},
 };
 use paybus_partners::{
     attempts::NewAttempt,
@@ -109,7 +108,7 @@ async fn handle(
     attempt: u32,
 ) -> Outcome {
     let ctx = Context {
-        outbox: &services.outbox,
+        db: &services.outbox,
         attempt,
     };
     handler

@@ -9,7 +9,7 @@ use base64::Engine;
 use chrono::Utc;
 use paybus_deliver_webhook::{
     DeliverWebhook, WebhookConfig,
-    delivery::{HEADER_SIGNATURE, HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, standard_signature},
+    request::{HEADER_SIGNATURE, HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, standard_signature},
 };
 use paybus_partners::{
     attempts,
@@ -30,7 +30,7 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate, matchers::method};
 async fn handle(services: &Services, notification_id: u64) -> Outcome {
     let handler = DeliverWebhook::new(WebhookConfig::default(), sealer()).unwrap();
     let ctx = Context {
-        outbox: &services.outbox,
+        db: &services.outbox,
         attempt: 1,
     };
     handler

@@ -98,7 +98,7 @@ async fn the_reference_libraries_verify_deliveries_with_the_old_and_the_new_secr
     .unwrap();
     let handler = DeliverWebhook::new(WebhookConfig::default(), sealer()).unwrap();
     let ctx = Context {
-        outbox: &services.outbox,
+        db: &services.outbox,
         attempt: 1,
     };
     let during = notification(&env.db, partner_id, 1).await;

@@ -73,7 +73,7 @@ impl Handler for GrantBonus {
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.job_id;
         let mut results =
-            attempt::attempt_messages(ctx.outbox.pool(), &[id], &self.policy, &self.clock).await;
+            attempt::attempt_messages(ctx.db.pool(), &[id], &self.policy, &self.clock).await;
         let result = results.pop().unwrap_or_else(|| {
             Err(paybus_bonuses::BonusError::Inconsistent(format!(
                 "no result for the message of bonus job {id}"

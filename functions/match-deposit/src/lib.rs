@@ -24,6 +24,7 @@ use paybus_p2p::{
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
+    config::Setting,
     function::{BuildError, Function},
     maintenance::Job,
     retry::Claim,
@@ -86,7 +87,7 @@ impl<R: TradeFailureReading> Handler for MatchDepositWith<R> {
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
         let id = message.data.deposit_order_id;
-        let claim = match claim(ctx.outbox.pool(), &self.matcher, id).await? {
+        let claim = match claim(ctx.db.pool(), &self.matcher, id).await? {
             MessageClaim::Held(claim) => claim,
             MessageClaim::NotDue(order) => return Ok(not_claimed(&order, ctx.attempt)),
             MessageClaim::Missing => {
@@ -180,6 +181,9 @@ fn not_claimed(order: &DepositOrder, delivery_attempt: u32) -> Outcome {
 }
 
 impl Function for MatchDeposit {
+    const SECRETS: &'static [Setting] = &[paybus_p2p::config::VAR_QUOTE_API_KEY];
+    const DEPLOYED_SETTINGS: &'static [Setting] = &[paybus_p2p::config::VAR_QUOTE_URL];
+
     fn build(services: &Services) -> Result<Self, BuildError> {
         Ok(MatchDeposit::new(matcher(services)?))
     }

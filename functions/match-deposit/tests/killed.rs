@@ -78,7 +78,7 @@ async fn a_function_killed_after_the_trade_was_made_is_reaped_resolved_under_its
         .id();
     let handler = MatchDeposit::new(matcher.clone());
     let ctx = paybus_platform::bus::Context {
-        outbox: &services.outbox,
+        db: &services.outbox,
         attempt: 1,
     };
     handler

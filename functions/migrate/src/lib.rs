@@ -110,9 +110,9 @@ pub async fn migrate_and_declare(
             "the database has migrations newer than this release: nothing to apply"
         );
     }
-    let queues = paybus_catalog::queues_with(shards);
+    let queues = paybus_catalog::queues(shards);
     services.declare_topology(&queues).await?;
-    let earlier = topology::layout_of(earlier, &paybus_catalog::queues_with(&Default::default()));
+    let earlier = topology::layout_of(earlier, &paybus_catalog::queues(&Default::default()));
     let retired = services
         .retire(&queues, &earlier)
         .await?
@@ -358,13 +358,10 @@ async fn migrate_for_cloudformation(earlier: &[String]) -> Result<Report, Functi
 /// deploy's queues (`rolled_back`) retired, migrations untouched.
 async fn redeclare_for_rollback(rolled_back: &[String]) -> Result<usize, FunctionError> {
     let settings = function::settings().await?;
-    let queues = paybus_catalog::queues_with(&settings.broker.shards);
+    let queues = paybus_catalog::queues(&settings.broker.shards);
     let services = Services::connect(settings).await?;
     services.declare_topology(&queues).await?;
-    let earlier = topology::layout_of(
-        rolled_back,
-        &paybus_catalog::queues_with(&Default::default()),
-    );
+    let earlier = topology::layout_of(rolled_back, &paybus_catalog::queues(&Default::default()));
     services.retire(&queues, &earlier).await?;
     Ok(queues.len())
 }

@@ -117,7 +117,7 @@ impl ResponseUrl {
 }
 
 fn unsharded_queues() -> Vec<String> {
-    paybus_catalog::queues_with(&Shards::default())
+    paybus_catalog::queues(&Shards::default())
         .iter()
         .map(|q| q.queue())
         .collect()
@@ -260,7 +260,7 @@ async fn the_custom_resource_migrates_declares_the_queues_and_always_answers() {
     );
     let services = services_on(&env.settings, &[]).await;
     let channel = services.connection().create_channel().await.unwrap();
-    for function in paybus_catalog::queues() {
+    for function in paybus_catalog::queues(&Default::default()) {
         // A passive declare fails (and panics) for a queue that does not exist.
         queue_depth(&channel, &function.queue()).await;
         queue_depth(&channel, &function.dead_letter_queue()).await;
@@ -431,7 +431,7 @@ async fn a_deploy_that_shards_a_function_retires_its_queue_and_its_rollback_rest
     let env = TestEnv::new().await;
     let one = unsharded_queues();
     let four_shards = Shards::default().with("canary", 4);
-    let sharded: Vec<String> = paybus_catalog::queues_with(&four_shards)
+    let sharded: Vec<String> = paybus_catalog::queues(&four_shards)
         .iter()
         .map(|q| q.queue())
         .collect();

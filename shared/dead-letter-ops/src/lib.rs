@@ -1,9 +1,8 @@
 //! Dead letters for ops (docs/operations.md): what `paybus dead-letters` and the admin API's
 //! `/v1/admin/dead-letters` do, on the `dead_letters` table the platform's recorders fill.
 //!
-//! - [`letter`]: a letter as stored, the list, one letter with the rows it refers to
-//!   and [`Selection`] (ids, or a function + reason group); [`detail::show`]: one letter with
-//!   the rows it refers to.
+//! - [`letter`]: a letter as stored, the list, [`Selection`] (ids, or a function + reason
+//!   group); [`detail`]: one letter in full, with what a replay would do now.
 //! - [`groups`]: the letters by function and reason, with the money at stake per partner.
 //! - [`Triager`]: asks the letter's function what a replay would do (*already applied*, *safe
 //!   to replay*, *needs a human*).

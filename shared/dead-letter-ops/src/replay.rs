@@ -115,14 +115,7 @@ pub(crate) async fn replay_locked(
     let Some((letter, body)) = letter::lock(uow, id).await? else {
         return Err(DeadLetterError::NotFound(id));
     };
-    let mut result = ReplayResult {
-        id,
-        function_name: letter.function_name.clone(),
-        verdict: None,
-        result: ActionResult::Skipped,
-        detail: String::new(),
-        replay_message_id: None,
-    };
+    let mut result = ReplayResult::skipped(id, &letter.function_name);
     if letter.status != letter::LetterStatus::New {
         result.detail = format!("the letter is {} now", letter.status);
         trail::record(uow, &result.entry(actor, operation_id)).await?;
@@ -190,14 +183,7 @@ pub(crate) async fn archive_locked(
     let Some((letter, _)) = letter::lock(conn, id).await? else {
         return Err(DeadLetterError::NotFound(id));
     };
-    let mut result = ReplayResult {
-        id,
-        function_name: letter.function_name.clone(),
-        verdict: None,
-        result: ActionResult::Skipped,
-        detail: String::new(),
-        replay_message_id: None,
-    };
+    let mut result = ReplayResult::skipped(id, &letter.function_name);
     if letter.status == letter::LetterStatus::New {
         let archived = sqlx::query(
             "UPDATE dead_letters SET status = 'ARCHIVED', archived_at = NOW(6) \
@@ -242,6 +228,18 @@ async fn left_new(
 }
 
 impl ReplayResult {
+    /// Nothing done to letter `id` (yet): what an action starts from.
+    fn skipped(id: u64, function_name: &str) -> Self {
+        Self {
+            id,
+            function_name: function_name.to_owned(),
+            verdict: None,
+            result: ActionResult::Skipped,
+            detail: String::new(),
+            replay_message_id: None,
+        }
+    }
+
     /// The trail entry of this replay attempt by `actor`.
     fn entry<'a>(&'a self, actor: &'a str, operation_id: Option<Uuid>) -> Entry<'a> {
         Entry {

@@ -27,7 +27,7 @@ use crate::{
         Envelope, Handler, Services, StartupError, lambda, shutdown_on_signal,
         topology::FunctionQueue,
     },
-    config::{LogFormat, in_lambda},
+    config::{LogFormat, Setting, Shards, in_lambda},
     db,
     maintenance::{self, Job},
     retry::WorkTable,
@@ -71,6 +71,13 @@ pub trait Function: Handler + Sized {
 
     /// The retry kit's tables this function works (their due and stuck rows are metrics).
     const WORK_TABLES: &'static [&'static WorkTable] = &[];
+
+    /// The secrets it reads beyond the database's and the broker's: a deployment passes each
+    /// as a reference to its secret store and lets the function read exactly those.
+    const SECRETS: &'static [Setting] = &[];
+
+    /// The plain settings a deployment must set for it (the rest keep their defaults).
+    const DEPLOYED_SETTINGS: &'static [Setting] = &[];
 
     /// What a replay of one of this function's dead letters would do (`paybus dead-letters`):
     /// read the row `message` refers to and classify it. Without a triage of its own a
@@ -116,6 +123,9 @@ pub struct FunctionEntry {
     prepare_replay: PrepareReplayFn,
     /// The retry kit's tables the function works.
     pub work_tables: &'static [&'static WorkTable],
+    /// What a deployment gives it ([`Function::SECRETS`], [`Function::DEPLOYED_SETTINGS`]).
+    pub secrets: &'static [Setting],
+    pub deployed_settings: &'static [Setting],
 }
 
 impl std::fmt::Debug for FunctionEntry {
@@ -138,6 +148,8 @@ impl FunctionEntry {
             triage: triage_body::<F>,
             prepare_replay: prepare_replay_body::<F>,
             work_tables: F::WORK_TABLES,
+            secrets: F::SECRETS,
+            deployed_settings: F::DEPLOYED_SETTINGS,
         }
     }
 
@@ -348,7 +360,7 @@ pub fn sweeper_main(jobs: Jobs) -> ExitCode {
 }
 
 /// The whole `main` of the dead-letter recorder binary.
-pub fn dead_letters_main(queues: fn() -> Vec<FunctionQueue>) -> ExitCode {
+pub fn dead_letters_main(queues: fn(&Shards) -> Vec<FunctionQueue>) -> ExitCode {
     block_on(run_dead_letters(queues))
 }
 
@@ -423,8 +435,11 @@ pub async fn run_sweeper(jobs: Jobs) -> Result<(), FunctionError> {
 /// `.dlq` and `paybus.unrouted` (each message recorded in `dead_letters` once, however often
 /// the batch is replayed); locally a consumer of the dead-letter queue of each of `queues`
 /// and of `paybus.unrouted`, until SIGTERM.
-pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), FunctionError> {
+pub async fn run_dead_letters(
+    queues: fn(&Shards) -> Vec<FunctionQueue>,
+) -> Result<(), FunctionError> {
     let settings = settings().await?;
+    let queues = queues(&settings.broker.shards);
     if in_lambda() {
         // The database only: recording publishes nothing, so no broker connection to open.
         let pool = db::connect(&settings.database)
@@ -432,7 +447,7 @@ pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), 
             .map_err(StartupError::from)?;
         let concurrency = usize::from(settings.broker.lambda_concurrency);
         let pool = &pool;
-        let accepted = &lambda::recorder_queues(&queues());
+        let accepted = &lambda::recorder_queues(&queues);
         tracing::info!(
             function = lambda::DEAD_LETTER_RECORDER,
             "lambda runtime starting"
@@ -446,7 +461,7 @@ pub async fn run_dead_letters(queues: fn() -> Vec<FunctionQueue>) -> Result<(), 
         .map_err(FunctionError::Lambda);
     }
     let mut runner = Runner::new(Services::connect_waiting(settings).await?);
-    for queue in queues() {
+    for queue in queues {
         runner.add_dead_letter_recorder(queue);
     }
     runner.run(shutdown_on_signal()).await?;

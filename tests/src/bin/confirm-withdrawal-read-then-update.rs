@@ -29,7 +29,7 @@ impl Handler for SeedConfirmWithdrawal {
         message: Envelope<WithdrawalTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        let mut work = ctx.outbox.begin().await?;
+        let mut work = ctx.db.begin().await?;
         let data = &message.data;
         let debited = read_then_update(
             &mut work,

@@ -76,7 +76,7 @@ impl Bonuses {
     /// `charge.bonus_job.created {job_id}` handled as its `attempt`-th delivery.
     pub async fn deliver_as(&self, job_id: u64, attempt: u32) -> Outcome {
         let ctx = Context {
-            outbox: &self.services.outbox,
+            db: &self.services.outbox,
             attempt,
         };
         self.handler()

@@ -77,7 +77,7 @@ impl World {
 
     pub async fn deliver(&self, handler: &MatchDeposit, id: u64, attempt: u32) -> Outcome {
         let ctx = Context {
-            outbox: &self.services.outbox,
+            db: &self.services.outbox,
             attempt,
         };
         handler

@@ -91,8 +91,9 @@ impl HandlerError {
 
 /// What a handler gets besides its message.
 pub struct Context<'a> {
-    /// Opens transactions (`ctx.outbox.begin()`) and reaches the pool.
-    pub outbox: &'a Outbox,
+    /// The database: `ctx.db.begin()` opens a unit of work (a transaction whose messages go
+    /// out through the outbox once it commits), `ctx.db.pool()` reaches the pool.
+    pub db: &'a Outbox,
     /// 1 on the first delivery, counting broker redeliveries.
     pub attempt: u32,
 }
@@ -133,7 +134,16 @@ pub trait Handler: Send + Sync + 'static {
         async move {
             let mut results = Vec::with_capacity(messages.len());
             for Batched { message, attempt } in messages {
-                results.push(self.handle(message, &Context { outbox, attempt }).await);
+                results.push(
+                    self.handle(
+                        message,
+                        &Context {
+                            db: outbox,
+                            attempt,
+                        },
+                    )
+                    .await,
+                );
             }
             results
         }
@@ -220,7 +230,10 @@ pub async fn process<H: Handler>(
     };
     let span = delivery_span::<H>(&head, delivery, attempt);
     delivery_trace::follow(&span, delivery, attempt);
-    let ctx = Context { outbox, attempt };
+    let ctx = Context {
+        db: outbox,
+        attempt,
+    };
     let result = handler
         .handle(envelope, &ctx)
         .instrument(span.clone())

@@ -24,8 +24,6 @@ use lapin::{
 };
 use serde_json::json;
 
-use std::sync::OnceLock;
-
 use crate::config::Shards;
 
 pub const EVENTS_EXCHANGE: &str = "paybus.events";
@@ -121,32 +119,6 @@ impl Shards {
     /// The queues of `queue`'s function in this layout.
     pub fn queues(&self, queue: FunctionQueue) -> Vec<FunctionQueue> {
         queue.sharded(self.of(queue.function))
-    }
-}
-
-static PROCESS_SHARDS: OnceLock<Shards> = OnceLock::new();
-
-/// This process's layout: `PAYBUS_SHARDS` of its environment, read on first use, or what
-/// [`install_shards`] set before. (`Settings` reads the same variable, failing on a malformed
-/// value, into `BrokerSettings::shards`, which the runtime uses; this one is for code that
-/// asks the catalog for its queues without settings at hand.)
-pub fn shards() -> &'static Shards {
-    PROCESS_SHARDS.get_or_init(|| {
-        std::env::var(Shards::VARIABLE)
-            .ok()
-            .and_then(|text| Shards::parse(&text).ok())
-            .unwrap_or_default()
-    })
-}
-
-/// Fixes this process's layout (a harness that runs a layout of its own, e.g. `paybus-lab chaos
-/// --shards`); an error when [`shards`] was already read with another one.
-pub fn install_shards(shards: Shards) -> Result<(), Shards> {
-    let installed = PROCESS_SHARDS.get_or_init(|| shards.clone());
-    if *installed == shards {
-        Ok(())
-    } else {
-        Err(installed.clone())
     }
 }
 

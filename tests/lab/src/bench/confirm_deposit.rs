@@ -64,7 +64,7 @@ impl Handler for OneAtATime {
         message: Envelope<DepositTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        confirm(ctx.outbox, message.data, message.correlation_id).await
+        confirm(ctx.db, message.data, message.correlation_id).await
     }
 }
 

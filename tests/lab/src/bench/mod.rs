@@ -336,9 +336,7 @@ pub(crate) async fn bench_services(env: &TestEnv, concurrency: u16) -> anyhow::R
     settings.database.max_connections = u32::from(concurrency) + 8;
     let services = Services::connect(settings).await?;
     services
-        .declare_topology(&paybus_catalog::queues_with(
-            &services.settings.broker.shards,
-        ))
+        .declare_topology(&paybus_catalog::queues(&services.settings.broker.shards))
         .await?;
     Ok(services)
 }

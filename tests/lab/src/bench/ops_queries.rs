@@ -737,7 +737,7 @@ async fn load_activity(pool: &MySqlPool) -> anyhow::Result<()> {
             ),
         )
         .await?;
-        for queue in paybus_catalog::queues()
+        for queue in paybus_catalog::queues(&Default::default())
             .iter()
             .filter(|q| q.function == function.name)
         {

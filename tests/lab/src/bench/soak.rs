@@ -197,9 +197,10 @@ fn plan_of(args: &SoakArgs, concurrency: u16) -> anyhow::Result<SoakPlan> {
 
 pub(crate) async fn run(args: &SoakArgs, concurrency: u16) -> anyhow::Result<ExitCode> {
     let plan = plan_of(args, concurrency)?;
-    paybus_platform::bus::topology::install_shards(Default::default()).map_err(|other| {
-        anyhow::anyhow!("PAYBUS_SHARDS={other} is set: the soak runs on the default topology")
-    })?;
+    crate::chaos::refuse_another_layout(
+        &Default::default(),
+        "the soak runs on the default topology",
+    )?;
     let binaries = fleet::binaries(&fleet::bin_dir(args.bin_dir.as_deref())?, &[])?;
     let state_dir = crate::chaos::state_dir(args.state_dir.as_deref(), ".local/soak")?;
     let plot_path = match &args.plot {

@@ -107,8 +107,8 @@ pub(crate) async fn not_terminal(pool: &MySqlPool) -> Result<Vec<(String, i64)>,
 
 /// Every queue of the run: the functions', their dead-letter queues, the unrouted queue and
 /// the tap.
-fn all_queues() -> Vec<String> {
-    let mut queues: Vec<String> = paybus_catalog::queues()
+fn all_queues(services: &Services) -> Vec<String> {
+    let mut queues: Vec<String> = paybus_catalog::queues(&services.settings.broker.shards)
         .iter()
         .flat_map(|q| [q.queue(), q.dead_letter_queue()])
         .collect();
@@ -121,7 +121,7 @@ fn all_queues() -> Vec<String> {
 pub(crate) async fn queue_depths(services: &Services) -> Result<Vec<(String, u32)>, lapin::Error> {
     let channel = services.connection().create_channel().await?;
     let mut found = Vec::new();
-    for queue in all_queues() {
+    for queue in all_queues(services) {
         let n = ready(&channel, &queue).await?;
         if n > 0 {
             found.push((queue, n));

@@ -66,20 +66,21 @@ impl Duplicator {
     ) -> anyhow::Result<Self> {
         declare_tap(&services.link).await?;
         // Where a copy goes, by routing key: (exchange, routing key).
-        let queues: HashMap<String, (String, String)> = paybus_catalog::queues()
-            .iter()
-            .map(|q| {
-                let target = if q.shard.count > 1 {
-                    (
-                        topology::shard_exchange_name(q.function),
-                        q.routing_key.to_owned(),
-                    )
-                } else {
-                    (String::new(), q.queue())
-                };
-                (q.routing_key.to_owned(), target)
-            })
-            .collect();
+        let queues: HashMap<String, (String, String)> =
+            paybus_catalog::queues(&services.settings.broker.shards)
+                .iter()
+                .map(|q| {
+                    let target = if q.shard.count > 1 {
+                        (
+                            topology::shard_exchange_name(q.function),
+                            q.routing_key.to_owned(),
+                        )
+                    } else {
+                        (String::new(), q.queue())
+                    };
+                    (q.routing_key.to_owned(), target)
+                })
+                .collect();
         let counters = Arc::new(Counters::default());
         let stop = stop.child_token();
         let task = tokio::spawn(run(

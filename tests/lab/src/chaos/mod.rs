@@ -35,7 +35,7 @@ use std::{
 
 use anyhow::bail;
 use paybus_lab::services::PrivateService;
-use paybus_platform::Settings;
+use paybus_platform::{Settings, config::Shards};
 
 use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;
@@ -289,11 +289,12 @@ impl Profile {
 
 impl Profile {
     /// Every catalog function on `shards` queues.
-    pub(crate) fn layout(&self) -> paybus_platform::config::Shards {
-        paybus_catalog::FUNCTIONS.iter().fold(
-            Default::default(),
-            |layout: paybus_platform::config::Shards, f| layout.with(f.name, self.shards),
-        )
+    pub(crate) fn layout(&self) -> Shards {
+        paybus_catalog::FUNCTIONS
+            .iter()
+            .fold(Default::default(), |layout: Shards, f| {
+                layout.with(f.name, self.shards)
+            })
     }
 }
 
@@ -382,8 +383,9 @@ impl OwnServices {
         Ok(())
     }
 
-    /// The harness's own settings: the run's database, and the broker's nodes from node 1.
-    fn settings(&self) -> anyhow::Result<Settings> {
+    /// The harness's own settings: the run's database, the broker's nodes from node 1, and the
+    /// run's queue layout.
+    fn settings(&self, layout: &Shards) -> anyhow::Result<Settings> {
         let mut settings = Settings::from_vars(
             [
                 ("PAYBUS_DATABASE_URL", self.mariadb.url.as_str()),
@@ -399,19 +401,17 @@ impl OwnServices {
         )?;
         settings.broker = self.rabbitmq.settings(&settings.broker, 1);
         settings.broker.prefetch = 32;
-        settings.broker.shards = paybus_platform::bus::topology::shards().clone();
+        settings.broker.shards = layout.clone();
         Ok(settings)
     }
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     let profile = Profile::from_args(&args)?;
-    // The layout is the process's (the checks ask the catalog for its queues) and every
-    // function process's (their environment).
+    // The layout is the harness's settings' (the checks ask the catalog for its queues) and
+    // every function process's (their environment).
     let layout = profile.layout();
-    paybus_platform::bus::topology::install_shards(layout.clone()).map_err(|other| {
-        anyhow::anyhow!("PAYBUS_SHARDS={other} is set: run chaos with --shards instead")
-    })?;
+    refuse_another_layout(&layout, "run chaos with --shards instead")?;
     let binaries = fleet::binaries(&fleet::bin_dir(args.bin_dir.as_deref())?, &args.substitutes)?;
     let state_dir = state_dir(args.state_dir.as_deref(), ".local/chaos")?;
     let timeline_path = match &args.timeline {
@@ -456,6 +456,19 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `--state-dir`, or `default` in the repository; absolute.
+/// Refuses to run when the environment's `PAYBUS_SHARDS` names another layout than the run's:
+/// the processes the run starts get the run's, so the variable would mislead whoever set it.
+pub(crate) fn refuse_another_layout(layout: &Shards, instead: &str) -> anyhow::Result<()> {
+    match std::env::var(Shards::VARIABLE) {
+        Ok(text)
+            if !text.trim().is_empty() && Shards::parse(&text).ok().as_ref() != Some(layout) =>
+        {
+            anyhow::bail!("{}={text} is set: {instead}", Shards::VARIABLE)
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn state_dir(asked: Option<&Path>, default: &str) -> anyhow::Result<PathBuf> {
     let dir = asked.map_or_else(|| repository_dir().join(default), Path::to_path_buf);
     Ok(std::path::absolute(&dir)?)

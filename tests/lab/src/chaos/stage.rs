@@ -86,12 +86,14 @@ impl Stage {
         state_dir: &Path,
         network: bool,
     ) -> anyhow::Result<Self> {
-        let settings = own.settings()?;
+        let settings = own.settings(&profile.layout())?;
         let services = Services::connect(settings.clone())
             .await
             .context("while connecting to the run's own database and broker")?;
         paybus_platform::migrations::apply(&services.pool).await?;
-        services.declare_topology(&paybus_catalog::queues()).await?;
+        services
+            .declare_topology(&paybus_catalog::queues(&services.settings.broker.shards))
+            .await?;
 
         let mut outside = World::start(profile).await;
         let stop = CancellationToken::new();

@@ -63,7 +63,10 @@ impl Watch {
     pub(crate) fn start(services: &Services, stop: CancellationToken) -> Self {
         let origin = (Instant::now(), Utc::now());
         let samples = Arc::new(Mutex::new(Vec::new()));
-        let queues: Vec<String> = paybus_catalog::queues().iter().map(|q| q.queue()).collect();
+        let queues: Vec<String> = paybus_catalog::queues(&services.settings.broker.shards)
+            .iter()
+            .map(|q| q.queue())
+            .collect();
         let link = services.link.clone();
         // A connection of its own, not one of the harness's pool: a watcher must neither take
         // a connection from the load it watches (the API's requests exhaust that pool on a
