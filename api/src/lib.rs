@@ -62,6 +62,7 @@ use paybus_p2p::Matcher;
 use paybus_platform::{
     Secret,
     audit::Check,
+    auditor::AuditorConfig,
     bus::{Outbox, Services, metrics as bus_metrics},
     function::FunctionEntry,
     signature,
@@ -123,6 +124,9 @@ pub struct AppState {
     pub sealer: Option<paybus_platform::sealed::Sealer>,
     /// How the web console signs people in and how long their sessions last.
     pub console: console::Console,
+    /// How often the sweeper's auditor passes (`PAYBUS_AUDITOR_INTERVAL_MS`): a pass three
+    /// intervals late shows on the audit page.
+    pub audit_interval: Duration,
 }
 
 impl AppState {
@@ -156,6 +160,9 @@ impl AppState {
             partner_rate_limits: partner_api::rate_limit::RateLimits::default(),
             sealer: config.sealer.clone(),
             console: console::Console::new(config.console.clone()),
+            audit_interval: AuditorConfig::read(&services.settings.vars)
+                .unwrap_or_default()
+                .interval,
         })
     }
 

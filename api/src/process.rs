@@ -35,7 +35,7 @@ use crate::{
 /// Reads the settings (fetching `_FROM` references), connects, and serves until stopped.
 pub async fn run() -> Result<(), FunctionError> {
     let settings = function::settings().await?;
-    let config = ApiConfig::from_env()?;
+    let config = ApiConfig::read(&settings.vars)?;
     if paybus_platform::config::in_lambda() {
         return answer_api_gateway(Services::start(settings).await?, config).await;
     }

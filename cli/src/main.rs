@@ -483,7 +483,7 @@ fn sign(body: &str) -> anyhow::Result<ExitCode> {
 
 async fn run_audit(settings: &Settings, since: std::time::Duration) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
-    let external = paybus_catalog::external_checks()?;
+    let external = paybus_catalog::external_checks(&settings.vars)?;
     // One snapshot for every check, so they agree with each other.
     let mut tx = pool.begin().await?;
     let (from, until) = looking_back(&mut tx, since).await?;

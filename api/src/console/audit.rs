@@ -11,7 +11,7 @@ use axum::{
 };
 use chrono::{DateTime, Utc};
 use maud::html;
-use paybus_platform::auditor::{self, AuditorConfig};
+use paybus_platform::auditor;
 
 use super::{Session, layout};
 use crate::AppState;
@@ -36,7 +36,7 @@ pub(crate) async fn page(State(state): State<AppState>, session: Session) -> Res
         Err(error) => return layout::failure_page(error.into()),
     };
     // A pass is late when three intervals went by without one: the sweeper is not running it.
-    let interval = AuditorConfig::from_env().unwrap_or_default().interval;
+    let interval = state.audit_interval;
     let late_after = chrono::Duration::from_std(interval * 3).unwrap_or(chrono::Duration::MAX);
     let earlier: Vec<_> = all
         .iter()

@@ -162,8 +162,10 @@ fn task_label(task: &TaskOutcome) -> &'static str {
 }
 
 impl Function for CancelOrders {
-    fn build(_: &Services) -> Result<Self, BuildError> {
-        Ok(CancelOrders::new(CancelConfig::from_env()?))
+    fn build(services: &Services) -> Result<Self, BuildError> {
+        Ok(CancelOrders::new(CancelConfig::read(
+            &services.settings.vars,
+        )?))
     }
 
     /// The due sweep over `tasks` and the batches' materialiser.

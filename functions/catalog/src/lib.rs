@@ -23,7 +23,7 @@ use paybus_platform::{
     audit::{Check, ExternalCheck},
     auditor::{Auditor, AuditorConfig},
     bus::{Services, samples::BusSampler, topology::FunctionQueue},
-    config::Shards,
+    config::{Shards, Vars},
     function::{BuildError, FunctionEntry},
     maintenance::Job,
     runner::Runner,
@@ -99,9 +99,9 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
         Auditor::new(
             services.pool.clone(),
             audit_checks(),
-            AuditorConfig::from_env()?,
+            AuditorConfig::read(&services.settings.vars)?,
         )
-        .with_external(external_checks()?),
+        .with_external(external_checks(&services.settings.vars)?),
     )];
     for function in FUNCTIONS {
         jobs.extend(function.jobs(services)?);
@@ -117,11 +117,12 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
     Ok(jobs)
 }
 
-/// Every function's checks against counterparties (W1's trades at the quote service).
-pub fn external_checks() -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+/// Every function's checks against counterparties (W1's trades at the quote service), with
+/// their settings from `vars`.
+pub fn external_checks(vars: &Vars) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
     let mut checks = Vec::new();
     for function in FUNCTIONS {
-        checks.extend(function.external_checks()?);
+        checks.extend(function.external_checks(vars)?);
     }
     Ok(checks)
 }

@@ -31,7 +31,7 @@ use paybus_partners::{
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics},
-    config::{Setting, Vars},
+    config::Setting,
     function::{BuildError, Function},
     maintenance::{DueSweep, DueSweepConfig, Job},
     retry::{AfterFailure, Clock, RowState, Settled},
@@ -389,12 +389,12 @@ impl Function for DeliverWebhook {
     /// Without `PAYBUS_SECRETS_KEY` it starts (every catalog function starts in `paybus run`
     /// and the sweeper) but says so at ERROR and sends nothing: each delivery is retried
     /// unclaimed, no attempt counted (the `no_secrets_key` outcome counts them).
-    fn build(_: &Services) -> Result<Self, BuildError> {
-        let config = WebhookConfig::from_env()?;
-        let vars = Vars::from_env();
+    fn build(services: &Services) -> Result<Self, BuildError> {
+        let vars = &services.settings.vars;
+        let config = WebhookConfig::read(vars)?;
         let sealer = Sealer::read(
             vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
-            &vars,
+            vars,
         )?;
         let built = match sealer {
             Some(sealer) => DeliverWebhook::new(config, sealer),

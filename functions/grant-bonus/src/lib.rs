@@ -173,7 +173,7 @@ impl Function for GrantBonus {
 
     /// The worker (the retry path), the reaper and the checkpointer.
     fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
-        let config = GrantConfig::from_env()?;
+        let config = GrantConfig::read(&services.settings.vars)?;
         Ok(vec![
             Arc::new(BonusWorker::new(
                 services.pool.clone(),
@@ -186,7 +186,7 @@ impl Function for GrantBonus {
             )),
             Arc::new(MemberCanCheckpointer::new(
                 services.pool.clone(),
-                &AuditorConfig::from_env()?,
+                &AuditorConfig::read(&services.settings.vars)?,
             )),
         ])
     }

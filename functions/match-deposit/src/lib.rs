@@ -24,7 +24,7 @@ use paybus_p2p::{
 };
 use paybus_platform::{
     bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
-    config::Setting,
+    config::{Setting, Vars},
     function::{BuildError, Function},
     maintenance::Job,
     retry::Claim,
@@ -200,9 +200,10 @@ impl Function for MatchDeposit {
 
     /// The reconciliation of settled fills with the quote service's trades (when one is
     /// configured).
-    fn external_checks() -> Result<Vec<Arc<dyn paybus_platform::audit::ExternalCheck>>, BuildError>
-    {
-        let config = MatchingConfig::from_env()?;
+    fn external_checks(
+        vars: &Vars,
+    ) -> Result<Vec<Arc<dyn paybus_platform::audit::ExternalCheck>>, BuildError> {
+        let config = MatchingConfig::read(vars)?;
         let client = QuoteClient::new(&config.quote).map_err(|source| BuildError::Client {
             what: "the quote service HTTP client",
             source: source.into(),
@@ -229,7 +230,7 @@ impl Function for MatchDeposit {
 
 /// The matcher every part of the function uses, from `PAYBUS_MATCH_*` / `PAYBUS_QUOTE_*`.
 fn matcher(services: &Services) -> Result<Matcher, BuildError> {
-    let config = MatchingConfig::from_env()?;
+    let config = MatchingConfig::read(&services.settings.vars)?;
     if config.quote.url.is_none() {
         tracing::warn!(
             "PAYBUS_QUOTE_URL is not set: every matching attempt fails (counted) until it is"

@@ -117,10 +117,6 @@ impl FourEyes {
         }
     }
 
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Vars::from_env())
-    }
-
     pub fn read(vars: &Vars) -> Result<Self, ConfigError> {
         const EXPECTED: &str = "`replay`, `archive`, `job-retry`, `suspension-retry`, \
                                 `market-resume`, comma-separated, or `off`";

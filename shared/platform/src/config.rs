@@ -220,6 +220,9 @@ pub struct Settings {
     /// How long a long-running process waits at start-up for a database or broker that is not
     /// up yet (`Services::connect_waiting`); zero: not at all.
     pub startup_wait: Duration,
+    /// Every variable these settings were read from, secrets resolved: what the process reads
+    /// the rest of its settings from (a function's, the auditor's, the API's).
+    pub vars: Vars,
 }
 
 /// A secret value: usable, never printed.
@@ -310,6 +313,7 @@ impl Settings {
                 Some(v) if v.eq_ignore_ascii_case("json") => LogFormat::Json,
                 Some(v) => return Err(env.error(VAR_LOG_FORMAT, v, "`text` or `json`")),
             },
+            vars: env.clone(),
         })
     }
 }
@@ -352,7 +356,7 @@ fn redact_list(raw: &str) -> String {
 /// Environment variables as settings are read from them: the one parser every crate's own
 /// settings use (so every malformed value is a [`ConfigError`] naming the variable and the
 /// expected form, and an empty value counts as unset everywhere).
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Vars(HashMap<String, String>);
 
 impl fmt::Debug for Vars {
@@ -363,14 +367,11 @@ impl fmt::Debug for Vars {
 }
 
 impl Vars {
-    /// The process environment, with the values [`crate::secrets::resolve`] fetched for its
+    /// The process environment as it is. A function process reads its settings from
+    /// [`Settings::vars`] instead, where [`crate::secrets::resolve`] put the values of its
     /// `_FROM` references.
     pub fn from_env() -> Self {
-        let mut vars: HashMap<String, String> = std::env::vars().collect();
-        if let Some(resolved) = crate::secrets::resolved() {
-            vars.extend(resolved.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
-        Vars(vars)
+        Vars(std::env::vars().collect())
     }
 
     pub fn new(vars: HashMap<String, String>) -> Self {
@@ -512,11 +513,12 @@ mod tests {
     fn every_documented_default_is_the_default() {
         let defaults = Settings::from_vars(HashMap::new()).unwrap();
         for (name, environment) in crate::setting::documented_defaults(SETTINGS) {
-            assert_eq!(
-                Settings::from_vars(environment).as_ref(),
-                Ok(&defaults),
-                "{name}"
-            );
+            // The same settings, read from another source.
+            let read = Settings::from_vars(environment).map(|settings| Settings {
+                vars: defaults.vars.clone(),
+                ..settings
+            });
+            assert_eq!(read.as_ref(), Ok(&defaults), "{name}");
         }
     }
 

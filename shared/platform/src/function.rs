@@ -27,7 +27,7 @@ use crate::{
         Envelope, Handler, Services, StartupError, lambda, shutdown_on_signal,
         topology::FunctionQueue,
     },
-    config::{LogFormat, Setting, Shards, in_lambda},
+    config::{LogFormat, Setting, Shards, Vars, in_lambda},
     db,
     maintenance::{self, Job},
     retry::WorkTable,
@@ -65,7 +65,7 @@ pub trait Function: Handler + Sized {
     /// Checks of this function's effects against a counterparty's own record (W1's fills
     /// against the quote service's trades), built from the function's own settings: run by
     /// the continuous auditor every pass and by `paybus audit`.
-    fn external_checks() -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+    fn external_checks(_vars: &Vars) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
         Ok(Vec::new())
     }
 
@@ -108,7 +108,7 @@ pub trait Function: Handler + Sized {
 
 type AddTo = fn(&mut Runner) -> Result<(), BuildError>;
 type Jobs = fn(&Services) -> Result<Vec<Arc<dyn Job>>, BuildError>;
-type ExternalChecks = fn() -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError>;
+type ExternalChecks = fn(&Vars) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError>;
 
 /// One line of the catalog: everything the platform derives about one function.
 #[derive(Clone, Copy)]
@@ -178,9 +178,9 @@ impl FunctionEntry {
         (self.jobs)(services)
     }
 
-    /// The function's checks against counterparties.
-    pub fn external_checks(&self) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
-        (self.external_checks)()
+    /// The function's checks against counterparties, with its settings from `vars`.
+    pub fn external_checks(&self, vars: &Vars) -> Result<Vec<Arc<dyn ExternalCheck>>, BuildError> {
+        (self.external_checks)(vars)
     }
 }
 
@@ -266,8 +266,8 @@ impl FunctionError {
 
 /// Fetches the `_FROM` references, reads the settings and sets up logging (JSON in Lambda).
 pub async fn settings() -> Result<Settings, FunctionError> {
-    secrets::resolve(&std::env::vars().collect()).await?;
-    let settings = Settings::from_env()?;
+    let vars = secrets::resolve(std::env::vars().collect()).await?;
+    let settings = Settings::read(&vars)?;
     telemetry::init(if in_lambda() {
         LogFormat::Json
     } else {

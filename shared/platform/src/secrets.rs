@@ -4,16 +4,17 @@
 //! in AWS no secret is put there: `<VARIABLE>_FROM` holds a reference (a Secrets Manager secret's
 //! ARN or name, an SSM parameter; `#key` takes one key of a JSON secret), and the process
 //! fetches the value once, before it reads its settings, through the AWS Parameters and Secrets
-//! Lambda Extension. Every [`Vars::from_env`](crate::config::Vars::from_env) reader then sees
-//! it as if it were in the environment; it is never written back or logged. Setting both `X`
+//! Lambda Extension, into the process's one reading of its configuration ([`resolve`]): every
+//! setting read from it sees the value as if it were in the environment; it is never written
+//! back or logged. Setting both `X`
 //! and `X_FROM` is refused: which one wins would be a guess. The forms:
 //! docs/configuration.md ("Secrets from AWS").
 
-use std::{collections::HashMap, sync::OnceLock, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use url::Url;
 
-use crate::setting::Setting;
+use crate::{config::Vars, setting::Setting};
 
 /// The suffix that turns a variable into a reference to its value.
 pub const FROM_SUFFIX: &str = "_FROM";
@@ -41,15 +42,6 @@ const DEFAULT_PORT: u16 = 2773;
 /// What start-up reads before any other setting, in the order the page lists them.
 pub const SETTINGS: &[Setting] = &[VAR_FROM, VAR_EXTENSION_PORT];
 
-/// Values fetched at start-up, by variable name.
-static RESOLVED: OnceLock<HashMap<String, String>> = OnceLock::new();
-
-/// The values [`resolve`] fetched (empty before it ran, and in a process that set no
-/// `_FROM` variable).
-pub fn resolved() -> Option<&'static HashMap<String, String>> {
-    RESOLVED.get()
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     #[error("{variable} and {variable}{FROM_SUFFIX} are both set: set one")]
@@ -62,10 +54,10 @@ pub enum SecretError {
     },
 }
 
-/// Fetches every `PAYBUS_*_FROM` reference of `environment` (concurrently) and keeps the
-/// values for [`Vars::from_env`](crate::config::Vars::from_env). Returns the variables it
-/// resolved. Runs once per process: a second call resolves nothing new.
-pub async fn resolve(environment: &HashMap<String, String>) -> Result<Vec<String>, SecretError> {
+/// The process's configuration: `environment` with every `PAYBUS_*_FROM` reference fetched
+/// (concurrently) into the variable it names. What [`Settings`](crate::Settings) and every
+/// setting after it read ([`Settings::vars`](crate::Settings::vars)).
+pub async fn resolve(environment: HashMap<String, String>) -> Result<Vars, SecretError> {
     let references: Vec<(String, String)> = environment
         .iter()
         .filter(|(_, reference)| !reference.trim().is_empty())
@@ -76,8 +68,8 @@ pub async fn resolve(environment: &HashMap<String, String>) -> Result<Vec<String
                 .then(|| (variable.to_owned(), reference.trim().to_owned()))
         })
         .collect();
-    if references.is_empty() || RESOLVED.get().is_some() {
-        return Ok(Vec::new());
+    if references.is_empty() {
+        return Ok(Vars::new(environment));
     }
     for (variable, _) in &references {
         if environment
@@ -89,20 +81,18 @@ pub async fn resolve(environment: &HashMap<String, String>) -> Result<Vec<String
             });
         }
     }
-    let extension = Extension::from_environment(environment);
+    let extension = Extension::from_environment(&environment);
     let fetched = futures_util::future::join_all(
         references
             .iter()
             .map(|(variable, reference)| extension.value(variable, reference)),
     )
     .await;
-    let mut values = HashMap::new();
-    for ((variable, _), value) in references.iter().zip(fetched) {
-        values.insert(variable.clone(), value?);
+    let mut values = environment;
+    for ((variable, _), value) in references.into_iter().zip(fetched) {
+        values.insert(variable, value?);
     }
-    let names = values.keys().cloned().collect();
-    let _ = RESOLVED.set(values);
-    Ok(names)
+    Ok(Vars::new(values))
 }
 
 /// The Parameters and Secrets extension's local HTTP API.
