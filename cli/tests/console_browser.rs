@@ -18,7 +18,8 @@ use crate::api_process;
 use std::{process::Command, time::Duration};
 
 use api_process::{ApiProcess, PAYMENTS_SECRET, output_dir, provider_admin_token, python_tool};
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
+use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_platform::{
     auditor::{Auditor, AuditorConfig},
     bus::{Envelope, dead_letter::group_counts},

@@ -35,9 +35,13 @@ async fn clean_ledger(services: &paybus_platform::bus::Services) -> u64 {
             withdrawal_id: id,
             tx_hash: BROADCAST_TX.to_owned(),
         };
-        paybus_confirm_withdrawal::confirm(&services.outbox, &confirmation, uuid::Uuid::now_v7())
-            .await
-            .unwrap();
+        paybus_confirmations::withdrawal::confirm(
+            &services.outbox,
+            &confirmation,
+            uuid::Uuid::now_v7(),
+        )
+        .await
+        .unwrap();
     }
     partner
 }

@@ -7,7 +7,8 @@
 use std::{sync::Arc, time::Duration};
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_if_in_flight};
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
+use paybus_confirmations::{WithdrawalTxConfirmed, withdrawal::confirm_if_in_flight};
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, due_notifications};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::Amount;

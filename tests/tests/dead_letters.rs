@@ -155,7 +155,7 @@ async fn a_confirmation_whose_withdrawal_was_confirmed_since_is_already_applied_
     let id = in_flight(pool, partner, "100").await;
     let letter_id = dead_letter(pool, "confirm-withdrawal", confirmation(id)).await;
     // Confirmed since, by a later copy of the same confirmation.
-    let outcome = paybus_confirm_withdrawal::confirm(
+    let outcome = paybus_confirmations::withdrawal::confirm(
         &services.outbox,
         &confirmation(id),
         uuid::Uuid::now_v7(),

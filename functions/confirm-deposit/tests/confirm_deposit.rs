@@ -5,11 +5,14 @@
 
 use std::sync::Arc;
 
-use paybus_confirm_deposit::{
-    ConfirmDeposit, Confirmation, Confirmed, Confirming, DepositStatus, DepositTxConfirmed,
-    confirm_all, confirm_all_if_detected, confirm_if_detected,
+use paybus_confirm_deposit::ConfirmDeposit;
+use paybus_confirmations::{
+    ConfirmError, DepositTxConfirmed,
+    deposit::{
+        Confirmation, Confirmed, Confirming, DepositStatus, confirm_all, confirm_all_if_detected,
+        confirm_if_detected,
+    },
 };
-use paybus_confirmations::ConfirmError;
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_partners::NotificationCreated;

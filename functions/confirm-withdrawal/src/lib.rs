@@ -1,9 +1,9 @@
 //! The confirm-withdrawal function (docs/workflows/confirmations.md, seed 001):
 //! `withdrawal.tx_confirmed {withdrawal_id, tx_hash}` moves an in-flight withdrawal to CONFIRMED
 //! exactly once (seed 001 §1: two REPEATABLE READ snapshots both saw BROADCASTING, and the
-//! partner was debited twice). The transition is W2's domain crate's
-//! ([`confirm_all_if_in_flight`], the ledger's `WDR_CONFIRM:{id}` key behind it); this crate is
-//! the handler ([`ConfirmWithdrawal`], [`confirm_all`]) and the triage of its dead letters.
+//! partner was debited twice). What a delivery comes to is the domain's
+//! (`paybus_confirmations::withdrawal::confirm_all`, the `WDR_CONFIRM:{id}` key behind it); this
+//! crate is the handler ([`ConfirmWithdrawal`], one call of it) and its dead letters' triage.
 //!
 //! | delivery | outcome |
 //! | --- | --- |
@@ -14,18 +14,9 @@
 //! | bad data (empty tx hash, an amount the ledger refuses) | `Failed`: dead letter |
 //! | database or broker fault | error: requeued, and retried up to the delivery limit |
 
-mod confirm;
 mod triage;
 
-pub use confirm::{confirm, confirm_all};
-pub use paybus_confirmations::{
-    WithdrawalTxConfirmed,
-    withdrawal::{
-        Confirmation, Confirmed, Confirming, WITHDRAWAL_CONFIRMED, WithdrawalKind, WithdrawalState,
-        WithdrawalStatus, confirm_all_if_in_flight, confirm_if_in_flight,
-    },
-};
-
+use paybus_confirmations::{WithdrawalTxConfirmed, withdrawal};
 use paybus_platform::{
     bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
@@ -44,7 +35,7 @@ impl Handler for ConfirmWithdrawal {
         message: Envelope<WithdrawalTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        confirm(ctx.db, &message.data, message.correlation_id).await
+        withdrawal::confirm(ctx.db, &message.data, message.correlation_id).await
     }
 
     /// A dozen statements for up to 16 confirmations; the prefetch sets how many batches run at
@@ -62,31 +53,7 @@ impl Handler for ConfirmWithdrawal {
             .into_iter()
             .map(|batched| (batched.message.data, batched.message.correlation_id))
             .collect();
-        confirm_all(outbox, &confirmations).await
-    }
-}
-
-/// A confirmation that did not transition: a plain duplicate is skipped; anything else is an
-/// on-chain transaction ops must look at (seed 001, principle 9), so it is a dead letter that
-/// names both tx hashes.
-pub(crate) fn not_confirmed(
-    withdrawal_id: u64,
-    tx_hash: &str,
-    current: &WithdrawalState,
-) -> Outcome {
-    let recorded = current.tx_hash.as_deref().unwrap_or("none");
-    match current.status {
-        WithdrawalStatus::Confirmed if current.tx_hash.as_deref() == Some(tx_hash) => {
-            Outcome::Skipped(format!("withdrawal {withdrawal_id} is already CONFIRMED"))
-        }
-        WithdrawalStatus::Confirmed => Outcome::Failed(format!(
-            "withdrawal {withdrawal_id} is already CONFIRMED with tx {recorded}, but this \
-             confirmation names tx {tx_hash}"
-        )),
-        status => Outcome::Failed(format!(
-            "withdrawal {withdrawal_id} is {status}, not in flight, but tx {tx_hash} was \
-             confirmed on chain for it (recorded tx: {recorded})"
-        )),
+        withdrawal::confirm_all(outbox, &confirmations).await
     }
 }
 

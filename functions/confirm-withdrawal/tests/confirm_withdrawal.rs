@@ -5,11 +5,14 @@
 
 use std::sync::Arc;
 
-use paybus_confirm_withdrawal::{
-    ConfirmWithdrawal, Confirmation, Confirmed, WithdrawalKind, WithdrawalState, WithdrawalStatus,
-    WithdrawalTxConfirmed, confirm_all, confirm_if_in_flight,
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
+use paybus_confirmations::{
+    ConfirmError, WithdrawalTxConfirmed,
+    withdrawal::{
+        Confirmation, Confirmed, WithdrawalKind, WithdrawalState, WithdrawalStatus, confirm_all,
+        confirm_if_in_flight,
+    },
 };
-use paybus_confirmations::ConfirmError;
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_partners::NotificationCreated;

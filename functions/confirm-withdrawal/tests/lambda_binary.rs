@@ -3,7 +3,8 @@
 //! relay the test cuts).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed};
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
+use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_partners::NotificationCreated;
 use paybus_platform::bus::{Envelope, Handler, Message};
 use paybus_testkit::{

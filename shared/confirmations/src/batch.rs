@@ -1,8 +1,9 @@
 //! What a confirm function's handler does with the confirmations the broker delivered
 //! together, one message being a batch of one: one committed read, then one transaction for
 //! the rest (the transition, [`Confirms::transition`]), about a dozen statements whatever
-//! their number. confirm-deposit's handler is this driver around
-//! [`deposit::confirm_all_if_detected`](crate::deposit::confirm_all_if_detected).
+//! their number. Each kind of confirmation is its message's [`Confirms`] impl, in its own
+//! module ([`withdrawal::confirm_all`](crate::withdrawal::confirm_all),
+//! [`deposit::confirm_all`](crate::deposit::confirm_all)).
 //!
 //! The batch is an optimisation, never a semantic. Every message gets the outcome it would
 //! have got alone, because the same rules decide: a committed terminal state answers a message

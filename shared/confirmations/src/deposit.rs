@@ -10,11 +10,13 @@ use sqlx::{MySql, MySqlConnection, QueryBuilder};
 use crate::{ConfirmError, CreateError};
 
 mod confirmation;
+mod delivered;
 
 pub use confirmation::{
     Confirmation, Confirmed, Confirming, DEPOSIT_CONFIRMED, confirm_all_if_detected,
     confirm_if_detected,
 };
+pub use delivered::{confirm, confirm_all};
 
 const ENTITY: &str = "deposit";
 

@@ -5,13 +5,14 @@
 //!   writes them, shared by the admin API and the confirm functions (one writer of
 //!   `withdrawal_status_history`, one way to read an amount). The transitions are
 //!   [`withdrawal::confirm_all_if_in_flight`] and [`deposit::confirm_all_if_detected`], each one
-//!   code path for one message or a batch.
+//!   code path for one message or a batch; what a delivery comes to, [`withdrawal::confirm_all`]
+//!   and [`deposit::confirm_all`], is each one call for its handler.
 //! - [`owed`]: what a confirmation writes with its transition (keyed postings, the partner's
-//!   notification); [`batch`]: what a confirm handler does with messages delivered together.
+//!   notification); [`batch`]: the driver of messages delivered together.
 //! - [`messages`]: what the chain-monitor intake publishes; [`audit`]: W2's invariants on the
 //!   ledger entries its confirmations owe.
 //!
-//! The handlers around them are `functions/confirm-withdrawal` and `functions/confirm-deposit`.
+//! The handlers are `functions/confirm-withdrawal` and `functions/confirm-deposit`.
 
 pub mod audit;
 pub mod batch;

@@ -10,11 +10,13 @@ use sqlx::{MySql, MySqlConnection, QueryBuilder};
 use crate::{ConfirmError, CreateError};
 
 mod confirmation;
+mod delivered;
 
 pub use confirmation::{
     Confirmation, Confirmed, Confirming, WITHDRAWAL_CONFIRMED, confirm_all_if_in_flight,
     confirm_if_in_flight, validate_tx_hash,
 };
+pub use delivered::{confirm, confirm_all};
 
 const ENTITY: &str = "withdrawal";
 

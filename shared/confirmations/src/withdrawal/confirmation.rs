@@ -103,6 +103,15 @@ pub async fn confirm_all_if_in_flight(
     for confirming in batch {
         validate_tx_hash(confirming.tx_hash)?;
     }
+    confirm_all_validated(uow, batch).await
+}
+
+/// [`confirm_all_if_in_flight`] for tx hashes already validated (the batch driver refuses a bad
+/// one before anything is read).
+pub(super) async fn confirm_all_validated(
+    uow: &mut UnitOfWork<'_>,
+    batch: &[Confirming<'_>],
+) -> Result<Vec<Confirmation>, ConfirmError> {
     let mut ids: Vec<u64> = batch.iter().map(|c| c.withdrawal_id).collect();
     ids.sort_unstable();
     ids.dedup();

@@ -5,7 +5,11 @@
 //! batches, once.
 
 use anyhow::bail;
-use paybus_confirm_deposit::{ConfirmDeposit, DepositTxConfirmed, confirm, confirm_all};
+use paybus_confirm_deposit::ConfirmDeposit;
+use paybus_confirmations::{
+    DepositTxConfirmed,
+    deposit::{confirm, confirm_all},
+};
 use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Outcome, OutgoingMessage};
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
@@ -64,7 +68,7 @@ impl Handler for OneAtATime {
         message: Envelope<DepositTxConfirmed>,
         ctx: &Context<'_>,
     ) -> Result<Outcome, HandlerError> {
-        confirm(ctx.db, message.data, message.correlation_id).await
+        confirm(ctx.db, &message.data, message.correlation_id).await
     }
 }
 

@@ -2,7 +2,8 @@
 //! twice, next to the same transaction driven directly and the database's write ceiling.
 
 use anyhow::bail;
-use paybus_confirm_withdrawal::{ConfirmWithdrawal, WithdrawalTxConfirmed, confirm_all};
+use paybus_confirm_withdrawal::ConfirmWithdrawal;
+use paybus_confirmations::{WithdrawalTxConfirmed, withdrawal::confirm_all};
 use paybus_platform::bus::{Envelope, Handler, OutgoingMessage, Services};
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;

@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use paybus_confirm_withdrawal::WithdrawalTxConfirmed;
+use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_markets::grouped;
 use paybus_platform::bus::{Envelope, dead_letter::group_counts};
 use paybus_testkit::TestEnv;
