@@ -310,7 +310,7 @@ const DEMOS: SettingGroup = SettingGroup {
 
 /// The page: the introduction, then every group's table.
 pub fn page() -> String {
-    let mut groups: Vec<SettingGroup> = paybus_catalog::settings::GROUPS.to_vec();
+    let mut groups: Vec<SettingGroup> = paybus_catalog::settings::groups();
     groups.extend([
         API,
         PARTNER_API,

@@ -29,6 +29,7 @@ use paybus_platform::{
     function::{BuildError, Function},
     maintenance::{DueSweep, DueSweepConfig, Job},
     retry::Clock,
+    setting::SettingGroup,
 };
 
 pub use config::CancelConfig;
@@ -162,6 +163,12 @@ fn task_label(task: &TaskOutcome) -> &'static str {
 }
 
 impl Function for CancelOrders {
+    const SETTINGS: Option<SettingGroup> = Some(SettingGroup {
+        title: "markets (W4): cancel-orders",
+        read_by: "Read by cancel-orders (`paybus_cancel_orders::config`).",
+        settings: config::SETTINGS,
+    });
+
     fn build(services: &Services) -> Result<Self, BuildError> {
         Ok(CancelOrders::new(CancelConfig::read(
             &services.settings.vars,

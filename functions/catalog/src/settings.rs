@@ -1,11 +1,23 @@
 //! Every setting the platform, the workflows' domains and the catalog's functions read, grouped
-//! as the configuration page (`docs/configuration.md`) shows them. The API's own settings are
-//! added by `paybus settings`: the API is built on this crate, so this list cannot name it.
+//! as the configuration page (`docs/configuration.md`) shows them: the platform's and the
+//! domains' here, each function's from its `Function` impl. The API's own settings are added by
+//! `paybus settings`: the API is built on this crate, so this list cannot name it.
 
 use paybus_platform::setting::SettingGroup;
 
-/// The page's sections, in order: what every process reads first, then each workflow's.
-pub const GROUPS: &[SettingGroup] = &[
+use crate::FUNCTIONS;
+
+/// The page's sections, in order: what every process reads first, the domains', each catalog
+/// function's own (in the catalog's order), then the auditor's.
+pub fn groups() -> Vec<SettingGroup> {
+    let mut groups = SHARED.to_vec();
+    groups.extend(FUNCTIONS.iter().filter_map(|function| function.settings));
+    groups.push(AUDITOR);
+    groups
+}
+
+/// What every process reads, and the domains' settings (read by the API and a function alike).
+const SHARED: &[SettingGroup] = &[
     SettingGroup {
         title: "Database, broker and logs",
         read_by: "Read by every process (`paybus_platform::config::Settings`).",
@@ -35,26 +47,12 @@ pub const GROUPS: &[SettingGroup] = &[
         read_by: "Read by the API's payment completion (`paybus_bonuses::BonusRules`).",
         settings: paybus_bonuses::completion::SETTINGS,
     },
-    SettingGroup {
-        title: "bonuses (W3): grant-bonus",
-        read_by: "Read by grant-bonus and its sweeper jobs (`paybus_grant_bonus::config`).",
-        settings: paybus_grant_bonus::config::SETTINGS,
-    },
-    SettingGroup {
-        title: "markets (W4): cancel-orders",
-        read_by: "Read by cancel-orders (`paybus_cancel_orders::config`).",
-        settings: paybus_cancel_orders::config::SETTINGS,
-    },
-    SettingGroup {
-        title: "Partner webhooks: deliver-webhook",
-        read_by: "Read by deliver-webhook (`paybus_deliver_webhook::config`), which delivers \
-                  the notifications of p2p and confirmations.",
-        settings: paybus_deliver_webhook::config::SETTINGS,
-    },
-    SettingGroup {
-        title: "The continuous auditor",
-        read_by: "Read by the sweeper's auditor job (`paybus_platform::auditor`), in \
-                  `paybus run` and the sweeper Lambda.",
-        settings: paybus_platform::auditor::SETTINGS,
-    },
 ];
+
+/// The continuous auditor's, last: a job of the sweeper over every workflow.
+const AUDITOR: SettingGroup = SettingGroup {
+    title: "The continuous auditor",
+    read_by: "Read by the sweeper's auditor job (`paybus_platform::auditor`), in \
+              `paybus run` and the sweeper Lambda.",
+    settings: paybus_platform::auditor::SETTINGS,
+};

@@ -36,6 +36,7 @@ use paybus_platform::{
     maintenance::{DueSweep, DueSweepConfig, Job},
     retry::{AfterFailure, Clock, RowState, Settled},
     sealed::{self, Sealer},
+    setting::SettingGroup,
 };
 use sqlx::MySqlPool;
 
@@ -385,6 +386,13 @@ impl DeliverWebhook {
 impl Function for DeliverWebhook {
     /// Opens the partners' sealed webhook secrets to sign.
     const SECRETS: &'static [Setting] = &[sealed::VAR_SECRETS_KEY];
+
+    const SETTINGS: Option<SettingGroup> = Some(SettingGroup {
+        title: "Partner webhooks: deliver-webhook",
+        read_by: "Read by deliver-webhook (`paybus_deliver_webhook::config`), which delivers \
+                  the notifications of p2p and confirmations.",
+        settings: config::SETTINGS,
+    });
 
     /// Without `PAYBUS_SECRETS_KEY` it starts (every catalog function starts in `paybus run`
     /// and the sweeper) but says so at ERROR and sends nothing: each delivery is retried

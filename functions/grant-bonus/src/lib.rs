@@ -30,6 +30,7 @@ use paybus_platform::{
     function::{BuildError, Function},
     maintenance::Job,
     retry::{Clock, RetryPolicy, RowState},
+    setting::SettingGroup,
 };
 
 pub use attempt::{Attempted, MessageResult};
@@ -167,6 +168,12 @@ fn not_claimed(id: u64, state: &RowState, delivery_attempt: u32) -> Outcome {
 }
 
 impl Function for GrantBonus {
+    const SETTINGS: Option<SettingGroup> = Some(SettingGroup {
+        title: "bonuses (W3): grant-bonus",
+        read_by: "Read by grant-bonus and its sweeper jobs (`paybus_grant_bonus::config`).",
+        settings: config::SETTINGS,
+    });
+
     fn build(_: &Services) -> Result<Self, BuildError> {
         Ok(GrantBonus::default())
     }

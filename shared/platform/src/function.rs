@@ -33,6 +33,7 @@ use crate::{
     retry::WorkTable,
     runner::{Runner, outbox_relay_job},
     secrets::{self, SecretError},
+    setting::SettingGroup,
     telemetry,
     triage::{PrepareReplayFn, PrepareReplayFuture, Triage, TriageError, TriageFn, TriageFuture},
 };
@@ -78,6 +79,10 @@ pub trait Function: Handler + Sized {
 
     /// The plain settings a deployment must set for it (the rest keep their defaults).
     const DEPLOYED_SETTINGS: &'static [Setting] = &[];
+
+    /// Its own settings, as the configuration page shows them (none: it reads only the
+    /// platform's and its domain's).
+    const SETTINGS: Option<SettingGroup> = None;
 
     /// What a replay of one of this function's dead letters would do (`paybus dead-letters`):
     /// read the row `message` refers to and classify it. Without a triage of its own a
@@ -126,6 +131,8 @@ pub struct FunctionEntry {
     /// What a deployment gives it ([`Function::SECRETS`], [`Function::DEPLOYED_SETTINGS`]).
     pub secrets: &'static [Setting],
     pub deployed_settings: &'static [Setting],
+    /// Its own settings' group on the configuration page ([`Function::SETTINGS`]).
+    pub settings: Option<SettingGroup>,
 }
 
 impl std::fmt::Debug for FunctionEntry {
@@ -150,6 +157,7 @@ impl FunctionEntry {
             work_tables: F::WORK_TABLES,
             secrets: F::SECRETS,
             deployed_settings: F::DEPLOYED_SETTINGS,
+            settings: F::SETTINGS,
         }
     }
 
