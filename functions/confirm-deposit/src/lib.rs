@@ -16,7 +16,7 @@
 
 mod triage;
 
-use paybus_confirmations::{DepositTxConfirmed, deposit};
+use paybus_confirmations::{DepositTxConfirmed, batch, deposit};
 use paybus_platform::{
     bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
@@ -47,11 +47,7 @@ impl Handler for ConfirmDeposit {
         messages: Vec<Batched<DepositTxConfirmed>>,
         outbox: &Outbox,
     ) -> Vec<Result<Outcome, HandlerError>> {
-        let confirmations: Vec<_> = messages
-            .into_iter()
-            .map(|batched| (batched.message.data, batched.message.correlation_id))
-            .collect();
-        deposit::confirm_all(outbox, &confirmations).await
+        batch::confirm_delivered::<DepositTxConfirmed>(outbox, messages).await
     }
 }
 

@@ -16,7 +16,7 @@
 
 mod triage;
 
-use paybus_confirmations::{WithdrawalTxConfirmed, withdrawal};
+use paybus_confirmations::{WithdrawalTxConfirmed, batch, withdrawal};
 use paybus_platform::{
     bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
     function::{BuildError, Function},
@@ -49,11 +49,7 @@ impl Handler for ConfirmWithdrawal {
         messages: Vec<Batched<WithdrawalTxConfirmed>>,
         outbox: &Outbox,
     ) -> Vec<Result<Outcome, HandlerError>> {
-        let confirmations: Vec<_> = messages
-            .into_iter()
-            .map(|batched| (batched.message.data, batched.message.correlation_id))
-            .collect();
-        withdrawal::confirm_all(outbox, &confirmations).await
+        batch::confirm_delivered::<WithdrawalTxConfirmed>(outbox, messages).await
     }
 }
 

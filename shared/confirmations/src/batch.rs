@@ -19,7 +19,7 @@ use std::{
 
 use futures_util::future::join_all;
 use paybus_platform::{
-    bus::{HandlerError, Outbox, Outcome, UnitOfWork},
+    bus::{Batched, HandlerError, Outbox, Outcome, UnitOfWork},
     transition::Transition,
 };
 use sqlx::{MySql, MySqlConnection, pool::PoolConnection};
@@ -83,6 +83,19 @@ pub async fn confirm<C: Confirms>(
         .await
         .pop()
         .unwrap_or_else(unanswered)
+}
+
+/// What a confirm handler answers for the messages the broker delivered together:
+/// [`confirm_all`] over their data, one result each in order.
+pub async fn confirm_delivered<C: Confirms>(
+    outbox: &Outbox,
+    messages: Vec<Batched<C::Message>>,
+) -> Vec<Result<Outcome, HandlerError>> {
+    let confirmations: Vec<_> = messages
+        .into_iter()
+        .map(|batched| (batched.message.data, batched.message.correlation_id))
+        .collect();
+    confirm_all::<C>(outbox, &confirmations).await
 }
 
 /// The handler's confirmations (on `outbox`'s database; the benchmarks drive it directly too):
