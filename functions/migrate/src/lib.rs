@@ -20,10 +20,10 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use paybus_platform::{
     Settings,
     bus::{Services, StartupError, topology},
-    config::LogFormat,
+    config::{LogFormat, Vars},
     db,
     function::{self, BuildError, FunctionError},
-    telemetry,
+    sealed, telemetry,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -103,7 +103,7 @@ pub async fn migrate_and_declare(
         paybus_platform::migrations::apply(&services.pool)
             .await
             .map_err(StartupError::from)?;
-        sealed_secrets = seal_plaintext_secrets(&services.pool).await?;
+        sealed_secrets = seal_plaintext_secrets(&services.pool, &settings.vars).await?;
     } else {
         tracing::warn!(
             ?ahead,
@@ -136,9 +136,16 @@ pub async fn migrate_and_declare(
 }
 
 /// The data step after the migrations: every plaintext `partners.webhook_secret` sealed
-/// under `PAYBUS_SECRETS_KEY` (read here, as only this step needs it). Returns how many.
-pub async fn seal_plaintext_secrets(pool: &sqlx::MySqlPool) -> Result<u64, FunctionError> {
-    let sealer = sealer_from_env()?;
+/// under `PAYBUS_SECRETS_KEY` (read here from `vars`, the settings' reading with the secrets
+/// fetched, as only this step needs it). Returns how many.
+pub async fn seal_plaintext_secrets(
+    pool: &sqlx::MySqlPool,
+    vars: &Vars,
+) -> Result<u64, FunctionError> {
+    let sealer = sealed::Sealer::read(
+        vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
+        vars,
+    )?;
     let mut conn = pool
         .acquire()
         .await
@@ -150,17 +157,6 @@ pub async fn seal_plaintext_secrets(pool: &sqlx::MySqlPool) -> Result<u64, Funct
         tracing::info!(partners = done.sealed, "plaintext webhook secrets sealed");
     }
     Ok(done.sealed)
-}
-
-/// `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` of the process environment.
-fn sealer_from_env() -> Result<Option<paybus_platform::sealed::Sealer>, paybus_platform::ConfigError>
-{
-    use paybus_platform::sealed;
-    let vars = paybus_platform::config::Vars::from_env();
-    sealed::Sealer::read(
-        vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
-        &vars,
-    )
 }
 
 /// Why an invocation could not be answered.

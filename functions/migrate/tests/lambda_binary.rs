@@ -14,7 +14,7 @@ use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::put};
 use paybus_platform::{bus::Envelope, config::Shards, db::MIGRATOR};
 use paybus_testkit::{
     TestEnv,
-    lambda::{LambdaProcess, RuntimeApi},
+    lambda::{LambdaProcess, RuntimeApi, SecretsExtension},
     queue_depth, scalar, services_on,
 };
 use serde_json::{Value, json};
@@ -279,6 +279,49 @@ async fn the_custom_resource_migrates_declares_the_queues_and_always_answers() {
         scalar(&env.db, "SELECT COUNT(*) FROM _sqlx_migrations").await as usize,
         MIGRATOR.iter().count(),
         "deleting the stack touched nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_seals_plaintext_secrets_with_the_key_it_fetched_from_secrets_manager() {
+    const KEY_ARN: &str =
+        "arn:aws:secretsmanager:eu-central-1:123456789012:secret:paybus-secrets-key-AbCdEf";
+    let env = TestEnv::new().await;
+    sqlx::query(
+        "INSERT INTO partners (name, webhook_secret) VALUES ('acme', 'acme-plaintext-secret-01')",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+    let extension = SecretsExtension::start(HashMap::from([(
+        KEY_ARN.to_owned(),
+        paybus_testkit::SECRETS_KEY.to_owned(),
+    )]))
+    .await;
+    // As the template deploys it: the key only as a reference, never as a plain variable.
+    let mut vars = env.env_vars();
+    vars.remove("PAYBUS_SECRETS_KEY");
+    vars.extend(extension.vars());
+    vars.insert("PAYBUS_SECRETS_KEY_FROM".to_owned(), KEY_ARN.to_owned());
+    let mut migrate = Migrate::start(vars).await;
+
+    let created = migrate
+        .send(migrate.cloudformation.request("Create", &version(1), None))
+        .await;
+
+    assert_eq!(created["Status"], "SUCCESS", "{created}");
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM partners WHERE webhook_secret IS NOT NULL"
+        )
+        .await,
+        0,
+        "no plaintext secret is left"
+    );
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM partner_webhook_secrets").await,
+        1
     );
 }
 

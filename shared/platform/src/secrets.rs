@@ -6,9 +6,8 @@
 //! fetches the value once, before it reads its settings, through the AWS Parameters and Secrets
 //! Lambda Extension, into the process's one reading of its configuration ([`resolve`]): every
 //! setting read from it sees the value as if it were in the environment; it is never written
-//! back or logged. Setting both `X`
-//! and `X_FROM` is refused: which one wins would be a guess. The forms:
-//! docs/configuration.md ("Secrets from AWS").
+//! back or logged. Setting both `X` and `X_FROM` is refused: which one wins would be a guess.
+//! The forms: docs/configuration.md ("Secrets from AWS").
 
 use std::{collections::HashMap, time::Duration};
 
