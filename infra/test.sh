@@ -52,7 +52,7 @@ done
 echo "== python test tools"
 eval "$(infra/browser/install.sh)"
 # panva's oidc-provider on the machine's Node, in .local/oidc (the OpenID provider of the
-# sign-in tests: paybus_platform::testing::oidc).
+# sign-in tests: paybus_testkit::oidc).
 echo "== OpenID provider (oidc-provider)"
 eval "$(infra/oidc/install.sh)"
 # Debian's prometheus for promtool (the alert rules' checks and unit tests).

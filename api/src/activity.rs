@@ -1,7 +1,7 @@
 //! `GET /v1/admin/activity[?window=hour|day]` (OPS) and the console overview's charts: is
 //! money flowing, and since when is it not. Per function, what it did (`done`, `skipped`,
 //! `retried`, `failed`: `function_activity`, which every process adds its tally to, see
-//! `paybus_platform::bus::activity`), each queue's ready messages and the outbox's lag (the
+//! `paybus_bus::activity`), each queue's ready messages and the outbox's lag (the
 //! sweeper's samples, `bus::samples`), by minute over the last hour or by hour over the last
 //! day; and dead letters per hour over the last day (the recorder's counts in the same rows).
 //!
@@ -186,7 +186,7 @@ pub async fn read(state: &AppState, window: Window) -> Result<Activity, ApiError
     let mut queues: BTreeMap<String, Vec<Option<u64>>> = state
         .functions
         .iter()
-        .flat_map(|f| state.shards.queues(f.queue))
+        .flat_map(|f| f.queue.queues_in(&state.shards))
         .map(|queue| (queue.queue(), vec![None; starts.len()]))
         .collect();
     for (queue, bucket, ready) in samples {

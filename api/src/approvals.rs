@@ -1,4 +1,4 @@
-//! Four-eyes for the single guarded actions (`paybus_platform::approvals`): retrying a FAILED
+//! Four-eyes for the single guarded actions (`paybus_ops::approvals`): retrying a FAILED
 //! bonus job, re-running a suspension's FAILED tasks, resuming a market. Under four-eyes their
 //! routes answer `202` with an approval instead of acting; a second ADMIN approves it and then
 //! anyone with ADMIN executes it here — the same action, through [`run`], the one code path the
@@ -21,11 +21,11 @@ use axum::{
     routing::{get, post},
 };
 use paybus_bonuses::job::{self, OpsRetry};
+use paybus_bus::Outbox;
 use paybus_markets::suspension::{self, Resumed};
-use paybus_platform::{
+use paybus_ops::{
     actor::Actor,
     approvals::{self, Approval, ApprovalError, Guarded, Turn},
-    bus::Outbox,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -274,7 +274,7 @@ async fn execute(
 
 /// Executes approval `id` as `actor` (the API's route and `paybus approvals execute`): the
 /// claim, then the action and its record — or, for every caller that did not win the claim,
-/// the result recorded by the one that did (see `paybus_platform::approvals`).
+/// the result recorded by the one that did (see `paybus_ops::approvals`).
 pub async fn execute_approval(
     outbox: &Outbox,
     id: Uuid,

@@ -1,7 +1,7 @@
 //! `GET /v1/admin/audit`: the audit (the same checks as `paybus audit`, every workflow's), for
 //! the console and for ops without a shell.
 //!
-//! The continuous auditor's record (a sweeper job, `paybus_platform::auditor`):
+//! The continuous auditor's record (a sweeper job, `paybus_maintenance::auditor`):
 //! - `GET /v1/admin/audit/status`: the latest pass (when, window, checks, violations,
 //!   duration), `clean`, and the violations that pass found.
 //! - `GET /v1/admin/audit/findings[?limit=N]`: every violation ever found (first and last
@@ -13,10 +13,8 @@ use axum::{
     extract::{Query, State, rejection::QueryRejection},
     routing::get,
 };
-use paybus_platform::{
-    audit::{self, Violation},
-    auditor::{self, Finding, PassRecord},
-};
+use paybus_maintenance::auditor::{self, Finding, PassRecord};
+use paybus_ops::audit::{self, Violation};
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState};

@@ -21,7 +21,7 @@ use axum::{
     response::Response,
 };
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, errors::ErrorKind};
-use paybus_platform::actor::Actor;
+use paybus_ops::actor::Actor;
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState, oidc::Refused, role::Role};
@@ -193,7 +193,7 @@ fn break_glass(state: &AppState, token: &str) -> Result<Caller, ApiError> {
         ));
     };
     let claims = verify(secret.expose(), token)?;
-    paybus_platform::bus::metrics::record_break_glass();
+    paybus_bus::metrics::record_break_glass();
     tracing::warn!(sub = %claims.sub, "break-glass token used");
     Ok(Caller {
         actor: Actor::break_glass(&claims.sub),

@@ -4,12 +4,8 @@
 use std::{net::SocketAddr, time::Duration};
 
 use paybus_bonuses::BonusRules;
+use paybus_config::{ConfigError, Secret, Setting, Vars, sealed};
 use paybus_p2p::MatchingConfig;
-use paybus_platform::{
-    ConfigError, Secret,
-    config::{Setting, Vars},
-    sealed,
-};
 
 use crate::server::Limits;
 
@@ -168,7 +164,7 @@ impl ConsoleConfig {
                 .ok_or_else(|| {
                     env.error(
                         VAR_CONSOLE_URL,
-                        &paybus_platform::redact::text(raw),
+                        &paybus_config::redact::text(raw),
                         "an http(s) URL with a host and no path, like https://ops.example.com",
                     )
                 })?,
@@ -243,13 +239,13 @@ pub struct ApiConfig {
     pub limits: Limits,
     /// Which ops actions need a second ADMIN, and how long a request lasts
     /// (`PAYBUS_FOUR_EYES`, `PAYBUS_OPERATION_TTL_SECONDS`).
-    pub four_eyes: paybus_platform::approvals::FourEyes,
+    pub four_eyes: paybus_ops::approvals::FourEyes,
     /// How the web console signs people in and how long their sessions last.
     pub console: ConsoleConfig,
     /// The partner API's settings (`PAYBUS_PARTNER_*`).
     pub partner_api: crate::partner_api::PartnerApiConfig,
     /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
-    pub sealer: Option<paybus_platform::sealed::Sealer>,
+    pub sealer: Option<paybus_config::sealed::Sealer>,
 }
 
 impl Default for ApiConfig {
@@ -266,7 +262,7 @@ impl Default for ApiConfig {
             async_matching_enabled: false,
             matching: MatchingConfig::default(),
             limits: Limits::default(),
-            four_eyes: paybus_platform::approvals::FourEyes::default(),
+            four_eyes: paybus_ops::approvals::FourEyes::default(),
             console: ConsoleConfig::at(http_addr),
             partner_api: crate::partner_api::PartnerApiConfig::default(),
             sealer: None,
@@ -307,10 +303,10 @@ impl ApiConfig {
                     |n: &usize| *n > 0,
                 )?,
             },
-            four_eyes: paybus_platform::approvals::FourEyes::read(env)?,
+            four_eyes: paybus_ops::approvals::FourEyes::read(env)?,
             console: ConsoleConfig::read(env, http_addr)?,
             partner_api: crate::partner_api::PartnerApiConfig::read(env)?,
-            sealer: paybus_platform::sealed::Sealer::read(
+            sealer: paybus_config::sealed::Sealer::read(
                 env.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
                 env,
             )?,
@@ -337,7 +333,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 ApiConfig::read(&Vars::new(environment)),
                 Ok(ApiConfig::default()),

@@ -19,9 +19,10 @@ use axum::{
 };
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use paybus_platform::{
+use paybus_db::column;
+use paybus_ops::{
     actor::{Actor, AuthMethod},
-    column, ops_log,
+    ops_log,
 };
 use serde::Serialize;
 use serde_json::json;

@@ -10,8 +10,9 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use paybus_bonuses::BonusError;
+use paybus_bus::outbox::OutboxError;
 use paybus_confirmations::CreateError;
-use paybus_platform::{bus::outbox::OutboxError, db};
+use paybus_db as db;
 use serde_json::json;
 
 /// How long a client should wait after a 503 from a database outage.
@@ -111,7 +112,7 @@ impl ApiError {
 
     /// `self: cause: cause ...`, for the log.
     pub fn cause_chain(&self) -> String {
-        paybus_platform::telemetry::one_line(self)
+        paybus_telemetry::one_line(self)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Ops' switch for a function's consumption (`paybus_platform::bus::pauses`): every process's
+//! Ops' switch for a function's consumption (`paybus_bus::pauses`): every process's
 //! consumers of a paused function stop taking deliveries within a couple of seconds; the
 //! messages wait in its queue and are drained on resume.
 //!
@@ -13,7 +13,7 @@ use axum::{
     extract::{Path, State, rejection::PathRejection},
     routing::{get, post},
 };
-use paybus_platform::bus::pauses::{self, Pause};
+use paybus_bus::pauses::{self, Pause};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 

@@ -57,16 +57,13 @@ use axum::{
     routing::get,
 };
 use paybus_bonuses::Completions;
+use paybus_bus::{Outbox, Services, metrics as bus_metrics};
+use paybus_config::{Secret, signature};
 use paybus_dead_letter_ops::Triager;
+use paybus_maintenance::auditor::AuditorConfig;
+use paybus_ops::audit::Check;
 use paybus_p2p::Matcher;
-use paybus_platform::{
-    Secret,
-    audit::Check,
-    auditor::AuditorConfig,
-    bus::{Outbox, Services, metrics as bus_metrics},
-    function::FunctionEntry,
-    signature,
-};
+use paybus_runtime::function::FunctionEntry;
 use serde_json::json;
 use sqlx::MySqlPool;
 use tokio::net::TcpListener;
@@ -113,15 +110,15 @@ pub struct AppState {
     /// The catalog's functions: their work tables are `/metrics` gauges.
     pub functions: &'static [FunctionEntry],
     /// Which ops actions need a second ADMIN, and how long a request lasts.
-    pub four_eyes: paybus_platform::approvals::FourEyes,
+    pub four_eyes: paybus_ops::approvals::FourEyes,
     /// The queue layout (`PAYBUS_SHARDS`): which queues the overview asks the broker about.
-    pub shards: paybus_platform::config::Shards,
+    pub shards: paybus_config::Shards,
     /// The partner API's key hashing key and default rate limit.
     pub partner_api: partner_api::PartnerApiConfig,
     /// Every partner's request bucket (per process).
     pub partner_rate_limits: partner_api::rate_limit::RateLimits,
     /// Seals partner webhook secrets (`PAYBUS_SECRETS_KEY`). None: partner create answers 503.
-    pub sealer: Option<paybus_platform::sealed::Sealer>,
+    pub sealer: Option<paybus_config::sealed::Sealer>,
     /// How the web console signs people in and how long their sessions last.
     pub console: console::Console,
     /// How often the sweeper's auditor passes (`PAYBUS_AUDITOR_INTERVAL_MS`): a pass three
@@ -167,7 +164,7 @@ impl AppState {
     }
 
     /// The catalog's functions' work tables (what `/metrics` and the overview count).
-    pub(crate) fn work_tables(&self) -> Vec<&'static paybus_platform::retry::WorkTable> {
+    pub(crate) fn work_tables(&self) -> Vec<&'static paybus_retry::WorkTable> {
         self.functions
             .iter()
             .flat_map(|function| function.work_tables.iter().copied())
@@ -345,8 +342,7 @@ async fn health() -> Json<serde_json::Value> {
 async fn metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<Response, ApiError> {
-    let mut gauges =
-        paybus_platform::gauges::read_gauges(&state.pool, &state.work_tables()).await?;
+    let mut gauges = paybus_bus::gauges::read_gauges(&state.pool, &state.work_tables()).await?;
     partner_gauges(&state.pool, &mut gauges).await?;
     gauges.function_due_rows = function_due_rows(state.functions, &gauges.due_retries);
     Ok((
@@ -428,9 +424,9 @@ async fn log_request(request: Request, next: Next) -> Response {
         method = %request.method(),
         path = %request.uri().path()
     );
-    paybus_platform::telemetry::propagation::continue_trace(
+    paybus_telemetry::propagation::continue_trace(
         &span,
-        &paybus_platform::telemetry::TraceHeaders::from_http(request.headers()),
+        &paybus_telemetry::TraceHeaders::from_http(request.headers()),
     );
     let started = std::time::Instant::now();
     let response = next.run(request).instrument(span.clone()).await;

@@ -2,5 +2,5 @@
 //! server elsewhere.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::block_on(paybus_api::process::run())
+    paybus_runtime::function::block_on(paybus_api::process::run())
 }

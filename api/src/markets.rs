@@ -28,7 +28,7 @@ use paybus_markets::{
     progress::{self, Progress},
     suspension,
 };
-use paybus_platform::approvals::Guarded;
+use paybus_ops::approvals::Guarded;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

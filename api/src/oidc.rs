@@ -21,10 +21,7 @@ use std::{
 use jsonwebtoken::{
     Algorithm, DecodingKey, Validation, decode, decode_header, errors::ErrorKind, jwk::JwkSet,
 };
-use paybus_platform::{
-    ConfigError,
-    config::{Setting, Vars},
-};
+use paybus_config::{ConfigError, Setting, Vars};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{Mutex, OnceCell};

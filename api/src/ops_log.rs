@@ -1,4 +1,4 @@
-//! `GET /v1/admin/ops-log[?before_seq=N][&limit=N]`: the ops log (`paybus_platform::ops_log`),
+//! `GET /v1/admin/ops-log[?before_seq=N][&limit=N]`: the ops log (`paybus_ops::ops_log`),
 //! every ops action with who did it, newest first; 50 a page (at most 500), `next_before_seq`
 //! continues. Whether the chain holds is the audit's (`GET /v1/admin/audit`, check
 //! `ops_log_chain`).
@@ -8,7 +8,7 @@ use axum::{
     extract::{Query, State, rejection::QueryRejection},
     routing::get,
 };
-use paybus_platform::ops_log::{self, Row};
+use paybus_ops::ops_log::{self, Row};
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState};

@@ -12,8 +12,8 @@
 
 use axum::{Json, Router, extract::State, routing::get};
 use chrono::{DateTime, Utc};
+use paybus_bus::{link::QueueDepth, pauses};
 use paybus_partners::breaker::{self, PartnerBreaker};
-use paybus_platform::bus::{link::QueueDepth, pauses};
 use serde::Serialize;
 
 use crate::{ApiError, AppState};
@@ -93,7 +93,7 @@ pub struct AuditorLine {
 /// Reads the overview (a handful of indexed statements and one passive queue declare per
 /// queue).
 pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
-    let gauges = paybus_platform::gauges::read_gauges(&state.pool, &state.work_tables()).await?;
+    let gauges = paybus_bus::gauges::read_gauges(&state.pool, &state.work_tables()).await?;
     let mut conn = state.pool.acquire().await?;
     let paused = pauses::list(&mut conn).await?;
     let failures: Vec<(String, i64)> = sqlx::query_as(
@@ -129,7 +129,7 @@ pub async fn read(state: &AppState) -> Result<Overview, ApiError> {
     let mut functions = Vec::with_capacity(state.functions.len());
     for function in state.functions {
         let mut queues = Vec::new();
-        for queue in shards.queues(function.queue) {
+        for queue in function.queue.queues_in(shards) {
             let name = queue.queue();
             let depth = if broker_unreachable || broker_blocked.is_some() {
                 None
@@ -196,7 +196,7 @@ async fn break_glass_line(
          WHERE created_at > NOW(6) - INTERVAL 1 DAY AND auth_method = ? \
          GROUP BY actor ORDER BY MAX(created_at) DESC",
     )
-    .bind(paybus_platform::actor::AuthMethod::BreakGlass.to_string())
+    .bind(paybus_ops::actor::AuthMethod::BreakGlass.to_string())
     .fetch_all(&mut *conn)
     .await?;
     Ok(BreakGlassLine {

@@ -13,15 +13,13 @@
 //! 503 until the database and the broker are up and the topology is declared.
 
 use axum::{Router, response::IntoResponse};
-use paybus_platform::{
-    Settings,
-    bus::{
-        Services,
-        services::{PendingServices, StartupError},
-        shutdown_on_signal,
-    },
-    function::{self, FunctionError},
+use paybus_bus::{
+    Services,
+    services::{PendingServices, StartupError},
+    shutdown_on_signal,
 };
+use paybus_config::Settings;
+use paybus_runtime::function::{self, FunctionError};
 use tokio::{net::TcpListener, sync::OnceCell, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -36,7 +34,7 @@ use crate::{
 pub async fn run() -> Result<(), FunctionError> {
     let settings = function::settings().await?;
     let config = ApiConfig::read(&settings.vars)?;
-    if paybus_platform::config::in_lambda() {
+    if paybus_config::in_lambda() {
         return answer_api_gateway(Services::start(settings).await?, config).await;
     }
     serve_until_stopped(settings, config, shutdown_on_signal()).await

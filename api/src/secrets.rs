@@ -1,4 +1,4 @@
-//! The secrets paybus seals at rest (`paybus_platform::sealed`), rotated by ADMIN:
+//! The secrets paybus seals at rest (`paybus_config::sealed`), rotated by ADMIN:
 //!
 //! - `POST /v1/admin/secrets/rotate-key`: after `PAYBUS_SECRETS_KEY` became a new key (the old
 //!   one moved to `PAYBUS_SECRETS_OLD_KEYS`) in this process's configuration, re-seals every
@@ -10,11 +10,9 @@
 //!   (`secrets.rotate_key`).
 
 use axum::{Extension, Json, Router, extract::State, routing::post};
+use paybus_config::sealed::{SealError, Sealer};
+use paybus_ops::ops_log;
 use paybus_partners::webhook_secrets::{self, WebhookSecretError};
-use paybus_platform::{
-    ops_log,
-    sealed::{SealError, Sealer},
-};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::MySqlConnection;

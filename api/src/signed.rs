@@ -1,6 +1,6 @@
 //! Requests another system signs with a secret it shares with us (`X-Paybus-Signature:
 //! t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`, see
-//! `paybus_platform::signature`): the chain monitor's confirmations and the payment gateways'
+//! `paybus_config::signature`): the chain monitor's confirmations and the payment gateways'
 //! completions. One check for both.
 //!
 //! Order: the route is enabled (503 while its secret is unset) → the body fits (413) → the
@@ -8,7 +8,7 @@
 //! the database.
 
 use axum::{body::Bytes, extract::rejection::BytesRejection, http::HeaderMap};
-use paybus_platform::{
+use paybus_config::{
     Secret,
     signature::{self, SignatureError},
 };

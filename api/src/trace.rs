@@ -9,12 +9,12 @@
 //! page, for `withdrawal`, `deposit`, `deposit-order` and `bonus-job`.
 //!
 //! Deliveries its function skipped (duplicates, messages about a row already past them) are
-//! in it too (`paybus_platform::bus::skips`, kept a day). What it cannot show: deliveries
+//! in it too (`paybus_bus::skips`, kept a day). What it cannot show: deliveries
 //! requeued or retried before one was applied — each delivery's log line and the
 //! `paybus_messages_total{function,outcome}` counters have those.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::bus::{Message, skips};
+use paybus_bus::{Message, skips};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::MySqlConnection;
@@ -126,13 +126,13 @@ impl Timeline {
                 Ok(value)
             }
             Err(error)
-                if paybus_platform::db::is_unavailable(&error)
+                if paybus_db::is_unavailable(&error)
                     || matches!(error, sqlx::Error::Protocol(_)) =>
             {
                 Err(error)
             }
             Err(error) => {
-                tracing::warn!(part, error = %paybus_platform::telemetry::one_line(&error), "a part of a trace could not be read");
+                tracing::warn!(part, error = %paybus_telemetry::one_line(&error), "a part of a trace could not be read");
                 let problem = match error {
                     sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
                         "a stored value could not be decoded"

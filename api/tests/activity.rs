@@ -12,7 +12,7 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::role::Role;
-use paybus_platform::bus::samples::BusSampler;
+use paybus_bus::samples::BusSampler;
 use serde_json::{Value, json};
 use support::{Api, admin_get, admin_post, console_cookie, error_of, signed};
 use tower::ServiceExt;
@@ -106,7 +106,7 @@ async fn the_charts_figures_are_what_the_workflows_rows_say() {
         .await
         .unwrap();
 
-    let mut runner = paybus_platform::runner::Runner::new(api.services.clone());
+    let mut runner = paybus_runtime::runner::Runner::new(api.services.clone());
     confirm_withdrawal.add_to(&mut runner).unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn(runner.run(stop.clone()));

@@ -217,7 +217,7 @@ async fn grant_bonus_running(api: &Api) -> tokio_util::sync::CancellationToken {
         .declare_topology(&[grant_bonus.queue])
         .await
         .unwrap();
-    let mut runner = paybus_platform::runner::Runner::new(api.services.clone());
+    let mut runner = paybus_runtime::runner::Runner::new(api.services.clone());
     grant_bonus.add_to(&mut runner).unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(runner.run(stop.clone()));
@@ -467,7 +467,7 @@ async fn an_execution_whose_claimer_died_is_taken_over_once_its_lease_passed() {
     );
 
     // Its lease runs out while the next execute waits: that one takes it over and runs it.
-    let lease = paybus_platform::approvals::EXECUTION_LEASE.as_secs() as u32;
+    let lease = paybus_ops::approvals::EXECUTION_LEASE.as_secs() as u32;
     claimed_ago(lease - 1).await.unwrap();
     let (status, executed) = api.call(as_admin(&api, "carol", "POST", &execute)).await;
     assert_eq!(status, StatusCode::OK, "{executed}");
@@ -483,10 +483,8 @@ async fn an_execution_whose_claimer_died_is_taken_over_once_its_lease_passed() {
 /// one job, approved and awaiting; an expired one for another.
 #[tokio::test]
 async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_open() {
-    use paybus_platform::{
-        approvals::{self, ApprovalError, Guarded},
-        db::MIGRATOR,
-    };
+    use paybus_db::MIGRATOR;
+    use paybus_ops::approvals::{self, ApprovalError, Guarded};
     use paybus_testkit::TestEnv;
     const SLOT_MIGRATION: i64 = 20261207000527;
     let env = TestEnv::unmigrated().await;
@@ -559,7 +557,7 @@ async fn duplicates_left_before_the_slot_migrate_and_only_one_per_subject_stays_
         .unwrap();
     }
 
-    paybus_platform::migrations::apply(&env.db)
+    paybus_runtime::migrations::apply(&env.db)
         .await
         .expect("the duplicates do not stop the migration");
 

@@ -13,7 +13,7 @@ use axum::{
 };
 use paybus_api::{auth, role::Role};
 use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
-use paybus_platform::bus::dead_letter::group_counts;
+use paybus_bus::dead_letter::group_counts;
 use paybus_testkit::bonuses;
 use support::{ADMIN_JWT_SECRET, Api, logged, token};
 use tower::ServiceExt;
@@ -452,10 +452,10 @@ async fn the_audit_page_shows_the_auditors_latest_pass_and_runs_no_check_itself(
         .await
         .expect("insert")
         .last_insert_id();
-    paybus_platform::auditor::Auditor::new(
+    paybus_maintenance::auditor::Auditor::new(
         api.services.pool.clone(),
         paybus_catalog::audit_checks(),
-        paybus_platform::auditor::AuditorConfig::default(),
+        paybus_maintenance::auditor::AuditorConfig::default(),
     )
     .pass()
     .await

@@ -15,7 +15,7 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::ApiConfig;
-use paybus_platform::Secret;
+use paybus_config::Secret;
 use paybus_testkit::oidc::{self, OidcSetup};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -676,7 +676,7 @@ async fn an_admin_lists_the_sessions_and_ends_another_persons() {
 #[tokio::test]
 async fn console_actions_act_as_the_signed_in_person() {
     let Some(api) = console_api(|config| {
-        config.four_eyes = paybus_platform::approvals::FourEyes::off();
+        config.four_eyes = paybus_ops::approvals::FourEyes::off();
     })
     .await
     else {

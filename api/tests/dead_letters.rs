@@ -9,8 +9,8 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::role::Role;
+use paybus_bus::{Envelope, dead_letter::record_given_up};
 use paybus_confirmations::WithdrawalTxConfirmed;
-use paybus_platform::bus::{Envelope, dead_letter::record_given_up};
 use serde_json::json;
 use support::*;
 
@@ -144,7 +144,7 @@ async fn dead_letter_routes_are_401_without_a_valid_token_and_403_without_the_ro
 async fn ops_dry_run_then_an_admin_replay_sends_the_safe_letter_and_records_who() {
     // One ADMIN alone (four-eyes off, as in local mode).
     let api = Api::with(|config| {
-        config.four_eyes = paybus_platform::approvals::FourEyes::off();
+        config.four_eyes = paybus_ops::approvals::FourEyes::off();
     })
     .await;
     let (withdrawal, letter) = dead_lettered_confirmation(&api).await;

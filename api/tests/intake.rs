@@ -4,7 +4,7 @@
 use crate::support;
 
 use axum::http::StatusCode;
-use paybus_platform::signature;
+use paybus_config::signature;
 use paybus_testkit::tap;
 use serde_json::{Value, json};
 use support::*;

@@ -86,7 +86,7 @@ async fn the_api_binary_answers_api_gateway_events_with_secrets_from_secrets_man
     let mut lambda = LambdaProcess::spawn(env!("CARGO_BIN_EXE_api"), &api, vars);
     let token = issue(JWT_SECRET, "ops", &[Role::Admin], Duration::from_secs(600)).unwrap();
     let body = r#"{"withdrawal_id":1989,"tx_hash":"0xabc"}"#;
-    let signature = paybus_platform::signature::sign(
+    let signature = paybus_config::signature::sign(
         MONITOR_SECRET.as_bytes(),
         chrono::Utc::now().timestamp(),
         body.as_bytes(),

@@ -8,10 +8,8 @@ use axum::{
     body::Body,
     http::{Request, StatusCode, header},
 };
-use paybus_platform::{
-    auditor::{Auditor, AuditorConfig},
-    bus::metrics,
-};
+use paybus_bus::metrics;
+use paybus_maintenance::auditor::{Auditor, AuditorConfig};
 use support::*;
 use tower::ServiceExt;
 
@@ -47,7 +45,7 @@ async fn metrics_expose_outcomes_latency_backlog_dead_letters_due_and_stuck_rows
     .await
     .unwrap();
     // Written around the recorder: its group counted as `paybus dead-letters recount` does.
-    paybus_platform::bus::dead_letter::group_counts::recount(&api.services.pool)
+    paybus_bus::dead_letter::group_counts::recount(&api.services.pool)
         .await
         .unwrap();
     sqlx::query(
@@ -86,7 +84,7 @@ async fn metrics_expose_paused_functions_and_the_age_of_the_auditors_last_pass()
     assert!(!text.contains("paybus_function_paused{"), "{text}");
 
     let mut conn = api.services.pool.acquire().await.unwrap();
-    paybus_platform::bus::pauses::pause(
+    paybus_bus::pauses::pause(
         &mut conn,
         "grant-bonus",
         &paybus_testkit::person("alice"),

@@ -5,7 +5,7 @@ use crate::support;
 
 use axum::http::StatusCode;
 use paybus_api::role::Role;
-use paybus_platform::ops_log::{self, Entry};
+use paybus_ops::ops_log::{self, Entry};
 use serde_json::json;
 use support::*;
 

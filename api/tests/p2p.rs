@@ -8,9 +8,11 @@ use std::{collections::HashMap, time::Duration};
 
 use axum::http::StatusCode;
 use paybus_api::{ApiConfig, role::Role};
+use paybus_bus::Handler;
+use paybus_config::Vars;
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::Matcher;
-use paybus_platform::{bus::Handler, config::Vars, runner::Runner};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{eventually, p2p::QuoteStub, tap};
 use serde_json::{Value, json};
 use support::*;
@@ -300,8 +302,7 @@ async fn an_order_in_doubt_is_shown_so_and_ops_recheck_re_arms_it_once() {
         config.matching.quote.timeout = Duration::from_millis(300);
         // One unknown outcome is the bound: the inline attempt parks the order at once.
         config.matching.trade_checks =
-            paybus_platform::retry::RetryPolicy::with_schedule(1, vec![Duration::from_secs(1)])
-                .unwrap();
+            paybus_retry::RetryPolicy::with_schedule(1, vec![Duration::from_secs(1)]).unwrap();
     })
     .await;
     let (partner, key) = market(&api).await;

@@ -19,7 +19,7 @@ use paybus_partners::{
     breaker::BreakerPolicy,
     notifications::{self, NewNotification},
 };
-use paybus_platform::runner::Runner;
+use paybus_runtime::runner::Runner;
 use paybus_testkit::eventually;
 use serde_json::json;
 use support::{Api, admin_post, console_cookie, partner_get};

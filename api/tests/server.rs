@@ -8,7 +8,8 @@ use crate::support;
 use std::time::Duration;
 
 use paybus_api::server::Limits;
-use paybus_platform::{bus::Outbox, signature};
+use paybus_bus::Outbox;
+use paybus_config::signature;
 use paybus_testkit::free_port;
 use support::*;
 use tokio::{

@@ -16,9 +16,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::Utc;
-use paybus_platform::{
-    Secret,
-    config::Vars,
+use paybus_config::{
+    Secret, Vars,
     setting::{Setting, SettingGroup},
 };
 use reqwest::{Method, StatusCode};
@@ -87,7 +86,7 @@ impl ApiArgs {
             .with_context(|| {
                 format!(
                     "{from} {:?} is not an http(s) URL like {DEFAULT_API_URL}",
-                    paybus_platform::redact::text(raw)
+                    paybus_config::redact::text(raw)
                 )
             })?;
         Ok(url.as_str().trim_end_matches('/').to_owned())
@@ -347,7 +346,7 @@ mod tests {
     #[test]
     fn the_documented_default_is_the_readers() {
         for (name, environment) in
-            paybus_platform::setting::documented_defaults(SETTINGS).collect::<Vec<_>>()
+            paybus_config::setting::documented_defaults(SETTINGS).collect::<Vec<_>>()
         {
             let documented = Vars::new(environment);
             assert_eq!(

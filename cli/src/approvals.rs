@@ -8,7 +8,9 @@
 
 use std::process::ExitCode;
 
-use paybus_platform::{Settings, approvals, db};
+use paybus_config::Settings;
+use paybus_db as db;
+use paybus_ops::approvals;
 use serde::Deserialize;
 use serde_json::Value;
 

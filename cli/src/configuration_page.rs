@@ -1,5 +1,5 @@
 //! `paybus settings`: the configuration page, `docs/configuration.md`, made from the settings'
-//! declarations (`paybus_platform::setting::Setting`) so that it cannot drift from the code;
+//! declarations (`paybus_config::setting::Setting`) so that it cannot drift from the code;
 //! `cli/tests/configuration_page.rs` fails when the shipped page differs.
 //!
 //! The crates' groups come from the catalog and the API. The local services' scripts and the
@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use paybus_platform::setting::{self, Setting, SettingGroup};
+use paybus_config::setting::{self, Setting, SettingGroup};
 
 const INTRODUCTION: &str = "\
 # Configuration
@@ -51,9 +51,9 @@ const IDENTITY: SettingGroup = SettingGroup {
 
 const OPERATIONS: SettingGroup = SettingGroup {
     title: "Dead-letter operations and four-eyes",
-    read_by: "Read by the API (`paybus_platform::approvals::FourEyes`), which the CLI's \
+    read_by: "Read by the API (`paybus_ops::approvals::FourEyes`), which the CLI's \
               guarded commands call.",
-    settings: paybus_platform::approvals::SETTINGS,
+    settings: paybus_ops::approvals::SETTINGS,
 };
 
 const LOCAL_SERVICES: SettingGroup = SettingGroup {

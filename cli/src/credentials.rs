@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use paybus_platform::{config::Vars, setting::Setting};
+use paybus_config::{Vars, setting::Setting};
 use serde::{Deserialize, Serialize};
 
 pub const VAR_CONFIG_HOME: Setting = Setting {

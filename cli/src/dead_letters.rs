@@ -15,11 +15,13 @@
 use std::{io::IsTerminal, process::ExitCode, time::Duration};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use paybus_bus::dead_letter::group_counts;
+use paybus_config::Settings;
+use paybus_db as db;
 use paybus_dead_letter_ops::{
     ListFilter, OperationAction, OperationStatus, Selection, Triager, detail, groups, letter,
     operation, replay,
 };
-use paybus_platform::{Settings, bus::dead_letter::group_counts, db};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

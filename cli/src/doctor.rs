@@ -7,7 +7,10 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use paybus_platform::{Settings, broker, db, redact, telemetry};
+use paybus_bus::broker;
+use paybus_config::{Settings, redact};
+use paybus_db as db;
+use paybus_telemetry as telemetry;
 
 /// A dependency that does not answer within this is reported as down.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);

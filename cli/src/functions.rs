@@ -1,4 +1,4 @@
-//! `paybus functions`: ops' switch for a function's consumption (`paybus_platform::bus::pauses`).
+//! `paybus functions`: ops' switch for a function's consumption (`paybus_bus::pauses`).
 //!
 //! - `paybus functions list`: every catalog function, paused or consuming (from the database).
 //! - `paybus functions pause <name> --reason "…"`: every process's consumers of it stop taking
@@ -9,7 +9,9 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use paybus_platform::{Settings, bus::pauses, db};
+use paybus_bus::pauses;
+use paybus_config::Settings;
+use paybus_db as db;
 use serde::Deserialize;
 use serde_json::json;
 

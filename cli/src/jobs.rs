@@ -13,7 +13,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus};
-use paybus_platform::{Settings, db};
+use paybus_config::Settings;
+use paybus_db as db;
 use reqwest::StatusCode;
 use serde::Deserialize;
 

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use chrono::Utc;
-use paybus_platform::config::Vars;
+use paybus_config::Vars;
 use serde_json::Value;
 
 use crate::{

@@ -25,13 +25,12 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use paybus_api::ApiConfig;
-use paybus_platform::{
-    Settings, audit,
-    bus::{Services, shutdown_on_signal, topology as bus_topology},
-    db,
-    runner::Runner,
-    telemetry,
-};
+use paybus_bus::{Services, shutdown_on_signal, topology as bus_topology};
+use paybus_config::Settings;
+use paybus_db as db;
+use paybus_ops::audit;
+use paybus_runtime::runner::Runner;
+use paybus_telemetry as telemetry;
 
 /// Every command that changes something calls the admin API as the person `paybus login`
 /// signed in (`api_client`); what needs the database itself and moves no money (migrate,
@@ -81,7 +80,7 @@ enum Command {
         /// sharded): its queues that the current layout lacks are unbound and listed with what
         /// they hold.
         #[arg(long, value_name = "LAYOUT", value_parser = parse_shards, conflicts_with = "definitions")]
-        previous_shards: Option<paybus_platform::config::Shards>,
+        previous_shards: Option<paybus_config::Shards>,
         /// Then move what those retired queues still hold back into paybus.events (run it once
         /// their consumers are gone).
         #[arg(long, requires = "previous_shards")]
@@ -181,8 +180,8 @@ enum TokenCommand {
     },
 }
 
-fn parse_shards(text: &str) -> Result<paybus_platform::config::Shards, String> {
-    paybus_platform::config::Shards::parse(text)
+fn parse_shards(text: &str) -> Result<paybus_config::Shards, String> {
+    paybus_config::Shards::parse(text)
 }
 
 fn parse_role(text: &str) -> Result<paybus_api::role::Role, String> {
@@ -298,7 +297,7 @@ async fn main() -> ExitCode {
 
 async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
-    paybus_platform::migrations::apply(&pool)
+    paybus_runtime::migrations::apply(&pool)
         .await
         .context("while applying migrations")?;
     // SQL cannot encrypt: the partners' plaintext webhook secrets are sealed here.
@@ -311,7 +310,7 @@ async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     println!(
         "migrations: {} known, all applied to {}",
         db::MIGRATOR.iter().count(),
-        paybus_platform::redact::url(&settings.database.url)
+        paybus_config::redact::url(&settings.database.url)
     );
     if sealed > 0 {
         println!("partner webhook secrets sealed: {sealed}");
@@ -323,7 +322,7 @@ async fn topology(
     settings: &Settings,
     definitions: bool,
     vhost: &str,
-    previous: Option<paybus_platform::config::Shards>,
+    previous: Option<paybus_config::Shards>,
     drain_retired: bool,
 ) -> anyhow::Result<ExitCode> {
     let shards = &settings.broker.shards;
@@ -476,7 +475,7 @@ fn sign(body: &str) -> anyhow::Result<ExitCode> {
     let now = chrono::Utc::now().timestamp();
     println!(
         "{}",
-        paybus_platform::signature::sign(secret.expose().as_bytes(), now, body.as_bytes())
+        paybus_config::signature::sign(secret.expose().as_bytes(), now, body.as_bytes())
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -517,7 +516,7 @@ pub(crate) async fn looking_back(
     since: std::time::Duration,
 ) -> anyhow::Result<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> {
     let (from, now) = sqlx::query_as("SELECT NOW(6) - INTERVAL ? MICROSECOND, NOW(6)")
-        .bind(paybus_platform::retry::clock::micros(since))
+        .bind(paybus_retry::clock::micros(since))
         .fetch_one(conn)
         .await?;
     Ok((from, now))

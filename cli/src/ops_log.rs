@@ -4,7 +4,9 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use paybus_platform::{Settings, db, ops_log};
+use paybus_config::Settings;
+use paybus_db as db;
+use paybus_ops::ops_log;
 
 #[derive(Debug, clap::Args)]
 pub struct OpsLogArgs {

@@ -13,8 +13,9 @@
 use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
+use paybus_config::Settings;
+use paybus_db as db;
 use paybus_p2p::{MatchingConfig, quote::QuoteClient, reconcile};
-use paybus_platform::{Settings, db};
 
 use crate::api_client::{ApiArgs, ApiClient};
 

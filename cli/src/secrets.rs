@@ -1,4 +1,4 @@
-//! `paybus secrets`: the secrets paybus seals at rest (`paybus_platform::sealed`).
+//! `paybus secrets`: the secrets paybus seals at rest (`paybus_config::sealed`).
 //!
 //! - `paybus secrets rotate-key`: after `PAYBUS_SECRETS_KEY` became a new key (the old one
 //!   moved to `PAYBUS_SECRETS_OLD_KEYS`) in the API's processes, they re-seal every partner
@@ -70,9 +70,9 @@ fn print_counts(when: &str, counts: &[KeyRows]) {
 
 /// `PAYBUS_SECRETS_KEY` and `PAYBUS_SECRETS_OLD_KEYS` of the process environment.
 pub(crate) fn sealer_from_env()
--> Result<Option<paybus_platform::sealed::Sealer>, paybus_platform::ConfigError> {
-    use paybus_platform::sealed;
-    let vars = paybus_platform::config::Vars::from_env();
+-> Result<Option<paybus_config::sealed::Sealer>, paybus_config::ConfigError> {
+    use paybus_config::sealed;
+    let vars = paybus_config::Vars::from_env();
     sealed::Sealer::read(
         vars.secret(sealed::VAR_SECRETS_KEY, sealed::KEY_MIN_CHARS)?,
         &vars,

@@ -5,12 +5,13 @@ use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use indicatif::{HumanCount, ProgressBar, ProgressStyle};
+use paybus_config::Settings;
+use paybus_db as db;
 use paybus_markets::{
     grouped,
     progress::{self, Phase, Progress},
     task::TaskState,
 };
-use paybus_platform::{Settings, db};
 use sqlx::MySqlPool;
 use strum::IntoEnumIterator;
 

@@ -5,7 +5,8 @@
 use std::process::ExitCode;
 
 use paybus_api::trace::{self, Traced};
-use paybus_platform::{Settings, db};
+use paybus_config::Settings;
+use paybus_db as db;
 
 #[derive(Debug, clap::Args)]
 pub struct TraceArgs {

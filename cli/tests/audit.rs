@@ -76,9 +76,9 @@ async fn an_ops_log_row_changed_or_deleted_by_sql_fails_the_audit_naming_the_fir
     let env = TestEnv::new().await;
     let mut tx = env.db.begin().await.unwrap();
     for function in ["grant-bonus", "confirm-deposit", "cancel-orders", "canary"] {
-        paybus_platform::ops_log::append(
+        paybus_ops::ops_log::append(
             &mut tx,
-            &paybus_platform::ops_log::Entry {
+            &paybus_ops::ops_log::Entry {
                 actor: &paybus_testkit::person("alice"),
                 action: "function.pause",
                 subject: &format!("function:{function}"),

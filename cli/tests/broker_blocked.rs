@@ -15,12 +15,10 @@ use std::{
 use api_process::{output_of, paybus};
 
 use paybus_api::{auth, role::Role};
+use paybus_bus::{Envelope, Handler, OutgoingMessage};
 use paybus_canary::{Canary, Ping};
+use paybus_config::signature;
 use paybus_lab::services::PrivateBroker;
-use paybus_platform::{
-    bus::{Envelope, Handler, OutgoingMessage},
-    signature,
-};
 use paybus_testkit::{TestEnv, eventually, free_port, scalar, services_on};
 use serde_json::Value;
 

@@ -18,13 +18,11 @@ use crate::api_process;
 use std::{process::Command, time::Duration};
 
 use api_process::{ApiProcess, PAYMENTS_SECRET, output_dir, provider_admin_token, python_tool};
+use paybus_bus::{Envelope, dead_letter::group_counts};
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::WithdrawalTxConfirmed;
-use paybus_platform::{
-    auditor::{Auditor, AuditorConfig},
-    bus::{Envelope, dead_letter::group_counts},
-    runner::Runner,
-};
+use paybus_maintenance::auditor::{Auditor, AuditorConfig};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv, eventually, free_port,
     oidc::{self, OidcProvider, OidcSetup},

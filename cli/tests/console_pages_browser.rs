@@ -26,7 +26,7 @@ use api_process::{
     provider_admin_token, python_tool,
 };
 use axum::{Router, http::StatusCode, routing::post};
-use paybus_platform::bus::samples::BusSampler;
+use paybus_bus::samples::BusSampler;
 use paybus_testkit::{
     TestEnv, free_port,
     oidc::{self, OidcProvider, OidcSetup},

@@ -11,7 +11,7 @@ use std::{
 };
 
 use api_process::ApiProcess;
-use paybus_platform::bus::{Envelope, OutgoingMessage, dead_letter::record_given_up};
+use paybus_bus::{Envelope, OutgoingMessage, dead_letter::record_given_up};
 use paybus_testkit::{TestEnv, eventually};
 use sqlx::MySqlPool;
 

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use api_process::ApiProcess;
 use paybus_bonuses::{BonusRules, charge::PaymentGateway, completion};
-use paybus_platform::bus::Services;
+use paybus_bus::Services;
 use paybus_testkit::{TestEnv, bonuses};
 
 fn run(command: &mut Command, args: &[&str]) -> (Option<i32>, String, String) {

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::signature;
+use paybus_config::signature;
 use paybus_testkit::{TestEnv, free_port};
 use serde_json::Value;
 

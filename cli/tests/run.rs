@@ -150,10 +150,7 @@ async fn run_with_four_shards_consumes_every_shard_of_every_function() {
     let mut shard_queues = Vec::new();
     for function in paybus_catalog::FUNCTIONS {
         for index in 0..4 {
-            shard_queues.push(paybus_platform::bus::topology::shard_queue_name(
-                function.name,
-                index,
-            ));
+            shard_queues.push(paybus_bus::topology::shard_queue_name(function.name, index));
         }
     }
 

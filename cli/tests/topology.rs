@@ -102,7 +102,7 @@ async fn a_new_shard_count_retires_the_old_queue_and_drains_it_onto_the_shards()
     assert!(output_of(paybus(&env).args(["topology"])).status.success());
     let services = paybus_testkit::services_on(&env.settings, &[]).await;
     for ping_id in 1..=3 {
-        let message = paybus_platform::bus::Envelope::new(paybus_canary::Ping { ping_id })
+        let message = paybus_bus::Envelope::new(paybus_canary::Ping { ping_id })
             .to_outgoing()
             .unwrap();
         services.publisher().publish_event(&message).await.unwrap();

@@ -13,7 +13,7 @@ use std::{
 };
 
 use axum::{Router, routing::post};
-use paybus_platform::signature;
+use paybus_config::signature;
 use paybus_testkit::{TestEnv, free_port, p2p::QuoteStub};
 use serde_json::{Value, json};
 

@@ -14,7 +14,7 @@ use std::{
 };
 
 use axum::{Router, extract::State, http::HeaderMap, routing::post};
-use paybus_platform::signature;
+use paybus_config::signature;
 use paybus_testkit::{
     TestEnv, free_port,
     otlp::{OtlpReceiver, ReceivedSpan},

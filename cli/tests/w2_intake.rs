@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::signature;
+use paybus_config::signature;
 use paybus_testkit::{TestEnv, free_port};
 
 const SECRET: &str = "chain-monitor-secret-e2e-0123";

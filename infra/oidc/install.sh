@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # panva's oidc-provider (npm, pinned in infra/oidc/package-lock.json) for the suite's OpenID
-# Connect provider (paybus_platform::testing::oidc) and for local development, installed into
+# Connect provider (paybus_testkit::oidc) and for local development, installed into
 # the repository's git-ignored .local/oidc with the machine's Node.
 #
 # .local/oidc is a runnable copy of this folder: package.json and package-lock.json are copied

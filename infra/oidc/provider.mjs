@@ -1,7 +1,7 @@
 // panva's oidc-provider (OpenID Certified) configured as the company's identity provider for
 // paybus's tests and local development. Usage: node provider.mjs CONFIG.json
 //
-// CONFIG.json (written by paybus_platform::testing::oidc, or by hand, see README.md):
+// CONFIG.json (written by paybus_testkit::oidc, or by hand, see README.md):
 //   issuer                    "http://127.0.0.1:<port>", the `iss` of every token
 //   port                      the loopback port to listen on
 //   audience                  the API's resource indicator (an absolute URI), the access tokens' `aud`

@@ -8,7 +8,7 @@ use paybus_confirmations::{
 use paybus_ledger::{
     self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType, audit::Violation as Ledger,
 };
-use paybus_platform::audit::{self, Violation};
+use paybus_ops::audit::{self, Violation};
 use paybus_testkit::{
     TestEnv,
     confirmations::{deposit as new_deposit, withdrawal},

@@ -6,12 +6,10 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
+use paybus_bus::metrics;
 use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
-use paybus_platform::{
-    audit::{self, Window},
-    auditor::{self, Auditor, AuditorConfig},
-    bus::metrics,
-};
+use paybus_maintenance::auditor::{self, Auditor, AuditorConfig};
+use paybus_ops::audit::{self, Window};
 use paybus_testkit::{
     TestEnv,
     confirmations::{BROADCAST_TX, withdrawal},
@@ -19,7 +17,7 @@ use paybus_testkit::{
 use sqlx::MySqlPool;
 
 /// A partner with a confirmed withdrawal (its keyed DEBIT, balance and chain all right).
-async fn clean_ledger(services: &paybus_platform::bus::Services) -> u64 {
+async fn clean_ledger(services: &paybus_bus::Services) -> u64 {
     let pool = &services.pool;
     let partner = paybus_testkit::partners::partner(pool, "acme", None).await;
     for amount in ["100", "25"] {

@@ -9,10 +9,8 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use paybus_bonuses::{audit, checkpoint};
-use paybus_platform::{
-    audit::{Check, Window},
-    db,
-};
+use paybus_db as db;
+use paybus_ops::audit::{Check, Window};
 use paybus_testkit::{HandlerReads, TestEnv, bonuses::assert_audit_clean};
 use sqlx::{Connection, MySqlPool};
 use tokio::{sync::Barrier, task::JoinSet};
@@ -122,7 +120,7 @@ const BALANCES: &[Check] = &[audit::CHECKS[0]];
 
 async fn full(pool: &MySqlPool) -> Found {
     let mut conn = pool.acquire().await.unwrap();
-    paybus_platform::audit::run(&mut conn, BALANCES)
+    paybus_ops::audit::run(&mut conn, BALANCES)
         .await
         .unwrap()
         .into_iter()
@@ -142,7 +140,7 @@ async fn last_hour_window(conn: &mut sqlx::MySqlConnection) -> Window {
 async fn last_hour(pool: &MySqlPool) -> Found {
     let mut conn = pool.acquire().await.unwrap();
     let window = last_hour_window(&mut conn).await;
-    paybus_platform::audit::run_recent(&mut conn, BALANCES, window)
+    paybus_ops::audit::run_recent(&mut conn, BALANCES, window)
         .await
         .unwrap()
         .into_iter()

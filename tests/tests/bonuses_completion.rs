@@ -13,7 +13,7 @@ use paybus_bonuses::{
     completion, event,
     job::{self, JobType, NewJob},
 };
-use paybus_platform::bus::Services;
+use paybus_bus::Services;
 use paybus_testkit::{
     HandlerReads, TestEnv,
     bonuses::{self, assert_audit_clean},
@@ -455,7 +455,7 @@ async fn the_audit_names_every_broken_bonus_invariant_it_finds() {
     }
 
     let mut conn = env.db.acquire().await.unwrap();
-    let found = paybus_platform::audit::run(&mut conn, paybus_bonuses::audit::CHECKS)
+    let found = paybus_ops::audit::run(&mut conn, paybus_bonuses::audit::CHECKS)
         .await
         .unwrap();
 

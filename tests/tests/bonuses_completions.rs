@@ -15,7 +15,7 @@ use paybus_bonuses::{
     completions::{BATCHES_IN_FLIGHT, BatchCounts},
     job::JobType,
 };
-use paybus_platform::bus::Services;
+use paybus_bus::Services;
 use paybus_testkit::{
     TestEnv,
     bonuses::{self, Purchase, assert_audit_clean},

@@ -11,7 +11,7 @@ use paybus_bonuses::{
     completion::{self, complete_in},
     job::JobType,
 };
-use paybus_platform::bus::{Outbox, Services};
+use paybus_bus::{Outbox, Services};
 use paybus_testkit::{
     TestEnv,
     bonuses::{self, Purchase, assert_audit_clean},
@@ -259,7 +259,7 @@ async fn the_seed_s_unlocked_plus_equals_loses_credits_under_the_same_race() {
     assert!(balance <= i32::try_from(RACERS).unwrap(), "{balance}");
     // And the audit names it.
     let mut conn = env.db.acquire().await.unwrap();
-    let found = paybus_platform::audit::run(&mut conn, paybus_bonuses::audit::CHECKS)
+    let found = paybus_ops::audit::run(&mut conn, paybus_bonuses::audit::CHECKS)
         .await
         .unwrap();
     assert_eq!(

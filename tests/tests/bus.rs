@@ -4,18 +4,16 @@
 use std::{sync::Arc, time::Duration};
 
 use lapin::BasicProperties;
-use paybus_canary::{Canary, Ping, send_ping};
-use paybus_lab::services::{PrivateBroker, PrivateCluster, PrivateService};
-use paybus_platform::{
-    Settings,
-    bus::{
-        Envelope, Handler, Message, Services, consumer, dead_letter,
-        delivery::{Disposition, IncomingDelivery, Processor},
-        outbox::{Relay, RelayConfig},
-        pauses, topology,
-    },
-    runner::Runner,
+use paybus_bus::{
+    Envelope, Handler, Message, Services, consumer, dead_letter,
+    delivery::{Disposition, IncomingDelivery, Processor},
+    outbox::{Relay, RelayConfig},
+    pauses, topology,
 };
+use paybus_canary::{Canary, Ping, send_ping};
+use paybus_config::Settings;
+use paybus_lab::services::{PrivateBroker, PrivateCluster, PrivateService};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv, eventually, outage::Relay as TcpRelay, queue_depth, queue_state, scalar, services_on,
 };
@@ -708,7 +706,7 @@ async fn every_failure_counts_and_one_after_archiving_reopens_its_letter() {
             &Selection::Ids(vec![letter]),
             &paybus_testkit::person("alice"),
             10,
-            &paybus_platform::approvals::FourEyes::off(),
+            &paybus_ops::approvals::FourEyes::off(),
         )
         .await
         .unwrap();
@@ -1050,7 +1048,7 @@ async fn a_database_outage_delays_processing_and_nothing_is_lost_or_doubled() {
     settings.database.url = database.url.clone();
     settings.database.acquire_timeout = Duration::from_secs(2);
     let services = services_on(&settings, &[Canary::queue()]).await;
-    paybus_platform::migrations::apply(&services.pool)
+    paybus_runtime::migrations::apply(&services.pool)
         .await
         .unwrap();
     let mut ids = Vec::new();
@@ -1239,8 +1237,8 @@ async fn dead_letter_headers_stored_by_an_earlier_paybus_are_rewritten_readable(
     .await
     .unwrap();
 
-    paybus_platform::migrations::apply(&env.db).await.unwrap();
-    paybus_platform::migrations::apply(&env.db).await.unwrap();
+    paybus_runtime::migrations::apply(&env.db).await.unwrap();
+    paybus_runtime::migrations::apply(&env.db).await.unwrap();
 
     let headers: String = sqlx::query_scalar("SELECT headers FROM dead_letters")
         .fetch_one(&env.db)

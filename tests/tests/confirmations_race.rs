@@ -7,19 +7,16 @@
 use std::{sync::Arc, time::Duration};
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
+use paybus_bus::{Envelope, Handler, Outbox, Services, transition::Transition};
+use paybus_config::Shards;
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::{WithdrawalTxConfirmed, withdrawal::confirm_if_in_flight};
+use paybus_db as db;
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, due_notifications};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
+use paybus_maintenance::DueSweepConfig;
 use paybus_money::Amount;
-use paybus_platform::{
-    bus::{Envelope, Handler, Outbox, Services},
-    config::Shards,
-    db,
-    maintenance::DueSweepConfig,
-    runner::Runner,
-    transition::Transition,
-};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv,
     confirmations::{assert_audit_clean, read_then_update},
@@ -152,7 +149,8 @@ async fn broker_race(shards: u16) {
     env.settings.broker.shards = Shards::default()
         .with(ConfirmWithdrawal::FUNCTION, shards)
         .with(DeliverWebhook::FUNCTION, shards);
-    let layout = |queue| env.settings.broker.shards.queues(queue);
+    let layout =
+        |queue| paybus_bus::topology::FunctionQueue::queues_in(queue, &env.settings.broker.shards);
     // The partner: a real HTTP server that answers 200 and remembers every webhook.
     let partner = MockServer::start().await;
     Mock::given(method("POST"))

@@ -6,6 +6,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use paybus_bus::{
+    Envelope, Message, OutgoingMessage, Services,
+    dead_letter::{group_counts, record_given_up},
+};
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::{
     DepositTxConfirmed, WithdrawalTxConfirmed,
@@ -15,16 +19,9 @@ use paybus_dead_letter_ops::{
     DeadLetterError, ExecuteOptions, ExecutionReport, OperationAction, OperationStatus, Selection,
     Triager, detail, groups, operation, replay,
 };
-use paybus_platform::approvals::FourEyes as Policy;
-use paybus_platform::{
-    audit,
-    bus::{
-        Envelope, Message, OutgoingMessage, Services,
-        dead_letter::{group_counts, record_given_up},
-    },
-    runner::Runner,
-    triage::Verdict,
-};
+use paybus_ops::approvals::FourEyes as Policy;
+use paybus_ops::{audit, triage::Verdict};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv,
     confirmations::{BROADCAST_TX, deposit, withdrawal},
@@ -452,12 +449,13 @@ async fn a_letter_of_no_catalog_function_or_an_unreadable_body_needs_a_human() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_breaker_lets_it() {
     let _turn = OutcomeCounts::take().await;
+    use paybus_bus::Handler;
     use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig, request::HEADER_NOTIFICATION_ID};
     use paybus_partners::{
         breaker::BreakerPolicy,
         notifications::{NewNotification, enqueue},
     };
-    use paybus_platform::{bus::Handler, retry::RetryPolicy};
+    use paybus_retry::RetryPolicy;
     use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
     let env = TestEnv::new().await;
@@ -484,7 +482,7 @@ async fn a_failed_webhook_is_redelivered_by_a_replay_under_its_own_id_once_the_b
     runner.add_job(std::sync::Arc::new(
         paybus_deliver_webhook::due_notifications(
             &services,
-            paybus_platform::maintenance::DueSweepConfig {
+            paybus_maintenance::DueSweepConfig {
                 interval: Duration::from_millis(50),
                 ..Default::default()
             },
@@ -1260,7 +1258,7 @@ async fn four_eyes_a_replay_runs_only_after_another_person_approved_the_hash_the
     );
     let mut conn = pool.acquire().await.unwrap();
     assert!(
-        paybus_platform::ops_log::verify(&mut conn)
+        paybus_ops::ops_log::verify(&mut conn)
             .await
             .unwrap()
             .is_empty(),

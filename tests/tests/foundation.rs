@@ -5,7 +5,7 @@ use lapin::{
     options::{BasicPublishOptions, QueueDeclareOptions},
     types::FieldTable,
 };
-use paybus_platform::db;
+use paybus_db as db;
 use paybus_testkit::TestEnv;
 
 async fn table_names(env: &TestEnv) -> Vec<String> {
@@ -26,7 +26,7 @@ async fn migrations_apply_to_an_empty_database_and_are_idempotent() {
     let mut conn = env.db.acquire().await.unwrap();
     assert_eq!(db::pending_migrations(&mut conn).await.unwrap(), known);
 
-    paybus_platform::migrations::apply(&env.db)
+    paybus_runtime::migrations::apply(&env.db)
         .await
         .expect("first run applies");
     let tables = table_names(&env).await;
@@ -38,7 +38,7 @@ async fn migrations_apply_to_an_empty_database_and_are_idempotent() {
     }
     assert_eq!(db::pending_migrations(&mut conn).await.unwrap(), 0);
 
-    paybus_platform::migrations::apply(&env.db)
+    paybus_runtime::migrations::apply(&env.db)
         .await
         .expect("second run is a no-op");
     let recorded: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
+use paybus_db as db;
 use paybus_ledger::{
     self as ledger, EntryType, IdemKey, LedgerError, Posted, Posting, ReferenceType,
 };
 use paybus_money::Amount;
-use paybus_platform::{audit, db};
+use paybus_ops::audit;
 use paybus_testkit::{TestEnv, dec};
 use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio::{sync::Barrier, task::JoinSet};

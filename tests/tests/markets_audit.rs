@@ -1,13 +1,15 @@
 //! W4's audit checks against real MariaDB: a finished suspension is clean, and each check
 //! reports exactly the violation planted for it by raw SQL.
 
+use paybus_bus::Services;
 use paybus_cancel_orders::{Attempts, CancelConfig, cancel_tasks};
 use paybus_markets::{
     audit::{self as w4, Violation},
     materialise::Plan,
     suspension,
 };
-use paybus_platform::{audit, bus::Services, retry::Clock};
+use paybus_ops::audit;
+use paybus_retry::Clock;
 use paybus_testkit::{
     TestEnv,
     markets::{market, open_orders},

@@ -14,18 +14,16 @@ use std::{
 };
 
 use paybus_api::{ApiConfig, AppState, role::Role};
+use paybus_bus::{Handler, Services};
 use paybus_cancel_orders::{CancelConfig, CancelOrders, due_tasks};
+use paybus_config::Secret;
+use paybus_maintenance::DueSweepConfig;
 use paybus_markets::{
     materialise::{Materialiser, MaterialiserConfig},
     progress,
 };
-use paybus_platform::{
-    Secret,
-    bus::{Handler, Services},
-    maintenance::DueSweepConfig,
-    retry::RetryPolicy,
-    runner::Runner,
-};
+use paybus_retry::RetryPolicy;
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv, eventually,
     markets::{assert_audit_clean, market, open_orders, orders_in, refuse_cancels_of},
@@ -52,7 +50,7 @@ impl Api {
         let config = ApiConfig {
             admin_jwt_secret: Some(Secret::new(ADMIN_SECRET)),
             break_glass: true,
-            four_eyes: paybus_platform::approvals::FourEyes::off(),
+            four_eyes: paybus_ops::approvals::FourEyes::off(),
             ..ApiConfig::default()
         };
         let state = AppState::new(services, &config, paybus_catalog::audit_checks())

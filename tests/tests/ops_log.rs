@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use paybus_platform::{
+use paybus_bus::pauses;
+use paybus_db as db;
+use paybus_ops::{
     audit::Window,
-    bus::pauses,
-    db,
     ops_log::{self, BrokenLink, Entry, GENESIS, Problem},
 };
 use paybus_testkit::{TestEnv, scalar};
@@ -23,11 +23,7 @@ async fn append(pool: &MySqlPool, count: u64) {
         ops_log::append(
             &mut tx,
             &Entry {
-                actor: &paybus_platform::actor::Actor::person(
-                    "https://idp.example",
-                    "alice",
-                    "alice",
-                ),
+                actor: &paybus_ops::actor::Actor::person("https://idp.example", "alice", "alice"),
                 action: "bonus_job.retry",
                 subject: &format!("charge_event_job:{n}"),
                 detail: &json!({ "n": n, "last_error": "quote service down" }),
@@ -338,7 +334,7 @@ async fn concurrent_appends_from_real_transactions_make_one_contiguous_chain() {
             let seq = ops_log::append(
                 &mut tx,
                 &Entry {
-                    actor: &paybus_platform::actor::Actor::person(
+                    actor: &paybus_ops::actor::Actor::person(
                         "https://idp.example",
                         &format!("writer-{writer}"),
                         &format!("writer-{writer}"),

@@ -3,7 +3,7 @@
 //! holds the one turn for its whole run, so the counts it reads moved with its own messages
 //! only. Under nextest, a process per test, the turn is never waited for.
 
-use paybus_platform::bus::metrics;
+use paybus_bus::metrics;
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

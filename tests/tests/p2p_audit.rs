@@ -2,8 +2,8 @@
 //! violation planted for it by raw SQL (or a stray posting through the ledger).
 
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
+use paybus_ops::audit;
 use paybus_p2p::{FillPolicy, Handoff, Matcher};
-use paybus_platform::audit;
 use paybus_testkit::{
     TestEnv, dec,
     p2p::{self, QuoteStub},
@@ -253,12 +253,12 @@ async fn the_in_doubt_check_catches_a_closed_order_a_silent_in_doubt_order_and_a
 
     // Its dead letter recorded, the IN_DOUBT order is accounted for.
     let mut conn = env.db.acquire().await.unwrap();
-    let letter = paybus_platform::bus::Envelope::new(paybus_p2p::DepositOrderCreated {
+    let letter = paybus_bus::Envelope::new(paybus_p2p::DepositOrderCreated {
         deposit_order_id: silent,
     })
     .to_outgoing()
     .unwrap();
-    paybus_platform::bus::dead_letter::record_unsent(
+    paybus_bus::dead_letter::record_unsent(
         &mut conn,
         paybus_p2p::FUNCTION,
         &letter,

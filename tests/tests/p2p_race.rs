@@ -14,13 +14,15 @@
 
 use std::{sync::Arc, time::Duration};
 
+use paybus_bus::Handler;
+use paybus_db::error_number;
 use paybus_match_deposit::{DueOrders, MatchDeposit};
 use paybus_money::Amount;
 use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, MatchingConfig,
     quote::QuoteClient,
 };
-use paybus_platform::{bus::Handler, db::error_number, runner::Runner};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv, dec, eventually,
     p2p::{self, QuoteStub, StubCall, assert_audit_clean},

@@ -6,13 +6,11 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use paybus_platform::{
-    bus::{Envelope, Message},
-    db,
-    maintenance::{DueSweep, DueSweepConfig},
-    retry::{
-        AfterFailure, AttemptCount, Backoff, Claim, Clock, Lease, RetryPolicy, Settled, WorkTable,
-    },
+use paybus_bus::{Envelope, Message};
+use paybus_db as db;
+use paybus_maintenance::{DueSweep, DueSweepConfig};
+use paybus_retry::{
+    AfterFailure, AttemptCount, Backoff, Claim, Clock, Lease, RetryPolicy, Settled, WorkTable,
 };
 use paybus_testkit::{TestEnv, scalar};
 use serde::{Deserialize, Serialize};

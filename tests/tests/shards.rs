@@ -10,15 +10,11 @@ use std::{
 };
 
 use lapin::options::BasicGetOptions;
+use paybus_bus::{Envelope, Handler, Services, topology};
 use paybus_canary::{Canary, Ping};
-use paybus_platform::{
-    Settings,
-    bus::{
-        Envelope, Handler, Services,
-        lambda::{BatchSummary, InvocationError, handle_event},
-        topology::{self},
-    },
-    config::Shards,
+use paybus_config::{Settings, Shards};
+use paybus_runtime::{
+    lambda::{BatchSummary, InvocationError, handle_event},
     runner::Runner,
 };
 use paybus_testkit::{TestEnv, eventually, lambda::MqEvent, queue_state, scalar, services_on};
@@ -35,7 +31,7 @@ fn sharded(env: &TestEnv, count: u16) -> Settings {
 }
 
 fn canary_queues(settings: &Settings) -> Vec<topology::FunctionQueue> {
-    settings.broker.shards.queues(Canary::queue())
+    Canary::queue().queues_in(&settings.broker.shards)
 }
 
 async fn insert_pings(env: &TestEnv, n: usize) -> Vec<u64> {
@@ -354,7 +350,7 @@ async fn every_event_carries_its_shard_key_header_sharded_or_not() {
     let taken = take_all(&channel, "paybus.canary").await;
 
     let key = |n: usize| {
-        paybus_platform::bus::headers::header_text(
+        paybus_bus::headers::header_text(
             taken[n].properties.headers().as_ref(),
             topology::SHARD_KEY_HEADER,
         )

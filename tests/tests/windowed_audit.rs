@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
-use paybus_platform::audit::{self, Check, Window};
+use paybus_ops::audit::{self, Check, Window};
 use paybus_testkit::{
     TestEnv,
     confirmations::{deposit, withdrawal},

@@ -17,7 +17,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use paybus_bonuses::job::{self, BonusJob, JobPage, JobStatus};
-use paybus_platform::approvals::Guarded;
+use paybus_ops::approvals::Guarded;
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState, admin::path_id, approvals, auth::Caller};

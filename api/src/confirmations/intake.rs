@@ -1,6 +1,6 @@
 //! Chain-monitor intake: confirmations signed with `PAYBUS_CHAIN_MONITOR_SECRET`
 //! (`X-Paybus-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256("<t>.<body>")>`, see
-//! `paybus_platform::signature`) become outbox messages, answered 202.
+//! `paybus_config::signature`) become outbox messages, answered 202.
 //!
 //! The intake checks who sent the request and the shape of what was sent, nothing more: it
 //! does not look the withdrawal or deposit up. The function behind the bus decides (a
@@ -18,7 +18,7 @@ use axum::{
     http::{HeaderMap, StatusCode},
     routing::post,
 };
-use paybus_platform::bus::{Envelope, Message, Outbox};
+use paybus_bus::{Envelope, Message, Outbox};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

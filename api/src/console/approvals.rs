@@ -8,7 +8,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use maud::html;
-use paybus_platform::approvals::{self, ApprovalStatus};
+use paybus_ops::approvals::{self, ApprovalStatus};
 use serde_json::json;
 
 use super::{
@@ -148,7 +148,7 @@ async fn step(
 
 /// Whether `actor` is the person recorded as a request's requester.
 pub(super) fn requested_by(
-    actor: &paybus_platform::actor::Actor,
+    actor: &paybus_ops::actor::Actor,
     issuer: Option<&str>,
     subject: Option<&str>,
 ) -> bool {

@@ -1,5 +1,5 @@
 //! The audit page: the continuous auditor's latest pass (a sweeper job,
-//! `paybus_platform::auditor`) and what it found, read from `audit_passes` and
+//! `paybus_maintenance::auditor`) and what it found, read from `audit_passes` and
 //! `audit_findings` — the same record as `GET /v1/admin/audit/status`. Loading the page costs
 //! two indexed reads, not the checks themselves: the auditor runs them every minute over its
 //! window, and the full checks over every row stay an explicit, on-demand action (`paybus
@@ -11,7 +11,7 @@ use axum::{
 };
 use chrono::{DateTime, Utc};
 use maud::html;
-use paybus_platform::auditor;
+use paybus_maintenance::auditor;
 
 use super::{Session, layout};
 use crate::AppState;

@@ -18,7 +18,7 @@ use axum::{
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 use paybus_dead_letter_ops::{ExposureSum, ListFilter, Overview, detail, groups, letter};
-use paybus_platform::triage::Verdict;
+use paybus_ops::triage::Verdict;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;

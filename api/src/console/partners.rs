@@ -10,8 +10,8 @@ use axum::{
 };
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
+use paybus_config::redact;
 use paybus_partners::{Partner, breaker::BreakerState, partner};
-use paybus_platform::redact;
 use serde_json::{Value, json};
 
 use super::{

@@ -17,7 +17,7 @@ use axum::{
     response::{IntoResponse, Redirect, Response},
 };
 use maud::html;
-use paybus_platform::actor::AuthMethod;
+use paybus_ops::actor::AuthMethod;
 use uuid::Uuid;
 
 use super::{FormFields, layout};
@@ -73,7 +73,7 @@ impl FromRequestParts<AppState> for Session {
             if !state.break_glass {
                 return Err(session_over(state));
             }
-            paybus_platform::bus::metrics::record_break_glass();
+            paybus_bus::metrics::record_break_glass();
         }
         let needed = if matches!(parts.method, Method::GET | Method::HEAD) {
             Role::Ops

@@ -30,10 +30,8 @@ use axum::{
 };
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use hmac::{Hmac, Mac};
-use paybus_platform::{
-    Secret,
-    actor::{Actor, AuthMethod},
-};
+use paybus_config::Secret;
+use paybus_ops::actor::{Actor, AuthMethod};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 

@@ -1,9 +1,6 @@
 //! The partner API's settings (read by [`crate::ApiConfig`]).
 
-use paybus_platform::{
-    ConfigError, Secret,
-    config::{Setting, Vars},
-};
+use paybus_config::{ConfigError, Secret, Setting, Vars};
 
 pub const VAR_KEY_HASH_KEY: Setting = Setting {
     name: "PAYBUS_PARTNER_KEY_HASH_KEY",
@@ -87,7 +84,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 PartnerApiConfig::read(&Vars::new(environment)),
                 Ok(PartnerApiConfig::default()),

@@ -214,7 +214,7 @@ async fn claim(
             prune_now_and_then(&mut conn).await;
             return Ok(Claim::Run);
         }
-        Err(error) if paybus_platform::db::is_duplicate_on(&error, "PRIMARY") => {}
+        Err(error) if paybus_db::is_duplicate_on(&error, "PRIMARY") => {}
         Err(error) => return Err(error.into()),
     }
     let row: Option<KeptRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(

@@ -6,11 +6,11 @@ use axum::{
     Extension, Json,
     extract::{Path, Query, State, rejection::PathRejection},
 };
+use paybus_ops::actor::Actor;
 use paybus_partners::{
     attempts,
     notifications::{self, Redelivery},
 };
-use paybus_platform::actor::Actor;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -125,8 +125,8 @@ pub(super) async fn rotate_secret(
 }
 
 /// Who acted, for the ops log: the partner, by its key.
-fn actor(caller: &PartnerIdentity) -> paybus_platform::actor::Actor {
-    paybus_platform::actor::Actor::partner(&format!(
+fn actor(caller: &PartnerIdentity) -> paybus_ops::actor::Actor {
+    paybus_ops::actor::Actor::partner(&format!(
         "partner:{} (key {})",
         caller.partner_id, caller.key_id
     ))

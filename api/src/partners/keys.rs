@@ -23,8 +23,8 @@ use axum::{
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
-use paybus_platform::{
-    Secret,
+use paybus_config::Secret;
+use paybus_ops::{
     actor::Actor,
     ops_log::{self, Entry},
 };

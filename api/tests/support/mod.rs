@@ -9,7 +9,8 @@ use axum::{
     http::{Request, StatusCode, header},
 };
 use paybus_api::{ApiConfig, AppState, auth, role::Role, router};
-use paybus_platform::{Secret, bus::Services, signature};
+use paybus_bus::Services;
+use paybus_config::{Secret, signature};
 use paybus_testkit::{
     TestEnv,
     oidc::{self, OidcProvider, OidcSetup},
@@ -64,7 +65,7 @@ impl Api {
     /// [`new`](Self::new) with four-eyes off: one ADMIN acts alone (tests about the actions
     /// themselves; four-eyes has its own tests).
     pub async fn without_four_eyes() -> Self {
-        Self::with(|config| config.four_eyes = paybus_platform::approvals::FourEyes::off()).await
+        Self::with(|config| config.four_eyes = paybus_ops::approvals::FourEyes::off()).await
     }
 
     /// [`new`](Self::new) with a real identity provider (`paybus_testkit::oidc`): people — alice

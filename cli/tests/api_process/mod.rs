@@ -148,7 +148,7 @@ impl ApiProcess {
     }
 
     /// POSTs `body` signed with `secret` as the chain monitor and the payment service sign
-    /// (`paybus_platform::signature`): the JSON answer (asserting it succeeded).
+    /// (`paybus_config::signature`): the JSON answer (asserting it succeeded).
     pub async fn signed_post(
         &self,
         secret: &str,
@@ -159,8 +159,8 @@ impl ApiProcess {
         let response = reqwest::Client::new()
             .post(format!("{}{path}", self.base_url))
             .header(
-                paybus_platform::signature::HEADER,
-                paybus_platform::signature::sign(
+                paybus_config::signature::HEADER,
+                paybus_config::signature::sign(
                     secret.as_bytes(),
                     chrono::Utc::now().timestamp(),
                     body.as_bytes(),

@@ -4,10 +4,8 @@
 //! The smallest real function: it shows the shape every workflow step has (a conditional
 //! UPDATE decides, 0 rows means someone else did it) and lets ops prove the whole path works.
 
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Message, Outbox, Outcome, Services},
-    function::{BuildError, Function},
-};
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Message, Outbox, Outcome, Services};
+use paybus_runtime::function::{BuildError, Function};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! The canary function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<paybus_canary::Canary>()
+    paybus_runtime::function::main::<paybus_canary::Canary>()
 }

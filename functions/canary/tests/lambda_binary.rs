@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use paybus_bus::{Envelope, Handler};
 use paybus_canary::{Canary, Ping};
-use paybus_platform::bus::{Envelope, Handler};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, MqEvent, RuntimeApi},

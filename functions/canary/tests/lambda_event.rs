@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use aws_lambda_events::event::rabbitmq::RabbitMqEvent;
 use base64::Engine;
 use lapin::{Channel, options::BasicGetOptions};
-use paybus_canary::{Canary, Ping};
-use paybus_platform::bus::{
+use paybus_bus::{
     Envelope, Handler, Message, Services,
     dead_letter::{H_ATTEMPTS, H_FUNCTION, H_REASON, H_ROUTING_KEY},
     headers::{header_integer, header_text},
-    lambda::{BatchSummary, handle_event},
 };
+use paybus_canary::{Canary, Ping};
+use paybus_runtime::lambda::{BatchSummary, handle_event};
 use paybus_testkit::{TestEnv, services_on};
 
 const PINGS_EVENT: &str = include_str!("fixtures/canary-pings-event.json");

@@ -2,11 +2,8 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use paybus_platform::{
-    ConfigError,
-    config::{Setting, Vars},
-    retry::{Backoff, RetryPolicy},
-};
+use paybus_config::{ConfigError, Setting, Vars};
+use paybus_retry::{Backoff, RetryPolicy};
 
 /// Pauses after the 1st, 2nd, … failed attempt of a task; past the end the last repeats.
 pub const DEFAULT_BACKOFF: Backoff = Backoff::schedule(&[
@@ -80,7 +77,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 CancelConfig::from_vars(environment),
                 Ok(CancelConfig::default()),

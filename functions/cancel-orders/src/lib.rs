@@ -19,18 +19,16 @@ mod triage;
 
 use std::{sync::Arc, time::Duration};
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics};
+use paybus_config::setting::SettingGroup;
+use paybus_maintenance::{DueSweep, DueSweepConfig, Job};
 use paybus_markets::{
     CancelTasksCreated,
     materialise::{Materialiser, MaterialiserConfig},
     task::TASKS,
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics},
-    function::{BuildError, Function},
-    maintenance::{DueSweep, DueSweepConfig, Job},
-    retry::Clock,
-    setting::SettingGroup,
-};
+use paybus_retry::Clock;
+use paybus_runtime::function::{BuildError, Function};
 
 pub use config::CancelConfig;
 pub use paybus_markets::cancel::{Attempts, TaskOutcome, cancel_tasks};
@@ -144,7 +142,7 @@ fn outcome(batch_id: u64, outcomes: &[(u64, TaskOutcome)], delivery_attempt: u32
     Outcome::Skipped(format!("batch {batch_id}: nothing to cancel: {reason}"))
 }
 
-fn not_due(state: &paybus_platform::retry::RowState) -> String {
+fn not_due(state: &paybus_retry::RowState) -> String {
     match state.status.as_str() {
         "PENDING" if !state.is_due() => "PENDING, not due (in flight or backing off)".to_owned(),
         "PENDING" => "PENDING, claimed concurrently".to_owned(),
@@ -186,12 +184,12 @@ impl Function for CancelOrders {
         ])
     }
 
-    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] = &[&TASKS];
+    const WORK_TABLES: &'static [&'static paybus_retry::WorkTable] = &[&TASKS];
 
     async fn triage(
         conn: &mut sqlx::MySqlConnection,
         message: CancelTasksCreated,
-    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+    ) -> Result<paybus_ops::triage::Triage, paybus_ops::triage::TriageError> {
         triage::triage(conn, message).await
     }
 }

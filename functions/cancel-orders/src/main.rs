@@ -1,5 +1,5 @@
 //! The cancel-orders function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<paybus_cancel_orders::CancelOrders>()
+    paybus_runtime::function::main::<paybus_cancel_orders::CancelOrders>()
 }

@@ -13,7 +13,7 @@ use paybus_markets::{
     CancelTasksCreated,
     task::{self, TaskState},
 };
-use paybus_platform::triage::{Triage, TriageError};
+use paybus_ops::triage::{Triage, TriageError};
 use sqlx::MySqlConnection;
 
 use crate::MAX_TASKS_PER_MESSAGE;

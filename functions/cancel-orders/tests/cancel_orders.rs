@@ -5,18 +5,16 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
+use paybus_bus::{Context, Envelope, Handler, Outcome, Services};
 use paybus_cancel_orders::{CancelConfig, CancelOrders, due_tasks};
+use paybus_maintenance::DueSweepConfig;
 use paybus_markets::{
     CancelTasksCreated,
     materialise::{Materialiser, MaterialiserConfig, Plan},
     progress, suspension,
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Services},
-    maintenance::DueSweepConfig,
-    retry::RetryPolicy,
-    runner::Runner,
-};
+use paybus_retry::RetryPolicy;
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv, eventually, manual_clock,
     markets::{assert_audit_clean, market, open_orders, orders_in, refuse_cancels_of},

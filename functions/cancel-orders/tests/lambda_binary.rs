@@ -2,9 +2,9 @@
 //! and malformed messages through a local Runtime API, twice (Amazon MQ's replay).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::{Envelope, Handler, Message};
 use paybus_cancel_orders::CancelOrders;
 use paybus_markets::{CancelTasksCreated, materialise::Plan, suspension};
-use paybus_platform::bus::{Envelope, Handler, Message};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, MqEvent, RuntimeApi},
@@ -16,7 +16,7 @@ use serde_json::json;
 /// The cancel message of a suspended market's tasks (materialised by the suspension).
 async fn suspended(
     env: &TestEnv,
-    outbox: &paybus_platform::bus::Outbox,
+    outbox: &paybus_bus::Outbox,
     symbol: &str,
 ) -> (u64, Envelope<CancelTasksCreated>) {
     let market_id = market(&env.db, symbol).await;

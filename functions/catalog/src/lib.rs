@@ -2,7 +2,7 @@
 //! workflow's audit checks ([`AUDIT`]).
 //!
 //! Adding a function is one new crate in `functions/<name>` (its handler implements
-//! `paybus_platform::function::Function`; a one-line `main.rs`) plus one line in [`FUNCTIONS`].
+//! `paybus_runtime::function::Function`; a one-line `main.rs`) plus one line in [`FUNCTIONS`].
 //! Everything else derives from the list: the queues ([`queues`]: what `paybus topology`
 //! declares and `infra/rabbitmq/definitions.json` ships), the consumers `paybus run` starts
 //! ([`register`]), the sweeper's jobs ([`jobs`]), the configuration page's groups
@@ -18,14 +18,15 @@ mod yaml;
 
 use std::sync::Arc;
 
-use paybus_platform::{
-    ConfigError,
-    audit::{Check, ExternalCheck},
+use paybus_bus::{Services, samples::BusSampler, topology::FunctionQueue};
+use paybus_config::{ConfigError, Shards, Vars};
+use paybus_maintenance::{
+    Job,
     auditor::{Auditor, AuditorConfig},
-    bus::{Services, samples::BusSampler, topology::FunctionQueue},
-    config::{Shards, Vars},
+};
+use paybus_ops::audit::{Check, ExternalCheck};
+use paybus_runtime::{
     function::{BuildError, FunctionEntry},
-    maintenance::Job,
     runner::Runner,
 };
 
@@ -49,9 +50,9 @@ pub static AUDIT: &[&[Check]] = &[
     paybus_p2p::audit::CHECKS,
     paybus_partners::audit::CHECKS,
     // The ops trail itself: the hash chain of `ops_log`.
-    paybus_platform::ops_log::CHECKS,
+    paybus_ops::ops_log::CHECKS,
     // The dead-letter groups' counts against the NEW letters they count.
-    paybus_platform::bus::dead_letter::group_counts::CHECKS,
+    paybus_bus::dead_letter::group_counts::CHECKS,
 ];
 
 /// The queues of every function in the layout `shards` (what the topology declares): each
@@ -60,7 +61,7 @@ pub static AUDIT: &[&[Check]] = &[
 pub fn queues(shards: &Shards) -> Vec<FunctionQueue> {
     FUNCTIONS
         .iter()
-        .flat_map(|f| shards.queues(f.queue))
+        .flat_map(|f| f.queue.queues_in(shards))
         .collect()
 }
 

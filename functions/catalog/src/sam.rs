@@ -5,15 +5,12 @@
 //! dead-letter queue and `paybus.unrouted`, the sweeper on a schedule, the HTTP API behind an
 //! API Gateway HTTP API, and the `migrate` function behind a custom resource that every other
 //! function depends on. Secrets are references (`PAYBUS_*_FROM`, see
-//! `paybus_platform::secrets`), never values; alarms cover every dead-letter queue, every
+//! `paybus_config::secrets`), never values; alarms cover every dead-letter queue, every
 //! function's errors and the API's 5xx answers.
 
-use paybus_platform::{
-    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name},
-    config::Shards,
-    function::FunctionEntry,
-    secrets::FROM_SUFFIX,
-};
+use paybus_bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name};
+use paybus_config::{Shards, secrets::FROM_SUFFIX};
+use paybus_runtime::function::FunctionEntry;
 
 use crate::{
     FUNCTIONS,
@@ -92,7 +89,7 @@ pub fn pascal_case(name: &str) -> String {
 }
 
 /// A secret a Lambda reads at start-up. The template never holds its value: the function gets
-/// `<variable>_FROM` = the reference in `parameter` (any form `paybus_platform::secrets`
+/// `<variable>_FROM` = the reference in `parameter` (any form `paybus_config::secrets`
 /// reads: a secret's ARN or name, `#key` of a JSON secret, an SSM parameter), and the right
 /// to read exactly that secret or parameter ([`read_statement`]); the process fetches it
 /// through the Parameters and Secrets extension.
@@ -463,7 +460,7 @@ pub fn template_with(shards: &Shards) -> Node {
 fn add_consumer(
     resources: &mut Node,
     shards: &Shards,
-    function: &paybus_platform::function::FunctionEntry,
+    function: &paybus_runtime::function::FunctionEntry,
 ) {
     let lambda = Deployable::new(function.name, &format!("functions/{}", function.name));
     let mut properties = common_properties(
@@ -477,7 +474,7 @@ fn add_consumer(
     );
     add_needs(&mut properties, function.name);
     let mut events = map! {};
-    for queue in shards.queues(function.queue) {
+    for queue in function.queue.queues_in(shards) {
         let name = if queue.shard.count > 1 {
             format!("Shard{}", queue.shard.index)
         } else {
@@ -1075,7 +1072,7 @@ fn is_parameter_condition(secret: &SecretSetting) -> String {
 }
 
 /// The conditions that tell the forms of `secret`'s reference apart at deploy time (the
-/// value is a parameter), as `paybus_platform::secrets::Reference::parse` does at start-up:
+/// value is a parameter), as `paybus_config::secrets::Reference::parse` does at start-up:
 /// an ARN starts with `arn:`; an SSM parameter is a `/path` or an ARN whose service is `ssm`.
 fn reference_conditions(conditions: &mut Node, secret: &SecretSetting) {
     let id = reference_id(secret);

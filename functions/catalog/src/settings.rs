@@ -3,7 +3,7 @@
 //! domains' here, each function's from its `Function` impl. The API's own settings are added by
 //! `paybus settings`: the API is built on this crate, so this list cannot name it.
 
-use paybus_platform::setting::SettingGroup;
+use paybus_config::setting::SettingGroup;
 
 use crate::FUNCTIONS;
 
@@ -20,21 +20,21 @@ pub fn groups() -> Vec<SettingGroup> {
 const SHARED: &[SettingGroup] = &[
     SettingGroup {
         title: "Database, broker and logs",
-        read_by: "Read by every process (`paybus_platform::config::Settings`).",
-        settings: paybus_platform::config::SETTINGS,
+        read_by: "Read by every process (`paybus_config::Settings`).",
+        settings: paybus_config::SETTINGS,
     },
     SettingGroup {
         title: "Secrets from AWS",
-        read_by: "Read at start-up, before every other setting (`paybus_platform::secrets`): \
+        read_by: "Read at start-up, before every other setting (`paybus_config::secrets`): \
                   how a Lambda gets a secret without an environment variable holding it.",
-        settings: paybus_platform::secrets::SETTINGS,
+        settings: paybus_config::secrets::SETTINGS,
     },
     SettingGroup {
         title: "Secrets at rest",
         read_by: "Read by deliver-webhook, the API (partner create) and `paybus migrate` / the \
-                  migrate Lambda (`paybus_platform::sealed::Sealer`), and by `paybus secrets \
+                  migrate Lambda (`paybus_config::sealed::Sealer`), and by `paybus secrets \
                   rotate-key`.",
-        settings: paybus_platform::sealed::SETTINGS,
+        settings: paybus_config::sealed::SETTINGS,
     },
     SettingGroup {
         title: "p2p (W1): matching and the quote service",
@@ -52,7 +52,7 @@ const SHARED: &[SettingGroup] = &[
 /// The continuous auditor's, last: a job of the sweeper over every workflow.
 const AUDITOR: SettingGroup = SettingGroup {
     title: "The continuous auditor",
-    read_by: "Read by the sweeper's auditor job (`paybus_platform::auditor`), in \
+    read_by: "Read by the sweeper's auditor job (`paybus_maintenance::auditor`), in \
               `paybus run` and the sweeper Lambda.",
-    settings: paybus_platform::auditor::SETTINGS,
+    settings: paybus_maintenance::auditor::SETTINGS,
 };

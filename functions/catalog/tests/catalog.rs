@@ -6,11 +6,11 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services, topology};
 use paybus_catalog::FUNCTIONS;
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services, topology},
+use paybus_maintenance::Job;
+use paybus_runtime::{
     function::{BuildError, Function, FunctionEntry},
-    maintenance::Job,
     runner::Runner,
 };
 use paybus_testkit::{TestEnv, eventually, repository};
@@ -52,9 +52,8 @@ fn every_function_binary_is_the_one_line_main() {
             .filter(|line| !line.is_empty() && !line.starts_with("//"))
             .collect();
         assert!(
-            code.join(" ")
-                .contains("paybus_platform::function::main::<"),
-            "functions/{}/src/main.rs must be `paybus_platform::function::main::<Handler>()`:\n{main}",
+            code.join(" ").contains("paybus_runtime::function::main::<"),
+            "functions/{}/src/main.rs must be `paybus_runtime::function::main::<Handler>()`:\n{main}",
             function.name
         );
     }

@@ -10,8 +10,8 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use paybus_bus::topology::dead_letter_queue_name;
 use paybus_catalog::{FUNCTIONS, queues, sam};
-use paybus_platform::bus::topology::dead_letter_queue_name;
 use paybus_testkit::{
     TestEnv,
     lambda::{Answer, LambdaProcess, MqEvent, RuntimeApi, header_text},

@@ -7,14 +7,12 @@
 use paybus_testkit::repository;
 use std::process::Command;
 
+use paybus_bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name};
 use paybus_catalog::{
     FUNCTIONS, queues,
     sam::{self, TEMPLATE_PATH, pascal_case},
 };
-use paybus_platform::{
-    bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name},
-    config::Shards,
-};
+use paybus_config::Shards;
 use serde_json::Value;
 
 /// The queues of every `MQ` event of a function resource.
@@ -67,8 +65,9 @@ fn problems_with(template: &Value, shards: &Shards) -> Vec<String> {
         if resource["Metadata"]["BuildProperties"]["Binary"] != function.name {
             problems.push(format!("{}: {id} does not build its binary", function.name));
         }
-        let own: Vec<String> = shards
-            .queues(function.queue)
+        let own: Vec<String> = function
+            .queue
+            .queues_in(shards)
             .iter()
             .map(|q| q.queue())
             .collect();

@@ -15,7 +15,7 @@ use paybus_testkit::repository;
 use std::{collections::BTreeMap, path::Path, process::Command};
 
 use paybus_catalog::sam::{self, TEMPLATE_PATH};
-use paybus_platform::secrets::{Reference, Store};
+use paybus_config::secrets::{Reference, Store};
 use serde_json::{Value, json};
 
 /// The venv's python (where `infra/aws/tools.sh lint` installs the translator), else one on
@@ -730,7 +730,7 @@ fn no_function_may_run_past_fourteen_minutes() {
 
 #[test]
 fn a_four_shard_function_translates_into_four_mappings_whose_role_may_use_them() {
-    let shards = paybus_platform::config::Shards::default().with("confirm-withdrawal", 4);
+    let shards = paybus_config::Shards::default().with("confirm-withdrawal", 4);
     let translated = translate(&sam::template_with(&shards).to_json());
 
     let triggered = mq_triggered(&translated);

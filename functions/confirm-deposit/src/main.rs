@@ -1,5 +1,5 @@
 //! The confirm-deposit function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<paybus_confirm_deposit::ConfirmDeposit>()
+    paybus_runtime::function::main::<paybus_confirm_deposit::ConfirmDeposit>()
 }

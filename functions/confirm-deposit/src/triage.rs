@@ -11,7 +11,7 @@ use paybus_confirmations::{
     deposit::{self, DepositStatus},
 };
 use paybus_ledger::IdemKey;
-use paybus_platform::triage::{Exposure, Triage, TriageError};
+use paybus_ops::triage::{Exposure, Triage, TriageError};
 use sqlx::MySqlConnection;
 
 pub(crate) async fn triage(

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services};
 use paybus_confirm_deposit::ConfirmDeposit;
 use paybus_confirmations::{
     ConfirmError, DepositTxConfirmed,
@@ -16,7 +17,6 @@ use paybus_confirmations::{
 use paybus_ledger::{self as ledger, EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_partners::NotificationCreated;
-use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Message, Outcome, Services};
 use paybus_testkit::{
     TestEnv,
     confirmations::{assert_audit_clean, deposit},

@@ -2,10 +2,10 @@
 //! duplicate and malformed messages through a local Runtime API, twice.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::{Envelope, Handler, Message};
 use paybus_confirm_deposit::ConfirmDeposit;
 use paybus_confirmations::DepositTxConfirmed;
 use paybus_partners::NotificationCreated;
-use paybus_platform::bus::{Envelope, Handler, Message};
 use paybus_testkit::{
     TestEnv,
     confirmations::{assert_audit_clean, deposit},

@@ -16,11 +16,9 @@
 
 mod triage;
 
+use paybus_bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services};
 use paybus_confirmations::{WithdrawalTxConfirmed, batch, withdrawal};
-use paybus_platform::{
-    bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
-    function::{BuildError, Function},
-};
+use paybus_runtime::function::{BuildError, Function};
 
 /// The handler: what the broker delivered together in one transaction (a single message is a
 /// batch of one), committed only when it made a transition.
@@ -61,7 +59,7 @@ impl Function for ConfirmWithdrawal {
     async fn triage(
         conn: &mut sqlx::MySqlConnection,
         message: WithdrawalTxConfirmed,
-    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+    ) -> Result<paybus_ops::triage::Triage, paybus_ops::triage::TriageError> {
         triage::triage(conn, message).await
     }
 }

@@ -8,7 +8,7 @@
 
 use paybus_confirmations::withdrawal::{self, WithdrawalStatus};
 use paybus_ledger::IdemKey;
-use paybus_platform::triage::{Exposure, Triage, TriageError};
+use paybus_ops::triage::{Exposure, Triage, TriageError};
 use sqlx::MySqlConnection;
 
 use crate::WithdrawalTxConfirmed;

@@ -3,10 +3,10 @@
 //! relay the test cuts).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::{Envelope, Handler, Message};
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_partners::NotificationCreated;
-use paybus_platform::bus::{Envelope, Handler, Message};
 use paybus_testkit::{
     TestEnv,
     confirmations::{BROADCAST_TX, assert_audit_clean, withdrawal},

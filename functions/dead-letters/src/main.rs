@@ -2,5 +2,5 @@
 //! `paybus.unrouted`; locally a consumer of each (the catalog's functions).
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::dead_letters_main(paybus_catalog::queues)
+    paybus_runtime::function::dead_letters_main(paybus_catalog::queues)
 }

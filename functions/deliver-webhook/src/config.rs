@@ -2,12 +2,9 @@
 
 use std::{collections::HashMap, time::Duration};
 
+use paybus_config::{ConfigError, Setting, Vars};
 use paybus_partners::breaker::BreakerPolicy;
-use paybus_platform::{
-    ConfigError,
-    config::{Setting, Vars},
-    retry::{Backoff, RetryPolicy},
-};
+use paybus_retry::{Backoff, RetryPolicy};
 
 /// The default schedule: pauses after the 1st, 2nd, … failed attempt. Past its end the last
 /// pause repeats (the cap).
@@ -190,7 +187,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 WebhookConfig::from_vars(environment),
                 Ok(WebhookConfig::default()),
@@ -209,7 +206,7 @@ mod tests {
 
     #[test]
     fn the_eighth_failure_gives_up_by_default() {
-        use paybus_platform::retry::RetryDecision;
+        use paybus_retry::RetryDecision;
         let policy = WebhookConfig::default().retry;
         assert_eq!(
             policy.after_failure(7),

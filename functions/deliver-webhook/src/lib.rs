@@ -24,20 +24,20 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics};
+use paybus_config::{
+    Setting,
+    sealed::{self, Sealer},
+    setting::SettingGroup,
+};
+use paybus_maintenance::{DueSweep, DueSweepConfig, Job};
 use paybus_partners::{
     attempts::NewAttempt,
     breaker::{self, BreakerState},
     notifications::{self, ClaimedNotification, DeliveryClaim, NOTIFICATIONS, NotificationCreated},
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services, metrics},
-    config::Setting,
-    function::{BuildError, Function},
-    maintenance::{DueSweep, DueSweepConfig, Job},
-    retry::{AfterFailure, Clock, RowState, Settled},
-    sealed::{self, Sealer},
-    setting::SettingGroup,
-};
+use paybus_retry::{AfterFailure, Clock, RowState, Settled};
+use paybus_runtime::function::{BuildError, Function};
 use sqlx::MySqlPool;
 
 use bulkhead::Bulkhead;
@@ -433,19 +433,19 @@ impl Function for DeliverWebhook {
         ])
     }
 
-    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] = &[&NOTIFICATIONS];
+    const WORK_TABLES: &'static [&'static paybus_retry::WorkTable] = &[&NOTIFICATIONS];
 
     async fn triage(
         conn: &mut sqlx::MySqlConnection,
         message: NotificationCreated,
-    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+    ) -> Result<paybus_ops::triage::Triage, paybus_ops::triage::TriageError> {
         triage::triage(conn, message).await
     }
 
     async fn prepare_replay(
         conn: &mut sqlx::MySqlConnection,
         message: NotificationCreated,
-    ) -> Result<(), paybus_platform::triage::TriageError> {
+    ) -> Result<(), paybus_ops::triage::TriageError> {
         triage::prepare_replay(conn, message).await
     }
 }

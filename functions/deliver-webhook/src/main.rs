@@ -1,5 +1,5 @@
 //! The deliver-webhook function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<paybus_deliver_webhook::DeliverWebhook>()
+    paybus_runtime::function::main::<paybus_deliver_webhook::DeliverWebhook>()
 }

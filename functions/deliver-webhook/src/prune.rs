@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use paybus_maintenance::{Job, JobFuture, JobReport};
 use paybus_partners::attempts;
-use paybus_platform::maintenance::{Job, JobFuture, JobReport};
 use sqlx::MySqlPool;
 
 /// The job's settings, with documented defaults.

@@ -16,10 +16,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use paybus_platform::{
-    signature,
-    telemetry::{TraceHeaders, propagation},
-};
+use paybus_config::signature;
+use paybus_telemetry::{TraceHeaders, propagation};
 use sha2::Sha256;
 use tracing::Instrument;
 
@@ -208,7 +206,7 @@ fn describe_error(error: reqwest::Error, timeout: Duration) -> String {
     } else {
         "request failed"
     };
-    format!("{kind}: {}", paybus_platform::telemetry::one_line(&error))
+    format!("{kind}: {}", paybus_telemetry::one_line(&error))
 }
 
 #[cfg(test)]

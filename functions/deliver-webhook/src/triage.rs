@@ -10,14 +10,12 @@
 //!
 //! A webhook moves no money (the transition that owes it already did), so no exposure.
 
+use paybus_ops::triage::{Triage, TriageError};
 use paybus_partners::{
     breaker::{self, BreakerState},
     notifications::{self, NotificationCreated, NotificationStatus},
 };
-use paybus_platform::{
-    retry::Clock,
-    triage::{Triage, TriageError},
-};
+use paybus_retry::Clock;
 use sqlx::MySqlConnection;
 
 /// A safe FAILED notification is PENDING again before its message is re-sent (the function

@@ -9,22 +9,20 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
+use paybus_bus::{Context, Envelope, Handler, Outcome, Services};
+use paybus_config::signature;
 use paybus_deliver_webhook::{
     DeliverWebhook, WebhookConfig, due_notifications,
     request::{HEADER_EVENT, HEADER_NOTIFICATION_ID, HEADER_SIGNATURE},
 };
+use paybus_maintenance::DueSweepConfig;
 use paybus_partners::{
     attempts::NewAttempt,
     breaker::{BreakerPolicy, BreakerState},
     notifications::{self, DeliveryClaim, NewNotification, NotificationCreated, enqueue},
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Services},
-    maintenance::DueSweepConfig,
-    retry::{AfterFailure, Clock, RetryPolicy, Settled},
-    runner::Runner,
-    signature,
-};
+use paybus_retry::{AfterFailure, Clock, RetryPolicy, Settled};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv, eventually, manual_clock,
     partners::{PARTNER_SECRET as SECRET, notification, partner, withdrawal_confirmed},

@@ -3,9 +3,9 @@
 //! real HTTP server) gets each webhook once, however often the batch is delivered.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::{Envelope, Handler};
 use paybus_deliver_webhook::DeliverWebhook;
 use paybus_partners::notifications::{NewNotification, NotificationCreated, enqueue};
-use paybus_platform::bus::{Envelope, Handler};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, MqEvent, RuntimeApi},

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use chrono::Utc;
+use paybus_bus::{Context, Envelope, Handler, Outcome, Services};
+use paybus_config::signature;
 use paybus_deliver_webhook::{
     DeliverWebhook, WebhookConfig,
     request::{HEADER_SIGNATURE, HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, standard_signature},
@@ -15,10 +17,6 @@ use paybus_partners::{
     attempts,
     notifications::{self, NotificationCreated, Redelivery},
     partner, webhook_secrets,
-};
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Services},
-    signature,
 };
 use paybus_testkit::{
     TestEnv,
@@ -354,7 +352,7 @@ async fn attempts_and_notifications_are_read_per_partner_and_a_redelivery_keeps_
     );
     drop(conn);
 
-    let acme_actor = paybus_platform::actor::Actor::partner(&format!("partner:{acme}"));
+    let acme_actor = paybus_ops::actor::Actor::partner(&format!("partner:{acme}"));
     let mut uow = services.outbox.begin().await.unwrap();
     let again = notifications::redeliver(&mut uow, acme, id, &acme_actor)
         .await

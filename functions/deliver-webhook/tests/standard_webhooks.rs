@@ -11,9 +11,9 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
+use paybus_bus::{Context, Envelope, Handler, Outcome};
 use paybus_deliver_webhook::{DeliverWebhook, WebhookConfig};
 use paybus_partners::{notifications::NotificationCreated, webhook_secrets};
-use paybus_platform::bus::{Context, Envelope, Handler, Outcome};
 use paybus_testkit::{
     TestEnv,
     partners::{notification, partner_with_key},

@@ -24,11 +24,9 @@ use paybus_bonuses::{
     grant::{self, ClaimedJob, Granted},
     job::{self, BONUS_JOBS, BonusJob, JobStatus},
 };
-use paybus_platform::{
-    bus::{Envelope, dead_letter},
-    db,
-    retry::{AfterFailure, Claim, Clock, RetryPolicy, RowState},
-};
+use paybus_bus::{Envelope, dead_letter};
+use paybus_db as db;
+use paybus_retry::{AfterFailure, Claim, Clock, RetryPolicy, RowState};
 use sqlx::{MySql, MySqlPool, pool::PoolConnection};
 
 use crate::GrantBonus;
@@ -91,7 +89,7 @@ pub async fn attempt_messages(
         Err(error) => {
             tracing::info!(
                 size = ids.len(),
-                error = %paybus_platform::telemetry::one_line(&error),
+                error = %paybus_telemetry::one_line(&error),
                 "bonus batch failed; attempting one message at a time"
             );
             let mut results = Vec::with_capacity(ids.len());
@@ -195,13 +193,13 @@ async fn grant_due(
         tracing::warn!(%rollback, "rolling back a failed grant failed");
     }
     if let [job] = due {
-        let error = paybus_platform::telemetry::one_line(&error);
+        let error = paybus_telemetry::one_line(&error);
         let attempted = settle_message_failure(pool, job, policy, &error, clock).await?;
         return Ok(BTreeMap::from([(job.id, attempted)]));
     }
     tracing::info!(
         size = due.len(),
-        error = %paybus_platform::telemetry::one_line(&error),
+        error = %paybus_telemetry::one_line(&error),
         "bonus grant batch rolled back; granting one job at a time"
     );
     let mut attempted = BTreeMap::new();
@@ -294,7 +292,7 @@ pub async fn attempt(
     if let Err(rollback) = tx.rollback().await {
         tracing::warn!(%rollback, "rolling back a failed grant failed");
     }
-    let error = paybus_platform::telemetry::one_line(&error);
+    let error = paybus_telemetry::one_line(&error);
     let tx = pool.begin().await?;
     settle_failure_in(tx, claimed, policy, &error, clock, Source::Worker).await
 }
@@ -367,7 +365,7 @@ async fn record_dead_letter(
     retry_count: u32,
     error: &str,
 ) -> Result<(), BonusError> {
-    use paybus_platform::bus::Handler;
+    use paybus_bus::Handler;
     let id = claimed.job.id;
     let message = Envelope::new(BonusJobCreated { job_id: id })
         .to_outgoing()

@@ -9,10 +9,7 @@
 use std::time::Duration;
 
 use paybus_bonuses::checkpoint;
-use paybus_platform::{
-    auditor::AuditorConfig,
-    maintenance::{Job, JobFuture, JobReport},
-};
+use paybus_maintenance::{Job, JobFuture, JobReport, auditor::AuditorConfig};
 use sqlx::MySqlPool;
 
 /// The checkpointer job.

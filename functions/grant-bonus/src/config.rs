@@ -4,10 +4,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use paybus_platform::{
-    ConfigError,
-    config::{Setting, Vars},
-};
+use paybus_config::{ConfigError, Setting, Vars};
 
 pub const VAR_WORKER_INTERVAL_MS: Setting = Setting {
     name: "PAYBUS_BONUS_WORKER_INTERVAL_MS",
@@ -101,7 +98,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 GrantConfig::from_vars(environment),
                 Ok(GrantConfig::default()),

@@ -24,14 +24,11 @@ pub mod worker;
 use std::sync::Arc;
 
 use paybus_bonuses::BonusJobCreated;
-use paybus_platform::{
-    auditor::AuditorConfig,
-    bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services},
-    function::{BuildError, Function},
-    maintenance::Job,
-    retry::{Clock, RetryPolicy, RowState},
-    setting::SettingGroup,
-};
+use paybus_bus::{Batched, Context, Envelope, Handler, HandlerError, Outbox, Outcome, Services};
+use paybus_config::setting::SettingGroup;
+use paybus_maintenance::{Job, auditor::AuditorConfig};
+use paybus_retry::{Clock, RetryPolicy, RowState};
+use paybus_runtime::function::{BuildError, Function};
 
 pub use attempt::{Attempted, MessageResult};
 pub use checkpointer::MemberCanCheckpointer;
@@ -198,13 +195,13 @@ impl Function for GrantBonus {
         ])
     }
 
-    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] =
+    const WORK_TABLES: &'static [&'static paybus_retry::WorkTable] =
         &[&paybus_bonuses::job::BONUS_JOBS];
 
     async fn triage(
         conn: &mut sqlx::MySqlConnection,
         message: BonusJobCreated,
-    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+    ) -> Result<paybus_ops::triage::Triage, paybus_ops::triage::TriageError> {
         triage::triage(conn, message).await
     }
 }

@@ -1,5 +1,5 @@
 //! The grant-bonus function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<paybus_grant_bonus::GrantBonus>()
+    paybus_runtime::function::main::<paybus_grant_bonus::GrantBonus>()
 }

@@ -8,11 +8,9 @@
 use std::time::Duration;
 
 use paybus_bonuses::job::BONUS_JOBS;
-use paybus_platform::{
-    db,
-    maintenance::{Job, JobFuture, JobReport},
-    retry::Clock,
-};
+use paybus_db as db;
+use paybus_maintenance::{Job, JobFuture, JobReport};
+use paybus_retry::Clock;
 use sqlx::MySqlPool;
 
 use crate::config::REAPER_INTERVAL;

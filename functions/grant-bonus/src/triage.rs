@@ -15,7 +15,7 @@ use paybus_bonuses::{
     job::{self, JobStatus},
 };
 use paybus_money::Amount;
-use paybus_platform::triage::{Exposure, Triage, TriageError};
+use paybus_ops::triage::{Exposure, Triage, TriageError};
 use sqlx::MySqlConnection;
 
 pub(crate) async fn triage(

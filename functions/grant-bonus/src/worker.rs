@@ -13,11 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use paybus_platform::{
-    bus::{Handler, metrics},
-    maintenance::{Job, JobFuture, JobReport},
-    retry::{Clock, RetryPolicy},
-};
+use paybus_bus::{Handler, metrics};
+use paybus_maintenance::{Job, JobFuture, JobReport};
+use paybus_retry::{Clock, RetryPolicy};
 use sqlx::MySqlPool;
 
 use crate::{

@@ -13,8 +13,9 @@
 use std::sync::Arc;
 
 use paybus_bonuses::{BonusRules, Completion, charge::PaymentGateway, completion};
+use paybus_bus::Services;
 use paybus_grant_bonus::{Attempted, MessageResult, attempt};
-use paybus_platform::{bus::Services, retry::Clock};
+use paybus_retry::Clock;
 use paybus_testkit::{
     TestEnv,
     bonuses::{self, Purchase, assert_audit_clean},

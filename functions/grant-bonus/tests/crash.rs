@@ -10,8 +10,10 @@ mod support;
 use std::{process::Stdio, time::Duration};
 
 use paybus_bonuses::{BonusRules, job::JobStatus};
+use paybus_bus::metrics;
 use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus};
-use paybus_platform::{bus::metrics, retry::Clock, runner::Runner};
+use paybus_retry::Clock;
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{bonuses as testing, eventually};
 use support::*;
 use tokio_util::sync::CancellationToken;

@@ -12,8 +12,8 @@ use paybus_bonuses::{
     charge::{Container, PaymentGateway},
     job::{self, JobStatus, JobType},
 };
+use paybus_bus::{Handler, Outcome};
 use paybus_grant_bonus::{GrantBonus, WorkerReport, attempt};
-use paybus_platform::bus::{Handler, Outcome};
 use paybus_testkit::bonuses::{self as testing, assert_audit_clean};
 use support::*;
 
@@ -98,7 +98,7 @@ async fn a_worker_claim_landing_between_a_message_s_read_and_its_grant_wins_and_
     let charge = bonuses.completed_purchase(100, NO_FIRST_CHARGE).await;
     let job_id = charge.bonus_jobs[0].job_id;
     // The worker's claim, not committed yet: the message still reads the job PENDING.
-    let mut claiming = paybus_platform::db::begin_read_committed(bonuses.pool())
+    let mut claiming = paybus_db::begin_read_committed(bonuses.pool())
         .await
         .unwrap();
     let claims = job::BONUS_JOBS

@@ -6,8 +6,8 @@
 mod support;
 
 use paybus_bonuses::{BonusJobCreated, BonusRules, charge::Container, job::JobStatus};
+use paybus_bus::{Envelope, Handler, Message};
 use paybus_grant_bonus::GrantBonus;
-use paybus_platform::bus::{Envelope, Handler, Message};
 use paybus_testkit::{
     bonuses as testing,
     lambda::{LambdaProcess, MqEvent, RuntimeApi},

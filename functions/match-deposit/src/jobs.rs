@@ -11,11 +11,9 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use paybus_bus::{Outcome, metrics};
+use paybus_maintenance::{Job, JobFuture, JobReport};
 use paybus_p2p::{DeadLetters, Matcher, maintenance};
-use paybus_platform::{
-    bus::{Outcome, metrics},
-    maintenance::{Job, JobFuture, JobReport},
-};
 
 /// Rows one pass of the reaper or expiry handles per transaction; a pass continues while
 /// batches come back full.
@@ -58,7 +56,7 @@ impl DueOrders {
                     ),
                     Err(error) => tracing::warn!(
                         deposit_order_id = claim.id,
-                        error = %paybus_platform::telemetry::one_line(&error),
+                        error = %paybus_telemetry::one_line(&error),
                         "outcome accounting failed; the order stays claimed until the reaper"
                     ),
                 }

@@ -15,6 +15,9 @@ mod triage;
 
 use std::sync::Arc;
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Outcome, Services};
+use paybus_config::{Setting, Vars};
+use paybus_maintenance::Job;
 use paybus_p2p::{
     Accounted, DeadLetters, DepositOrder, DepositOrderCreated, DepositOrderStatus, MatchError,
     Matcher, MatchingConfig, deposit_order,
@@ -22,13 +25,8 @@ use paybus_p2p::{
     quote::QuoteClient,
     reconcile::QuoteReconciler,
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
-    config::{Setting, Vars},
-    function::{BuildError, Function},
-    maintenance::Job,
-    retry::Claim,
-};
+use paybus_retry::Claim;
+use paybus_runtime::function::{BuildError, Function};
 use sqlx::MySqlPool;
 
 pub use jobs::{DueOrders, Expiry, ZombieReaper};
@@ -202,7 +200,7 @@ impl Function for MatchDeposit {
     /// configured).
     fn external_checks(
         vars: &Vars,
-    ) -> Result<Vec<Arc<dyn paybus_platform::audit::ExternalCheck>>, BuildError> {
+    ) -> Result<Vec<Arc<dyn paybus_ops::audit::ExternalCheck>>, BuildError> {
         let config = MatchingConfig::read(vars)?;
         let client = QuoteClient::new(&config.quote).map_err(|source| BuildError::Client {
             what: "the quote service HTTP client",
@@ -210,20 +208,19 @@ impl Function for MatchDeposit {
         })?;
         Ok(client
             .map(|client| {
-                Arc::new(QuoteReconciler::new(client))
-                    as Arc<dyn paybus_platform::audit::ExternalCheck>
+                Arc::new(QuoteReconciler::new(client)) as Arc<dyn paybus_ops::audit::ExternalCheck>
             })
             .into_iter()
             .collect())
     }
 
-    const WORK_TABLES: &'static [&'static paybus_platform::retry::WorkTable] =
+    const WORK_TABLES: &'static [&'static paybus_retry::WorkTable] =
         &[&paybus_p2p::deposit_order::DEPOSIT_ORDERS];
 
     async fn triage(
         conn: &mut sqlx::MySqlConnection,
         message: DepositOrderCreated,
-    ) -> Result<paybus_platform::triage::Triage, paybus_platform::triage::TriageError> {
+    ) -> Result<paybus_ops::triage::Triage, paybus_ops::triage::TriageError> {
         triage::triage(conn, message).await
     }
 }

@@ -1,5 +1,5 @@
 //! The match-deposit function binary: a local consumer, or a Lambda when `AWS_LAMBDA_RUNTIME_API` is set.
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<paybus_match_deposit::MatchDeposit>()
+    paybus_runtime::function::main::<paybus_match_deposit::MatchDeposit>()
 }

@@ -14,8 +14,8 @@
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
+use paybus_ops::triage::{Exposure, Triage, TriageError};
 use paybus_p2p::{DepositOrderCreated, DepositOrderStatus, deposit_order};
-use paybus_platform::triage::{Exposure, Triage, TriageError};
 use sqlx::MySqlConnection;
 
 const ENTITY: &str = "p2p_deposit_order";

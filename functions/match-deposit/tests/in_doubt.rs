@@ -10,9 +10,11 @@ mod world;
 
 use std::time::Duration;
 
+use paybus_bus::Outcome;
 use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
+use paybus_ops::triage::Verdict;
 use paybus_p2p::{DepositOrderCreated, FillPolicy, deposit_order};
-use paybus_platform::{bus::Outcome, function::Function, triage::Verdict};
+use paybus_runtime::function::Function;
 use paybus_testkit::{
     eventually,
     p2p::{assert_audit_clean, order_state},
@@ -395,7 +397,7 @@ async fn candidates_held_by_other_matchers_for_a_moment_do_not_count_an_attempt(
 
 /// match-deposit's done count on the activity charts, this process's tally flushed first.
 async fn matches_done(pool: &sqlx::MySqlPool) -> i64 {
-    paybus_platform::bus::activity::flush(pool).await.unwrap();
+    paybus_bus::activity::flush(pool).await.unwrap();
     sqlx::query_scalar(
         "SELECT CAST(COALESCE(SUM(done), 0) AS SIGNED) FROM function_activity \
          WHERE function_name = 'match-deposit'",

@@ -6,9 +6,10 @@
 
 use std::{process::Stdio, time::Duration};
 
+use paybus_bus::Handler;
 use paybus_match_deposit::{DueOrders, MatchDeposit, ZombieReaper};
 use paybus_p2p::{FillPolicy, Handoff, Matcher};
-use paybus_platform::{bus::Handler, retry::Clock};
+use paybus_retry::Clock;
 use paybus_testkit::{
     TestEnv, dec, eventually,
     p2p::{self, QuoteStub, assert_audit_clean, order_state},
@@ -77,13 +78,13 @@ async fn a_function_killed_after_the_trade_was_made_is_reaped_resolved_under_its
         .unwrap()
         .id();
     let handler = MatchDeposit::new(matcher.clone());
-    let ctx = paybus_platform::bus::Context {
+    let ctx = paybus_bus::Context {
         db: &services.outbox,
         attempt: 1,
     };
     handler
         .handle(
-            paybus_platform::bus::Envelope::new(paybus_p2p::DepositOrderCreated {
+            paybus_bus::Envelope::new(paybus_p2p::DepositOrderCreated {
                 deposit_order_id: other,
             }),
             &ctx,

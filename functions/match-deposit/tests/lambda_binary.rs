@@ -3,9 +3,9 @@
 //! Runtime API, twice (Amazon MQ's replay).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::{Envelope, Handler, Message};
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::{DepositOrderCreated, FillPolicy, Handoff, Matcher};
-use paybus_platform::bus::{Envelope, Handler, Message};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, MqEvent, RuntimeApi},

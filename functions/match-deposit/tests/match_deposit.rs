@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use paybus_bus::Outcome;
 use paybus_match_deposit::{DueOrders, Expiry, MatchDeposit, ZombieReaper};
 use paybus_p2p::{FillPolicy, MatchingConfig, deposit_order};
-use paybus_platform::bus::Outcome;
 use paybus_testkit::{
     dec,
     p2p::{self, assert_audit_clean, order_state},

@@ -8,14 +8,12 @@ mod world;
 
 use std::{sync::Arc, time::Duration};
 
+use paybus_bus::Outcome;
+use paybus_maintenance::auditor::{Auditor, AuditorConfig};
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::{
     FillPolicy,
     reconcile::{Discrepancy, QuoteReconciler},
-};
-use paybus_platform::{
-    auditor::{Auditor, AuditorConfig},
-    bus::Outcome,
 };
 use world::{World, reconciled};
 

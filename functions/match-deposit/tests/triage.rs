@@ -2,14 +2,12 @@
 //! `p2p.deposit_order.created` would do, for each state the order can be in now.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::Envelope;
 use paybus_match_deposit::MatchDeposit;
+use paybus_ops::triage::{Triage, Verdict};
 use paybus_p2p::{DepositOrderCreated, Inserted, config::DEFAULT_ORDER_TTL, deposit_order};
-use paybus_platform::{
-    bus::Envelope,
-    function::FunctionEntry,
-    retry::Clock,
-    triage::{Triage, Verdict},
-};
+use paybus_retry::Clock;
+use paybus_runtime::function::FunctionEntry;
 use paybus_testkit::{TestEnv, dec, p2p};
 use sqlx::MySqlPool;
 

@@ -17,14 +17,11 @@
 use std::{collections::BTreeMap, process::ExitCode, time::Duration};
 
 use lambda_runtime::{LambdaEvent, service_fn};
-use paybus_platform::{
-    Settings,
-    bus::{Services, StartupError, topology},
-    config::{LogFormat, Vars},
-    db,
-    function::{self, BuildError, FunctionError},
-    sealed, telemetry,
-};
+use paybus_bus::{Services, StartupError, topology};
+use paybus_config::{LogFormat, Settings, Vars, sealed};
+use paybus_db as db;
+use paybus_runtime::function::{self, BuildError, FunctionError};
+use paybus_telemetry as telemetry;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -100,7 +97,7 @@ pub async fn migrate_and_declare(
         .map_err(StartupError::from)?;
     let mut sealed_secrets = 0;
     if ahead.is_empty() {
-        paybus_platform::migrations::apply(&services.pool)
+        paybus_runtime::migrations::apply(&services.pool)
             .await
             .map_err(StartupError::from)?;
         sealed_secrets = seal_plaintext_secrets(&services.pool, &settings.vars).await?;
@@ -388,7 +385,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), FunctionError> {
-    if !paybus_platform::config::in_lambda() {
+    if !paybus_config::in_lambda() {
         let settings = function::settings().await?;
         let report = migrate_and_declare(&settings, &[]).await?;
         println!("{}", report.reason());

@@ -11,7 +11,9 @@ use std::{
 };
 
 use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::put};
-use paybus_platform::{bus::Envelope, config::Shards, db::MIGRATOR};
+use paybus_bus::Envelope;
+use paybus_config::Shards;
+use paybus_db::MIGRATOR;
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, RuntimeApi, SecretsExtension},
@@ -455,13 +457,13 @@ async fn a_request_type_this_release_does_not_know_is_answered() {
 }
 
 /// Messages ready in `queue`, `None` when it does not exist.
-async fn ready(services: &paybus_platform::bus::Services, queue: &str) -> Option<u32> {
+async fn ready(services: &paybus_bus::Services, queue: &str) -> Option<u32> {
     paybus_testkit::queue_state(services, queue)
         .await
         .map(|(messages, _)| messages)
 }
 
-async fn ping(services: &paybus_platform::bus::Services, ping_id: u64) {
+async fn ping(services: &paybus_bus::Services, ping_id: u64) {
     let message = Envelope::new(paybus_canary::Ping { ping_id })
         .to_outgoing()
         .unwrap();

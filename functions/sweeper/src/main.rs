@@ -7,5 +7,5 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::sweeper_main(paybus_catalog::jobs)
+    paybus_runtime::function::sweeper_main(paybus_catalog::jobs)
 }

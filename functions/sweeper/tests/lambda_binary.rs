@@ -2,8 +2,8 @@
 //! once and answers what each changed.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
+use paybus_bus::{Envelope, Handler};
 use paybus_canary::{Canary, Ping};
-use paybus_platform::bus::{Envelope, Handler};
 use paybus_testkit::{
     TestEnv,
     lambda::{LambdaProcess, RuntimeApi},

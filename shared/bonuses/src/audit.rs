@@ -14,10 +14,8 @@
 
 use std::{collections::HashMap, fmt};
 
-use paybus_platform::{
-    audit::{Check, Finding, Scope, Window},
-    db,
-};
+use paybus_db as db;
+use paybus_ops::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
@@ -25,8 +23,8 @@ use crate::checkpoint::{self, MEMBERS_PER_STATEMENT};
 
 /// W3's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    paybus_platform::audit_check!("member_can_balances", member_can_balances, recent: recent_member_can_balances),
-    paybus_platform::audit_check!("bonus_job_results", bonus_job_results, recent: recent_bonus_job_results),
+    paybus_ops::audit_check!("member_can_balances", member_can_balances, recent: recent_member_can_balances),
+    paybus_ops::audit_check!("bonus_job_results", bonus_job_results, recent: recent_bonus_job_results),
 ];
 
 /// One broken W3 invariant; [`fmt::Display`] renders it as one line naming the ids involved.
@@ -216,7 +214,7 @@ pub async fn member_can_balances(
 ///
 /// Two reads, so they must see one snapshot, or a completion committed between them would
 /// look like a lost credit: in the caller's transaction when there is one (the auditor's
-/// pass, a consistent snapshot: [`paybus_platform::db::SNAPSHOT_BEGIN`]), else in one of its
+/// pass, a consistent snapshot: [`paybus_db::SNAPSHOT_BEGIN`]), else in one of its
 /// own.
 ///
 /// Why two reads and not one statement with a subquery per container bounded by the member's

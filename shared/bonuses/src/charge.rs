@@ -11,7 +11,7 @@ use crate::{BonusError, error::parse_column};
 
 const ENTITY: &str = "charge";
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `charges.status`: what a charge is (never changes).
     pub enum ChargeStatus {
         /// A purchase of cans.
@@ -21,7 +21,7 @@ paybus_platform::column_enum! {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `charges.payment_status`.
     pub enum PaymentStatus {
         /// The payment started; nothing credited.
@@ -31,7 +31,7 @@ paybus_platform::column_enum! {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `charges.payment_gateway` (and the bonus job's snapshot of it): who took the payment.
     #[derive(strum::VariantArray)]
     pub enum PaymentGateway {

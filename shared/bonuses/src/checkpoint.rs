@@ -16,7 +16,8 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use paybus_platform::{db, retry::clock::micros};
+use paybus_db as db;
+use paybus_retry::clock::micros;
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 
 /// Members per read and per checkpointing transaction.

@@ -15,13 +15,10 @@
 //! completion locks no existing job, so the two never wait on each other in a cycle.
 
 use chrono::{DateTime, Utc};
+use paybus_bus::{Outbox, UnitOfWork, outbox::OutboxError};
+use paybus_config::{ConfigError, Setting, Vars};
+use paybus_db as db;
 use paybus_money::Amount;
-use paybus_platform::{
-    ConfigError,
-    bus::{Outbox, UnitOfWork, outbox::OutboxError},
-    config::{Setting, Vars},
-    db,
-};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
@@ -475,7 +472,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 BonusRules::read(&Vars::new(environment)),
                 Ok(BonusRules::default()),

@@ -23,7 +23,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::{bus::Outbox, retry::Backoff};
+use paybus_bus::Outbox;
+use paybus_retry::Backoff;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 use uuid::Uuid;

@@ -1,10 +1,8 @@
 //! The errors of W3's repository code. Which of them a retry can fix is decided once, by the
 //! platform (`HandlerError::is_transient`), after [`From<BonusError> for HandlerError`].
 
-use paybus_platform::{
-    bus::{HandlerError, outbox::OutboxError},
-    column::UnknownValue,
-};
+use paybus_bus::{HandlerError, outbox::OutboxError};
+use paybus_db::column::UnknownValue;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BonusError {
@@ -35,7 +33,7 @@ impl From<BonusError> for HandlerError {
     }
 }
 
-pub(crate) use paybus_platform::column::parse as parse_column;
+pub(crate) use paybus_db::column::parse as parse_column;
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use paybus_platform::retry::{Claim, Clock, Settled};
+use paybus_retry::{Claim, Clock, Settled};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use crate::{

@@ -17,13 +17,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use paybus_platform::actor::Actor;
-use paybus_platform::{
-    bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
-    db,
-    ops_log::{self, Entry},
-    retry::{AttemptCount, Backoff, Claim, Clock, Lease, RetryPolicy, RowState, WorkTable},
-};
+use paybus_bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError};
+use paybus_db as db;
+use paybus_ops::actor::Actor;
+use paybus_ops::ops_log::{self, Entry};
+use paybus_retry::{AttemptCount, Backoff, Claim, Clock, Lease, RetryPolicy, RowState, WorkTable};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 use uuid::Uuid;
@@ -37,7 +35,7 @@ use crate::{
 
 const ENTITY: &str = "bonus job";
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `charge_event_job.status`.
     pub enum JobStatus {
         /// Waiting for its attempt (due when `next_retry_at` is NULL or past).
@@ -58,7 +56,7 @@ impl JobStatus {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `charge_event_job.job_type`: why the bonus is owed.
     pub enum JobType {
         /// The member's first completed purchase (no event row: `charge_event_id` NULL).
@@ -480,7 +478,7 @@ pub async fn find_locked(
 mod tests {
     use std::str::FromStr;
 
-    use paybus_platform::retry::RetryDecision;
+    use paybus_retry::RetryDecision;
 
     use super::*;
 

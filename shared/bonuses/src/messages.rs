@@ -1,7 +1,7 @@
 //! The message of W3 (docs/bus.md). The payment completion (and ops' retry) produce it, grant-bonus
 //! consumes it; both use this one definition.
 
-use paybus_platform::bus::Message;
+use paybus_bus::Message;
 use serde::{Deserialize, Serialize};
 
 /// `charge.bonus_job.created {job_id}`: a bonus job is PENDING and due; grant-bonus makes the
@@ -23,7 +23,7 @@ impl Message for BonusJobCreated {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use paybus_platform::bus::Envelope;
+    use paybus_bus::Envelope;
 
     use super::*;
 

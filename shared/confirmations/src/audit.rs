@@ -15,15 +15,15 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{Check, Finding, Scope, Window};
+use paybus_ops::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// W2's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    paybus_platform::audit_check!("withdrawal_debits", withdrawal_debits, recent: recent_withdrawal_debits),
-    paybus_platform::audit_check!("withdrawal_debit_count", withdrawal_debit_count, recent: recent_withdrawal_debit_count),
-    paybus_platform::audit_check!("deposit_entries", deposit_entries, recent: recent_deposit_entries),
+    paybus_ops::audit_check!("withdrawal_debits", withdrawal_debits, recent: recent_withdrawal_debits),
+    paybus_ops::audit_check!("withdrawal_debit_count", withdrawal_debit_count, recent: recent_withdrawal_debit_count),
+    paybus_ops::audit_check!("deposit_entries", deposit_entries, recent: recent_deposit_entries),
 ];
 
 /// One broken W2 invariant; [`fmt::Display`] renders it as one line naming the ids involved.

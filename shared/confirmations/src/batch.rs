@@ -18,10 +18,7 @@ use std::{
 };
 
 use futures_util::future::join_all;
-use paybus_platform::{
-    bus::{Batched, HandlerError, Outbox, Outcome, UnitOfWork},
-    transition::Transition,
-};
+use paybus_bus::{Batched, HandlerError, Outbox, Outcome, UnitOfWork, transition::Transition};
 use sqlx::{MySql, MySqlConnection, pool::PoolConnection};
 use uuid::Uuid;
 
@@ -164,7 +161,7 @@ pub async fn confirm_all<C: Confirms>(
             Err(error) => {
                 tracing::info!(
                     size = pending.len(),
-                    error = %paybus_platform::telemetry::one_line(&error),
+                    error = %paybus_telemetry::one_line(&error),
                     "confirmation batch rolled back; confirming one per transaction"
                 );
                 for round in rounds::<C>(confirmations, &pending) {

@@ -20,7 +20,7 @@ pub use delivered::{confirm, confirm_all};
 
 const ENTITY: &str = "deposit";
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `deposits.status`. The chain monitor's detection inserts DETECTED (the admin API stands in
     /// for it); only confirm-deposit moves DETECTED to CONFIRMED.
     pub enum DepositStatus {
@@ -85,7 +85,7 @@ pub async fn create(conn: &mut MySqlConnection, new: &NewDeposit) -> Result<u64,
     .await;
     match inserted {
         Ok(done) => Ok(done.last_insert_id()),
-        Err(e) if paybus_platform::db::is_duplicate_on(&e, "uk_deposit_tx_to_active") => {
+        Err(e) if paybus_db::is_duplicate_on(&e, "uk_deposit_tx_to_active") => {
             let existing: Option<u64> = sqlx::query_scalar(
                 "SELECT id FROM deposits WHERE active_tx_key = CONCAT(?, '|', ?)",
             )

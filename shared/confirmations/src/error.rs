@@ -2,8 +2,8 @@
 //! Which of its variants a retry can fix is decided once, by the platform
 //! (`HandlerError::is_transient`), after [`From<ConfirmError> for HandlerError`].
 
+use paybus_bus::{HandlerError, outbox::OutboxError};
 use paybus_ledger::LedgerError;
-use paybus_platform::bus::{HandlerError, outbox::OutboxError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfirmError {

@@ -1,7 +1,7 @@
 //! The messages of W2 (docs/bus.md). Producer (the chain-monitor intake) and consumers (the
 //! confirm functions) share these definitions, so they cannot drift apart.
 
-use paybus_platform::bus::Message;
+use paybus_bus::Message;
 use serde::{Deserialize, Serialize};
 
 /// `withdrawal.tx_confirmed`: the chain monitor saw the withdrawal's transaction confirmed.
@@ -38,7 +38,7 @@ impl Message for DepositTxConfirmed {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use paybus_platform::bus::Envelope;
+    use paybus_bus::Envelope;
     use serde_json::json;
 
     use super::*;

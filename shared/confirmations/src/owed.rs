@@ -1,9 +1,9 @@
 //! What a confirmation owes once it has made its transition, in the same transaction: its
 //! keyed ledger entries and the partner's notification.
 
+use paybus_bus::UnitOfWork;
 use paybus_ledger::{self as ledger, LedgerError, Posted, Posting};
 use paybus_partners::notifications::{self, NewNotification};
-use paybus_platform::bus::UnitOfWork;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
 

@@ -20,7 +20,7 @@ pub use delivered::{confirm, confirm_all};
 
 const ENTITY: &str = "withdrawal";
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `withdrawals.status`. Only confirm-withdrawal moves BROADCASTING / PROCESSING / STALE to
     /// CONFIRMED; REQUESTED, PROCESSING, BROADCASTING and STALE are set by the signer (the admin
     /// API stands in for it).
@@ -61,7 +61,7 @@ impl WithdrawalStatus {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `withdrawals.kind`: only a NORMAL withdrawal's confirmation moves the partner's balance.
     #[derive(Default)]
     pub enum WithdrawalKind {

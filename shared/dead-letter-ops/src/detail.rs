@@ -1,7 +1,7 @@
 //! One letter in full, as ops read it before deciding: the letter, its headers and body, what
 //! a replay would do now ([`Triager`]) and what was done to it so far ([`trail`]).
 
-use paybus_platform::triage::Triage;
+use paybus_ops::triage::Triage;
 use serde::Serialize;
 use sqlx::MySqlConnection;
 

@@ -1,4 +1,5 @@
-use paybus_platform::{bus::outbox::OutboxError, triage::TriageError};
+use paybus_bus::outbox::OutboxError;
+use paybus_ops::triage::TriageError;
 
 /// What a dead-letter operation could not do.
 #[derive(Debug, thiserror::Error)]

@@ -13,11 +13,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
+use paybus_bus::dead_letter::group_counts;
 use paybus_money::Amount;
-use paybus_platform::{
-    bus::dead_letter::group_counts,
-    triage::{Exposure, Triage, Verdict},
-};
+use paybus_ops::triage::{Exposure, Triage, Verdict};
 use serde::Serialize;
 use sqlx::{Connection, MySqlPool};
 

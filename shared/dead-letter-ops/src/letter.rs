@@ -7,13 +7,13 @@
 //! NEW again (`reopened_at`, `failures` counted: the platform's `dead_letter::record_failure`).
 
 use chrono::{DateTime, Utc};
-use paybus_platform::bus::dead_letter::group_counts;
+use paybus_bus::dead_letter::group_counts;
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use crate::DeadLetterError;
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `dead_letters.status`.
     #[derive(Default)]
     #[strum(ascii_case_insensitive)]

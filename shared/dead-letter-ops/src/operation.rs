@@ -8,17 +8,17 @@
 //! letter once, and one that dies mid-way leaves the rest to the next
 //! ([`ExecutionReport::by_another_execution`] counts what another execution did).
 //!
-//! Four-eyes (`paybus_platform::approvals::FourEyes`): a replay, or an archive of letters with
+//! Four-eyes (`paybus_ops::approvals::FourEyes`): a replay, or an archive of letters with
 //! money at stake, runs only after a second person approved its hash ([`approve`]), and the
 //! execution checks the frozen list still has that hash. [`OperationStatus`]:
 //! AWAITING_APPROVAL → READY → RUNNING → DONE; one not started before its expiry never starts,
 //! one started may always be finished.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::actor::Actor;
-use paybus_platform::{
+use paybus_bus::Outbox;
+use paybus_ops::actor::Actor;
+use paybus_ops::{
     approvals::{FourEyes, Guarded},
-    bus::Outbox,
     ops_log,
     triage::Verdict,
 };
@@ -34,7 +34,7 @@ use crate::{
     trail::ActionResult,
 };
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `dead_letter_operations.action`.
     #[strum(ascii_case_insensitive)]
     pub enum OperationAction {
@@ -46,7 +46,7 @@ paybus_platform::column_enum! {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `dead_letter_operations.status` (the migration's header comment is the reference).
     pub enum OperationStatus {
         /// Four-eyes: waits for a second person to approve its hash.
@@ -721,7 +721,7 @@ async fn act_on(
 }
 
 async fn act_in(
-    uow: &mut paybus_platform::bus::UnitOfWork<'_>,
+    uow: &mut paybus_bus::UnitOfWork<'_>,
     triager: &Triager,
     operation: &Operation,
     letter_id: u64,

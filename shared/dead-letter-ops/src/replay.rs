@@ -10,13 +10,11 @@
 use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
-use paybus_platform::{
-    bus::{
-        Envelope, OutgoingMessage, UnitOfWork,
-        dead_letter::group_counts::{self, Change},
-    },
-    triage::{Triage, Verdict},
+use paybus_bus::{
+    Envelope, OutgoingMessage, UnitOfWork,
+    dead_letter::group_counts::{self, Change},
 };
+use paybus_ops::triage::{Triage, Verdict};
 use serde::Serialize;
 use sqlx::{MySqlConnection, MySqlPool};
 use uuid::Uuid;
@@ -276,6 +274,6 @@ fn replay_message(body: &[u8]) -> Result<OutgoingMessage, DeadLetterError> {
         occurred_at: replay.occurred_at,
         body,
         // A replay is a new publication caused by the ops request, so it continues that trace.
-        trace: paybus_platform::telemetry::TraceHeaders::current(),
+        trace: paybus_telemetry::TraceHeaders::current(),
     })
 }

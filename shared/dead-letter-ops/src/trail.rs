@@ -2,14 +2,14 @@
 //! with the verdict it was taken under, each archive — written in the transaction that acts.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::triage::Verdict;
+use paybus_ops::triage::Verdict;
 use serde::Serialize;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
 
 use crate::DeadLetterError;
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `dead_letter_actions.action`.
     pub enum ActionKind {
         Replay,
@@ -17,7 +17,7 @@ paybus_platform::column_enum! {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `dead_letter_actions.result`: what the action did.
     pub enum ActionResult {
         /// Safe under the letter's lock: the message was re-sent, the letter is REPLAYED.

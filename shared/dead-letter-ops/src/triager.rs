@@ -1,5 +1,6 @@
 use futures_util::future;
-use paybus_platform::{function::FunctionEntry, triage::Triage};
+use paybus_ops::triage::Triage;
+use paybus_runtime::function::FunctionEntry;
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::{DeadLetterError, letter::DeadLetter};

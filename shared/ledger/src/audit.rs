@@ -16,16 +16,16 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{Check, Finding, Window};
+use paybus_ops::audit::{Check, Finding, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// The ledger's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    paybus_platform::audit_check!("duplicate_keyed_entries", duplicate_keyed_entries, recent: recent_duplicate_keyed_entries),
-    paybus_platform::audit_check!("misplaced_idem_key", misplaced_idem_keys, recent: recent_misplaced_idem_keys),
-    paybus_platform::audit_check!("balance_mismatch", balance_mismatches, recent: recent_balance_mismatches),
-    paybus_platform::audit_check!("broken_chain", broken_chains, recent: recent_broken_chains),
+    paybus_ops::audit_check!("duplicate_keyed_entries", duplicate_keyed_entries, recent: recent_duplicate_keyed_entries),
+    paybus_ops::audit_check!("misplaced_idem_key", misplaced_idem_keys, recent: recent_misplaced_idem_keys),
+    paybus_ops::audit_check!("balance_mismatch", balance_mismatches, recent: recent_balance_mismatches),
+    paybus_ops::audit_check!("broken_chain", broken_chains, recent: recent_broken_chains),
 ];
 
 /// One broken invariant; [`fmt::Display`] renders it as one line naming the ids involved.

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use paybus_db::{error_number, is_duplicate_on};
 use paybus_money::Amount;
-use paybus_platform::db::{error_number, is_duplicate_on};
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
 use super::{

@@ -14,14 +14,14 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{Check, Finding, Scope, Window};
+use paybus_ops::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// W4's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    paybus_platform::audit_check!("suspension_sets", suspension_sets, recent: recent_suspension_sets),
-    paybus_platform::audit_check!("cancel_tasks", cancel_tasks, recent: recent_cancel_tasks),
+    paybus_ops::audit_check!("suspension_sets", suspension_sets, recent: recent_suspension_sets),
+    paybus_ops::audit_check!("cancel_tasks", cancel_tasks, recent: recent_cancel_tasks),
 ];
 
 /// One broken W4 invariant.

@@ -15,10 +15,8 @@
 use std::time::Duration;
 
 use crate::{order, task::TASKS};
-use paybus_platform::{
-    db,
-    retry::{AfterFailure, Clock, RetryPolicy, RowState},
-};
+use paybus_db as db;
+use paybus_retry::{AfterFailure, Clock, RetryPolicy, RowState};
 use sqlx::{MySqlConnection, MySqlPool};
 
 /// What one task's attempt came to.
@@ -140,13 +138,7 @@ async fn one_at_a_time(
         }
         Err(e) => {
             tx.rollback().await?;
-            record_failure(
-                pool,
-                target,
-                &paybus_platform::telemetry::one_line(&e),
-                attempts,
-            )
-            .await
+            record_failure(pool, target, &paybus_telemetry::one_line(&e), attempts).await
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The one error of W4's domain. The API turns each client-facing variant into its status
 //! (`api/src/markets.rs`); database faults stay database faults.
 
+use paybus_bus::outbox::OutboxError;
+use paybus_db::column::UnknownValue;
 use paybus_money::Amount;
-use paybus_platform::{bus::outbox::OutboxError, column::UnknownValue};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MarketError {
@@ -43,4 +44,4 @@ pub enum MarketError {
     Outbox(#[from] OutboxError),
 }
 
-pub(crate) use paybus_platform::column::parse as parse_column;
+pub(crate) use paybus_db::column::parse as parse_column;

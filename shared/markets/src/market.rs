@@ -2,13 +2,13 @@
 //! moves a row in and out of each state).
 
 use chrono::{DateTime, Utc};
-use paybus_platform::db;
+use paybus_db as db;
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 use crate::{MarketError, error::parse_column};
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `markets.status`.
     pub enum MarketStatus {
         /// Orders are accepted. Inserted so; SUSPENDED → ACTIVE by resume, once the suspension's

@@ -15,10 +15,8 @@
 
 use std::time::Duration;
 
-use paybus_platform::{
-    bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError},
-    maintenance::{Job, JobFuture, JobReport},
-};
+use paybus_bus::{Envelope, Outbox, UnitOfWork, outbox::OutboxError};
+use paybus_maintenance::{Job, JobFuture, JobReport};
 use sqlx::MySqlConnection;
 
 use crate::{CancelTasksCreated, task::TaskType};

@@ -1,7 +1,7 @@
 //! The message of W4 (docs/bus.md): the materialiser produces it with each chunk of tasks, the due
 //! sweep re-produces it for tasks whose retry is due, cancel-orders consumes it.
 
-use paybus_platform::bus::Message;
+use paybus_bus::Message;
 use serde::{Deserialize, Serialize};
 
 /// `market.cancel_tasks.created {batch_id, task_ids}`: these PENDING tasks of the batch are
@@ -26,7 +26,7 @@ impl Message for CancelTasksCreated {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use paybus_platform::bus::Envelope;
+    use paybus_bus::Envelope;
     use serde_json::json;
 
     use super::*;

@@ -9,7 +9,7 @@ use sqlx::MySqlConnection;
 
 use crate::{MarketError, error::parse_column, market::MarketStatus};
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `orders.status`.
     pub enum OrderStatus {
         /// Placed while the market was ACTIVE; nothing filled yet.
@@ -29,7 +29,7 @@ impl OrderStatus {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `orders.side`.
     pub enum Side {
         Buy,

@@ -135,14 +135,12 @@ pub async fn of_market(
             Ok(TaskState::Skipped) => tasks.skipped = count,
             Ok(TaskState::Failed) => tasks.failed = count,
             Err(_) => {
-                return Err(MarketError::UnknownValue(
-                    paybus_platform::column::UnknownValue {
-                        entity: "task batch",
-                        id: batch_id,
-                        column: "tasks.state",
-                        value: state,
-                    },
-                ));
+                return Err(MarketError::UnknownValue(paybus_db::column::UnknownValue {
+                    entity: "task batch",
+                    id: batch_id,
+                    column: "tasks.state",
+                    value: state,
+                }));
             }
         }
     }

@@ -15,11 +15,9 @@
 //! can only shrink; nothing joins it.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::actor::Actor;
-use paybus_platform::{
-    bus::Outbox,
-    ops_log::{self, Entry},
-};
+use paybus_bus::Outbox;
+use paybus_ops::actor::Actor;
+use paybus_ops::ops_log::{self, Entry};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::MySqlPool;
@@ -88,7 +86,7 @@ pub async fn suspend(
             None => Err(MarketError::UnknownMarket(symbol)),
             Some(m) if m.status == MarketStatus::Suspended => {
                 let batch_id = m.current_batch_id.ok_or_else(|| {
-                    MarketError::UnknownValue(paybus_platform::column::UnknownValue {
+                    MarketError::UnknownValue(paybus_db::column::UnknownValue {
                         entity: "market",
                         id: m.id,
                         column: "current_batch_id",
@@ -105,14 +103,12 @@ pub async fn suspend(
                     materialised: false,
                 })
             }
-            Some(m) => Err(MarketError::UnknownValue(
-                paybus_platform::column::UnknownValue {
-                    entity: "market",
-                    id: m.id,
-                    column: "status",
-                    value: format!("{} after a suspend matched nothing", m.status),
-                },
-            )),
+            Some(m) => Err(MarketError::UnknownValue(paybus_db::column::UnknownValue {
+                entity: "market",
+                id: m.id,
+                column: "status",
+                value: format!("{} after a suspend matched nothing", m.status),
+            })),
         };
     }
     let (market_id, suspended_at): (u64, DateTime<Utc>) =

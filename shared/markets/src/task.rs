@@ -11,11 +11,11 @@
 //!      │ at the limit, or the order does not exist ───────► FAILED + dead letter
 //! ```
 
-use paybus_platform::retry::{AttemptCount, Lease, WorkTable};
+use paybus_retry::{AttemptCount, Lease, WorkTable};
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `tasks.state`.
     #[derive(PartialOrd, Ord, strum::EnumIter)]
     pub enum TaskState {
@@ -30,7 +30,7 @@ paybus_platform::column_enum! {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `tasks.type` and `task_batches.type`.
     pub enum TaskType {
         /// Cancel one order of a suspended market (target: the order id).

@@ -18,11 +18,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use paybus_bus::{Envelope, Outbox, dead_letter};
 use paybus_money::Amount;
-use paybus_platform::{
-    bus::{Envelope, Outbox, dead_letter},
-    retry::{Claim, Clock, RetryDecision, RetryPolicy, Settled},
-};
+use paybus_retry::{Claim, Clock, RetryDecision, RetryPolicy, Settled};
 use uuid::Uuid;
 
 use crate::{
@@ -300,7 +298,7 @@ struct InDoubtFill<'a> {
 /// bound IN_DOUBT with its dead letter. Nothing is released but RESERVED leftovers.
 #[allow(clippy::too_many_arguments)]
 async fn in_doubt(
-    uow: &mut paybus_platform::bus::UnitOfWork<'_>,
+    uow: &mut paybus_bus::UnitOfWork<'_>,
     claim: &Claim,
     order: &deposit_order::DepositOrder,
     fill: InDoubtFill<'_>,
@@ -387,7 +385,7 @@ async fn in_doubt(
 /// The attempt's result as a `last_error` line.
 fn describe(attempt: &Result<AttemptEnd, MatchError>, remaining: Amount, amount: Amount) -> String {
     match attempt {
-        Err(error) => paybus_platform::telemetry::one_line(error),
+        Err(error) => paybus_telemetry::one_line(error),
         Ok(AttemptEnd::NotFilled { why, .. }) => {
             format!("not filled: {remaining} of {amount} remaining ({why})")
         }

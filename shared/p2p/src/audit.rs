@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{Check, Finding, Scope, Window};
+use paybus_ops::audit::{Check, Finding, Scope, Window};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
@@ -24,13 +24,13 @@ use crate::config::MatchingConfig;
 
 /// W1's checks, in the order `paybus audit` runs them.
 pub const CHECKS: &[Check] = &[
-    paybus_platform::audit_check!("p2p_seller_liquidity", seller_liquidity, recent: recent_seller_liquidity),
+    paybus_ops::audit_check!("p2p_seller_liquidity", seller_liquidity, recent: recent_seller_liquidity),
     // Bounded already (see the module docs): the same read every pass.
-    paybus_platform::audit_check!("p2p_stale_reservations", stale_reservations, bounded),
-    paybus_platform::audit_check!("p2p_deposit_fills", deposit_fills, recent: recent_deposit_fills),
+    paybus_ops::audit_check!("p2p_stale_reservations", stale_reservations, bounded),
+    paybus_ops::audit_check!("p2p_deposit_fills", deposit_fills, recent: recent_deposit_fills),
     // Bounded already (see the module docs): the same read every pass.
-    paybus_platform::audit_check!("p2p_trades_in_doubt", trades_in_doubt, bounded),
-    paybus_platform::audit_check!("p2p_settlement_legs", settlement_legs, recent: recent_settlement_legs),
+    paybus_ops::audit_check!("p2p_trades_in_doubt", trades_in_doubt, bounded),
+    paybus_ops::audit_check!("p2p_settlement_legs", settlement_legs, recent: recent_settlement_legs),
 ];
 
 /// One broken W1 invariant; [`fmt::Display`] renders it as one line naming the ids involved.
@@ -316,7 +316,7 @@ pub async fn stale_reservations(conn: &mut MySqlConnection) -> Result<Vec<Violat
                 OR d.status IN ('MATCHED', 'CANCELLED', 'EXPIRED')) \
          ORDER BY m.id",
     )
-    .bind(paybus_platform::retry::clock::micros(timeout))
+    .bind(paybus_retry::clock::micros(timeout))
     .fetch_all(conn)
     .await?;
     Ok(rows
@@ -343,7 +343,7 @@ pub async fn trades_in_doubt(conn: &mut MySqlConnection) -> Result<Vec<Violation
     let checks = config.trade_checks;
     let asking: std::time::Duration = (1..checks.max_attempts()).map(|n| checks.delay(n)).sum();
     let bound = asking + config.zombie_timeout + DEAD_LETTER_GRACE;
-    let micros = paybus_platform::retry::clock::micros;
+    let micros = paybus_retry::clock::micros;
 
     let closed: Vec<(u64, String, String)> = sqlx::query_as(
         "SELECT DISTINCT d.id, d.status, m.trade_key \

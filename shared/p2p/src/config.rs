@@ -3,11 +3,8 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use paybus_platform::{
-    ConfigError, Secret,
-    config::{Setting, Vars},
-    retry::{Backoff, RetryPolicy},
-};
+use paybus_config::{ConfigError, Secret, Setting, Vars};
+use paybus_retry::{Backoff, RetryPolicy};
 use url::Url;
 
 pub const VAR_QUOTE_URL: Setting = Setting {
@@ -285,7 +282,7 @@ impl MatchingConfig {
                     .ok_or_else(|| {
                         vars.error(
                             VAR_QUOTE_URL,
-                            &paybus_platform::redact::text(raw),
+                            &paybus_config::redact::text(raw),
                             "an http(s) URL like https://torq.example.com",
                         )
                     })?,
@@ -326,7 +323,7 @@ impl MatchingConfig {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use paybus_platform::retry::RetryDecision;
+    use paybus_retry::RetryDecision;
 
     use super::*;
 
@@ -339,7 +336,7 @@ mod tests {
 
     #[test]
     fn every_documented_default_is_the_default() {
-        for (name, environment) in paybus_platform::setting::documented_defaults(SETTINGS) {
+        for (name, environment) in paybus_config::setting::documented_defaults(SETTINGS) {
             assert_eq!(
                 MatchingConfig::from_vars(environment),
                 Ok(MatchingConfig::default()),

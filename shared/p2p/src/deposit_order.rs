@@ -15,15 +15,13 @@
 //! MATCH_FAILED) while a trade may exist for it at the quote service (principle 12).
 
 use chrono::{DateTime, Utc};
+use paybus_bus::UnitOfWork;
+use paybus_db as db;
 use paybus_money::Amount;
+use paybus_ops::actor::Actor;
+use paybus_ops::ops_log::{self, Entry};
 use paybus_partners::NewNotification;
-use paybus_platform::actor::Actor;
-use paybus_platform::{
-    bus::UnitOfWork,
-    db,
-    ops_log::{self, Entry},
-    retry::{AttemptCount, Claim, Clock, Lease, WorkTable, clock::micros},
-};
+use paybus_retry::{AttemptCount, Claim, Clock, Lease, WorkTable, clock::micros};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 use uuid::Uuid;
@@ -41,7 +39,7 @@ const IDEMPOTENCY_KEY: &str = "uk_p2p_deposit_orders_idempotency_key";
 /// `partner_notifications.reference_type` of a deposit order's notifications.
 pub const NOTIFICATION_REFERENCE: &str = "P2P_DEPOSIT_ORDER";
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `p2p_deposit_orders.status`.
     pub enum DepositOrderStatus {
         /// Waiting for its (next) attempt.
@@ -71,7 +69,7 @@ impl DepositOrderStatus {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// Why an order was closed (`p2p_deposit_orders.close_reason`); each reason has its status.
     pub enum CloseReason {
         /// MATCHED: CONFIRMED matches cover the whole amount.

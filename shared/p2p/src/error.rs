@@ -1,7 +1,7 @@
 //! W1's errors: what an attempt, a settlement or an order's creation can run into.
 
+use paybus_bus::{HandlerError, outbox::OutboxError};
 use paybus_ledger::LedgerError;
-use paybus_platform::bus::{HandlerError, outbox::OutboxError};
 
 use crate::quote::QuoteError;
 
@@ -19,7 +19,7 @@ pub enum MatchError {
     Quote(#[from] QuoteError),
     /// A column holds a value this code does not know (a row written by something else).
     #[error(transparent)]
-    UnknownValue(#[from] paybus_platform::column::UnknownValue),
+    UnknownValue(#[from] paybus_db::column::UnknownValue),
     /// A row disagrees with what the code that holds its lock just read: a bug or a manual
     /// edit, never a race (every write is guarded).
     #[error("inconsistent p2p rows: {0}")]
@@ -39,7 +39,7 @@ impl MatchError {
             MatchError::Ledger(LedgerError::Database(e)) => e,
             _ => return false,
         };
-        paybus_platform::db::error_number(database) == Some(DEADLOCK)
+        paybus_db::error_number(database) == Some(DEADLOCK)
     }
 }
 

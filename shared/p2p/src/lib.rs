@@ -43,4 +43,4 @@ pub use withdraw_order::{NewWithdrawOrder, WithdrawOrder};
 pub const FUNCTION: &str = "match-deposit";
 
 /// A status-like column read back into its enum (a value this code does not know names the row).
-pub(crate) use paybus_platform::column::parse as parse_column;
+pub(crate) use paybus_db::column::parse as parse_column;

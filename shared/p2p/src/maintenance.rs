@@ -5,11 +5,9 @@
 
 use std::time::Duration;
 
-use paybus_platform::{
-    bus::Outbox,
-    db,
-    retry::{Claim, Clock, clock::micros},
-};
+use paybus_bus::Outbox;
+use paybus_db as db;
+use paybus_retry::{Claim, Clock, clock::micros};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 

@@ -16,10 +16,8 @@
 
 use std::time::Duration;
 
-use paybus_platform::{
-    bus::{Envelope, Outbox},
-    retry::{Claim, Clock},
-};
+use paybus_bus::{Envelope, Outbox};
+use paybus_retry::{Claim, Clock};
 use uuid::Uuid;
 
 use crate::{
@@ -248,7 +246,7 @@ impl<R: TradeFailureReading> Matcher<R> {
         if let Err(error) = &attempt {
             tracing::warn!(
                 deposit_order_id = claim.id,
-                error = %paybus_platform::telemetry::one_line(error),
+                error = %paybus_telemetry::one_line(error),
                 "matching attempt failed"
             );
         }
@@ -415,8 +413,8 @@ impl<R: TradeFailureReading> Matcher<R> {
                             checks: fill.trade_checks.saturating_add(1),
                             error: format!(
                                 "{}; looking the key up failed too: {}",
-                                paybus_platform::telemetry::one_line(&error),
-                                paybus_platform::telemetry::one_line(&lookup)
+                                paybus_telemetry::one_line(&error),
+                                paybus_telemetry::one_line(&lookup)
                             ),
                         });
                     }
@@ -430,7 +428,7 @@ impl<R: TradeFailureReading> Matcher<R> {
                 return Ok(AttemptEnd::InDoubt {
                     trade_key: fill.trade_key.clone(),
                     checks: fill.trade_checks.saturating_add(1),
-                    error: paybus_platform::telemetry::one_line(&error),
+                    error: paybus_telemetry::one_line(&error),
                 });
             }
         };

@@ -14,14 +14,14 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use paybus_db as db;
 use paybus_money::Amount;
-use paybus_platform::db;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use crate::{MatchError, parse_column, withdraw_order};
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `p2p_matches.status`.
     pub enum MatchStatus {
         /// Liquidity held for an attempt between its reserve and its createTrade call.

@@ -1,7 +1,7 @@
 //! W1's message (docs/bus.md). The create API produces it when async matching is on; match-deposit
 //! consumes it. Both use this definition.
 
-use paybus_platform::bus::Message;
+use paybus_bus::Message;
 use serde::{Deserialize, Serialize};
 
 /// `p2p.deposit_order.created {deposit_order_id}`: a PENDING deposit order waits to be matched.
@@ -23,7 +23,7 @@ impl Message for DepositOrderCreated {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use paybus_platform::bus::Envelope;
+    use paybus_bus::Envelope;
 
     use super::*;
 

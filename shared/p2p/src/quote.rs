@@ -17,12 +17,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use paybus_bus::metrics;
+use paybus_config::Secret;
 use paybus_money::Amount;
-use paybus_platform::{
-    Secret,
-    bus::metrics,
-    telemetry::{TraceHeaders, propagation},
-};
+use paybus_telemetry::{TraceHeaders, propagation};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use url::Url;
@@ -374,7 +372,7 @@ impl QuoteClient {
     /// Connecting is the one phase in which nothing can have been sent.
     fn transport(&self, call: Call, error: reqwest::Error) -> QuoteError {
         let error = error.without_url();
-        let detail = paybus_platform::telemetry::one_line(&error);
+        let detail = paybus_telemetry::one_line(&error);
         if error.is_connect() {
             QuoteError::Connect { call, detail }
         } else if error.is_timeout() {

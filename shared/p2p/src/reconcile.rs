@@ -23,11 +23,9 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
+use paybus_db as db;
 use paybus_money::Amount;
-use paybus_platform::{
-    audit::{self, CheckFuture, ExternalCheck, Finding as _, Period},
-    db,
-};
+use paybus_ops::audit::{self, CheckFuture, ExternalCheck, Finding as _, Period};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
@@ -498,7 +496,7 @@ impl ExternalCheck for QuoteReconciler {
                 Err(ReconcileError::Database(error)) => Err(error),
                 Err(ReconcileError::Quote(error)) => {
                     tracing::warn!(
-                        error = %paybus_platform::telemetry::one_line(&error),
+                        error = %paybus_telemetry::one_line(&error),
                         "quote service reconciliation skipped this pass: the service did not answer"
                     );
                     Ok(Vec::new())

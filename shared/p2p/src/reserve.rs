@@ -8,11 +8,9 @@
 //! (principle 12).
 
 use chrono::{DateTime, Utc};
+use paybus_bus::Outbox;
 use paybus_money::Amount;
-use paybus_platform::{
-    bus::Outbox,
-    retry::{Claim, Clock},
-};
+use paybus_retry::{Claim, Clock};
 use uuid::Uuid;
 
 use crate::{

@@ -3,8 +3,9 @@
 //! statements (the same rows and ledger legs as the real path), which is why it lives here
 //! rather than in the test kit; nothing deployed calls it.
 
+use paybus_bus::Outbox;
 use paybus_money::Amount;
-use paybus_platform::{bus::Outbox, retry::Clock};
+use paybus_retry::Clock;
 use uuid::Uuid;
 
 use crate::{
@@ -31,8 +32,7 @@ pub async fn create_and_match_holding_locks(
 ) -> Result<(u64, CloseReason), MatchError> {
     loop {
         match seed_create_and_match(outbox, quote, new).await {
-            Err(MatchError::Database(error))
-                if paybus_platform::db::error_number(&error) == Some(1213) => {}
+            Err(MatchError::Database(error)) if paybus_db::error_number(&error) == Some(1213) => {}
             other => return other,
         }
     }

@@ -13,13 +13,11 @@
 
 use std::collections::BTreeMap;
 
+use paybus_bus::Outbox;
+use paybus_db as db;
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::Amount;
-use paybus_platform::{
-    bus::Outbox,
-    db,
-    retry::{Claim, Clock},
-};
+use paybus_retry::{Claim, Clock};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 use uuid::Uuid;
 

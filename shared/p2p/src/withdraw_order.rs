@@ -6,11 +6,11 @@ use paybus_money::Amount;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
-use paybus_platform::db;
+use paybus_db as db;
 
 use crate::{CreateError, MatchError, inserted::Inserted, parse_column};
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `p2p_withdraw_orders.status`.
     pub enum WithdrawOrderStatus {
         /// Liquidity left (`remaining_amount > 0`), some of it possibly reserved.

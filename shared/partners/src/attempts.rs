@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use paybus_platform::retry::clock::micros;
+use paybus_retry::clock::micros;
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 

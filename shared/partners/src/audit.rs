@@ -9,12 +9,12 @@
 
 use std::fmt;
 
-use paybus_platform::audit::{Check, Finding};
+use paybus_ops::audit::{Check, Finding};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
 /// The partners' checks.
-pub const CHECKS: &[Check] = &[paybus_platform::audit_check!(
+pub const CHECKS: &[Check] = &[paybus_ops::audit_check!(
     "partner_secrets_sealed",
     plaintext_secrets,
     bounded

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use paybus_platform::retry::{Clock, clock::micros};
+use paybus_retry::{Clock, clock::micros};
 use serde::Serialize;
 use sqlx::MySqlConnection;
 

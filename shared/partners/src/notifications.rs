@@ -15,17 +15,13 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use paybus_platform::{
-    actor::Actor,
-    bus::{Envelope, Message, UnitOfWork, outbox::OutboxError},
-    db,
-    retry::{
-        AfterFailure, AttemptCount, Claim, Clock, Lease, RetryPolicy, RowState, Settled, WorkTable,
-    },
-};
-use paybus_platform::{
-    ops_log::{self, Entry},
-    sealed::{SealError, Sealer},
+use paybus_bus::{Envelope, Message, UnitOfWork, outbox::OutboxError};
+use paybus_config::sealed::{SealError, Sealer};
+use paybus_db as db;
+use paybus_ops::actor::Actor;
+use paybus_ops::ops_log::{self, Entry};
+use paybus_retry::{
+    AfterFailure, AttemptCount, Claim, Clock, Lease, RetryPolicy, RowState, Settled, WorkTable,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::{Connection, MySql, MySqlConnection, MySqlPool, QueryBuilder};
@@ -50,7 +46,7 @@ impl Message for NotificationCreated {
     }
 }
 
-paybus_platform::column_enum! {
+paybus_db::column_enum! {
     /// `partner_notifications.status`.
     pub enum NotificationStatus {
         /// Waiting for its (next) attempt, or in flight under a claim's lease.

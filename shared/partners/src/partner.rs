@@ -1,12 +1,10 @@
 //! The `partners` row: who a partner is and where its webhooks go.
 
 use chrono::{DateTime, Utc};
-use paybus_platform::actor::Actor;
-use paybus_platform::sealed::Sealer;
-use paybus_platform::{
-    ops_log::{self, Entry},
-    redact,
-};
+use paybus_config::redact;
+use paybus_config::sealed::Sealer;
+use paybus_ops::actor::Actor;
+use paybus_ops::ops_log::{self, Entry};
 use serde::Serialize;
 use sqlx::{Connection, MySqlConnection};
 

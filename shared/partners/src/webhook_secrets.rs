@@ -9,12 +9,10 @@
 use std::{fmt, time::Duration};
 
 use base64::Engine;
-use paybus_platform::actor::Actor;
-use paybus_platform::{
-    ops_log::{self, Entry},
-    retry::clock::micros,
-    sealed::{self, SealError, Sealed, Sealer},
-};
+use paybus_config::sealed::{self, SealError, Sealed, Sealer};
+use paybus_ops::actor::Actor;
+use paybus_ops::ops_log::{self, Entry};
+use paybus_retry::clock::micros;
 use sqlx::{Connection, MySqlConnection};
 use zeroize::Zeroizing;
 

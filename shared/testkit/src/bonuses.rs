@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 use paybus_money::Amount;
-use paybus_platform::audit::Check;
+use paybus_ops::audit::Check;
 use sqlx::MySqlPool;
 
 use paybus_bonuses::{

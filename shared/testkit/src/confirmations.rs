@@ -4,7 +4,7 @@
 use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
 use paybus_ledger::{self as ledger, EntryType, Posting, ReferenceType};
 use paybus_money::Amount;
-use paybus_platform::audit::Check;
+use paybus_ops::audit::Check;
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::dec;

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
 use super::outage::Relay;
-use paybus_platform::bus::{Envelope, Message};
+use paybus_bus::{Envelope, Message};
 
 /// What the function posted back for an invocation.
 #[derive(Debug, Clone, PartialEq)]

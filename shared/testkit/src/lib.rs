@@ -23,13 +23,11 @@ pub mod partners;
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
+use paybus_bus::{Services, topology::FunctionQueue};
+use paybus_config::{LogFormat, Settings};
+use paybus_db as db;
 use paybus_money::Amount;
-use paybus_platform::{
-    Settings, audit,
-    bus::{Services, topology::FunctionQueue},
-    config::LogFormat,
-    db,
-};
+use paybus_ops::audit;
 use sqlx::{Connection, Executor, MySqlConnection, mysql::MySqlPool};
 use url::Url;
 
@@ -46,8 +44,8 @@ pub const TEST_ISSUER: &str = "https://identity.test";
 
 /// A person the (test) identity provider vouches for, named `name` (also their subject): who
 /// tests act as when they call the domain directly.
-pub fn person(name: &str) -> paybus_platform::actor::Actor {
-    paybus_platform::actor::Actor::person(TEST_ISSUER, name, name)
+pub fn person(name: &str) -> paybus_ops::actor::Actor {
+    paybus_ops::actor::Actor::person(TEST_ISSUER, name, name)
 }
 
 /// Polls `check` every 100 ms until it returns true or `timeout` passes; false on timeout.
@@ -68,12 +66,12 @@ where
 
 /// A manual clock a second past the database's now (rows inserted just before are due on it):
 /// a test moves it past a backoff, a lease or a cool-down instead of sleeping through it.
-pub async fn manual_clock(pool: &MySqlPool) -> paybus_platform::retry::Clock {
+pub async fn manual_clock(pool: &MySqlPool) -> paybus_retry::Clock {
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT NOW(6)")
         .fetch_one(pool)
         .await
         .expect("the database's clock");
-    paybus_platform::retry::Clock::manual(now + chrono::Duration::seconds(1))
+    paybus_retry::Clock::manual(now + chrono::Duration::seconds(1))
 }
 
 /// The repository's root folder (the test kit is `shared/testkit`).
@@ -120,7 +118,7 @@ pub async fn tap(services: &Services, name: &str, routing_key: &str) -> lapin::C
     channel
         .queue_bind(
             name.into(),
-            paybus_platform::bus::topology::EVENTS_EXCHANGE.into(),
+            paybus_bus::topology::EVENTS_EXCHANGE.into(),
             routing_key.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
@@ -239,10 +237,10 @@ pub async fn assert_audit_clean(pool: &MySqlPool, checks: &[&[audit::Check]]) {
 pub const SECRETS_KEY: &str = "7465737473206f6e6c792c206e657665722061207265616c206b657921212121";
 
 /// The sealer of [`SECRETS_KEY`].
-pub fn sealer() -> paybus_platform::sealed::Sealer {
-    paybus_platform::sealed::Sealer::read(
-        Some(paybus_platform::Secret::new(SECRETS_KEY)),
-        &paybus_platform::config::Vars::default(),
+pub fn sealer() -> paybus_config::sealed::Sealer {
+    paybus_config::sealed::Sealer::read(
+        Some(paybus_config::Secret::new(SECRETS_KEY)),
+        &paybus_config::Vars::default(),
     )
     .expect("the test key is valid")
     .expect("the test key is set")
@@ -266,7 +264,7 @@ impl TestEnv {
     /// A fresh database with every migration applied, and a fresh vhost.
     pub async fn new() -> Self {
         let env = Self::unmigrated().await;
-        paybus_platform::migrations::apply(&env.db)
+        paybus_runtime::migrations::apply(&env.db)
             .await
             .expect("migrations apply to a fresh database");
         env
@@ -275,7 +273,7 @@ impl TestEnv {
     /// A fresh, empty database (no migrations) and a fresh vhost.
     pub async fn unmigrated() -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
-            paybus_platform::telemetry::init(LogFormat::Text);
+            paybus_telemetry::init(LogFormat::Text);
         }
         let base = Settings::from_env().expect("test configuration is valid");
         let name = format!("{TEST_NAME_PREFIX}{}", uuid::Uuid::new_v4().simple());
@@ -288,7 +286,7 @@ impl TestEnv {
             .unwrap_or_else(|e| {
                 panic!(
                     "cannot reach MariaDB at {} ({e}); start it with infra/local/start.sh",
-                    paybus_platform::redact::url(&server_url)
+                    paybus_config::redact::url(&server_url)
                 )
             });
         admin

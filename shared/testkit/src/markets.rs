@@ -1,7 +1,7 @@
 //! W4's fixtures: markets and open orders as the admin API and the order gateway would have
 //! written them, and the audit W4 must pass.
 
-use paybus_platform::audit::Check;
+use paybus_ops::audit::Check;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 /// An ACTIVE market named `symbol`.

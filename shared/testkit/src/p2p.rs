@@ -13,11 +13,12 @@ use std::{
 };
 
 use paybus_money::Amount;
+use paybus_ops::audit::Check;
 use paybus_p2p::{
     FillPolicy, MatchingConfig, NewDepositOrder, QuoteConfig,
     quote::{Call, IDEMPOTENCY_KEY, QuoteClient},
 };
-use paybus_platform::{audit::Check, retry::RetryPolicy};
+use paybus_retry::RetryPolicy;
 use sqlx::MySqlPool;
 use wiremock::{
     Mock, MockServer, Request, Respond, ResponseTemplate,

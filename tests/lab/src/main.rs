@@ -11,7 +11,8 @@ mod plot;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use paybus_platform::{Settings, telemetry};
+use paybus_config::Settings;
+use paybus_telemetry as telemetry;
 
 #[derive(Parser)]
 #[command(

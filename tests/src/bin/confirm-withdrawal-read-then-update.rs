@@ -7,11 +7,9 @@
 
 use std::time::Duration;
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Outcome, Services};
 use paybus_confirmations::WithdrawalTxConfirmed;
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
-    function::{BuildError, Function},
-};
+use paybus_runtime::function::{BuildError, Function};
 use paybus_testkit::confirmations::read_then_update;
 
 /// Between the seed's read and its write (the incident: 64 s; here enough for the duplicates
@@ -55,5 +53,5 @@ impl Function for SeedConfirmWithdrawal {
 }
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<SeedConfirmWithdrawal>()
+    paybus_runtime::function::main::<SeedConfirmWithdrawal>()
 }

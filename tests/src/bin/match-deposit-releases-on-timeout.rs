@@ -13,16 +13,14 @@
 //! `Matcher<QuoteContract>`: it has no field or feature to switch to this reading
 //! (`functions/match-deposit/src/main.rs` is one line over the real handler).
 
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Outcome, Services};
 use paybus_match_deposit::MatchDepositWith;
 use paybus_p2p::{
     DepositOrderCreated, Matcher, MatchingConfig,
     matcher::TradeFailureReading,
     quote::{Effect, QuoteError},
 };
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, HandlerError, Outcome, Services},
-    function::{BuildError, Function},
-};
+use paybus_runtime::function::{BuildError, Function};
 
 /// The broken classification: a timeout (the request was written, no answer came in time) is
 /// taken for a refusal. Every other failure is read as the real client reads it, so a run's
@@ -70,5 +68,5 @@ impl Function for ReleasesOnTimeout {
 }
 
 fn main() -> std::process::ExitCode {
-    paybus_platform::function::main::<ReleasesOnTimeout>()
+    paybus_runtime::function::main::<ReleasesOnTimeout>()
 }

@@ -12,11 +12,9 @@ use paybus_bonuses::{
     completion::{self, CompletedCharge},
     job::{self, BonusJob},
 };
+use paybus_bus::{Batched, Context, Envelope, Handler, Outcome, Services};
 use paybus_grant_bonus::{BonusReaper, BonusWorker, GrantBonus, WorkerReport};
-use paybus_platform::{
-    bus::{Batched, Context, Envelope, Handler, Outcome, Services},
-    retry::Clock,
-};
+use paybus_retry::Clock;
 use paybus_testkit::{
     TestEnv,
     bonuses::{self, Purchase},

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
+use paybus_bus::{Context, Envelope, Handler, Outcome, Services};
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::{DepositOrderCreated, FillPolicy, Handoff, Matcher, MatchingConfig};
-use paybus_platform::{
-    bus::{Context, Envelope, Handler, Outcome, Services},
-    retry::Clock,
-};
+use paybus_retry::Clock;
 use paybus_testkit::{
     TestEnv,
     p2p::{self, QuoteStub},
@@ -116,9 +114,8 @@ pub fn trim(text: &str) -> &str {
 pub fn with_timeout(world: &World, timeout: Duration, policy: FillPolicy) -> Matcher {
     let mut config = p2p::config(&world.stub, policy, 5);
     config.quote.timeout = timeout;
-    config.trade_checks =
-        paybus_platform::retry::RetryPolicy::with_schedule(3, vec![Duration::from_secs(2)])
-            .expect("a valid policy");
+    config.trade_checks = paybus_retry::RetryPolicy::with_schedule(3, vec![Duration::from_secs(2)])
+        .expect("a valid policy");
     world.matcher_with(config)
 }
 

@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{SecondsFormat, SubsecRound, Utc};
+use paybus_bus::{UnitOfWork, transition::Transition};
 use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_money::Amount;
 use paybus_partners::NewNotification;
-use paybus_platform::{bus::UnitOfWork, transition::Transition};
 use uuid::Uuid;
 
 use super::{Deposit, DepositStatus, ENTITY, lock_all, mark_all_confirmed};

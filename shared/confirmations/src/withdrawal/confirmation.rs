@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{SecondsFormat, SubsecRound, Utc};
+use paybus_bus::{UnitOfWork, transition::Transition};
 use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_partners::NewNotification;
-use paybus_platform::{bus::UnitOfWork, transition::Transition};
 use uuid::Uuid;
 
 use super::{
@@ -353,7 +353,7 @@ fn notification<'a>(
 
 #[cfg(test)]
 mod tests {
-    use paybus_platform::bus::HandlerError;
+    use paybus_bus::HandlerError;
 
     use super::*;
 

@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use paybus_platform::bus::{HandlerError, Outbox, Outcome, UnitOfWork};
+use paybus_bus::{HandlerError, Outbox, Outcome, UnitOfWork};
 use sqlx::MySqlConnection;
 use uuid::Uuid;
 

@@ -8,10 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use paybus_platform::{
-    audit,
-    auditor::{Auditor, AuditorConfig},
-};
+use paybus_maintenance::auditor::{Auditor, AuditorConfig};
+use paybus_ops::audit;
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use paybus_platform::audit::Window;
+use paybus_ops::audit::Window;
 use paybus_testkit::TestEnv;
 
 use super::{BenchArgs, Phase};
@@ -90,7 +90,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         saved
     );
     // The full form verifies every checkpoint the runs wrote.
-    let violations = paybus_platform::audit::run(&mut conn, paybus_bonuses::audit::CHECKS).await?;
+    let violations = paybus_ops::audit::run(&mut conn, paybus_bonuses::audit::CHECKS).await?;
     anyhow::ensure!(violations.is_empty(), "the audit found {violations:?}");
     println!("audit clean: {members} checkpoints, each its member's charges");
     Ok(())

@@ -5,12 +5,12 @@
 //! batches, once.
 
 use anyhow::bail;
+use paybus_bus::{Context, Envelope, Handler, HandlerError, Outcome, OutgoingMessage};
 use paybus_confirm_deposit::ConfirmDeposit;
 use paybus_confirmations::{
     DepositTxConfirmed,
     deposit::{confirm, confirm_all},
 };
-use paybus_platform::bus::{Context, Envelope, Handler, HandlerError, Outcome, OutgoingMessage};
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 
@@ -149,8 +149,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     .fetch_one(&services.pool)
     .await?;
     let mut conn = services.pool.acquire().await?;
-    let violations =
-        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    let violations = paybus_ops::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
     if credits != expected || fees != expected || !violations.is_empty() {
         bail!(
             "exactly-once broken: {credits} credits and {fees} fees for {expected} deposits, \

@@ -2,9 +2,9 @@
 //! twice, next to the same transaction driven directly and the database's write ceiling.
 
 use anyhow::bail;
+use paybus_bus::{Envelope, Handler, OutgoingMessage, Services};
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
 use paybus_confirmations::{WithdrawalTxConfirmed, withdrawal::confirm_all};
-use paybus_platform::bus::{Envelope, Handler, OutgoingMessage, Services};
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 
@@ -82,8 +82,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     .fetch_one(&services.pool)
     .await?;
     let mut conn = services.pool.acquire().await?;
-    let violations =
-        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    let violations = paybus_ops::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
     let withdrawals = 2 * args.items * rounds.len();
     if debits != i64::try_from(withdrawals)? || !violations.is_empty() {
         bail!(

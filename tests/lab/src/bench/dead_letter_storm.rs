@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use anyhow::ensure;
-use paybus_platform::bus::dead_letter::{self, DeadLetterRow, group_counts};
+use paybus_bus::dead_letter::{self, DeadLetterRow, group_counts};
 use paybus_testkit::TestEnv;
 use sqlx::Connection;
 

@@ -21,13 +21,11 @@ use paybus_bonuses::BonusJobCreated;
 use paybus_bonuses::{
     BonusRules, Completion, Completions, PaymentCompletion, charge::PaymentGateway,
 };
+use paybus_bus::{Handler, metrics};
 use paybus_grant_bonus::{Attempted, GrantBonus, MessageResult, attempt};
 use paybus_money::Amount;
-use paybus_platform::{
-    bus::{Handler, metrics},
-    retry::Clock,
-    runner::Runner,
-};
+use paybus_retry::Clock;
+use paybus_runtime::runner::Runner;
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
@@ -218,8 +216,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .fetch_one(&services.pool)
         .await?;
     let mut conn = services.pool.acquire().await?;
-    let violations =
-        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    let violations = paybus_ops::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
     if bonuses != i64::try_from(2 * args.items)? || !violations.is_empty() {
         bail!(
             "exactly-once broken: {bonuses} bonuses for {} purchases, audit: {violations:?}",

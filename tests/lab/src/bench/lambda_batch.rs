@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures_util::future::try_join_all;
 use lapin::options::BasicGetOptions;
+use paybus_bus::{Handler, Services, headers::header_text, topology};
 use paybus_confirm_withdrawal::ConfirmWithdrawal;
-use paybus_platform::bus::{
-    Handler, Services, headers::header_text, lambda::handle_event, topology,
-};
+use paybus_runtime::lambda::handle_event;
 use paybus_testkit::{
     TestEnv,
     lambda::{self, MqEvent},
@@ -39,7 +38,7 @@ use super::{
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut env = TestEnv::new().await;
     env.settings.broker.shards =
-        paybus_platform::config::Shards::default().with(ConfirmWithdrawal::FUNCTION, args.shards);
+        paybus_config::Shards::default().with(ConfirmWithdrawal::FUNCTION, args.shards);
     let mut services = bench_services(&env, args.concurrency).await?;
     services.settings.broker.lambda_concurrency = args.concurrency;
     let partners = insert_partners(&services.pool, args.partners).await?;
@@ -160,11 +159,7 @@ async fn batches_from_the_broker(
         }
     }
     let channel = services.connection().create_channel().await?;
-    let queues = services
-        .settings
-        .broker
-        .shards
-        .queues(ConfirmWithdrawal::queue());
+    let queues = ConfirmWithdrawal::queue().queues_in(&services.settings.broker.shards);
     let mut batches = Vec::with_capacity(queues.len());
     let mut taken = 0;
     let deadline = Instant::now() + Duration::from_secs(60);

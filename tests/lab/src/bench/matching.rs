@@ -18,13 +18,14 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use paybus_bus::Handler;
 use paybus_match_deposit::MatchDeposit;
 use paybus_p2p::messages::DepositOrderCreated;
 use paybus_p2p::{
     Accounted, Created, DepositOrderStatus, FillPolicy, Handoff, Matcher, NewDepositOrder,
     quote::QuoteClient,
 };
-use paybus_platform::{bus::Handler, runner::Runner};
+use paybus_runtime::runner::Runner;
 use paybus_testkit::{
     TestEnv,
     p2p::{self, QuoteStub},
@@ -177,8 +178,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .fetch_one(&services.pool)
             .await?;
     let mut conn = services.pool.acquire().await?;
-    let violations =
-        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    let violations = paybus_ops::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
     let expected = i64::try_from(2 * args.items + baseline_items)?;
     if matched != expected || !violations.is_empty() {
         bail!("{matched} of {expected} orders MATCHED; audit: {violations:?}");

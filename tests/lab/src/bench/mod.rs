@@ -20,13 +20,11 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_platform::{
-    bus::{
-        Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Services,
-        link::BrokerLink, metrics, publisher::Publisher,
-    },
-    runner::Runner,
+use paybus_bus::{
+    Envelope, Handler, HandlerError, Message, Outbox, Outcome, OutgoingMessage, Services,
+    link::BrokerLink, metrics, publisher::Publisher,
 };
+use paybus_runtime::runner::Runner;
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
@@ -298,7 +296,7 @@ impl BenchApi {
     /// With every catalog function's triage (what `paybus run` serves).
     pub(crate) async fn start(services: &Services) -> anyhow::Result<Self> {
         let config = paybus_api::ApiConfig {
-            admin_jwt_secret: Some(paybus_platform::Secret::new(Self::ADMIN_SECRET)),
+            admin_jwt_secret: Some(paybus_config::Secret::new(Self::ADMIN_SECRET)),
             break_glass: true,
             ..paybus_api::ApiConfig::default()
         };
@@ -709,7 +707,7 @@ async fn oltp_write_only_phase(
                 // sysbench retries a transaction that lost a deadlock; so does this.
                 loop {
                     match oltp_write_only(&pool, id, other).await {
-                        Err(e) if paybus_platform::db::error_number(&e) == Some(1213) => continue,
+                        Err(e) if paybus_db::error_number(&e) == Some(1213) => continue,
                         other => return other.map_err(Into::into),
                     }
                 }

@@ -15,9 +15,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
+use paybus_bus::{Envelope, dead_letter::group_counts};
 use paybus_confirmations::WithdrawalTxConfirmed;
 use paybus_markets::grouped;
-use paybus_platform::bus::{Envelope, dead_letter::group_counts};
 use paybus_testkit::TestEnv;
 use sqlx::{MySqlPool, Row};
 

@@ -183,7 +183,7 @@ fn plan_of(args: &SoakArgs, concurrency: u16) -> anyhow::Result<SoakPlan> {
     let lasting = Duration::from_secs_f64(args.minutes * 60.0);
     let window = Duration::from_secs_f64(args.window_minutes * 60.0).min(lasting);
     // The fleet inherits this process's environment: its auditor runs with these settings.
-    let auditor_span = paybus_platform::auditor::AuditorConfig::from_env()?.steady_span();
+    let auditor_span = paybus_maintenance::auditor::AuditorConfig::from_env()?.steady_span();
     Ok(SoakPlan {
         rates,
         lasting,

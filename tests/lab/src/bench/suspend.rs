@@ -22,7 +22,8 @@ use paybus_markets::{
     materialise::{Materialiser, MaterialiserConfig, Plan},
     suspension,
 };
-use paybus_platform::{retry::Clock, runner::Runner};
+use paybus_retry::Clock;
+use paybus_runtime::runner::Runner;
 use paybus_testkit::TestEnv;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
@@ -317,8 +318,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     let mut conn = services.pool.acquire().await?;
-    let violations =
-        paybus_platform::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
+    let violations = paybus_ops::audit::run(&mut conn, &paybus_catalog::audit_checks()).await?;
     ensure!(violations.is_empty(), "audit: {violations:?}");
     println!("every order cancelled once, task counts add up, audit clean");
     Ok(())
@@ -400,8 +400,8 @@ async fn ensure_complete(pool: &MySqlPool, symbol: &str, items: u64) -> anyhow::
 }
 
 /// Drops what waits in cancel-orders' queue (the direct phase's messages).
-async fn purge_cancel_queue(services: &paybus_platform::bus::Services) -> anyhow::Result<()> {
-    use paybus_platform::bus::Handler;
+async fn purge_cancel_queue(services: &paybus_bus::Services) -> anyhow::Result<()> {
+    use paybus_bus::Handler;
     // Published after each chunk's commit: give the last confirms a moment.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let channel = services.connection().create_channel().await?;

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use lapin::{options::QueueDeclareOptions, types::FieldTable};
+use paybus_config::BrokerSettings;
 use paybus_lab::services::{CLUSTER_SIZE, PrivateCluster, PrivateService};
-use paybus_platform::config::BrokerSettings;
 
 pub(super) enum OwnBroker {
     Node(PrivateService),

@@ -10,11 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use paybus_bus::{Services, topology};
+use paybus_ops::audit;
 use paybus_p2p::reconcile;
-use paybus_platform::{
-    audit,
-    bus::{Services, topology},
-};
 use paybus_testkit::p2p::QuoteStub;
 use serde::Serialize;
 use sqlx::MySqlPool;
@@ -339,7 +337,7 @@ async fn quote_reconciliation(
         .iter()
         .map(|d| {
             violation(
-                &format!("reconcile:{}", paybus_platform::audit::Finding::check(d)),
+                &format!("reconcile:{}", paybus_ops::audit::Finding::check(d)),
                 d.to_string(),
             )
         })

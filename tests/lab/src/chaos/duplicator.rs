@@ -31,7 +31,7 @@ use lapin::{
     },
     types::FieldTable,
 };
-use paybus_platform::bus::{Services, link::BrokerLink, publisher::Publisher, topology};
+use paybus_bus::{Services, link::BrokerLink, publisher::Publisher, topology};
 use tokio_util::sync::CancellationToken;
 
 use super::Profile;

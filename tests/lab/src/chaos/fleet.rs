@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use paybus_platform::Settings;
+use paybus_config::Settings;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 

@@ -234,11 +234,11 @@ impl Client {
         request = match signer {
             Signer::Admin => request.bearer_auth(&self.admin_token),
             Signer::ChainMonitor => request.header(
-                paybus_platform::signature::HEADER,
+                paybus_config::signature::HEADER,
                 sign(CHAIN_MONITOR_SECRET, bytes),
             ),
             Signer::PaymentService => request.header(
-                paybus_platform::signature::HEADER,
+                paybus_config::signature::HEADER,
                 sign(PAYMENTS_SECRET, bytes),
             ),
             Signer::Partner {
@@ -540,7 +540,7 @@ impl Fixture {
 }
 
 fn sign(secret: &str, body: &[u8]) -> String {
-    paybus_platform::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), body)
+    paybus_config::signature::sign(secret.as_bytes(), chrono::Utc::now().timestamp(), body)
 }
 
 fn id_of(answer: &Value) -> anyhow::Result<u64> {

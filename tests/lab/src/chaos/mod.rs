@@ -34,8 +34,8 @@ use std::{
 };
 
 use anyhow::bail;
+use paybus_config::{Settings, Shards};
 use paybus_lab::services::PrivateService;
-use paybus_platform::{Settings, config::Shards};
 
 use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::Context;
-use paybus_platform::bus::Services;
+use paybus_bus::Services;
 use paybus_testkit::free_port;
 use tokio_util::sync::CancellationToken;
 
@@ -90,7 +90,7 @@ impl Stage {
         let services = Services::connect(settings.clone())
             .await
             .context("while connecting to the run's own database and broker")?;
-        paybus_platform::migrations::apply(&services.pool).await?;
+        paybus_runtime::migrations::apply(&services.pool).await?;
         services
             .declare_topology(&paybus_catalog::queues(&services.settings.broker.shards))
             .await?;
@@ -103,7 +103,7 @@ impl Stage {
         let mut env = fleet::environment(&settings, &outside);
         // Always set (empty: none sharded), so no value inherited from this shell applies.
         env.insert(
-            paybus_platform::config::Shards::VARIABLE.to_owned(),
+            paybus_config::Shards::VARIABLE.to_owned(),
             settings.broker.shards.to_string(),
         );
         // Each process its own order of the nodes: the connections spread over the cluster, so

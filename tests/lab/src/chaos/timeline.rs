@@ -19,7 +19,7 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use paybus_platform::bus::{Services, link::BrokerLink};
+use paybus_bus::{Services, link::BrokerLink};
 use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio_util::sync::CancellationToken;
 

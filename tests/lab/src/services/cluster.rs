@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use url::Url;
 
 use super::{run_local_script, unused_port_run};
-use paybus_platform::config::BrokerSettings;
+use paybus_config::BrokerSettings;
 
 /// Nodes in a private cluster: a majority (2) survives the loss of any one.
 pub const CLUSTER_SIZE: usize = 3;

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use paybus_platform::bus::Services;
+use paybus_bus::Services;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
