@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use crate::{BonusError, error::parse_column};
@@ -59,25 +59,15 @@ impl PaymentGateway {
     }
 }
 
-/// `charges.container` (and the job's snapshot): which of the member's balances the cans go to.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "lowercase")]
-#[strum(serialize_all = "lowercase")]
-pub enum Container {
-    Pg,
-    Aos,
-    Ios,
+paybus_db::column_enum! {
+    case = "lowercase";
+    /// `charges.container` (and the job's snapshot): which of the member's balances the cans
+    /// go to.
+    pub enum Container {
+        Pg,
+        Aos,
+        Ios,
+    }
 }
 
 impl Container {

@@ -236,22 +236,38 @@ pub async fn process<H: Handler>(
         .handle(envelope, &ctx)
         .instrument(span.clone())
         .await;
-    let (disposition, label, detail) = classify(result, attempt, delivery);
-    if let Some(skip) = skipped(delivery, &head, label, detail.as_deref()) {
+    let (disposition, skip) = conclude::<H>(&span, delivery, &head, started, attempt, result);
+    if let Some(skip) = skip {
         skips::record(outbox.pool(), H::FUNCTION, &[skip]).await;
     }
+    disposition
+}
+
+/// Classifies a decoded delivery's result, then logs and counts it in the delivery's span;
+/// the skip it is, if it is one, for the caller to record.
+fn conclude<H: Handler>(
+    span: &tracing::Span,
+    delivery: &IncomingDelivery,
+    head: &EnvelopeHead,
+    started: Instant,
+    attempt: u32,
+    result: Result<Outcome, HandlerError>,
+) -> (Disposition, Option<skips::Skip>) {
+    let (disposition, label, detail) = classify(result, attempt, delivery);
+    let skip = skipped(delivery, head, label, detail.as_deref());
     span.record("outcome", label);
-    span.in_scope(|| {
+    let disposition = span.in_scope(|| {
         finish::<H>(
             delivery,
-            Some(&head),
+            Some(head),
             started,
             attempt,
             disposition,
             label,
             detail,
         )
-    })
+    });
+    (disposition, skip)
 }
 
 /// The span of one delivery, with the OpenTelemetry messaging conventions' names (`otel.*`
@@ -366,20 +382,10 @@ pub async fn process_batch<H: Handler>(
         let mut skipped_here = Vec::new();
         for (((index, head, attempt), result), span) in heads.into_iter().zip(results).zip(spans) {
             let delivery = &deliveries[index];
-            let (disposition, label, detail) = classify(result, attempt, delivery);
-            skipped_here.extend(skipped(delivery, &head, label, detail.as_deref()));
-            span.record("outcome", label);
-            dispositions[index] = Some(span.in_scope(|| {
-                finish::<H>(
-                    delivery,
-                    Some(&head),
-                    started,
-                    attempt,
-                    disposition,
-                    label,
-                    detail,
-                )
-            }));
+            let (disposition, skip) =
+                conclude::<H>(&span, delivery, &head, started, attempt, result);
+            skipped_here.extend(skip);
+            dispositions[index] = Some(disposition);
         }
         skips::record(outbox.pool(), H::FUNCTION, &skipped_here).await;
     }

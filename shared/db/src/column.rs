@@ -21,10 +21,17 @@
 /// ```
 ///
 /// More derives or strum / serde options go on the enum as usual (`#[derive(Default)]`,
-/// `#[strum(ascii_case_insensitive)]`).
+/// `#[strum(ascii_case_insensitive)]`). Text in another case names it first:
+/// `column_enum! { case = "lowercase"; pub enum Container { Pg, Aos } }`.
 #[macro_export]
 macro_rules! column_enum {
     ($(#[$meta:meta])* $vis:vis enum $name:ident { $($body:tt)* }) => {
+        $crate::column_enum! {
+            case = "SCREAMING_SNAKE_CASE";
+            $(#[$meta])* $vis enum $name { $($body)* }
+        }
+    };
+    (case = $case:tt; $(#[$meta:meta])* $vis:vis enum $name:ident { $($body:tt)* }) => {
         #[derive(
             Debug,
             Clone,
@@ -37,8 +44,8 @@ macro_rules! column_enum {
             $crate::__private::strum::EnumString,
             $crate::__private::strum::IntoStaticStr,
         )]
-        #[serde(crate = "paybus_db::__private::serde", rename_all = "SCREAMING_SNAKE_CASE")]
-        #[strum(crate = "paybus_db::__private::strum", serialize_all = "SCREAMING_SNAKE_CASE")]
+        #[serde(crate = "paybus_db::__private::serde", rename_all = $case)]
+        #[strum(crate = "paybus_db::__private::strum", serialize_all = $case)]
         $(#[$meta])*
         $vis enum $name { $($body)* }
     };

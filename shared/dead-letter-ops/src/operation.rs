@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use paybus_bus::Outbox;
 use paybus_ops::actor::Actor;
 use paybus_ops::{
-    approvals::{FourEyes, Guarded},
+    approvals::{FourEyes, Guarded, NotSecondPerson, awaiting_approval, second_person},
     ops_log,
     triage::Verdict,
 };
@@ -475,18 +475,13 @@ async fn approvable(
     let operation = find(conn, id, " FOR UPDATE")
         .await?
         .ok_or(DeadLetterError::OperationNotFound(id))?;
-    if operation.status != OperationStatus::AwaitingApproval {
-        return Err(DeadLetterError::OperationState {
-            id,
-            problem: format!("it is {}, not awaiting approval", operation.status),
-        });
-    }
-    if operation.expired {
-        return Err(DeadLetterError::OperationState {
-            id,
-            problem: format!("it expired at {}", operation.expires_at.to_rfc3339()),
-        });
-    }
+    awaiting_approval(
+        operation.status == OperationStatus::AwaitingApproval,
+        operation.status,
+        operation.expired,
+        operation.expires_at,
+    )
+    .map_err(|problem| DeadLetterError::OperationState { id, problem })?;
     if !actor.is_person() {
         return Err(DeadLetterError::NotAPerson(format!(
             "{} cannot approve a four-eyes operation: it needs two people the identity \
@@ -494,17 +489,19 @@ async fn approvable(
             actor.name
         )));
     }
-    let (Some(issuer), Some(subject)) = (
+    let requester = (
         operation.requested_by_issuer.as_deref(),
         operation.requested_by_subject.as_deref(),
-    ) else {
-        return Err(DeadLetterError::NotAPerson(format!(
-            "operation {id} was requested before requesters were identified by the identity \
-             provider: request it again"
-        )));
-    };
-    if actor.is(issuer, subject) {
-        return Err(DeadLetterError::SelfApproval(id));
+    );
+    match second_person(requester, actor) {
+        Ok(()) => {}
+        Err(NotSecondPerson::RequesterUnidentified) => {
+            return Err(DeadLetterError::NotAPerson(format!(
+                "operation {id} was requested before requesters were identified by the \
+                 identity provider: request it again"
+            )));
+        }
+        Err(NotSecondPerson::SamePerson) => return Err(DeadLetterError::SelfApproval(id)),
     }
     if !hash.eq_ignore_ascii_case(&operation.content_hash) {
         return Err(DeadLetterError::OperationState {

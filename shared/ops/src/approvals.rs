@@ -529,34 +529,71 @@ async fn approvable(
     let approval = find(conn, id, " FOR UPDATE")
         .await?
         .ok_or(ApprovalError::NotFound(id))?;
-    if approval.status != ApprovalStatus::AwaitingApproval {
-        return Err(ApprovalError::State {
-            id,
-            problem: format!("it is {}, not awaiting approval", approval.status),
-        });
-    }
-    if approval.expired {
-        return Err(ApprovalError::State {
-            id,
-            problem: format!("it expired at {}", approval.expires_at.to_rfc3339()),
-        });
-    }
+    awaiting_approval(
+        approval.status == ApprovalStatus::AwaitingApproval,
+        approval.status,
+        approval.expired,
+        approval.expires_at,
+    )
+    .map_err(|problem| ApprovalError::State { id, problem })?;
     if !approval.open {
         return Err(not_open(&approval));
     }
-    let (Some(issuer), Some(subject)) = (
+    let requester = (
         approval.requested_by_issuer.as_deref(),
         approval.requested_by_subject.as_deref(),
-    ) else {
-        return Err(ApprovalError::NotAPerson(format!(
+    );
+    match second_person(requester, actor) {
+        Ok(()) => Ok(approval),
+        Err(NotSecondPerson::RequesterUnidentified) => Err(ApprovalError::NotAPerson(format!(
             "approval {id} was requested before requesters were identified by the identity \
              provider: request it again"
-        )));
+        ))),
+        Err(NotSecondPerson::SamePerson) => Err(ApprovalError::SelfApproval(id)),
+    }
+}
+
+/// Whether a four-eyes request (an approval here, a dead-letter operation in its own table)
+/// can still be approved: awaiting approval and not expired. The problem otherwise, for the
+/// caller's own error.
+pub fn awaiting_approval(
+    awaiting: bool,
+    status: impl std::fmt::Display,
+    expired: bool,
+    expires_at: DateTime<Utc>,
+) -> Result<(), String> {
+    if !awaiting {
+        return Err(format!("it is {status}, not awaiting approval"));
+    }
+    if expired {
+        return Err(format!("it expired at {}", expires_at.to_rfc3339()));
+    }
+    Ok(())
+}
+
+/// Why `actor` is not the second person a four-eyes request needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotSecondPerson {
+    /// The request was made before requesters were identified by the identity provider, so
+    /// nobody can tell whether `actor` made it.
+    RequesterUnidentified,
+    /// `actor` made the request.
+    SamePerson,
+}
+
+/// Whether `actor` is someone other than the requester (`(issuer, subject)` as the identity
+/// provider named them).
+pub fn second_person(
+    requester: (Option<&str>, Option<&str>),
+    actor: &Actor,
+) -> Result<(), NotSecondPerson> {
+    let (Some(issuer), Some(subject)) = requester else {
+        return Err(NotSecondPerson::RequesterUnidentified);
     };
     if actor.is(issuer, subject) {
-        return Err(ApprovalError::SelfApproval(id));
+        return Err(NotSecondPerson::SamePerson);
     }
-    Ok(approval)
+    Ok(())
 }
 
 /// Four-eyes needs two people the identity provider vouches for: a break-glass token's holder

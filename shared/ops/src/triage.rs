@@ -14,30 +14,19 @@ use paybus_money::Amount;
 use serde::Serialize;
 use sqlx::MySqlConnection;
 
-/// What a replay of a dead letter would do.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    strum::Display,
-    strum::EnumString,
-)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum Verdict {
-    /// The side effect exists already (the referenced row is terminal, or the ledger key is
-    /// there): a replay would at best be skipped. Never sent.
-    AlreadyApplied,
-    /// The referenced row is in the state the function acts on: a replay applies it once.
-    Safe,
-    /// The row does not exist, or is in a state the function would refuse: ops decide.
-    NeedsHuman,
+paybus_db::column_enum! {
+    case = "snake_case";
+    /// What a replay of a dead letter would do.
+    #[derive(Hash, PartialOrd, Ord)]
+    pub enum Verdict {
+        /// The side effect exists already (the referenced row is terminal, or the ledger key is
+        /// there): a replay would at best be skipped. Never sent.
+        AlreadyApplied,
+        /// The referenced row is in the state the function acts on: a replay applies it once.
+        Safe,
+        /// The row does not exist, or is in a state the function would refuse: ops decide.
+        NeedsHuman,
+    }
 }
 
 /// A row a dead letter refers to, as it stands now.

@@ -755,13 +755,7 @@ impl WorkTable {
             db::placeholders(ids.len()),
             self.status
         );
-        ids.iter()
-            .fold(
-                sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now()),
-                |query, id| query.bind(*id),
-            )
-            .execute(&mut *conn)
-            .await?;
+        update_stamped(conn, sql, &ids, clock).await?;
         Ok(ids)
     }
 
@@ -803,19 +797,30 @@ impl WorkTable {
             self.table,
             db::placeholders(ids.len())
         );
-        ids.iter()
-            .fold(
-                sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now()),
-                |query, id| query.bind(*id),
-            )
-            .execute(&mut *conn)
-            .await?;
+        update_stamped(conn, sql, &ids, clock).await?;
         Ok(ids)
     }
 }
 
 /// A claimed row as read back: id, attempts column, claim stamp, whether it had failed before.
 type ClaimedRow = (u64, u64, Option<DateTime<Utc>>, u64);
+
+/// Runs `sql`, an UPDATE whose one clock parameter precedes the `ids` of its `id IN (…)`.
+async fn update_stamped(
+    conn: &mut MySqlConnection,
+    sql: String,
+    ids: &[u64],
+    clock: &Clock,
+) -> Result<(), sqlx::Error> {
+    ids.iter()
+        .fold(
+            sqlx::query(AssertSqlSafe(sql)).bind(clock.sql_now()),
+            |query, id| query.bind(*id),
+        )
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
 
 fn claim_of((id, attempts, claimed_at, failed_before): ClaimedRow) -> Claim {
     Claim {
