@@ -1446,3 +1446,157 @@ async fn a_consumer_and_publisher_keep_working_when_their_cluster_node_is_killed
     stop_runner(stop, run).await;
     assert_eq!(sent, 300);
 }
+
+/// The canary's message as a newer release would define it: the same type, a field the
+/// release before does not know, and version 2.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct PingV2 {
+    ping_id: u64,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl Message for PingV2 {
+    const TYPE: &'static str = Ping::TYPE;
+    const VERSION: u16 = 2;
+
+    fn shard_key(&self) -> Option<String> {
+        Some(self.ping_id.to_string())
+    }
+}
+
+/// The canary of that newer release: it reads version 2 and the version before.
+struct CanaryV2;
+
+impl Handler for CanaryV2 {
+    type Message = PingV2;
+    const FUNCTION: &'static str = Canary::FUNCTION;
+
+    async fn handle(
+        &self,
+        message: Envelope<PingV2>,
+        ctx: &paybus_bus::Context<'_>,
+    ) -> Result<paybus_bus::Outcome, paybus_bus::HandlerError> {
+        let ping = Envelope {
+            id: message.id,
+            kind: message.kind,
+            version: message.version,
+            occurred_at: message.occurred_at,
+            correlation_id: message.correlation_id,
+            shard_key: message.shard_key,
+            data: Ping {
+                ping_id: message.data.ping_id,
+            },
+        };
+        Canary.handle(ping, ctx).await
+    }
+}
+
+async fn ping_status(env: &TestEnv, ping_id: u64) -> (String, i64) {
+    sqlx::query_as("SELECT status, CAST(pongs AS SIGNED) FROM canary_pings WHERE id = ?")
+        .bind(ping_id)
+        .fetch_one(&env.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_newer_than_its_consumer_is_held_not_dead_lettered_and_the_newer_release_handles_it_once()
+ {
+    use paybus_bus::held::Known;
+    use paybus_maintenance::{HeldRelease, Job};
+
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[Canary::queue()]).await;
+    let turn = CanaryCounts::take().await;
+    let [newer, older] = insert_pings(&env, 2).await[..] else {
+        unreachable!()
+    };
+    let send = |envelope: Vec<u8>| {
+        let services = services.clone();
+        async move { publish_raw(&services, Ping::TYPE, &envelope).await }
+    };
+
+    // The release before (the canary reads version 1) meets a version 2 message.
+    let (shutdown, run) = start_runner(&services, &turn);
+    let v2 = Envelope::new(PingV2 {
+        ping_id: newer,
+        reason: Some("sent by the new release".to_owned()),
+    });
+    assert_eq!(v2.version, 2);
+    send(serde_json::to_vec(&v2).unwrap()).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            scalar(&env.db, "SELECT COUNT(*) FROM held_messages").await == 1
+        })
+        .await,
+        "the old consumer holds the newer message"
+    );
+    let channel = services.connection().create_channel().await.unwrap();
+    assert_eq!(
+        queue_depth(&channel, &Canary::queue().queue()).await,
+        0,
+        "acked"
+    );
+    assert_eq!(ping_status(&env, newer).await, ("PENDING".to_owned(), 0));
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
+        0
+    );
+    // A process of the release before does not release what it cannot read.
+    let old_release = HeldRelease::new(
+        services.outbox.clone(),
+        vec![Known {
+            function: Canary::FUNCTION,
+            version: Ping::VERSION,
+        }],
+    );
+    assert_eq!(old_release.run_once().await.unwrap().changed, 0);
+    stop_runner(shutdown, run).await;
+
+    // The newer release: its consumer, and its release of the held messages.
+    let shutdown = CancellationToken::new();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(CanaryV2);
+    let token = shutdown.clone();
+    let run = tokio::spawn(async move { runner.run(token).await.expect("runner") });
+    let new_release = HeldRelease::new(
+        services.outbox.clone(),
+        vec![Known {
+            function: CanaryV2::FUNCTION,
+            version: PingV2::VERSION,
+        }],
+    );
+    assert_eq!(new_release.run_once().await.unwrap().changed, 1);
+    assert_eq!(
+        new_release.run_once().await.unwrap().changed,
+        0,
+        "released once"
+    );
+    // It still reads the version before.
+    send(serde_json::to_vec(&Envelope::new(Ping { ping_id: older })).unwrap()).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            ping_status(&env, newer).await.0 == "PONGED"
+                && ping_status(&env, older).await.0 == "PONGED"
+        })
+        .await,
+        "the newer release handles the held message and the older one"
+    );
+    stop_runner(shutdown, run).await;
+    assert_eq!(ping_status(&env, newer).await, ("PONGED".to_owned(), 1));
+    assert_eq!(ping_status(&env, older).await, ("PONGED".to_owned(), 1));
+    assert_eq!(
+        scalar(
+            &env.db,
+            "SELECT COUNT(*) FROM held_messages WHERE released_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        scalar(&env.db, "SELECT COUNT(*) FROM dead_letters").await,
+        0
+    );
+    assert_eq!(turn.count("held"), 1);
+}

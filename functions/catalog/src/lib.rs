@@ -18,10 +18,10 @@ mod yaml;
 
 use std::sync::Arc;
 
-use paybus_bus::{Services, samples::BusSampler, topology::FunctionQueue};
+use paybus_bus::{Services, held::Known, samples::BusSampler, topology::FunctionQueue};
 use paybus_config::{ConfigError, Shards, Vars};
 use paybus_maintenance::{
-    Job,
+    HeldRelease, Job,
     auditor::{Auditor, AuditorConfig},
 };
 use paybus_ops::audit::{Check, ExternalCheck};
@@ -94,7 +94,8 @@ pub fn register(runner: &mut Runner) -> Result<(), BuildError> {
 }
 
 /// Every function's maintenance jobs (the sweeper's, besides the outbox relay), the
-/// continuous auditor over [`AUDIT`], and the bus's sampler for the console's charts.
+/// continuous auditor over [`AUDIT`], the release of messages held until a release read their
+/// version, and the bus's sampler for the console's charts.
 pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
     let mut jobs: Vec<Arc<dyn Job>> = vec![Arc::new(
         Auditor::new(
@@ -107,6 +108,16 @@ pub fn jobs(services: &Services) -> Result<Vec<Arc<dyn Job>>, BuildError> {
     for function in FUNCTIONS {
         jobs.extend(function.jobs(services)?);
     }
+    jobs.push(Arc::new(HeldRelease::new(
+        services.outbox.clone(),
+        FUNCTIONS
+            .iter()
+            .map(|f| Known {
+                function: f.name,
+                version: f.message_version,
+            })
+            .collect(),
+    )));
     jobs.push(Arc::new(BusSampler::new(
         services.pool.clone(),
         services.link.clone(),

@@ -18,10 +18,22 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     fn shard_key(&self) -> Option<String> {
         None
     }
+
+    /// The version of this type's data, carried in every envelope. Raised when a consumer of
+    /// the version before would do the wrong thing with the new data; a consumer holds a
+    /// message newer than it knows until one that knows it runs (docs/bus.md, "Changing a
+    /// message"), and reads its own version and the one before.
+    const VERSION: u16 = 1;
 }
 
-/// `{"id", "type", "occurred_at", "correlation_id", "shard_key", "data"}`. `id` identifies this
-/// message (and is the AMQP `message_id`); `correlation_id` follows one business flow across
+/// The version of an envelope that names none: every message of the releases before versions.
+fn first_version() -> u16 {
+    1
+}
+
+/// `{"id", "type", "version", "occurred_at", "correlation_id", "shard_key", "data"}`. `id`
+/// identifies this message (and is the AMQP `message_id`); `version` is its data's
+/// ([`Message::VERSION`]; 1 when absent); `correlation_id` follows one business flow across
 /// messages; `shard_key` names the entity ([`Message::shard_key`]; absent when it has none,
 /// and in messages of earlier releases) and travels in the `x-paybus-shard-key` header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +41,8 @@ pub struct Envelope<T> {
     pub id: Uuid,
     #[serde(rename = "type")]
     pub kind: String,
+    #[serde(default = "first_version")]
+    pub version: u16,
     pub occurred_at: DateTime<Utc>,
     pub correlation_id: Uuid,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,6 +63,7 @@ impl<T: Message> Envelope<T> {
         Self {
             id: Uuid::now_v7(),
             kind: T::TYPE.to_owned(),
+            version: T::VERSION,
             // MySQL keeps microseconds; rounding here keeps a stored and a sent copy equal.
             occurred_at: Utc::now().trunc_subsecs(6),
             correlation_id,
@@ -85,6 +100,28 @@ pub struct OutgoingMessage {
     pub trace: TraceHeaders,
 }
 
+impl OutgoingMessage {
+    /// A serialised envelope sent again: a new id and time (a message id names one publication;
+    /// the original's outbox row may still hold it), the same type, version, correlation id and
+    /// data, continuing the trace of the span that sends it (a replay, a held message released).
+    pub fn resend(body: &[u8]) -> Result<Self, serde_json::Error> {
+        let original: Envelope<serde_json::Value> = serde_json::from_slice(body)?;
+        let again = Envelope {
+            id: Uuid::now_v7(),
+            occurred_at: Utc::now().trunc_subsecs(6),
+            ..original
+        };
+        Ok(Self {
+            id: again.id,
+            routing_key: again.kind.clone(),
+            correlation_id: again.correlation_id,
+            occurred_at: again.occurred_at,
+            body: serde_json::to_vec(&again)?,
+            trace: TraceHeaders::current(),
+        })
+    }
+}
+
 /// The part of an envelope that can be read without knowing its data type: enough to route,
 /// log and dead-letter a message whose data is malformed.
 #[derive(Debug, Clone, Deserialize)]
@@ -92,6 +129,8 @@ pub struct EnvelopeHead {
     pub id: Uuid,
     #[serde(rename = "type")]
     pub kind: String,
+    #[serde(default = "first_version")]
+    pub version: u16,
     pub correlation_id: Uuid,
 }
 
@@ -130,6 +169,7 @@ mod tests {
         assert_eq!(outgoing.routing_key, "test.ping");
         let json: serde_json::Value = serde_json::from_slice(&outgoing.body).unwrap();
         assert_eq!(json["type"], "test.ping");
+        assert_eq!(json["version"], Ping::VERSION);
         assert_eq!(json["data"]["n"], 7);
         let back: Envelope<Ping> = serde_json::from_slice(&outgoing.body).unwrap();
         assert_eq!(back, envelope);
@@ -143,6 +183,10 @@ mod tests {
         let earlier = br#"{"id":"019b8d6a-3c40-7a11-8d2e-3f5a9c1b2d01","type":"test.ping","occurred_at":"2026-01-05T09:30:00Z","correlation_id":"019b8d6a-3c40-7a11-8d2e-3f5a9c1b2d01","data":{"n":1}}"#;
         let read: Envelope<Ping> = serde_json::from_slice(earlier).unwrap();
         assert_eq!(read.shard_key, None);
+        assert_eq!(
+            read.version, 1,
+            "an envelope of a release before versions is version 1"
+        );
         assert_eq!(shard_key_of(earlier), None);
         assert_eq!(shard_key_of(b"not json"), None);
     }

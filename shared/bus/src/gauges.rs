@@ -1,10 +1,10 @@
 //! What `/metrics` and the console's overview read from the database at each look: the outbox
-//! backlog, the dead letters per function, each work table's due, stuck and held rows, the
-//! auditor's last pass and the paused functions.
+//! backlog, the messages held for a newer release, the dead letters per function, each work
+//! table's due, stuck and held rows, the auditor's last pass and the paused functions.
 
 use std::time::Duration;
 
-use crate::{dead_letter, metrics::Gauges, outbox};
+use crate::{dead_letter, held, metrics::Gauges, outbox};
 use paybus_retry::WorkTable;
 
 /// How long a row may sit due (or claimed) before it counts as stuck.
@@ -38,7 +38,9 @@ pub async fn read_gauges(
         sqlx::query_scalar("SELECT function_name FROM function_pauses ORDER BY function_name")
             .fetch_all(&mut *conn)
             .await?;
+    let held_messages = held::waiting(&mut conn).await?;
     let mut gauges = Gauges {
+        held_messages,
         audit_last_pass_age_seconds,
         paused_functions,
         outbox_backlog,

@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::{
     delivery::{DeadLetter, DeadLetterReason, Disposition, IncomingDelivery, Processor},
     envelope::{self, Envelope, EnvelopeHead, Message},
-    metrics,
+    held, metrics,
     outbox::{Outbox, OutboxError},
     skips,
     topology::{DELIVERY_LIMIT, FunctionQueue},
@@ -160,6 +160,8 @@ struct Undecodable {
     disposition: Disposition,
     outcome: &'static str,
     detail: String,
+    /// Newer than this release knows: held ([`held`]) before its ack.
+    newer: bool,
 }
 
 /// The delivery's envelope for `H`, or why it cannot be one.
@@ -172,6 +174,7 @@ fn decode<H: Handler>(
             disposition: Disposition::DeadLetter(DeadLetter { reason, error }),
             outcome,
             detail,
+            newer: false,
         };
     let head = serde_json::from_slice::<EnvelopeHead>(&delivery.body).map_err(|e| {
         dead(
@@ -196,6 +199,22 @@ fn decode<H: Handler>(
             error.clone(),
             error,
         ));
+    }
+    let known = <H::Message as Message>::VERSION;
+    if head.version > known
+        && serde_json::from_slice::<Envelope<serde_json::Value>>(&delivery.body).is_ok()
+    {
+        let detail = format!(
+            "version {} of {}, newer than this release reads ({known}): held",
+            head.version, head.kind
+        );
+        return Err(Undecodable {
+            head: Some(Box::new(head)),
+            disposition: Disposition::Ack,
+            outcome: "held",
+            detail,
+            newer: true,
+        });
     }
     match serde_json::from_slice::<Envelope<H::Message>>(&delivery.body) {
         Ok(envelope) => Ok((head, envelope)),
@@ -223,7 +242,7 @@ pub async fn process<H: Handler>(
     let (head, envelope) = match decode::<H>(delivery) {
         Ok(decoded) => decoded,
         Err(undecodable) => {
-            return finish_undecodable::<H>(delivery, started, attempt, undecodable);
+            return finish_undecodable::<H>(outbox, delivery, started, attempt, undecodable).await;
         }
     };
     let span = delivery_span::<H>(&head, delivery, attempt);
@@ -330,12 +349,9 @@ pub async fn process_batch<H: Handler>(
         match decode::<H>(delivery) {
             Ok((head, message)) => decoded.push((index, head, Batched { message, attempt })),
             Err(undecodable) => {
-                dispositions[index] = Some(finish_undecodable::<H>(
-                    delivery,
-                    started,
-                    attempt,
-                    undecodable,
-                ));
+                dispositions[index] = Some(
+                    finish_undecodable::<H>(outbox, delivery, started, attempt, undecodable).await,
+                );
             }
         }
     }
@@ -400,7 +416,10 @@ pub async fn process_batch<H: Handler>(
         .collect()
 }
 
-fn finish_undecodable<H: Handler>(
+/// Settles a delivery that never reaches the handler; a newer message is held first, and
+/// requeued when it cannot be (its hold is idempotent, so a retry holds it once).
+async fn finish_undecodable<H: Handler>(
+    outbox: &Outbox,
     delivery: &IncomingDelivery,
     started: Instant,
     attempt: u32,
@@ -408,10 +427,21 @@ fn finish_undecodable<H: Handler>(
 ) -> Disposition {
     let Undecodable {
         head,
-        disposition,
-        outcome,
-        detail,
+        mut disposition,
+        mut outcome,
+        mut detail,
+        newer,
     } = undecodable;
+    if let (true, Some(newer_head)) = (newer, head.as_deref())
+        && let Err(error) = held::hold(outbox.pool(), H::FUNCTION, newer_head, &delivery.body).await
+    {
+        detail = format!("holding it failed: {error}");
+        outcome = "requeued";
+        disposition = Disposition::Requeue {
+            after: Duration::from_secs(1),
+            error: detail.clone(),
+        };
+    }
     finish::<H>(
         delivery,
         head.as_deref(),

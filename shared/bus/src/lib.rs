@@ -12,6 +12,7 @@ mod envelope;
 pub mod gauges;
 pub mod handler;
 pub mod headers;
+pub mod held;
 pub mod link;
 pub mod metrics;
 pub mod outbox;

@@ -214,6 +214,8 @@ pub struct Gauges {
     /// Outbox rows not yet published, and the age of the oldest (seconds).
     pub outbox_backlog: u64,
     pub outbox_oldest_seconds: f64,
+    /// Messages held as newer than their consumer knew, not yet released (`crate::held`).
+    pub held_messages: u64,
     /// NEW dead letters per function (what every `paybus.<function>.dlq` drained into), from
     /// the dead-letter group counts.
     pub dead_letters: Vec<(String, u64)>,
@@ -293,6 +295,14 @@ pub fn encode(gauges: &Gauges) -> String {
         "outbox_backlog",
         "Outbox messages not yet published",
         backlog,
+    );
+    let held: Gauge = Gauge::default();
+    held.set(i64::try_from(gauges.held_messages).unwrap_or(i64::MAX));
+    registry.register(
+        "held_messages",
+        "Messages held as newer than their consumer knew, waiting for a release that reads \
+         their version (a rolling deploy in progress, or one rolled back)",
+        held,
     );
     if let Some(age) = gauges.audit_last_pass_age_seconds {
         let last_pass: Gauge<f64, AtomicU64> = Gauge::default();

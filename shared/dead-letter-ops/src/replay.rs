@@ -9,9 +9,8 @@
 
 use std::time::Duration;
 
-use chrono::{SubsecRound, Utc};
 use paybus_bus::{
-    Envelope, OutgoingMessage, UnitOfWork,
+    OutgoingMessage, UnitOfWork,
     dead_letter::group_counts::{self, Change},
 };
 use paybus_ops::triage::{Triage, Verdict};
@@ -253,27 +252,10 @@ impl ReplayResult {
     }
 }
 
-/// The message a replay sends: the dead letter's envelope with a new id and time (a message
-/// id names one publication; the original's outbox row may still hold it), the same
-/// correlation id, type and data.
+/// The message a replay sends: the dead letter's envelope sent again (a new id and time; the
+/// same correlation id, type and data), continuing the ops request's trace.
 fn replay_message(body: &[u8]) -> Result<OutgoingMessage, DeadLetterError> {
-    let original: Envelope<serde_json::Value> = serde_json::from_slice(body).map_err(|error| {
+    OutgoingMessage::resend(body).map_err(|error| {
         DeadLetterError::Invalid(format!("the stored body is not an envelope: {error}"))
-    })?;
-    let replay = Envelope {
-        id: Uuid::now_v7(),
-        occurred_at: Utc::now().trunc_subsecs(6),
-        ..original
-    };
-    let body = serde_json::to_vec(&replay)
-        .map_err(|error| DeadLetterError::Invalid(format!("re-serialising: {error}")))?;
-    Ok(OutgoingMessage {
-        id: replay.id,
-        routing_key: replay.kind,
-        correlation_id: replay.correlation_id,
-        occurred_at: replay.occurred_at,
-        body,
-        // A replay is a new publication caused by the ops request, so it continues that trace.
-        trace: paybus_telemetry::TraceHeaders::current(),
     })
 }

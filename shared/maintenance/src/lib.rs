@@ -1,17 +1,19 @@
 //! Periodic maintenance jobs: the [`Job`] trait and its scheduler, and the platform's own jobs
-//! (the outbox relay, the due sweep, the activity flush, the bus sampler; reapers and expiry
-//! come with their workflows). Locally each job runs on its own timer; in AWS one scheduled Lambda runs
-//! [`run_all_once`]. A failing job backs off (doubling its interval, at most 30 s extra) so a
+//! (the outbox relay, the due sweep, the held-message release, the activity flush, the bus
+//! sampler; reapers and expiry come with their workflows). Locally each job runs on its own
+//! timer; in AWS one scheduled Lambda runs [`run_all_once`]. A failing job backs off (doubling its interval, at most 30 s extra) so a
 //! dead broker or database is not hammered, and resumes its pace once it succeeds.
 
 mod activity_flush;
 pub mod auditor;
 mod bus_samples;
 mod due_sweep;
+mod held_release;
 mod outbox_relay;
 
 pub use activity_flush::ActivityFlush;
 pub use due_sweep::{DueSweep, DueSweepConfig};
+pub use held_release::HeldRelease;
 pub use outbox_relay::{OutboxRelayJob, RelayStalled};
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};

@@ -125,6 +125,8 @@ pub struct FunctionEntry {
     /// The function's name; its crate is `functions/<name>`, its queue `paybus.<name>`.
     pub name: &'static str,
     pub queue: FunctionQueue,
+    /// The newest version of its message it reads ([`paybus_bus::Message::VERSION`]).
+    pub message_version: u16,
     add_to: AddTo,
     jobs: Jobs,
     external_checks: ExternalChecks,
@@ -144,6 +146,7 @@ impl std::fmt::Debug for FunctionEntry {
         f.debug_struct("FunctionEntry")
             .field("name", &self.name)
             .field("queue", &self.queue)
+            .field("message_version", &self.message_version)
             .finish()
     }
 }
@@ -153,6 +156,7 @@ impl FunctionEntry {
         Self {
             name: F::FUNCTION,
             queue: FunctionQueue::new(F::FUNCTION, <F::Message as paybus_bus::Message>::TYPE),
+            message_version: <F::Message as paybus_bus::Message>::VERSION,
             add_to: add_to::<F>,
             jobs: F::jobs,
             external_checks: F::external_checks,
