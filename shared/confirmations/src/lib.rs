@@ -20,6 +20,7 @@ pub mod deposit;
 mod error;
 pub mod messages;
 pub mod owed;
+mod sql;
 pub mod withdrawal;
 
 pub use error::{ConfirmError, CreateError};
