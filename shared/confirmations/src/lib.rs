@@ -16,6 +16,7 @@
 
 pub mod audit;
 pub mod batch;
+mod decisions;
 pub mod deposit;
 mod error;
 pub mod messages;
