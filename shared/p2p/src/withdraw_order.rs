@@ -4,11 +4,11 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, MySqlConnection};
+use sqlx::MySqlConnection;
 
 use paybus_db as db;
 
-use crate::{CreateError, MatchError, inserted::Inserted, parse_column};
+use crate::{CreateError, MatchError, inserted::Inserted, order_row, parse_column};
 
 paybus_db::column_enum! {
     /// `p2p_withdraw_orders.status`.
@@ -102,13 +102,8 @@ pub async fn find(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<WithdrawOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ?"
-    )))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select = format!("SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ?");
+    order_row::select_one(conn, select, &[id], Row::into_order).await
 }
 
 /// The partner's withdraw order, or `None` — also when it is another partner's (the partner
@@ -118,14 +113,9 @@ pub async fn find_for_partner(
     partner_id: u64,
     id: u64,
 ) -> Result<Option<WithdrawOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ? AND partner_id = ?"
-    )))
-    .bind(id)
-    .bind(partner_id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select =
+        format!("SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ? AND partner_id = ?");
+    order_row::select_one(conn, select, &[id, partner_id], Row::into_order).await
 }
 
 const COLUMNS: &str = "id, partner_id, currency, amount, remaining_amount, reserved_amount, \
