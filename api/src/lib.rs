@@ -41,7 +41,7 @@ pub mod process;
 mod responses;
 pub mod role;
 pub mod search;
-mod secrets;
+pub mod secrets;
 pub mod server;
 mod signed;
 pub mod trace;

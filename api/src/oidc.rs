@@ -317,8 +317,9 @@ impl Verifier {
             .ok_or(Refused::UnknownKey)
     }
 
-    /// The person `token` names, if the provider signed it for paybus and it holds now.
-    pub async fn verify(&self, token: &str) -> Result<Vouched, Refused> {
+    /// The algorithm `token` is signed with and the provider's key it names: an asymmetric
+    /// algorithm, and the key's own when the key names one.
+    async fn signing_key(&self, token: &str) -> Result<(Algorithm, DecodingKey), Refused> {
         let header = decode_header(token).map_err(|_| Refused::Invalid)?;
         if !is_asymmetric(header.alg) {
             return Err(Refused::Algorithm);
@@ -332,8 +333,14 @@ impl Verifier {
             return Err(Refused::Algorithm);
         }
         let key = DecodingKey::from_jwk(&jwk).map_err(|_| Refused::UnknownKey)?;
+        Ok((header.alg, key))
+    }
+
+    /// The person `token` names, if the provider signed it for paybus and it holds now.
+    pub async fn verify(&self, token: &str) -> Result<Vouched, Refused> {
+        let (alg, key) = self.signing_key(token).await?;
         let config = &self.inner.config;
-        let mut validation = Validation::new(header.alg);
+        let mut validation = Validation::new(alg);
         validation.leeway = LEEWAY.as_secs();
         validation.validate_nbf = true;
         validation.set_issuer(&[&config.issuer]);
@@ -467,19 +474,8 @@ impl Verifier {
         client_id: &str,
         nonce: &str,
     ) -> Result<IdToken, Refused> {
-        let header = decode_header(token).map_err(|_| Refused::Invalid)?;
-        if !is_asymmetric(header.alg) {
-            return Err(Refused::Algorithm);
-        }
-        let kid = header.kid.ok_or(Refused::UnknownKey)?;
-        let jwk = self.key(&kid).await?;
-        if let Some(published) = jwk.common.key_algorithm
-            && Algorithm::from_str(&published.to_string()).ok() != Some(header.alg)
-        {
-            return Err(Refused::Algorithm);
-        }
-        let key = DecodingKey::from_jwk(&jwk).map_err(|_| Refused::UnknownKey)?;
-        let mut validation = Validation::new(header.alg);
+        let (alg, key) = self.signing_key(token).await?;
+        let mut validation = Validation::new(alg);
         validation.leeway = LEEWAY.as_secs();
         validation.set_issuer(&[&self.inner.config.issuer]);
         validation.set_audience(&[client_id]);

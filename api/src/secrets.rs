@@ -13,7 +13,7 @@ use axum::{Extension, Json, Router, extract::State, routing::post};
 use paybus_config::sealed::{SealError, Sealer};
 use paybus_ops::ops_log;
 use paybus_partners::webhook_secrets::{self, WebhookSecretError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::MySqlConnection;
 
@@ -28,25 +28,26 @@ pub(crate) fn admin_routes() -> Router<AppState> {
 }
 
 /// Rows sealed under one key.
-#[derive(Debug, Serialize)]
-struct KeyRows {
-    key_id: String,
+#[derive(Debug, Serialize, Deserialize)]
+pub struct KeyRows {
+    pub key_id: String,
     /// Whether it is this process's `PAYBUS_SECRETS_KEY`.
-    current: bool,
-    rows: i64,
+    pub current: bool,
+    pub rows: i64,
 }
 
-/// What a rotation did.
-#[derive(Debug, Serialize)]
-struct Rotation {
+/// What a rotation did: the answer of `POST /v1/admin/secrets/rotate-key` (`paybus secrets
+/// rotate-key` reads it).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Rotation {
     /// The current key's id: every row re-sealed is under it.
-    key_id: String,
+    pub key_id: String,
     /// Rows this run re-sealed.
-    resealed: u64,
+    pub resealed: u64,
     /// Rows another run re-sealed first.
-    raced: u64,
-    before: Vec<KeyRows>,
-    after: Vec<KeyRows>,
+    pub raced: u64,
+    pub before: Vec<KeyRows>,
+    pub after: Vec<KeyRows>,
 }
 
 #[utoipa::path(

@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use serde::Deserialize;
+use paybus_api::secrets::{KeyRows, Rotation};
 
 use crate::api_client::{ApiArgs, ApiClient};
 
@@ -21,23 +21,6 @@ pub enum SecretsCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
-}
-
-/// `POST /v1/admin/secrets/rotate-key`'s answer.
-#[derive(Debug, Deserialize)]
-struct Rotation {
-    key_id: String,
-    resealed: u64,
-    raced: u64,
-    before: Vec<KeyRows>,
-    after: Vec<KeyRows>,
-}
-
-#[derive(Debug, Deserialize)]
-struct KeyRows {
-    key_id: String,
-    current: bool,
-    rows: u64,
 }
 
 pub async fn run(command: SecretsCommand) -> anyhow::Result<ExitCode> {

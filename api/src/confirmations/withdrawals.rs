@@ -15,6 +15,7 @@ use paybus_confirmations::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sqlx::MySqlConnection;
 
 use crate::{ApiError, AppState, admin::path_id, amount::Amount, body::JsonBody, chain};
 
@@ -98,6 +99,23 @@ pub(crate) struct WithdrawalView {
     pub(crate) history: Vec<HistoryEntry>,
 }
 
+impl WithdrawalView {
+    /// Withdrawal `id` as `found` (404 when `None`), with its history.
+    pub(crate) async fn with_history(
+        conn: &mut MySqlConnection,
+        id: u64,
+        found: Option<Withdrawal>,
+    ) -> Result<Json<Self>, ApiError> {
+        let withdrawal =
+            found.ok_or_else(|| ApiError::NotFound(format!("withdrawal {id} not found")))?;
+        let history = withdrawal::history(conn, id).await?;
+        Ok(Json(WithdrawalView {
+            withdrawal,
+            history,
+        }))
+    }
+}
+
 #[utoipa::path(
     get,
     path = "/v1/admin/withdrawals/{id}",
@@ -115,15 +133,8 @@ pub(super) async fn show(
 ) -> Result<Json<WithdrawalView>, ApiError> {
     let id = path_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let withdrawal = withdrawal::find(&mut conn, id)
-        .await
-        .map_err(internal)?
-        .ok_or_else(|| ApiError::NotFound(format!("withdrawal {id} not found")))?;
-    let history = withdrawal::history(&mut conn, id).await?;
-    Ok(Json(WithdrawalView {
-        withdrawal,
-        history,
-    }))
+    let found = withdrawal::find(&mut conn, id).await.map_err(internal)?;
+    WithdrawalView::with_history(&mut conn, id, found).await
 }
 
 /// A row the domain cannot read is our fault, not the client's.

@@ -7,8 +7,8 @@
 //! button acts on, and the button acts on those letters only.
 
 use axum::{
-    extract::{Path, State, rejection::PathRejection},
-    http::{Method, StatusCode},
+    extract::{FromRequestParts, Path, State},
+    http::{Method, StatusCode, request::Parts},
     response::{IntoResponse, Response},
 };
 use chrono::{DateTime, Utc};
@@ -27,27 +27,31 @@ pub(crate) fn href(id: Uuid) -> String {
     format!("/console/operations/{id}")
 }
 
-fn operation_id(path: Result<Path<String>, PathRejection>) -> Option<Uuid> {
-    path.ok().and_then(|Path(id)| Uuid::parse_str(&id).ok())
-}
+/// The operation a page's path names by its UUID; a path that names none is answered with a
+/// page saying how an operation is named.
+pub(crate) struct OperationId(Uuid);
 
-/// The page for a path that names no operation.
-fn not_an_operation() -> Response {
-    layout::error_page(
-        StatusCode::BAD_REQUEST,
-        "An operation is named by its UUID.",
-    )
+impl<S: Send + Sync> FromRequestParts<S> for OperationId {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let path = Path::<String>::from_request_parts(parts, state).await;
+        match path.ok().and_then(|Path(id)| Uuid::parse_str(&id).ok()) {
+            Some(id) => Ok(OperationId(id)),
+            None => Err(layout::error_page(
+                StatusCode::BAD_REQUEST,
+                "An operation is named by its UUID.",
+            )),
+        }
+    }
 }
 
 /// `GET /console/operations/{id}`.
 pub(crate) async fn page(
     State(state): State<AppState>,
     session: Session,
-    id: Result<Path<String>, PathRejection>,
+    OperationId(id): OperationId,
 ) -> Response {
-    let Some(id) = operation_id(id) else {
-        return not_an_operation();
-    };
     render(&state, &session, id, None, &[]).await
 }
 
@@ -169,12 +173,9 @@ fn buttons(detail: &OperationDetail, session: &Session) -> Markup {
 pub(crate) async fn approve(
     State(state): State<AppState>,
     session: Session,
-    id: Result<Path<String>, PathRejection>,
+    OperationId(id): OperationId,
     form: FormFields,
 ) -> Response {
-    let Some(id) = operation_id(id) else {
-        return not_an_operation();
-    };
     let path = format!("/v1/admin/dead-letters/operations/{id}/approve");
     let hash = form.get("hash").unwrap_or_default();
     let answer = actions::call(
@@ -198,11 +199,8 @@ pub(crate) async fn approve(
 pub(crate) async fn execute(
     State(state): State<AppState>,
     session: Session,
-    id: Result<Path<String>, PathRejection>,
+    OperationId(id): OperationId,
 ) -> Response {
-    let Some(id) = operation_id(id) else {
-        return not_an_operation();
-    };
     let path = format!("/v1/admin/dead-letters/operations/{id}/execute");
     let answer = actions::call(&state, &session, Method::POST, &path, Some(json!({}))).await;
     if let Some(failure) = answer.failure(&Method::POST, &path) {

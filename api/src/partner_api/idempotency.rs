@@ -24,6 +24,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use sha2::{Digest, Sha256};
+use sqlx::{MySql, MySqlConnection, mysql::MySqlArguments, query::Query};
 use tokio_util::task::AbortOnDropHandle;
 
 use super::PartnerIdentity;
@@ -234,7 +235,7 @@ async fn claim(
     if row.expired {
         // Past its retention: the key is new again (conditional, so two retries cannot both
         // take it).
-        let taken = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let update = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE partner_idempotency_keys \
              SET request_fingerprint = ?, status = 'IN_PROGRESS', \
                  locked_until = NOW(6) + INTERVAL ? SECOND, response_status = NULL, \
@@ -242,14 +243,9 @@ async fn claim(
              WHERE partner_id = ? AND idempotency_key = ? \
                AND created_at < NOW(6) - INTERVAL {RETENTION_HOURS} HOUR"
         )))
-        .bind(print.as_slice())
-        .bind(LEASE.as_secs())
-        .bind(partner_id)
-        .bind(key)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        return Ok(if taken == 1 { Claim::Run } else { Claim::Busy });
+        .bind(print.as_slice());
+        let taken = take_over(&mut conn, update, partner_id, key).await?;
+        return Ok(if taken { Claim::Run } else { Claim::Busy });
     }
     if row.request_fingerprint.as_slice() != print.as_slice() {
         return Ok(Claim::OtherRequest);
@@ -259,26 +255,40 @@ async fn claim(
         _ if row.locked => Ok(Claim::Busy),
         _ => {
             // Its runner died (the lease passed): take it over, conditionally.
-            let taken = sqlx::query(
+            let update = sqlx::query(
                 "UPDATE partner_idempotency_keys SET locked_until = NOW(6) + INTERVAL ? SECOND \
                  WHERE partner_id = ? AND idempotency_key = ? AND status = 'IN_PROGRESS' \
                    AND locked_until <= NOW(6)",
-            )
-            .bind(LEASE.as_secs())
-            .bind(partner_id)
-            .bind(key)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            if taken == 1 {
+            );
+            let taken = take_over(&mut conn, update, partner_id, key).await?;
+            if taken {
                 tracing::info!(
                     partner_id,
                     "an interrupted idempotent request is run again under its key"
                 );
             }
-            Ok(if taken == 1 { Claim::Run } else { Claim::Busy })
+            Ok(if taken { Claim::Run } else { Claim::Busy })
         }
     }
+}
+
+/// Takes the key over with `update`, a conditional UPDATE whose last parameters are the new
+/// lease, the partner and the key: whether this request took it (a concurrent retry may have
+/// first).
+async fn take_over(
+    conn: &mut MySqlConnection,
+    update: Query<'_, MySql, MySqlArguments>,
+    partner_id: u64,
+    key: &str,
+) -> Result<bool, sqlx::Error> {
+    let taken = update
+        .bind(LEASE.as_secs())
+        .bind(partner_id)
+        .bind(key)
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(taken == 1)
 }
 
 async fn keep(

@@ -35,16 +35,12 @@ pub(super) async fn show_withdrawal(
 ) -> Result<Json<WithdrawalView>, ApiError> {
     let id = path_id(id)?;
     let mut conn = state.pool.acquire().await?;
-    let withdrawal = withdrawal::find_for_partner(&mut conn, partner.partner_id, id)
+    let found = withdrawal::find_for_partner(&mut conn, partner.partner_id, id)
         .await
-        .map_err(internal)?
-        .ok_or_else(|| ApiError::NotFound(format!("withdrawal {id} not found")))?;
-    // The withdrawal was found under this partner: its history is this partner's too.
-    let history = withdrawal::history(&mut conn, id).await?;
-    Ok(Json(WithdrawalView {
-        withdrawal,
-        history,
-    }))
+        .map_err(internal)?;
+    // The history is read only for a withdrawal found under this partner: it is this
+    // partner's too.
+    WithdrawalView::with_history(&mut conn, id, found).await
 }
 
 #[utoipa::path(

@@ -106,21 +106,23 @@ pub(crate) struct Issued {
     pub key: String,
 }
 
-/// Inserts a key for `partner_id` in the caller's transaction; `None` when there is no such
-/// partner.
-async fn insert(
+/// Issues a key for `partner_id` in the caller's transaction, in the ops log
+/// (`partner_api_key.create`); 404 when there is no such partner.
+async fn issue(
     conn: &mut MySqlConnection,
     hash_key: &Secret,
     partner_id: u64,
-    label: Option<&str>,
+    label: Option<String>,
     actor: &Actor,
-) -> Result<Option<Issued>, ApiError> {
+) -> Result<Issued, ApiError> {
     let exists: Option<u64> = sqlx::query_scalar("SELECT id FROM partners WHERE id = ?")
         .bind(partner_id)
         .fetch_optional(&mut *conn)
         .await?;
     if exists.is_none() {
-        return Ok(None);
+        return Err(ApiError::NotFound(format!(
+            "partner {partner_id} not found"
+        )));
     }
     let secret = new_secret()?;
     let digest = hash(hash_key, &secret).finalize().into_bytes();
@@ -138,10 +140,11 @@ async fn insert(
     let view = find(conn, partner_id, id)
         .await?
         .ok_or(ApiError::Database(sqlx::Error::RowNotFound))?;
-    Ok(Some(Issued {
+    log(conn, actor, "partner_api_key.create", &view).await?;
+    Ok(Issued {
         view,
         key: format!("{PREFIX}{id}_{secret}"),
-    }))
+    })
 }
 
 async fn find(
@@ -230,22 +233,7 @@ async fn create(
     let label = label(request.label.as_deref())?;
     let mut conn = state.pool.acquire().await?;
     let mut tx = conn.begin().await?;
-    let issued = insert(
-        &mut tx,
-        hash_key,
-        partner_id,
-        label.as_deref(),
-        &caller.actor,
-    )
-    .await?
-    .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} not found")))?;
-    log(
-        &mut tx,
-        &caller.actor,
-        "partner_api_key.create",
-        &issued.view,
-    )
-    .await?;
+    let issued = issue(&mut tx, hash_key, partner_id, label, &caller.actor).await?;
     tx.commit().await?;
     tracing::info!(
         partner_id,
@@ -423,23 +411,8 @@ async fn rotate(
         )));
     }
     let label = label(request.label.as_deref().or(old.label.as_deref()))?;
-    let issued = insert(
-        &mut tx,
-        hash_key,
-        partner_id,
-        label.as_deref(),
-        &caller.actor,
-    )
-    .await?
-    .ok_or_else(|| ApiError::NotFound(format!("partner {partner_id} not found")))?;
     log(&mut tx, &caller.actor, "partner_api_key.rotate_out", &old).await?;
-    log(
-        &mut tx,
-        &caller.actor,
-        "partner_api_key.create",
-        &issued.view,
-    )
-    .await?;
+    let issued = issue(&mut tx, hash_key, partner_id, label, &caller.actor).await?;
     tx.commit().await?;
     tracing::info!(
         partner_id,

@@ -7,7 +7,7 @@ use paybus_money::Amount;
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-use crate::{ConfirmError, CreateError};
+use crate::{ConfirmError, CreateError, sql};
 
 mod confirmation;
 mod delivered;
@@ -143,11 +143,13 @@ impl DepositRow {
 
 /// The deposit, or `None`. Within a transaction that just changed it, it carries the change.
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Deposit>, ConfirmError> {
-    let row: Option<DepositRow> = sqlx::query_as(concat!(select_deposits!(), " WHERE id = ?"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?;
+    let row: Option<DepositRow> = sql::one(
+        conn,
+        concat!(select_deposits!(), " WHERE id = ?"),
+        &[id],
+        ENTITY,
+    )
+    .await?;
     row.map(DepositRow::parse).transpose()
 }
 
@@ -158,15 +160,13 @@ pub async fn find_for_partner(
     partner_id: u64,
     id: u64,
 ) -> Result<Option<Deposit>, ConfirmError> {
-    let row: Option<DepositRow> = sqlx::query_as(concat!(
-        select_deposits!(),
-        " WHERE id = ? AND partner_id = ?"
-    ))
-    .bind(id)
-    .bind(partner_id)
-    .fetch_optional(conn)
-    .await
-    .map_err(ConfirmError::database(ENTITY))?;
+    let row: Option<DepositRow> = sql::one(
+        conn,
+        concat!(select_deposits!(), " WHERE id = ? AND partner_id = ?"),
+        &[id, partner_id],
+        ENTITY,
+    )
+    .await?;
     row.map(DepositRow::parse).transpose()
 }
 
@@ -179,20 +179,14 @@ pub async fn lock_all(
     conn: &mut MySqlConnection,
     ids: &[u64],
 ) -> Result<Vec<Deposit>, ConfirmError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut query = QueryBuilder::<MySql>::new(concat!(select_deposits!(), " WHERE id IN ("));
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    query.push(") ORDER BY id FOR UPDATE");
-    let rows: Vec<DepositRow> = query
-        .build_query_as()
-        .fetch_all(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?;
+    let rows: Vec<DepositRow> = sql::of_ids(
+        conn,
+        concat!(select_deposits!(), " WHERE id IN "),
+        ids,
+        " ORDER BY id FOR UPDATE",
+        ENTITY,
+    )
+    .await?;
     rows.into_iter().map(DepositRow::parse).collect()
 }
 
@@ -212,18 +206,8 @@ pub async fn mark_all_confirmed(
         QueryBuilder::<MySql>::new("UPDATE deposits SET status = 'CONFIRMED', confirmed_at = ");
     query
         .push_bind(confirmed_at)
-        .push(" WHERE status = 'DETECTED' AND id IN (");
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    query.push(")");
-    Ok(query
-        .build()
-        .execute(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?
-        .rows_affected())
+        .push(" WHERE status = 'DETECTED' AND id IN ");
+    sql::update_ids(conn, query, ids.iter().copied(), ENTITY).await
 }
 
 /// The committed statuses, read outside any transaction in one statement: a handler's cheap
@@ -234,20 +218,14 @@ pub async fn committed_statuses(
     conn: &mut MySqlConnection,
     ids: &[u64],
 ) -> Result<Vec<(u64, DepositStatus)>, ConfirmError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut query = QueryBuilder::<MySql>::new("SELECT id, status FROM deposits WHERE id IN (");
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    query.push(")");
-    let rows: Vec<(u64, String)> = query
-        .build_query_as()
-        .fetch_all(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?;
+    let rows: Vec<(u64, String)> = sql::of_ids(
+        conn,
+        "SELECT id, status FROM deposits WHERE id IN ",
+        ids,
+        "",
+        ENTITY,
+    )
+    .await?;
     rows.into_iter()
         .map(|(id, status)| Ok((id, parse_status(id, status)?)))
         .collect()

@@ -16,10 +16,12 @@
 
 pub mod audit;
 pub mod batch;
+mod decisions;
 pub mod deposit;
 mod error;
 pub mod messages;
 pub mod owed;
+mod sql;
 pub mod withdrawal;
 
 pub use error::{ConfirmError, CreateError};

@@ -54,6 +54,44 @@ pub async fn notify_partner(
     Ok(ids.pop().flatten())
 }
 
+/// A row whose transition owes its partner a notification.
+pub trait Notifies {
+    /// `partner_notifications.event`.
+    const EVENT: &'static str;
+    /// `partner_notifications.reference_type`.
+    const REFERENCE_TYPE: &'static str;
+
+    /// The partner to notify, and the reference (the row's id).
+    fn partner_and_reference(&self) -> (u64, u64);
+
+    /// The JSON the partner receives (frozen in the notification row).
+    fn payload(&self) -> serde_json::Value;
+}
+
+/// The notifications `rows` owe, each with its message's correlation id: their payloads, then
+/// [`notify_partners`].
+pub async fn notify_all<'r, R: Notifies + 'r>(
+    uow: &mut UnitOfWork<'_>,
+    rows: impl Iterator<Item = (&'r R, Uuid)> + Clone,
+) -> Result<Vec<Option<u64>>, ConfirmError> {
+    let payloads: Vec<serde_json::Value> = rows.clone().map(|(row, _)| row.payload()).collect();
+    let owed: Vec<(NewNotification<'_>, Uuid)> = rows
+        .zip(&payloads)
+        .map(|((row, correlation_id), payload)| {
+            let (partner_id, reference_id) = row.partner_and_reference();
+            let notification = NewNotification {
+                partner_id,
+                event: R::EVENT,
+                reference_type: R::REFERENCE_TYPE,
+                reference_id,
+                payload,
+            };
+            (notification, correlation_id)
+        })
+        .collect();
+    notify_partners(uow, &owed).await
+}
+
 /// The notification rows and their messages, in this transaction; the webhooks themselves go
 /// out after commit (deliver-webhook, principle 8). One id per notification, `None` where it
 /// already existed.

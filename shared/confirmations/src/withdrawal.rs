@@ -7,7 +7,7 @@ use paybus_money::Amount;
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
-use crate::{ConfirmError, CreateError};
+use crate::{ConfirmError, CreateError, sql};
 
 mod confirmation;
 mod delivered;
@@ -225,12 +225,13 @@ impl WithdrawalRow {
 /// The withdrawal, or `None`. Within a transaction that just changed it, it carries the
 /// change (seed 001 §4-4 "전이 후 fresh").
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<Withdrawal>, ConfirmError> {
-    let row: Option<WithdrawalRow> =
-        sqlx::query_as(concat!(select_withdrawals!(), " WHERE id = ?"))
-            .bind(id)
-            .fetch_optional(conn)
-            .await
-            .map_err(ConfirmError::database(ENTITY))?;
+    let row: Option<WithdrawalRow> = sql::one(
+        conn,
+        concat!(select_withdrawals!(), " WHERE id = ?"),
+        &[id],
+        ENTITY,
+    )
+    .await?;
     row.map(WithdrawalRow::parse).transpose()
 }
 
@@ -241,15 +242,13 @@ pub async fn find_for_partner(
     partner_id: u64,
     id: u64,
 ) -> Result<Option<Withdrawal>, ConfirmError> {
-    let row: Option<WithdrawalRow> = sqlx::query_as(concat!(
-        select_withdrawals!(),
-        " WHERE id = ? AND partner_id = ?"
-    ))
-    .bind(id)
-    .bind(partner_id)
-    .fetch_optional(conn)
-    .await
-    .map_err(ConfirmError::database(ENTITY))?;
+    let row: Option<WithdrawalRow> = sql::one(
+        conn,
+        concat!(select_withdrawals!(), " WHERE id = ? AND partner_id = ?"),
+        &[id, partner_id],
+        ENTITY,
+    )
+    .await?;
     row.map(WithdrawalRow::parse).transpose()
 }
 
@@ -263,20 +262,14 @@ pub async fn lock_all(
     conn: &mut MySqlConnection,
     ids: &[u64],
 ) -> Result<Vec<Withdrawal>, ConfirmError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut query = QueryBuilder::<MySql>::new(concat!(select_withdrawals!(), " WHERE id IN ("));
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    query.push(") ORDER BY id FOR UPDATE");
-    let rows: Vec<WithdrawalRow> = query
-        .build_query_as()
-        .fetch_all(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?;
+    let rows: Vec<WithdrawalRow> = sql::of_ids(
+        conn,
+        concat!(select_withdrawals!(), " WHERE id IN "),
+        ids,
+        " ORDER BY id FOR UPDATE",
+        ENTITY,
+    )
+    .await?;
     rows.into_iter().map(WithdrawalRow::parse).collect()
 }
 
@@ -320,18 +313,9 @@ pub async fn mark_all_confirmed(
     query
         .push(" END, confirmed_at = ")
         .push_bind(confirmed_at)
-        .push(" WHERE status IN ('BROADCASTING', 'PROCESSING', 'STALE') AND id IN (");
-    let mut ids = query.separated(", ");
-    for (id, _) in confirmations {
-        ids.push_bind(*id);
-    }
-    query.push(")");
-    Ok(query
-        .build()
-        .execute(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?
-        .rows_affected())
+        .push(" WHERE status IN ('BROADCASTING', 'PROCESSING', 'STALE') AND id IN ");
+    let ids = confirmations.iter().map(|(id, _)| *id);
+    sql::update_ids(conn, query, ids, ENTITY).await
 }
 
 /// Where a withdrawal stands: its status and the tx hash recorded on it.
@@ -349,21 +333,14 @@ pub async fn committed_states(
     conn: &mut MySqlConnection,
     ids: &[u64],
 ) -> Result<Vec<(u64, WithdrawalState)>, ConfirmError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut query =
-        QueryBuilder::<MySql>::new("SELECT id, status, tx_hash FROM withdrawals WHERE id IN (");
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    query.push(")");
-    let rows: Vec<(u64, String, Option<String>)> = query
-        .build_query_as()
-        .fetch_all(conn)
-        .await
-        .map_err(ConfirmError::database(ENTITY))?;
+    let rows: Vec<(u64, String, Option<String>)> = sql::of_ids(
+        conn,
+        "SELECT id, status, tx_hash FROM withdrawals WHERE id IN ",
+        ids,
+        "",
+        ENTITY,
+    )
+    .await?;
     rows.into_iter()
         .map(|(id, status, tx_hash)| {
             Ok((

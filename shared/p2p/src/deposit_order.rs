@@ -30,7 +30,7 @@ use crate::{
     CreateError, MatchError,
     inserted::Inserted,
     matches::{self, Held, MatchStatus, ReleaseReason},
-    parse_column,
+    order_row, parse_column,
 };
 
 /// The unique key that makes a repeated create with the same partner reference a no-op.
@@ -203,13 +203,8 @@ const COLUMNS: &str = "id, partner_id, partner_order_ref, currency, amount, rema
 /// The deposit order, or `None`. Inside a transaction that just changed it, it carries the
 /// change.
 pub async fn find(conn: &mut MySqlConnection, id: u64) -> Result<Option<DepositOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ?"
-    )))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select = format!("SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ?");
+    order_row::select_one(conn, select, &[id], Row::into_order).await
 }
 
 /// The partner's deposit order, or `None` — also when it is another partner's (the partner
@@ -219,26 +214,16 @@ pub async fn find_for_partner(
     partner_id: u64,
     id: u64,
 ) -> Result<Option<DepositOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ? AND partner_id = ?"
-    )))
-    .bind(id)
-    .bind(partner_id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select =
+        format!("SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ? AND partner_id = ?");
+    order_row::select_one(conn, select, &[id, partner_id], Row::into_order).await
 }
 
 /// The latest committed row, locked for the caller's transaction (a plain SELECT would answer
 /// from the snapshot, the lie of seed 001).
 pub async fn lock(conn: &mut MySqlConnection, id: u64) -> Result<Option<DepositOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ? FOR UPDATE"
-    )))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select = format!("SELECT {COLUMNS} FROM p2p_deposit_orders WHERE id = ? FOR UPDATE");
+    order_row::select_one(conn, select, &[id], Row::into_order).await
 }
 
 impl DepositOrder {

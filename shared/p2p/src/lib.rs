@@ -23,6 +23,7 @@ pub mod maintenance;
 pub mod matcher;
 pub mod matches;
 pub mod messages;
+mod order_row;
 pub mod quote;
 pub mod reconcile;
 mod reserve;

@@ -4,11 +4,11 @@
 use chrono::{DateTime, Utc};
 use paybus_money::Amount;
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, MySqlConnection};
+use sqlx::{MySql, MySqlConnection, mysql::MySqlArguments, query::Query};
 
 use paybus_db as db;
 
-use crate::{CreateError, MatchError, inserted::Inserted, parse_column};
+use crate::{CreateError, MatchError, inserted::Inserted, order_row, parse_column};
 
 paybus_db::column_enum! {
     /// `p2p_withdraw_orders.status`.
@@ -102,13 +102,8 @@ pub async fn find(
     conn: &mut MySqlConnection,
     id: u64,
 ) -> Result<Option<WithdrawOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ?"
-    )))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select = format!("SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ?");
+    order_row::select_one(conn, select, &[id], Row::into_order).await
 }
 
 /// The partner's withdraw order, or `None` — also when it is another partner's (the partner
@@ -118,14 +113,9 @@ pub async fn find_for_partner(
     partner_id: u64,
     id: u64,
 ) -> Result<Option<WithdrawOrder>, MatchError> {
-    let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ? AND partner_id = ?"
-    )))
-    .bind(id)
-    .bind(partner_id)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Row::into_order).transpose()
+    let select =
+        format!("SELECT {COLUMNS} FROM p2p_withdraw_orders WHERE id = ? AND partner_id = ?");
+    order_row::select_one(conn, select, &[id, partner_id], Row::into_order).await
 }
 
 const COLUMNS: &str = "id, partner_id, currency, amount, remaining_amount, reserved_amount, \
@@ -176,20 +166,17 @@ pub(crate) async fn unreserve(
     id: u64,
     amount: Amount,
 ) -> Result<(), MatchError> {
-    move_reserved(
-        conn,
+    let update = sqlx::query(
         "UPDATE p2p_withdraw_orders SET reserved_amount = reserved_amount - ? \
          WHERE id = ? AND reserved_amount >= ?",
-        id,
-        amount,
     )
-    .await?
-    .then_some(())
-    .ok_or_else(|| {
-        MatchError::inconsistent(format!(
-            "withdraw order {id} holds less than the {amount} reserved on it"
-        ))
+    .bind(amount)
+    .bind(id)
+    .bind(amount);
+    guarded(conn, update, || {
+        format!("withdraw order {id} holds less than the {amount} reserved on it")
     })
+    .await
 }
 
 /// Holds `amount` more for a match, if that much is still available; in the caller's
@@ -199,38 +186,17 @@ pub(crate) async fn reserve(
     id: u64,
     amount: Amount,
 ) -> Result<(), MatchError> {
-    move_reserved(
-        conn,
+    let update = sqlx::query(
         "UPDATE p2p_withdraw_orders SET reserved_amount = reserved_amount + ? \
          WHERE id = ? AND status = 'OPEN' AND remaining_amount - reserved_amount >= ?",
-        id,
-        amount,
     )
-    .await?
-    .then_some(())
-    .ok_or_else(|| {
-        MatchError::inconsistent(format!(
-            "withdraw order {id} no longer has {amount} available under our lock"
-        ))
+    .bind(amount)
+    .bind(id)
+    .bind(amount);
+    guarded(conn, update, || {
+        format!("withdraw order {id} no longer has {amount} available under our lock")
     })
-}
-
-/// Runs one of the guarded reservation UPDATEs (`amount`, `id`, `amount`); whether it moved
-/// the row. The guard failing under the caller's lock means the books disagree.
-async fn move_reserved(
-    conn: &mut MySqlConnection,
-    sql: &'static str,
-    id: u64,
-    amount: Amount,
-) -> Result<bool, MatchError> {
-    let updated = sqlx::query(sql)
-        .bind(amount)
-        .bind(id)
-        .bind(amount)
-        .execute(conn)
-        .await?
-        .rows_affected();
-    Ok(updated == 1)
+    .await
 }
 
 /// Uses `amount` of the reservation for good (a CONFIRMED match): remaining and reserved both
@@ -242,7 +208,7 @@ pub(crate) async fn use_reserved(
 ) -> Result<(), MatchError> {
     // `status` and `filled_at` are assigned first: they read the remaining amount before this
     // statement lowers it, whichever assignment order the server applies.
-    let updated = sqlx::query(
+    let update = sqlx::query(
         "UPDATE p2p_withdraw_orders \
          SET status = IF(remaining_amount = ?, 'FILLED', status), \
              filled_at = IF(remaining_amount = ?, NOW(6), filled_at), \
@@ -256,14 +222,24 @@ pub(crate) async fn use_reserved(
     .bind(amount)
     .bind(id)
     .bind(amount)
-    .bind(amount)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    if updated != 1 {
-        return Err(MatchError::inconsistent(format!(
+    .bind(amount);
+    guarded(conn, update, || {
+        format!(
             "withdraw order {id} does not hold the {amount} reserved for a match being confirmed"
-        )));
+        )
+    })
+    .await
+}
+
+/// Runs one of the guarded UPDATEs of a withdraw order, which must move its row: the guard
+/// failing under the caller's lock means the books disagree (`disagreement` says how).
+async fn guarded(
+    conn: &mut MySqlConnection,
+    update: Query<'_, MySql, MySqlArguments>,
+    disagreement: impl FnOnce() -> String,
+) -> Result<(), MatchError> {
+    if update.execute(conn).await?.rows_affected() != 1 {
+        return Err(MatchError::inconsistent(disagreement()));
     }
     Ok(())
 }

@@ -2,17 +2,20 @@
 //! transition, for one confirmation or many, in the caller's transaction. confirm-deposit's
 //! handler runs it on what the broker delivered together; a single message is a batch of one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use chrono::{SecondsFormat, SubsecRound, Utc};
 use paybus_bus::{UnitOfWork, transition::Transition};
 use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
 use paybus_money::Amount;
-use paybus_partners::NewNotification;
 use uuid::Uuid;
 
 use super::{Deposit, DepositStatus, ENTITY, lock_all, mark_all_confirmed};
-use crate::{ConfirmError, owed};
+use crate::{
+    ConfirmError,
+    decisions::Decisions,
+    owed::{self, Notifies},
+};
 
 /// The partner notification a confirmation owes (`partner_notifications.event`).
 pub const DEPOSIT_CONFIRMED: &str = "DEPOSIT_CONFIRMED";
@@ -101,25 +104,15 @@ pub async fn confirm_all_if_detected(
         .map(|d| (d.id, d))
         .collect();
 
-    // The status each deposit is left in by the batch's earlier confirmations (`None`: it
-    // does not exist).
-    let mut left: HashMap<u64, Option<DepositStatus>> = HashMap::new();
-    let mut decided: Vec<Option<Confirmation>> = Vec::with_capacity(batch.len());
-    // (position in the batch, the row as locked)
-    let mut moving: Vec<(usize, Deposit)> = Vec::new();
+    let mut decisions = Decisions::new(batch.len());
     for (i, confirming) in batch.iter().enumerate() {
         let deposit_id = confirming.deposit_id;
-        if let Some(state) = left.get(&deposit_id) {
-            decided.push(Some(match state {
-                Some(current) => Transition::NotTransitioned { current: *current },
-                None => Transition::NotFound,
-            }));
+        if decisions.decide_repeat(deposit_id) {
             continue;
         }
         let Some(row) = locked.remove(&deposit_id) else {
             tracing::warn!(deposit_id, "deposit confirmation for an unknown deposit");
-            left.insert(deposit_id, None);
-            decided.push(Some(Transition::NotFound));
+            decisions.not_found(deposit_id);
             continue;
         };
         if row.status != DepositStatus::Detected {
@@ -129,29 +122,15 @@ pub async fn confirm_all_if_detected(
                 deposit_id, status = %row.status,
                 "deposit confirmation not applied: not DETECTED"
             );
-            left.insert(deposit_id, Some(row.status));
-            decided.push(Some(Transition::NotTransitioned {
-                current: row.status,
-            }));
+            decisions.not_transitioned(deposit_id, row.status);
             continue;
         }
-        left.insert(deposit_id, Some(DepositStatus::Confirmed));
-        decided.push(None);
-        moving.push((i, row));
+        decisions.moves(i, deposit_id, row, DepositStatus::Confirmed);
     }
-    if !moving.is_empty() {
-        confirm_moving(uow, batch, &mut moving, &mut decided).await?;
+    if let Some((moving, decided)) = decisions.moving() {
+        confirm_moving(uow, batch, moving, decided).await?;
     }
-    // Every position is decided above, or by `confirm_moving` for the moving ones.
-    let decided: Vec<Confirmation> = decided.into_iter().flatten().collect();
-    if decided.len() != batch.len() {
-        return Err(ConfirmError::Incomplete {
-            entity: ENTITY,
-            expected: batch.len() as u64,
-            moved: decided.len() as u64,
-        });
-    }
-    Ok(decided)
+    decisions.into_decided(ENTITY, batch.len())
 }
 
 /// Steps 3 and 4 of [`confirm_all_if_detected`] for the rows it found DETECTED (in id order on
@@ -181,16 +160,10 @@ async fn confirm_moving(
         row.confirmed_at = Some(confirmed_at);
     }
 
-    let payloads: Vec<serde_json::Value> = moving
+    let notified = moving
         .iter()
-        .map(|(_, row)| notification_payload(row))
-        .collect();
-    let owed: Vec<(NewNotification<'_>, Uuid)> = moving
-        .iter()
-        .zip(&payloads)
-        .map(|((i, row), payload)| (notification(row, payload), batch[*i].correlation_id))
-        .collect();
-    let notification_ids = owed::notify_partners(uow, &owed).await?;
+        .map(|(i, row)| (row, batch[*i].correlation_id));
+    let notification_ids = owed::notify_all(uow, notified).await?;
 
     // Each deposit's CREDIT, then its FEE when it has one: the order sequential confirmations
     // would have posted them in, so each gate's balance chain is the same.
@@ -255,30 +228,29 @@ fn posting(deposit: &Deposit, entry_type: EntryType, amount: Amount, key: IdemKe
     .memo(format!("deposit {} confirmed", deposit.id))
 }
 
-/// The JSON the partner receives for a confirmed deposit (frozen in the notification row).
-fn notification_payload(deposit: &Deposit) -> serde_json::Value {
-    serde_json::json!({
-        "event": DEPOSIT_CONFIRMED,
-        "deposit_id": deposit.id,
-        "partner_id": deposit.partner_id,
-        "amount": deposit.amount.to_string(),
-        "fee": deposit.fee.to_string(),
-        "net_amount": (deposit.amount - deposit.fee).to_string(),
-        "currency": deposit.currency,
-        "tx_hash": deposit.tx_hash,
-        "to_address": deposit.to_address,
-        "confirmed_at": deposit
-            .confirmed_at
-            .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
-    })
-}
+impl Notifies for Deposit {
+    const EVENT: &'static str = DEPOSIT_CONFIRMED;
+    const REFERENCE_TYPE: &'static str = "DEPOSIT";
 
-fn notification<'a>(deposit: &Deposit, payload: &'a serde_json::Value) -> NewNotification<'a> {
-    NewNotification {
-        partner_id: deposit.partner_id,
-        event: DEPOSIT_CONFIRMED,
-        reference_type: "DEPOSIT",
-        reference_id: deposit.id,
-        payload,
+    fn partner_and_reference(&self) -> (u64, u64) {
+        (self.partner_id, self.id)
+    }
+
+    /// The JSON the partner receives for a confirmed deposit.
+    fn payload(&self) -> serde_json::Value {
+        serde_json::json!({
+            "event": DEPOSIT_CONFIRMED,
+            "deposit_id": self.id,
+            "partner_id": self.partner_id,
+            "amount": self.amount.to_string(),
+            "fee": self.fee.to_string(),
+            "net_amount": (self.amount - self.fee).to_string(),
+            "currency": self.currency,
+            "tx_hash": self.tx_hash,
+            "to_address": self.to_address,
+            "confirmed_at": self
+                .confirmed_at
+                .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
+        })
     }
 }

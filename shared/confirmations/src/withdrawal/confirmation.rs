@@ -2,19 +2,22 @@
 //! one confirmation or many, in the caller's transaction. confirm-withdrawal's handler runs it
 //! on what the broker delivered together; a single message is a batch of one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use chrono::{SecondsFormat, SubsecRound, Utc};
 use paybus_bus::{UnitOfWork, transition::Transition};
 use paybus_ledger::{EntryType, IdemKey, Posted, Posting, ReferenceType};
-use paybus_partners::NewNotification;
 use uuid::Uuid;
 
 use super::{
     ENTITY, Withdrawal, WithdrawalKind, WithdrawalState, WithdrawalStatus, lock_all,
     mark_all_confirmed, record_history_all,
 };
-use crate::{ConfirmError, owed};
+use crate::{
+    ConfirmError,
+    decisions::Decisions,
+    owed::{self, Notifies},
+};
 
 /// The partner notification a confirmation owes (`partner_notifications.event`).
 pub const WITHDRAWAL_CONFIRMED: &str = "WITHDRAWAL_CONFIRMED";
@@ -121,21 +124,10 @@ pub(super) async fn confirm_all_validated(
         .map(|w| (w.id, w))
         .collect();
 
-    // The state each withdrawal is left in by the batch's earlier confirmations (`None`: it
-    // does not exist).
-    let mut left: HashMap<u64, Option<WithdrawalState>> = HashMap::new();
-    let mut decided: Vec<Option<Confirmation>> = Vec::with_capacity(batch.len());
-    // (position in the batch, the row as locked)
-    let mut moving: Vec<(usize, Withdrawal)> = Vec::new();
+    let mut decisions = Decisions::new(batch.len());
     for (i, confirming) in batch.iter().enumerate() {
         let (withdrawal_id, tx_hash) = (confirming.withdrawal_id, confirming.tx_hash);
-        if let Some(state) = left.get(&withdrawal_id) {
-            decided.push(Some(match state {
-                Some(current) => Transition::NotTransitioned {
-                    current: current.clone(),
-                },
-                None => Transition::NotFound,
-            }));
+        if decisions.decide_repeat(withdrawal_id) {
             continue;
         }
         let Some(row) = locked.remove(&withdrawal_id) else {
@@ -144,8 +136,7 @@ pub(super) async fn confirm_all_validated(
                 tx_hash,
                 "withdrawal confirmation for an unknown withdrawal"
             );
-            left.insert(withdrawal_id, None);
-            decided.push(Some(Transition::NotFound));
+            decisions.not_found(withdrawal_id);
             continue;
         };
         if !row.status.is_in_flight() {
@@ -160,8 +151,7 @@ pub(super) async fn confirm_all_validated(
                 status: row.status,
                 tx_hash: row.tx_hash,
             };
-            left.insert(withdrawal_id, Some(current.clone()));
-            decided.push(Some(Transition::NotTransitioned { current }));
+            decisions.not_transitioned(withdrawal_id, current);
             continue;
         }
         if let Some(broadcast) = row.tx_hash.as_deref()
@@ -174,29 +164,16 @@ pub(super) async fn confirm_all_validated(
                 "confirmation names another tx than the one broadcast; recording the confirmed one"
             );
         }
-        left.insert(
-            withdrawal_id,
-            Some(WithdrawalState {
-                status: WithdrawalStatus::Confirmed,
-                tx_hash: Some(tx_hash.to_owned()),
-            }),
-        );
-        decided.push(None);
-        moving.push((i, row));
+        let confirmed = WithdrawalState {
+            status: WithdrawalStatus::Confirmed,
+            tx_hash: Some(tx_hash.to_owned()),
+        };
+        decisions.moves(i, withdrawal_id, row, confirmed);
     }
-    if !moving.is_empty() {
-        confirm_moving(uow, batch, &mut moving, &mut decided).await?;
+    if let Some((moving, decided)) = decisions.moving() {
+        confirm_moving(uow, batch, moving, decided).await?;
     }
-    // Every position is decided above, or by `confirm_moving` for the moving ones.
-    let decided: Vec<Confirmation> = decided.into_iter().flatten().collect();
-    if decided.len() != batch.len() {
-        return Err(ConfirmError::Incomplete {
-            entity: ENTITY,
-            expected: batch.len() as u64,
-            moved: decided.len() as u64,
-        });
-    }
-    Ok(decided)
+    decisions.into_decided(ENTITY, batch.len())
 }
 
 /// Steps 3 and 4 of [`confirm_all_if_in_flight`] for the rows it found in flight (in id order
@@ -244,16 +221,10 @@ async fn confirm_moving(
         .await
         .map_err(ConfirmError::database(ENTITY))?;
 
-    let payloads: Vec<serde_json::Value> = moving
+    let notified = moving
         .iter()
-        .map(|(_, row)| notification_payload(row))
-        .collect();
-    let owed: Vec<(NewNotification<'_>, Uuid)> = moving
-        .iter()
-        .zip(&payloads)
-        .map(|((i, row), payload)| (notification(row, payload), batch[*i].correlation_id))
-        .collect();
-    let notification_ids = owed::notify_partners(uow, &owed).await?;
+        .map(|(i, row)| (row, batch[*i].correlation_id));
+    let notification_ids = owed::notify_all(uow, notified).await?;
 
     let normal: Vec<usize> = (0..moving.len())
         .filter(|&m| moving[m].1.kind == WithdrawalKind::Normal)
@@ -321,33 +292,29 @@ fn debit_posting(withdrawal: &Withdrawal) -> Posting {
     .memo(format!("withdrawal {} confirmed", withdrawal.id))
 }
 
-/// The JSON the partner receives for a confirmed withdrawal (frozen in the notification row).
-fn notification_payload(withdrawal: &Withdrawal) -> serde_json::Value {
-    serde_json::json!({
-        "event": WITHDRAWAL_CONFIRMED,
-        "withdrawal_id": withdrawal.id,
-        "partner_id": withdrawal.partner_id,
-        "kind": withdrawal.kind.as_str(),
-        "amount": withdrawal.amount.to_string(),
-        "currency": withdrawal.currency,
-        "to_address": withdrawal.to_address,
-        "tx_hash": withdrawal.tx_hash,
-        "confirmed_at": withdrawal
-            .confirmed_at
-            .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
-    })
-}
+impl Notifies for Withdrawal {
+    const EVENT: &'static str = WITHDRAWAL_CONFIRMED;
+    const REFERENCE_TYPE: &'static str = "WITHDRAWAL";
 
-fn notification<'a>(
-    withdrawal: &Withdrawal,
-    payload: &'a serde_json::Value,
-) -> NewNotification<'a> {
-    NewNotification {
-        partner_id: withdrawal.partner_id,
-        event: WITHDRAWAL_CONFIRMED,
-        reference_type: "WITHDRAWAL",
-        reference_id: withdrawal.id,
-        payload,
+    fn partner_and_reference(&self) -> (u64, u64) {
+        (self.partner_id, self.id)
+    }
+
+    /// The JSON the partner receives for a confirmed withdrawal.
+    fn payload(&self) -> serde_json::Value {
+        serde_json::json!({
+            "event": WITHDRAWAL_CONFIRMED,
+            "withdrawal_id": self.id,
+            "partner_id": self.partner_id,
+            "kind": self.kind.as_str(),
+            "amount": self.amount.to_string(),
+            "currency": self.currency,
+            "to_address": self.to_address,
+            "tx_hash": self.tx_hash,
+            "confirmed_at": self
+                .confirmed_at
+                .map(|at| at.to_rfc3339_opts(SecondsFormat::Micros, true)),
+        })
     }
 }
 
