@@ -9,8 +9,9 @@ use paybus_bus::{
     held::{self, Known},
 };
 
-/// Messages released per transaction; a pass continues while batches come back full.
-const BATCH: u32 = 200;
+/// Messages released per function and pass: a rolling deploy holds a few seconds' traffic of a
+/// function at most, released over a few passes.
+const BATCH: u32 = 500;
 
 /// Releases the held messages of `known` functions whose version they read.
 pub struct HeldRelease {
@@ -40,14 +41,7 @@ impl Job for HeldRelease {
 
     fn run_once(&self) -> JobFuture<'_> {
         Box::pin(async move {
-            let mut changed = 0;
-            loop {
-                let released = held::release(&self.outbox, &self.known, BATCH).await?;
-                changed += released;
-                if released < u64::from(BATCH) {
-                    break;
-                }
-            }
+            let changed = held::release(&self.outbox, &self.known, BATCH).await?;
             Ok(JobReport { changed })
         })
     }
