@@ -6,7 +6,7 @@
 //! API Gateway HTTP API, and the `migrate` function behind a custom resource that every other
 //! function depends on. Secrets are references (`PAYBUS_*_FROM`, see
 //! `paybus_config::secrets`), never values; alarms cover every dead-letter queue, every
-//! function's errors and the API's 5xx answers.
+//! function's errors and new dead letters, the auditor's violations and the API's 5xx answers.
 
 use paybus_config::Shards;
 
@@ -67,6 +67,14 @@ impl Deployable {
 
     fn log_group_id(&self) -> String {
         format!("{}LogGroup", self.logical_id)
+    }
+
+    fn errors_alarm_id(&self) -> String {
+        format!("{}ErrorsAlarm", self.logical_id)
+    }
+
+    fn new_dead_letters_alarm_id(&self) -> String {
+        format!("{}NewDeadLettersAlarm", self.logical_id)
     }
 }
 

@@ -6,7 +6,10 @@ use paybus_config::Shards;
 
 use super::{
     Deployable, MIGRATE_TIMEOUT_S, MIGRATION_SERVICE_TIMEOUT_S,
-    alarms::{MQ_INVOCATION_FAILED, add_errors_alarm, add_log_group, add_queue_alarm, alarm},
+    alarms::{
+        MQ_INVOCATION_FAILED, add_audit_violations, add_dead_letters_metric, add_errors_alarm,
+        add_log_group, add_new_dead_letters_alarm, add_queue_alarm, alarm,
+    },
     needs::{DATABASE_URL, needs},
     parameters::enabled_parameter,
     pascal_case,
@@ -80,6 +83,7 @@ pub(super) fn add_consumer(
     );
     add_log_group(resources, &lambda);
     add_errors_alarm(resources, &lambda, MQ_INVOCATION_FAILED);
+    add_new_dead_letters_alarm(resources, &lambda);
     add_queue_alarm(
         resources,
         &format!("{}DeadLetterQueueAlarm", lambda.logical_id),
@@ -111,6 +115,7 @@ pub(super) fn add_recorder(resources: &mut Node) {
     );
     add_log_group(resources, &recorder);
     add_errors_alarm(resources, &recorder, MQ_INVOCATION_FAILED);
+    add_dead_letters_metric(resources, &recorder);
     add_queue_alarm(resources, "UnroutedQueueAlarm", UNROUTED_QUEUE);
     resources.insert(
         "DeadLettersRecordedAlarm",
@@ -154,6 +159,7 @@ pub(super) fn add_sweeper(resources: &mut Node) {
         &sweeper,
         "a scheduled run failed (a job hit an error, named in the log; the next run does its work again)",
     );
+    add_audit_violations(resources, &sweeper);
 }
 
 /// The HTTP API: the same axum router behind an API Gateway HTTP API.
