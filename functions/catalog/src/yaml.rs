@@ -125,6 +125,17 @@ impl Node {
         }
     }
 
+    /// The value under `key` of a mapping, to change it.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Node> {
+        match self {
+            Node::Map(entries) => entries
+                .iter_mut()
+                .find(|e| e.key == key)
+                .map(|e| &mut e.value),
+            _ => None,
+        }
+    }
+
     /// The same document as JSON (maps sorted), for tests and tools.
     pub fn to_json(&self) -> Value {
         match self {

@@ -18,8 +18,8 @@ const DEAD_LETTERS_METRIC: &str = "DeadLetters";
 /// The metric of the auditor's violations, from the sweeper's log.
 const AUDIT_VIOLATIONS_METRIC: &str = "AuditViolations";
 
-/// The alarm on any violation the auditor finds.
-const AUDIT_VIOLATIONS_ALARM: &str = "AuditViolationsAlarm";
+/// The alarm on any violation the auditor finds: every Lambda's deployment watches it.
+pub(super) const AUDIT_VIOLATIONS_ALARM: &str = "AuditViolationsAlarm";
 
 pub(super) fn add_log_group(resources: &mut Node, lambda: &Deployable) {
     resources.insert(
