@@ -6,7 +6,8 @@
 //! API Gateway HTTP API, and the `migrate` function behind a custom resource that every other
 //! function depends on. Secrets are references (`PAYBUS_*_FROM`, see
 //! `paybus_config::secrets`), never values; alarms cover every dead-letter queue, every
-//! function's errors and the API's 5xx answers.
+//! function's errors and new dead letters, the auditor's violations and the API's 5xx answers.
+//! Every Lambda but `migrate` is deployed gradually behind its alias, rolled back on its alarms.
 
 use paybus_config::Shards;
 
@@ -16,11 +17,16 @@ use crate::{
 };
 
 mod alarms;
+mod deployments;
 mod functions;
 mod needs;
 mod parameters;
 mod policies;
 
+use deployments::deploys_gradually;
+pub use deployments::{
+    ALIAS, ALL_AT_ONCE, DEFAULT_DEPLOYMENT_TYPE, DEPLOYMENT_TYPE, DEPLOYS_GRADUALLY,
+};
 use functions::{add_api, add_consumer, add_migration, add_recorder, add_sweeper, globals};
 pub use needs::*;
 use parameters::parameters;
@@ -67,6 +73,14 @@ impl Deployable {
 
     fn log_group_id(&self) -> String {
         format!("{}LogGroup", self.logical_id)
+    }
+
+    fn errors_alarm_id(&self) -> String {
+        format!("{}ErrorsAlarm", self.logical_id)
+    }
+
+    fn new_dead_letters_alarm_id(&self) -> String {
+        format!("{}NewDeadLettersAlarm", self.logical_id)
     }
 }
 
@@ -138,13 +152,15 @@ pub fn template_with(shards: &Shards) -> Node {
     add_api(&mut resources);
     add_migration(&mut resources, shards);
     let outputs = outputs(&deployables());
+    let mut conditions = conditions();
+    conditions.insert(DEPLOYS_GRADUALLY, deploys_gradually());
 
     map! {
         "AWSTemplateFormatVersion" => "2010-09-09",
         "Transform" => "AWS::Serverless-2016-10-31",
         "Description" => "paybus: one Lambda per function on Amazon MQ for RabbitMQ, the dead-letter recorder, the sweeper, the HTTP API and the migrations (generated from the function catalog)",
         "Parameters" => parameters(),
-        "Conditions" => conditions(),
+        "Conditions" => conditions,
         "Globals" => globals(shards),
         "Resources" => resources,
         "Outputs" => outputs,

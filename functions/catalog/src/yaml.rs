@@ -108,10 +108,30 @@ impl Node {
         }
     }
 
+    /// The mapping without its entries whose value is an empty sequence: CloudFormation reads
+    /// an absent list as an empty one, and the template reads better without `[]`.
+    pub fn without_empty_lists(mut self) -> Node {
+        if let Node::Map(entries) = &mut self {
+            entries.retain(|e| !matches!(&e.value, Node::List(items) if items.is_empty()));
+        }
+        self
+    }
+
     /// The value under `key` of a mapping.
     pub fn get(&self, key: &str) -> Option<&Node> {
         match self {
             Node::Map(entries) => entries.iter().find(|e| e.key == key).map(|e| &e.value),
+            _ => None,
+        }
+    }
+
+    /// The value under `key` of a mapping, to change it.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Node> {
+        match self {
+            Node::Map(entries) => entries
+                .iter_mut()
+                .find(|e| e.key == key)
+                .map(|e| &mut e.value),
             _ => None,
         }
     }

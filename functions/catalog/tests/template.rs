@@ -1,18 +1,23 @@
 //! The AWS SAM template is the catalog's: every function has its Lambda on its own queue,
-//! every dead-letter queue (and `paybus.unrouted`) feeds the recorder and has an alarm, the
-//! shipped file is what `paybus template` prints, and `cfn-lint` (which translates SAM
-//! offline) finds nothing wrong with it.
+//! every dead-letter queue (and `paybus.unrouted`) feeds the recorder and has an alarm, every
+//! Lambda that takes traffic deploys gradually behind its alias, watched by the alarms that
+//! matter for it, the shipped file is what `paybus template` prints, and `cfn-lint` (which
+//! translates SAM offline) finds nothing wrong with it.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use paybus_testkit::repository;
 use std::process::Command;
 
-use paybus_bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name};
+use paybus_bus::{
+    dead_letter::RECORDED_LINES,
+    topology::{UNROUTED_QUEUE, dead_letter_queue_name},
+};
 use paybus_catalog::{
     FUNCTIONS, queues,
     sam::{self, TEMPLATE_PATH, pascal_case},
 };
 use paybus_config::Shards;
+use paybus_maintenance::auditor::VIOLATION_LINE;
 use serde_json::Value;
 
 /// The queues of every `MQ` event of a function resource.
@@ -307,5 +312,307 @@ fn a_four_shard_function_gets_four_triggers_and_lints_clean() {
         output.status.success(),
         "cfn-lint on the sharded template:\n{}",
         String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+/// What a deployment must be watched by: a signal an alarm of the template stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Signal {
+    /// `AWS/Lambda` `Errors` of this function resource.
+    Errors(String),
+    /// New dead letters of this catalog function: the recorder's log, counted.
+    DeadLetters(String),
+    /// The continuous auditor's violations: the sweeper's log, counted.
+    AuditViolations,
+    /// The HTTP API's 5xx answers.
+    Api5xx,
+}
+
+/// The signals each Lambda's deployment must be watched by, from the catalog: every Lambda but
+/// `migrate` (only CloudFormation invokes it) its own errors and the auditor's violations (any
+/// Lambda that moves money can cause one); a catalog function also its new dead letters; the
+/// API its 5xx answers.
+fn expected_signals() -> Vec<(String, Vec<Signal>)> {
+    sam::deployables()
+        .into_iter()
+        .filter(|lambda| lambda.binary != "migrate")
+        .map(|lambda| {
+            let id = format!("{}Function", lambda.logical_id);
+            let mut signals = vec![Signal::Errors(id.clone()), Signal::AuditViolations];
+            if FUNCTIONS.iter().any(|f| f.name == lambda.binary) {
+                signals.push(Signal::DeadLetters(lambda.binary.to_owned()));
+            }
+            if lambda.binary == "api" {
+                signals.push(Signal::Api5xx);
+            }
+            (id, signals)
+        })
+        .collect()
+}
+
+/// The log group resource Lambda `binary` writes to.
+fn log_group_of(template: &Value, binary: &str) -> Value {
+    let id = format!("{}Function", pascal_case(binary));
+    template["Resources"][&id]["Properties"]["LoggingConfig"]["LogGroup"].clone()
+}
+
+/// The metric filter feeding the metric `alarm` watches, if one does.
+fn metric_filter_of<'t>(template: &'t Value, alarm: &Value) -> Option<&'t Value> {
+    template["Resources"].as_object()?.values().find(|r| {
+        r["Type"] == "AWS::Logs::MetricFilter"
+            && r["Properties"]["MetricTransformations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| {
+                    t["MetricNamespace"] == alarm["Properties"]["Namespace"]
+                        && t["MetricName"] == alarm["Properties"]["MetricName"]
+                })
+    })
+}
+
+/// What alarm resource `alarm` watches, read from it (and from the metric filter of a log
+/// metric): its namespace, metric and dimensions, not its name.
+fn signal_of(template: &Value, alarm: &Value) -> Option<Signal> {
+    let properties = &alarm["Properties"];
+    let dimension = |name: &str| {
+        properties["Dimensions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["Name"] == name)
+            .map(|d| d["Value"].clone())
+    };
+    match (
+        properties["Namespace"].as_str(),
+        properties["MetricName"].as_str(),
+    ) {
+        (Some("AWS/Lambda"), Some("Errors")) => Some(Signal::Errors(
+            dimension("FunctionName")?["Ref"].as_str()?.to_owned(),
+        )),
+        (Some("AWS/ApiGateway"), Some("5xx")) => {
+            (dimension("ApiId")? == serde_json::json!({"Ref": "HttpApi"})).then_some(Signal::Api5xx)
+        }
+        _ => {
+            let filter = &metric_filter_of(template, alarm)?["Properties"];
+            let pattern = filter["FilterPattern"].as_str()?;
+            let quoted = |line: &str| pattern.contains(&format!("\"{line}\""));
+            if filter["LogGroupName"] == log_group_of(template, "dead-letters")
+                && RECORDED_LINES.iter().all(|line| quoted(line))
+                && filter["MetricTransformations"][0]["Dimensions"]
+                    == serde_json::json!([{"Key": "function", "Value": "$.function"}])
+            {
+                let function = dimension("function")?;
+                return Some(Signal::DeadLetters(function.as_str()?.to_owned()));
+            }
+            (filter["LogGroupName"] == log_group_of(template, "sweeper") && quoted(VIOLATION_LINE))
+                .then_some(Signal::AuditViolations)
+        }
+    }
+}
+
+/// The alarm a deployment's entry names, with its logical id: a `Ref` to it, or its
+/// `AlarmName`.
+fn alarm_named<'t>(template: &'t Value, entry: &Value) -> Option<(String, &'t Value)> {
+    let resources = template["Resources"].as_object()?;
+    if let Some(id) = entry["Ref"].as_str() {
+        return resources.get(id).map(|alarm| (id.to_owned(), alarm));
+    }
+    resources
+        .iter()
+        .find(|(_, r)| {
+            r["Type"] == "AWS::CloudWatch::Alarm" && r["Properties"]["AlarmName"] == *entry
+        })
+        .map(|(id, alarm)| (id.clone(), alarm))
+}
+
+/// Whether `alarm` is a deployment's signal: a count of events that is back to OK within five
+/// minutes of the last one, not a standing level (a queue's depth, a backlog) that would stop
+/// every deployment while it lasts.
+fn fits_a_deployment(alarm: &Value) -> bool {
+    let properties = &alarm["Properties"];
+    let lasts = properties["Period"].as_i64().unwrap_or(i64::MAX)
+        * properties["EvaluationPeriods"].as_i64().unwrap_or(i64::MAX);
+    properties["Statistic"] == "Sum"
+        && properties["TreatMissingData"] == "notBreaching"
+        && lasts <= 300
+}
+
+/// What the template's deployments miss: a Lambda that takes traffic without the alias its
+/// triggers invoke, without a deployment preference whose type is the parameter, or not
+/// watched (unless `AllAtOnce`) by each signal that matters for it; an alarm among them that
+/// does not fit a deployment; a parameter that does not default to a gradual deployment.
+fn deployment_problems(template: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let parameter = &template["Parameters"][sam::DEPLOYMENT_TYPE];
+    let allowed = parameter["AllowedValues"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if parameter["Default"] == sam::ALL_AT_ONCE || !allowed.contains(&parameter["Default"]) {
+        problems.push(format!("{}: not gradual by default", sam::DEPLOYMENT_TYPE));
+    }
+    if !allowed.contains(&Value::from(sam::ALL_AT_ONCE)) {
+        problems.push(format!(
+            "{}: AllAtOnce is not allowed",
+            sam::DEPLOYMENT_TYPE
+        ));
+    }
+    for (id, signals) in expected_signals() {
+        let properties = &template["Resources"][&id]["Properties"];
+        if properties["AutoPublishAlias"] != sam::ALIAS {
+            problems.push(format!("{id}: no alias {}", sam::ALIAS));
+        }
+        let preference = &properties["DeploymentPreference"];
+        if preference.is_null() {
+            problems.push(format!("{id}: no deployment preference"));
+            continue;
+        }
+        if preference["Type"] != serde_json::json!({"Ref": sam::DEPLOYMENT_TYPE}) {
+            problems.push(format!("{id}: its deployment type is not the parameter's"));
+        }
+        let alarms = &preference["Alarms"]["Fn::If"];
+        if alarms[0] != sam::DEPLOYS_GRADUALLY {
+            problems.push(format!(
+                "{id}: its alarms are not dropped for AllAtOnce alone"
+            ));
+        }
+        let mut watched = Vec::new();
+        for entry in alarms[1].as_array().into_iter().flatten() {
+            let Some((alarm_id, alarm)) = alarm_named(template, entry) else {
+                problems.push(format!("{id}: no alarm {entry}"));
+                continue;
+            };
+            if !fits_a_deployment(alarm) {
+                problems.push(format!(
+                    "{id}: {alarm_id} does not fit a deployment (not a count back to OK within 5 minutes)"
+                ));
+            }
+            watched.extend(signal_of(template, alarm));
+        }
+        for signal in signals {
+            if !watched.contains(&signal) {
+                problems.push(format!("{id}: its deployment is not watched by {signal:?}"));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_lambda_that_takes_traffic_deploys_gradually_watched_by_its_signals() {
+    let template = sam::template().to_json();
+
+    assert_eq!(deployment_problems(&template), Vec::<String>::new());
+    // The scan covered every catalog function and the platform's three: one that found none
+    // would pass for nothing.
+    assert_eq!(expected_signals().len(), FUNCTIONS.len() + 3);
+    let parameter = &template["Parameters"][sam::DEPLOYMENT_TYPE];
+    assert_eq!(parameter["Default"], sam::DEFAULT_DEPLOYMENT_TYPE);
+}
+
+#[test]
+fn a_lambda_missing_its_alias_preference_or_an_alarm_is_caught() {
+    // The control: the same check on templates that each lost one thing.
+    let template = sam::template().to_json();
+    let first = format!("{}Function", pascal_case(FUNCTIONS[0].name));
+    let second = format!("{}Function", pascal_case(FUNCTIONS[1].name));
+    let alarms = |t: &mut Value, id: &str| -> Vec<Value> {
+        t["Resources"][id]["Properties"]["DeploymentPreference"]["Alarms"]["Fn::If"][1]
+            .as_array_mut()
+            .unwrap()
+            .drain(..)
+            .collect()
+    };
+    let found = |edit: &dyn Fn(&mut Value)| {
+        let mut broken = template.clone();
+        edit(&mut broken);
+        deployment_problems(&broken)
+    };
+    let has = |problems: &[String], expected: &str| {
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "{expected:?} not in {problems:?}"
+        );
+    };
+
+    let problems = found(&|t| {
+        t["Resources"][&first]["Properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("AutoPublishAlias");
+    });
+    has(&problems, &format!("{first}: no alias live"));
+
+    let problems = found(&|t| {
+        t["Resources"]["DeadLettersFunction"]["Properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("DeploymentPreference");
+    });
+    has(&problems, "DeadLettersFunction: no deployment preference");
+
+    // Each signal of a catalog function, dropped in turn.
+    for dropped in 0..3 {
+        let problems = found(&|t| {
+            let mut kept = alarms(t, &first);
+            kept.remove(dropped);
+            t["Resources"][&first]["Properties"]["DeploymentPreference"]["Alarms"]["Fn::If"][1] =
+                Value::Array(kept);
+        });
+        has(
+            &problems,
+            &format!("{first}: its deployment is not watched by"),
+        );
+    }
+
+    // Its dead-letter queue's depth instead of its new dead letters: a standing level.
+    let problems = found(&|t| {
+        let mut kept = alarms(t, &second);
+        kept.retain(|a| !a["Ref"].as_str().unwrap().contains("NewDeadLetters"));
+        let depth = format!("{}DeadLetterQueueAlarm", pascal_case(FUNCTIONS[1].name));
+        kept.push(serde_json::json!({ "Ref": depth }));
+        t["Resources"][&second]["Properties"]["DeploymentPreference"]["Alarms"]["Fn::If"][1] =
+            Value::Array(kept);
+    });
+    has(&problems, "DeadLetterQueueAlarm does not fit a deployment");
+    has(
+        &problems,
+        &format!(
+            "{second}: its deployment is not watched by DeadLetters(\"{}\")",
+            FUNCTIONS[1].name
+        ),
+    );
+
+    let problems = found(&|t| {
+        let mut kept = alarms(t, "ApiFunction");
+        kept.retain(|a| !a.to_string().contains("HttpApi5xx"));
+        t["Resources"]["ApiFunction"]["Properties"]["DeploymentPreference"]["Alarms"]["Fn::If"]
+            [1] = Value::Array(kept);
+    });
+    has(
+        &problems,
+        "ApiFunction: its deployment is not watched by Api5xx",
+    );
+
+    // The auditor's metric filter counting another line: no Lambda is watched by violations.
+    let problems = found(&|t| {
+        let filter = t["Resources"]
+            .as_object_mut()
+            .unwrap()
+            .values_mut()
+            .find(|r| {
+                r["Type"] == "AWS::Logs::MetricFilter"
+                    && r["Properties"]["FilterPattern"]
+                        .as_str()
+                        .unwrap()
+                        .contains(VIOLATION_LINE)
+            })
+            .unwrap();
+        filter["Properties"]["FilterPattern"] = Value::from("{ $.message = \"audit passed\" }");
+    });
+    has(
+        &problems,
+        "SweeperFunction: its deployment is not watched by AuditViolations",
     );
 }

@@ -3,7 +3,8 @@
 //! as the CloudFormation it is. What a first deployment needs is asserted on that output, not
 //! on our own YAML: the Amazon MQ triggers' EC2 and MQ permissions, a policy on the right ARN
 //! with the right action for every form a secret reference may take, the migration's
-//! `ServiceTimeout`, no timeout past 14 minutes.
+//! `ServiceTimeout`, no timeout past 14 minutes, every trigger on the alias CodeDeploy moves,
+//! watched by the function's alarms unless the deployment is `AllAtOnce`.
 //!
 //! A reference's form is only known at deploy time (it is a parameter), so the template
 //! chooses with conditions; [`Deploy`] resolves the translated template's intrinsic functions
@@ -320,7 +321,21 @@ fn resources_of_type<'a>(template: &'a Value, kind: &str) -> Vec<(&'a String, &'
         .collect()
 }
 
-/// The Lambdas an Amazon MQ event source mapping invokes, with their queues.
+/// The function resource behind `id`: itself, or the function an alias of it names.
+fn function_behind(template: &Value, id: &str) -> String {
+    let resource = &template["Resources"][id];
+    if resource["Type"] == "AWS::Lambda::Alias" {
+        resource["Properties"]["FunctionName"]["Ref"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    } else {
+        id.to_owned()
+    }
+}
+
+/// The Lambdas an Amazon MQ event source mapping invokes (through their alias), with their
+/// queues.
 fn mq_triggered(template: &Value) -> BTreeMap<String, Vec<String>> {
     let mut functions: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (_, mapping) in resources_of_type(template, "AWS::Lambda::EventSourceMapping") {
@@ -328,10 +343,10 @@ fn mq_triggered(template: &Value) -> BTreeMap<String, Vec<String>> {
         let Some(queues) = properties["Queues"].as_array() else {
             continue;
         };
-        let function = properties["FunctionName"]["Ref"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let function = function_behind(
+            template,
+            properties["FunctionName"]["Ref"].as_str().unwrap(),
+        );
         functions
             .entry(function)
             .or_default()
@@ -791,4 +806,189 @@ fn a_cognito_user_pool_reaches_the_api_and_no_other_function() {
             "{function}: {variables}"
         );
     }
+}
+
+/// What is wrong with the invoker `id` (an event source mapping, a rule's target, a
+/// permission) invoking `target` (the resource it names): not the alias [`sam::ALIAS`] of a
+/// function, or an alias CodeDeploy does not move.
+fn alias_problems(template: &Value, id: &str, target: &str) -> Vec<String> {
+    let alias = &template["Resources"][target];
+    if alias["Type"] != "AWS::Lambda::Alias" || alias["Properties"]["Name"] != sam::ALIAS {
+        return vec![format!(
+            "{id} invokes {target}, not an alias {}",
+            sam::ALIAS
+        )];
+    }
+    let group = &alias["UpdatePolicy"]["CodeDeployLambdaAliasUpdate"]["DeploymentGroupName"]["Ref"];
+    let deployed = group
+        .as_str()
+        .is_some_and(|g| template["Resources"][g]["Type"] == "AWS::CodeDeploy::DeploymentGroup");
+    if deployed {
+        Vec::new()
+    } else {
+        vec![format!(
+            "{id} invokes {target}, which CodeDeploy does not move"
+        )]
+    }
+}
+
+/// Every invoker of every Lambda in `template` (translated) with the resource it invokes: the
+/// event source mappings, the schedule's rules, the HTTP API's integration and the permissions.
+fn invokers(template: &Value) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (id, mapping) in resources_of_type(template, "AWS::Lambda::EventSourceMapping") {
+        found.push((
+            id.clone(),
+            scalar_text(&mapping["Properties"]["FunctionName"]["Ref"]),
+        ));
+    }
+    for (id, rule) in resources_of_type(template, "AWS::Events::Rule") {
+        for target in rule["Properties"]["Targets"].as_array().unwrap() {
+            found.push((id.clone(), scalar_text(&target["Arn"]["Ref"])));
+        }
+    }
+    for (id, permission) in resources_of_type(template, "AWS::Lambda::Permission") {
+        found.push((
+            id.clone(),
+            scalar_text(&permission["Properties"]["FunctionName"]["Ref"]),
+        ));
+    }
+    for (id, api) in resources_of_type(template, "AWS::ApiGatewayV2::Api") {
+        let body = api["Properties"]["Body"].to_string();
+        // The integration's URI: `…:lambda:path/2015-03-31/functions/${<target>}/invocations`.
+        for part in body.split("/functions/${").skip(1) {
+            found.push((id.clone(), part.split('}').next().unwrap().to_owned()));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_trigger_invokes_the_alias_codedeploy_moves() {
+    let translated = shipped();
+    let found = invokers(&translated);
+
+    let problems: Vec<String> = found
+        .iter()
+        .flat_map(|(id, target)| alias_problems(&translated, id, target))
+        .collect();
+    assert_eq!(problems, Vec::<String>::new());
+    // Every trigger was seen: a mapping per catalog function and per dead-letter queue (and
+    // paybus.unrouted), the schedule, the HTTP API.
+    let mappings = resources_of_type(&translated, "AWS::Lambda::EventSourceMapping").len();
+    assert_eq!(mappings, 2 * paybus_catalog::FUNCTIONS.len() + 1);
+    let invoked: std::collections::BTreeSet<String> = found
+        .iter()
+        .map(|(_, target)| function_behind(&translated, target))
+        .collect();
+    let expected: std::collections::BTreeSet<String> = sam::deployables()
+        .iter()
+        .filter(|lambda| lambda.binary != "migrate")
+        .map(|lambda| format!("{}Function", lambda.logical_id))
+        .collect();
+    assert_eq!(invoked, expected);
+}
+
+#[test]
+fn a_trigger_on_the_function_itself_is_caught() {
+    // The control: the template as it was before, no alias on the first catalog function.
+    let mut template = sam::template().to_json();
+    let id = format!(
+        "{}Function",
+        sam::pascal_case(paybus_catalog::FUNCTIONS[0].name)
+    );
+    let properties = template["Resources"][&id]["Properties"]
+        .as_object_mut()
+        .unwrap();
+    properties.remove("AutoPublishAlias");
+    properties.remove("DeploymentPreference");
+    let translated = translate(&template);
+
+    let problems: Vec<String> = invokers(&translated)
+        .iter()
+        .flat_map(|(invoker, target)| alias_problems(&translated, invoker, target))
+        .collect();
+
+    assert_eq!(
+        problems,
+        [format!("{id}Queue invokes {id}, not an alias live")]
+    );
+}
+
+/// The alarms each deployment group of `stack` stops and rolls back on, by the function whose
+/// alias it moves.
+fn deployment_alarms(translated: &Value, stack: &Deploy) -> BTreeMap<String, Vec<String>> {
+    let mut watched = BTreeMap::new();
+    for (alias_id, alias) in resources_of_type(translated, "AWS::Lambda::Alias") {
+        let Some(group) =
+            alias["UpdatePolicy"]["CodeDeployLambdaAliasUpdate"]["DeploymentGroupName"]["Ref"]
+                .as_str()
+        else {
+            continue;
+        };
+        let properties = &translated["Resources"][group]["Properties"];
+        let rollback = &properties["AutoRollbackConfiguration"];
+        assert_eq!(rollback["Enabled"], true, "{group}");
+        assert!(
+            as_list(&rollback["Events"]).contains(&json!("DEPLOYMENT_STOP_ON_ALARM")),
+            "{group}"
+        );
+        let alarms = stack
+            .resolve(&properties["AlarmConfiguration"])
+            .unwrap_or(Value::Null);
+        let names = if alarms["Enabled"] == true {
+            as_list(&alarms["Alarms"])
+                .iter()
+                .map(|a| scalar_text(&a["Name"]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        watched.insert(function_behind(translated, alias_id), names);
+    }
+    watched
+}
+
+#[test]
+fn deployments_are_watched_by_their_alarms_unless_all_at_once() {
+    let translated = shipped();
+    let template = sam::template().to_json();
+
+    let stack = deploy(&translated, &[]);
+    let gradual = deployment_alarms(&translated, &stack);
+    for (function, alarms) in &gradual {
+        let declared: Vec<String> = template["Resources"][function]["Properties"]
+            ["DeploymentPreference"]["Alarms"]["Fn::If"][1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| scalar_text(&stack.resolve(a).unwrap()))
+            .collect();
+        assert!(!declared.is_empty(), "{function}");
+        assert_eq!(alarms, &declared, "{function}");
+    }
+    assert_eq!(gradual.len(), sam::deployables().len() - 1, "{gradual:?}");
+    // The type was the parameter's default when the transform ran (CloudFormation's transform
+    // reads the stack's parameter values the same way).
+    for (_, group) in resources_of_type(&translated, "AWS::CodeDeploy::DeploymentGroup") {
+        let config = stack.resolve(&group["Properties"]["DeploymentConfigName"]);
+        assert_eq!(
+            config,
+            Some(json!(format!(
+                "CodeDeployDefault.Lambda{}",
+                sam::DEFAULT_DEPLOYMENT_TYPE
+            )))
+        );
+    }
+
+    let at_once = deploy(
+        &translated,
+        &[(sam::DEPLOYMENT_TYPE.to_owned(), sam::ALL_AT_ONCE.to_owned())],
+    );
+    let unwatched = deployment_alarms(&translated, &at_once);
+    assert_eq!(unwatched.len(), gradual.len());
+    assert!(
+        unwatched.values().all(Vec::is_empty),
+        "AllAtOnce: {unwatched:?}"
+    );
 }

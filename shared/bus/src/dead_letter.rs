@@ -35,6 +35,15 @@ pub const H_FAILURE_ID: &str = "x-paybus-failure-id";
 /// Longest error text carried in a header (the table keeps the same).
 const MAX_ERROR_LEN: usize = 4_000;
 
+/// The WARN line of a failure recorded for the first time, of one that failed again (a replayed
+/// letter), and of one that failed again after ops archived or replayed it; each with
+/// `function`. The AWS deployment counts them (a metric filter on the recorder's log) to roll a
+/// deploy back on new dead letters.
+pub const RECORDED: &str = "dead letter recorded";
+pub const RECORDED_AGAIN: &str = "dead letter recorded again";
+pub const RECORDED_REOPENED: &str = "dead letter recorded again, reopened";
+pub const RECORDED_LINES: [&str; 3] = [RECORDED, RECORDED_AGAIN, RECORDED_REOPENED];
+
 /// Publishes `delivery` to `paybus.dlx` (→ `paybus.<function>.dlq`) and waits for the confirm.
 pub async fn publish(
     publisher: &Publisher,
@@ -357,11 +366,11 @@ pub async fn record_failure(
     // MySQL's affected rows for an upsert: 1 inserted, 2 updated.
     let recorded = if affected == 1 {
         group_counts::apply(conn, &row.function_name, &row.reason, Change::Recorded).await?;
-        "dead letter recorded"
+        RECORDED
     } else if let Change::Reopened { .. } = failed_again(conn, &row.dead_letter_id).await? {
-        "dead letter recorded again, reopened"
+        RECORDED_REOPENED
     } else {
-        "dead letter recorded again"
+        RECORDED_AGAIN
     };
     tracing::warn!(
         function = %row.function_name, message_id = row.message_id.as_deref().unwrap_or(""),

@@ -49,6 +49,10 @@ pub const VAR_RETENTION_HOURS: Setting = Setting {
     about: "the continuous auditor: passes kept in `audit_passes` (hours, at least 1)",
 };
 
+/// The ERROR line of each violation (with `check` and `description`): what the AWS deployment
+/// alarms on (a metric filter on the sweeper's log) and rolls a deploy back on.
+pub const VIOLATION_LINE: &str = "audit violation";
+
 /// What [`AuditorConfig::read`] reads, in the order the page lists them.
 pub const SETTINGS: &[Setting] = &[
     VAR_INTERVAL_MS,
@@ -239,7 +243,7 @@ impl Auditor {
         for violation in &violations {
             tracing::error!(
                 check = violation.check, description = %violation.description, pass = id,
-                "audit violation"
+                "{VIOLATION_LINE}"
             );
         }
         metrics::record_audit_pass(&violations, duration);

@@ -1,12 +1,18 @@
 //! The Lambdas: one per catalog function on its queues, the dead-letter recorder, the sweeper,
 //! the HTTP API and the migration behind its custom resource, and what they share (`Globals`).
+//! Each but the migration is deployed gradually, watched by the alarms that matter for it.
 
 use paybus_bus::topology::{UNROUTED_QUEUE, dead_letter_queue_name};
 use paybus_config::Shards;
 
 use super::{
     Deployable, MIGRATE_TIMEOUT_S, MIGRATION_SERVICE_TIMEOUT_S,
-    alarms::{MQ_INVOCATION_FAILED, add_errors_alarm, add_log_group, add_queue_alarm, alarm},
+    alarms::{
+        AUDIT_VIOLATIONS_ALARM, MQ_INVOCATION_FAILED, add_audit_violations,
+        add_dead_letters_metric, add_errors_alarm, add_log_group, add_new_dead_letters_alarm,
+        add_queue_alarm, alarm,
+    },
+    deployments::{ALIAS, deploy_gradually},
     needs::{DATABASE_URL, needs},
     parameters::enabled_parameter,
     pascal_case,
@@ -14,7 +20,7 @@ use super::{
 };
 use crate::{
     FUNCTIONS,
-    yaml::{Node, get_att, list, map, reference},
+    yaml::{Node, get_att, list, map, reference, sub},
 };
 
 /// A Lambda's `Environment` (its variables beyond the globals) and `Policies` from its needs.
@@ -70,6 +76,14 @@ pub(super) fn add_consumer(
         events.insert(&name, map! { "Type" => "MQ", "Properties" => event });
     }
     properties.insert("Events", events);
+    deploy_gradually(
+        &mut properties,
+        vec![
+            reference(&lambda.errors_alarm_id()),
+            reference(&lambda.new_dead_letters_alarm_id()),
+            reference(AUDIT_VIOLATIONS_ALARM),
+        ],
+    );
     resources.insert_commented(
         Some(&format!(
             "{}: one Lambda on paybus.{} (an infrastructure fault fails the batch; Amazon MQ\nretries it; every handler is idempotent).",
@@ -80,6 +94,7 @@ pub(super) fn add_consumer(
     );
     add_log_group(resources, &lambda);
     add_errors_alarm(resources, &lambda, MQ_INVOCATION_FAILED);
+    add_new_dead_letters_alarm(resources, &lambda);
     add_queue_alarm(
         resources,
         &format!("{}DeadLetterQueueAlarm", lambda.logical_id),
@@ -104,6 +119,13 @@ pub(super) fn add_recorder(resources: &mut Node) {
     );
     add_needs(&mut properties, recorder.binary);
     properties.insert("Events", events);
+    deploy_gradually(
+        &mut properties,
+        vec![
+            reference(&recorder.errors_alarm_id()),
+            reference(AUDIT_VIOLATIONS_ALARM),
+        ],
+    );
     resources.insert_commented(
         Some("The dead-letter recorder: what every function dead-letters ends up in `dead_letters`,\nonce however often a batch is replayed."),
         &recorder.function_id(),
@@ -111,6 +133,7 @@ pub(super) fn add_recorder(resources: &mut Node) {
     );
     add_log_group(resources, &recorder);
     add_errors_alarm(resources, &recorder, MQ_INVOCATION_FAILED);
+    add_dead_letters_metric(resources, &recorder);
     add_queue_alarm(resources, "UnroutedQueueAlarm", UNROUTED_QUEUE);
     resources.insert(
         "DeadLettersRecordedAlarm",
@@ -143,6 +166,13 @@ pub(super) fn add_sweeper(resources: &mut Node) {
             "Properties" => map! { "Schedule" => reference("SweeperSchedule") },
         } },
     );
+    deploy_gradually(
+        &mut properties,
+        vec![
+            reference(&sweeper.errors_alarm_id()),
+            reference(AUDIT_VIOLATIONS_ALARM),
+        ],
+    );
     resources.insert_commented(
         Some("The sweeper: in AWS nothing else relays the outbox, re-publishes due retries or reaps."),
         &sweeper.function_id(),
@@ -154,7 +184,12 @@ pub(super) fn add_sweeper(resources: &mut Node) {
         &sweeper,
         "a scheduled run failed (a job hit an error, named in the log; the next run does its work again)",
     );
+    add_audit_violations(resources, &sweeper);
 }
+
+/// The alarm on the HTTP API's 5xx answers, and its name (one per stack).
+const API_5XX_ALARM: &str = "HttpApi5xxAlarm";
+const API_5XX_ALARM_NAME: &str = "${AWS::StackName}-HttpApi5xx";
 
 /// The HTTP API: the same axum router behind an API Gateway HTTP API.
 pub(super) fn add_api(resources: &mut Node) {
@@ -170,6 +205,18 @@ pub(super) fn add_api(resources: &mut Node) {
             "Type" => "HttpApi",
             "Properties" => map! { "ApiId" => reference("HttpApi") },
         } },
+    );
+    // The HTTP API's integration names the API's alias, and the 5xx alarm names the HTTP API:
+    // a `Ref` from the alias's deployment to that alarm would close a circle (cfn-lint E3004),
+    // so the alarm is given a name and the deployment is watched by that name.
+    let api_5xx_name = sub(API_5XX_ALARM_NAME);
+    deploy_gradually(
+        &mut properties,
+        vec![
+            reference(&api.errors_alarm_id()),
+            api_5xx_name.clone(),
+            reference(AUDIT_VIOLATIONS_ALARM),
+        ],
     );
     resources.insert_commented(
         Some("The HTTP API: every route ($default) goes to one Lambda running the axum router."),
@@ -195,21 +242,22 @@ pub(super) fn add_api(resources: &mut Node) {
             },
         },
     );
-    resources.insert(
-        "HttpApi5xxAlarm",
-        alarm(
-            "The HTTP API answered 5xx (503: the database was unreachable; 500: see the API's log)",
-            "AWS/ApiGateway",
-            "5xx",
-            list![
-                map! { "Name" => "ApiId", "Value" => reference("HttpApi") },
-                map! { "Name" => "Stage", "Value" => "$default" },
-            ],
-            "Sum",
-            300,
-            1,
-        ),
+    let mut api_5xx = alarm(
+        "The HTTP API answered 5xx (503: the database was unreachable; 500: see the API's log)",
+        "AWS/ApiGateway",
+        "5xx",
+        list![
+            map! { "Name" => "ApiId", "Value" => reference("HttpApi") },
+            map! { "Name" => "Stage", "Value" => "$default" },
+        ],
+        "Sum",
+        300,
+        1,
     );
+    if let Some(alarm_properties) = api_5xx.get_mut("Properties") {
+        alarm_properties.insert("AlarmName", api_5xx_name);
+    }
+    resources.insert(API_5XX_ALARM, api_5xx);
 }
 
 /// Migrations and topology: a custom resource every other function depends on.
@@ -221,7 +269,7 @@ pub(super) fn add_migration(resources: &mut Node, shards: &Shards) {
     );
     add_needs(&mut properties, migrate.binary);
     // A new version with every code change: the custom resource's `Version` follows it.
-    properties.insert("AutoPublishAlias", "live");
+    properties.insert("AutoPublishAlias", ALIAS);
     properties.insert("Timeout", MIGRATE_TIMEOUT_S);
     resources.insert_commented(
         Some("Migrations and topology: run by CloudFormation (the Migration custom resource) before\nany other function is created or updated."),

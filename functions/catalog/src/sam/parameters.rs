@@ -1,8 +1,9 @@
 //! The template's parameters: the broker, the secrets' references, the network, capacity, each
-//! workflow's plain settings and operations.
+//! workflow's plain settings, operations and deployments.
 
 use super::{
     MAX_FUNCTION_TIMEOUT_S,
+    deployments::{DEPLOYMENT_TYPE, deployment_type_parameter},
     needs::{IDENTITY_SETTINGS, PLAIN_SETTINGS, PlainSetting, SECRETS},
     pascal_case,
     policies::SECRETS_KMS_KEYS,
@@ -21,6 +22,11 @@ pub(super) fn parameters() -> Node {
     capacity_parameters(&mut p);
     workflow_parameters(&mut p);
     operations_parameters(&mut p);
+    p.insert_commented(
+        Some("Deployments: how each function's alias moves to a new version."),
+        DEPLOYMENT_TYPE,
+        deployment_type_parameter(),
+    );
     consumption_parameters(&mut p);
     p
 }
