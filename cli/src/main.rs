@@ -38,7 +38,7 @@ use paybus_telemetry as telemetry;
 #[derive(Parser)]
 #[command(
     name = "paybus",
-    version,
+    version = paybus_config::build::VERSION_AND_COMMIT,
     about = "The asynchronous back office of a payments backend"
 )]
 struct Cli {

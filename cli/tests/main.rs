@@ -23,4 +23,5 @@ mod suspension;
 mod topology;
 mod trace_timelines;
 mod traces;
+mod version;
 mod w2_intake;

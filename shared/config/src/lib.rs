@@ -6,9 +6,11 @@
 //! - [`secrets`]: `_FROM` references resolved from AWS at start-up; [`sealed`]: secrets sealed
 //!   at rest; [`Secret`]: a value that never prints.
 //! - [`signature`]: HMAC-signed webhooks, both directions; [`redact`]: credentials out of logs.
+//! - [`build`]: the release and the commit this binary was built from.
 
 mod settings;
 
+pub mod build;
 pub mod redact;
 pub mod sealed;
 pub mod secrets;

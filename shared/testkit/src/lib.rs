@@ -79,6 +79,18 @@ pub fn repository() -> &'static std::path::Path {
     std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
+/// The commit the checkout is at (`git rev-parse HEAD`): what a binary built from it reports
+/// (`paybus_config::build::COMMIT`).
+pub fn head_commit() -> String {
+    let output = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(repository())
+        .output()
+        .expect("run git");
+    assert!(output.status.success(), "git rev-parse HEAD: {output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
 /// The services a process builds with `settings` (e.g. pointing at a private broker), with
 /// the exchanges and `functions`' queues declared.
 pub async fn services_on(settings: &Settings, functions: &[FunctionQueue]) -> Services {
