@@ -320,14 +320,30 @@ async fn json_errors(request: Request, next: Next) -> Response {
     answer
 }
 
+/// `/health`'s answer: the process is up, and which build answers (a deploy is the first
+/// suspect of a new fault).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+struct Health {
+    /// Always `ok`.
+    status: &'static str,
+    /// The release (the workspace's version; CHANGELOG.md).
+    version: &'static str,
+    /// The commit the binary was built from (40 hex digits), or `unknown`.
+    commit: &'static str,
+}
+
 #[utoipa::path(
     get,
     path = "/health",
     tag = "service",
-    responses((status = 200, description = "The process is up", body = Object))
+    responses((status = 200, description = "The process is up, and which build it runs", body = Health))
 )]
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+async fn health() -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        version: paybus_config::build::VERSION,
+        commit: paybus_config::build::COMMIT,
+    })
 }
 
 #[utoipa::path(

@@ -35,13 +35,17 @@ fn withdrawal(partner_id: u64) -> Value {
 }
 
 #[tokio::test]
-async fn health_needs_no_token() {
+async fn health_needs_no_token_and_names_the_build() {
     let api = Api::new().await;
     let (status, body) = api
         .call(Request::get("/health").body(Body::empty()).unwrap())
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, json!({"status": "ok"}));
+    assert_eq!(
+        body,
+        json!({"status": "ok", "version": env!("CARGO_PKG_VERSION"),
+               "commit": paybus_testkit::head_commit()})
+    );
 }
 
 #[tokio::test]

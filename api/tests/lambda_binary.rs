@@ -124,7 +124,9 @@ async fn the_api_binary_answers_api_gateway_events_with_secrets_from_secrets_man
         )
         .await;
 
-    assert_eq!(answer(health.response()), (200, json!({"status": "ok"})));
+    let build = json!({"status": "ok", "version": env!("CARGO_PKG_VERSION"),
+                       "commit": paybus_testkit::head_commit()});
+    assert_eq!(answer(health.response()), (200, build));
     let (status, error) = answer(anonymous.response());
     assert_eq!(status, 401, "{error}");
     let (status, error) = answer(admin.response());
