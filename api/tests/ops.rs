@@ -57,6 +57,12 @@ async fn metrics_expose_outcomes_latency_backlog_dead_letters_due_and_stuck_rows
     .unwrap();
 
     let text = scrape(&api).await;
+    let build = format!(
+        "paybus_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        paybus_testkit::head_commit()
+    );
+    assert!(text.contains(&build), "{build} missing from:\n{text}");
     for series in [
         "paybus_messages_total{function=\"confirm-withdrawal\",outcome=\"done\"}",
         "paybus_messages_total{function=\"confirm-withdrawal\",outcome=\"failed\"}",

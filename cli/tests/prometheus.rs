@@ -87,6 +87,19 @@ async fn wait_for_state(client: &reqwest::Client, base: &str, state: &str) -> Va
     }
 }
 
+/// Prometheus's answer to `query` evaluated now.
+async fn instant_query(client: &reqwest::Client, base: &str, query: &str) -> Value {
+    let url = reqwest::Url::parse_with_params(&format!("{base}/api/v1/query"), [("query", query)]);
+    client
+        .get(url.unwrap())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_fires_the_shipped_alert_in_a_real_prometheus() {
     let Some(prometheus) = prometheus() else {
@@ -189,6 +202,12 @@ async fn a_dead_letter_fires_the_shipped_alert_in_a_real_prometheus() {
         .unwrap();
     assert_eq!(letters, 1);
 
+    // The build the scraped process runs, as Prometheus stored its OpenMetrics info series.
+    let build = instant_query(&client, &base, "paybus_build_info").await;
+    let labels = &build["data"]["result"][0]["metric"];
+    assert_eq!(labels["version"], env!("CARGO_PKG_VERSION"), "{build}");
+    assert_eq!(labels["commit"], paybus_testkit::head_commit(), "{build}");
+
     // The shipped Grafana dashboard: every query is PromQL this Prometheus accepts, and names
     // only series paybus serves (a typo would be valid PromQL and an empty panel forever).
     let served = client
@@ -220,20 +239,7 @@ async fn a_dead_letter_fires_the_shipped_alert_in_a_real_prometheus() {
         .collect();
     assert!(queries.len() >= 10, "{queries:?}");
     for query in &queries {
-        let answer: Value = client
-            .get(
-                reqwest::Url::parse_with_params(
-                    &format!("{base}/api/v1/query"),
-                    [("query", query)],
-                )
-                .unwrap(),
-            )
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = instant_query(&client, &base, query).await;
         assert_eq!(answer["status"], "success", "{query}: {answer}");
         for series in query
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))

@@ -9,8 +9,9 @@
 //! histogram of handler latency), `paybus_audit_violations_total{check}` and the last audit
 //! pass, `paybus_external_calls_total{call,outcome}` (every call with a side effect elsewhere,
 //! by what it is known to have done: `done`, `not_done`, `unknown`), `paybus_broker_blocked`
-//! (1 while the broker blocks this process's connection: a resource alarm); plus gauges the
-//! caller reads from the database at scrape time ([`Gauges`]).
+//! (1 while the broker blocks this process's connection: a resource alarm),
+//! `paybus_build_info{version,commit}` (the build this process runs); plus gauges the caller
+//! reads from the database at scrape time ([`Gauges`]).
 
 use std::{
     collections::BTreeMap,
@@ -21,7 +22,7 @@ use std::{
 use prometheus_client::{
     metrics::{
         counter::Counter, exemplar::HistogramWithExemplars, family::Family, gauge::Gauge,
-        histogram::exponential_buckets,
+        histogram::exponential_buckets, info::Info,
     },
     registry::Registry,
 };
@@ -243,6 +244,18 @@ pub struct Gauges {
 pub fn encode(gauges: &Gauges) -> String {
     let exported = exported();
     let mut registry = Registry::with_prefix("paybus");
+    registry.register(
+        "build",
+        "The release and the commit this process was built from (CHANGELOG.md names each \
+         release's commit)",
+        Info::new(vec![
+            (
+                "version".to_owned(),
+                paybus_config::build::VERSION.to_owned(),
+            ),
+            ("commit".to_owned(), paybus_config::build::COMMIT.to_owned()),
+        ]),
+    );
     registry.register(
         "messages",
         "Messages handled, by function and outcome",
