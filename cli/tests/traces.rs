@@ -171,6 +171,14 @@ async fn a_withdrawal_confirmed_three_times_is_one_trace_from_the_monitor_to_the
         assert_eq!(intake.kind, 2, "a server span");
         assert_eq!(intake.integer("http.response.status_code"), Some(202));
         assert_eq!(intake.service, "paybus-run");
+        assert_eq!(
+            intake.resource.get("service.version").map(String::as_str),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(
+            intake.resource.get("vcs.ref.head.revision"),
+            Some(&paybus_testkit::head_commit())
+        );
     }
     // Three deliveries, each the child of the intake that sent its message: one transitioned,
     // the duplicates were skipped.

@@ -4,20 +4,22 @@
 //! HTTP/protobuf, the one protocol built in), `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`
 //! name the process, `OTEL_TRACES_SAMPLER` / `_ARG` sample, `OTEL_EXPORTER_OTLP_HEADERS` and
 //! `_TIMEOUT` reach the collector, `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn
-//! it off. Unset, nothing is installed: no layer, no exporter thread, no context lookups.
+//! it off. Unset, nothing is installed: no layer, no exporter thread, no context lookups. The
+//! resource always carries the build (`service.version`, `vcs.ref.head.revision`).
 
 use std::sync::{
     OnceLock,
     atomic::{AtomicBool, Ordering},
 };
 
-use opentelemetry::{global, trace::TracerProvider as _};
+use opentelemetry::{KeyValue, global, trace::TracerProvider as _};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{
     Resource,
     propagation::TraceContextPropagator,
     trace::{SdkTracer, SdkTracerProvider},
 };
+use paybus_config::build;
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -80,7 +82,12 @@ pub(super) fn install_from_env() -> Option<SdkTracer> {
             return None;
         }
     };
-    let mut resource = Resource::builder();
+    // The build is a fact of the binary, so it overrides OTEL_RESOURCE_ATTRIBUTES; the
+    // commit's key is the semantic conventions' (the `vcs.ref` entity).
+    let mut resource = Resource::builder().with_attributes([
+        KeyValue::new("service.version", build::VERSION),
+        KeyValue::new("vcs.ref.head.revision", build::COMMIT),
+    ]);
     let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
         || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| a.contains("service.name="));
     if !named {

@@ -26,6 +26,8 @@ use prost::Message as _;
 pub struct ReceivedSpan {
     /// The resource's `service.name`.
     pub service: String,
+    /// Every attribute of the resource, as text (`service.version`, ...).
+    pub resource: HashMap<String, String>,
     pub name: String,
     pub trace_id: String,
     pub span_id: String,
@@ -138,21 +140,17 @@ async fn export(State(received): State<Received>, body: Bytes) -> (StatusCode, V
     };
     let mut spans = Vec::new();
     for resource_spans in request.resource_spans {
-        let service = resource_spans
+        let resource = resource_spans
             .resource
             .as_ref()
-            .and_then(|resource| {
-                resource
-                    .attributes
-                    .iter()
-                    .find(|kv| kv.key == "service.name")
-            })
-            .map(|kv| text(kv.value.as_ref()))
+            .map(|resource| attributes(&resource.attributes))
             .unwrap_or_default();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
         for scope in resource_spans.scope_spans {
             for span in scope.spans {
                 spans.push(ReceivedSpan {
                     service: service.clone(),
+                    resource: resource.clone(),
                     name: span.name,
                     trace_id: hex::encode(&span.trace_id),
                     span_id: hex::encode(&span.span_id),
