@@ -1,6 +1,6 @@
-//! Every relative link in README.md, `docs/` and the infra READMEs resolves to a file, and
-//! every `#anchor` to a heading of the page it names: a page moved or a heading renamed fails
-//! here, not in a reader's browser.
+//! Every relative link in README.md, CHANGELOG.md, `docs/` and the infra READMEs resolves to a
+//! file, and every `#anchor` to a heading of the page it names: a page moved or a heading
+//! renamed fails here, not in a reader's browser.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed
 
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use paybus_docs::{
 /// The pages whose links are checked.
 fn pages() -> Vec<PathBuf> {
     let root = repository();
-    let mut pages = vec![root.join("README.md")];
+    let mut pages = vec![root.join("README.md"), root.join("CHANGELOG.md")];
     pages.extend(tree::files(&root.join("docs"), "md").unwrap());
     pages.extend(
         tree::files(&root.join("infra"), "md")
