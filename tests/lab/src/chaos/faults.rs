@@ -23,7 +23,7 @@ pub(super) const BROKER_NODE_KILL: &str = "broker node SIGKILL";
 
 /// How late a late answer comes: half a second past the client's timeout (the client gave up
 /// well before it), far inside the zombie timeout.
-const LATE_ANSWER: Duration = QUOTE_TIMEOUT.saturating_add(Duration::from_millis(500));
+pub(super) const LATE_ANSWER: Duration = QUOTE_TIMEOUT.saturating_add(Duration::from_millis(500));
 
 /// One fault, as the report lists it.
 #[derive(Debug, Clone, Serialize)]

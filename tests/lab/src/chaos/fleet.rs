@@ -161,11 +161,36 @@ pub(crate) struct ProcessSpec {
 }
 
 struct Supervised {
-    binary: Binary,
+    /// What runs: a replacement (a rolling deploy) takes effect at its next start.
+    binary: std::sync::Mutex<Binary>,
     /// The pid of the live process (0 while it is restarting).
     pid: AtomicU64,
     killed: AtomicU32,
     starts: AtomicU32,
+}
+
+impl Supervised {
+    fn name(&self) -> String {
+        lock(&self.binary).name.clone()
+    }
+}
+
+/// How long a replaced process may take to finish its in-flight work and start again.
+const REPLACE_WITHIN: Duration = Duration::from_secs(60);
+
+/// What a replacement took.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replaced {
+    /// From the SIGTERM until the old process had exited.
+    pub(crate) stopped_in: Duration,
+    /// From the SIGTERM until the new process had started and settled.
+    pub(crate) up_in: Duration,
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub(crate) struct Fleet {
@@ -186,7 +211,7 @@ impl Fleet {
         let mut processes = Vec::new();
         for spec in specs {
             let supervised = Arc::new(Supervised {
-                binary: spec.binary.clone(),
+                binary: std::sync::Mutex::new(spec.binary.clone()),
                 pid: AtomicU64::new(0),
                 killed: AtomicU32::new(0),
                 starts: AtomicU32::new(0),
@@ -218,9 +243,54 @@ impl Fleet {
         Self::kill(process).await
     }
 
+    /// Replaces the process named `name` by `binary`, as a rolling deploy does: a SIGTERM (its
+    /// in-flight work finishes), then `binary` in its place. Waits until the new process has
+    /// started and `settle` has passed without it exiting; how long the old one took to go.
+    pub(crate) async fn replace(
+        &self,
+        name: &str,
+        binary: Binary,
+        settle: Duration,
+    ) -> anyhow::Result<Replaced> {
+        let Some(process) = self.processes.iter().find(|p| p.name() == name) else {
+            bail!("no process named {name} in the fleet");
+        };
+        let starts = process.starts.load(Ordering::SeqCst);
+        *lock(&process.binary) = binary;
+        let asked = std::time::Instant::now();
+        let pid = process.pid.load(Ordering::SeqCst);
+        if pid != 0 {
+            signal(pid, "TERM").await;
+        }
+        let mut stopped_in = None;
+        let deadline = asked + REPLACE_WITHIN;
+        loop {
+            if stopped_in.is_none() && process.pid.load(Ordering::SeqCst) != pid {
+                stopped_in = Some(asked.elapsed());
+            }
+            if process.starts.load(Ordering::SeqCst) > starts {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!("{name} was not started again within {REPLACE_WITHIN:?} of its SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let stopped_in = stopped_in.unwrap_or_else(|| asked.elapsed());
+        let started_pid = process.pid.load(Ordering::SeqCst);
+        tokio::time::sleep(settle).await;
+        if process.pid.load(Ordering::SeqCst) != started_pid {
+            bail!("{name} exited within {settle:?} of its start (its log says why)");
+        }
+        Ok(Replaced {
+            stopped_in,
+            up_in: asked.elapsed(),
+        })
+    }
+
     /// SIGKILLs the process named `name` if it is alive; its name.
     pub(crate) async fn kill_named(&self, name: &str) -> Option<String> {
-        let process = self.processes.iter().find(|p| p.binary.name == name)?;
+        let process = self.processes.iter().find(|p| p.name() == name)?;
         Self::kill(process).await
     }
 
@@ -231,7 +301,7 @@ impl Fleet {
         }
         signal(pid, "KILL").await;
         process.killed.fetch_add(1, Ordering::Relaxed);
-        Some(process.binary.name.clone())
+        Some(process.name())
     }
 
     /// Every process's name and the pid of its live instance (none while it restarts).
@@ -240,10 +310,7 @@ impl Fleet {
             .iter()
             .map(|p| {
                 let pid = p.pid.load(Ordering::SeqCst);
-                (
-                    p.binary.name.clone(),
-                    u32::try_from(pid).ok().filter(|&pid| pid != 0),
-                )
+                (p.name(), u32::try_from(pid).ok().filter(|&pid| pid != 0))
             })
             .collect()
     }
@@ -255,7 +322,7 @@ impl Fleet {
         self.processes
             .iter()
             .map(|p| ProcessRecord {
-                name: p.binary.name.clone(),
+                name: p.name(),
                 killed: p.killed.load(Ordering::Relaxed),
                 starts: p.starts.load(Ordering::Relaxed),
             })
@@ -338,7 +405,8 @@ async fn supervise(
             tracing::error!(log = %log.display(), "cannot open the process log");
             return;
         };
-        let child = place.command(&process.binary).and_then(|mut command| {
+        let binary = lock(&process.binary).clone();
+        let child = place.command(&binary).and_then(|mut command| {
             Ok(command
                 .envs(&env)
                 .stdin(Stdio::null())
@@ -350,19 +418,20 @@ async fn supervise(
         let mut child = match child {
             Ok(child) => child,
             Err(e) => {
-                tracing::error!(binary = %process.binary.path.display(), error = %e, "cannot start");
+                tracing::error!(binary = %binary.path.display(), error = %e, "cannot start");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
-        process.starts.fetch_add(1, Ordering::Relaxed);
+        // The pid before the count: a replacement waits on the count, then reads the pid.
         process
             .pid
             .store(child.id().map_or(0, u64::from), Ordering::SeqCst);
+        process.starts.fetch_add(1, Ordering::SeqCst);
         if let Some(pid) = child.id() {
             let _ = std::fs::write(
                 pid_file(&log),
-                format!("{pid}\n{}\n", process.binary.path.display()),
+                format!("{pid}\n{}\n", binary.path.display()),
             );
         }
         tokio::select! {

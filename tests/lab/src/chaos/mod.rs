@@ -16,6 +16,7 @@
 
 mod broker;
 pub(crate) mod checks;
+mod deploy;
 pub(crate) mod duplicator;
 mod faults;
 pub(crate) mod fleet;
@@ -25,6 +26,7 @@ pub(crate) mod outside;
 pub(crate) mod report;
 pub(crate) mod stage;
 pub(crate) mod timeline;
+pub(crate) mod upgrade;
 
 use std::{
     path::{Path, PathBuf},
@@ -41,9 +43,24 @@ use self::broker::OwnBroker;
 use tokio_util::sync::CancellationToken;
 
 use self::{
+    deploy::{DeployFigures, Deployed},
+    faults::Fault,
     report::{Figures, Report},
-    stage::Stage,
+    stage::{Schema, Stage},
 };
+
+/// What breaks during a run: the chaos schedule's faults, or a rolling deploy of every process
+/// to another release and back (`paybus-lab upgrade`).
+pub(crate) enum Schedule {
+    Faults,
+    Deploy(Box<deploy::Plan>),
+}
+
+/// What the schedule did.
+enum Played {
+    Faults(Vec<Fault>),
+    Deploy(Box<(deploy::Plan, Deployed)>),
+}
 
 /// How much load and how many faults: `--quick` (CI) or the full profile, each value
 /// overridable on the command line.
@@ -271,12 +288,7 @@ impl Profile {
         profile.malformed_every = args.malformed_every;
         profile.late_trades_first = args.late_trades_first;
         profile.shards = args.shards;
-        profile.seed = args.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+        profile.seed = args.seed.unwrap_or_else(seed_from_clock);
         if profile.items < 20 {
             bail!("--items must be at least 20 (every workflow gets a share)");
         }
@@ -296,6 +308,14 @@ impl Profile {
                 layout.with(f.name, self.shards)
             })
     }
+}
+
+/// A run's seed when none is asked for.
+fn seed_from_clock() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
 }
 
 /// The share of the fault window the load is spread over.
@@ -427,23 +447,39 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         state_dir.display()
     );
     let own = OwnServices::start(state_dir.clone(), profile.broker_nodes).await?;
-    let result = drive(&profile, &own, &binaries, &state_dir).await;
+    let result = drive(
+        &profile,
+        &own,
+        &binaries,
+        &state_dir,
+        Schema::Current,
+        Schedule::Faults,
+    )
+    .await;
     own.shut_down().await?;
-    let (mut report, timeline) = result?;
+    finish_report(result?, &timeline_path, args.json)
+}
+
+/// Draws the run's timeline at `path` and prints the report; the exit code.
+fn finish_report(
+    (mut report, timeline): (Report, timeline::Timeline),
+    timeline_path: &Path,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     // Drawn after the services are gone (it needs nothing but the figures), and never the
     // run's failure: the report says why there is no picture.
     let bands = timeline.bands(&report);
     if let Some(why) = timeline.throughput_error() {
         eprintln!("chaos: the timeline's throughput: {why}");
     }
-    match timeline.draw(&report, bands, &timeline_path) {
-        Ok(()) => report.timeline = Some(timeline_path),
+    match timeline.draw(&report, bands, timeline_path) {
+        Ok(()) => report.timeline = Some(timeline_path.to_path_buf()),
         Err(e) => {
             eprintln!("chaos: no timeline: {e:#}");
             report.timeline_not_drawn = Some(format!("{e:#}"));
         }
     }
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{report}");
@@ -479,25 +515,55 @@ async fn drive(
     own: &OwnServices,
     binaries: &[fleet::Binary],
     state_dir: &Path,
+    schema: Schema<'_>,
+    schedule: Schedule,
 ) -> anyhow::Result<(Report, timeline::Timeline)> {
-    let stage = Stage::start(profile, own, binaries, state_dir, profile.network_faults).await?;
+    let stage = Stage::start(
+        profile,
+        own,
+        binaries,
+        state_dir,
+        profile.network_faults,
+        schema,
+    )
+    .await?;
     let started = stage.started;
+    let zero_on_the_wall = chrono::Utc::now() - started.elapsed();
     let pool = stage.services.pool.clone();
     let slots = stage.slots.clone();
 
     let faults_stop = CancellationToken::new();
-    let faults = tokio::spawn(faults::run(
-        profile.clone(),
-        stage.fleet.clone(),
-        own.mariadb.clone(),
-        own.rabbitmq.clone(),
-        stage.outside.clone(),
-        stage.network.clone().map(|network| faults::Net {
-            network,
-            slots: stage.slots.clone(),
-        }),
-        faults_stop.clone(),
-    ));
+    let faults = match schedule {
+        Schedule::Faults => {
+            let faults = faults::run(
+                profile.clone(),
+                stage.fleet.clone(),
+                own.mariadb.clone(),
+                own.rabbitmq.clone(),
+                stage.outside.clone(),
+                stage.network.clone().map(|network| faults::Net {
+                    network,
+                    slots: stage.slots.clone(),
+                }),
+                faults_stop.clone(),
+            );
+            tokio::spawn(async move { Played::Faults(faults.await) })
+        }
+        Schedule::Deploy(plan) => {
+            stage
+                .outside
+                .quotes
+                .answer_next_trades_after(profile.late_trades_first, faults::LATE_ANSWER);
+            let deployed = deploy::run(
+                (*plan).clone(),
+                stage.fleet.clone(),
+                stage.api.clone(),
+                pool.clone(),
+                started,
+            );
+            tokio::spawn(async move { Played::Deploy(Box::new((*plan, deployed.await))) })
+        }
+    };
     // The load spreads over most of the fault window, so every fault meets requests and
     // messages in flight.
     let load = load::run_plan(
@@ -516,7 +582,13 @@ async fn drive(
     let window_left = profile.fault_window.saturating_sub(started.elapsed());
     tokio::time::sleep(window_left).await;
     faults_stop.cancel();
-    let fault_log = faults.await?;
+    let (fault_log, deployed) = match faults.await? {
+        Played::Faults(log) => (log, None),
+        Played::Deploy(played) => {
+            let (plan, mut deployed) = *played;
+            (std::mem::take(&mut deployed.steps), Some((plan, deployed)))
+        }
+    };
     let load = load?;
 
     let outside = stage.outside.clone();
@@ -527,8 +599,31 @@ async fn drive(
         fault_log
             .iter()
             .filter(|fault| fault.what.ends_with("FAILED"))
+            .filter(|_| deployed.is_none())
             .map(|fault| checks::violation("fault_not_applied", fault.what.clone())),
     );
+    let deploy = match deployed {
+        Some((plan, deployed)) => {
+            violations.extend(deployed.violations);
+            let mut figures =
+                DeployFigures::of(&plan, &fault_log, deployed.on_new, deployed.migrations);
+            let mut phases = deploy::Phase::stretches(
+                &fault_log,
+                started.elapsed().as_secs_f64(),
+                &figures.from.version,
+                &figures.to.version,
+            );
+            // A schema the run broke on purpose may not have the workflows' timestamps.
+            if deploy::Phase::count(&mut phases, &pool, zero_on_the_wall)
+                .await
+                .is_ok()
+            {
+                figures.phases = phases;
+            }
+            Some(figures)
+        }
+        None => None,
+    };
     let report = Report {
         seed: profile.seed,
         profile: profile.clone(),
@@ -570,6 +665,7 @@ async fn drive(
         state_dir: state_dir.to_path_buf(),
         timeline: None,
         timeline_not_drawn: None,
+        deploy,
     };
     Ok((report, timeline))
 }

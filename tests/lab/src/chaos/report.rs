@@ -4,9 +4,12 @@ use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
 use serde::Serialize;
 
+use crate::finished::Workflow;
+
 use super::{
     Profile,
     checks::{DeadLetters, Violation, WebhookFigures},
+    deploy::DeployFigures,
     faults::Fault,
     fleet::ProcessRecord,
     load::{Load, Sent},
@@ -82,6 +85,9 @@ pub struct Report {
     pub timeline: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline_not_drawn: Option<String>,
+    /// An upgrade run's deploy (its steps are the fault log); none for a chaos run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deploy: Option<DeployFigures>,
 }
 
 impl Report {
@@ -116,7 +122,12 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "paybus-lab chaos: {} profile, {} items, every message x{}, 1 in {} malformed, {}{}",
+            "paybus-lab {}: {} profile, {} items, every message x{}, 1 in {} malformed, {}{}",
+            if self.deploy.is_some() {
+                "upgrade"
+            } else {
+                "chaos"
+            },
             p.name,
             p.items,
             p.copies,
@@ -150,49 +161,10 @@ impl fmt::Display for Report {
             "  markets: markets suspended mid-load: {}",
             self.load.markets
         )?;
-        let kills = self
-            .faults
-            .iter()
-            .filter(|x| x.what.starts_with("SIGKILL"))
-            .count();
-        writeln!(
-            f,
-            "\nfaults: {kills} SIGKILLs of function processes, {} SIGKILLs of a broker node, and",
-            fig.broker_node_kills
-        )?;
-        for fault in self
-            .faults
-            .iter()
-            .filter(|x| !x.what.starts_with("SIGKILL") && !x.what.starts_with("quote"))
-        {
-            writeln!(
-                f,
-                "  {:>7.1}s  {} ({} ms)",
-                fault.at_s, fault.what, fault.took_ms
-            )?;
+        match &self.deploy {
+            Some(deploy) => deploy_lines(f, deploy, &self.faults)?,
+            None => self.fault_lines(f)?,
         }
-        let quote_phases = self
-            .faults
-            .iter()
-            .filter(|x| x.what.starts_with("quote"))
-            .count();
-        writeln!(
-            f,
-            "  quote service: {quote_phases} changes (healthy / failing / hanging / slow)"
-        )?;
-        match &fig.network {
-            Some(network) => writeln!(
-                f,
-                "  {}; {} connection(s) reset right after COMMIT ({} of those COMMITs had committed)",
-                network.mode, network.commit_resets, network.commit_resets_committed
-            )?,
-            None => writeln!(f, "  network faults: off (--no-network-faults)")?,
-        }
-        writeln!(
-            f,
-            "  the HTTP API process SIGKILLed {} time(s)",
-            fig.api_kills
-        )?;
         let processes: Vec<String> = self
             .process_exits
             .iter()
@@ -262,4 +234,116 @@ impl fmt::Display for Report {
             Ok(())
         }
     }
+}
+
+impl Report {
+    /// The chaos schedule's faults.
+    fn fault_lines(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fig = &self.figures;
+        let kills = self
+            .faults
+            .iter()
+            .filter(|x| x.what.starts_with("SIGKILL"))
+            .count();
+        writeln!(
+            f,
+            "\nfaults: {kills} SIGKILLs of function processes, {} SIGKILLs of a broker node, and",
+            fig.broker_node_kills
+        )?;
+        for fault in self
+            .faults
+            .iter()
+            .filter(|x| !x.what.starts_with("SIGKILL") && !x.what.starts_with("quote"))
+        {
+            writeln!(
+                f,
+                "  {:>7.1}s  {} ({} ms)",
+                fault.at_s, fault.what, fault.took_ms
+            )?;
+        }
+        let quote_phases = self
+            .faults
+            .iter()
+            .filter(|x| x.what.starts_with("quote"))
+            .count();
+        writeln!(
+            f,
+            "  quote service: {quote_phases} changes (healthy / failing / hanging / slow)"
+        )?;
+        match &fig.network {
+            Some(network) => writeln!(
+                f,
+                "  {}; {} connection(s) reset right after COMMIT ({} of those COMMITs had committed)",
+                network.mode, network.commit_resets, network.commit_resets_committed
+            )?,
+            None => writeln!(f, "  network faults: off (--no-network-faults)")?,
+        }
+        writeln!(
+            f,
+            "  the HTTP API process SIGKILLed {} time(s)",
+            fig.api_kills
+        )?;
+        Ok(())
+    }
+}
+
+/// An upgrade's deploy: the releases, then every step.
+fn deploy_lines(
+    f: &mut fmt::Formatter<'_>,
+    deploy: &DeployFigures,
+    steps: &[Fault],
+) -> fmt::Result {
+    writeln!(
+        f,
+        "\ndeploy: {} ({}) → {} ({}) and back, {} processes one at a time; {} replacements, the slowest stop {} ms",
+        deploy.from.version,
+        short(&deploy.from.commit),
+        deploy.to.version,
+        short(&deploy.to.commit),
+        deploy.processes,
+        deploy.replaced,
+        deploy.slowest_stop_ms
+    )?;
+    for step in steps {
+        match step.lasts_ms {
+            Some(up) => writeln!(
+                f,
+                "  {:>7.1}s  {} (stopped in {} ms, up in {up} ms)",
+                step.at_s, step.what, step.took_ms
+            )?,
+            None => writeln!(
+                f,
+                "  {:>7.1}s  {} ({} ms)",
+                step.at_s, step.what, step.took_ms
+            )?,
+        }
+    }
+    if !deploy.phases.is_empty() {
+        writeln!(f, "\nitems finished in each stretch of the deploy")?;
+    }
+    for phase in &deploy.phases {
+        let counts: Vec<String> = Workflow::ALL
+            .iter()
+            .map(|w| {
+                format!(
+                    "{} {}",
+                    w.name(),
+                    phase.finished.get(w.name()).unwrap_or(&0)
+                )
+            })
+            .collect();
+        writeln!(
+            f,
+            "  {:>6.1}–{:<6.1}s  {:<40} {}",
+            phase.from_s,
+            phase.to_s,
+            phase.name,
+            counts.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
 }

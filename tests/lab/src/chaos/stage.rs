@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     OwnServices, Profile,
     checks::{self, DeadLetters, Violation},
+    deploy,
     duplicator::Duplicator,
     fleet::{self, Fleet, ProcessRecord, ProcessSpec},
     load::Load,
@@ -30,6 +31,14 @@ use super::{
     report::NetworkFigures,
     timeline::{Recording, Watch},
 };
+
+/// Whose migrations and topology the run's database and broker start with.
+pub(crate) enum Schema<'a> {
+    /// This build's, applied in process.
+    Current,
+    /// A release's, by its own `paybus migrate` and `paybus topology`: an upgrade starts on it.
+    Release(&'a deploy::Side),
+}
 
 /// How long the API process may take to answer after its start.
 const API_START_WITHIN: Duration = Duration::from_secs(60);
@@ -85,12 +94,22 @@ impl Stage {
         binaries: &[fleet::Binary],
         state_dir: &Path,
         network: bool,
+        schema: Schema<'_>,
     ) -> anyhow::Result<Self> {
         let settings = own.settings(&profile.layout())?;
         let services = Services::connect(settings.clone())
             .await
             .context("while connecting to the run's own database and broker")?;
-        paybus_runtime::migrations::apply(&services.pool).await?;
+        match schema {
+            Schema::Current => paybus_runtime::migrations::apply(&services.pool).await?,
+            Schema::Release(side) => {
+                deploy::migrate(side, &deploy::environment(&settings))
+                    .await
+                    .with_context(|| {
+                        format!("while setting up release {}'s schema", side.release.version)
+                    })?;
+            }
+        }
         services
             .declare_topology(&paybus_catalog::queues(&services.settings.broker.shards))
             .await?;

@@ -8,6 +8,9 @@
 //! 3. W1's fills in doubt (`p2p_matches` TRADING, by `(deposit_order_id, trade_key)`) and deposit
 //!    orders parked IN_DOUBT for ops.
 //!
+//! An upgrade run (`paybus-lab upgrade`) draws a panel above them: how many processes run each
+//! release, stepping with every replacement, the deploy's steps as the bands.
+//!
 //! [`Watch`] samples 2 and 3 every second from the stage's start to its end. A sample the broker
 //! or the database did not answer in time is a gap in its line, never a zero: a restart shows
 //! as a hole, not as an empty queue. Panel 1 is read once the run is quiet, when every item has
@@ -23,7 +26,7 @@ use paybus_bus::{Services, link::BrokerLink};
 use sqlx::{MySqlPool, mysql::MySqlPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::{Profile, faults::Fault, report::Report};
+use super::{Profile, deploy::DeployFigures, faults::Fault, report::Report};
 use crate::{
     finished::{Workflow, finished},
     plot::{self, Band, Figure, Line, Panel},
@@ -281,9 +284,19 @@ impl Timeline {
             .iter()
             .map(|b| b.end_s.max(b.start_s))
             .fold(self.end_s, f64::max);
+        let (run, versions) = match &report.deploy {
+            Some(deploy) => (
+                format!(
+                    "upgrade {} → {} and back",
+                    deploy.from.version, deploy.to.version
+                ),
+                Some(versions_panel(deploy, end_s)),
+            ),
+            None => ("chaos".to_owned(), None),
+        };
         Figure {
             title: format!(
-                "paybus chaos: {} profile, seed {}, {} items, every message ×{} — {}",
+                "paybus {run}: {} profile, seed {}, {} items, every message ×{} — {}",
                 p.name,
                 p.seed,
                 p.items,
@@ -297,26 +310,37 @@ impl Timeline {
             size: (1400, 1150),
             x_desc: "seconds since the processes started (a gap: not answered)".to_owned(),
             end_s,
-            panels: vec![
-                throughput,
-                Panel::new(
-                    "messages ready in the functions' queues",
-                    vec![Line::with_gaps("ready", self.queued.iter().copied())],
-                ),
-                Panel::new(
-                    "fills in doubt (W1: createTrade's outcome unknown)",
-                    vec![
-                        Line::with_gaps("fills TRADING", self.fills_in_doubt.iter().copied()),
-                        Line::with_gaps(
-                            "deposit orders IN_DOUBT (parked for ops)",
-                            self.orders_in_doubt.iter().copied(),
-                        ),
-                    ],
-                ),
-            ],
+            panels: versions
+                .into_iter()
+                .chain([
+                    throughput,
+                    Panel::new(
+                        "messages ready in the functions' queues",
+                        vec![Line::with_gaps("ready", self.queued.iter().copied())],
+                    ),
+                    Panel::new(
+                        "fills in doubt (W1: createTrade's outcome unknown)",
+                        vec![
+                            Line::with_gaps("fills TRADING", self.fills_in_doubt.iter().copied()),
+                            Line::with_gaps(
+                                "deposit orders IN_DOUBT (parked for ops)",
+                                self.orders_in_doubt.iter().copied(),
+                            ),
+                        ],
+                    ),
+                ])
+                .collect(),
             marks: Vec::new(),
             bands,
-            kinds: KINDS.map(String::from).to_vec(),
+            bands_caption: if report.deploy.is_some() {
+                "deploy:"
+            } else {
+                "faults:"
+            },
+            kinds: match report.deploy {
+                Some(_) => DEPLOY_KINDS.map(String::from).to_vec(),
+                None => KINDS.map(String::from).to_vec(),
+            },
         }
     }
 
@@ -333,6 +357,33 @@ impl Timeline {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plot::draw(&figure, path)))
             .map_err(|_| anyhow::anyhow!("the plotting library panicked"))?
     }
+}
+
+/// An upgrade's processes on each release over the run, as steps: each replacement moves
+/// one process from one line to the other.
+fn versions_panel(deploy: &DeployFigures, end_s: f64) -> Panel {
+    let processes = deploy.processes as f64;
+    let mut on_new: Vec<(f64, f64)> = Vec::new();
+    for &(at_s, n) in &deploy.on_new {
+        if let Some(&(_, before)) = on_new.last() {
+            on_new.push((at_s, before));
+        }
+        on_new.push((at_s, n as f64));
+    }
+    if let Some(&(_, last)) = on_new.last() {
+        on_new.push((end_s, last));
+    }
+    let on_old = on_new.iter().map(|&(at_s, n)| (at_s, processes - n));
+    Panel::new(
+        format!(
+            "processes running each release (the API, the sweeper and every function: {})",
+            deploy.processes
+        ),
+        vec![
+            Line::new(deploy.from.version.clone(), on_old),
+            Line::new(deploy.to.version.clone(), on_new.clone()),
+        ],
+    )
 }
 
 /// A bucket of whole seconds giving about 60 of them over the run, 1 to 10 s: fine enough to
@@ -382,6 +433,9 @@ pub(crate) const KINDS: [&str; 12] = [
     "reset after COMMIT",
     "late webhooks",
 ];
+
+/// An upgrade's steps, in the order their colours are given.
+const DEPLOY_KINDS: [&str; 3] = ["migrations", "deploy", "roll back"];
 
 /// Every fault of the log as a band (kind, label, stretch). A fault that holds lasts its
 /// `lasts_ms` (a restart: down from the stop or kill until the service answered; the webhook
@@ -462,6 +516,14 @@ fn band_of(
         } else {
             (at, "quote 5xx".to_owned(), "quote service")
         }
+    } else if let Some(step) = what.strip_prefix("deploy ") {
+        (lasted(took_s), process_of(step), "deploy")
+    } else if let Some(step) = what.strip_prefix("roll back ") {
+        (lasted(took_s), process_of(step), "roll back")
+    } else if what.starts_with("migrations of ") {
+        (lasted(took_s), "migrations".to_owned(), "migrations")
+    } else if what.starts_with("planted migration ") {
+        (lasted(took_s), "planted".to_owned(), "migrations")
     } else {
         let label: String = what.chars().take(32).collect();
         (lasted(took_s), label, "other")
@@ -471,6 +533,11 @@ fn band_of(
 
 /// A network fault as the log has it (`<namespace or slot N>: <what> (<mechanism>)`, or
 /// `…: not applied (why)`, or `… FAILED: why`), from `at` to `end`.
+/// The process a deploy step names (`confirm-withdrawal: 0.3.0 → 0.4.0`).
+fn process_of(step: &str) -> String {
+    step.split(':').next().unwrap_or(step).to_owned()
+}
+
 fn network_band(text: &str, at: f64, end: f64, slots: &[String]) -> Option<Band> {
     let (place, what) = text.split_once(": ")?;
     if what.contains(": not applied (") {
@@ -626,6 +693,28 @@ mod tests {
             Band::new(24.0, 26.0, "something new", "other"),
         ];
         assert_eq!(bands, expected);
+    }
+
+    #[test]
+    fn a_deploy_step_is_a_band_of_its_direction_labelled_with_its_process_over_its_replacement() {
+        let steps = [
+            fault(7.5, "migrations of 0.4.0: 70 known", 500),
+            lasting(15.0, "deploy confirm-withdrawal: 0.3.0 → 0.4.0", 20, 1_300),
+            lasting(40.0, "roll back api: 0.4.0 → 0.3.0", 25, 1_200),
+        ];
+        let bands = bands(&steps, &profile(), &[]);
+        let found: Vec<(&str, &str, f64, f64)> = bands
+            .iter()
+            .map(|b| (b.kind.as_str(), b.label.as_str(), b.start_s, b.end_s))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("migrations", "migrations", 7.5, 8.0),
+                ("deploy", "confirm-withdrawal", 15.0, 16.3),
+                ("roll back", "api", 40.0, 41.2),
+            ]
+        );
     }
 
     #[test]
@@ -810,6 +899,7 @@ mod tests {
             state_dir: std::env::temp_dir(),
             timeline: None,
             timeline_not_drawn: None,
+            deploy: None,
         };
         let path = std::env::temp_dir().join(format!("paybus-timeline-{}.svg", std::process::id()));
         timeline

@@ -78,6 +78,7 @@ fn figure(report: &SoakReport) -> Figure {
             Panel::new("messages queued", queued),
         ],
         marks: report.windows.iter().map(|w| w.to_s).collect(),
+        bands_caption: "faults:",
         bands: Vec::new(),
         kinds: Vec::new(),
     }
