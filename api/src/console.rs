@@ -1,28 +1,15 @@
 //! The web console (`/console`): server-rendered HTML for ops, readable without JavaScript,
 //! with nothing loaded from the network (the stylesheet is inline, the pages are compiled in).
+//! Its pages and their actions: docs/api.md, "The web console".
 //!
-//! | page | shows | actions |
-//! | --- | --- | --- |
-//! | `/console/dead-letters` | dead letters waiting for ops, grouped by function and reason; a group's letters | dry run, replay, archive (a group or the ticked letters) |
-//! | `/console/jobs` | W3 bonus jobs PENDING or FAILED | retry a FAILED job |
-//! | `/console/suspensions` | W4 suspensions, newest first, with their progress (the page refreshes itself every 2 s while one is moving) | retry a suspension's FAILED tasks |
-//! | `/console/audit` | the continuous auditor's latest pass and its findings (recorded by the sweeper; the page runs no check) | — |
-//! | `/console/partners` | every partner with its webhook endpoint's state (active, failing, breaker open since when, disabled by a 410 since when) | — |
-//! | `/console/partners/{id}` | a partner's endpoint, API keys (label, created, last used, expiring) and recent notifications with each delivery attempt | re-deliver a notification; create, rotate or revoke a key |
-//! | `/console/sessions` | ADMIN: the console's active sessions | end one |
-//!
-//! **Who is signed in**: people sign in through the company's identity provider (`sign_in`:
-//! the authorization code flow with PKCE) and hold a server-side session (`session`: a random
-//! secret in an HttpOnly cookie scoped to `/console`, a row of `console_sessions` with an
-//! expiry and an idle timeout). No token reaches the browser. A person whose claims map to no
-//! role is refused at sign-in. While break-glass is on, a break-glass token pasted into the
-//! login page opens a session too, marked as such. Reads need OPS, actions ADMIN.
+//! **Who is signed in**: a person signed in at the identity provider (`sign_in`) with a
+//! server-side session (`session`: a random secret in an HttpOnly cookie scoped to
+//! `/console`); no token reaches the browser. Reads need OPS, actions ADMIN.
 //!
 //! **Every action is an admin API call**: the console sends it through the same router as the
-//! session's caller, so it passes the same checks and logs as `curl` would, and a route that
-//! this build lacks (404 from the router's fallback) is shown as "not available on this
-//! server" instead of failing. An `Origin` check on every POST keeps other sites from
-//! submitting forms.
+//! session's caller, so it passes the same checks and logs as `curl` would; a route this
+//! build lacks is shown as "not available on this server". An `Origin` check on every POST
+//! keeps other sites from submitting forms.
 
 mod actions;
 mod approvals;

@@ -1,25 +1,15 @@
 //! Signing in to the console through the identity provider: OpenID Connect's authorization
 //! code flow with PKCE (S256), `state` and `nonce`, as a confidential client
-//! (`PAYBUS_OIDC_CONSOLE_CLIENT_ID` and its secret).
+//! (`PAYBUS_OIDC_CONSOLE_CLIENT_ID` and its secret); the steps: docs/api.md, "Signing in" under
+//! "The web console".
 //!
-//! 1. `GET /console/sign-in` draws a random `state`, keeps it in a short-lived HttpOnly cookie
-//!    bound to this browser ([`PENDING_COOKIE`]), and sends the browser to the provider's
-//!    `authorization_endpoint` with the PKCE challenge, the nonce and `resource` = the API's
-//!    audience (so the access token is one the API verifies, with the person's roles).
-//! 2. The person signs in on the provider's own pages; it sends the browser back to
-//!    `GET /console/callback?code&state` (or `?error`).
-//! 3. The callback checks `state` against the cookie, exchanges the code at the
-//!    `token_endpoint` (HTTP Basic with the client secret, the PKCE verifier), verifies the ID
-//!    token (the provider's keys, `iss`, `aud` = the client, `exp`, the nonce) and the access
-//!    token (the API's own [`crate::oidc::Verifier`]: roles), and that both name one person.
-//!    No role: 403, and no session. Else a session ([`super::session::open`]); the tokens
-//!    are dropped there, never stored and never sent to the browser.
-//!
-//! Nothing secret waits between steps 1 and 3: the PKCE verifier and the nonce are
-//! HMAC-SHA256 of the state under the client secret ([`derived`]), so only the state is kept,
-//! in the browser that started the sign-in, and only this server can turn it into the
-//! verifier. A state that does not match the browser's cookie is refused before any call to
-//! the provider; a code used twice is refused by the provider.
+//! The callback verifies the ID token (`iss`, `aud` = the client, `exp`, the nonce) and the
+//! access token (the API's own [`crate::oidc::Verifier`]: roles), and that both name one
+//! person; then a session ([`super::session::open`]). The tokens are never stored nor sent to
+//! the browser. Nothing secret waits between the redirect and the callback: the PKCE verifier
+//! and the nonce are HMAC-SHA256 of the state under the client secret ([`derived`]), so only
+//! the state is kept, in a cookie of the browser that started ([`PENDING_COOKIE`]), and only
+//! this server can turn it into the verifier.
 
 use std::time::Duration;
 

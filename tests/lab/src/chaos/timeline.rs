@@ -8,13 +8,10 @@
 //! 3. W1's fills in doubt (`p2p_matches` TRADING, by `(deposit_order_id, trade_key)`) and deposit
 //!    orders parked IN_DOUBT for ops.
 //!
-//! An upgrade run (`paybus-lab upgrade`) draws a panel above them: how many processes run each
-//! release, stepping with every replacement, the deploy's steps as the bands.
-//!
 //! [`Watch`] samples 2 and 3 every second from the stage's start to its end. A sample the broker
 //! or the database did not answer in time is a gap in its line, never a zero: a restart shows
 //! as a hole, not as an empty queue. Panel 1 is read once the run is quiet, when every item has
-//! its finishing timestamp.
+//! its finishing timestamp. An upgrade run adds a panel above: the processes on each release.
 
 use std::{
     sync::{Arc, Mutex},
