@@ -83,7 +83,11 @@ impl Release {
         let bin_dir = home.join("target/debug");
         let mark = home.join("built");
         let wanted = format!("{}\n{}\n", self.commit, packages.join(" "));
-        if std::fs::read_to_string(&mark).is_ok_and(|built| built == wanted) {
+        // The mark says what was built; the binary says it is still there (a target folder
+        // wiped by hand keeps the mark).
+        if std::fs::read_to_string(&mark).is_ok_and(|built| built == wanted)
+            && bin_dir.join("paybus").is_file()
+        {
             return Ok(bin_dir);
         }
         let sources = home.join("src");
