@@ -297,7 +297,7 @@ async fn main() -> ExitCode {
 
 async fn migrate(settings: &Settings) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&settings.database).await?;
-    paybus_runtime::migrations::apply(&pool)
+    paybus_runtime::migrations::apply_within(&pool, settings.database.migration_lock_wait)
         .await
         .context("while applying migrations")?;
     // SQL cannot encrypt: the partners' plaintext webhook secrets are sealed here.

@@ -5,8 +5,15 @@ use lapin::{
     options::{BasicPublishOptions, QueueDeclareOptions},
     types::FieldTable,
 };
+use std::time::{Duration, Instant};
+
+use paybus_confirmations::withdrawal::{WithdrawalKind, WithdrawalStatus};
 use paybus_db as db;
 use paybus_testkit::TestEnv;
+use sqlx::{
+    SqlSafeStr,
+    migrate::{Migration, MigrationType, Migrator},
+};
 
 async fn table_names(env: &TestEnv) -> Vec<String> {
     sqlx::query_scalar(
@@ -185,4 +192,150 @@ async fn a_read_committed_transaction_sees_what_others_commit_meanwhile() {
     // Assert
     assert_eq!((before, after), (0, 1));
     tx.commit().await.unwrap();
+}
+
+/// This release's migrations and one more that changes `withdrawals` online, as the next
+/// release would ship it.
+fn migrations_and_an_online_alter_of_withdrawals() -> Migrator {
+    let mut migrations: Vec<Migration> = db::MIGRATOR.iter().cloned().collect();
+    migrations.push(Migration::new(
+        99_991_231_000_001,
+        "withdrawals note".into(),
+        MigrationType::Simple,
+        "-- a nullable column, instantly\n\
+         ALTER TABLE withdrawals ADD COLUMN note VARCHAR(20) NULL, ALGORITHM=INSTANT;"
+            .into_sql_str(),
+        false,
+    ));
+    Migrator::with_migrations(migrations)
+}
+
+async fn has_note_column(pool: &sqlx::MySqlPool) -> bool {
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = 'withdrawals' AND column_name = 'note'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    columns == 1
+}
+
+#[tokio::test]
+async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_frees_the_table() {
+    // Arrange: a withdrawal in flight, and a transaction that has read the table and stays
+    // open (a report, a stuck session): it holds the table's shared metadata lock.
+    let env = TestEnv::new().await;
+    let partner = paybus_testkit::partners::partner(&env.db, "partner", None).await;
+    let withdrawal = paybus_testkit::confirmations::withdrawal(
+        &env.db,
+        partner,
+        WithdrawalKind::Normal,
+        WithdrawalStatus::Broadcasting,
+        "10",
+    )
+    .await;
+    let mut report = env.db.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    let reporter: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    let migrator = migrations_and_an_online_alter_of_withdrawals();
+    let bound = Duration::from_secs(1);
+
+    // Act: the migration, and a confirmation's UPDATE sent once the ALTER waits for the lock
+    // (the moment it queues behind the ALTER).
+    let started = Instant::now();
+    // Time-limited, so that without the bound the test fails instead of hanging.
+    let migrating = async {
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            db::migrate(&migrator, &env.db, bound),
+        )
+        .await;
+        (result, started.elapsed())
+    };
+    let confirming = async {
+        while !alter_waits_for_the_lock(&env.db).await {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the ALTER never waited for the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let sent = Instant::now();
+        let confirmed = tokio::time::timeout(
+            Duration::from_secs(10),
+            sqlx::query(
+                "UPDATE withdrawals SET status = 'CONFIRMED', tx_hash = '0xconfirmed', \
+                 confirmed_at = NOW(6) WHERE id = ? AND status = 'BROADCASTING'",
+            )
+            .bind(withdrawal)
+            .execute(&env.db),
+        )
+        .await;
+        (confirmed, sent.elapsed())
+    };
+    let ((migrated, migration_took), (confirmed, confirmation_took)) =
+        tokio::join!(migrating, confirming);
+
+    // Assert: the confirmation waited at most the bound, not for as long as the report stays
+    // open; the migration gave up within its bound, naming the lock and the transaction holding
+    // it, and changed nothing.
+    let done = confirmed
+        .expect("the confirmation is not stuck behind the ALTER")
+        .unwrap();
+    assert_eq!(done.rows_affected(), 1);
+    assert!(
+        confirmation_took <= bound + Duration::from_millis(500),
+        "the confirmation waited {confirmation_took:?} behind the ALTER"
+    );
+    let error = migrated
+        .expect("the migration gives up by itself")
+        .expect_err("the migration cannot take the lock while the report is open");
+    assert!(
+        matches!(
+            error,
+            db::DbError::LockWaitTimeout {
+                version: 99_991_231_000_001,
+                retryable: true,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(message.contains("metadata lock"), "{message}");
+    assert!(
+        message.contains(&format!("connection {reporter}")),
+        "{message}"
+    );
+    assert!(
+        migration_took < bound + Duration::from_secs(2),
+        "{migration_took:?}"
+    );
+    assert!(!has_note_column(&env.db).await);
+
+    // Once the report ends, running the migrations again applies it.
+    report.commit().await.unwrap();
+    db::migrate(&migrator, &env.db, bound)
+        .await
+        .expect("retried after the long transaction, the migration applies");
+    assert!(has_note_column(&env.db).await);
+}
+
+/// Whether a session of this test's database waits for a table's metadata lock.
+async fn alter_waits_for_the_lock(pool: &sqlx::MySqlPool) -> bool {
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE DB = DATABASE() AND STATE = 'Waiting for table metadata lock'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    waiting > 0
 }

@@ -97,9 +97,12 @@ pub async fn migrate_and_declare(
         .map_err(StartupError::from)?;
     let mut sealed_secrets = 0;
     if ahead.is_empty() {
-        paybus_runtime::migrations::apply(&services.pool)
-            .await
-            .map_err(StartupError::from)?;
+        paybus_runtime::migrations::apply_within(
+            &services.pool,
+            settings.database.migration_lock_wait,
+        )
+        .await
+        .map_err(StartupError::from)?;
         sealed_secrets = seal_plaintext_secrets(&services.pool, &settings.vars).await?;
     } else {
         tracing::warn!(

@@ -32,6 +32,18 @@ pub const VAR_DB_ACQUIRE_TIMEOUT_MS: Setting = Setting {
     default: "`5000`",
     about: "wait for a pooled connection before failing (milliseconds, at least 1)",
 };
+pub const VAR_MIGRATION_LOCK_WAIT_SECONDS: Setting = Setting {
+    name: "PAYBUS_MIGRATION_LOCK_WAIT_SECONDS",
+    default: "`2`",
+    about: "`paybus migrate` and the migrate Lambda: how long a migration's statement waits for \
+            a table's metadata lock (`lock_wait_timeout`, set on the migrating session only; the \
+            servers' own defaults are a day and a year). While an `ALTER` waits behind a \
+            transaction open on its table, every later statement on that table waits behind the \
+            `ALTER`, confirmations included: this bounds that stall. A migration that gives up \
+            fails naming the lock and the oldest open transaction, changes nothing (a migration \
+            of one statement) and can be run again \
+            ([benchmarks](benchmarks.md)) (seconds, 1 to 86400)",
+};
 pub const VAR_AMQP_URL: Setting = Setting {
     name: "PAYBUS_AMQP_URL",
     default: "`amqp://guest:guest@127.0.0.1:5682/%2f`",
@@ -83,6 +95,7 @@ pub const SETTINGS: &[Setting] = &[
     VAR_DATABASE_URL,
     VAR_DB_MAX_CONNECTIONS,
     VAR_DB_ACQUIRE_TIMEOUT_MS,
+    VAR_MIGRATION_LOCK_WAIT_SECONDS,
     VAR_AMQP_URL,
     VAR_PREFETCH,
     VAR_LAMBDA_CONCURRENCY,
@@ -115,7 +128,17 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
     /// How long to wait for a free connection (or a first connect) before giving up.
     pub acquire_timeout: Duration,
+    /// How long a migration's statement waits for a table's metadata lock
+    /// ([`VAR_MIGRATION_LOCK_WAIT_SECONDS`]); whole seconds, as the server counts them.
+    pub migration_lock_wait: Duration,
 }
+
+/// [`VAR_MIGRATION_LOCK_WAIT_SECONDS`]'s default. Why two seconds: a confirmation takes
+/// milliseconds, so an online `ALTER` gets its lock at once unless a transaction stays open on
+/// the table (a report, a stuck session); then every statement on the table queues behind the
+/// waiting `ALTER` for as long as it waits. Two seconds of stall is what money traffic pays for
+/// a deploy that meets such a transaction, and one retry later is what the deploy pays.
+pub const DEFAULT_MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 impl fmt::Debug for DatabaseSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -123,6 +146,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("url", &crate::redact::url(&self.url))
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("migration_lock_wait", &self.migration_lock_wait)
             .finish()
     }
 }
@@ -278,6 +302,12 @@ impl Settings {
                     5_000,
                     "a positive integer (milliseconds)",
                     |n: &u64| *n > 0,
+                )?),
+                migration_lock_wait: Duration::from_secs(env.parse(
+                    VAR_MIGRATION_LOCK_WAIT_SECONDS,
+                    DEFAULT_MIGRATION_LOCK_WAIT.as_secs(),
+                    "a whole number of seconds from 1 to 86400",
+                    |seconds: &u64| (1..=86_400).contains(seconds),
                 )?),
             },
             broker: BrokerSettings {
@@ -566,6 +596,26 @@ mod tests {
             let error = read(&[("PAYBUS_STARTUP_WAIT_SECONDS", bad)]).unwrap_err();
             assert_eq!(error.variable, "PAYBUS_STARTUP_WAIT_SECONDS");
             assert!(error.to_string().contains("0 to 86400"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_migration_waits_two_seconds_for_a_lock_by_default_and_at_least_one() {
+        let read = |pairs: &[(&str, &str)]| Settings::from_vars(vars(pairs));
+        assert_eq!(
+            read(&[]).unwrap().database.migration_lock_wait,
+            Duration::from_secs(2)
+        );
+        let set = read(&[("PAYBUS_MIGRATION_LOCK_WAIT_SECONDS", "30")]).unwrap();
+        assert_eq!(set.database.migration_lock_wait, Duration::from_secs(30));
+        // The server counts whole seconds, and 0 is no wait on MariaDB but refused by MySQL 8.
+        for bad in ["0", "86401", "1.5", "2s"] {
+            let error = read(&[("PAYBUS_MIGRATION_LOCK_WAIT_SECONDS", bad)]).unwrap_err();
+            assert_eq!(
+                error.variable, "PAYBUS_MIGRATION_LOCK_WAIT_SECONDS",
+                "{bad}"
+            );
+            assert!(error.to_string().contains("1 to 86400"), "{error}");
         }
     }
 

@@ -41,6 +41,7 @@ mod grant_bonus;
 mod idle;
 mod lambda_batch;
 mod matching;
+mod online_ddl;
 mod ops_queries;
 pub(crate) mod pinning;
 pub(crate) mod soak;
@@ -79,6 +80,12 @@ pub enum Workflow {
     /// (function, reason) against spread over a group each: what the group's counts cost
     /// under a storm of one failure.
     DeadLetterStorm,
+    /// Deploys: migrations of `withdrawals` filled to `--items` rows (run with `--items
+    /// 1000000 --concurrency 32`) applied while W2 confirmations run on it: each confirmation's
+    /// latency during every DDL against the baseline's p99 and the metadata-lock waits, for the
+    /// online forms, an offline one, and an ALTER behind a long transaction with and without
+    /// `PAYBUS_MIGRATION_LOCK_WAIT_SECONDS`.
+    OnlineDdl,
     /// Memory: every function's process, the API's and `paybus run`'s left idle for
     /// `--idle-seconds` on a fresh database: resident memory, its anonymous and file-backed
     /// parts, threads and database connections, against a function's 30 MiB.
@@ -167,6 +174,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Workflow::Checkpointer => checkpointer::run(&args).await,
         Workflow::OpsQueries => ops_queries::run(&args).await,
         Workflow::DeadLetterStorm => dead_letter_storm::run(&args).await,
+        Workflow::OnlineDdl => online_ddl::run(&args).await,
         Workflow::Idle => idle::run(&args).await,
         Workflow::Soak => return soak::run(&args.soak, args.concurrency).await,
     };
