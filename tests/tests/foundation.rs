@@ -328,6 +328,43 @@ async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_fre
     assert!(has_note_column(&env.db).await);
 }
 
+#[tokio::test]
+async fn a_migration_behind_a_transaction_that_ends_within_seconds_is_tried_again_and_applies() {
+    // Arrange: a transaction that has read withdrawals and ends 2.5 s later, past the first
+    // try's 1 s bound.
+    let env = TestEnv::new().await;
+    let mut report = env.db.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    let holding = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        report.commit().await.unwrap();
+    });
+    let migrator = migrations_and_an_online_alter_of_withdrawals();
+
+    // Act
+    let started = Instant::now();
+    let migrated = tokio::time::timeout(
+        Duration::from_secs(30),
+        paybus_runtime::migrations::migrate_retrying_locks(
+            &migrator,
+            &env.db,
+            Duration::from_secs(1),
+        ),
+    )
+    .await
+    .expect("the migration ends by itself");
+    let took = started.elapsed();
+    holding.await.unwrap();
+
+    // Assert: the first try gave up (the transaction was still open), a later one applied it.
+    migrated.expect("tried again once the transaction ended, the migration applies");
+    assert!(has_note_column(&env.db).await);
+    assert!(took >= Duration::from_millis(2_500), "{took:?}");
+}
+
 /// Whether a session of this test's database waits for a table's metadata lock.
 async fn alter_waits_for_the_lock(pool: &sqlx::MySqlPool) -> bool {
     let waiting: i64 = sqlx::query_scalar(

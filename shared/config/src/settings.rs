@@ -39,9 +39,10 @@ pub const VAR_MIGRATION_LOCK_WAIT_SECONDS: Setting = Setting {
             a table's metadata lock (`lock_wait_timeout`, set on the migrating session only; the \
             servers' own defaults are a day and a year). While an `ALTER` waits behind a \
             transaction open on its table, every later statement on that table waits behind the \
-            `ALTER`, confirmations included: this bounds that stall. A migration that gives up \
-            fails naming the lock and the oldest open transaction, changes nothing (a migration \
-            of one statement) and can be run again \
+            `ALTER`, confirmations included: this bounds that stall. A migration of one \
+            statement that gives up changed nothing and is tried again after 1, 2, 4, 8 and \
+            15 s (the transaction in its way usually ends by then); the last failure names the \
+            lock and the oldest open transaction \
             ([benchmarks](benchmarks.md)) (seconds, 1 to 86400)",
 };
 pub const VAR_AMQP_URL: Setting = Setting {
