@@ -1342,6 +1342,63 @@ async fn the_consumer_and_publisher_leave_a_silent_node_within_two_heartbeats() 
     assert_eq!(sent, 300);
 }
 
+/// What the broker refuses is no outage: a runner whose queue exists with other arguments (a
+/// classic queue where the topology declares a quorum one) stops at once, naming it, instead
+/// of waiting for a link that has nothing to replace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_whose_queue_exists_with_other_arguments_stops_at_once() {
+    let _turn = CanaryCounts::take().await;
+    let env = TestEnv::new().await;
+    let services = services_on(&env.settings, &[]).await;
+    let channel = services.connection().create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            Canary::queue().queue().as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut runner = Runner::new(services.clone());
+    runner.add_function(Canary);
+
+    let ran = tokio::time::timeout(
+        Duration::from_secs(20),
+        runner.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the runner stops by itself");
+
+    let error = ran.expect_err("a queue with other arguments stops the runner");
+    assert!(format!("{error:?}").contains("PRECONDITION"), "{error:?}");
+}
+
+/// The node goes silent before the runner's first subscriptions are made (a loaded machine
+/// once took that long, and the runner stopped, reading the lost connection as a queue that
+/// does not exist): the consumers wait for the link, which leaves the node, and consume on
+/// the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_gone_silent_before_the_first_subscription_is_left_and_consuming_starts_on_the_next()
+{
+    let counts = CanaryCounts::take().await;
+    let env = TestEnv::new().await;
+    // The second relay is kept: dropping it would cut it.
+    let (first, _second, services) = two_relayed_nodes(&env).await;
+    first.stall();
+    let (stop, run) = start_runner(&services, &counts);
+
+    let sent = ping_through_an_interruption(&services, || tokio::spawn(async {})).await;
+    let moved = eventually(Duration::from_secs(60), || async {
+        services.link.node() == 1
+    })
+    .await;
+
+    assert!(moved, "the link left the silent node within 60 s");
+    assert_every_ping_ponged_once(&env, sent).await;
+    assert!(!run.is_finished(), "the runner stopped by itself");
+    stop_runner(stop, run).await;
+}
+
 /// A broker that took the connection and went silent (a partition, a hung host: nothing is
 /// reset or closed, no reply comes) answers nothing, and lapin waits for a reply for as long as
 /// the connection lives: until its heartbeat fails. These stops must not wait for that.

@@ -28,18 +28,28 @@ impl BrokerUnreachable {
     /// timeout (a node still starting or restarting), or a node that closed the connection
     /// because it is shutting down. A refusal of the credentials or the vhost is permanent.
     pub fn is_transient(&self) -> bool {
-        use lapin::{
-            ErrorKind,
-            protocol::{AMQPErrorKind, AMQPHardError},
-        };
-        match self.source.kind() {
-            ErrorKind::IOError(_) | ErrorKind::MissingHeartbeatError => true,
-            ErrorKind::ProtocolError(error) => matches!(
-                error.kind(),
-                AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
-            ),
-            _ => false,
-        }
+        connection_lost(&self.source)
+    }
+}
+
+/// Whether `error` says the connection went (nothing listening, a reset, a timeout, a node
+/// gone silent past two heartbeats, a node shutting down, a request on a connection already
+/// closed) rather than that the broker refused the request (no such queue, other arguments,
+/// credentials): the link replaces such a connection, and whoever waits for it may try again.
+pub(crate) fn connection_lost(error: &lapin::Error) -> bool {
+    use lapin::{
+        ErrorKind,
+        protocol::{AMQPErrorKind, AMQPHardError},
+    };
+    match error.kind() {
+        ErrorKind::IOError(_)
+        | ErrorKind::MissingHeartbeatError
+        | ErrorKind::InvalidConnectionState(_) => true,
+        ErrorKind::ProtocolError(error) => matches!(
+            error.kind(),
+            AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
+        ),
+        _ => false,
     }
 }
 

@@ -29,7 +29,7 @@ use super::{
     publisher::Publisher,
     topology::SHARD_KEY_HEADER,
 };
-use crate::broker::{REPLY_TIMEOUT, within};
+use crate::broker::{REPLY_TIMEOUT, connection_lost, within};
 
 /// Consumes `processor.queue()` until `shutdown` is cancelled, then drains in-flight work.
 /// Follows the link: when it replaces the connection, consuming resumes on the new one. While
@@ -75,9 +75,10 @@ pub async fn consume<P: Processor>(
         match subscribed {
             Ok(Ended::Shutdown) => break,
             Ok(Ended::ConnectionReplaced | Ended::Paused) => {}
-            // The first subscription failing is a configuration error (no such queue, other
-            // arguments): fail loudly. Later ones follow an outage: wait for the link.
-            Err(error) if first => return Err(error),
+            // The first subscription refused by the broker is a configuration error (no such
+            // queue, other arguments): fail loudly. A lost connection, or a later failure,
+            // is an outage: wait for the link.
+            Err(error) if first && !connection_lost(&error) => return Err(error),
             Err(error) => {
                 tracing::warn!(function = processor.function(), %error, "cannot consume yet; waiting for the broker link");
                 tokio::select! {

@@ -28,7 +28,7 @@ use super::{
     metrics,
     topology::{self, FunctionQueue},
 };
-use crate::broker::{self, BrokerUnreachable, REPLY_TIMEOUT, within};
+use crate::broker::{self, BrokerUnreachable, REPLY_TIMEOUT, connection_lost, within};
 use paybus_config::BrokerSettings;
 use paybus_retry::Backoff;
 
@@ -250,9 +250,28 @@ impl BrokerLink {
                 }
             }
         }
-        declare_on(&self.current().connection, functions).await
+        // A connection lost meanwhile is replaced by the watchdog, which declares everything
+        // known (these queues included) on the next one: the declare waits for it and goes
+        // again, a few times, rather than stop a process starting while a node goes away.
+        let mut generation = self.generation();
+        let mut losses = 0;
+        loop {
+            generation.borrow_and_update();
+            match declare_on(&self.current().connection, functions).await {
+                Err(error) if connection_lost(&error) && losses < DECLARE_LOSSES => {
+                    losses += 1;
+                    tracing::warn!(%error, losses, "declaring the topology: the connection went; waiting for the broker link");
+                    // Bounded: a timeout on a connection that still lives brings no new one.
+                    let _ = tokio::time::timeout(REPLY_TIMEOUT, generation.changed()).await;
+                }
+                done => return done,
+            }
+        }
     }
 }
+
+/// How many lost connections a declare outlives before it gives up with the last error.
+const DECLARE_LOSSES: u32 = 5;
 
 /// What a queue holds now ([`BrokerLink::queue_depth`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
