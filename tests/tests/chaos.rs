@@ -9,9 +9,7 @@
 //! package with integration tests gets its binaries built, `paybus-lab` and the functions
 //! included).
 
-use std::{path::Path, process::Command};
-
-use lab_run::{lab, run_for_report};
+use lab_run::quick_run;
 use serde_json::Value;
 
 use crate::lab_run;
@@ -33,18 +31,9 @@ const BROKEN_BUILD_RUN: [&str; 8] = [
     "45",
 ];
 
-/// Runs `paybus-lab chaos --quick --json` with `args` in its own state folder under `.local/`;
-/// the exit code and the report.
+/// `paybus-lab chaos --quick --json` with `args` in `.local/<state>`.
 fn chaos(state: &str, args: &[&str]) -> (i32, Value) {
-    let state_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../.local")
-        .join(state);
-    run_for_report(
-        Command::new(lab())
-            .args(["chaos", "--quick", "--json", "--state-dir"])
-            .arg(&state_dir)
-            .args(args),
-    )
+    quick_run("chaos", state, args)
 }
 
 /// The names of the run's violations.

@@ -9,25 +9,16 @@
 //! builds them before the tests: `paybus-lab upgrade --build-only`; without them the first
 //! run builds them, for minutes).
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
-use lab_run::{lab, run_for_report};
+use lab_run::quick_run;
 use serde_json::Value;
 
 use crate::lab_run;
 
-/// Runs `paybus-lab upgrade --quick --json` with `args` in its own state folder under
-/// `.local/`; the exit code and the report.
+/// `paybus-lab upgrade --quick --json` with `args` in `.local/<state>`.
 fn upgrade(state: &str, args: &[&str]) -> (i32, Value) {
-    let state_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../.local")
-        .join(state);
-    run_for_report(
-        Command::new(lab())
-            .args(["upgrade", "--quick", "--json", "--state-dir"])
-            .arg(&state_dir)
-            .args(args),
-    )
+    quick_run("upgrade", state, args)
 }
 
 fn violations(report: &Value) -> Vec<(&str, &str)> {

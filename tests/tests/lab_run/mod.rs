@@ -36,3 +36,17 @@ pub fn run_for_report(command: &mut Command) -> (i32, Value) {
     });
     (output.status.code().unwrap_or(-1), report)
 }
+
+/// Runs `paybus-lab <run> --quick --json` (`chaos`, `upgrade`) with `args` in a state folder of
+/// its own, `.local/<state>`: its exit code and report, as [`run_for_report`].
+pub fn quick_run(run: &str, state: &str, args: &[&str]) -> (i32, Value) {
+    let state_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.local")
+        .join(state);
+    run_for_report(
+        Command::new(lab())
+            .args([run, "--quick", "--json", "--state-dir"])
+            .arg(&state_dir)
+            .args(args),
+    )
+}
