@@ -98,7 +98,12 @@ impl Release {
             &self.commit[..12.min(self.commit.len())],
             home.display()
         );
-        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        // The `cargo` on PATH (rustup's proxy, where rustup is installed), not `$CARGO`: run in
+        // the release's tree, the proxy picks the release's own toolchain file and hands it to
+        // every `rustc` below it. A toolchain's cargo run directly leaves each `rustc` proxy to
+        // read the toolchain file of the directory it runs in, and crates such as flagset ship
+        // one naming a toolchain nobody installed.
+        let mut cargo = Command::new("cargo");
         cargo
             .current_dir(&sources)
             .args(["build", "--locked", "--bins"])
@@ -106,7 +111,7 @@ impl Release {
             .env("CARGO_TARGET_DIR", home.join("target"))
             // A build made once gains nothing from incremental caches, which take gigabytes.
             .env("CARGO_INCREMENTAL", "0")
-            // Its own toolchain file decides, not the one that built this lab.
+            // The release's toolchain file decides, not the one that built this lab.
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("RUSTC")
             .env_remove("CARGO_MANIFEST_DIR");
