@@ -53,18 +53,34 @@ pub(crate) fn bin_dir(asked: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Every catalog function (the canary aside: no load uses it), the sweeper and the API
-/// (`paybus serve`), found in `dir` unless substituted.
-pub(crate) fn binaries(
-    dir: &Path,
-    substitutes: &[(String, PathBuf)],
-) -> anyhow::Result<Vec<Binary>> {
+/// The binaries a run starts besides the API's `paybus`: every catalog function (the canary
+/// aside: no load uses it) and the sweeper. Each is its package's `paybus-<name>`.
+fn function_binaries() -> Vec<&'static str> {
     let mut names: Vec<&str> = paybus_catalog::FUNCTIONS
         .iter()
         .map(|f| f.name)
         .filter(|name| *name != "canary")
         .collect();
     names.push("sweeper");
+    names
+}
+
+/// The packages whose binaries [`binaries`] finds: what a build for a run must build.
+pub(crate) fn packages() -> Vec<String> {
+    function_binaries()
+        .into_iter()
+        .map(|name| format!("paybus-{name}"))
+        .chain(std::iter::once("paybus".to_owned()))
+        .collect()
+}
+
+/// Every one of [`function_binaries`] and the API (`paybus serve`), found in `dir` unless
+/// substituted.
+pub(crate) fn binaries(
+    dir: &Path,
+    substitutes: &[(String, PathBuf)],
+) -> anyhow::Result<Vec<Binary>> {
+    let names = function_binaries();
     for (name, _) in substitutes {
         if !names.contains(&name.as_str()) {
             bail!(
@@ -450,6 +466,56 @@ async fn supervise(
                 }
                 process.pid.store(0, Ordering::SeqCst);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    /// The owner of every binary target in the workspace, from `cargo metadata`.
+    fn package_of_each_binary() -> BTreeMap<String, String> {
+        let output = std::process::Command::new(env!("CARGO"))
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let mut owners = BTreeMap::new();
+        for package in metadata["packages"].as_array().unwrap() {
+            for target in package["targets"].as_array().unwrap() {
+                if target["kind"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k == "bin")
+                {
+                    owners.insert(
+                        target["name"].as_str().unwrap().to_owned(),
+                        package["name"].as_str().unwrap().to_owned(),
+                    );
+                }
+            }
+        }
+        owners
+    }
+
+    /// A build of `packages()` (the previous release's, for an upgrade) has every binary a run
+    /// starts: a package left out is found at the run's start, minutes after the build.
+    #[test]
+    fn the_packages_a_run_builds_own_every_binary_it_starts() {
+        let owners = package_of_each_binary();
+        let packages = super::packages();
+        for binary in super::function_binaries().into_iter().chain(["paybus"]) {
+            let owner = owners
+                .get(binary)
+                .unwrap_or_else(|| panic!("no package has a binary {binary}: {owners:?}"));
+            assert!(
+                packages.contains(owner),
+                "{binary} is {owner}'s, which {packages:?} lacks"
+            );
         }
     }
 }

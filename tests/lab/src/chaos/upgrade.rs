@@ -108,13 +108,7 @@ pub async fn run(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
     let repository = repository_dir();
     let from = Release::find(&repository, args.from.as_deref())?;
     let binaries_of = |dir: &std::path::Path| fleet::binaries(dir, &[]);
-    let packages: Vec<String> = std::iter::once("paybus".to_owned())
-        .chain(
-            paybus_catalog::FUNCTIONS
-                .iter()
-                .map(|f| format!("paybus-{}", f.name)),
-        )
-        .collect();
+    let packages = fleet::packages();
     let from_dir = tokio::task::spawn_blocking({
         let (from, repository) = (from.clone(), repository.clone());
         move || from.binaries(&repository, &packages)
