@@ -264,6 +264,7 @@ async fn soak(
         seed: 0,
         concurrency: plan.concurrency,
         shards: 1,
+        markets: load::MarketCadence::HUNDREDS,
     };
     // No network of its own: a soak measures, it does not break.
     let stage = Stage::start(&profile, own, binaries, state_dir, false, Schema::Current).await?;

@@ -69,10 +69,22 @@ struct Pace {
 /// hundreds of thousands of items would otherwise spend minutes creating members.
 const SETUP_ITEMS: usize = 2_000;
 
-/// A market lives this long before its suspension ends it (placing goes on, and is refused,
-/// until the next market takes over), and takes at least this many orders.
-const MARKET_LIFETIME: Duration = Duration::from_secs(10);
-const MARKET_ORDERS: usize = 100;
+/// How the market load cuts its orders into markets. A market takes the orders of `lifetime`
+/// (at least `orders`) before the next takes over; ops suspend it halfway (placing goes on,
+/// and is refused, until then), so suspensions and their cancels spread over the run.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct MarketCadence {
+    pub lifetime: Duration,
+    pub orders: usize,
+}
+
+impl MarketCadence {
+    /// Chaos's and the soak's: markets of a hundred orders or more, the cancel a batch.
+    pub const HUNDREDS: Self = Self {
+        lifetime: Duration::from_secs(10),
+        orders: 100,
+    };
+}
 
 impl Schedule {
     fn paced(per_second: f64, from: tokio::time::Instant, lasting: Duration) -> Self {
@@ -899,8 +911,8 @@ async fn payment_completions(
 /// W4: clients place orders on several markets (and fill one in three, in full or in part);
 /// when half of a market's orders are placed, ops suspend it (`copies` suspend calls at once)
 /// while the clients go on placing (refused from then on) and filling. Each market takes the
-/// orders of [`MARKET_LIFETIME`] (at least [`MARKET_ORDERS`]) in turn, so suspensions (and
-/// their cancels) spread over the run. A market whose half was never
+/// orders of the profile's [`MarketCadence`] in turn, so suspensions (and their cancels)
+/// spread over the run. A market whose half was never
 /// placed (the deadline came first) is suspended at the end. The orders sent and the markets.
 async fn market_orders(
     profile: &Profile,
@@ -909,8 +921,9 @@ async fn market_orders(
     tally: Arc<Tally>,
 ) -> anyhow::Result<(usize, usize)> {
     let orders = schedule.items;
+    let cadence = profile.markets;
     let per_market =
-        ((schedule.pace.per_second * MARKET_LIFETIME.as_secs_f64()) as usize).max(MARKET_ORDERS);
+        ((schedule.pace.per_second * cadence.lifetime.as_secs_f64()) as usize).max(cadence.orders);
     let markets = orders.div_ceil(per_market).max(2);
     let mut symbols = Vec::with_capacity(markets);
     for m in 0..markets {

@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use self::{
     deploy::{DeployFigures, Deployed},
     faults::Fault,
+    load::MarketCadence,
     report::{Figures, Report},
     stage::{Schema, Stage},
 };
@@ -183,6 +184,7 @@ pub struct Profile {
     pub concurrency: u16,
     /// Queues per function (`--shards`; 1: the default topology).
     pub shards: u16,
+    pub markets: MarketCadence,
 }
 
 impl Profile {
@@ -209,6 +211,7 @@ impl Profile {
             seed: 0,
             concurrency: 8,
             shards: 1,
+            markets: MarketCadence::HUNDREDS,
         }
     }
 
@@ -236,6 +239,7 @@ impl Profile {
                 seed: 0,
                 concurrency: 32,
                 shards: 1,
+                markets: MarketCadence::HUNDREDS,
             }
         };
         if let Some(items) = args.items {

@@ -11,7 +11,9 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use super::{
     OwnServices, Profile, Schedule,
     deploy::{self, Side},
-    finish_report, fleet, refuse_another_layout, repository_dir,
+    finish_report, fleet,
+    load::MarketCadence,
+    refuse_another_layout, repository_dir,
     stage::Schema,
     state_dir,
 };
@@ -100,6 +102,13 @@ impl UpgradeArgs {
             seed: self.seed.unwrap_or_else(super::seed_from_clock),
             concurrency,
             shards: 1,
+            // Suspensions every twentieth of the window, so that each stretch of the deploy
+            // (the shortest, the earlier code alone on the new schema, is a tenth) has some:
+            // a deploy that breaks the markets' cancel shows in the stretch it broke.
+            markets: MarketCadence {
+                lifetime: window / 20,
+                orders: 4,
+            },
         })
     }
 }
