@@ -1,6 +1,7 @@
 //! An earlier release's binaries, for the upgrade run: found by the commit CHANGELOG.md names
 //! (tags may not travel with a clone), checked out in a worktree of its own under
-//! `.local/releases/` and built there with a target directory of its own, once. Its sources are
+//! `.local/releases/` and built there with a target directory of its own (sharing this
+//! build's compiled dependencies), once. Its sources are
 //! never this checkout's: a release is what was cut, not what the code says today.
 
 use std::{
@@ -115,6 +116,13 @@ impl Release {
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("RUSTC")
             .env_remove("CARGO_MANIFEST_DIR");
+        // The dependencies both releases lock at the same versions (most of them) are compiled
+        // once: the release's intermediate files go to the build folder this lab was built in,
+        // where they already are. Its own crates differ by path, so they overwrite nothing
+        // there, and its binaries still go to its own target folder.
+        if let Some(build_dir) = this_build_dir() {
+            cargo.env("CARGO_BUILD_BUILD_DIR", build_dir);
+        }
         let status = cargo.status().context("running cargo")?;
         if !status.success() {
             bail!(
@@ -171,6 +179,17 @@ impl Release {
         )?;
         Ok(())
     }
+}
+
+/// The Cargo build folder this lab binary was built in (`<target>/<profile>/paybus-lab`), if it
+/// looks like one.
+fn this_build_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let target = exe.parent()?.parent()?;
+    target
+        .join("debug/.fingerprint")
+        .is_dir()
+        .then(|| target.to_path_buf())
 }
 
 fn is_commit(text: &str) -> bool {
