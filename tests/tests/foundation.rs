@@ -224,7 +224,16 @@ async fn has_note_column(pool: &sqlx::MySqlPool) -> bool {
 #[tokio::test]
 async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_frees_the_table() {
     // Arrange: a withdrawal in flight, and a transaction that has read the table and stays
-    // open (a report, a stuck session): it holds the table's shared metadata lock.
+    // open (a report, a stuck session): it holds the table's shared metadata lock. An older
+    // transaction in another schema of the server (another tenant's, another test's) is not
+    // the one in the way.
+    let elsewhere = TestEnv::new().await;
+    let mut older_elsewhere = elsewhere.db.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
+        .fetch_one(&mut *older_elsewhere)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     let env = TestEnv::new().await;
     let partner = paybus_testkit::partners::partner(&env.db, "partner", None).await;
     let withdrawal = paybus_testkit::confirmations::withdrawal(
@@ -322,6 +331,7 @@ async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_fre
 
     // Once the report ends, running the migrations again applies it.
     report.commit().await.unwrap();
+    older_elsewhere.commit().await.unwrap();
     db::migrate(&migrator, &env.db, bound)
         .await
         .expect("retried after the long transaction, the migration applies");

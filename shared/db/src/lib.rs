@@ -151,11 +151,16 @@ async fn gave_up_on_lock(
         .await;
         retryable = removed.is_ok();
     }
+    // The server's other schemas (tenants, tests) have transactions of their own, often older:
+    // one whose session uses this schema is named first, and the oldest anywhere only when no
+    // such one is open (it may still touch this schema's tables by their full names).
     let oldest: Option<(u64, i64)> = sqlx::query_as(
-        "SELECT CAST(trx_mysql_thread_id AS UNSIGNED), \
-                TIMESTAMPDIFF(SECOND, trx_started, NOW()) \
-         FROM information_schema.INNODB_TRX \
-         WHERE trx_mysql_thread_id <> CONNECTION_ID() ORDER BY trx_started LIMIT 1",
+        "SELECT CAST(t.trx_mysql_thread_id AS UNSIGNED), \
+                TIMESTAMPDIFF(SECOND, t.trx_started, NOW()) \
+         FROM information_schema.INNODB_TRX t \
+         LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+         WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
+         ORDER BY (p.DB <=> DATABASE()) DESC, t.trx_started LIMIT 1",
     )
     .fetch_optional(&mut *conn)
     .await
