@@ -1,8 +1,8 @@
 //! An earlier release's binaries, for the upgrade run: found by the commit CHANGELOG.md names
 //! (tags may not travel with a clone), checked out in a worktree of its own under
-//! `.local/releases/` and built there with a target directory of its own (sharing this
-//! build's compiled dependencies), once. Its sources are
-//! never this checkout's: a release is what was cut, not what the code says today.
+//! `.local/releases/` and built there once, with a target directory of its own (sharing this
+//! build's compiled dependencies). Its sources are never this checkout's: a release is what
+//! was cut, not what the code says today.
 
 use std::{
     path::{Path, PathBuf},
