@@ -210,6 +210,19 @@ fn migrations_and_an_online_alter_of_withdrawals() -> Migrator {
     Migrator::with_migrations(migrations)
 }
 
+/// A transaction left open after reading `withdrawals` (a report, a stuck session): it holds
+/// the table's shared metadata lock until it ends.
+async fn a_transaction_that_read_withdrawals(
+    pool: &sqlx::MySqlPool,
+) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let mut transaction = pool.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
+        .fetch_one(&mut *transaction)
+        .await
+        .unwrap();
+    transaction
+}
+
 async fn has_note_column(pool: &sqlx::MySqlPool) -> bool {
     let columns: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.columns \
@@ -228,11 +241,7 @@ async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_fre
     // transaction in another schema of the server (another tenant's, another test's) is not
     // the one in the way.
     let elsewhere = TestEnv::new().await;
-    let mut older_elsewhere = elsewhere.db.begin().await.unwrap();
-    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
-        .fetch_one(&mut *older_elsewhere)
-        .await
-        .unwrap();
+    let older_elsewhere = a_transaction_that_read_withdrawals(&elsewhere.db).await;
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let env = TestEnv::new().await;
     let partner = paybus_testkit::partners::partner(&env.db, "partner", None).await;
@@ -244,11 +253,7 @@ async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_fre
         "10",
     )
     .await;
-    let mut report = env.db.begin().await.unwrap();
-    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
-        .fetch_one(&mut *report)
-        .await
-        .unwrap();
+    let mut report = a_transaction_that_read_withdrawals(&env.db).await;
     let reporter: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
         .fetch_one(&mut *report)
         .await
@@ -343,11 +348,7 @@ async fn a_migration_behind_a_transaction_that_ends_within_seconds_is_tried_agai
     // Arrange: a transaction that has read withdrawals and ends 2.5 s later, past the first
     // try's 1 s bound.
     let env = TestEnv::new().await;
-    let mut report = env.db.begin().await.unwrap();
-    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM withdrawals")
-        .fetch_one(&mut *report)
-        .await
-        .unwrap();
+    let report = a_transaction_that_read_withdrawals(&env.db).await;
     let holding = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         report.commit().await.unwrap();
