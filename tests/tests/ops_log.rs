@@ -1,5 +1,5 @@
 //! The ops log's hash chain against the real database: appends chain and verify clean; a row
-//! changed, deleted in the middle or at the tail, or written around the appender by SQL is found
+//! changed (its identity too), deleted in the middle or at the tail, or written around the appender by SQL is found
 //! at its seq; the windowed form finds what its window holds; concurrent appends from real
 //! transactions make one contiguous chain; and an action's row commits or rolls back with it.
 
@@ -104,6 +104,33 @@ async fn a_detail_changed_by_sql_is_found_at_its_row() {
 }
 
 #[tokio::test]
+async fn an_identity_changed_by_sql_is_found_at_its_row() {
+    let env = TestEnv::new().await;
+    append(&env.db, 4).await;
+
+    execute(
+        &env.db,
+        "UPDATE ops_log SET actor_subject = 'mallory' WHERE seq = 2",
+    )
+    .await;
+    assert_eq!(verify(&env.db).await, broken(2, Problem::Changed));
+    execute(
+        &env.db,
+        "UPDATE ops_log SET actor_subject = 'alice' WHERE seq = 2",
+    )
+    .await;
+    assert_eq!(verify(&env.db).await, []);
+
+    // Its hash removed with it, the row would read as one written before identities.
+    execute(
+        &env.db,
+        "UPDATE ops_log SET auth_method = 'BREAK_GLASS', identity_hash = NULL WHERE seq = 3",
+    )
+    .await;
+    assert_eq!(verify(&env.db).await, broken(3, Problem::Changed));
+}
+
+#[tokio::test]
 async fn a_row_rewritten_with_a_recomputed_hash_breaks_the_next_link() {
     let env = TestEnv::new().await;
     append(&env.db, 5).await;
@@ -113,7 +140,7 @@ async fn a_row_rewritten_with_a_recomputed_hash_breaks_the_next_link() {
         .unwrap()
         .remove(0);
     let forged = "{\"n\":3,\"last_error\":\"nobody retried this\"}";
-    let hash = ops_log::row_hash(&ops_log::Hashed {
+    let hashes = ops_log::hashes(&ops_log::Hashed {
         seq: row.seq,
         created_at: row.created_at,
         actor: &row.actor,
@@ -124,9 +151,10 @@ async fn a_row_rewritten_with_a_recomputed_hash_breaks_the_next_link() {
         identity: row.identity(),
     });
 
-    sqlx::query("UPDATE ops_log SET detail = ?, row_hash = ? WHERE seq = 3")
+    sqlx::query("UPDATE ops_log SET detail = ?, row_hash = ?, identity_hash = ? WHERE seq = 3")
         .bind(forged)
-        .bind(&hash)
+        .bind(&hashes.row_hash)
+        .bind(&hashes.identity_hash)
         .execute(&env.db)
         .await
         .unwrap();
@@ -237,7 +265,7 @@ async fn the_windowed_walk_checks_the_window_s_rows_and_leaves_older_ones_to_the
         let created_at = row.created_at - chrono::Duration::hours(2);
         let detail = row.detail.to_string();
         let prev_hash = ops_log::head(&mut tx).await.unwrap().unwrap().row_hash;
-        let hash = ops_log::row_hash(&ops_log::Hashed {
+        let hashes = ops_log::hashes(&ops_log::Hashed {
             seq: row.seq,
             created_at,
             actor: &row.actor,
@@ -249,8 +277,8 @@ async fn the_windowed_walk_checks_the_window_s_rows_and_leaves_older_ones_to_the
         });
         sqlx::query(
             "INSERT INTO ops_log (seq, created_at, actor, action, subject, detail, prev_hash, \
-             row_hash, actor_issuer, actor_subject, auth_method) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             row_hash, actor_issuer, actor_subject, auth_method, identity_hash) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(row.seq)
         .bind(created_at)
@@ -259,16 +287,17 @@ async fn the_windowed_walk_checks_the_window_s_rows_and_leaves_older_ones_to_the
         .bind(&row.subject)
         .bind(&detail)
         .bind(&prev_hash)
-        .bind(&hash)
+        .bind(&hashes.row_hash)
         .bind(&row.actor_issuer)
         .bind(&row.actor_subject)
         .bind(&row.auth_method)
+        .bind(&hashes.identity_hash)
         .execute(&mut *tx)
         .await
         .unwrap();
         sqlx::query("UPDATE ops_log_head SET seq = ?, row_hash = ?")
             .bind(row.seq)
-            .bind(&hash)
+            .bind(&hashes.row_hash)
             .execute(&mut *tx)
             .await
             .unwrap();

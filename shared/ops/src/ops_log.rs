@@ -5,7 +5,8 @@
 //!   together or not at all), after locking the one-row head (`ops_log_head`): appends are
 //!   serialised and `seq` has no gaps.
 //! - Each row carries the previous row's hash and its own ([`row_hash`]: SHA-256 over an
-//!   unambiguous encoding of its fields and the [`Actor`]'s identity).
+//!   unambiguous encoding of its fields), and the hash of the [`Actor`]'s identity over its own
+//!   ([`identity_hash`]); see [`hashes`] for why the identity is not inside `row_hash`.
 //! - [`verify`] walks the chain, [`BATCH`] rows a read, and reports the first broken link;
 //!   [`verify_recent`] walks from an audit window's first row (the continuous auditor).
 //!
@@ -79,6 +80,9 @@ pub struct Row {
     pub detail: serde_json::Value,
     pub prev_hash: String,
     pub row_hash: String,
+    /// [`identity_hash`] of the row's identity; `null` on rows without one, and on rows whose
+    /// `row_hash` covers it (the `v2` form).
+    pub identity_hash: Option<String>,
 }
 
 /// A row as stored: the detail as its text, the bytes the hash covers.
@@ -95,24 +99,39 @@ struct StoredRow {
     detail: String,
     prev_hash: String,
     row_hash: String,
+    identity_hash: Option<String>,
 }
 
 impl StoredRow {
-    fn recomputed_hash(&self) -> String {
-        row_hash(&Hashed {
-            seq: self.seq,
-            created_at: self.created_at,
-            actor: &self.actor,
-            action: &self.action,
-            subject: &self.subject,
-            detail: &self.detail,
-            prev_hash: &self.prev_hash,
-            identity: identity(
-                self.actor_issuer.as_deref(),
-                self.actor_subject.as_deref(),
-                self.auth_method.as_deref(),
-            ),
-        })
+    /// Whether the row's content matches its hashes, in either form a release writes: `v1`
+    /// with the identity's hash beside it ([`hashes`]), or `v2` with the identity inside.
+    fn is_as_written(&self) -> bool {
+        let hashed = |identity| {
+            row_hash(&Hashed {
+                seq: self.seq,
+                created_at: self.created_at,
+                actor: &self.actor,
+                action: &self.action,
+                subject: &self.subject,
+                detail: &self.detail,
+                prev_hash: &self.prev_hash,
+                identity,
+            })
+        };
+        let identity = identity(
+            self.actor_issuer.as_deref(),
+            self.actor_subject.as_deref(),
+            self.auth_method.as_deref(),
+        );
+        match (identity, self.identity_hash.as_deref()) {
+            (None, None) => hashed(None) == self.row_hash,
+            (Some(who), Some(stored)) => {
+                hashed(None) == self.row_hash && identity_hash(&self.row_hash, &who) == stored
+            }
+            (Some(who), None) => hashed(Some(who)) == self.row_hash,
+            // An identity's hash without the identity: the identity was removed.
+            (None, Some(_)) => false,
+        }
     }
 }
 
@@ -157,6 +176,7 @@ impl From<StoredRow> for Row {
             detail,
             prev_hash: row.prev_hash,
             row_hash: row.row_hash,
+            identity_hash: row.identity_hash,
         }
     }
 }
@@ -185,12 +205,58 @@ pub struct Identity<'a> {
     pub method: &'a str,
 }
 
+/// The hashes a row is written with (by [`append`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashes {
+    pub row_hash: String,
+    pub identity_hash: Option<String>,
+}
+
+/// What [`append`] writes for `row`: its `row_hash` in the `v1` form, without the identity,
+/// and the identity's own hash over that ([`identity_hash`]).
+///
+/// Why not `v2` (the identity inside `row_hash`): the previous release verifies `v1` only, and
+/// its continuous auditor still runs while a deploy rolls out (a canary's old version takes
+/// most of the traffic) and after a rollback. Rows it cannot verify read to it as rows changed
+/// by hand: an `ops_log_chain` violation on every ops action, whose alarm rolls the deploy
+/// back. A release that verifies both forms (this one) comes first; the next may write `v2`.
+pub fn hashes(row: &Hashed<'_>) -> Hashes {
+    let row_hash = row_hash(&Hashed {
+        identity: None,
+        ..*row
+    });
+    let identity_hash = row
+        .identity
+        .map(|identity| self::identity_hash(&row_hash, &identity));
+    Hashes {
+        row_hash,
+        identity_hash,
+    }
+}
+
+/// SHA-256, lowercase hex, over a versioned tag, `row_hash`, and the identity's issuer,
+/// subject and method, each length-prefixed as in [`row_hash`].
+pub fn identity_hash(row_hash: &str, identity: &Identity<'_>) -> String {
+    let mut hasher = Sha256::new();
+    for field in [
+        "paybus.ops_log.identity.v1",
+        row_hash,
+        identity.issuer,
+        identity.subject,
+        identity.method,
+    ] {
+        length_prefixed(&mut hasher, field);
+    }
+    hex::encode(hasher.finalize())
+}
+
 /// SHA-256, lowercase hex, over a versioned tag, seq (8 bytes big-endian), created_at in
 /// microseconds since the epoch (8 bytes big-endian), then each text field as its byte length
 /// (8 bytes big-endian) followed by its UTF-8 bytes. The length prefixes make the boundaries
 /// unambiguous: no two different rows encode to the same bytes ("ab" + "c" is not "a" + "bc").
-/// A row with an identity is tagged `v2` and its issuer, subject and method follow; one
-/// without keeps `v1`, the form rows had before identities were recorded.
+/// Without an identity it is the `v1` form, the one every release verifies and [`hashes`]
+/// writes; with one, tagged `v2`, its issuer, subject and method follow (read, not written:
+/// see [`hashes`]).
 pub fn row_hash(row: &Hashed<'_>) -> String {
     let mut hasher = Sha256::new();
     let tag = if row.identity.is_some() {
@@ -260,7 +326,10 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
     let action = clip(entry.action, ACTION_MAX);
     let subject = clip(entry.subject, SUBJECT_MAX);
     let detail = entry.detail.to_string();
-    let hash = row_hash(&Hashed {
+    let Hashes {
+        row_hash: hash,
+        identity_hash,
+    } = hashes(&Hashed {
         seq,
         created_at,
         actor: &actor,
@@ -277,8 +346,8 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
     sqlx::query(
         "INSERT INTO ops_log \
          (seq, created_at, actor, action, subject, detail, prev_hash, row_hash, actor_issuer, \
-          actor_subject, auth_method) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          actor_subject, auth_method, identity_hash) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(seq)
     .bind(created_at)
@@ -291,6 +360,7 @@ pub async fn append(conn: &mut MySqlConnection, entry: &Entry<'_>) -> Result<u64
     .bind(&issuer)
     .bind(&actor_subject)
     .bind(method)
+    .bind(&identity_hash)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE ops_log_head SET seq = ?, row_hash = ? WHERE id = 1")
@@ -317,7 +387,7 @@ macro_rules! select_rows {
     ($rest:literal) => {
         concat!(
             "SELECT seq, created_at, actor, actor_issuer, actor_subject, auth_method, action, \
-             subject, detail, prev_hash, row_hash FROM ops_log ",
+             subject, detail, prev_hash, row_hash, identity_hash FROM ops_log ",
             $rest
         )
     };
@@ -405,7 +475,7 @@ async fn verify_from(
         for row in rows {
             let problem = if row.seq != expected {
                 Some((expected, Problem::Missing))
-            } else if row.recomputed_hash() != row.row_hash {
+            } else if !row.is_as_written() {
                 Some((row.seq, Problem::Changed))
             } else if prev.as_ref().is_some_and(|prev| *prev != row.prev_hash) {
                 Some((row.seq, Problem::Unlinked))
@@ -617,6 +687,128 @@ mod tests {
         }
         assert_eq!(row_hash(&base), hash, "deterministic");
         assert_eq!(hash.len(), 64);
+    }
+
+    /// `fields`' row as stored, with the hashes given.
+    fn stored(row: &Hashed<'_>, row_hash: String, identity_hash: Option<String>) -> StoredRow {
+        let identity = row.identity;
+        StoredRow {
+            seq: row.seq,
+            created_at: row.created_at,
+            actor: row.actor.to_owned(),
+            actor_issuer: identity.map(|i| i.issuer.to_owned()),
+            actor_subject: identity.map(|i| i.subject.to_owned()),
+            auth_method: identity.map(|i| i.method.to_owned()),
+            action: row.action.to_owned(),
+            subject: row.subject.to_owned(),
+            detail: row.detail.to_owned(),
+            prev_hash: row.prev_hash.to_owned(),
+            row_hash,
+            identity_hash,
+        }
+    }
+
+    #[test]
+    fn a_row_is_written_with_the_previous_release_s_hash_and_its_identity_s_beside_it() {
+        let base = fields("alice", "function.pause");
+        let written = hashes(&base);
+        let without_identity = Hashed {
+            identity: None,
+            ..base
+        };
+        assert_eq!(written.row_hash, row_hash(&without_identity), "the v1 form");
+        assert_ne!(written.row_hash, row_hash(&base), "not the v2 form");
+
+        let other_person = Hashed {
+            identity: Some(Identity {
+                issuer: "https://idp.example",
+                subject: "u-2",
+                method: "OIDC",
+            }),
+            ..base
+        };
+        let theirs = hashes(&other_person);
+        assert_eq!(theirs.row_hash, written.row_hash);
+        assert_ne!(
+            theirs.identity_hash, written.identity_hash,
+            "the identity is covered"
+        );
+        let other_action = hashes(&Hashed {
+            action: "function.resume",
+            ..base
+        });
+        assert_ne!(
+            other_action.identity_hash, written.identity_hash,
+            "the identity's hash is bound to its row"
+        );
+        assert_eq!(hashes(&without_identity).identity_hash, None);
+    }
+
+    #[test]
+    fn a_row_verifies_in_either_written_form_and_not_with_its_identity_changed_or_removed() {
+        let base = fields("alice", "function.pause");
+        let written = hashes(&base);
+        let as_written = stored(
+            &base,
+            written.row_hash.clone(),
+            written.identity_hash.clone(),
+        );
+        assert!(as_written.is_as_written());
+        assert!(stored(&base, row_hash(&base), None).is_as_written(), "v2");
+        let anonymous = Hashed {
+            identity: None,
+            ..base
+        };
+        assert!(
+            stored(&anonymous, row_hash(&anonymous), None).is_as_written(),
+            "v1 alone"
+        );
+
+        let changed = [
+            StoredRow {
+                actor_subject: Some("u-2".to_owned()),
+                ..stored(
+                    &base,
+                    written.row_hash.clone(),
+                    written.identity_hash.clone(),
+                )
+            },
+            StoredRow {
+                auth_method: Some("BREAK_GLASS".to_owned()),
+                ..stored(
+                    &base,
+                    written.row_hash.clone(),
+                    written.identity_hash.clone(),
+                )
+            },
+            StoredRow {
+                identity_hash: None,
+                ..stored(
+                    &base,
+                    written.row_hash.clone(),
+                    written.identity_hash.clone(),
+                )
+            },
+            StoredRow {
+                actor_issuer: None,
+                ..stored(
+                    &base,
+                    written.row_hash.clone(),
+                    written.identity_hash.clone(),
+                )
+            },
+            StoredRow {
+                actor: "bob".to_owned(),
+                ..stored(
+                    &base,
+                    written.row_hash.clone(),
+                    written.identity_hash.clone(),
+                )
+            },
+        ];
+        for row in changed {
+            assert!(!row.is_as_written(), "{row:?}");
+        }
     }
 
     #[test]
