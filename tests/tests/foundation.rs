@@ -197,17 +197,32 @@ async fn a_read_committed_transaction_sees_what_others_commit_meanwhile() {
 /// This release's migrations and one more that changes `withdrawals` online, as the next
 /// release would ship it.
 fn migrations_and_an_online_alter_of_withdrawals() -> Migrator {
+    migrations_and(
+        "-- a nullable column, instantly\n\
+         ALTER TABLE withdrawals ADD COLUMN note VARCHAR(20) NULL, ALGORITHM=INSTANT;",
+    )
+}
+
+/// This release's migrations and one more, `sql`.
+fn migrations_and(sql: &'static str) -> Migrator {
     let mut migrations: Vec<Migration> = db::MIGRATOR.iter().cloned().collect();
     migrations.push(Migration::new(
         99_991_231_000_001,
         "withdrawals note".into(),
         MigrationType::Simple,
-        "-- a nullable column, instantly\n\
-         ALTER TABLE withdrawals ADD COLUMN note VARCHAR(20) NULL, ALGORITHM=INSTANT;"
-            .into_sql_str(),
+        sql.into_sql_str(),
         false,
     ));
     Migrator::with_migrations(migrations)
+}
+
+/// A migration of two statements, as the next release might ship one: `withdrawals` first,
+/// then `deposits`.
+fn migrations_and_online_alters_of_withdrawals_then_deposits() -> Migrator {
+    migrations_and(
+        "ALTER TABLE withdrawals ADD COLUMN note VARCHAR(20) NULL, ALGORITHM=INSTANT;\n\
+         ALTER TABLE deposits ADD COLUMN note VARCHAR(20) NULL, ALGORITHM=INSTANT;",
+    )
 }
 
 /// A transaction left open after reading `withdrawals` (a report, a stuck session): it holds
@@ -374,6 +389,93 @@ async fn a_migration_behind_a_transaction_that_ends_within_seconds_is_tried_agai
     migrated.expect("tried again once the transaction ended, the migration applies");
     assert!(has_note_column(&env.db).await);
     assert!(took >= Duration::from_millis(2_500), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_migration_of_several_statements_that_gave_up_on_its_first_is_tried_again_and_applies() {
+    // Arrange: a transaction that has read withdrawals, the migration's first table, and ends
+    // 2.5 s later, past the first try's 1 s bound.
+    let env = TestEnv::new().await;
+    let report = a_transaction_that_read_withdrawals(&env.db).await;
+    let holding = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        report.commit().await.unwrap();
+    });
+    let migrator = migrations_and_online_alters_of_withdrawals_then_deposits();
+
+    // Act
+    let started = Instant::now();
+    let migrated = tokio::time::timeout(
+        Duration::from_secs(30),
+        paybus_runtime::migrations::migrate_retrying_locks(
+            &migrator,
+            &env.db,
+            Duration::from_secs(1),
+        ),
+    )
+    .await
+    .expect("the migration ends by itself");
+    let took = started.elapsed();
+    holding.await.unwrap();
+
+    // Assert: the first try gave up on its first statement, having changed nothing, and a
+    // later try applied both.
+    migrated.expect("tried again once the transaction ended, the migration applies");
+    assert!(has_note_column(&env.db).await);
+    assert!(took >= Duration::from_millis(2_500), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_migration_of_several_statements_that_gave_up_after_its_first_ran_says_so_and_is_not_run_again()
+ {
+    // Arrange: a transaction left open after reading deposits, the migration's second table.
+    let env = TestEnv::new().await;
+    let mut report = env.db.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM deposits")
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    let migrator = migrations_and_online_alters_of_withdrawals_then_deposits();
+
+    // Act
+    let migrated = tokio::time::timeout(
+        Duration::from_secs(30),
+        paybus_runtime::migrations::migrate_retrying_locks(
+            &migrator,
+            &env.db,
+            Duration::from_secs(1),
+        ),
+    )
+    .await
+    .expect("the migration ends by itself");
+    report.rollback().await.unwrap();
+
+    // Assert: the first statement ran, so the migration is not one to run again whole: the
+    // error says so at once, and sqlx keeps it recorded as partially applied.
+    let error = migrated.expect_err("the second statement cannot take its lock");
+    assert!(
+        matches!(
+            error,
+            db::DbError::LockWaitTimeout {
+                version: 99_991_231_000_001,
+                retryable: false,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("partially applied"), "{error}");
+    assert!(has_note_column(&env.db).await, "the first statement ran");
+    let again = db::migrate(&migrator, &env.db, Duration::from_secs(1))
+        .await
+        .expect_err("a partially applied migration refuses every later run");
+    assert!(
+        matches!(
+            again,
+            db::DbError::Migrate(sqlx::migrate::MigrateError::Dirty(99_991_231_000_001))
+        ),
+        "{again:?}"
+    );
 }
 
 /// Whether a session of this test's database waits for a table's metadata lock.

@@ -7,6 +7,9 @@
 extern crate self as paybus_db;
 
 pub mod column;
+mod migrations;
+
+pub use migrations::migrate;
 
 /// What [`column_enum!`] expands to needs, whatever the calling crate depends on.
 #[doc(hidden)]
@@ -18,7 +21,7 @@ pub mod __private {
 use std::{str::FromStr, time::Duration};
 
 use sqlx::{
-    AssertSqlSafe, Connection,
+    Connection,
     migrate::Migrator,
     mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions},
 };
@@ -51,8 +54,9 @@ pub enum DbError {
         if *.retryable {
             "nothing was changed: run the migrations again once that transaction ends"
         } else {
-            "the migration has several statements and sqlx marks it partially applied: see which \
-             ran, finish or undo them, delete its row from _sqlx_migrations and run again"
+            "the migration has several statements, some may have run before it gave up, and sqlx \
+             marks it partially applied: see which ran, finish or undo them, delete its row from \
+             _sqlx_migrations and run again"
         }
     )]
     LockWaitTimeout {
@@ -73,121 +77,6 @@ pub fn connect_options(settings: &DatabaseSettings) -> Result<MySqlConnectOption
         url: paybus_config::redact::url(&settings.url),
         source,
     })
-}
-
-/// Applies `migrator`'s pending migrations on a connection of their own on which every
-/// statement waits at most `lock_wait` for a lock (`lock_wait_timeout`, whole seconds).
-///
-/// Why: an `ALTER`, however online, takes its table's exclusive metadata lock to start and to
-/// finish, and waits for every transaction open on the table to end first; meanwhile every
-/// later statement on the table, confirmations included, queues behind it. The servers' own
-/// bound is a day (MariaDB) or a year (MySQL 8). Bounded, a migration that meets a long
-/// transaction fails fast instead of stalling money traffic, with
-/// [`DbError::LockWaitTimeout`].
-///
-/// sqlx records a migration before running it and, since DDL commits implicitly, a failed one
-/// stays recorded as partially applied, which refuses every later run. A migration of one
-/// statement that gave up on its lock changed nothing (the lock comes before any change), so
-/// its record is removed and running the migrations again retries it.
-pub async fn migrate(
-    migrator: &Migrator,
-    pool: &MySqlPool,
-    lock_wait: Duration,
-) -> Result<(), DbError> {
-    // A connection of its own, closed afterwards: the session setting and the migrator's
-    // advisory lock (kept when a migration fails) never reach a pooled connection.
-    let options = pool.connect_options();
-    let mut conn = MySqlConnection::connect_with(&options)
-        .await
-        .map_err(|source| DbError::Unreachable {
-            url: format!(
-                "mysql://{}:{}/{}",
-                options.get_host(),
-                options.get_port(),
-                options.get_database().unwrap_or_default()
-            ),
-            source,
-        })?;
-    sqlx::query("SET SESSION lock_wait_timeout = ?")
-        .bind(lock_wait.as_secs().max(1))
-        .execute(&mut conn)
-        .await
-        .map_err(|e| DbError::Migrate(sqlx::migrate::MigrateError::Execute(e)))?;
-    let ran = migrator.run(&mut conn).await;
-    let result = match ran {
-        Err(sqlx::migrate::MigrateError::ExecuteMigration(error, version))
-            if error_number(&error) == Some(LOCK_WAIT_TIMEOUT) =>
-        {
-            Err(gave_up_on_lock(&mut conn, migrator, version, lock_wait).await)
-        }
-        other => other.map_err(DbError::from),
-    };
-    // Closing is a courtesy to the server: a dropped connection is closed all the same.
-    let _ = conn.close().await;
-    result
-}
-
-/// Lock wait timeout exceeded: a metadata lock past `lock_wait_timeout`, or a row lock past
-/// `innodb_lock_wait_timeout`.
-const LOCK_WAIT_TIMEOUT: u16 = 1205;
-
-/// [`DbError::LockWaitTimeout`] for migration `version`, its record removed when it is one
-/// statement (see [`migrate`]).
-async fn gave_up_on_lock(
-    conn: &mut MySqlConnection,
-    migrator: &Migrator,
-    version: i64,
-    waited: Duration,
-) -> DbError {
-    let migration = migrator.iter().find(|m| m.version == version);
-    let mut retryable = false;
-    if migration.is_some_and(|m| is_one_statement(m.sql.as_str())) {
-        let removed = sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {} WHERE version = ? AND success = FALSE",
-            migrator.table_name
-        )))
-        .bind(version)
-        .execute(&mut *conn)
-        .await;
-        retryable = removed.is_ok();
-    }
-    // The server's other schemas (tenants, tests) have transactions of their own, often older:
-    // one whose session uses this schema is named first, and the oldest anywhere only when no
-    // such one is open (it may still touch this schema's tables by their full names).
-    let oldest: Option<(u64, i64)> = sqlx::query_as(
-        "SELECT CAST(t.trx_mysql_thread_id AS UNSIGNED), \
-                TIMESTAMPDIFF(SECOND, t.trx_started, NOW()) \
-         FROM information_schema.INNODB_TRX t \
-         LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
-         WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
-         ORDER BY (p.DB <=> DATABASE()) DESC, t.trx_started LIMIT 1",
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .ok()
-    .flatten();
-    DbError::LockWaitTimeout {
-        version,
-        description: migration.map_or_else(String::new, |m| m.description.to_string()),
-        waited,
-        oldest: oldest
-            .map(|(connection, seconds)| format!("connection {connection}, open for {seconds} s")),
-        retryable,
-    }
-}
-
-/// Whether a migration's SQL is one statement: no `;` but a last one, outside whole-line
-/// comments. Cautious: a `;` inside a string or a trailing comment reads as a second statement
-/// (the record is then kept), never the other way round.
-fn is_one_statement(sql: &str) -> bool {
-    let code: String = sql
-        .lines()
-        .filter(|line| !line.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let code = code.trim_end();
-    let code = code.strip_suffix(';').unwrap_or(code);
-    !code.trim().is_empty() && !code.contains(';')
 }
 
 /// A pooled connection idle for longer than this is pinged before it is handed out.
@@ -435,20 +324,7 @@ pub fn is_duplicate_on(error: &sqlx::Error, key: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_one_statement, placeholders};
-
-    #[test]
-    fn one_statement_is_told_from_several_and_doubt_counts_as_several() {
-        assert!(is_one_statement(
-            "-- a comment; with a semicolon\nALTER TABLE t\n    ADD COLUMN c INT NULL,\n    ALGORITHM=INSTANT;\n"
-        ));
-        assert!(is_one_statement("CREATE INDEX i ON t (c)"));
-        assert!(!is_one_statement(
-            "ALTER TABLE t ADD COLUMN c INT NULL; UPDATE t SET c = 1;"
-        ));
-        assert!(!is_one_statement("INSERT INTO t VALUES ('a;b')"));
-        assert!(!is_one_statement("-- only a comment\n"));
-    }
+    use super::placeholders;
 
     #[test]
     fn one_placeholder_per_value() {
