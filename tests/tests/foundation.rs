@@ -358,34 +358,47 @@ async fn a_migration_behind_a_long_transaction_gives_up_within_its_bound_and_fre
     assert!(has_note_column(&env.db).await);
 }
 
-#[tokio::test]
-async fn a_migration_behind_a_transaction_that_ends_within_seconds_is_tried_again_and_applies() {
-    // Arrange: a transaction that has read withdrawals and ends 2.5 s later, past the first
-    // try's 1 s bound.
+/// [`paybus_runtime::migrations::migrate_retrying_locks`] with a 1 s bound, time-limited so
+/// that a test fails instead of hanging.
+async fn migrate_retrying_with_a_one_second_bound(
+    migrator: &Migrator,
+    pool: &sqlx::MySqlPool,
+) -> Result<(), db::DbError> {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        paybus_runtime::migrations::migrate_retrying_locks(migrator, pool, Duration::from_secs(1)),
+    )
+    .await
+    .expect("the migration ends by itself")
+}
+
+/// `migrator` applied with retries on a new database while a transaction that has read
+/// withdrawals ends 2.5 s after the start, past the first try's 1 s bound: the database, what
+/// the migration returned and how long it took.
+async fn migrated_while_a_read_of_withdrawals_ends_after_2_5_s(
+    migrator: &Migrator,
+) -> (TestEnv, Result<(), db::DbError>, Duration) {
     let env = TestEnv::new().await;
     let report = a_transaction_that_read_withdrawals(&env.db).await;
     let holding = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         report.commit().await.unwrap();
     });
-    let migrator = migrations_and_an_online_alter_of_withdrawals();
-
-    // Act
     let started = Instant::now();
-    let migrated = tokio::time::timeout(
-        Duration::from_secs(30),
-        paybus_runtime::migrations::migrate_retrying_locks(
-            &migrator,
-            &env.db,
-            Duration::from_secs(1),
-        ),
-    )
-    .await
-    .expect("the migration ends by itself");
+    let migrated = migrate_retrying_with_a_one_second_bound(migrator, &env.db).await;
     let took = started.elapsed();
     holding.await.unwrap();
+    (env, migrated, took)
+}
 
-    // Assert: the first try gave up (the transaction was still open), a later one applied it.
+#[tokio::test]
+async fn a_migration_behind_a_transaction_that_ends_within_seconds_is_tried_again_and_applies() {
+    let (env, migrated, took) = migrated_while_a_read_of_withdrawals_ends_after_2_5_s(
+        &migrations_and_an_online_alter_of_withdrawals(),
+    )
+    .await;
+
+    // The first try gave up (the transaction was still open), a later one applied it.
     migrated.expect("tried again once the transaction ended, the migration applies");
     assert!(has_note_column(&env.db).await);
     assert!(took >= Duration::from_millis(2_500), "{took:?}");
@@ -393,33 +406,14 @@ async fn a_migration_behind_a_transaction_that_ends_within_seconds_is_tried_agai
 
 #[tokio::test]
 async fn a_migration_of_several_statements_that_gave_up_on_its_first_is_tried_again_and_applies() {
-    // Arrange: a transaction that has read withdrawals, the migration's first table, and ends
-    // 2.5 s later, past the first try's 1 s bound.
-    let env = TestEnv::new().await;
-    let report = a_transaction_that_read_withdrawals(&env.db).await;
-    let holding = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(2_500)).await;
-        report.commit().await.unwrap();
-    });
-    let migrator = migrations_and_online_alters_of_withdrawals_then_deposits();
-
-    // Act
-    let started = Instant::now();
-    let migrated = tokio::time::timeout(
-        Duration::from_secs(30),
-        paybus_runtime::migrations::migrate_retrying_locks(
-            &migrator,
-            &env.db,
-            Duration::from_secs(1),
-        ),
+    // withdrawals, which the transaction holds, is the migration's first table.
+    let (env, migrated, took) = migrated_while_a_read_of_withdrawals_ends_after_2_5_s(
+        &migrations_and_online_alters_of_withdrawals_then_deposits(),
     )
-    .await
-    .expect("the migration ends by itself");
-    let took = started.elapsed();
-    holding.await.unwrap();
+    .await;
 
-    // Assert: the first try gave up on its first statement, having changed nothing, and a
-    // later try applied both.
+    // The first try gave up on its first statement, having changed nothing, and a later try
+    // applied both.
     migrated.expect("tried again once the transaction ended, the migration applies");
     assert!(has_note_column(&env.db).await);
     assert!(took >= Duration::from_millis(2_500), "{took:?}");
@@ -438,16 +432,7 @@ async fn a_migration_of_several_statements_that_gave_up_after_its_first_ran_says
     let migrator = migrations_and_online_alters_of_withdrawals_then_deposits();
 
     // Act
-    let migrated = tokio::time::timeout(
-        Duration::from_secs(30),
-        paybus_runtime::migrations::migrate_retrying_locks(
-            &migrator,
-            &env.db,
-            Duration::from_secs(1),
-        ),
-    )
-    .await
-    .expect("the migration ends by itself");
+    let migrated = migrate_retrying_with_a_one_second_bound(&migrator, &env.db).await;
     report.rollback().await.unwrap();
 
     // Assert: the first statement ran, so the migration is not one to run again whole: the

@@ -97,13 +97,14 @@ async fn apply_pending(migrator: &Migrator, conn: &mut MySqlConnection) -> Resul
         .iter()
         .filter(|m| m.migration_type.is_up_migration() && !applied.contains(&m.version))
     {
-        let before = match starts_with_ddl_of_several(migration) {
-            true => Some(
+        let before = if starts_with_ddl_of_several(migration) {
+            Some(
                 SchemaFingerprint::read(conn)
                     .await
                     .map_err(MigrateError::Execute)?,
-            ),
-            false => None,
+            )
+        } else {
+            None
         };
         migrator
             .run_to(migration.version, &mut *conn)

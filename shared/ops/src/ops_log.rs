@@ -748,12 +748,14 @@ mod tests {
     fn a_row_verifies_in_either_written_form_and_not_with_its_identity_changed_or_removed() {
         let base = fields("alice", "function.pause");
         let written = hashes(&base);
-        let as_written = stored(
-            &base,
-            written.row_hash.clone(),
-            written.identity_hash.clone(),
-        );
-        assert!(as_written.is_as_written());
+        let as_written = || {
+            stored(
+                &base,
+                written.row_hash.clone(),
+                written.identity_hash.clone(),
+            )
+        };
+        assert!(as_written().is_as_written());
         assert!(stored(&base, row_hash(&base), None).is_as_written(), "v2");
         let anonymous = Hashed {
             identity: None,
@@ -767,43 +769,23 @@ mod tests {
         let changed = [
             StoredRow {
                 actor_subject: Some("u-2".to_owned()),
-                ..stored(
-                    &base,
-                    written.row_hash.clone(),
-                    written.identity_hash.clone(),
-                )
+                ..as_written()
             },
             StoredRow {
                 auth_method: Some("BREAK_GLASS".to_owned()),
-                ..stored(
-                    &base,
-                    written.row_hash.clone(),
-                    written.identity_hash.clone(),
-                )
+                ..as_written()
             },
             StoredRow {
                 identity_hash: None,
-                ..stored(
-                    &base,
-                    written.row_hash.clone(),
-                    written.identity_hash.clone(),
-                )
+                ..as_written()
             },
             StoredRow {
                 actor_issuer: None,
-                ..stored(
-                    &base,
-                    written.row_hash.clone(),
-                    written.identity_hash.clone(),
-                )
+                ..as_written()
             },
             StoredRow {
                 actor: "bob".to_owned(),
-                ..stored(
-                    &base,
-                    written.row_hash.clone(),
-                    written.identity_hash.clone(),
-                )
+                ..as_written()
             },
         ];
         for row in changed {
